@@ -1,0 +1,97 @@
+"""Azurite, the Azure Storage emulator, as a child process on free ports in disk mode."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+# Azurite's well-known development account (public, documented by Microsoft).
+ACCOUNT = "devstoreaccount1"
+ACCOUNT_KEY = (
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def azurite_command() -> str:
+    """The azurite launcher: BAGPIPE_AZURITE, the repo's npm install, or the PATH."""
+    for candidate in (os.environ.get("BAGPIPE_AZURITE"), str(REPO / "node_modules/.bin/azurite"),
+                      shutil.which("azurite")):
+        if candidate and Path(candidate).exists():
+            return candidate
+    raise FileNotFoundError("azurite not found: run `make setup` (npm install) first")
+
+
+@dataclass
+class Azurite:
+    """One Azurite process serving blob, queue and table storage from ``location``."""
+
+    location: Path
+    blob_port: int = 0
+    queue_port: int = 0
+    table_port: int = 0
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def connection_string(self) -> str:
+        base = "http://127.0.0.1"
+        return (
+            f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={ACCOUNT_KEY};"
+            f"BlobEndpoint={base}:{self.blob_port}/{ACCOUNT};"
+            f"QueueEndpoint={base}:{self.queue_port}/{ACCOUNT};"
+            f"TableEndpoint={base}:{self.table_port}/{ACCOUNT};"
+        )
+
+    def start(self, timeout: float = 60) -> Azurite:
+        self.location.mkdir(parents=True, exist_ok=True)
+        self.blob_port = self.blob_port or free_port()
+        self.queue_port = self.queue_port or free_port()
+        self.table_port = self.table_port or free_port()
+        log = open(self.location / "azurite.log", "ab")
+        self.process = subprocess.Popen(
+            [
+                azurite_command(), "--location", str(self.location),
+                "--blobHost", "127.0.0.1", "--blobPort", str(self.blob_port),
+                "--queueHost", "127.0.0.1", "--queuePort", str(self.queue_port),
+                "--tableHost", "127.0.0.1", "--tablePort", str(self.table_port),
+                "--skipApiVersionCheck", "--loose", "--disableProductStyleUrl", "--silent",
+            ],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        for port in (self.blob_port, self.queue_port, self.table_port):
+            while True:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"azurite exited early; see {self.location / 'azurite.log'}")
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        self.stop()
+                        raise TimeoutError(f"azurite did not listen on {port}") from None
+                    time.sleep(0.1)
+        return self
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None

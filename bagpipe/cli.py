@@ -1,0 +1,239 @@
+"""``bagpipe``: run the local stack and a worker, submit requests, watch them, fetch results."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Annotated, Any, Callable, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from bagpipe.client import DEFAULT_HOME, Api, ApiError, download_results
+
+app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
+console = Console()
+
+HomeOpt = Annotated[Path, typer.Option(help="Folder of the local stack's state.")]
+ApiOpt = Annotated[Optional[str], typer.Option("--api", help="API base URL.")]
+KeyOpt = Annotated[Optional[str], typer.Option("--key", help="API key.")]
+
+# The demo request: a few tiles of the south-western United States, every 8-day snow
+# composite of 2022 (7 tiles x 46 periods = 322 tasks).
+DEMO_REQUEST: dict[str, Any] = {
+    "region": {"bbox": [-124.0, 31.0, -103.0, 42.0]},
+    "start": "2022-01-01",
+    "end": "2022-12-31",
+    "products": ["MOD10A2"],
+    "email": "scientist@example.org",
+    "label": "demo: south-western US snow cover 2022",
+}
+
+
+def _logging(verbose: bool = False) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("azure").setLevel(logging.WARNING)
+
+
+def _fail(exc: Exception) -> None:
+    console.print(f"[red]error:[/red] {exc}")
+    raise typer.Exit(1)
+
+
+@app.command()
+def up(home: HomeOpt = DEFAULT_HOME,
+       workers: Annotated[int, typer.Option(min=0, help="Worker processes.")] = 2,
+       slots: Annotated[int, typer.Option(min=1, help="Tasks each worker runs at once.")] = 2) -> None:
+    """Run the local stack (Azurite, API, planner/sweep loop, workers, SMTP) until Ctrl-C."""
+    from bagpipe.stack import LocalStack
+
+    _logging()
+    stack = LocalStack(home, workers=workers, slots=slots).start()
+    console.print(f"bagpipe is up: API {stack.api_url}  (key in {home / 'api-key'})")
+    console.print(f"  mail in {stack.mail.folder}, logs in {home / 'logs'}; Ctrl-C stops it")
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    try:
+        stopped.wait()
+    except KeyboardInterrupt:
+        pass
+    console.print("stopping…")
+    stack.stop()
+
+
+@app.command()
+def worker(slots: Annotated[int, typer.Option(min=1, help="Tasks run at once.")] = 2) -> None:
+    """Pull and run tasks (settings from the environment) until SIGTERM."""
+    from pipeline.settings import Settings
+    from worker.runner import Worker
+
+    _logging()
+    runner = Worker(Settings.from_env(), slots=slots)
+    signal.signal(signal.SIGTERM, lambda *_: runner.stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: runner.stopping.set())
+    logging.getLogger(__name__).info("worker %s started with %d slots", runner.id, slots)
+    runner.run()
+
+
+@app.command()
+def submit(
+    file: Annotated[Optional[Path], typer.Option(help="A request as JSON.")] = None,
+    bbox: Annotated[Optional[str], typer.Option(help="west,south,east,north in degrees.")] = None,
+    tiles: Annotated[Optional[str], typer.Option(help="MODIS tiles, e.g. h09v05,h10v05.")] = None,
+    start: Annotated[Optional[str], typer.Option(help="First day, YYYY-MM-DD.")] = None,
+    end: Annotated[Optional[str], typer.Option(help="Last day, YYYY-MM-DD.")] = None,
+    product: Annotated[Optional[list[str]], typer.Option(help="A product (repeat).")] = None,
+    email: Annotated[Optional[str], typer.Option(help="Where to send the notification.")] = None,
+    label: Annotated[str, typer.Option(help="A name for the job.")] = "",
+    api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFAULT_HOME,
+) -> None:
+    """Submit a request (from --file, or from the flags) and print its job id."""
+    request: dict[str, Any] = json.loads(file.read_text()) if file else {}
+    if bbox:
+        request["region"] = {"bbox": [float(v) for v in bbox.split(",")]}
+    if tiles:
+        request["region"] = {"tiles": tiles.split(",")}
+    for name, value in (("start", start), ("end", end), ("email", email)):
+        if value:
+            request[name] = value
+    if product:
+        request["products"] = product
+    if label:
+        request["label"] = label
+    try:
+        created = Api.resolve(api, key, home).submit(request)
+    except (ApiError, RuntimeError) as exc:
+        _fail(exc)
+    console.print(f"submitted {created['job']}: {created['total']} tasks")
+    print(created["job"])
+
+
+@app.command()
+def status(job: str, as_json: Annotated[bool, typer.Option("--json")] = False,
+           api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFAULT_HOME) -> None:
+    """Show a job's state, task counts and failure classes."""
+    try:
+        found = Api.resolve(api, key, home).status(job)
+    except (ApiError, RuntimeError) as exc:
+        _fail(exc)
+    if as_json:
+        print(json.dumps(found, indent=1))
+        return
+    table = Table(title=f"{job}  {found['state']}  {found['progress']:.0%}")
+    table.add_column("status")
+    table.add_column("tasks", justify="right")
+    for name, count in found["counts"].items():
+        if count:
+            table.add_row(name, str(count))
+    for name, count in found["failures"].items():
+        table.add_row(f"[red]failure: {name}[/red]", str(count))
+    console.print(table)
+
+
+def watch_job(client: Api, job: str, interval: float = 1.0,
+              healthy: Callable[[], bool] = lambda: True) -> dict[str, Any]:
+    """Show a progress bar by task status until the job finishes; return its status.
+    Gives up if ``healthy`` says the stack that runs it has died."""
+    finished = {"SUCCEEDED", "FAILED", "CANCELLED"}
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[detail]}"), TimeElapsedColumn())
+    with Progress(*columns, console=console) as progress:
+        bar = progress.add_task(job, total=None, detail="")
+        while True:
+            found = client.status(job)
+            counts = {k: v for k, v in found["counts"].items() if v}
+            done = sum(found["counts"][s] for s in ("SUCCEEDED", "CACHED", "DEAD", "CANCELLED"))
+            progress.update(bar, total=found["total"], completed=done,
+                            description=f"{job} {found['state']}",
+                            detail=" ".join(f"{k.lower()}={v}" for k, v in counts.items()))
+            if found["state"] in finished:
+                return found
+            if not healthy():
+                raise RuntimeError("the local stack's workers have all exited; see its logs")
+            time.sleep(interval)
+
+
+@app.command()
+def watch(job: str, api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFAULT_HOME) -> None:
+    """Follow a job with a progress bar until it ends."""
+    try:
+        found = watch_job(Api.resolve(api, key, home), job)
+    except (ApiError, RuntimeError) as exc:
+        _fail(exc)
+    console.print(f"{job}: {found['state']}")
+
+
+@app.command()
+def results(job: str, out: Annotated[Path, typer.Option(help="Where to put the products.")],
+            api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFAULT_HOME) -> None:
+    """Download a finished job's products and manifest."""
+    try:
+        manifest, files = download_results(Api.resolve(api, key, home), job, out)
+    except (ApiError, RuntimeError) as exc:
+        _fail(exc)
+    console.print(f"{files} files and {manifest} written")
+
+
+@app.command()
+def cancel(job: str, api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFAULT_HOME) -> None:
+    """Cancel a job: no task starts after this."""
+    try:
+        found = Api.resolve(api, key, home).cancel(job)
+    except (ApiError, RuntimeError) as exc:
+        _fail(exc)
+    console.print(f"{job}: {found['state']}")
+
+
+@app.command()
+def demo(out: Annotated[Path, typer.Option(help="Where the products go.")] = Path("out"),
+         home: HomeOpt = DEFAULT_HOME,
+         workers: Annotated[int, typer.Option(min=1)] = 2,
+         slots: Annotated[int, typer.Option(min=1)] = 4) -> None:
+    """Up, submit the sample request, watch it, download the products and the email, down."""
+    from bagpipe.stack import LocalStack
+
+    _logging()
+    logging.getLogger().setLevel(logging.WARNING)
+    started = time.monotonic()
+    with LocalStack(home, workers=workers, slots=slots) as stack:
+        console.print(f"local stack up in {time.monotonic() - started:.1f} s: API {stack.api_url}")
+        client = Api(stack.api_url, stack.settings.api_key)
+        request = DEMO_REQUEST
+        job = client.submit(request)["job"]
+        console.print(f"submitted {job}: {request['label']}")
+        found = watch_job(client, job, healthy=lambda: any(
+            p.poll() is None for p in stack.worker_processes))
+        target = out / job
+        manifest, files = download_results(client, job, target)
+        email = _wait_for_email(stack, job)
+        shutil.copy(email, target / "email.eml")
+    console.print(f"{job} {found['state']}: {files} products, {manifest}, "
+                  f"{target / 'email.eml'}; {time.monotonic() - started:.0f} s in all")
+    if found["state"] != "SUCCEEDED":
+        raise typer.Exit(1)
+
+
+def _wait_for_email(stack: Any, job: str, timeout: float = 60) -> Path:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for path, message in stack.mail.messages():
+            if job in str(message["Subject"]):
+                return path
+        time.sleep(0.2)
+    raise RuntimeError(f"no email for {job} within {timeout:.0f} s")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

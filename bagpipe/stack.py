@@ -1,0 +1,153 @@
+"""The embedded local stack: Azurite (disk mode), the API under uvicorn, the control loop,
+N worker processes and an SMTP server — started together, stopped together."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import uvicorn
+
+from bagpipe import control
+from bagpipe.azurite import Azurite, free_port
+from bagpipe.mailserver import MailServer
+from pipeline.api import create_app
+from pipeline.clients import clients_for
+from pipeline.settings import Settings
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "stack.json"
+
+
+def api_key_for(home: Path) -> str:
+    """The local API token, made once and kept in ``home`` (readable by its owner only)."""
+    path = home / "api-key"
+    if not path.exists():
+        home.mkdir(parents=True, exist_ok=True)
+        path.write_text(secrets.token_urlsafe(24))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+@dataclass
+class LocalStack:
+    """Everything ``bagpipe up`` runs. ``connection`` reuses a running Azurite (tests)."""
+
+    home: Path
+    workers: int = 2
+    slots: int = 2
+    connection: str = ""
+    namespace: str = ""
+    window: int = 256
+    lease_seconds: int = 30
+    settings: Settings = field(init=False)
+    api_url: str = field(init=False, default="")
+    azurite: Azurite | None = field(init=False, default=None)
+    mail: MailServer = field(init=False)
+    _stop: threading.Event = field(init=False, default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(init=False, default_factory=list)
+    _workers: list[subprocess.Popen[bytes]] = field(init=False, default_factory=list)
+    _server: uvicorn.Server | None = field(init=False, default=None)
+
+    def start(self) -> LocalStack:
+        self.home.mkdir(parents=True, exist_ok=True)
+        (self.home / "logs").mkdir(exist_ok=True)
+        if not self.connection:
+            self.azurite = Azurite(self.home / "azurite").start()
+            self.connection = self.azurite.connection_string
+        self.mail = MailServer(self.home / "mail").start()
+        self.settings = Settings(
+            storage_connection=self.connection, namespace=self.namespace, window=self.window,
+            lease_seconds=self.lease_seconds, api_key=api_key_for(self.home),
+            mail_mode="smtp", smtp_port=self.mail.port,
+        )
+        clients_for(self.settings).ensure_resources()
+        self._start_api()
+        thread = threading.Thread(target=control.run, args=(self.settings, self._stop),
+                                  name="control", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+        for i in range(self.workers):
+            self.start_worker(i)
+        (self.home / STATE_FILE).write_text(json.dumps(
+            {"api": self.api_url, "pid": os.getpid(), "mail": str(self.mail.folder),
+             "logs": str(self.home / "logs")}
+        ))
+        return self
+
+    def _start_api(self) -> None:
+        port = free_port()
+        config = uvicorn.Config(create_app(self.settings), host="127.0.0.1", port=port,
+                                log_level="warning", access_log=False)
+        self._server = uvicorn.Server(config)
+        thread = threading.Thread(target=self._server.run, name="api", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if time.monotonic() > deadline or not thread.is_alive():
+                raise RuntimeError("the API server did not start")
+            time.sleep(0.05)
+        self.api_url = f"http://127.0.0.1:{port}"
+
+    def worker_env(self) -> dict[str, str]:
+        """A worker's environment: the deployment's settings, and none of the API's or
+        the shell's secrets."""
+        keep = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR")}
+        env = keep | self.settings.to_env()
+        env.pop("BAGPIPE_API_KEY", None)
+        return env
+
+    def start_worker(self, index: int) -> subprocess.Popen[bytes]:
+        log_file = open(self.home / "logs" / f"worker-{index}.log", "ab")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "bagpipe.cli", "worker", "--slots", str(self.slots)],
+            env=self.worker_env(), stdout=log_file, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+        log_file.close()
+        if index < len(self._workers):
+            self._workers[index] = process
+        else:
+            self._workers.append(process)
+        return process
+
+    @property
+    def worker_processes(self) -> list[subprocess.Popen[bytes]]:
+        return list(self._workers)
+
+    def stop(self) -> None:
+        """Stop workers (SIGTERM: they finish what they hold), the loops, SMTP, Azurite."""
+        for process in self._workers:
+            if process.poll() is None:
+                process.terminate()
+        for process in self._workers:
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self._stop.set()
+        if self._server is not None:
+            self._server.should_exit = True
+        for thread in self._threads:
+            thread.join(30)
+        self.mail.stop()
+        if self.azurite is not None:
+            self.azurite.stop()
+        (self.home / STATE_FILE).unlink(missing_ok=True)
+
+    def __enter__(self) -> LocalStack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

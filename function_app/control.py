@@ -1,0 +1,23 @@
+"""Queue and timer triggers: the planner, the completion handler and the sweep."""
+
+import azure.functions as func
+
+from function_app import runtime
+from pipeline import names, sweep
+
+bp = func.Blueprint()
+
+
+@bp.queue_trigger(arg_name="msg", queue_name=names.PLAN_QUEUE, connection=names.BINDING_CONNECTION)
+def planner(msg: func.QueueMessage) -> None:
+    sweep.handle_plan(runtime.clients(), msg.get_body())
+
+
+@bp.queue_trigger(arg_name="msg", queue_name=names.DONE_QUEUE, connection=names.BINDING_CONNECTION)
+def completion(msg: func.QueueMessage) -> None:
+    sweep.handle_done(runtime.clients(), runtime.mailer(), msg.get_body())
+
+
+@bp.timer_trigger(arg_name="timer", schedule="*/15 * * * * *", run_on_startup=False)
+def sweeper(timer: func.TimerRequest) -> None:
+    sweep.sweep(runtime.clients(), runtime.mailer())

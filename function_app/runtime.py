@@ -1,0 +1,33 @@
+"""What the functions share in one host process: settings, clients, mailer, API app."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import azure.functions as func
+
+from pipeline.api import create_app
+from pipeline.clients import Clients, clients_for
+from pipeline.notify import Mailer, mailer_for
+from pipeline.settings import Settings
+
+
+@cache
+def settings() -> Settings:
+    return Settings.from_env()
+
+
+def clients() -> Clients:
+    return clients_for(settings())
+
+
+@cache
+def mailer() -> Mailer:
+    return mailer_for(settings())
+
+
+@cache
+def asgi() -> func.AsgiMiddleware:
+    """The API app behind the Functions ASGI adapter. The host checks the function keys
+    before a request reaches it (and the app checks BAGPIPE_API_KEY too, if set)."""
+    return func.AsgiMiddleware(create_app(settings(), trust_host_auth=not settings().api_key))

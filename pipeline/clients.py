@@ -1,0 +1,128 @@
+"""The Azure Storage clients of one process, built once from the settings.
+
+Not an abstraction over storage: callers use the SDK clients directly. This module only
+chooses how to authenticate (a connection string locally, ``DefaultAzureCredential`` in
+Azure) and shares one connection pool per process.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from functools import cached_property
+
+from azure.core.exceptions import ResourceExistsError
+from azure.data.tables import TableClient, TableServiceClient
+from azure.storage.blob import BlobServiceClient, ContainerClient
+from azure.storage.queue import BinaryBase64EncodePolicy, QueueClient, QueueServiceClient
+
+from pipeline import names
+from pipeline.settings import Settings
+
+
+@dataclass
+class Clients:
+    """SDK clients for one deployment (settings); safe to share between threads."""
+
+    settings: Settings
+
+    def _credential(self) -> object:
+        from azure.identity import DefaultAzureCredential
+
+        return DefaultAzureCredential()
+
+    def _url(self, service: str) -> str:
+        return f"https://{self.settings.storage_account}.{service}.core.windows.net"
+
+    @cached_property
+    def blob_service(self) -> BlobServiceClient:
+        if self.settings.storage_connection:
+            return BlobServiceClient.from_connection_string(self.settings.storage_connection)
+        return BlobServiceClient(self._url("blob"), credential=self._credential())
+
+    @cached_property
+    def queue_service(self) -> QueueServiceClient:
+        if self.settings.storage_connection:
+            return QueueServiceClient.from_connection_string(self.settings.storage_connection)
+        return QueueServiceClient(self._url("queue"), credential=self._credential())
+
+    @cached_property
+    def table_service(self) -> TableServiceClient:
+        if self.settings.storage_connection:
+            return TableServiceClient.from_connection_string(self.settings.storage_connection)
+        return TableServiceClient(
+            endpoint=self._url("table"), credential=self._credential()
+        )
+
+    # --- the resources bagpipe uses, by role -------------------------------------------
+    def table(self, name: str) -> TableClient:
+        return self.table_service.get_table_client(name)
+
+    @cached_property
+    def jobs(self) -> TableClient:
+        return self.table(self.settings.names.jobs)
+
+    @cached_property
+    def tasks(self) -> TableClient:
+        return self.table(self.settings.names.tasks)
+
+    @cached_property
+    def attempts(self) -> TableClient:
+        return self.table(self.settings.names.attempts)
+
+    def queue(self, name: str) -> QueueClient:
+        # Messages are JSON, base64 on the wire as the Functions queue trigger expects. They
+        # are received undecoded (see tasks.message_bytes) so that one malformed message
+        # cannot break the receipt of a whole batch.
+        return self.queue_service.get_queue_client(name, message_encode_policy=BinaryBase64EncodePolicy())
+
+    @cached_property
+    def plan_queue(self) -> QueueClient:
+        return self.queue(self.settings.names.plan_queue)
+
+    @cached_property
+    def done_queue(self) -> QueueClient:
+        return self.queue(self.settings.names.done_queue)
+
+    @cached_property
+    def shard_queues(self) -> list[QueueClient]:
+        return [self.queue(self.settings.names.shard_queue(i)) for i in range(self.settings.shards)]
+
+    def container(self, base: str) -> ContainerClient:
+        return self.blob_service.get_container_client(self.settings.names.container(base))
+
+    @cached_property
+    def products(self) -> ContainerClient:
+        return self.container(names.PRODUCTS_CONTAINER)
+
+    @cached_property
+    def sources(self) -> ContainerClient:
+        return self.container(names.SOURCES_CONTAINER)
+
+    def ensure_resources(self) -> None:
+        """Create every table, queue and container if missing (Bicep does it in Azure)."""
+        for base in names.TABLES:
+            self.table_service.create_table_if_not_exists(self.settings.names.table(base))
+        for queue in self.settings.names.all_queues(self.settings.shards):
+            try:
+                self.queue(queue).create_queue()
+            except ResourceExistsError:
+                pass
+        for base in names.CONTAINERS:
+            try:
+                self.container(base).create_container()
+            except ResourceExistsError:
+                pass
+
+
+_shared: dict[Settings, Clients] = {}
+_shared_lock = threading.Lock()
+
+
+def clients_for(settings: Settings) -> Clients:
+    """The process-wide clients of these settings (one connection pool per deployment)."""
+    with _shared_lock:
+        found = _shared.get(settings)
+        if found is None:
+            found = _shared[settings] = Clients(settings)
+        return found

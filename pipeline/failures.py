@@ -1,0 +1,84 @@
+"""Failure classes of an attempt (the ModisAzure paper's Table 2 and ours), and how an
+exception is classified."""
+
+from __future__ import annotations
+
+import errno
+import socket
+from enum import Enum
+
+from azure.core.exceptions import (
+    HttpResponseError,
+    ResourceExistsError,
+    ResourceNotFoundError,
+    ServiceRequestError,
+    ServiceResponseError,
+)
+
+
+class FailureClass(str, Enum):
+    SOURCE_DOWNLOAD = "source_download_failed"  # a feed did not deliver a source file
+    BLOB_READ = "blob_read_failed"  # a blob could not be read (missing, refused)
+    CORRUPT_BLOB = "corrupt_blob_read"  # a blob's content did not match its checksum
+    BLOB_EXISTS = "blob_already_exists"  # a write found its blob already there
+    CONNECTION = "connection_failure"  # storage or a feed could not be reached
+    SERVER_BUSY = "server_busy"  # storage throttled (503/500)
+    OPERATION_TIMEOUT = "operation_timeout"  # a storage call timed out
+    EXECUTION_TIMEOUT = "execution_timeout"  # the monitor revoked an overdue attempt
+    HEARTBEAT_LOST = "heartbeat_lost"  # the attempt's worker stopped heartbeating
+    USER_CODE = "user_code_error"  # a stage or reduction program failed on its own
+    OUT_OF_DISK = "out_of_disk_space"  # the worker's disk is full
+    UNKNOWN = "unknown"  # none of the above
+
+    @property
+    def transient(self) -> bool:
+        """Whether a retry may well succeed (the cause is not the data itself)."""
+        return self in TRANSIENT
+
+
+TRANSIENT = frozenset(
+    {
+        FailureClass.CONNECTION,
+        FailureClass.SERVER_BUSY,
+        FailureClass.OPERATION_TIMEOUT,
+        FailureClass.CORRUPT_BLOB,
+        FailureClass.EXECUTION_TIMEOUT,
+        FailureClass.HEARTBEAT_LOST,
+        FailureClass.BLOB_READ,
+    }
+)
+
+
+class StageFailure(Exception):
+    """A failure a stage classifies itself (e.g. a feed that refused a source)."""
+
+    def __init__(self, failure: FailureClass, message: str) -> None:
+        super().__init__(message)
+        self.failure = failure
+
+
+def classify(exc: BaseException) -> FailureClass:
+    """The failure class of an exception raised while running an attempt."""
+    if isinstance(exc, StageFailure):
+        return exc.failure
+    if isinstance(exc, ResourceExistsError):
+        return FailureClass.BLOB_EXISTS
+    if isinstance(exc, ResourceNotFoundError):
+        return FailureClass.BLOB_READ
+    if isinstance(exc, (ServiceRequestError, ConnectionError)):
+        return FailureClass.CONNECTION
+    if isinstance(exc, ServiceResponseError):
+        return FailureClass.OPERATION_TIMEOUT if "timed out" in str(exc) else FailureClass.CONNECTION
+    if isinstance(exc, HttpResponseError):
+        if exc.status_code in (500, 503):
+            return FailureClass.SERVER_BUSY
+        if exc.status_code == 408:
+            return FailureClass.OPERATION_TIMEOUT
+        return FailureClass.BLOB_READ
+    if isinstance(exc, (TimeoutError, socket.timeout)):
+        return FailureClass.OPERATION_TIMEOUT
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return FailureClass.OUT_OF_DISK
+    if isinstance(exc, (ValueError, TypeError, KeyError, ArithmeticError, RuntimeError)):
+        return FailureClass.USER_CODE
+    return FailureClass.UNKNOWN

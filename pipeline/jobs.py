@@ -1,0 +1,188 @@
+"""Job rows: submit, read, list, cancel, and the status a scientist sees.
+
+jobs table: PK = job id, RK = ``job`` (the job row); two index partitions keyed so that
+nothing needs a scan: ``~active`` (RK = job id) lists unfinished jobs for the sweep, and
+``~list`` (RK = inverted creation time + job id) lists jobs newest first.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections import Counter
+from datetime import datetime
+from typing import Any
+
+from azure.core.exceptions import ResourceNotFoundError
+from azure.data.tables import TableTransactionError, UpdateMode
+
+from pipeline import names, tasks
+from pipeline.clients import Clients
+from pipeline.request import JobRequest, expand
+from pipeline.status import JobState, TaskStatus, job_transition
+from pipeline.tasks import TerminalCounter, if_match, now
+
+ACTIVE = "~active"
+LISTING = "~list"
+_FAR_FUTURE_MS = 10**13
+
+
+class JobNotFound(LookupError):
+    pass
+
+
+def new_job_id(at: datetime) -> str:
+    return f"j{at:%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
+
+
+def _listing_key(created: datetime, job: str) -> str:
+    return f"{_FAR_FUTURE_MS - int(created.timestamp() * 1000):013d}-{job}"
+
+
+def submit(clients: Clients, request: JobRequest) -> dict[str, Any]:
+    """Store a valid request as a job and enqueue its plan message; RequestError if it
+    cannot run (then nothing is written)."""
+    specs = expand(request, clients.settings.max_tasks)
+    created = now()
+    job = new_job_id(created)
+    row = {
+        "PartitionKey": job,
+        "RowKey": names.JOB_ROW,
+        "Request": request.model_dump_json(),
+        "State": JobState.ACCEPTED.value,
+        "Total": len(specs),
+        "Planned": 0,
+        "Released": 0,
+        "CreatedAt": created,
+        "UpdatedAt": created,
+        "Label": request.label,
+    }
+    clients.jobs.create_entity(row)
+    clients.jobs.upsert_entity({"PartitionKey": ACTIVE, "RowKey": job})
+    clients.jobs.upsert_entity({"PartitionKey": LISTING, "RowKey": _listing_key(created, job), "Job": job})
+    clients.plan_queue.send_message(json.dumps({"job": job}).encode())
+    return row
+
+
+def get(clients: Clients, job: str) -> dict[str, Any]:
+    if not job or len(job) > 64 or any(c in job for c in "/\\#?'\""):
+        raise JobNotFound(job)
+    try:
+        entity = clients.jobs.get_entity(job, names.JOB_ROW)
+    except ResourceNotFoundError:
+        raise JobNotFound(job) from None
+    return dict(entity) | {"_etag": entity.metadata["etag"]}
+
+
+def request_of(row: dict[str, Any]) -> JobRequest:
+    return JobRequest.model_validate_json(row["Request"])
+
+
+def update(clients: Clients, row: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    """Conditional update of a job row read with :func:`get`; raises HttpResponseError 412
+    if it changed meanwhile. A change of State is checked by the job state machine."""
+    if "State" in changes:
+        changes["State"] = job_transition(row["State"], changes["State"]).value
+    changes["UpdatedAt"] = now()
+    entity = {"PartitionKey": row["PartitionKey"], "RowKey": names.JOB_ROW, **changes}
+    meta = clients.jobs.update_entity(entity, mode=UpdateMode.MERGE, **if_match(row["_etag"]))
+    return row | changes | {"_etag": meta["etag"]}
+
+
+def active_jobs(clients: Clients) -> list[str]:
+    return [r["RowKey"] for r in clients.jobs.query_entities("PartitionKey eq @pk", parameters={"pk": ACTIVE})]
+
+
+def deactivate(clients: Clients, job: str) -> None:
+    try:
+        clients.jobs.delete_entity(ACTIVE, job)
+    except ResourceNotFoundError:
+        pass
+
+
+def list_jobs(clients: Clients, limit: int = 50) -> list[dict[str, Any]]:
+    index = clients.jobs.query_entities(
+        "PartitionKey eq @pk", parameters={"pk": LISTING}, results_per_page=limit
+    )
+    found = []
+    for entry in index:
+        try:
+            found.append(get(clients, entry["Job"]))
+        except JobNotFound:
+            continue
+        if len(found) >= limit:
+            break
+    return found
+
+
+def announce_done(clients: Clients, job: str) -> None:
+    """Ask the completion handler to look at the job (duplicates are harmless)."""
+    clients.done_queue.send_message(json.dumps({"job": job}).encode())
+
+
+def cancel(clients: Clients, job: str, owner: str) -> dict[str, Any]:
+    """Cancel a job: no task starts after this returns; running attempts are revoked (their
+    commit fails); completion (manifest + email) follows through the done queue."""
+    row = get(clients, job)
+    while not JobState(row["State"]).finished and row["State"] not in (
+        JobState.CANCELLING.value, JobState.FINISHING.value
+    ):
+        try:
+            row = update(clients, row, State=JobState.CANCELLING.value)
+        except Exception as exc:
+            if getattr(exc, "status_code", None) != 412:
+                raise
+            row = get(clients, job)
+    if row["State"] == JobState.CANCELLING.value:
+        cancel_tasks(clients, job, TerminalCounter(owner))
+        announce_done(clients, job)
+    return row
+
+
+def cancel_tasks(clients: Clients, job: str, counter: TerminalCounter) -> None:
+    """Move every unfinished task of the job to CANCELLED, in transactions of one page."""
+    while True:
+        pending = [r for r in tasks.list_tasks(clients.tasks, job) if not TaskStatus(r["Status"]).terminal]
+        if not pending:
+            return
+        for start in range(0, len(pending), tasks.BATCH - 1):
+            chunk = pending[start : start + tasks.BATCH - 1]
+            ops = [
+                ("update", {"PartitionKey": job, "RowKey": r["RowKey"],
+                            "Status": TaskStatus.CANCELLED.value, "EndedAt": now()},
+                 {"mode": UpdateMode.MERGE, **if_match(r.metadata["etag"])})
+                for r in chunk
+            ]
+            try:
+                counter.write(clients.tasks, job, ops, {TaskStatus.CANCELLED.value: len(chunk)})
+            except TableTransactionError:
+                continue  # a row moved meanwhile; the next pass reads it again
+
+
+def status(clients: Clients, job: str) -> dict[str, Any]:
+    """What ``GET /api/jobs/{id}`` shows: state, counts per task status and per failure
+    class, progress and timestamps."""
+    row = get(clients, job)
+    counts: Counter[str] = Counter()
+    for task in tasks.list_tasks(clients.tasks, job):
+        counts[task["Status"]] += 1
+    failures: Counter[str] = Counter()
+    for attempt in clients.attempts.query_entities("PartitionKey eq @pk", parameters={"pk": job},
+                                                   select=["FailureClass"]):
+        if attempt.get("FailureClass"):
+            failures[attempt["FailureClass"]] += 1
+    total = int(row["Total"])
+    done = sum(counts[s.value] for s in TaskStatus if s.terminal)
+    return {
+        "job": job,
+        "state": row["State"],
+        "label": row.get("Label", ""),
+        "total": total,
+        "counts": {s.value: counts.get(s.value, 0) for s in TaskStatus},
+        "failures": dict(failures),
+        "progress": done / total if total else 1.0,
+        "created": row["CreatedAt"].isoformat(),
+        "updated": row["UpdatedAt"].isoformat(),
+        "finished": row["FinishedAt"].isoformat() if row.get("FinishedAt") else None,
+        "request": json.loads(row["Request"]),
+    }

@@ -1,0 +1,143 @@
+"""Every name bagpipe gives to something in Azure Storage or in the app settings.
+
+One module owns them (as arq keeps its keys in ``constants.py``); ``infra/bicep/`` declares the
+same names and a test cross-checks the two. A *namespace* prefix lets several deployments (or
+test cases) share one storage account without seeing each other's data; in Azure it is empty.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# --- app settings (environment variables) -----------------------------------------------
+# The storage connection: a connection string locally; in Azure the identity-based form
+# ``BagpipeStorage__accountName`` (the Functions host resolves bindings from the same prefix).
+SETTING_STORAGE = "BagpipeStorage"
+SETTING_STORAGE_ACCOUNT = "BagpipeStorage__accountName"
+SETTING_NAMESPACE = "BAGPIPE_NAMESPACE"
+SETTING_SHARDS = "BAGPIPE_SHARDS"
+SETTING_WINDOW = "BAGPIPE_WINDOW"
+SETTING_MAX_TASKS = "BAGPIPE_MAX_TASKS"
+SETTING_MAX_ATTEMPTS = "BAGPIPE_MAX_ATTEMPTS"
+SETTING_LEASE_SECONDS = "BAGPIPE_LEASE_SECONDS"
+SETTING_API_KEY = "BAGPIPE_API_KEY"
+SETTING_SAS_MINUTES = "BAGPIPE_SAS_MINUTES"
+SETTING_MAIL_MODE = "BAGPIPE_MAIL_MODE"
+SETTING_MAIL_SENDER = "BAGPIPE_MAIL_SENDER"
+SETTING_SMTP_HOST = "BAGPIPE_SMTP_HOST"
+SETTING_SMTP_PORT = "BAGPIPE_SMTP_PORT"
+SETTING_ACS_ENDPOINT = "BAGPIPE_ACS_ENDPOINT"
+
+# The connection name the Functions bindings use: the host reads SETTING_STORAGE* from it.
+BINDING_CONNECTION = SETTING_STORAGE
+
+# --- base names (Bicep declares these, with an empty namespace) -------------------------
+JOBS_TABLE = "jobs"
+TASKS_TABLE = "tasks"
+ATTEMPTS_TABLE = "attempts"
+RUNTIMES_TABLE = "runtimes"
+SOURCES_TABLE = "sources"
+TABLES = (JOBS_TABLE, TASKS_TABLE, ATTEMPTS_TABLE, RUNTIMES_TABLE, SOURCES_TABLE)
+
+PLAN_QUEUE = "plan"
+DONE_QUEUE = "done"
+TASK_QUEUE_PREFIX = "tasks-"
+POISON_SUFFIX = "-poison"
+
+SOURCES_CONTAINER = "sources"
+TILES_CONTAINER = "tiles"
+PRODUCTS_CONTAINER = "products"
+LOGS_CONTAINER = "logs"
+CONTAINERS = (SOURCES_CONTAINER, TILES_CONTAINER, PRODUCTS_CONTAINER, LOGS_CONTAINER)
+
+# --- row keys inside the tables ----------------------------------------------------------
+JOB_ROW = "job"  # jobs: PK = job id, RK = JOB_ROW
+TASK_KEY_WIDTH = 9  # tasks: RK = zero-padded sequence, so a release cursor is a key range
+COUNTER_PREFIX = "~count~"  # tasks: per-writer terminal counters, sorted after every task
+
+_NAMESPACE = re.compile(r"^[a-z][a-z0-9]{0,15}$")
+
+
+def task_key(seq: int) -> str:
+    """Row key of the task with sequence number ``seq`` within its job."""
+    return f"{seq:0{TASK_KEY_WIDTH}d}"
+
+
+def counter_key(owner: str) -> str:
+    """Row key of the terminal-state counter kept by one writer (worker slot, canceller)."""
+    return f"{COUNTER_PREFIX}{owner}"
+
+
+def attempt_key(task: str, attempt: int) -> str:
+    """Row key of one attempt of a task in the ``attempts`` table (PK = job id)."""
+    return f"{task}-{attempt:03d}"
+
+
+def output_prefix(job: str, task: str, attempt: int) -> str:
+    """Blob prefix in ``products`` where one attempt writes; only the committed attempt's
+    outputs are named by the task row and so by the manifest."""
+    return f"{job}/tasks/{task}/a{attempt:03d}/"
+
+
+def manifest_blob(job: str) -> str:
+    """The job's manifest in ``products``."""
+    return f"{job}/manifest.json"
+
+
+def log_prefix(job: str, task: str, attempt: int) -> str:
+    """Blob prefix in ``logs`` for one attempt's logs."""
+    return f"{job}/{task}/{attempt:03d}/"
+
+
+@dataclass(frozen=True)
+class StorageNames:
+    """The concrete names of one deployment: the base names behind its namespace."""
+
+    namespace: str = ""
+
+    def __post_init__(self) -> None:
+        if self.namespace and not _NAMESPACE.match(self.namespace):
+            raise ValueError(
+                f"namespace {self.namespace!r}: 1-16 lowercase letters/digits, a letter first"
+            )
+
+    def table(self, base: str) -> str:
+        return f"{self.namespace}{base}"
+
+    def queue(self, base: str) -> str:
+        return f"{self.namespace}-{base}" if self.namespace else base
+
+    def container(self, base: str) -> str:
+        return self.queue(base)
+
+    @property
+    def jobs(self) -> str:
+        return self.table(JOBS_TABLE)
+
+    @property
+    def tasks(self) -> str:
+        return self.table(TASKS_TABLE)
+
+    @property
+    def attempts(self) -> str:
+        return self.table(ATTEMPTS_TABLE)
+
+    @property
+    def plan_queue(self) -> str:
+        return self.queue(PLAN_QUEUE)
+
+    @property
+    def done_queue(self) -> str:
+        return self.queue(DONE_QUEUE)
+
+    def shard_queue(self, shard: int) -> str:
+        return self.queue(f"{TASK_QUEUE_PREFIX}{shard}")
+
+    def poison_queue(self, queue: str) -> str:
+        return f"{queue}{POISON_SUFFIX}"
+
+    def all_queues(self, shards: int) -> list[str]:
+        base = [self.plan_queue, self.done_queue]
+        base += [self.shard_queue(i) for i in range(shards)]
+        return base + [self.poison_queue(q) for q in base]

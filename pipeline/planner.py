@@ -1,0 +1,128 @@
+"""The planner: expand a job into task rows, and release them to the shard queues through a
+bounded window.
+
+Planning is idempotent: rows are created in entity-group transactions from a cursor kept on
+the job row, so a plan message processed twice (or a planner that died midway) makes no
+duplicate. Release is safe to call from anywhere at any time (the planner, a worker that
+just finished a task, the sweep): it sends messages *before* it advances the cursor, so a
+crash leaves duplicates (which workers drop) and never a task without a message.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from azure.data.tables import TableTransactionError, UpdateMode
+
+from pipeline import jobs, tasks
+from pipeline.clients import Clients
+from pipeline.request import expand
+from pipeline.status import JobState, TaskStatus, transition
+from pipeline.tasks import TaskRef, TerminalCounter, if_match
+
+log = logging.getLogger(__name__)
+
+
+def _is_conflict(exc: Exception) -> bool:
+    return getattr(exc, "status_code", None) == 412
+
+
+def plan(clients: Clients, job: str) -> None:
+    """Create the job's task rows (resuming where a previous run stopped), then start it."""
+    row = jobs.get(clients, job)
+    if row["State"] != JobState.ACCEPTED.value:
+        if row["State"] == JobState.RUNNING.value:
+            release(clients, job)
+        return
+    settings = clients.settings
+    specs = expand(jobs.request_of(row), max_tasks=max(settings.max_tasks, int(row["Total"])))
+    planned = int(row["Planned"])
+    while planned < len(specs):
+        batch = [
+            tasks.task_entity(job, seq, specs[seq], settings.shards)
+            for seq in range(planned, min(planned + tasks.BATCH, len(specs)))
+        ]
+        tasks.create_batch(clients.tasks, batch)
+        planned += len(batch)
+        try:
+            row = jobs.update(clients, row, Planned=planned)
+        except Exception as exc:
+            if not _is_conflict(exc):
+                raise
+            row = jobs.get(clients, job)  # cancelled meanwhile, or another planner
+            if row["State"] != JobState.ACCEPTED.value:
+                break
+            planned = max(planned, int(row["Planned"]))
+    try:
+        row = jobs.update(clients, row, State=JobState.RUNNING.value)
+    except Exception as exc:
+        if not _is_conflict(exc):
+            raise
+        row = jobs.get(clients, job)
+    if row["State"] == JobState.RUNNING.value:
+        log.info("job %s planned: %d tasks", job, len(specs))
+        release(clients, job)
+    elif row["State"] == JobState.CANCELLING.value:
+        jobs.cancel_tasks(clients, job, TerminalCounter(f"planner-{job}"))
+        jobs.announce_done(clients, job)
+
+
+def release(clients: Clients, job: str, *, min_room: float = 0.0) -> int:
+    """Top up the job's window: release PENDING tasks to the shard queues until
+    ``released - terminal`` reaches the window. With ``min_room`` > 0 it does nothing
+    until that share of the window has drained (so it is cheap to call after every task).
+    Returns how many tasks it released."""
+    window = clients.settings.window
+    total_released = 0
+    while True:
+        row = jobs.get(clients, job)
+        if row["State"] != JobState.RUNNING.value:
+            return total_released
+        released, total = int(row["Released"]), int(row["Total"])
+        if released >= total:
+            return total_released
+        done = sum(tasks.terminal_counts(clients.tasks, job).values())
+        room = window - (released - done)
+        if room <= 0 or room < window * min_room:
+            return total_released
+        count = min(room, total - released)
+        for row_ in _queue_rows(clients, job, released, count):
+            ref = TaskRef(job, row_["RowKey"], int(row_["Attempt"]))
+            clients.shard_queues[int(row_["Shard"])].send_message(ref.encode())
+        try:
+            jobs.update(clients, row, Released=released + count)
+        except Exception as exc:
+            if not _is_conflict(exc):
+                raise
+            continue  # someone else released too: their messages and ours are both fine
+        total_released += count
+        min_room = 0.0
+
+
+def _queue_rows(clients: Clients, job: str, first: int, count: int) -> list[dict[str, Any]]:
+    """Mark the tasks [first, first+count) QUEUED (those still PENDING); return the rows
+    that are QUEUED now, which are the ones to send."""
+    queued: list[dict[str, Any]] = []
+    for start in range(first, first + count, tasks.BATCH):
+        size = min(tasks.BATCH, first + count - start)
+        while True:
+            rows = tasks.list_tasks(clients.tasks, job, start, size)
+            pending = [r for r in rows if r["Status"] == TaskStatus.PENDING.value]
+            ops = [
+                ("update", {"PartitionKey": job, "RowKey": r["RowKey"],
+                            "Status": transition(r["Status"], TaskStatus.QUEUED).value,
+                            "QueuedAt": tasks.now()},
+                 {"mode": UpdateMode.MERGE, **if_match(r.metadata["etag"])})
+                for r in pending
+            ]
+            try:
+                if ops:
+                    clients.tasks.submit_transaction(ops)
+            except TableTransactionError:
+                continue  # a row moved meanwhile (cancelled, another releaser): read again
+            for r in pending:
+                r["Status"] = TaskStatus.QUEUED.value
+            queued += [r for r in rows if r["Status"] == TaskStatus.QUEUED.value]
+            break
+    return queued

@@ -1,0 +1,120 @@
+"""A scientist's processing request: its schema, its checks, and the tasks it expands to."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import date
+from typing import Annotated, Union
+
+from pydantic import BaseModel, ConfigDict, EmailStr, Field, field_validator, model_validator
+
+from pipeline import stages
+from pipeline.grid import Tile, tiles_for_bbox
+from pipeline.products import CATALOG, periods
+
+Lon = Annotated[float, Field(ge=-180, le=180, allow_inf_nan=False)]
+Lat = Annotated[float, Field(ge=-90, le=90, allow_inf_nan=False)]
+# MODIS (Terra) data begins in 2000; the far bound keeps a typo from planning millennia.
+FIRST_DAY, LAST_DAY = date(2000, 1, 1), date(2100, 12, 31)
+ArgValue = Union[Annotated[str, Field(max_length=1000)], int, float, bool]
+
+
+class Region(BaseModel):
+    """A lon/lat box ``[west, south, east, north]`` or a list of MODIS tiles, not both."""
+
+    model_config = ConfigDict(extra="forbid")
+    bbox: tuple[Lon, Lat, Lon, Lat] | None = None
+    tiles: Annotated[list[str], Field(min_length=1, max_length=648)] | None = None
+
+    @field_validator("tiles")
+    @classmethod
+    def _tiles_exist(cls, tiles: list[str] | None) -> list[str] | None:
+        if tiles is not None:
+            for name in tiles:
+                Tile.parse(name)
+        return tiles
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Region:
+        if (self.bbox is None) == (self.tiles is None):
+            raise ValueError("give either bbox [west, south, east, north] or tiles, not both")
+        return self
+
+
+class Reducer(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+    args: Annotated[dict[Annotated[str, Field(max_length=64)], ArgValue], Field(max_length=32)] = {}
+
+
+class JobRequest(BaseModel):
+    """What ``POST /api/jobs`` takes."""
+
+    model_config = ConfigDict(extra="forbid")
+    region: Region
+    start: Annotated[date, Field(ge=FIRST_DAY, le=LAST_DAY)]
+    end: Annotated[date, Field(ge=FIRST_DAY, le=LAST_DAY)]
+    products: Annotated[list[Annotated[str, Field(max_length=32)]], Field(min_length=1, max_length=16)]
+    reducer: Reducer | None = None
+    email: EmailStr | None = None
+    label: Annotated[str, Field(max_length=200)] = ""
+
+
+class RequestError(ValueError):
+    """A request that is well-formed but cannot be run: ``status`` is the HTTP answer."""
+
+    def __init__(self, status: int, field: str, message: str, **extra: object) -> None:
+        super().__init__(message)
+        self.status, self.field, self.message, self.extra = status, field, message, extra
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task a request expands to: a stage run over one (tile, date, product)."""
+
+    stage: str
+    product: str
+    tile: str
+    date: date
+
+
+def request_tiles(region: Region) -> list[Tile]:
+    if region.tiles is not None:
+        return sorted({Tile.parse(t) for t in region.tiles})
+    west, south, east, north = region.bbox  # type: ignore[misc]
+    if west >= east or south >= north:
+        raise RequestError(400, "region.bbox", "the region is empty: need west < east and south < north")
+    return tiles_for_bbox(west, south, east, north)
+
+
+def expand(request: JobRequest, max_tasks: int) -> list[TaskSpec]:
+    """The tasks of a request, in release order, or a RequestError saying why not."""
+    unknown = [p for p in request.products if p not in CATALOG]
+    if unknown:
+        raise RequestError(
+            400, "products", f"unknown product(s) {', '.join(map(repr, unknown))}; "
+            f"known: {', '.join(sorted(CATALOG))}"
+        )
+    if len(set(request.products)) != len(request.products):
+        raise RequestError(400, "products", "a product is named twice")
+    if request.reducer is not None and request.reducer.name not in stages.REDUCERS:
+        known = ", ".join(sorted(stages.REDUCERS)) or "none registered"
+        raise RequestError(400, "reducer.name", f"unknown reducer {request.reducer.name!r} ({known})")
+    if request.end < request.start:
+        raise RequestError(400, "end", "the time span is empty: end is before start")
+    tiles = request_tiles(request.region)
+    if not tiles:
+        raise RequestError(400, "region", "the region covers no MODIS tile")
+    dates = {p: periods(CATALOG[p], request.start, request.end) for p in request.products}
+    count = len(tiles) * sum(len(d) for d in dates.values())
+    if count > max_tasks:
+        raise RequestError(
+            413, "region", f"the request makes {count} tasks, more than the limit of {max_tasks}",
+            tasks=count, limit=max_tasks,
+        )
+    return [
+        TaskSpec(stages.TILE_STAGE, product, tile.name, day)
+        for product in request.products
+        for day in dates[product]
+        for tile in tiles
+    ]

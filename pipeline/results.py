@@ -1,0 +1,55 @@
+"""A finished job's results: the manifest, with short-lived SAS download links."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+from azure.core.exceptions import ResourceNotFoundError
+from azure.storage.blob import BlobSasPermissions, generate_blob_sas
+
+from pipeline import names
+from pipeline.clients import Clients
+from pipeline.tasks import now
+
+
+def sas_url(clients: Clients, container: str, blob: str) -> str:
+    """A read-only link to one blob, valid for ``sas_minutes``: signed with the account
+    key where there is one (local stack), else with a user delegation key (managed
+    identity in Azure, where shared keys are off)."""
+    service = clients.blob_service
+    start, expiry = now() - timedelta(minutes=5), now() + timedelta(minutes=clients.settings.sas_minutes)
+    credential = service.credential
+    key = getattr(credential, "account_key", None)
+    kwargs: dict[str, Any] = {"account_key": key} if key else {
+        "user_delegation_key": service.get_user_delegation_key(start, expiry)
+    }
+    token = generate_blob_sas(
+        account_name=service.account_name,
+        container_name=container,
+        blob_name=blob,
+        permission=BlobSasPermissions(read=True),
+        start=start,
+        expiry=expiry,
+        **kwargs,
+    )
+    return f"{service.url.rstrip('/')}/{container}/{blob}?{token}"
+
+
+def manifest(clients: Clients, job: str) -> dict[str, Any] | None:
+    """The job's manifest as written at completion, or None before it exists."""
+    try:
+        data = clients.products.download_blob(names.manifest_blob(job)).readall()
+    except ResourceNotFoundError:
+        return None
+    return json.loads(data)
+
+
+def with_links(clients: Clients, job: str, found: dict[str, Any]) -> dict[str, Any]:
+    """The manifest with a SAS link beside each output and to the manifest itself."""
+    container = clients.products.container_name
+    for task in found["tasks"]:
+        task["links"] = {blob: sas_url(clients, container, blob) for blob in task["outputs"]}
+    found["manifest_url"] = sas_url(clients, container, names.manifest_blob(job))
+    return found

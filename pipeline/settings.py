@@ -1,0 +1,120 @@
+"""bagpipe's settings: one frozen dataclass built from the environment.
+
+Every field names its app setting (see :mod:`pipeline.names`) and its default beside it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from typing import Mapping
+
+from pipeline import names
+
+
+def _int(env: Mapping[str, str], key: str, default: int, minimum: int = 1) -> int:
+    raw = env.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"setting {key}={raw!r} is not a whole number") from None
+    if value < minimum:
+        raise ValueError(f"setting {key}={value} is below its minimum {minimum}")
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How one bagpipe process reaches storage and behaves."""
+
+    # BagpipeStorage: a connection string (local stack, Azurite). Empty in Azure.
+    storage_connection: str = ""
+    # BagpipeStorage__accountName: the account reached with DefaultAzureCredential (Azure).
+    storage_account: str = ""
+    # BAGPIPE_NAMESPACE: prefix of every table/queue/container name; "" in Azure.
+    namespace: str = ""
+    # BAGPIPE_SHARDS: number of task queues the tasks are spread over (default 4).
+    shards: int = 4
+    # BAGPIPE_WINDOW: most tasks of one job released to the queues and not yet finished
+    # (default 256): Azurite slows sharply with queue depth, fairness lives here.
+    window: int = 256
+    # BAGPIPE_MAX_TASKS: a request that would make more tasks is refused with 413 (50,000).
+    max_tasks: int = 50_000
+    # BAGPIPE_MAX_ATTEMPTS: attempts a task gets before it is DEAD (default 3).
+    max_attempts: int = 3
+    # BAGPIPE_LEASE_SECONDS: message visibility a worker holds and renews (default 30 s);
+    # it renews and heartbeats every third of it.
+    lease_seconds: int = 30
+    # BAGPIPE_API_KEY: the token the API requires locally. Empty in Azure, where the
+    # Functions host checks its function keys before a request reaches the app.
+    api_key: str = ""
+    # BAGPIPE_SAS_MINUTES: lifetime of the download links in a job's results (default 60).
+    sas_minutes: int = 60
+    # BAGPIPE_MAIL_MODE: "smtp" (local stack), "acs" (Azure Communication Services) or
+    # "none" (no email; the completion is still recorded).
+    mail_mode: str = "none"
+    # BAGPIPE_MAIL_SENDER: the From address (default bagpipe@localhost).
+    mail_sender: str = "bagpipe@localhost"
+    # BAGPIPE_SMTP_HOST / BAGPIPE_SMTP_PORT: the SMTP server for mail_mode "smtp".
+    smtp_host: str = "127.0.0.1"
+    smtp_port: int = 8025
+    # BAGPIPE_ACS_ENDPOINT: the Communication Services endpoint for mail_mode "acs".
+    acs_endpoint: str = ""
+    names: names.StorageNames = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.storage_connection and not self.storage_account:
+            raise ValueError(
+                f"no storage configured: set {names.SETTING_STORAGE} (a connection string) "
+                f"or {names.SETTING_STORAGE_ACCOUNT}"
+            )
+        if self.mail_mode not in ("smtp", "acs", "none"):
+            raise ValueError(f"{names.SETTING_MAIL_MODE}={self.mail_mode!r}: smtp, acs or none")
+        object.__setattr__(self, "names", names.StorageNames(self.namespace))
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if env is None else env
+        return cls(
+            storage_connection=env.get(names.SETTING_STORAGE, ""),
+            storage_account=env.get(names.SETTING_STORAGE_ACCOUNT, ""),
+            namespace=env.get(names.SETTING_NAMESPACE, ""),
+            shards=_int(env, names.SETTING_SHARDS, 4),
+            window=_int(env, names.SETTING_WINDOW, 256),
+            max_tasks=_int(env, names.SETTING_MAX_TASKS, 50_000),
+            max_attempts=_int(env, names.SETTING_MAX_ATTEMPTS, 3),
+            lease_seconds=_int(env, names.SETTING_LEASE_SECONDS, 30, minimum=3),
+            api_key=env.get(names.SETTING_API_KEY, ""),
+            sas_minutes=_int(env, names.SETTING_SAS_MINUTES, 60),
+            mail_mode=env.get(names.SETTING_MAIL_MODE, "none"),
+            mail_sender=env.get(names.SETTING_MAIL_SENDER, "bagpipe@localhost"),
+            smtp_host=env.get(names.SETTING_SMTP_HOST, "127.0.0.1"),
+            smtp_port=_int(env, names.SETTING_SMTP_PORT, 8025),
+            acs_endpoint=env.get(names.SETTING_ACS_ENDPOINT, ""),
+        )
+
+    def to_env(self) -> dict[str, str]:
+        """The app settings that rebuild these settings in another process (a worker)."""
+        env = {
+            names.SETTING_STORAGE: self.storage_connection,
+            names.SETTING_STORAGE_ACCOUNT: self.storage_account,
+            names.SETTING_NAMESPACE: self.namespace,
+            names.SETTING_SHARDS: str(self.shards),
+            names.SETTING_WINDOW: str(self.window),
+            names.SETTING_MAX_TASKS: str(self.max_tasks),
+            names.SETTING_MAX_ATTEMPTS: str(self.max_attempts),
+            names.SETTING_LEASE_SECONDS: str(self.lease_seconds),
+            names.SETTING_API_KEY: self.api_key,
+            names.SETTING_SAS_MINUTES: str(self.sas_minutes),
+            names.SETTING_MAIL_MODE: self.mail_mode,
+            names.SETTING_MAIL_SENDER: self.mail_sender,
+            names.SETTING_SMTP_HOST: self.smtp_host,
+            names.SETTING_SMTP_PORT: str(self.smtp_port),
+            names.SETTING_ACS_ENDPOINT: self.acs_endpoint,
+        }
+        return {k: v for k, v in env.items() if v}
+
+    def with_(self, **changes: object) -> Settings:
+        return replace(self, **changes)

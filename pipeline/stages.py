@@ -1,0 +1,93 @@
+"""The stages a task can run, by name, and what a stage is given and gives back.
+
+A stage is a plain function of a :class:`StageContext`; workers look it up by the name the
+task row carries. Reducers (scientists' programs) register in :data:`REDUCERS`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass, field
+from typing import Callable
+
+from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
+from azure.storage.blob import ContainerClient, ContentSettings
+
+
+@dataclass
+class StageContext:
+    """What one attempt of a stage may touch."""
+
+    job: str
+    task: str
+    attempt: int
+    params: dict[str, str]
+    sources: ContainerClient
+    products: ContainerClient
+    output_prefix: str  # where in ``products`` this attempt writes
+    outputs: list[str] = field(default_factory=list)
+
+    def write_output(self, name: str, data: bytes, content_type: str) -> str:
+        """Upload one output of this attempt; return its blob name."""
+        blob = f"{self.output_prefix}{name}"
+        self.products.upload_blob(
+            blob, data, overwrite=True,
+            content_settings=ContentSettings(content_type=content_type),
+        )
+        self.outputs.append(blob)
+        return blob
+
+
+Stage = Callable[[StageContext], None]
+STAGES: dict[str, Stage] = {}
+REDUCERS: dict[str, Stage] = {}
+
+
+def stage(name: str) -> Callable[[Stage], Stage]:
+    def register(fn: Stage) -> Stage:
+        STAGES[name] = fn
+        return fn
+
+    return register
+
+
+TILE_STAGE = "digest"
+SOURCE_BYTES = 64 * 1024
+
+
+def source_blob(product: str, tile: str, day: str) -> str:
+    return f"{product}/{tile}/{day}.bin"
+
+
+@stage(TILE_STAGE)
+def digest(ctx: StageContext) -> None:
+    """Stand-in for collection → reprojection until the raster stages land: make sure the
+    (product, tile, date) source exists in ``sources`` (synthesised deterministically, as a
+    feed would always serve the same granule), read it back, and write its summary."""
+    product, tile, day = ctx.params["product"], ctx.params["tile"], ctx.params["date"]
+    name = source_blob(product, tile, day)
+    client = ctx.sources.get_blob_client(name)
+    try:
+        data = client.download_blob().readall()
+    except ResourceNotFoundError:
+        data = random.Random(f"{product}/{tile}/{day}").randbytes(SOURCE_BYTES)
+        try:
+            client.upload_blob(data, overwrite=False)
+        except ResourceExistsError:
+            data = client.download_blob().readall()
+    histogram = [0] * 16
+    for byte in data:
+        histogram[byte >> 4] += 1
+    summary = {
+        "product": product,
+        "tile": tile,
+        "date": day,
+        "source": name,
+        "bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "mean": sum(data) / len(data) if data else 0.0,
+        "histogram16": histogram,
+    }
+    ctx.write_output("summary.json", json.dumps(summary, indent=1).encode(), "application/json")

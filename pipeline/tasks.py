@@ -1,0 +1,304 @@
+"""Task rows: creation, the queue message that names an attempt, claim, heartbeat and the
+fenced commit.
+
+The tasks table is the source of truth (PK = job id, RK = zero-padded sequence). Every
+change of a task row is a conditional update on its ETag, and every move into a terminal
+state is written in one entity-group transaction with the writer's own counter row
+(:class:`TerminalCounter`), so "how many tasks are terminal" is exact and cheap.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from azure.core import MatchConditions
+from azure.core.exceptions import ResourceNotFoundError
+from azure.data.tables import TableClient, TableTransactionError, UpdateMode
+
+from pipeline import names
+from pipeline.clients import Clients
+from pipeline.request import TaskSpec
+from pipeline.status import TERMINAL, TaskStatus, after_failure, transition
+
+BATCH = 100  # entities per entity-group transaction (the service's limit)
+ERROR_CHARS = 2000  # an error message kept on a row is cut to this
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def if_match(etag: str) -> dict[str, Any]:
+    return {"etag": etag, "match_condition": MatchConditions.IfNotModified}
+
+
+# --- messages: references, never data --------------------------------------------------
+def message_bytes(content: bytes | str) -> bytes:
+    """The body of a received message (base64 on the wire); ValueError if it is not."""
+    if isinstance(content, bytes):
+        return content
+    try:
+        return base64.b64decode(content, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("message body is not base64") from None
+
+
+@dataclass(frozen=True)
+class TaskRef:
+    """What a task queue message says: which attempt of which task to run."""
+
+    job: str
+    task: str
+    attempt: int
+
+    def encode(self) -> bytes:
+        return json.dumps({"job": self.job, "task": self.task, "attempt": self.attempt}).encode()
+
+    @classmethod
+    def decode(cls, content: bytes | str) -> TaskRef:
+        """Parse a message body; ValueError for anything that is not a task reference."""
+        try:
+            body = json.loads(message_bytes(content))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"not JSON: {exc}") from None
+        if not isinstance(body, dict) or set(body) != {"job", "task", "attempt"}:
+            raise ValueError("a task message is {job, task, attempt}")
+        job, task, attempt = body["job"], body["task"], body["attempt"]
+        if not (isinstance(job, str) and isinstance(task, str) and type(attempt) is int):
+            raise ValueError("job and task are strings, attempt an integer")
+        if not (0 < len(job) <= 64 and len(task) == names.TASK_KEY_WIDTH and task.isdigit()):
+            raise ValueError("malformed job or task key")
+        if not 1 <= attempt <= 1000:
+            raise ValueError("attempt out of range")
+        return cls(job, task, attempt)
+
+
+# --- creation ----------------------------------------------------------------------------
+def task_entity(job: str, seq: int, spec: TaskSpec, shards: int) -> dict[str, Any]:
+    return {
+        "PartitionKey": job,
+        "RowKey": names.task_key(seq),
+        "Seq": seq,
+        "Shard": seq % shards,
+        "Stage": spec.stage,
+        "Params": json.dumps(
+            {"product": spec.product, "tile": spec.tile, "date": spec.date.isoformat()}
+        ),
+        "Status": TaskStatus.PENDING.value,
+        "Attempt": 1,
+    }
+
+
+def create_batch(tasks: TableClient, entities: list[dict[str, Any]]) -> bool:
+    """Create up to BATCH task rows of one job atomically; False if they already exist
+    (a plan message processed twice)."""
+    try:
+        tasks.submit_transaction([("create", e) for e in entities])
+    except TableTransactionError as exc:
+        if exc.error_code == "EntityAlreadyExists":
+            return False
+        raise
+    return True
+
+
+# --- terminal counters -------------------------------------------------------------------
+class TerminalCounter:
+    """One writer's count of the tasks it moved into a terminal state, per job.
+
+    Each writer (a worker slot, a canceller) owns its own row, so the rows never contend;
+    their sum is the job's terminal count. The row is updated in the same transaction as
+    the task rows it counts.
+    """
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+        self._etags: dict[str, tuple[str | None, dict[str, int]]] = {}
+        self._lock = threading.Lock()
+
+    def _load(self, tasks: TableClient, job: str) -> tuple[str | None, dict[str, int]]:
+        try:
+            row = tasks.get_entity(job, names.counter_key(self.owner))
+        except ResourceNotFoundError:
+            return None, {}
+        return row.metadata["etag"], {s.value: int(row.get(s.value, 0)) for s in TERMINAL}
+
+    def write(self, tasks: TableClient, job: str, changes: list[tuple[str, dict[str, Any], dict[str, Any]]],
+              added: dict[str, int]) -> list[dict[str, Any]]:
+        """Submit task-row ``changes`` with this writer's counter raised by ``added``, in one
+        transaction. Raises TableTransactionError if any task row changed meanwhile."""
+        with self._lock:
+            if job not in self._etags:
+                self._etags[job] = self._load(tasks, job)
+            etag, counts = self._etags[job]
+            new_counts = dict(counts)
+            for status, n in added.items():
+                new_counts[status] = new_counts.get(status, 0) + n
+            row = {"PartitionKey": job, "RowKey": names.counter_key(self.owner), **new_counts}
+            op = ("create", row) if etag is None else (
+                "update", row, {"mode": UpdateMode.REPLACE, **if_match(etag)}
+            )
+            try:
+                result = tasks.submit_transaction([*changes, op])
+            except TableTransactionError:
+                del self._etags[job]  # reload next time: the counter may be what failed
+                raise
+            self._etags[job] = (result[-1]["etag"], new_counts)
+            return list(result[:-1])
+
+
+def terminal_counts(tasks: TableClient, job: str) -> dict[str, int]:
+    """How many of a job's tasks are in each terminal state (sum of the counter rows)."""
+    low, high = names.COUNTER_PREFIX, names.COUNTER_PREFIX + "\U0010ffff"
+    rows = tasks.query_entities(
+        "PartitionKey eq @pk and RowKey ge @lo and RowKey lt @hi",
+        parameters={"pk": job, "lo": low, "hi": high},
+    )
+    totals = {s.value: 0 for s in TERMINAL}
+    for row in rows:
+        for status in totals:
+            totals[status] += int(row.get(status, 0))
+    return totals
+
+
+def list_tasks(tasks: TableClient, job: str, first: int = 0, count: int | None = None) -> list[dict[str, Any]]:
+    """Task rows of a job in sequence order, from ``first`` (``count`` of them, or all)."""
+    high = names.task_key(first + count) if count is not None else names.COUNTER_PREFIX
+    rows = tasks.query_entities(
+        "PartitionKey eq @pk and RowKey ge @lo and RowKey lt @hi",
+        parameters={"pk": job, "lo": names.task_key(first), "hi": high},
+    )
+    return list(rows)
+
+
+# --- one attempt: claim, heartbeat, commit, fail ------------------------------------------
+@dataclass
+class Claim:
+    """A worker's hold on one attempt of a task."""
+
+    ref: TaskRef
+    etag: str  # the task row's ETag right after the claim: the commit's fence
+    stage: str
+    params: dict[str, str]
+    started: datetime
+
+
+def claim(clients: Clients, ref: TaskRef, worker: str) -> Claim | None:
+    """Move the task to RUNNING for the attempt its row names, if the message may still run
+    it: the row is QUEUED and the message is not from a later attempt. None otherwise (the
+    message is stale or a duplicate, and is deleted)."""
+    try:
+        row = clients.tasks.get_entity(ref.job, ref.task)
+    except ResourceNotFoundError:
+        return None
+    if row["Status"] != TaskStatus.QUEUED.value or ref.attempt > row["Attempt"]:
+        return None
+    # An older message may stand in for the current attempt: the row is the truth.
+    current = TaskRef(ref.job, ref.task, row["Attempt"])
+    started = now()
+    change = {
+        "PartitionKey": ref.job,
+        "RowKey": ref.task,
+        "Status": transition(row["Status"], TaskStatus.RUNNING).value,
+        "Worker": worker,
+        "StartedAt": started,
+    }
+    try:
+        meta = clients.tasks.update_entity(change, mode=UpdateMode.MERGE, **if_match(row.metadata["etag"]))
+    except Exception as exc:  # another worker claimed it first
+        if getattr(exc, "status_code", None) == 412:
+            return None
+        raise
+    clients.attempts.upsert_entity(
+        {
+            "PartitionKey": ref.job,
+            "RowKey": names.attempt_key(ref.task, current.attempt),
+            "Worker": worker,
+            "StartedAt": started,
+            "Heartbeat": started,
+            "Outcome": TaskStatus.RUNNING.value,
+        }
+    )
+    return Claim(current, meta["etag"], row["Stage"], json.loads(row["Params"]), started)
+
+
+def still_held(clients: Clients, held: Claim) -> bool:
+    """Heartbeat: True while the task row still names this attempt as running (nobody
+    revoked or cancelled it); then the attempt's heartbeat time is refreshed."""
+    row = clients.tasks.get_entity(held.ref.job, held.ref.task)
+    if row.metadata["etag"] != held.etag:
+        return False
+    clients.attempts.update_entity(
+        {"PartitionKey": held.ref.job, "RowKey": names.attempt_key(held.ref.task, held.ref.attempt),
+         "Heartbeat": now()},
+        mode=UpdateMode.MERGE,
+    )
+    return True
+
+
+def _end_attempt(clients: Clients, held: Claim, outcome: str, **extra: Any) -> None:
+    clients.attempts.update_entity(
+        {"PartitionKey": held.ref.job, "RowKey": names.attempt_key(held.ref.task, held.ref.attempt),
+         "EndedAt": now(), "Outcome": outcome, **extra},
+        mode=UpdateMode.MERGE,
+    )
+
+
+def commit(clients: Clients, counter: TerminalCounter, held: Claim, status: TaskStatus,
+           outputs: list[str]) -> bool:
+    """Publish the attempt's outputs on the task row, fenced on the claim's ETag: True if
+    this attempt committed, False if it had been revoked (its outputs are then never named)."""
+    ended = now()
+    runtime = (ended - held.started).total_seconds()
+    change = {
+        "PartitionKey": held.ref.job,
+        "RowKey": held.ref.task,
+        "Status": transition(TaskStatus.RUNNING, status).value,
+        "EndedAt": ended,
+        "RuntimeS": runtime,
+        "Outputs": json.dumps(outputs),
+    }
+    try:
+        counter.write(clients.tasks, held.ref.job,
+                      [("update", change, {"mode": UpdateMode.MERGE, **if_match(held.etag)})],
+                      {status.value: 1})
+    except TableTransactionError:
+        _end_attempt(clients, held, "DISCARDED")
+        return False
+    _end_attempt(clients, held, status.value, RuntimeS=runtime)
+    return True
+
+
+def fail(clients: Clients, counter: TerminalCounter, held: Claim, failure: str, error: str,
+         max_attempts: int, failed_as: TaskStatus = TaskStatus.FAILED) -> TaskStatus | None:
+    """Record a failed attempt and move the task on: QUEUED with the next attempt number
+    while the budget lasts, else DEAD. None if the attempt had been revoked meanwhile."""
+    after = after_failure(TaskStatus.RUNNING, failed_as, held.ref.attempt, max_attempts)
+    change: dict[str, Any] = {
+        "PartitionKey": held.ref.job,
+        "RowKey": held.ref.task,
+        "Status": after.value,
+        "LastFailure": failure,
+        "LastError": error[:ERROR_CHARS],
+        "EndedAt": now(),
+    }
+    op = ("update", change, {"mode": UpdateMode.MERGE, **if_match(held.etag)})
+    try:
+        if after is TaskStatus.DEAD:
+            counter.write(clients.tasks, held.ref.job, [op], {after.value: 1})
+        else:
+            change["Attempt"] = held.ref.attempt + 1
+            change["Worker"] = ""
+            clients.tasks.update_entity(change, mode=UpdateMode.MERGE, **if_match(held.etag))
+    except Exception as exc:
+        if isinstance(exc, TableTransactionError) or getattr(exc, "status_code", None) == 412:
+            _end_attempt(clients, held, "DISCARDED", FailureClass=failure)
+            return None
+        raise
+    _end_attempt(clients, held, failed_as.value, FailureClass=failure, Error=error[:ERROR_CHARS])
+    return after

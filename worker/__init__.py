@@ -1,0 +1,1 @@
+"""The bagpipe worker: pulls task messages, holds them by lease, runs stages, commits."""

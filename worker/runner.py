@@ -1,0 +1,168 @@
+"""The worker loop: receive task messages in batches from the shards, run each claimed
+attempt under a lease, commit it fenced on the task row, then delete the message.
+
+A message that cannot be decoded, or that keeps coming back, goes to its shard's poison
+queue with a record. SIGTERM stops receiving; the attempts in hand finish (or fail and are
+requeued) before the process exits.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+from azure.storage.queue import QueueClient, QueueMessage
+
+from pipeline import jobs, names, planner, stages, tasks
+from pipeline.clients import Clients, clients_for
+from pipeline.completion import all_terminal
+from pipeline.failures import FailureClass, classify
+from pipeline.settings import Settings
+from pipeline.status import TaskStatus
+from worker.lease import Lease
+
+log = logging.getLogger(__name__)
+
+MAX_DEQUEUES = 20  # a message delivered this often without finishing is poison
+RETRY_BACKOFF_S = (2, 10, 30)  # visibility delay before attempt 2, 3, 4+
+
+
+class Worker:
+    def __init__(self, settings: Settings, slots: int = 2, worker_id: str | None = None,
+                 idle_sleep: float = 0.5) -> None:
+        self.clients: Clients = clients_for(settings)
+        self.settings = settings
+        self.slots = slots
+        self.id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.idle_sleep = idle_sleep
+        self.stopping = threading.Event()
+        self._free = threading.Semaphore(slots)
+        self._counters = [tasks.TerminalCounter(f"{self.id}-{i}") for i in range(slots)]
+        self._counter_pool: list[tasks.TerminalCounter] = list(self._counters)
+        self._pool_lock = threading.Lock()
+        self.handled = 0
+
+    def run(self) -> None:
+        """Pull and run tasks until :attr:`stopping` is set; then finish what is in hand."""
+        queues = self.clients.shard_queues
+        shard = 0
+        idle = 0
+        with ThreadPoolExecutor(self.slots, thread_name_prefix="slot") as pool:
+            while not self.stopping.is_set():
+                free = 0
+                while free < self.slots and (
+                    self._free.acquire(blocking=False) if free else self._free.acquire(timeout=0.2)
+                ):
+                    free += 1
+                if free == 0:
+                    continue
+                queue = queues[shard % len(queues)]
+                shard += 1
+                try:
+                    batch = list(queue.receive_messages(
+                        messages_per_page=free, max_messages=free,
+                        visibility_timeout=self.settings.lease_seconds,
+                    ))
+                except Exception as exc:
+                    log.warning("receive from %s failed: %s", queue.queue_name, exc)
+                    batch = []
+                for _ in range(free - len(batch)):
+                    self._free.release()
+                for message in batch:
+                    pool.submit(self._slot, queue, message)
+                idle = 0 if batch else idle + 1
+                if idle >= len(queues):  # every shard was empty: wait a little
+                    self.stopping.wait(self.idle_sleep)
+                    idle = 0
+
+    def _slot(self, queue: QueueClient, message: QueueMessage) -> None:
+        with self._pool_lock:
+            counter = self._counter_pool.pop()
+        try:
+            self.handle(queue, message, counter)
+        except Exception:
+            log.exception("task message %s on %s could not be handled", message.id, queue.queue_name)
+        finally:
+            with self._pool_lock:
+                self._counter_pool.append(counter)
+            self._free.release()
+
+    def handle(self, queue: QueueClient, message: QueueMessage, counter: tasks.TerminalCounter) -> None:
+        """Run one delivered message to its end: dropped, poisoned, committed or failed."""
+        try:
+            ref = tasks.TaskRef.decode(message.content)
+        except ValueError as exc:
+            self.poison(queue, message, f"undecodable: {exc}")
+            return
+        if message.dequeue_count and message.dequeue_count > MAX_DEQUEUES:
+            self.poison(queue, message, f"delivered {message.dequeue_count} times")
+            return
+        held = tasks.claim(self.clients, ref, self.id)
+        if held is None:  # stale or duplicate: the row does not want this message to run
+            queue.delete_message(message)
+            return
+        self.handled += 1
+        with Lease(self.clients, queue, message, held) as lease:
+            outcome = self.run_stage(held)
+        if isinstance(outcome, list):
+            committed = not lease.revoked.is_set() and tasks.commit(
+                self.clients, counter, held, TaskStatus.SUCCEEDED, outcome
+            )
+            log.info("%s %s", held.ref, "committed" if committed else "revoked: output discarded")
+            lease.delete()
+            if committed:
+                self.after_terminal(held.ref.job)
+            return
+        failure, error = outcome
+        after = tasks.fail(self.clients, counter, held, failure.value, error, self.settings.max_attempts)
+        log.info("%s failed (%s): %s -> %s", held.ref, failure.value, error[:200], after)
+        if after is TaskStatus.QUEUED:
+            # The same message now names the next attempt, visible again after a backoff.
+            backoff = RETRY_BACKOFF_S[min(held.ref.attempt, len(RETRY_BACKOFF_S)) - 1]
+            retry = tasks.TaskRef(held.ref.job, held.ref.task, held.ref.attempt + 1)
+            lease.renew(content=retry.encode(), visibility=backoff)
+        else:
+            lease.delete()
+            if after is TaskStatus.DEAD:
+                self.after_terminal(held.ref.job)
+
+    def run_stage(self, held: tasks.Claim) -> list[str] | tuple[FailureClass, str]:
+        """Run the attempt's stage: its outputs, or (failure class, message)."""
+        fn = stages.STAGES.get(held.stage)
+        if fn is None:
+            return FailureClass.UNKNOWN, f"no stage named {held.stage!r} in this worker"
+        ctx = stages.StageContext(
+            job=held.ref.job, task=held.ref.task, attempt=held.ref.attempt, params=held.params,
+            sources=self.clients.sources, products=self.clients.products,
+            output_prefix=names.output_prefix(held.ref.job, held.ref.task, held.ref.attempt),
+        )
+        try:
+            fn(ctx)
+        except Exception as exc:
+            return classify(exc), f"{type(exc).__name__}: {exc}"
+        return ctx.outputs
+
+    def after_terminal(self, job: str) -> None:
+        """A task of ``job`` ended: top up the window, and announce completion if it was
+        the last."""
+        planner.release(self.clients, job, min_room=0.25)
+        if all_terminal(self.clients, jobs.get(self.clients, job)):
+            jobs.announce_done(self.clients, job)
+
+    def poison(self, queue: QueueClient, message: QueueMessage, why: str) -> None:
+        record = {
+            "queue": queue.queue_name, "message_id": message.id, "why": why,
+            "dequeue_count": message.dequeue_count, "worker": self.id, "at": time.time(),
+            "content": str(message.content)[:4096],
+        }
+        self.clients.queue(self.settings.names.poison_queue(queue.queue_name)).send_message(
+            json.dumps(record).encode()
+        )
+        queue.delete_message(message)
+        log.warning("poisoned message %s from %s: %s", message.id, queue.queue_name, why)
