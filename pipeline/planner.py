@@ -11,6 +11,7 @@ crash leaves duplicates (which workers drop) and never a task without a message.
 from __future__ import annotations
 
 import logging
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from azure.data.tables import TableTransactionError, UpdateMode
@@ -22,6 +23,7 @@ from pipeline.status import JobState, TaskStatus, transition
 from pipeline.tasks import TaskRef, TerminalCounter, if_match
 
 log = logging.getLogger(__name__)
+NO_RELEASER = datetime(1970, 1, 1, tzinfo=timezone.utc)  # a lease that has long expired
 
 
 def _is_conflict(exc: Exception) -> bool:
@@ -72,7 +74,12 @@ def release(clients: Clients, job: str, *, min_room: float = 0.0) -> int:
     """Top up the job's window: release PENDING tasks to the shard queues until
     ``released - terminal`` reaches the window. With ``min_room`` > 0 it does nothing
     until that share of the window has drained (so it is cheap to call after every task).
-    Returns how many tasks it released."""
+    Returns how many tasks it released.
+
+    One releaser at a time per job holds a short lease on the job row (``ReleaserUntil``),
+    so that the workers finishing tasks together do not all send the same messages. A
+    releaser that dies leaves the lease to expire; its successor resends what it may not
+    have sent (duplicates, which workers drop)."""
     window = clients.settings.window
     total_released = 0
     while True:
@@ -80,22 +87,30 @@ def release(clients: Clients, job: str, *, min_room: float = 0.0) -> int:
         if row["State"] != JobState.RUNNING.value:
             return total_released
         released, total = int(row["Released"]), int(row["Total"])
-        if released >= total:
+        holder = row.get("ReleaserUntil")
+        if released >= total or (holder is not None and holder > tasks.now()):
             return total_released
         done = sum(tasks.terminal_counts(clients.tasks, job).values())
         room = window - (released - done)
         if room <= 0 or room < window * min_room:
             return total_released
         count = min(room, total - released)
-        for row_ in _queue_rows(clients, job, released, count):
-            ref = TaskRef(job, row_["RowKey"], int(row_["Attempt"]))
-            clients.shard_queues[int(row_["Shard"])].send_message(ref.encode())
+        lease = timedelta(seconds=clients.settings.lease_seconds)
         try:
-            jobs.update(clients, row, Released=released + count)
+            row = jobs.update(clients, row, ReleaserUntil=tasks.now() + lease)
         except Exception as exc:
-            if not _is_conflict(exc):
-                raise
-            continue  # someone else released too: their messages and ours are both fine
+            if _is_conflict(exc):
+                return total_released  # another releaser holds it now
+            raise
+        for queued in _queue_rows(clients, job, released, count):
+            ref = TaskRef(job, queued["RowKey"], int(queued["Attempt"]))
+            clients.shard_queues[int(queued["Shard"])].send_message(ref.encode())
+        try:
+            jobs.update(clients, row, Released=released + count, ReleaserUntil=NO_RELEASER)
+        except Exception as exc:
+            if _is_conflict(exc):
+                return total_released  # cancelled meanwhile
+            raise
         total_released += count
         min_room = 0.0
 
