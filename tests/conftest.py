@@ -1,0 +1,114 @@
+"""Test fixtures: one real Azurite per session (disk mode, free ports, a temporary folder),
+isolation by a unique namespace per test, a real SMTP server, and helpers to run real
+workers against them."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from bagpipe.azurite import Azurite
+from bagpipe.mailserver import MailServer
+from pipeline.clients import Clients
+from pipeline.request import JobRequest
+from pipeline.settings import Settings
+from worker.runner import Worker
+
+
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
+    server = Azurite(tmp_path_factory.mktemp("azurite")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def mail(tmp_path: Path) -> Iterator[MailServer]:
+    server = MailServer(tmp_path / "mail").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def settings(azurite: Azurite, mail: MailServer) -> Settings:
+    """Settings of a deployment of its own (a unique namespace) on the shared Azurite."""
+    return Settings(
+        storage_connection=azurite.connection_string,
+        namespace=f"t{secrets.token_hex(5)}",
+        window=64,
+        lease_seconds=6,
+        api_key="test-key-" + secrets.token_hex(8),
+        mail_mode="smtp",
+        smtp_port=mail.port,
+        max_attempts=3,
+        max_tasks=2000,
+    )
+
+
+@pytest.fixture
+def clients(settings: Settings) -> Clients:
+    found = Clients(settings)
+    found.ensure_resources()
+    return found
+
+
+def small_request(**changes: object) -> JobRequest:
+    """Two tiles × four 8-day periods of MOD10A2 = 8 tasks."""
+    body: dict[str, object] = {
+        "region": {"tiles": ["h09v05", "h10v05"]},
+        "start": "2022-01-01",
+        "end": "2022-01-31",
+        "products": ["MOD10A2"],
+        "email": "scientist@example.org",
+    }
+    body.update(changes)
+    return JobRequest.model_validate(body)
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 60, what: str = "condition") -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.1)
+
+
+class WorkerThreads:
+    """Real workers (the production Worker class) run in threads of the test process."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.workers: list[Worker] = []
+        self.threads: list[threading.Thread] = []
+
+    def start(self, count: int = 1, slots: int = 2) -> list[Worker]:
+        started = []
+        for _ in range(count):
+            worker = Worker(self.settings, slots=slots, idle_sleep=0.1)
+            thread = threading.Thread(target=worker.run, daemon=True)
+            thread.start()
+            self.workers.append(worker)
+            self.threads.append(thread)
+            started.append(worker)
+        return started
+
+    def stop(self) -> None:
+        for worker in self.workers:
+            worker.stopping.set()
+        for thread in self.threads:
+            thread.join(60)
+
+
+@pytest.fixture
+def workers(settings: Settings) -> Iterator[WorkerThreads]:
+    pool = WorkerThreads(settings)
+    yield pool
+    pool.stop()

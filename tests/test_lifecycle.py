@@ -1,0 +1,93 @@
+"""The whole request lifecycle on the local stack: HTTP API under uvicorn, control loop,
+real worker processes, Azurite, SMTP — then the CLI on the finished job."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+import httpx
+
+from bagpipe.azurite import Azurite
+from bagpipe.stack import LocalStack
+from pipeline import names
+from pipeline.clients import Clients
+from pipeline.settings import Settings
+from tests.conftest import wait_for
+
+REQUEST = {
+    "region": {"bbox": [-104.0, 33.0, -95.0, 38.0]},
+    "start": "2022-02-01",
+    "end": "2022-03-01",
+    "products": ["MOD10A2", "MOD13A1"],
+    "email": "scientist@example.org",
+    "label": "lifecycle",
+}
+
+
+def test_submit_run_complete_notify_download(azurite: Azurite, settings: Settings, tmp_path: Path) -> None:
+    with LocalStack(tmp_path / "stack", workers=2, slots=2, connection=azurite.connection_string,
+                    namespace=settings.namespace, window=8) as stack:
+        key = stack.settings.api_key
+        http = httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+        created = http.post("/api/jobs", json=REQUEST)
+        assert created.status_code == 202, created.text
+        job, total = created.json()["job"], created.json()["total"]
+        assert total == 2 * (5 + 3)  # h09v05, h10v05 × (5 eight-day + 3 sixteen-day periods)
+
+        status = wait_for(lambda: (s := http.get(f"/api/jobs/{job}").json())["state"] in
+                          ("SUCCEEDED", "FAILED", "CANCELLED") and s, 120, "the job to finish")
+        assert status["state"] == "SUCCEEDED"
+        assert status["counts"]["SUCCEEDED"] == total and status["progress"] == 1.0
+        assert status["failures"] == {}
+
+        # exactly one manifest, exactly one email, saying the job succeeded
+        clients = Clients(stack.settings)
+        manifests = [b.name for b in clients.products.list_blobs(name_starts_with=f"{job}/")
+                     if b.name.endswith("manifest.json")]
+        assert manifests == [names.manifest_blob(job)]
+        mails = [m for _, m in stack.mail.messages() if job in str(m["Subject"])]
+        assert len(mails) == 1
+        assert "succeeded" in str(mails[0]["Subject"]) and mails[0]["To"] == "scientist@example.org"
+        assert f"{total} succeeded" in mails[0].get_content()
+
+        # the results: every output reachable through its short-lived SAS link, and it is
+        # the digest of the very source blob it names
+        results = http.get(f"/api/jobs/{job}/results").json()
+        assert len(results["tasks"]) == total
+        for task in results["tasks"]:
+            assert task["status"] == "SUCCEEDED" and len(task["outputs"]) == 1
+            (blob, link), = task["links"].items()
+            query = parse_qs(urlparse(link).query)
+            expiry = datetime.fromisoformat(query["se"][0].replace("Z", "+00:00"))
+            assert expiry - datetime.now(timezone.utc) < timedelta(minutes=61)
+            assert query["sp"] == ["r"]
+            summary = httpx.get(link).json()
+            assert (summary["product"], summary["tile"], summary["date"]) == (
+                task["product"], task["tile"], task["date"])
+            source = clients.sources.download_blob(summary["source"]).readall()
+            assert summary["sha256"] == hashlib.sha256(source).hexdigest()
+        unsigned = link.split("?")[0]
+        assert httpx.get(unsigned).status_code in (403, 404)
+
+        # the command line on the same job
+        cli = [sys.executable, "-m", "bagpipe.cli"]
+        auth = ["--api", stack.api_url, "--key", key]
+        shown = subprocess.run([*cli, "status", job, "--json", *auth], capture_output=True, text=True,
+                               check=True)
+        assert json.loads(shown.stdout)["state"] == "SUCCEEDED"
+        out = tmp_path / "out"
+        subprocess.run([*cli, "results", job, "--out", str(out), *auth], check=True, capture_output=True)
+        manifest = json.loads((out / "manifest.json").read_text())
+        files = [f for task in manifest["tasks"] for f in task["files"]]
+        assert len(files) == total
+        for f in files:
+            assert json.loads((out / f).read_text())["sha256"]
+        refused = subprocess.run([*cli, "status", job, "--api", stack.api_url, "--key", "nope"],
+                                 capture_output=True, text=True)
+        assert refused.returncode == 1 and "401" in refused.stdout

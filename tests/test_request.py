@@ -1,0 +1,76 @@
+"""The request schema, the MODIS grid and the expansion of a request into tasks."""
+
+from __future__ import annotations
+
+import math
+from datetime import date
+
+import pytest
+from pydantic import ValidationError
+
+from pipeline.grid import RADIUS, TILE_SIZE, X_MIN, Y_MAX, Tile, tiles_for_bbox
+from pipeline.products import CATALOG, periods
+from pipeline.request import JobRequest, RequestError, expand
+from tests.conftest import small_request
+
+
+def tile_of(lon: float, lat: float) -> Tile:
+    """The tile of one point, straight from the sinusoidal formulas."""
+    x = RADIUS * math.radians(lon) * math.cos(math.radians(lat))
+    y = RADIUS * math.radians(lat)
+    return Tile(int((x - X_MIN) // TILE_SIZE), int((Y_MAX - y) // TILE_SIZE))
+
+
+@pytest.mark.parametrize("bbox", [(-124, 31, -103, 42), (10, -5, 30, 5), (140, -40, 155, -10), (-20, 60, 40, 75)])
+def test_bbox_tiles_cover_every_point_of_the_box(bbox: tuple[float, float, float, float]) -> None:
+    west, south, east, north = bbox
+    found = set(tiles_for_bbox(*bbox))
+    sampled = {
+        tile_of(west + (east - west) * i / 60, south + (north - south) * j / 60)
+        for i in range(61)
+        for j in range(61)
+    }
+    assert sampled <= found
+    # and nothing far outside: every tile found is within one tile of a sampled one
+    for tile in found:
+        assert any(abs(tile.h - s.h) <= 1 and abs(tile.v - s.v) <= 1 for s in sampled)
+
+
+def test_known_tiles() -> None:
+    assert tile_of(-110, 32) == Tile(8, 5)  # Arizona
+    assert [t.name for t in tiles_for_bbox(-100, 35, -99, 36)] == ["h09v05"]
+    assert Tile.parse("h09v05").name == "h09v05"
+    with pytest.raises(ValueError):
+        Tile.parse("h36v05")
+
+
+def test_periods_follow_the_modis_calendar() -> None:
+    eight_day = periods(CATALOG["MOD10A2"], date(2022, 1, 5), date(2022, 2, 10))
+    assert eight_day == [date(2022, 1, d) for d in (1, 9, 17, 25)] + [date(2022, 2, 2), date(2022, 2, 10)]
+    # the last composite of a year is short; a span across new year takes both years' periods
+    across = periods(CATALOG["MOD10A2"], date(2021, 12, 30), date(2022, 1, 2))
+    assert across == [date(2021, 12, 27), date(2022, 1, 1)]
+    assert len(periods(CATALOG["MOD11A1"], date(2022, 1, 1), date(2022, 1, 31))) == 31
+    assert periods(CATALOG["MOD10A2"], date(2022, 2, 1), date(2022, 1, 1)) == []
+
+
+def test_expand_makes_one_task_per_tile_date_product() -> None:
+    specs = expand(small_request(products=["MOD10A2", "MOD13A1"]), max_tasks=100)
+    assert len(specs) == 2 * 4 + 2 * 2
+    assert len(set(specs)) == len(specs)
+    assert {s.tile for s in specs} == {"h09v05", "h10v05"}
+
+
+def test_expand_refuses_too_many_tasks_with_the_count() -> None:
+    with pytest.raises(RequestError) as caught:
+        expand(small_request(start="2001-01-01", end="2020-12-31"), max_tasks=100)
+    assert caught.value.status == 413
+    assert caught.value.extra["tasks"] == 2 * 46 * 20
+
+
+def test_schema_rejects_both_region_kinds() -> None:
+    with pytest.raises(ValidationError, match="either bbox"):
+        JobRequest.model_validate(
+            {"region": {"bbox": [0, 0, 1, 1], "tiles": ["h09v05"]}, "start": "2022-01-01",
+             "end": "2022-01-02", "products": ["MOD10A2"]}
+        )
