@@ -8,7 +8,7 @@ import json
 import logging
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from azure.storage.queue import QueueClient
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import errno
 import socket
-from enum import Enum
+from enum import StrEnum
 
 from azure.core.exceptions import (
     HttpResponseError,
@@ -16,7 +16,7 @@ from azure.core.exceptions import (
 )
 
 
-class FailureClass(str, Enum):
+class FailureClass(StrEnum):
     SOURCE_DOWNLOAD = "source_download_failed"  # a feed did not deliver a source file
     BLOB_READ = "blob_read_failed"  # a blob could not be read (missing, refused)
     CORRUPT_BLOB = "corrupt_blob_read"  # a blob's content did not match its checksum

@@ -11,7 +11,7 @@ crash leaves duplicates (which workers drop) and never a task without a message.
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from azure.data.tables import TableTransactionError, UpdateMode
@@ -23,7 +23,7 @@ from pipeline.status import JobState, TaskStatus, transition
 from pipeline.tasks import TaskRef, TerminalCounter, if_match
 
 log = logging.getLogger(__name__)
-NO_RELEASER = datetime(1970, 1, 1, tzinfo=timezone.utc)  # a lease that has long expired
+NO_RELEASER = datetime(1970, 1, 1, tzinfo=UTC)  # a lease that has long expired
 
 
 def _is_conflict(exc: Exception) -> bool:
@@ -56,16 +56,17 @@ def plan(clients: Clients, job: str) -> None:
             if row["State"] != JobState.ACCEPTED.value:
                 break
             planned = max(planned, int(row["Planned"]))
-    try:
-        row = jobs.update(clients, row, State=JobState.RUNNING.value)
-    except Exception as exc:
-        if not _is_conflict(exc):
-            raise
-        row = jobs.get(clients, job)
+    if row["State"] == JobState.ACCEPTED.value:
+        try:
+            row = jobs.update(clients, row, State=JobState.RUNNING.value)
+        except Exception as exc:
+            if not _is_conflict(exc):
+                raise
+            row = jobs.get(clients, job)
     if row["State"] == JobState.RUNNING.value:
         log.info("job %s planned: %d tasks", job, len(specs))
         release(clients, job)
-    elif row["State"] == JobState.CANCELLING.value:
+    else:  # cancelled while it was being planned: nothing it planned may run
         jobs.cancel_tasks(clients, job, TerminalCounter(f"planner-{job}"))
         jobs.announce_done(clients, job)
 

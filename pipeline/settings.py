@@ -6,8 +6,8 @@ Every field names its app setting (see :mod:`pipeline.names`) and its default be
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Mapping
 
 from pipeline import names
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 
-class TaskStatus(str, Enum):
+class TaskStatus(StrEnum):
     PENDING = "PENDING"  # planned, not yet released to a queue
     QUEUED = "QUEUED"  # a queue message names its current attempt
     RUNNING = "RUNNING"  # an attempt holds the lease and heartbeats
@@ -62,7 +62,7 @@ def after_failure(current: TaskStatus | str, failed_as: TaskStatus, attempt: int
     return transition(failed_as, TaskStatus.QUEUED if attempt < max_attempts else TaskStatus.DEAD)
 
 
-class JobState(str, Enum):
+class JobState(StrEnum):
     ACCEPTED = "ACCEPTED"  # stored, a plan message is on its way
     RUNNING = "RUNNING"  # planned: tasks exist and are being released
     CANCELLING = "CANCELLING"  # cancel asked; tasks are being cancelled

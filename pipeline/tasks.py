@@ -14,11 +14,11 @@ import binascii
 import json
 import threading
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from azure.core import MatchConditions
-from azure.core.exceptions import ResourceNotFoundError
+from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 from azure.data.tables import TableClient, TableTransactionError, UpdateMode
 
 from pipeline import names
@@ -31,7 +31,7 @@ ERROR_CHARS = 2000  # an error message kept on a row is cut to this
 
 
 def now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def if_match(etag: str) -> dict[str, Any]:
@@ -95,16 +95,24 @@ def task_entity(job: str, seq: int, spec: TaskSpec, shards: int) -> dict[str, An
     }
 
 
-def create_batch(tasks: TableClient, entities: list[dict[str, Any]]) -> bool:
-    """Create up to BATCH task rows of one job atomically; False if they already exist
-    (a plan message processed twice)."""
+def create_batch(tasks: TableClient, entities: list[dict[str, Any]]) -> int:
+    """Create up to BATCH task rows of one job, atomically when none exists yet; rows that
+    already exist (a plan message processed twice, a planner that died) are left as they
+    are. Returns how many rows this call created."""
     try:
         tasks.submit_transaction([("create", e) for e in entities])
+        return len(entities)
     except TableTransactionError as exc:
-        if exc.error_code == "EntityAlreadyExists":
-            return False
-        raise
-    return True
+        if exc.error_code != "EntityAlreadyExists":
+            raise
+    created = 0
+    for entity in entities:
+        try:
+            tasks.create_entity(entity)
+            created += 1
+        except ResourceExistsError:
+            pass
+    return created
 
 
 # --- terminal counters -------------------------------------------------------------------

@@ -112,3 +112,21 @@ def workers(settings: Settings) -> Iterator[WorkerThreads]:
     pool = WorkerThreads(settings)
     yield pool
     pool.stop()
+
+
+@pytest.fixture
+def control_loop(settings: Settings) -> Iterator[threading.Event]:
+    """The local stack's control loop (planner, completion, sweep) in a thread."""
+    from bagpipe import control
+
+    stop = threading.Event()
+    thread = threading.Thread(target=control.run, args=(settings, stop),
+                              kwargs={"sweep_every": 0.5, "idle_sleep": 0.05}, daemon=True)
+    thread.start()
+    yield stop
+    stop.set()
+    thread.join(30)
+
+
+def queue_depth(clients: Clients) -> int:
+    return sum(q.get_queue_properties().approximate_message_count for q in clients.shard_queues)

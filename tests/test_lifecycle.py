@@ -7,7 +7,7 @@ import hashlib
 import json
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
@@ -62,10 +62,10 @@ def test_submit_run_complete_notify_download(azurite: Azurite, settings: Setting
         assert len(results["tasks"]) == total
         for task in results["tasks"]:
             assert task["status"] == "SUCCEEDED" and len(task["outputs"]) == 1
-            (blob, link), = task["links"].items()
+            (_blob, link), = task["links"].items()
             query = parse_qs(urlparse(link).query)
             expiry = datetime.fromisoformat(query["se"][0].replace("Z", "+00:00"))
-            assert expiry - datetime.now(timezone.utc) < timedelta(minutes=61)
+            assert expiry - datetime.now(UTC) < timedelta(minutes=61)
             assert query["sp"] == ["r"]
             summary = httpx.get(link).json()
             assert (summary["product"], summary["tile"], summary["date"]) == (

@@ -1,0 +1,57 @@
+"""Cancel: no task starts after it, the job ends CANCELLED, and an email says so."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from bagpipe.mailserver import MailServer
+from pipeline import jobs, stages, tasks
+from pipeline.clients import Clients
+from pipeline.status import JobState
+from tests.conftest import WorkerThreads, small_request, wait_for
+
+
+def slow_digest(ctx: stages.StageContext) -> None:
+    import time
+
+    time.sleep(0.2)
+    stages.digest(ctx)
+
+
+def test_cancel_stops_new_tasks_and_ends_cancelled(
+    clients: Clients, workers: WorkerThreads, control_loop: object, mail: MailServer, monkeypatch
+) -> None:
+    monkeypatch.setitem(stages.STAGES, stages.TILE_STAGE, slow_digest)
+    job = jobs.submit(clients, small_request(start="2022-01-01", end="2022-12-31"))["PartitionKey"]
+    workers.start(1, slots=2)
+    wait_for(lambda: sum(tasks.terminal_counts(clients.tasks, job).values()) >= 5, 60, "some progress")
+    jobs.cancel(clients, job, owner="test-cancel")
+    cancelled_at = tasks.now()
+    wait_for(lambda: JobState(jobs.get(clients, job)["State"]).finished, 60, "the job to end")
+    assert jobs.get(clients, job)["State"] == "CANCELLED"
+    rows = tasks.list_tasks(clients.tasks, job)
+    counts = Counter(r["Status"] for r in rows)
+    assert set(counts) <= {"SUCCEEDED", "CANCELLED"} and counts["CANCELLED"] > 50
+    assert sum(counts.values()) == 92
+    started = [a["StartedAt"] for a in clients.attempts.query_entities("PartitionKey eq @p",
+                                                                       parameters={"p": job})]
+    assert started and max(started) < cancelled_at, "no attempt started after the cancel returned"
+    # a task cancelled while it ran did not publish its output
+    for row in rows:
+        if row["Status"] == "CANCELLED":
+            assert "Outputs" not in row
+    (message,) = [m for _, m in mail.messages() if job in str(m["Subject"])]
+    assert "cancelled" in str(message["Subject"])
+    status = jobs.status(clients, job)
+    assert status["counts"]["CANCELLED"] == counts["CANCELLED"]
+
+
+def test_cancel_before_planning_plans_nothing_runnable(
+    clients: Clients, control_loop: object, mail: MailServer
+) -> None:
+    job = jobs.submit(clients, small_request())["PartitionKey"]
+    jobs.cancel(clients, job, owner="test-cancel")
+    wait_for(lambda: JobState(jobs.get(clients, job)["State"]).finished, 60, "the job to end")
+    assert jobs.get(clients, job)["State"] == "CANCELLED"
+    assert all(r["Status"] == "CANCELLED" for r in tasks.list_tasks(clients.tasks, job))
+    assert sum(q.get_queue_properties().approximate_message_count for q in clients.shard_queues) == 0

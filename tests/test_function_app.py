@@ -1,0 +1,114 @@
+"""The Functions app as the Python worker indexes it (Core Tools cannot run here): its
+functions, triggers, queue names and connections, and each handler invoked with real
+``azure.functions`` objects against Azurite."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import importlib
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import azure.functions as func
+import pytest
+from azure.functions.timer import TimerRequest
+
+from bagpipe.mailserver import MailServer
+from pipeline import jobs, names, tasks
+from pipeline.clients import Clients
+from pipeline.settings import Settings
+from pipeline.status import JobState
+from tests.conftest import small_request
+
+
+@functools.cache
+def index_app() -> tuple[list[Any], dict[str, dict[str, Any]]]:
+    """What the worker's ``index_function_app`` does (once per process, as it does):
+    import ``function_app``, find its one function app, read every function's metadata."""
+    module = importlib.import_module("function_app")
+    apps = [v for v in vars(module).values() if isinstance(v, func.FunctionRegister)]
+    assert len(apps) == 1, "exactly one top-level function app"
+    functions = apps[0].get_functions()
+    return functions, {f.get_function_name(): json.loads(f.get_function_json()) for f in functions}
+
+
+@pytest.fixture
+def app_env(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    for key, value in settings.to_env().items():
+        monkeypatch.setenv(key, value)
+    from function_app import runtime
+
+    for cached in (runtime.settings, runtime.mailer, runtime.asgi):
+        cached.cache_clear()
+    yield index_app()[0]
+    for cached in (runtime.settings, runtime.mailer, runtime.asgi):
+        cached.cache_clear()
+
+
+def user_function(functions: list[Any], name: str) -> Any:
+    (found,) = [f for f in functions if f.get_function_name() == name]
+    return found.get_user_function()
+
+
+def test_functions_triggers_and_connections() -> None:
+    _, functions = index_app()
+    assert set(functions) == {"api", "planner", "completion", "sweeper"}
+    (http,) = [b for b in functions["api"]["bindings"] if b["type"] == "httpTrigger"]
+    assert http["route"] == "{*route}" and http["authLevel"].lower() == "function"
+    assert set(http["methods"]) == {"GET", "POST"}
+    for name, queue in (("planner", names.PLAN_QUEUE), ("completion", names.DONE_QUEUE)):
+        (trigger,) = functions[name]["bindings"]
+        assert trigger["type"] == "queueTrigger" and trigger["direction"].lower() == "in"
+        assert trigger["queueName"] == queue
+        assert trigger["connection"] == names.BINDING_CONNECTION == names.SETTING_STORAGE
+    (timer,) = functions["sweeper"]["bindings"]
+    assert timer["type"] == "timerTrigger" and timer["schedule"].count(" ") == 5
+
+
+def test_http_function_serves_the_api(app_env: Any, settings: Settings, clients: Clients) -> None:
+    api = user_function(app_env, "api")
+    body = small_request().model_dump_json().encode()
+
+    def call(headers: dict[str, str], method: str = "POST", path: str = "/api/jobs") -> func.HttpResponse:
+        request = func.HttpRequest(method=method, url=f"http://localhost{path}", headers=headers,
+                                   body=body if method == "POST" else b"")
+        return asyncio.run(api(request, _context()))
+
+    refused = call({"content-type": "application/json"})
+    assert refused.status_code == 401
+    accepted = call({"content-type": "application/json", "x-functions-key": settings.api_key})
+    assert accepted.status_code == 202
+    job = json.loads(accepted.get_body())["job"]
+    shown = call({"x-functions-key": settings.api_key}, "GET", f"/api/jobs/{job}")
+    assert json.loads(shown.get_body())["state"] == "ACCEPTED"
+
+
+def test_planner_and_completion_functions_run_the_pipeline(
+    app_env: Any, clients: Clients, mail: MailServer
+) -> None:
+    job = jobs.submit(clients, small_request())["PartitionKey"]
+    user_function(app_env, "planner")(func.QueueMessage(body=json.dumps({"job": job}).encode()))
+    assert len(tasks.list_tasks(clients.tasks, job)) == 8
+    assert jobs.get(clients, job)["State"] == JobState.RUNNING.value
+    jobs.cancel(clients, job, owner="test")
+    user_function(app_env, "completion")(func.QueueMessage(body=json.dumps({"job": job}).encode()))
+    assert jobs.get(clients, job)["State"] == JobState.CANCELLED.value
+    assert len([m for _, m in mail.messages() if job in str(m["Subject"])]) == 1
+    # the sweeper finds nothing left to do
+    user_function(app_env, "sweeper")(TimerRequest(past_due=False))
+    assert job not in jobs.active_jobs(clients)
+    with pytest.raises(ValueError):
+        user_function(app_env, "planner")(func.QueueMessage(body=b"not json"))
+
+
+def _context() -> Any:
+    class Context:
+        invocation_id = "test-invocation"
+        function_name = "api"
+        function_directory = "."
+        trace_context = None
+        retry_context = None
+
+    return Context()

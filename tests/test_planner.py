@@ -1,0 +1,81 @@
+"""Planning is idempotent; release keeps the queues within the window."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+from pipeline import jobs, planner, sweep, tasks
+from pipeline.clients import Clients
+from pipeline.request import expand
+from pipeline.settings import Settings
+from pipeline.status import JobState
+from tests.conftest import WorkerThreads, queue_depth, small_request, wait_for
+
+
+def task_rows(clients: Clients, job: str) -> list[dict]:
+    return tasks.list_tasks(clients.tasks, job)
+
+
+def test_plan_message_twice_makes_no_duplicate(clients: Clients) -> None:
+    request = small_request(start="2022-01-01", end="2022-12-31")  # 2 tiles × 46 = 92 tasks
+    job = jobs.submit(clients, request)["PartitionKey"]
+    body = f'{{"job": "{job}"}}'.encode()
+    threads = [threading.Thread(target=sweep.handle_plan, args=(clients, body)) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    sweep.handle_plan(clients, body)
+    rows = task_rows(clients, job)
+    assert len(rows) == 92
+    specs = [(r["Params"], r["Stage"]) for r in rows]
+    assert len(set(specs)) == 92
+    assert jobs.get(clients, job)["State"] == JobState.RUNNING.value
+    # every released task has a message; a task with two messages is harmless but the
+    # release lease keeps concurrent planners from doubling the window
+    assert queue_depth(clients) <= 2 * clients.settings.window
+
+
+def test_plan_resumes_after_a_crash_midway(clients: Clients) -> None:
+    request = small_request(start="2022-01-01", end="2022-12-31")
+    job = jobs.submit(clients, request)["PartitionKey"]
+    specs = expand(request, 1000)
+    # a planner that died after writing its first batch, before moving its cursor
+    first = [tasks.task_entity(job, seq, specs[seq], clients.settings.shards) for seq in range(50)]
+    assert tasks.create_batch(clients.tasks, first) == 50
+    planner.plan(clients, job)
+    rows = task_rows(clients, job)
+    assert [r["Seq"] for r in rows] == list(range(92))
+    assert int(jobs.get(clients, job)["Planned"]) == 92
+
+
+def test_release_never_puts_more_than_the_window_in_the_queues(
+    settings: Settings, control_loop: object, workers: WorkerThreads
+) -> None:
+    settings_small = settings  # window 64 (conftest)
+    clients = Clients(settings_small)
+    clients.ensure_resources()
+    job = jobs.submit(clients, small_request(start="2021-01-01", end="2022-12-31"))["PartitionKey"]
+    total = 2 * 2 * 46
+    depths: list[int] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            depths.append(queue_depth(clients))
+            stop.wait(0.05)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    wait_for(lambda: jobs.get(clients, job)["State"] == JobState.RUNNING.value, 30, "planning")
+    workers.start(2, slots=2)
+    wait_for(lambda: jobs.get(clients, job)["State"] == JobState.SUCCEEDED.value, 180, "the job")
+    stop.set()
+    sampler.join()
+    assert max(depths) <= settings.window
+    assert max(depths) >= settings.window // 2, "the window was used"
+    counts = Counter(r["Status"] for r in task_rows(clients, job))
+    assert counts == {"SUCCEEDED": total}
+    # and the counters agree with the rows
+    assert tasks.terminal_counts(clients.tasks, job)["SUCCEEDED"] == total

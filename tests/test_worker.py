@@ -1,0 +1,184 @@
+"""The worker against a real Azurite: stale and undecodable messages, failures and
+retries, the fenced commit, exactly-once completion, SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from azure.storage.queue import QueueClient, QueueMessage
+
+from bagpipe.mailserver import MailServer
+from pipeline import completion, jobs, names, planner, stages, sweep, tasks
+from pipeline.clients import Clients
+from pipeline.notify import mailer_for
+from pipeline.settings import Settings
+from pipeline.status import JobState, TaskStatus
+from tests.conftest import WorkerThreads, small_request, wait_for
+
+
+def planned_job(clients: Clients, **request: object) -> str:
+    job = jobs.submit(clients, small_request(**request))["PartitionKey"]
+    sweep.handle_plan(clients, json.dumps({"job": job}).encode())
+    return job
+
+
+def receive_one(clients: Clients) -> tuple[QueueClient, QueueMessage]:
+    for queue in clients.shard_queues:
+        for message in queue.receive_messages(max_messages=1, messages_per_page=1, visibility_timeout=30):
+            return queue, message
+    raise AssertionError("no message in any shard")
+
+
+@pytest.fixture
+def swap_stage() -> Iterator[dict[str, stages.Stage]]:
+    """Replace the tile stage for one test (workers in threads see the same registry)."""
+    original = stages.STAGES[stages.TILE_STAGE]
+    yield stages.STAGES
+    stages.STAGES[stages.TILE_STAGE] = original
+
+
+def test_stale_message_is_deleted_without_running(clients: Clients, workers: WorkerThreads) -> None:
+    job = planned_job(clients)
+    queue, message = receive_one(clients)
+    ref = tasks.TaskRef.decode(message.content)
+    held = tasks.claim(clients, ref, "someone-else")
+    assert held is not None
+    queue.delete_message(message)
+    # a late duplicate of the same attempt, and one from an attempt long gone
+    queue.send_message(ref.encode())
+    workers.start(1, slots=1)
+    wait_for(lambda: jobs.get(clients, job)["State"] == "RUNNING" and
+             sum(tasks.terminal_counts(clients.tasks, job).values()) == 7, 60, "the other tasks")
+    row = clients.tasks.get_entity(job, ref.task)
+    assert row["Status"] == TaskStatus.RUNNING.value and row["Worker"] == "someone-else"
+    attempts = list(clients.attempts.query_entities("PartitionKey eq @p and RowKey ge @lo and RowKey lt @hi",
+                                                    parameters={"p": job, "lo": ref.task, "hi": ref.task + "~"}))
+    assert [a["Worker"] for a in attempts] == ["someone-else"], "the duplicate did not run"
+
+
+def test_undecodable_message_goes_to_poison_with_a_record(clients: Clients, workers: WorkerThreads) -> None:
+    queue = clients.shard_queues[0]
+    queue.send_message(b"this is not a task reference")
+    queue.send_message(json.dumps({"job": "j1", "task": "../../etc", "attempt": 1}).encode())
+    queue.send_message(json.dumps({"job": "j1", "task": "000000001", "attempt": "1"}).encode())
+    workers.start(1)
+    poison = clients.queue(clients.settings.names.poison_queue(queue.queue_name))
+    records = wait_for(lambda: (found := list(poison.peek_messages(max_messages=10))) and len(found) == 3
+                       and found, 30, "three poison records")
+    bodies = [json.loads(tasks.message_bytes(r.content)) for r in records]
+    assert all(b["why"].startswith("undecodable") and b["queue"] == queue.queue_name for b in bodies)
+    wait_for(lambda: queue.get_queue_properties().approximate_message_count == 0, 30, "the shard to empty")
+
+
+def test_failures_retry_then_dead_and_the_job_still_completes(
+    clients: Clients, workers: WorkerThreads, control_loop: object, mail: MailServer,
+    swap_stage: dict[str, stages.Stage],
+) -> None:
+    def broken(ctx: stages.StageContext) -> None:
+        if ctx.params["tile"] == "h10v05" and ctx.params["date"] == "2022-01-09":
+            raise ValueError("the reduction divided by zero")
+        stages.digest(ctx)
+
+    swap_stage[stages.TILE_STAGE] = broken
+    job = planned_job(clients)
+    workers.start(1, slots=2)
+    wait_for(lambda: JobState(jobs.get(clients, job)["State"]).finished, 120, "the job to finish")
+    status = jobs.status(clients, job)
+    assert status["state"] == "FAILED"
+    assert status["counts"]["DEAD"] == 1 and status["counts"]["SUCCEEDED"] == 7
+    assert status["failures"] == {"user_code_error": clients.settings.max_attempts}
+    dead = next(t for t in tasks.list_tasks(clients.tasks, job) if t["Status"] == "DEAD")
+    assert dead["Attempt"] == clients.settings.max_attempts
+    assert "divided by zero" in dead["LastError"]
+    (mail_,) = [m for _, m in mail.messages() if job in str(m["Subject"])]
+    assert "failed" in str(mail_["Subject"]) and "1 dead" in mail_.get_content()
+
+
+def test_transient_failure_succeeds_on_retry_and_only_that_attempt_is_published(
+    clients: Clients, workers: WorkerThreads, control_loop: object, swap_stage: dict[str, stages.Stage],
+) -> None:
+    def flaky(ctx: stages.StageContext) -> None:
+        stages.digest(ctx)  # writes its output, then fails: the output must not be used
+        if ctx.attempt == 1 and ctx.params["tile"] == "h09v05" and ctx.params["date"] == "2022-01-01":
+            raise ConnectionError("connection reset by peer")
+
+    swap_stage[stages.TILE_STAGE] = flaky
+    job = planned_job(clients)
+    workers.start(1, slots=2)
+    wait_for(lambda: JobState(jobs.get(clients, job)["State"]).finished, 120, "the job to finish")
+    assert jobs.get(clients, job)["State"] == "SUCCEEDED"
+    manifest = json.loads(clients.products.download_blob(names.manifest_blob(job)).readall())
+    retried = [t for t in manifest["tasks"] if t["attempt"] == 2]
+    assert len(retried) == 1
+    assert retried[0]["outputs"] == [names.output_prefix(job, retried[0]["task"], 2) + "summary.json"]
+    assert jobs.status(clients, job)["failures"] == {"connection_failure": 1}
+
+
+def test_commit_is_fenced_on_the_attempt(clients: Clients) -> None:
+    job = planned_job(clients)
+    _queue, message = receive_one(clients)
+    held = tasks.claim(clients, tasks.TaskRef.decode(message.content), "w1")
+    assert held is not None
+    # the attempt is revoked (the monitor's move): the row names attempt 2 now
+    row = clients.tasks.get_entity(job, held.ref.task)
+    clients.tasks.update_entity({"PartitionKey": job, "RowKey": held.ref.task, "Status": "QUEUED",
+                                 "Attempt": 2}, **tasks.if_match(row.metadata["etag"]))
+    counter = tasks.TerminalCounter("w1-0")
+    assert not tasks.commit(clients, counter, held, TaskStatus.SUCCEEDED, ["stale/output"])
+    assert not tasks.still_held(clients, held)
+    row = clients.tasks.get_entity(job, held.ref.task)
+    assert row["Status"] == "QUEUED" and "Outputs" not in row
+    assert sum(tasks.terminal_counts(clients.tasks, job).values()) == 0
+    # the next attempt runs from the same old message and commits
+    again = tasks.claim(clients, held.ref, "w2")
+    assert again is not None and again.ref.attempt == 2
+    assert tasks.commit(clients, counter, again, TaskStatus.SUCCEEDED, ["good/output"])
+    assert json.loads(clients.tasks.get_entity(job, held.ref.task)["Outputs"]) == ["good/output"]
+
+
+def test_completion_happens_exactly_once_under_a_race(clients: Clients, settings: Settings,
+                                                      mail: MailServer) -> None:
+    job = planned_job(clients)
+    counter = tasks.TerminalCounter("solo")
+    while sum(tasks.terminal_counts(clients.tasks, job).values()) < 8:
+        queue, message = receive_one(clients)
+        held = tasks.claim(clients, tasks.TaskRef.decode(message.content), "solo")
+        assert held and tasks.commit(clients, counter, held, TaskStatus.SUCCEEDED, [])
+        queue.delete_message(message)
+        planner.release(clients, job)
+    mailer = mailer_for(settings)
+    barrier = threading.Barrier(8)
+    won: list[bool] = []
+
+    def finisher() -> None:
+        barrier.wait()
+        won.append(completion.complete(Clients(settings), mailer, job))
+
+    threads = [threading.Thread(target=finisher) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert won.count(True) == 1
+    assert jobs.get(clients, job)["State"] == "SUCCEEDED"
+    assert len([m for _, m in mail.messages() if job in str(m["Subject"])]) == 1
+    assert not completion.complete(clients, mailer, job), "a finished job is not finished again"
+    assert job not in jobs.active_jobs(clients)
+
+
+def test_worker_process_exits_cleanly_on_sigterm(settings: Settings, clients: Clients) -> None:
+    env = {**os.environ, **settings.to_env()}
+    process = subprocess.Popen([sys.executable, "-m", "bagpipe.cli", "worker", "--slots", "1"], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    time.sleep(3)
+    assert process.poll() is None, process.stdout.read() if process.stdout else ""
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(20) == 0
