@@ -141,3 +141,36 @@ class StorageNames:
         base = [self.plan_queue, self.done_queue]
         base += [self.shard_queue(i) for i in range(shards)]
         return base + [self.poison_queue(q) for q in base]
+
+
+def deployment_names(shards: int) -> dict[str, object]:
+    """The names ``infra/bicep`` needs, as it loads them (``names.json``): written by
+    ``python -m pipeline.names`` and checked by a test, so Bicep never retypes a name."""
+    deployed = StorageNames()
+    return {
+        "tables": [deployed.table(t) for t in TABLES],
+        "queues": deployed.all_queues(shards),
+        "taskQueuePrefix": TASK_QUEUE_PREFIX,
+        "shards": shards,
+        "containers": [deployed.container(c) for c in CONTAINERS],
+        "settings": {
+            "storageAccount": SETTING_STORAGE_ACCOUNT,
+            "shards": SETTING_SHARDS,
+            "window": SETTING_WINDOW,
+            "mailMode": SETTING_MAIL_MODE,
+            "mailSender": SETTING_MAIL_SENDER,
+            "acsEndpoint": SETTING_ACS_ENDPOINT,
+            "sasMinutes": SETTING_SAS_MINUTES,
+        },
+        "bindingConnection": BINDING_CONNECTION,
+    }
+
+
+DEPLOYED_SHARDS = 4  # the shard count infra/bicep deploys (BAGPIPE_SHARDS there)
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    json.dump(deployment_names(DEPLOYED_SHARDS), sys.stdout, indent=2)
+    sys.stdout.write("\n")
