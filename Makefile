@@ -36,7 +36,7 @@ lint: setup
 # `make bench` runs every benchmark module in bench/; `make bench NAME=x` runs bench/x.py.
 bench: setup
 	@if [ -n "$(NAME)" ]; then $(BIN)/python -m bench.$(NAME); \
-	else for f in bench/[!_]*.py; do m=$$(basename $$f .py); echo "== bench.$$m"; \
+	else for f in $$(ls bench/*.py | grep -v "/_"); do m=$$(basename $$f .py); echo "== bench.$$m"; \
 	$(BIN)/python -m bench.$$m || exit 1; done; fi
 
 clean:
