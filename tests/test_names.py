@@ -16,7 +16,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_bicep_names_are_the_codes() -> None:
     written = json.loads((REPO / "infra/bicep/names.json").read_text())
-    assert written == names.deployment_names(names.DEPLOYED_SHARDS), "run: python -m pipeline.names > infra/bicep/names.json"
+    expected = names.deployment_names(names.DEPLOYED_SHARDS)
+    assert written == expected, "run: python -m pipeline.names > infra/bicep/names.json"
     bicep = (REPO / "infra/bicep/main.bicep").read_text()
     assert "loadJsonContent('names.json')" in bicep
     for name in ("'plan'", "'tasks'", "'jobs'", "'products'"):
