@@ -66,6 +66,7 @@ class Azurite:
                 "--queueHost", "127.0.0.1", "--queuePort", str(self.queue_port),
                 "--tableHost", "127.0.0.1", "--tablePort", str(self.table_port),
                 "--skipApiVersionCheck", "--loose", "--disableProductStyleUrl", "--silent",
+                "--disableTelemetry",
             ],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True,

@@ -42,6 +42,7 @@ def _logging(verbose: bool = False) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("azure").setLevel(logging.WARNING)
+    logging.getLogger("mail.log").setLevel(logging.WARNING)
 
 
 def _fail(exc: Exception) -> None:
@@ -62,10 +63,8 @@ def up(home: HomeOpt = DEFAULT_HOME,
     console.print(f"  mail in {stack.mail.folder}, logs in {home / 'logs'}; Ctrl-C stops it")
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
-    try:
-        stopped.wait()
-    except KeyboardInterrupt:
-        pass
+    signal.signal(signal.SIGINT, lambda *_: stopped.set())
+    stopped.wait()
     console.print("stopping…")
     stack.stop()
 

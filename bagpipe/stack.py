@@ -127,6 +127,7 @@ class LocalStack:
 
     def stop(self) -> None:
         """Stop workers (SIGTERM: they finish what they hold), the loops, SMTP, Azurite."""
+        started = time.monotonic()
         for process in self._workers:
             if process.poll() is None:
                 process.terminate()
@@ -141,10 +142,12 @@ class LocalStack:
             self._server.should_exit = True
         for thread in self._threads:
             thread.join(30)
+        clients_for(self.settings).close()  # idle connections would hold Azurite's shutdown
         self.mail.stop()
         if self.azurite is not None:
             self.azurite.stop()
         (self.home / STATE_FILE).unlink(missing_ok=True)
+        log.info("local stack stopped in %.1f s", time.monotonic() - started)
 
     def __enter__(self) -> LocalStack:
         return self.start()

@@ -99,6 +99,12 @@ class Clients:
     def sources(self) -> ContainerClient:
         return self.container(names.SOURCES_CONTAINER)
 
+    def close(self) -> None:
+        """Close the connection pools (those that were opened)."""
+        for name in ("blob_service", "queue_service", "table_service"):
+            if name in self.__dict__:
+                self.__dict__[name].close()
+
     def ensure_resources(self) -> None:
         """Create every table, queue and container if missing (Bicep does it in Azure)."""
         for base in names.TABLES:

@@ -1,0 +1,81 @@
+"""``bagpipe up`` as a user runs it: its own Azurite in its home folder, submit and watch
+from the command line, Ctrl-C stops everything, and a restarted stack still has the job."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import wait_for
+
+CLI = [sys.executable, "-m", "bagpipe.cli"]
+
+
+def start_up(home: Path) -> subprocess.Popen[str]:
+    process = subprocess.Popen([*CLI, "up", "--home", str(home), "--workers", "1"], text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    wait_for(lambda: (home / "stack.json").exists() or process.poll() is not None, 60, "bagpipe up")
+    assert process.poll() is None, process.stdout.read() if process.stdout else ""
+    return process
+
+
+def stop_up(process: subprocess.Popen[str], home: Path) -> str:
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=90)
+    assert process.returncode == 0, output
+    assert not (home / "stack.json").exists()
+    return output
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def test_up_submit_watch_stop_and_restart(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BAGPIPE_")}
+    up = start_up(home)
+    assert len(children_of(up.pid)) >= 2, "azurite and a worker run under bagpipe up"
+    submitted = subprocess.run(
+        [*CLI, "submit", "--home", str(home), "--tiles", "h09v05,h08v05", "--start", "2022-03-01",
+         "--end", "2022-03-20", "--product", "MOD10A2", "--email", "me@example.org", "--label", "cli"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    job = submitted.stdout.strip().splitlines()[-1]
+    watched = subprocess.run([*CLI, "watch", job, "--home", str(home)], capture_output=True, text=True,
+                             env=env, timeout=120)
+    assert watched.returncode == 0 and "SUCCEEDED" in watched.stdout, watched.stdout
+    mail = list((home / "mail").glob("*.eml"))
+    assert len(mail) == 1 and job in mail[0].read_text()
+    refused = subprocess.run([*CLI, "submit", "--home", str(home), "--tiles", "h99v99", "--start", "2022-03-01",
+                              "--end", "2022-03-20", "--product", "MOD10A2"], capture_output=True, text=True, env=env)
+    assert refused.returncode == 1 and "region.tiles" in refused.stdout
+    children = children_of(up.pid)
+    stop_up(up, home)
+    for pid in children:
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+    # the jobs survive a restart of the stack (Azurite keeps them on disk in the home)
+    again = start_up(home)
+    try:
+        shown = subprocess.run([*CLI, "status", job, "--json", "--home", str(home)], capture_output=True,
+                               text=True, env=env, timeout=60)
+        assert shown.returncode == 0, shown.stdout
+        status = json.loads(shown.stdout)
+        assert status["state"] == "SUCCEEDED" and status["counts"]["SUCCEEDED"] == 2 * 3
+    finally:
+        stop_up(again, home)
