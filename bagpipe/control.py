@@ -46,9 +46,11 @@ def drain(queue: QueueClient, poison: QueueClient, handle: Callable[[str], None]
     return handled
 
 
-def run(settings: Settings, stop: threading.Event, sweep_every: float = 2.0,
+def run(settings: Settings, stop: threading.Event, sweep_every: float | None = None,
         idle_sleep: float = 0.2) -> None:
-    """Until ``stop`` is set: plan, complete, sweep."""
+    """Until ``stop`` is set: plan, complete, and sweep (the monitor) every
+    ``sweep_every`` seconds (the settings' monitor interval by default)."""
+    sweep_every = settings.monitor_interval_s if sweep_every is None else sweep_every
     clients = clients_for(settings)
     mailer = mailer_for(settings)
     names = settings.names

@@ -28,6 +28,15 @@ SETTING_MAIL_SENDER = "BAGPIPE_MAIL_SENDER"
 SETTING_SMTP_HOST = "BAGPIPE_SMTP_HOST"
 SETTING_SMTP_PORT = "BAGPIPE_SMTP_PORT"
 SETTING_ACS_ENDPOINT = "BAGPIPE_ACS_ENDPOINT"
+SETTING_KILL_FACTOR = "BAGPIPE_KILL_FACTOR"
+SETTING_KILL_FLOOR = "BAGPIPE_KILL_FLOOR_S"
+SETTING_KILL_CEILING = "BAGPIPE_KILL_CEILING_S"
+SETTING_MIN_SAMPLES = "BAGPIPE_MIN_SAMPLES"
+SETTING_KILL_GRACE = "BAGPIPE_KILL_GRACE_S"
+SETTING_MONITOR_INTERVAL = "BAGPIPE_MONITOR_INTERVAL_S"
+SETTING_STAGE_LIMITS = "BAGPIPE_STAGE_LIMITS"
+SETTING_STAGE_MODULES = "BAGPIPE_STAGE_MODULES"
+SETTING_TILE_STAGE = "BAGPIPE_TILE_STAGE"
 
 # The connection name the Functions bindings use: the host reads SETTING_STORAGE* from it.
 BINDING_CONNECTION = SETTING_STORAGE
@@ -53,6 +62,7 @@ CONTAINERS = (SOURCES_CONTAINER, TILES_CONTAINER, PRODUCTS_CONTAINER, LOGS_CONTA
 
 # --- row keys inside the tables ----------------------------------------------------------
 JOB_ROW = "job"  # jobs: PK = job id, RK = JOB_ROW
+DEADLINES = "~deadline"  # attempts: PK of the index of running attempts by deadline
 TASK_KEY_WIDTH = 9  # tasks: RK = zero-padded sequence, so a release cursor is a key range
 COUNTER_PREFIX = "~count~"  # tasks: per-writer terminal counters, sorted after every task
 
@@ -72,6 +82,12 @@ def counter_key(owner: str) -> str:
 def attempt_key(task: str, attempt: int) -> str:
     """Row key of one attempt of a task in the ``attempts`` table (PK = job id)."""
     return f"{task}-{attempt:03d}"
+
+
+def deadline_key(deadline_ms: int, job: str, task: str, attempt: int) -> str:
+    """Row key in the deadline index: zero-padded epoch milliseconds first, so "overdue
+    now" is one key range."""
+    return f"{deadline_ms:015d}-{job}-{task}-{attempt:03d}"
 
 
 def output_prefix(job: str, task: str, attempt: int) -> str:

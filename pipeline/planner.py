@@ -38,7 +38,7 @@ def plan(clients: Clients, job: str) -> None:
             release(clients, job)
         return
     settings = clients.settings
-    specs = expand(jobs.request_of(row), max_tasks=max(settings.max_tasks, int(row["Total"])))
+    specs = expand(jobs.request_of(row), max(settings.max_tasks, int(row["Total"])), settings.tile_stage)
     planned = int(row["Planned"])
     while planned < len(specs):
         batch = [

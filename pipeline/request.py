@@ -87,7 +87,7 @@ def request_tiles(region: Region) -> list[Tile]:
     return tiles_for_bbox(west, south, east, north)
 
 
-def expand(request: JobRequest, max_tasks: int) -> list[TaskSpec]:
+def expand(request: JobRequest, max_tasks: int, tile_stage: str = stages.TILE_STAGE) -> list[TaskSpec]:
     """The tasks of a request, in release order, or a RequestError saying why not."""
     unknown = [p for p in request.products if p not in CATALOG]
     if unknown:
@@ -113,7 +113,7 @@ def expand(request: JobRequest, max_tasks: int) -> list[TaskSpec]:
             tasks=count, limit=max_tasks,
         )
     return [
-        TaskSpec(stages.TILE_STAGE, product, tile.name, day)
+        TaskSpec(tile_stage, product, tile.name, day)
         for product in request.products
         for day in dates[product]
         for tile in tiles

@@ -12,6 +12,19 @@ from dataclasses import dataclass, field, replace
 from pipeline import names
 
 
+def _float(env: Mapping[str, str], key: str, default: float, minimum: float = 0.0) -> float:
+    raw = env.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"setting {key}={raw!r} is not a number") from None
+    if not value >= minimum:
+        raise ValueError(f"setting {key}={value} is below its minimum {minimum}")
+    return value
+
+
 def _int(env: Mapping[str, str], key: str, default: int, minimum: int = 1) -> int:
     raw = env.get(key)
     if raw is None or raw == "":
@@ -62,6 +75,27 @@ class Settings:
     smtp_port: int = 8025
     # BAGPIPE_ACS_ENDPOINT: the Communication Services endpoint for mail_mode "acs".
     acs_endpoint: str = ""
+    # BAGPIPE_KILL_FACTOR: an attempt running past factor × its (stage, product) mean is
+    # revoked and retried (default 4, the ModisAzure rule).
+    kill_factor: float = 4.0
+    # BAGPIPE_KILL_FLOOR_S: never revoke for time before this many seconds (default 10),
+    # so that noise on very short stages kills nothing.
+    kill_floor_s: float = 10.0
+    # BAGPIPE_KILL_CEILING_S: the limit while a stage has too little history (default 1800).
+    kill_ceiling_s: float = 1800.0
+    # BAGPIPE_MIN_SAMPLES: runs of a (stage, product) before its mean is trusted (default 5).
+    min_samples: int = 5
+    # BAGPIPE_KILL_GRACE_S: between SIGTERM and SIGKILL of a revoked stage (default 5).
+    kill_grace_s: float = 5.0
+    # BAGPIPE_MONITOR_INTERVAL_S: how often the monitor sweeps (default 5).
+    monitor_interval_s: float = 5.0
+    # BAGPIPE_STAGE_LIMITS: per-stage overrides as JSON, e.g.
+    # {"digest": {"factor": 3, "floor": 2, "ceiling": 60, "max_attempts": 5}} (default none).
+    stage_limits: str = ""
+    # BAGPIPE_STAGE_MODULES: modules (comma-separated) whose import registers more stages.
+    stage_modules: str = ""
+    # BAGPIPE_TILE_STAGE: the stage a tile task runs (default "digest").
+    tile_stage: str = "digest"
     names: names.StorageNames = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -93,6 +127,15 @@ class Settings:
             smtp_host=env.get(names.SETTING_SMTP_HOST, "127.0.0.1"),
             smtp_port=_int(env, names.SETTING_SMTP_PORT, 8025),
             acs_endpoint=env.get(names.SETTING_ACS_ENDPOINT, ""),
+            kill_factor=_float(env, names.SETTING_KILL_FACTOR, 4.0, minimum=1.0),
+            kill_floor_s=_float(env, names.SETTING_KILL_FLOOR, 10.0),
+            kill_ceiling_s=_float(env, names.SETTING_KILL_CEILING, 1800.0, minimum=1.0),
+            min_samples=_int(env, names.SETTING_MIN_SAMPLES, 5),
+            kill_grace_s=_float(env, names.SETTING_KILL_GRACE, 5.0),
+            monitor_interval_s=_float(env, names.SETTING_MONITOR_INTERVAL, 5.0, minimum=0.1),
+            stage_limits=env.get(names.SETTING_STAGE_LIMITS, ""),
+            stage_modules=env.get(names.SETTING_STAGE_MODULES, ""),
+            tile_stage=env.get(names.SETTING_TILE_STAGE, "digest"),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -113,6 +156,15 @@ class Settings:
             names.SETTING_SMTP_HOST: self.smtp_host,
             names.SETTING_SMTP_PORT: str(self.smtp_port),
             names.SETTING_ACS_ENDPOINT: self.acs_endpoint,
+            names.SETTING_KILL_FACTOR: repr(self.kill_factor),
+            names.SETTING_KILL_FLOOR: repr(self.kill_floor_s),
+            names.SETTING_KILL_CEILING: repr(self.kill_ceiling_s),
+            names.SETTING_MIN_SAMPLES: str(self.min_samples),
+            names.SETTING_KILL_GRACE: repr(self.kill_grace_s),
+            names.SETTING_MONITOR_INTERVAL: repr(self.monitor_interval_s),
+            names.SETTING_STAGE_LIMITS: self.stage_limits,
+            names.SETTING_STAGE_MODULES: self.stage_modules,
+            names.SETTING_TILE_STAGE: self.tile_stage,
         }
         return {k: v for k, v in env.items() if v}
 

@@ -1,7 +1,8 @@
-"""The periodic sweep over unfinished jobs: top up release windows and finish jobs whose
-last step was lost (a worker that died between its commit and its top-up, a finisher that
-died in FINISHING, a canceller that died midway). Locally it runs in a loop; in Azure on a
-timer. Cheap: the active jobs are one partition, each check a few key reads."""
+"""The periodic sweep: the monitor's revocation of overdue attempts, then a pass over the
+unfinished jobs to top up release windows and finish jobs whose last step was lost (a
+worker that died between its commit and its top-up, a finisher that died in FINISHING, a
+canceller that died midway). Locally it runs in a loop; in Azure as a Durable Functions
+eternal orchestration. Cheap: key-range queries and a few key reads."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 import logging
 import uuid
 
-from pipeline import completion, jobs, planner
+from pipeline import completion, jobs, monitor, planner
 from pipeline.clients import Clients
 from pipeline.notify import Mailer
 from pipeline.status import JobState
@@ -19,8 +20,10 @@ log = logging.getLogger(__name__)
 _counter = TerminalCounter(f"sweep-{uuid.uuid4().hex[:12]}")
 
 
-def sweep(clients: Clients, mailer: Mailer) -> int:
-    """One pass over the active jobs; returns how many it finished."""
+def sweep(clients: Clients, mailer: Mailer) -> dict[str, int]:
+    """One pass of the monitor: revoke overdue attempts, then go over the active jobs.
+    Returns what it did (revoked attempts, finished jobs)."""
+    report = monitor.sweep_overdue(clients)
     finished = 0
     for job in jobs.active_jobs(clients):
         try:
@@ -35,7 +38,7 @@ def sweep(clients: Clients, mailer: Mailer) -> int:
             jobs.cancel_tasks(clients, job, _counter)
         if state is not JobState.ACCEPTED:
             finished += completion.complete(clients, mailer, job)
-    return finished
+    return {"revoked": len(report.revoked), "stale": report.stale, "finished": finished}
 
 
 def job_of_message(body: bytes | str) -> str:

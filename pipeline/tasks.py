@@ -194,6 +194,7 @@ class Claim:
     stage: str
     params: dict[str, str]
     started: datetime
+    last_failure: str  # the failure class of the previous attempt, "" if none
 
 
 def claim(clients: Clients, ref: TaskRef, worker: str) -> Claim | None:
@@ -232,7 +233,8 @@ def claim(clients: Clients, ref: TaskRef, worker: str) -> Claim | None:
             "Outcome": TaskStatus.RUNNING.value,
         }
     )
-    return Claim(current, meta["etag"], row["Stage"], json.loads(row["Params"]), started)
+    return Claim(current, meta["etag"], row["Stage"], json.loads(row["Params"]), started,
+                 row.get("LastFailure") or "")
 
 
 def still_held(clients: Clients, held: Claim) -> bool:
@@ -253,6 +255,15 @@ def _end_attempt(clients: Clients, held: Claim, outcome: str, **extra: Any) -> N
     clients.attempts.update_entity(
         {"PartitionKey": held.ref.job, "RowKey": names.attempt_key(held.ref.task, held.ref.attempt),
          "EndedAt": now(), "Outcome": outcome, **extra},
+        mode=UpdateMode.MERGE,
+    )
+
+
+def discard(clients: Clients, held: Claim) -> None:
+    """Record that a revoked attempt's work was thrown away."""
+    clients.attempts.update_entity(
+        {"PartitionKey": held.ref.job, "RowKey": names.attempt_key(held.ref.task, held.ref.attempt),
+         "Discarded": True, "DiscardedAt": now()},
         mode=UpdateMode.MERGE,
     )
 

@@ -4,7 +4,10 @@ workers against them."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import secrets
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,6 +21,11 @@ from pipeline.clients import Clients
 from pipeline.request import JobRequest
 from pipeline.settings import Settings
 from worker.runner import Worker
+
+# Where test stages leave their pid files. Set before any worker or fork server starts, as
+# stage processes inherit the environment of the fork server, made once per process.
+PIDS = Path(tempfile.mkdtemp(prefix="bagpipe-pids-"))
+os.environ["BAGPIPE_TEST_PIDS"] = str(PIDS)
 
 
 @pytest.fixture(scope="session")
@@ -114,18 +122,41 @@ def workers(settings: Settings) -> Iterator[WorkerThreads]:
     pool.stop()
 
 
-@pytest.fixture
-def control_loop(settings: Settings) -> Iterator[threading.Event]:
-    """The local stack's control loop (planner, completion, sweep) in a thread."""
+@contextlib.contextmanager
+def running_control(settings: Settings) -> Iterator[threading.Event]:
+    """The local stack's control loop (planner, completion, monitor) in a thread."""
     from bagpipe import control
 
     stop = threading.Event()
     thread = threading.Thread(target=control.run, args=(settings, stop),
                               kwargs={"sweep_every": 0.5, "idle_sleep": 0.05}, daemon=True)
     thread.start()
-    yield stop
-    stop.set()
-    thread.join(30)
+    try:
+        yield stop
+    finally:
+        stop.set()
+        thread.join(30)
+
+
+@pytest.fixture
+def control_loop(settings: Settings) -> Iterator[threading.Event]:
+    with running_control(settings) as stop:
+        yield stop
+
+
+def with_stage(settings: Settings, stage: str, **changes: object) -> Settings:
+    """The same deployment with tile tasks running one of tests/stages_for_tests.py."""
+    return settings.with_(stage_modules="tests.stages_for_tests", tile_stage=stage, **changes)
+
+
+@contextlib.contextmanager
+def running_workers(settings: Settings, count: int = 1, slots: int = 2) -> Iterator[WorkerThreads]:
+    pool = WorkerThreads(settings)
+    pool.start(count, slots)
+    try:
+        yield pool
+    finally:
+        pool.stop()
 
 
 def queue_depth(clients: Clients) -> int:

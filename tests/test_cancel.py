@@ -5,29 +5,23 @@ from __future__ import annotations
 from collections import Counter
 
 from bagpipe.mailserver import MailServer
-from pipeline import jobs, stages, tasks
+from pipeline import jobs, tasks
 from pipeline.clients import Clients
+from pipeline.settings import Settings
 from pipeline.status import JobState
-from tests.conftest import WorkerThreads, small_request, wait_for
+from tests.conftest import running_control, running_workers, small_request, wait_for, with_stage
 
 
-def slow_digest(ctx: stages.StageContext) -> None:
-    import time
-
-    time.sleep(0.2)
-    stages.digest(ctx)
-
-
-def test_cancel_stops_new_tasks_and_ends_cancelled(
-    clients: Clients, workers: WorkerThreads, control_loop: object, mail: MailServer, monkeypatch
-) -> None:
-    monkeypatch.setitem(stages.STAGES, stages.TILE_STAGE, slow_digest)
-    job = jobs.submit(clients, small_request(start="2022-01-01", end="2022-12-31"))["PartitionKey"]
-    workers.start(1, slots=2)
-    wait_for(lambda: sum(tasks.terminal_counts(clients.tasks, job).values()) >= 5, 60, "some progress")
-    jobs.cancel(clients, job, owner="test-cancel")
-    cancelled_at = tasks.now()
-    wait_for(lambda: JobState(jobs.get(clients, job)["State"]).finished, 60, "the job to end")
+def test_cancel_stops_new_tasks_and_ends_cancelled(settings: Settings, mail: MailServer) -> None:
+    settings = with_stage(settings, "slow")
+    clients = Clients(settings)
+    clients.ensure_resources()
+    with running_control(settings), running_workers(settings):
+        job = jobs.submit(clients, small_request(start="2022-01-01", end="2022-12-31"))["PartitionKey"]
+        wait_for(lambda: sum(tasks.terminal_counts(clients.tasks, job).values()) >= 5, 60, "some progress")
+        jobs.cancel(clients, job, owner="test-cancel")
+        cancelled_at = tasks.now()
+        wait_for(lambda: JobState(jobs.get(clients, job)["State"]).finished, 60, "the job to end")
     assert jobs.get(clients, job)["State"] == "CANCELLED"
     rows = tasks.list_tasks(clients.tasks, job)
     counts = Counter(r["Status"] for r in rows)

@@ -10,18 +10,23 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 
-import pytest
 from azure.storage.queue import QueueClient, QueueMessage
 
 from bagpipe.mailserver import MailServer
-from pipeline import completion, jobs, names, planner, stages, sweep, tasks
+from pipeline import completion, jobs, names, planner, sweep, tasks
 from pipeline.clients import Clients
 from pipeline.notify import mailer_for
 from pipeline.settings import Settings
 from pipeline.status import JobState, TaskStatus
-from tests.conftest import WorkerThreads, small_request, wait_for
+from tests.conftest import (
+    WorkerThreads,
+    running_control,
+    running_workers,
+    small_request,
+    wait_for,
+    with_stage,
+)
 
 
 def planned_job(clients: Clients, **request: object) -> str:
@@ -35,14 +40,6 @@ def receive_one(clients: Clients) -> tuple[QueueClient, QueueMessage]:
         for message in queue.receive_messages(max_messages=1, messages_per_page=1, visibility_timeout=30):
             return queue, message
     raise AssertionError("no message in any shard")
-
-
-@pytest.fixture
-def swap_stage() -> Iterator[dict[str, stages.Stage]]:
-    """Replace the tile stage for one test (workers in threads see the same registry)."""
-    original = stages.STAGES[stages.TILE_STAGE]
-    yield stages.STAGES
-    stages.STAGES[stages.TILE_STAGE] = original
 
 
 def test_stale_message_is_deleted_without_running(clients: Clients, workers: WorkerThreads) -> None:
@@ -78,42 +75,32 @@ def test_undecodable_message_goes_to_poison_with_a_record(clients: Clients, work
     wait_for(lambda: queue.get_queue_properties().approximate_message_count == 0, 30, "the shard to empty")
 
 
-def test_failures_retry_then_dead_and_the_job_still_completes(
-    clients: Clients, workers: WorkerThreads, control_loop: object, mail: MailServer,
-    swap_stage: dict[str, stages.Stage],
-) -> None:
-    def broken(ctx: stages.StageContext) -> None:
-        if ctx.params["tile"] == "h10v05" and ctx.params["date"] == "2022-01-09":
-            raise ValueError("the reduction divided by zero")
-        stages.digest(ctx)
-
-    swap_stage[stages.TILE_STAGE] = broken
-    job = planned_job(clients)
-    workers.start(1, slots=2)
-    wait_for(lambda: JobState(jobs.get(clients, job)["State"]).finished, 120, "the job to finish")
+def test_failures_retry_then_dead_and_the_job_still_completes(settings: Settings, mail: MailServer) -> None:
+    settings = with_stage(settings, "explode_one", max_attempts=4)
+    clients = Clients(settings)
+    clients.ensure_resources()
+    with running_control(settings), running_workers(settings):
+        job = planned_job(clients)
+        wait_for(lambda: JobState(jobs.get(clients, job)["State"]).finished, 120, "the job to finish")
     status = jobs.status(clients, job)
     assert status["state"] == "FAILED"
     assert status["counts"]["DEAD"] == 1 and status["counts"]["SUCCEEDED"] == 7
-    assert status["failures"] == {"user_code_error": clients.settings.max_attempts}
+    # a user program failing the same way on the same input twice does not burn the budget
+    assert status["failures"] == {"user_code_error": 2}
     dead = next(t for t in tasks.list_tasks(clients.tasks, job) if t["Status"] == "DEAD")
-    assert dead["Attempt"] == clients.settings.max_attempts
+    assert dead["Attempt"] == 2
     assert "divided by zero" in dead["LastError"]
     (mail_,) = [m for _, m in mail.messages() if job in str(m["Subject"])]
     assert "failed" in str(mail_["Subject"]) and "1 dead" in mail_.get_content()
 
 
-def test_transient_failure_succeeds_on_retry_and_only_that_attempt_is_published(
-    clients: Clients, workers: WorkerThreads, control_loop: object, swap_stage: dict[str, stages.Stage],
-) -> None:
-    def flaky(ctx: stages.StageContext) -> None:
-        stages.digest(ctx)  # writes its output, then fails: the output must not be used
-        if ctx.attempt == 1 and ctx.params["tile"] == "h09v05" and ctx.params["date"] == "2022-01-01":
-            raise ConnectionError("connection reset by peer")
-
-    swap_stage[stages.TILE_STAGE] = flaky
-    job = planned_job(clients)
-    workers.start(1, slots=2)
-    wait_for(lambda: JobState(jobs.get(clients, job)["State"]).finished, 120, "the job to finish")
+def test_transient_failure_succeeds_on_retry_and_only_that_attempt_is_published(settings: Settings) -> None:
+    settings = with_stage(settings, "flaky")
+    clients = Clients(settings)
+    clients.ensure_resources()
+    with running_control(settings), running_workers(settings):
+        job = planned_job(clients)
+        wait_for(lambda: JobState(jobs.get(clients, job)["State"]).finished, 120, "the job to finish")
     assert jobs.get(clients, job)["State"] == "SUCCEEDED"
     manifest = json.loads(clients.products.download_blob(names.manifest_blob(job)).readall())
     retried = [t for t in manifest["tasks"] if t["attempt"] == 2]

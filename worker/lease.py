@@ -1,14 +1,16 @@
-"""A worker's hold on a task: it renews the message's visibility (``update_message``) and
-heartbeats the attempt, and notices when the attempt was revoked."""
+"""A worker's hold on a task: it renews the message's visibility (``update_message``),
+heartbeats the attempt (moving its row in the monitor's deadline index), and notices when
+the attempt was revoked — by the monitor or a cancel — so the stage can be killed."""
 
 from __future__ import annotations
 
 import logging
 import threading
+from datetime import datetime
 
 from azure.storage.queue import QueueClient, QueueMessage
 
-from pipeline import tasks
+from pipeline import monitor, tasks
 from pipeline.clients import Clients
 
 log = logging.getLogger(__name__)
@@ -18,12 +20,14 @@ class Lease:
     """Keeps one message invisible and its attempt alive while a stage runs."""
 
     def __init__(self, clients: Clients, queue: QueueClient, message: QueueMessage,
-                 held: tasks.Claim) -> None:
+                 held: tasks.Claim, kill_at: datetime) -> None:
         self.clients, self.queue, self.message, self.held = clients, queue, message, held
+        self.kill_at = kill_at
         self.seconds = clients.settings.lease_seconds
         self.revoked = threading.Event()
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self._deadline_key = monitor.write_deadline(clients, held.ref, kill_at)
         self._thread = threading.Thread(target=self._run, name=f"lease-{held.ref.task}", daemon=True)
 
     def __enter__(self) -> Lease:
@@ -42,8 +46,10 @@ class Lease:
                     log.warning("attempt %s revoked", self.held.ref)
                     self.revoked.set()
                     return
+                self._deadline_key = monitor.write_deadline(
+                    self.clients, self.held.ref, self.kill_at, previous=self._deadline_key)
             except Exception as exc:  # storage briefly unreachable: try again next beat
-                log.warning("lease renewal of %s failed: %s", self.held.ref, exc)
+                log.warning("heartbeat of %s failed: %s", self.held.ref, exc)
 
     def renew(self, content: bytes | None = None, visibility: int | None = None) -> None:
         """Extend the message's invisibility (and optionally replace its content)."""
@@ -58,3 +64,7 @@ class Lease:
     def delete(self) -> None:
         with self._lock:
             self.queue.delete_message(self.message, pop_receipt=self.message.pop_receipt)
+
+    def end(self) -> None:
+        """The attempt is over: it leaves the deadline index."""
+        monitor.clear_deadline(self.clients, self._deadline_key)

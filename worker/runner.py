@@ -19,12 +19,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 from azure.storage.queue import QueueClient, QueueMessage
 
-from pipeline import jobs, names, planner, stages, tasks
+from pipeline import jobs, monitor, names, planner, tasks
 from pipeline.clients import Clients, clients_for
 from pipeline.completion import all_terminal
-from pipeline.failures import FailureClass, classify
+from pipeline.failures import FailureClass
 from pipeline.settings import Settings
 from pipeline.status import TaskStatus
+from worker.child import Outcome, StageProcess
 from worker.lease import Lease
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,8 @@ class Worker:
             self._free.release()
 
     def handle(self, queue: QueueClient, message: QueueMessage, counter: tasks.TerminalCounter) -> None:
-        """Run one delivered message to its end: dropped, poisoned, committed or failed."""
+        """Run one delivered message to its end: dropped, poisoned, committed, failed or
+        revoked."""
         try:
             ref = tasks.TaskRef.decode(message.content)
         except ValueError as exc:
@@ -108,20 +110,33 @@ class Worker:
             queue.delete_message(message)
             return
         self.handled += 1
-        with Lease(self.clients, queue, message, held) as lease:
-            outcome = self.run_stage(held)
-        if isinstance(outcome, list):
-            committed = not lease.revoked.is_set() and tasks.commit(
-                self.clients, counter, held, TaskStatus.SUCCEEDED, outcome
-            )
+        kill_at = monitor.kill_time(self.clients, held.stage, held.params, held.started)
+        with Lease(self.clients, queue, message, held, kill_at) as lease:
+            outcome = self.run_stage(held, lease)
+        lease.end()
+        if lease.revoked.is_set():
+            # The task went on without this attempt (a new message names the next one):
+            # nothing it made is published. Its message may stand in for the next attempt.
+            tasks.discard(self.clients, held)
+            lease.renew(visibility=0)
+            log.info("%s revoked: stage killed, output discarded", held.ref)
+            return
+        if outcome.outputs is not None:
+            committed = tasks.commit(self.clients, counter, held, TaskStatus.SUCCEEDED, outcome.outputs)
             log.info("%s %s", held.ref, "committed" if committed else "revoked: output discarded")
             lease.delete()
             if committed:
+                monitor.record_runtime(self.clients, held.stage, held.params,
+                                       (tasks.now() - held.started).total_seconds())
                 self.after_terminal(held.ref.job)
             return
-        failure, error = outcome
-        after = tasks.fail(self.clients, counter, held, failure.value, error, self.settings.max_attempts)
-        log.info("%s failed (%s): %s -> %s", held.ref, failure.value, error[:200], after)
+        failure = outcome.failure or FailureClass.UNKNOWN
+        limits = monitor.limits_for(self.settings, held.stage)
+        budget = limits.max_attempts
+        if not failure.transient and held.last_failure == failure.value:
+            budget = held.ref.attempt  # the same input failed the same way twice: give up
+        after = tasks.fail(self.clients, counter, held, failure.value, outcome.error, budget)
+        log.info("%s failed (%s): %s -> %s", held.ref, failure.value, outcome.error[:200], after)
         if after is TaskStatus.QUEUED:
             # The same message now names the next attempt, visible again after a backoff.
             backoff = RETRY_BACKOFF_S[min(held.ref.attempt, len(RETRY_BACKOFF_S)) - 1]
@@ -132,21 +147,21 @@ class Worker:
             if after is TaskStatus.DEAD:
                 self.after_terminal(held.ref.job)
 
-    def run_stage(self, held: tasks.Claim) -> list[str] | tuple[FailureClass, str]:
-        """Run the attempt's stage: its outputs, or (failure class, message)."""
-        fn = stages.STAGES.get(held.stage)
-        if fn is None:
-            return FailureClass.UNKNOWN, f"no stage named {held.stage!r} in this worker"
-        ctx = stages.StageContext(
-            job=held.ref.job, task=held.ref.task, attempt=held.ref.attempt, params=held.params,
-            sources=self.clients.sources, products=self.clients.products,
-            output_prefix=names.output_prefix(held.ref.job, held.ref.task, held.ref.attempt),
-        )
-        try:
-            fn(ctx)
-        except Exception as exc:
-            return classify(exc), f"{type(exc).__name__}: {exc}"
-        return ctx.outputs
+    def run_stage(self, held: tasks.Claim, lease: Lease) -> Outcome:
+        """Run the attempt's stage in its own process group; kill it if the attempt is
+        revoked meanwhile."""
+        context = {
+            "job": held.ref.job, "task": held.ref.task, "attempt": held.ref.attempt, "params": held.params,
+            "output_prefix": names.output_prefix(held.ref.job, held.ref.task, held.ref.attempt),
+        }
+        process = StageProcess(self.settings, held.stage, context)
+        while True:
+            outcome = process.poll(0.2)
+            if outcome is not None:
+                return outcome
+            if lease.revoked.is_set():
+                process.kill(self.settings.kill_grace_s)
+                return Outcome(failure=FailureClass.EXECUTION_TIMEOUT, error="revoked")
 
     def after_terminal(self, job: str) -> None:
         """A task of ``job`` ended: top up the window, and announce completion if it was

@@ -1,0 +1,170 @@
+"""The monitor: revoke attempts that run past their kill threshold or stop heartbeating,
+and requeue their tasks (the ModisAzure task manager's 4× rule, with a floor, a cold-start
+ceiling and per-stage limits).
+
+Running attempts are indexed by deadline in the attempts table (PK ``~deadline``, RK =
+zero-padded deadline + attempt), so one pass is a key-range query for "before now": no
+scan. A worker writes its attempt's row at claim and moves it at every heartbeat; the
+deadline is the earlier of the kill time and the heartbeat's expiry.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from azure.core.exceptions import ResourceNotFoundError
+from azure.data.tables import TableTransactionError, UpdateMode
+
+from pipeline import jobs, names, runtimes
+from pipeline.clients import Clients
+from pipeline.completion import all_terminal
+from pipeline.failures import FailureClass
+from pipeline.settings import Settings
+from pipeline.status import TaskStatus, after_failure
+from pipeline.tasks import TaskRef, TerminalCounter, if_match, now
+
+log = logging.getLogger(__name__)
+_counter = TerminalCounter(f"monitor-{uuid.uuid4().hex[:12]}")
+
+
+@dataclass(frozen=True)
+class StageLimits:
+    factor: float  # revoke past factor × mean runtime ...
+    floor_s: float  # ... but never before this
+    ceiling_s: float  # the limit until min_samples runs are known
+    min_samples: int
+    max_attempts: int  # the retry budget
+
+
+def limits_for(settings: Settings, stage: str) -> StageLimits:
+    """The stage's limits: the settings' defaults with BAGPIPE_STAGE_LIMITS over them."""
+    overrides: dict[str, Any] = json.loads(settings.stage_limits).get(stage, {}) if settings.stage_limits else {}
+    unknown = set(overrides) - {"factor", "floor", "ceiling", "min_samples", "max_attempts"}
+    if unknown:
+        raise ValueError(f"{names.SETTING_STAGE_LIMITS}: unknown limit(s) {sorted(unknown)} for {stage}")
+    return StageLimits(
+        factor=float(overrides.get("factor", settings.kill_factor)),
+        floor_s=float(overrides.get("floor", settings.kill_floor_s)),
+        ceiling_s=float(overrides.get("ceiling", settings.kill_ceiling_s)),
+        min_samples=int(overrides.get("min_samples", settings.min_samples)),
+        max_attempts=int(overrides.get("max_attempts", settings.max_attempts)),
+    )
+
+
+def kill_after(limits: StageLimits, history: runtimes.Runtime) -> float:
+    """Seconds an attempt may run: factor × mean once the history is trusted, else the
+    cold-start ceiling; never under the floor."""
+    if history.count >= limits.min_samples:
+        return max(limits.floor_s, limits.factor * history.mean)
+    return max(limits.floor_s, limits.ceiling_s)
+
+
+def _ms(at: datetime) -> int:
+    return int(at.timestamp() * 1000)
+
+
+def write_deadline(clients: Clients, ref: TaskRef, kill_at: datetime, previous: str | None = None) -> str:
+    """Index the running attempt at min(kill time, heartbeat expiry); drop its previous
+    index row. Returns the new row key."""
+    heartbeat_until = now() + timedelta(seconds=clients.settings.lease_seconds)
+    deadline = min(kill_at, heartbeat_until)
+    key = names.deadline_key(_ms(deadline), ref.job, ref.task, ref.attempt)
+    clients.attempts.upsert_entity({
+        "PartitionKey": names.DEADLINES, "RowKey": key, "Job": ref.job, "Task": ref.task,
+        "Attempt": ref.attempt, "KillAt": kill_at, "HeartbeatUntil": heartbeat_until,
+    })
+    if previous and previous != key:
+        clear_deadline(clients, previous)
+    return key
+
+
+def clear_deadline(clients: Clients, key: str) -> None:
+    try:
+        clients.attempts.delete_entity(names.DEADLINES, key)
+    except ResourceNotFoundError:
+        pass
+
+
+@dataclass
+class SweepReport:
+    revoked: list[dict[str, Any]] = field(default_factory=list)
+    stale: int = 0
+
+
+def sweep_overdue(clients: Clients) -> SweepReport:
+    """One pass: revoke every attempt whose deadline has passed."""
+    report = SweepReport()
+    at = now()
+    overdue = clients.attempts.query_entities(
+        "PartitionKey eq @pk and RowKey lt @now",
+        parameters={"pk": names.DEADLINES, "now": f"{_ms(at):015d}"},
+    )
+    for row in list(overdue):
+        ref = TaskRef(row["Job"], row["Task"], int(row["Attempt"]))
+        why = FailureClass.EXECUTION_TIMEOUT if at >= row["KillAt"] else FailureClass.HEARTBEAT_LOST
+        outcome = revoke(clients, ref, why)
+        if outcome is None:
+            report.stale += 1
+        else:
+            report.revoked.append({"job": ref.job, "task": ref.task, "attempt": ref.attempt,
+                                   "why": why.value, "then": outcome.value})
+            log.warning("revoked %s (%s): task now %s", ref, why.value, outcome.value)
+        clear_deadline(clients, row["RowKey"])
+    return report
+
+
+def revoke(clients: Clients, ref: TaskRef, why: FailureClass) -> TaskStatus | None:
+    """Take the task away from its running attempt: next attempt QUEUED (with a new message)
+    or DEAD when the budget is spent. None if that attempt is no longer the running one."""
+    try:
+        row = clients.tasks.get_entity(ref.job, ref.task)
+    except ResourceNotFoundError:
+        return None
+    if row["Status"] != TaskStatus.RUNNING.value or int(row["Attempt"]) != ref.attempt:
+        return None
+    limits = limits_for(clients.settings, row["Stage"])
+    after = after_failure(TaskStatus.RUNNING, TaskStatus.TIMED_OUT, ref.attempt, limits.max_attempts)
+    change: dict[str, Any] = {"PartitionKey": ref.job, "RowKey": ref.task, "Status": after.value,
+                              "LastFailure": why.value, "LastError": f"revoked by the monitor: {why.value}",
+                              "Worker": "", "EndedAt": now()}
+    op = ("update", change, {"mode": UpdateMode.MERGE, **if_match(row.metadata["etag"])})
+    try:
+        if after is TaskStatus.DEAD:
+            _counter.write(clients.tasks, ref.job, [op], {after.value: 1})
+        else:
+            change["Attempt"] = ref.attempt + 1
+            clients.tasks.update_entity(change, mode=UpdateMode.MERGE, **if_match(row.metadata["etag"]))
+    except Exception as exc:
+        if isinstance(exc, TableTransactionError) or getattr(exc, "status_code", None) == 412:
+            return None  # it committed or failed meanwhile
+        raise
+    clients.attempts.upsert_entity(
+        {"PartitionKey": ref.job, "RowKey": names.attempt_key(ref.task, ref.attempt),
+         "Outcome": TaskStatus.TIMED_OUT.value, "FailureClass": why.value, "EndedAt": now(),
+         "RevokedBy": "monitor"},
+        mode=UpdateMode.MERGE,
+    )
+    if after is TaskStatus.QUEUED:
+        shard = clients.shard_queues[int(row["Shard"])]
+        shard.send_message(TaskRef(ref.job, ref.task, ref.attempt + 1).encode())
+    elif all_terminal(clients, jobs.get(clients, ref.job)):
+        jobs.announce_done(clients, ref.job)
+    return after
+
+
+def record_runtime(clients: Clients, stage: str, params: dict[str, str], seconds: float) -> None:
+    """Add a committed attempt's runtime to the history of its (stage, product[, reducer])."""
+    runtimes.record(clients.table(clients.settings.names.table(names.RUNTIMES_TABLE)), stage,
+                    runtimes.history_key(params), seconds)
+
+
+def kill_time(clients: Clients, stage: str, params: dict[str, str], started: datetime) -> datetime:
+    """When an attempt started at ``started`` is to be revoked."""
+    history = runtimes.read(clients.table(clients.settings.names.table(names.RUNTIMES_TABLE)), stage,
+                            runtimes.history_key(params))
+    return started + timedelta(seconds=kill_after(limits_for(clients.settings, stage), history))

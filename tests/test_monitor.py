@@ -1,0 +1,165 @@
+"""The monitor against Azurite with real worker processes and stage processes: runtime
+history, the kill rule, revocation of stragglers and of lost workers, real kills."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline import jobs, monitor, names, runtimes, sweep, tasks
+from pipeline.clients import Clients
+from pipeline.notify import NoMailer
+from pipeline.settings import Settings
+from pipeline.status import JobState
+from tests.conftest import PIDS, running_control, running_workers, small_request, wait_for, with_stage
+
+
+def runtimes_table(clients: Clients):
+    return clients.table(clients.settings.names.table(names.RUNTIMES_TABLE))
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_runtime_history_is_exact_under_concurrent_updates(clients: Clients) -> None:
+    samples = [random.Random(i).uniform(0.5, 3.0) for i in range(120)]
+    chunks = [samples[i::6] for i in range(6)]
+
+    def writer(chunk: list[float]) -> None:
+        for value in chunk:
+            runtimes.record(runtimes_table(clients), "digest", "MOD10A2", value)
+
+    threads = [threading.Thread(target=writer, args=(c,)) for c in chunks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    found = runtimes.read(runtimes_table(clients), "digest", "MOD10A2")
+    assert found.count == len(samples)
+    assert found.mean == pytest.approx(statistics.fmean(samples), rel=1e-9)
+    assert found.stdev == pytest.approx(statistics.stdev(samples), rel=1e-9)
+
+
+def test_kill_rule_ceiling_then_factor_times_mean_with_a_floor(settings: Settings) -> None:
+    limits = monitor.limits_for(settings.with_(kill_floor_s=2.0, kill_ceiling_s=600.0, min_samples=5), "digest")
+    assert monitor.kill_after(limits, runtimes.Runtime(4, 30.0, 0.0)) == 600.0  # cold: the ceiling
+    assert monitor.kill_after(limits, runtimes.Runtime(5, 30.0, 0.0)) == 120.0  # 4 × mean
+    assert monitor.kill_after(limits, runtimes.Runtime(50, 0.1, 0.0)) == 2.0  # the floor
+    tuned = settings.with_(stage_limits=json.dumps({"digest": {"factor": 3, "max_attempts": 7}}), min_samples=1)
+    assert monitor.kill_after(monitor.limits_for(tuned, "digest"), runtimes.Runtime(5, 30.0, 0.0)) == 90.0
+    assert monitor.limits_for(tuned, "digest").max_attempts == 7
+    assert monitor.limits_for(tuned, "other").factor == settings.kill_factor
+    with pytest.raises(ValueError, match="unknown limit"):
+        monitor.limits_for(settings.with_(stage_limits='{"digest": {"factr": 3}}'), "digest")
+
+
+def marked_task(clients: Clients, job: str) -> dict:
+    (row,) = [r for r in tasks.list_tasks(clients.tasks, job)
+              if json.loads(r["Params"])["tile"] == "h10v05" and json.loads(r["Params"])["date"] == "2022-01-09"]
+    return row
+
+
+def attempt_rows(clients: Clients, job: str, task: str) -> list[dict]:
+    return list(clients.attempts.query_entities(
+        "PartitionKey eq @p and RowKey ge @lo and RowKey lt @hi",
+        parameters={"p": job, "lo": task, "hi": task + "~"}))
+
+
+def test_straggler_is_revoked_at_about_4x_and_succeeds_on_retry(settings: Settings) -> None:
+    settings = with_stage(settings, "straggler", kill_floor_s=0.5, min_samples=3, kill_grace_s=1.0)
+    clients = Clients(settings)
+    clients.ensure_resources()
+    mean = 0.8  # what a 0.5 s sleep costs end to end here, seeded as history
+    for _ in range(5):
+        runtimes.record(runtimes_table(clients), "straggler", "MOD10A2", mean)
+    with running_control(settings), running_workers(settings, slots=2):
+        job = jobs.submit(clients, small_request())["PartitionKey"]
+        wait_for(lambda: JobState(jobs.get(clients, job)["State"]).finished, 120, "the job to finish")
+    assert jobs.get(clients, job)["State"] == "SUCCEEDED"
+    task = marked_task(clients, job)
+    assert task["Attempt"] == 2 and task["Status"] == "SUCCEEDED"
+    first, second = attempt_rows(clients, job, task["RowKey"])
+    assert first["FailureClass"] == "execution_timeout" and first["RevokedBy"] == "monitor"
+    ran_for = (first["EndedAt"] - first["StartedAt"]).total_seconds()
+    history = runtimes.read(runtimes_table(clients), "straggler", "MOD10A2")
+    assert 3.0 * mean <= ran_for <= 4 * history.mean + 2.0, ran_for  # revoked at about 4× the mean
+    assert second["Outcome"] == "SUCCEEDED"
+    # the revoked stage process is dead, and only the retry's output is published
+    pid = int((PIDS / f"{job}-{task['RowKey']}-1.pid").read_text())
+    assert not alive(pid)
+    assert json.loads(task["Outputs"]) == [names.output_prefix(job, task["RowKey"], 2) + "summary.json"]
+    assert jobs.status(clients, job)["failures"] == {"execution_timeout": 1}
+
+
+def test_stage_that_ignores_sigterm_is_sigkilled_with_its_children(settings: Settings) -> None:
+    settings = with_stage(settings, "stubborn", kill_ceiling_s=3.0, kill_floor_s=1.0, kill_grace_s=1.0)
+    clients = Clients(settings)
+    clients.ensure_resources()
+    with running_control(settings), running_workers(settings, slots=2):
+        job = jobs.submit(clients, small_request())["PartitionKey"]
+        pid_file = PIDS / f"{job}-stubborn.pid"
+        pids = wait_for(lambda: pid_file.exists() and [int(p) for p in pid_file.read_text().split()],
+                        60, "the stubborn stage")
+        wait_for(lambda: not any(alive(p) for p in pids), 30, "the stage's process group to die")
+        wait_for(lambda: JobState(jobs.get(clients, job)["State"]).finished, 120, "the job to finish")
+    assert jobs.get(clients, job)["State"] == "SUCCEEDED"
+    assert marked_task(clients, job)["Attempt"] == 2
+
+
+def test_worker_killed_mid_stage_task_finishes_elsewhere(settings: Settings) -> None:
+    settings = with_stage(settings, "straggler", kill_ceiling_s=600.0)
+    clients = Clients(settings)
+    clients.ensure_resources()
+    env = {**os.environ, **settings.to_env()}
+    with running_control(settings):
+        job = jobs.submit(clients, small_request())["PartitionKey"]
+        doomed = subprocess.Popen([sys.executable, "-m", "bagpipe.cli", "worker", "--slots", "8"], env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        marked = wait_for(lambda: jobs.get(clients, job)["State"] == "RUNNING" and marked_task(clients, job),
+                          60, "planning")
+        pid_file = PIDS / f"{job}-{marked['RowKey']}-1.pid"
+        wait_for(pid_file.exists, 60, "the marked task to start")
+        stage_pid = int(pid_file.read_text())
+        doomed.send_signal(signal.SIGKILL)
+        doomed.wait()
+        wait_for(lambda: not alive(stage_pid), 10, "the orphaned stage to die with its worker")
+        killed_at = time.monotonic()
+        with running_workers(settings, slots=2):
+            wait_for(lambda: JobState(jobs.get(clients, job)["State"]).finished, 120, "the job to finish")
+        recovered_in = time.monotonic() - killed_at
+    assert jobs.get(clients, job)["State"] == "SUCCEEDED"
+    row = clients.tasks.get_entity(job, marked["RowKey"])
+    assert row["Attempt"] == 2 and row["LastFailure"] == "heartbeat_lost"
+    assert json.loads(row["Outputs"]) == [names.output_prefix(job, marked["RowKey"], 2) + "summary.json"]
+    assert recovered_in < settings.lease_seconds + 20
+
+
+def test_sweep_activity_revokes_an_overdue_attempt(clients: Clients, settings: Settings) -> None:
+    job = jobs.submit(clients, small_request())["PartitionKey"]
+    sweep.handle_plan(clients, json.dumps({"job": job}).encode())
+    queue = clients.shard_queues[0]
+    message = next(iter(queue.receive_messages(max_messages=1, visibility_timeout=60)))
+    held = tasks.claim(clients, tasks.TaskRef.decode(message.content), "w-gone")
+    assert held is not None
+    monitor.write_deadline(clients, held.ref, tasks.now())  # due at once
+    report = sweep.sweep(clients, NoMailer())
+    assert report["revoked"] == 1
+    row = clients.tasks.get_entity(job, held.ref.task)
+    assert row["Status"] == "QUEUED" and row["Attempt"] == 2 and row["LastFailure"] == "execution_timeout"
+    assert not tasks.still_held(clients, held), "the old attempt's heartbeat is refused"
+    assert sweep.sweep(clients, NoMailer())["revoked"] == 0

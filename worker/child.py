@@ -1,0 +1,145 @@
+"""Run one attempt's stage in a child process of its own process group, so that a revoked
+attempt can really be killed — the stage and everything it started — SIGTERM first, then
+SIGKILL after a grace period.
+
+Children come from a ``forkserver``: a single-threaded server that preloads the stage
+modules and forks a fresh child per attempt, so a worker's threads and connection pools
+never leak into a stage.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import multiprocessing
+import os
+import signal
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from pipeline import stages
+from pipeline.clients import Clients
+from pipeline.failures import FailureClass, classify
+from pipeline.settings import Settings
+
+_PR_SET_PDEATHSIG = 1
+_context = multiprocessing.get_context("forkserver")
+_context.set_forkserver_preload(["pipeline.stages", "pipeline.clients", "worker.child"])
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a stage ended: its outputs, or a failure class and message."""
+
+    outputs: list[str] | None = None
+    failure: FailureClass | None = None
+    error: str = ""
+
+
+def load_stage_modules(modules: str) -> None:
+    """Import the extra stage modules named in the settings (comma-separated)."""
+    for module in filter(None, (m.strip() for m in modules.split(","))):
+        importlib.import_module(module)
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent (the fork server, which lives
+    exactly as long as the worker) dies: a killed worker leaves no stage running."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass  # not Linux: the monitor still revokes the attempt, its output is never used
+
+
+def _child(settings: Settings, stage: str, context: dict[str, Any], conn: Connection) -> None:
+    os.setpgid(0, 0)  # its own process group: killing it kills everything it started
+    _die_with_parent()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    try:
+        load_stage_modules(settings.stage_modules)
+        fn = stages.STAGES[stage]
+        clients = Clients(settings)
+        ctx = stages.StageContext(sources=clients.sources, products=clients.products, **context)
+        fn(ctx)
+        conn.send(Outcome(outputs=ctx.outputs))
+    except BaseException as exc:
+        conn.send(Outcome(failure=classify(exc), error=f"{type(exc).__name__}: {exc}"))
+    finally:
+        conn.close()
+
+
+class StageProcess:
+    """One attempt's stage running in its own process group."""
+
+    def __init__(self, settings: Settings, stage: str, context: dict[str, Any]) -> None:
+        self._receive, send = _context.Pipe(duplex=False)
+        self.process = _context.Process(target=_child, args=(settings, stage, context, send), daemon=False)
+        self.process.start()
+        send.close()
+
+    def poll(self, timeout: float) -> Outcome | None:
+        """The outcome if the stage ended within ``timeout`` seconds, else None."""
+        if self._receive.poll(timeout):
+            try:
+                outcome: Outcome = self._receive.recv()
+            except EOFError:
+                outcome = self._died()
+            self.process.join(5)
+            return outcome
+        if not self.process.is_alive():
+            return self._died()
+        return None
+
+    def _died(self) -> Outcome:
+        self.process.join(5)
+        code = self.process.exitcode
+        if code is not None and code < 0:
+            return Outcome(failure=FailureClass.USER_CODE,
+                           error=f"stage process killed by signal {signal.Signals(-code).name}")
+        return Outcome(failure=FailureClass.UNKNOWN, error=f"stage process exited with code {code}")
+
+    def kill(self, grace: float) -> None:
+        """SIGTERM the process group, then SIGKILL it if still there after ``grace`` s."""
+        pid = self.process.pid
+        if pid is None:
+            return
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(pid, sig)
+            except ProcessLookupError:
+                pass
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline and _group_alive(pid):
+                time.sleep(0.05)
+            if not _group_alive(pid):
+                break
+        self.process.join(5)
+        self._receive.close()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie leader counts as gone once nothing else is in the group
+    return not _only_zombies(pgid)
+
+
+def _only_zombies(pgid: int) -> bool:
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return False
+    return True
