@@ -26,7 +26,9 @@ from pipeline.settings import Settings
 
 _PR_SET_PDEATHSIG = 1
 _context = multiprocessing.get_context("forkserver")
-_context.set_forkserver_preload(["pipeline.stages", "pipeline.clients", "worker.child"])
+# bagpipe.cli too: a child re-runs the main module (the CLI, for `bagpipe worker`), cheap
+# once its imports are already in the server.
+_context.set_forkserver_preload(["pipeline.stages", "pipeline.clients", "worker.child", "bagpipe.cli"])
 
 
 @dataclass(frozen=True)
