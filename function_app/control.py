@@ -1,4 +1,4 @@
-"""Queue and timer triggers: the planner, the completion handler and the sweep."""
+"""Queue triggers: the planner and the completion handler."""
 
 import azure.functions as func
 
@@ -17,7 +17,3 @@ def planner(msg: func.QueueMessage) -> None:
 def completion(msg: func.QueueMessage) -> None:
     sweep.handle_done(runtime.clients(), runtime.mailer(), msg.get_body())
 
-
-@bp.timer_trigger(arg_name="timer", schedule="*/15 * * * * *", run_on_startup=False)
-def sweeper(timer: func.TimerRequest) -> None:
-    sweep.sweep(runtime.clients(), runtime.mailer())

@@ -5,15 +5,12 @@ functions, triggers, queue names and connections, and each handler invoked with 
 from __future__ import annotations
 
 import asyncio
-import functools
-import importlib
 import json
 from collections.abc import Iterator
 from typing import Any
 
 import azure.functions as func
 import pytest
-from azure.functions.timer import TimerRequest
 
 from bagpipe.mailserver import MailServer
 from pipeline import jobs, names, tasks
@@ -21,17 +18,7 @@ from pipeline.clients import Clients
 from pipeline.settings import Settings
 from pipeline.status import JobState
 from tests.conftest import small_request
-
-
-@functools.cache
-def index_app() -> tuple[list[Any], dict[str, dict[str, Any]]]:
-    """What the worker's ``index_function_app`` does (once per process, as it does):
-    import ``function_app``, find its one function app, read every function's metadata."""
-    module = importlib.import_module("function_app")
-    apps = [v for v in vars(module).values() if isinstance(v, func.FunctionRegister)]
-    assert len(apps) == 1, "exactly one top-level function app"
-    functions = apps[0].get_functions()
-    return functions, {f.get_function_name(): json.loads(f.get_function_json()) for f in functions}
+from tests.functions_index import index_app, user_function
 
 
 @pytest.fixture
@@ -47,14 +34,10 @@ def app_env(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any
         cached.cache_clear()
 
 
-def user_function(functions: list[Any], name: str) -> Any:
-    (found,) = [f for f in functions if f.get_function_name() == name]
-    return found.get_user_function()
-
-
 def test_functions_triggers_and_connections() -> None:
     _, functions = index_app()
-    assert set(functions) == {"api", "planner", "completion", "sweeper"}
+    assert set(functions) == {"api", "planner", "completion", "monitor", "monitor_sweep", "monitor_keeper",
+                              "monitor_restart"}
     (http,) = [b for b in functions["api"]["bindings"] if b["type"] == "httpTrigger"]
     assert http["route"] == "{*route}" and http["authLevel"].lower() == "function"
     assert set(http["methods"]) == {"GET", "POST"}
@@ -63,8 +46,12 @@ def test_functions_triggers_and_connections() -> None:
         assert trigger["type"] == "queueTrigger" and trigger["direction"].lower() == "in"
         assert trigger["queueName"] == queue
         assert trigger["connection"] == names.BINDING_CONNECTION == names.SETTING_STORAGE
-    (timer,) = functions["sweeper"]["bindings"]
-    assert timer["type"] == "timerTrigger" and timer["schedule"].count(" ") == 5
+    assert [b["type"] for b in functions["monitor"]["bindings"]] == ["orchestrationTrigger"]
+    assert [b["type"] for b in functions["monitor_sweep"]["bindings"]] == ["activityTrigger"]
+    keeper = {b["type"]: b for b in functions["monitor_keeper"]["bindings"]}
+    assert set(keeper) == {"timerTrigger", "durableClient"} and keeper["timerTrigger"]["runOnStartup"]
+    restart = {b["type"]: b for b in functions["monitor_restart"]["bindings"]}
+    assert restart["httpTrigger"]["authLevel"].lower() == "admin" and "durableClient" in restart
 
 
 def test_http_function_serves_the_api(app_env: Any, settings: Settings, clients: Clients) -> None:
@@ -96,8 +83,9 @@ def test_planner_and_completion_functions_run_the_pipeline(
     user_function(app_env, "completion")(func.QueueMessage(body=json.dumps({"job": job}).encode()))
     assert jobs.get(clients, job)["State"] == JobState.CANCELLED.value
     assert len([m for _, m in mail.messages() if job in str(m["Subject"])]) == 1
-    # the sweeper finds nothing left to do
-    user_function(app_env, "sweeper")(TimerRequest(past_due=False))
+    # the monitor's sweep activity finds nothing left to do
+    report = user_function(app_env, "monitor_sweep")(None)
+    assert report == {"revoked": 0, "stale": 0, "finished": 0, "interval": clients.settings.monitor_interval_s}
     assert job not in jobs.active_jobs(clients)
     with pytest.raises(ValueError):
         user_function(app_env, "planner")(func.QueueMessage(body=b"not json"))
