@@ -135,6 +135,8 @@ def status(job: str, as_json: Annotated[bool, typer.Option("--json")] = False,
             table.add_row(name, str(count))
     for name, count in found["failures"].items():
         table.add_row(f"[red]failure: {name}[/red]", str(count))
+    if found["monitor_kills"]:
+        table.add_row("[yellow]killed by the monitor[/yellow]", str(found["monitor_kills"]))
     console.print(table)
 
 

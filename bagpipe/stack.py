@@ -49,6 +49,7 @@ class LocalStack:
     namespace: str = ""
     window: int = 256
     lease_seconds: int = 30
+    overrides: dict[str, object] = field(default_factory=dict)  # any other Settings field
     settings: Settings = field(init=False)
     api_url: str = field(init=False, default="")
     azurite: Azurite | None = field(init=False, default=None)
@@ -68,7 +69,7 @@ class LocalStack:
         self.settings = Settings(
             storage_connection=self.connection, namespace=self.namespace, window=self.window,
             lease_seconds=self.lease_seconds, api_key=api_key_for(self.home),
-            mail_mode="smtp", smtp_port=self.mail.port,
+            mail_mode="smtp", smtp_port=self.mail.port, **self.overrides,  # type: ignore[arg-type]
         )
         clients_for(self.settings).ensure_resources()
         self._start_api()

@@ -167,10 +167,12 @@ def status(clients: Clients, job: str) -> dict[str, Any]:
     for task in tasks.list_tasks(clients.tasks, job):
         counts[task["Status"]] += 1
     failures: Counter[str] = Counter()
+    kills = 0
     for attempt in clients.attempts.query_entities("PartitionKey eq @pk", parameters={"pk": job},
-                                                   select=["FailureClass"]):
+                                                   select=["FailureClass", "RevokedBy"]):
         if attempt.get("FailureClass"):
             failures[attempt["FailureClass"]] += 1
+        kills += attempt.get("RevokedBy") == "monitor"
     total = int(row["Total"])
     done = sum(counts[s.value] for s in TaskStatus if s.terminal)
     return {
@@ -180,6 +182,7 @@ def status(clients: Clients, job: str) -> dict[str, Any]:
         "total": total,
         "counts": {s.value: counts.get(s.value, 0) for s in TaskStatus},
         "failures": dict(failures),
+        "monitor_kills": kills,
         "progress": done / total if total else 1.0,
         "created": row["CreatedAt"].isoformat(),
         "updated": row["UpdatedAt"].isoformat(),

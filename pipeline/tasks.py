@@ -13,12 +13,22 @@ import base64
 import binascii
 import json
 import threading
+import time
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from azure.core import MatchConditions
-from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
+from azure.core.exceptions import (
+    HttpResponseError,
+    ResourceExistsError,
+    ResourceModifiedError,
+    ResourceNotFoundError,
+    ServiceRequestError,
+    ServiceResponseError,
+)
 from azure.data.tables import TableClient, TableTransactionError, UpdateMode
 
 from pipeline import names
@@ -153,9 +163,9 @@ class TerminalCounter:
             )
             try:
                 result = tasks.submit_transaction([*changes, op])
-            except TableTransactionError:
-                del self._etags[job]  # reload next time: the counter may be what failed
-                raise
+            except Exception:
+                del self._etags[job]  # reload next time: the counter may be what failed, or
+                raise  # the transaction may have been applied before the connection broke
             self._etags[job] = (result[-1]["etag"], new_counts)
             return list(result[:-1])
 
@@ -197,10 +207,13 @@ class Claim:
     last_failure: str  # the failure class of the previous attempt, "" if none
 
 
-def claim(clients: Clients, ref: TaskRef, worker: str) -> Claim | None:
+def claim(clients: Clients, ref: TaskRef, worker: str,
+          before: Callable[[TaskRef, str, dict[str, str]], None] | None = None) -> Claim | None:
     """Move the task to RUNNING for the attempt its row names, if the message may still run
     it: the row is QUEUED and the message is not from a later attempt. None otherwise (the
-    message is stale or a duplicate, and is deleted)."""
+    message is stale or a duplicate, and is deleted). ``before`` runs just before the
+    claiming write, with the attempt, stage and parameters: the monitor's index entry is
+    made there, so that no attempt is ever RUNNING without one."""
     try:
         row = clients.tasks.get_entity(ref.job, ref.task)
     except ResourceNotFoundError:
@@ -209,6 +222,9 @@ def claim(clients: Clients, ref: TaskRef, worker: str) -> Claim | None:
         return None
     # An older message may stand in for the current attempt: the row is the truth.
     current = TaskRef(ref.job, ref.task, row["Attempt"])
+    params = json.loads(row["Params"])
+    if before is not None:
+        before(current, row["Stage"], params)
     started = now()
     change = {
         "PartitionKey": ref.job,
@@ -233,8 +249,7 @@ def claim(clients: Clients, ref: TaskRef, worker: str) -> Claim | None:
             "Outcome": TaskStatus.RUNNING.value,
         }
     )
-    return Claim(current, meta["etag"], row["Stage"], json.loads(row["Params"]), started,
-                 row.get("LastFailure") or "")
+    return Claim(current, meta["etag"], row["Stage"], params, started, row.get("LastFailure") or "")
 
 
 def still_held(clients: Clients, held: Claim) -> bool:
@@ -268,6 +283,45 @@ def discard(clients: Clients, held: Claim) -> None:
     )
 
 
+def _fenced_write(clients: Clients, counter: TerminalCounter, held: Claim, change: dict[str, Any],
+                  terminal: TaskStatus | None, tries: int = 5) -> bool:
+    """Apply ``change`` to the task row if it still names this attempt as running (with
+    the writer's counter when ``terminal``). True if applied, False if the attempt had been
+    revoked. A write whose answer was lost (a connection cut, storage restarting) is settled
+    by reading the row back, never by guessing."""
+    change = change | {"LastWrite": uuid.uuid4().hex}  # to recognise this write when read back
+    op = ("update", change, {"mode": UpdateMode.MERGE, **if_match(held.etag)})
+    for attempt in range(tries):
+        try:
+            if terminal is not None:
+                counter.write(clients.tasks, held.ref.job, [op], {terminal.value: 1})
+            else:
+                clients.tasks.update_entity(change, mode=UpdateMode.MERGE, **if_match(held.etag))
+            return True
+        except (TableTransactionError, ResourceModifiedError):
+            pass  # the task row or the counter had moved on: see which
+        except (ServiceRequestError, ServiceResponseError):
+            time.sleep(min(2**attempt, 10))  # no answer: it may or may not have been applied
+        except HttpResponseError as exc:
+            if (exc.status_code or 0) < 500:
+                raise
+            time.sleep(min(2**attempt, 10))
+        row = _read_back(clients, held)
+        if row.metadata["etag"] == held.etag:
+            continue  # untouched: not applied (or only the counter had moved); write again
+        return row.get("LastWrite") == change["LastWrite"]  # applied, or revoked meanwhile
+    raise RuntimeError(f"task {held.ref} could not be written after {tries} tries")
+
+
+def _read_back(clients: Clients, held: Claim) -> Any:
+    for attempt in range(10):
+        try:
+            return clients.tasks.get_entity(held.ref.job, held.ref.task)
+        except (ServiceRequestError, ServiceResponseError):
+            time.sleep(min(2**attempt, 10))
+    return clients.tasks.get_entity(held.ref.job, held.ref.task)
+
+
 def commit(clients: Clients, counter: TerminalCounter, held: Claim, status: TaskStatus,
            outputs: list[str]) -> bool:
     """Publish the attempt's outputs on the task row, fenced on the claim's ETag: True if
@@ -282,11 +336,7 @@ def commit(clients: Clients, counter: TerminalCounter, held: Claim, status: Task
         "RuntimeS": runtime,
         "Outputs": json.dumps(outputs),
     }
-    try:
-        counter.write(clients.tasks, held.ref.job,
-                      [("update", change, {"mode": UpdateMode.MERGE, **if_match(held.etag)})],
-                      {status.value: 1})
-    except TableTransactionError:
+    if not _fenced_write(clients, counter, held, change, status):
         _end_attempt(clients, held, "DISCARDED")
         return False
     _end_attempt(clients, held, status.value, RuntimeS=runtime)
@@ -306,18 +356,10 @@ def fail(clients: Clients, counter: TerminalCounter, held: Claim, failure: str, 
         "LastError": error[:ERROR_CHARS],
         "EndedAt": now(),
     }
-    op = ("update", change, {"mode": UpdateMode.MERGE, **if_match(held.etag)})
-    try:
-        if after is TaskStatus.DEAD:
-            counter.write(clients.tasks, held.ref.job, [op], {after.value: 1})
-        else:
-            change["Attempt"] = held.ref.attempt + 1
-            change["Worker"] = ""
-            clients.tasks.update_entity(change, mode=UpdateMode.MERGE, **if_match(held.etag))
-    except Exception as exc:
-        if isinstance(exc, TableTransactionError) or getattr(exc, "status_code", None) == 412:
-            _end_attempt(clients, held, "DISCARDED", FailureClass=failure)
-            return None
-        raise
+    if after is TaskStatus.QUEUED:
+        change["Attempt"] = held.ref.attempt + 1
+    if not _fenced_write(clients, counter, held, change, after if after is TaskStatus.DEAD else None):
+        _end_attempt(clients, held, "DISCARDED", FailureClass=failure)
+        return None
     _end_attempt(clients, held, failed_as.value, FailureClass=failure, Error=error[:ERROR_CHARS])
     return after

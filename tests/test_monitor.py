@@ -103,7 +103,8 @@ def test_straggler_is_revoked_at_about_4x_and_succeeds_on_retry(settings: Settin
     pid = int((PIDS / f"{job}-{task['RowKey']}-1.pid").read_text())
     assert not alive(pid)
     assert json.loads(task["Outputs"]) == [names.output_prefix(job, task["RowKey"], 2) + "summary.json"]
-    assert jobs.status(clients, job)["failures"] == {"execution_timeout": 1}
+    status = jobs.status(clients, job)
+    assert status["failures"] == {"execution_timeout": 1} and status["monitor_kills"] == 1
 
 
 def test_stage_that_ignores_sigterm_is_sigkilled_with_its_children(settings: Settings) -> None:

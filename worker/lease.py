@@ -8,6 +8,7 @@ import logging
 import threading
 from datetime import datetime
 
+from azure.core.exceptions import ResourceNotFoundError
 from azure.storage.queue import QueueClient, QueueMessage
 
 from pipeline import monitor, tasks
@@ -20,14 +21,14 @@ class Lease:
     """Keeps one message invisible and its attempt alive while a stage runs."""
 
     def __init__(self, clients: Clients, queue: QueueClient, message: QueueMessage,
-                 held: tasks.Claim, kill_at: datetime) -> None:
+                 held: tasks.Claim, kill_at: datetime, deadline_key: str) -> None:
         self.clients, self.queue, self.message, self.held = clients, queue, message, held
         self.kill_at = kill_at
         self.seconds = clients.settings.lease_seconds
         self.revoked = threading.Event()
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._deadline_key = monitor.write_deadline(clients, held.ref, kill_at)
+        self._deadline_key = deadline_key
         self._thread = threading.Thread(target=self._run, name=f"lease-{held.ref.task}", daemon=True)
 
     def __enter__(self) -> Lease:
@@ -61,9 +62,23 @@ class Lease:
             )
             self.message.pop_receipt = receipt.pop_receipt
 
+    def hand_back(self, content: bytes | None = None, visibility: int = 0) -> None:
+        """Let the message be received again after ``visibility`` seconds (naming the next
+        attempt when ``content`` is given). If storage lost this receipt, the message comes
+        back anyway with its old content, and the task row's attempt wins over it."""
+        try:
+            self.renew(content=content, visibility=visibility)
+        except ResourceNotFoundError:
+            log.info("message of %s re-leased meanwhile; it will come back", self.held.ref)
+
     def delete(self) -> None:
+        """Delete the message; if storage no longer knows this receipt (it restarted), the
+        message comes back and is dropped as stale by whoever receives it."""
         with self._lock:
-            self.queue.delete_message(self.message, pop_receipt=self.message.pop_receipt)
+            try:
+                self.queue.delete_message(self.message, pop_receipt=self.message.pop_receipt)
+            except ResourceNotFoundError:
+                log.info("message of %s already gone or re-leased", self.held.ref)
 
     def end(self) -> None:
         """The attempt is over: it leaves the deadline index."""

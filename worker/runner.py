@@ -16,6 +16,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from azure.storage.queue import QueueClient, QueueMessage
 
@@ -105,20 +106,27 @@ class Worker:
         if message.dequeue_count and message.dequeue_count > MAX_DEQUEUES:
             self.poison(queue, message, f"delivered {message.dequeue_count} times")
             return
-        held = tasks.claim(self.clients, ref, self.id)
+        deadline: dict[str, Any] = {}
+
+        def register(current: tasks.TaskRef, stage: str, params: dict[str, str]) -> None:
+            deadline["kill_at"] = monitor.kill_time(self.clients, stage, params, tasks.now())
+            deadline["key"] = monitor.write_deadline(self.clients, current, deadline["kill_at"])
+
+        held = tasks.claim(self.clients, ref, self.id, before=register)
         if held is None:  # stale or duplicate: the row does not want this message to run
+            if "key" in deadline:
+                monitor.clear_deadline(self.clients, deadline["key"])
             queue.delete_message(message)
             return
         self.handled += 1
-        kill_at = monitor.kill_time(self.clients, held.stage, held.params, held.started)
-        with Lease(self.clients, queue, message, held, kill_at) as lease:
+        with Lease(self.clients, queue, message, held, deadline["kill_at"], deadline["key"]) as lease:
             outcome = self.run_stage(held, lease)
         lease.end()
         if lease.revoked.is_set():
             # The task went on without this attempt (a new message names the next one):
             # nothing it made is published. Its message may stand in for the next attempt.
             tasks.discard(self.clients, held)
-            lease.renew(visibility=0)
+            lease.hand_back()
             log.info("%s revoked: stage killed, output discarded", held.ref)
             return
         if outcome.outputs is not None:
@@ -141,7 +149,7 @@ class Worker:
             # The same message now names the next attempt, visible again after a backoff.
             backoff = RETRY_BACKOFF_S[min(held.ref.attempt, len(RETRY_BACKOFF_S)) - 1]
             retry = tasks.TaskRef(held.ref.job, held.ref.task, held.ref.attempt + 1)
-            lease.renew(content=retry.encode(), visibility=backoff)
+            lease.hand_back(content=retry.encode(), visibility=backoff)
         else:
             lease.delete()
             if after is TaskStatus.DEAD:

@@ -1,0 +1,44 @@
+"""Stages with a known runtime distribution, for ``bench.stragglers``.
+
+Every task sleeps 0.25–0.45 s (fixed by its tile and date). In ``bench_straggle`` 16% of
+the tasks (also fixed by tile and date) run 4–10× slower on their first attempt, as the
+ModisAzure paper saw VMs do; a retry runs at normal speed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+from pipeline import stages
+from pipeline.stages import StageContext
+
+SLOW_SHARE = 0.16
+
+
+def _draw(ctx: StageContext, salt: str) -> float:
+    key = f"{salt}/{ctx.params['tile']}/{ctx.params['date']}".encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:8], "big") / 2**64
+
+
+def base_seconds(ctx: StageContext) -> float:
+    return 0.25 + 0.2 * _draw(ctx, "base")
+
+
+def slowdown(ctx: StageContext) -> float:
+    """4–10× for the straggling share on a first attempt, else 1."""
+    if ctx.attempt == 1 and _draw(ctx, "slow") < SLOW_SHARE:
+        return 4 + 6 * _draw(ctx, "factor")
+    return 1.0
+
+
+@stages.stage("bench_clean")
+def clean(ctx: StageContext) -> None:
+    time.sleep(base_seconds(ctx))
+    ctx.write_output("done.txt", b"ok", "text/plain")
+
+
+@stages.stage("bench_straggle")
+def straggle(ctx: StageContext) -> None:
+    time.sleep(base_seconds(ctx) * slowdown(ctx))
+    ctx.write_output("done.txt", b"ok", "text/plain")

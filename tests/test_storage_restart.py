@@ -1,0 +1,39 @@
+"""Azurite itself stopped and restarted mid-job (disk mode): the job completes, with no
+task lost and one email."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+
+from bagpipe.azurite import Azurite
+from bagpipe.mailserver import MailServer
+from pipeline import jobs, tasks
+from pipeline.clients import Clients
+from pipeline.settings import Settings
+from pipeline.status import JobState
+from tests.conftest import running_control, running_workers, small_request, wait_for, with_stage
+
+
+def test_job_survives_a_storage_restart(tmp_path: Path, settings: Settings, mail: MailServer) -> None:
+    storage = Azurite(tmp_path / "azurite").start()
+    try:
+        settings = with_stage(settings.with_(storage_connection=storage.connection_string), "slow")
+        clients = Clients(settings)
+        clients.ensure_resources()
+        with running_control(settings), running_workers(settings, count=2, slots=2):
+            job = jobs.submit(clients, small_request(start="2022-01-01", end="2022-06-30"))["PartitionKey"]
+            for done in (10, 20):
+                wait_for(lambda d=done: sum(tasks.terminal_counts(clients.tasks, job).values()) >= d, 90, "progress")
+                storage.stop()
+                time.sleep(2)
+                storage.start()
+            wait_for(lambda: JobState(jobs.get(clients, job)["State"]).finished, 240, "the job to finish")
+        rows = tasks.list_tasks(clients.tasks, job)
+        assert Counter(r["Status"] for r in rows) == {"SUCCEEDED": 46}
+        assert jobs.get(clients, job)["State"] == "SUCCEEDED"
+        assert sum(tasks.terminal_counts(clients.tasks, job).values()) == 46
+        assert len([m for _, m in mail.messages() if job in str(m["Subject"])]) == 1
+    finally:
+        storage.stop()
