@@ -11,6 +11,8 @@ line is one JSON object.
 from __future__ import annotations
 
 import json
+import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -56,6 +58,8 @@ def run(azurite: Azurite, home: Path, namespace: str, stage: str, overrides: dic
 
 
 def main() -> None:
+    # A stopped benchmark stops its stacks (workers run in sessions of their own).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with tempfile.TemporaryDirectory() as tmp:
         azurite = Azurite(Path(tmp) / "azurite").start()
         try:
