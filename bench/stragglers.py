@@ -37,7 +37,7 @@ def run(azurite: Azurite, home: Path, namespace: str, stage: str, overrides: dic
     with LocalStack(home, workers=2, slots=4, connection=azurite.connection_string, namespace=namespace,
                     lease_seconds=3, overrides={**COMMON, **overrides, "tile_stage": stage}) as stack:
         clients = Clients(stack.settings)
-        table = clients.table(stack.settings.names.table(names.RUNTIMES_TABLE))
+        table = clients.runtimes
         if history is not None:  # the history earlier requests left for this stage
             table.upsert_entity({"PartitionKey": stage, "RowKey": "MOD10A2", "Count": history.count,
                                  "Mean": history.mean, "M2": history.m2})

@@ -70,6 +70,10 @@ class Clients:
     def attempts(self) -> TableClient:
         return self.table(self.settings.names.attempts)
 
+    @cached_property
+    def runtimes(self) -> TableClient:
+        return self.table(self.settings.names.table(names.RUNTIMES_TABLE))
+
     def queue(self, name: str) -> QueueClient:
         # Messages are JSON, base64 on the wire as the Functions queue trigger expects. They
         # are received undecoded (see tasks.message_bytes) so that one malformed message

@@ -25,10 +25,6 @@ from pipeline.status import JobState, TaskStatus
 log = logging.getLogger(__name__)
 
 
-def _conflict(exc: Exception) -> bool:
-    return getattr(exc, "status_code", None) == 412
-
-
 def all_terminal(clients: Clients, row: dict[str, Any]) -> bool:
     counts = tasks.terminal_counts(clients.tasks, row["PartitionKey"])
     return sum(counts.values()) >= int(row["Total"])
@@ -60,7 +56,7 @@ def complete(clients: Clients, mailer: Mailer, job: str) -> bool:
     try:
         row = jobs.update(clients, row, **changes)
     except Exception as exc:
-        if _conflict(exc):
+        if tasks.is_conflict(exc):
             return False  # another process won the race
         raise
     final = JobState(row["Outcome"])

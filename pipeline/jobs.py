@@ -130,7 +130,7 @@ def cancel(clients: Clients, job: str, owner: str) -> dict[str, Any]:
         try:
             row = update(clients, row, State=JobState.CANCELLING.value)
         except Exception as exc:
-            if getattr(exc, "status_code", None) != 412:
+            if not tasks.is_conflict(exc):
                 raise
             row = get(clients, job)
     if row["State"] == JobState.CANCELLING.value:

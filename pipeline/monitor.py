@@ -26,7 +26,7 @@ from pipeline.completion import all_terminal
 from pipeline.failures import FailureClass
 from pipeline.settings import Settings
 from pipeline.status import TaskStatus, after_failure
-from pipeline.tasks import TaskRef, TerminalCounter, if_match, now
+from pipeline.tasks import TaskRef, TerminalCounter, if_match, is_conflict, now
 
 log = logging.getLogger(__name__)
 _counter = TerminalCounter(f"monitor-{uuid.uuid4().hex[:12]}")
@@ -140,7 +140,7 @@ def revoke(clients: Clients, ref: TaskRef, why: FailureClass) -> TaskStatus | No
             change["Attempt"] = ref.attempt + 1
             clients.tasks.update_entity(change, mode=UpdateMode.MERGE, **if_match(row.metadata["etag"]))
     except Exception as exc:
-        if isinstance(exc, TableTransactionError) or getattr(exc, "status_code", None) == 412:
+        if isinstance(exc, TableTransactionError) or is_conflict(exc):
             return None  # it committed or failed meanwhile
         raise
     clients.attempts.upsert_entity(
@@ -159,12 +159,12 @@ def revoke(clients: Clients, ref: TaskRef, why: FailureClass) -> TaskStatus | No
 
 def record_runtime(clients: Clients, stage: str, params: dict[str, str], seconds: float) -> None:
     """Add a committed attempt's runtime to the history of its (stage, product[, reducer])."""
-    runtimes.record(clients.table(clients.settings.names.table(names.RUNTIMES_TABLE)), stage,
+    runtimes.record(clients.runtimes, stage,
                     runtimes.history_key(params), seconds)
 
 
 def kill_time(clients: Clients, stage: str, params: dict[str, str], started: datetime) -> datetime:
     """When an attempt started at ``started`` is to be revoked."""
-    history = runtimes.read(clients.table(clients.settings.names.table(names.RUNTIMES_TABLE)), stage,
+    history = runtimes.read(clients.runtimes, stage,
                             runtimes.history_key(params))
     return started + timedelta(seconds=kill_after(limits_for(clients.settings, stage), history))

@@ -26,10 +26,6 @@ log = logging.getLogger(__name__)
 NO_RELEASER = datetime(1970, 1, 1, tzinfo=UTC)  # a lease that has long expired
 
 
-def _is_conflict(exc: Exception) -> bool:
-    return getattr(exc, "status_code", None) == 412
-
-
 def plan(clients: Clients, job: str) -> None:
     """Create the job's task rows (resuming where a previous run stopped), then start it."""
     row = jobs.get(clients, job)
@@ -50,7 +46,7 @@ def plan(clients: Clients, job: str) -> None:
         try:
             row = jobs.update(clients, row, Planned=planned)
         except Exception as exc:
-            if not _is_conflict(exc):
+            if not tasks.is_conflict(exc):
                 raise
             row = jobs.get(clients, job)  # cancelled meanwhile, or another planner
             if row["State"] != JobState.ACCEPTED.value:
@@ -60,7 +56,7 @@ def plan(clients: Clients, job: str) -> None:
         try:
             row = jobs.update(clients, row, State=JobState.RUNNING.value)
         except Exception as exc:
-            if not _is_conflict(exc):
+            if not tasks.is_conflict(exc):
                 raise
             row = jobs.get(clients, job)
     if row["State"] == JobState.RUNNING.value:
@@ -100,7 +96,7 @@ def release(clients: Clients, job: str, *, min_room: float = 0.0) -> int:
         try:
             row = jobs.update(clients, row, ReleaserUntil=tasks.now() + lease)
         except Exception as exc:
-            if _is_conflict(exc):
+            if tasks.is_conflict(exc):
                 return total_released  # another releaser holds it now
             raise
         for queued in _queue_rows(clients, job, released, count):
@@ -109,7 +105,7 @@ def release(clients: Clients, job: str, *, min_room: float = 0.0) -> int:
         try:
             jobs.update(clients, row, Released=released + count, ReleaserUntil=NO_RELEASER)
         except Exception as exc:
-            if _is_conflict(exc):
+            if tasks.is_conflict(exc):
                 return total_released  # cancelled meanwhile
             raise
         total_released += count

@@ -48,6 +48,11 @@ def if_match(etag: str) -> dict[str, Any]:
     return {"etag": etag, "match_condition": MatchConditions.IfNotModified}
 
 
+def is_conflict(exc: Exception) -> bool:
+    """Whether a conditional write failed because the row had changed (HTTP 412)."""
+    return getattr(exc, "status_code", None) == 412
+
+
 # --- messages: references, never data --------------------------------------------------
 def message_bytes(content: bytes | str) -> bytes:
     """The body of a received message (base64 on the wire); ValueError if it is not."""
@@ -236,7 +241,7 @@ def claim(clients: Clients, ref: TaskRef, worker: str,
     try:
         meta = clients.tasks.update_entity(change, mode=UpdateMode.MERGE, **if_match(row.metadata["etag"]))
     except Exception as exc:  # another worker claimed it first
-        if getattr(exc, "status_code", None) == 412:
+        if is_conflict(exc):
             return None
         raise
     clients.attempts.upsert_entity(

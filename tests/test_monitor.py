@@ -25,7 +25,7 @@ from tests.conftest import PIDS, running_control, running_workers, small_request
 
 
 def runtimes_table(clients: Clients):
-    return clients.table(clients.settings.names.table(names.RUNTIMES_TABLE))
+    return clients.runtimes
 
 
 def alive(pid: int) -> bool:
