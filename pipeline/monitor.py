@@ -35,6 +35,7 @@ _counter = TerminalCounter(f"monitor-{uuid.uuid4().hex[:12]}")
 @dataclass(frozen=True)
 class StageLimits:
     factor: float  # revoke past factor × mean runtime ...
+    sigmas: float  # ... or past mean + sigmas × stdev if that is earlier (0: not used) ...
     floor_s: float  # ... but never before this
     ceiling_s: float  # the limit until min_samples runs are known
     min_samples: int
@@ -44,11 +45,12 @@ class StageLimits:
 def limits_for(settings: Settings, stage: str) -> StageLimits:
     """The stage's limits: the settings' defaults with BAGPIPE_STAGE_LIMITS over them."""
     overrides: dict[str, Any] = json.loads(settings.stage_limits).get(stage, {}) if settings.stage_limits else {}
-    unknown = set(overrides) - {"factor", "floor", "ceiling", "min_samples", "max_attempts"}
+    unknown = set(overrides) - {"factor", "sigmas", "floor", "ceiling", "min_samples", "max_attempts"}
     if unknown:
         raise ValueError(f"{names.SETTING_STAGE_LIMITS}: unknown limit(s) {sorted(unknown)} for {stage}")
     return StageLimits(
         factor=float(overrides.get("factor", settings.kill_factor)),
+        sigmas=float(overrides.get("sigmas", settings.kill_sigmas)),
         floor_s=float(overrides.get("floor", settings.kill_floor_s)),
         ceiling_s=float(overrides.get("ceiling", settings.kill_ceiling_s)),
         min_samples=int(overrides.get("min_samples", settings.min_samples)),
@@ -57,10 +59,14 @@ def limits_for(settings: Settings, stage: str) -> StageLimits:
 
 
 def kill_after(limits: StageLimits, history: runtimes.Runtime) -> float:
-    """Seconds an attempt may run: factor × mean once the history is trusted, else the
-    cold-start ceiling; never under the floor."""
+    """Seconds an attempt may run: factor × mean once the history is trusted (or the high
+    quantile mean + sigmas × stdev, if asked for and earlier), else the cold-start ceiling;
+    never under the floor."""
     if history.count >= limits.min_samples:
-        return max(limits.floor_s, limits.factor * history.mean)
+        limit = limits.factor * history.mean
+        if limits.sigmas > 0:
+            limit = min(limit, history.mean + limits.sigmas * history.stdev)
+        return max(limits.floor_s, limit)
     return max(limits.floor_s, limits.ceiling_s)
 
 

@@ -11,6 +11,7 @@ crash leaves duplicates (which workers drop) and never a task without a message.
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -24,6 +25,9 @@ from pipeline.tasks import TaskRef, TerminalCounter, if_match
 
 log = logging.getLogger(__name__)
 NO_RELEASER = datetime(1970, 1, 1, tzinfo=UTC)  # a lease that has long expired
+RELEASE_CHUNK = 64  # tasks sent per move of the cursor: bounds the work done under one lease
+RELEASE_LEASE_S = 15.0  # a releaser's hold on the cursor, renewed at each move
+SEND_THREADS = 8  # concurrent sends of one chunk's messages
 
 
 def plan(clients: Clients, job: str) -> None:
@@ -74,42 +78,51 @@ def release(clients: Clients, job: str, *, min_room: float = 0.0) -> int:
     Returns how many tasks it released.
 
     One releaser at a time per job holds a short lease on the job row (``ReleaserUntil``),
-    so that the workers finishing tasks together do not all send the same messages. A
-    releaser that dies leaves the lease to expire; its successor resends what it may not
-    have sent (duplicates, which workers drop)."""
+    so that the workers finishing tasks together do not all send the same messages. It moves
+    the cursor a chunk at a time and renews the lease with each move, so however slow the
+    storage, a live releaser keeps its lease and its sends count. A releaser that dies
+    leaves the lease to expire; its successor resends what it may not have sent
+    (duplicates, which workers drop)."""
     window = clients.settings.window
+    lease = timedelta(seconds=max(RELEASE_LEASE_S, clients.settings.lease_seconds))
     total_released = 0
+    row = jobs.get(clients, job)
+    holding = False
     while True:
-        row = jobs.get(clients, job)
         if row["State"] != JobState.RUNNING.value:
-            return total_released
+            break
         released, total = int(row["Released"]), int(row["Total"])
         holder = row.get("ReleaserUntil")
-        if released >= total or (holder is not None and holder > tasks.now()):
-            return total_released
+        if released >= total or (not holding and holder is not None and holder > tasks.now()):
+            break
         done = sum(tasks.terminal_counts(clients.tasks, job).values())
         room = window - (released - done)
         if room <= 0 or room < window * min_room:
-            return total_released
-        count = min(room, total - released)
-        lease = timedelta(seconds=clients.settings.lease_seconds)
+            break
+        count = min(room, total - released, RELEASE_CHUNK)
         try:
-            row = jobs.update(clients, row, ReleaserUntil=tasks.now() + lease)
+            if not holding:
+                row = jobs.update(clients, row, ReleaserUntil=tasks.now() + lease)
+                holding = True
+            queued = _queue_rows(clients, job, released, count)
+            with ThreadPoolExecutor(SEND_THREADS) as pool:
+                list(pool.map(lambda r: clients.shard_queues[int(r["Shard"])].send_message(
+                    TaskRef(job, r["RowKey"], int(r["Attempt"])).encode()), queued))
+            # The cursor moves only after the sends, and renews the lease as it moves.
+            row = jobs.update(clients, row, Released=released + count, ReleaserUntil=tasks.now() + lease)
         except Exception as exc:
             if tasks.is_conflict(exc):
-                return total_released  # another releaser holds it now
-            raise
-        for queued in _queue_rows(clients, job, released, count):
-            ref = TaskRef(job, queued["RowKey"], int(queued["Attempt"]))
-            clients.shard_queues[int(queued["Shard"])].send_message(ref.encode())
-        try:
-            jobs.update(clients, row, Released=released + count, ReleaserUntil=NO_RELEASER)
-        except Exception as exc:
-            if tasks.is_conflict(exc):
-                return total_released  # cancelled meanwhile
+                return total_released  # another releaser holds it now, or the job was cancelled
             raise
         total_released += count
         min_room = 0.0
+    if holding:
+        try:
+            jobs.update(clients, row, ReleaserUntil=NO_RELEASER)
+        except Exception as exc:
+            if not tasks.is_conflict(exc):
+                raise
+    return total_released
 
 
 def _queue_rows(clients: Clients, job: str, first: int, count: int) -> list[dict[str, Any]]:

@@ -78,6 +78,9 @@ class Settings:
     # BAGPIPE_KILL_FACTOR: an attempt running past factor × its (stage, product) mean is
     # revoked and retried (default 4, the ModisAzure rule).
     kill_factor: float = 4.0
+    # BAGPIPE_KILL_SIGMAS: if > 0, revoke earlier, past mean + sigmas × standard deviation
+    # (a high quantile of the history) when that comes before factor × mean (default 0: off).
+    kill_sigmas: float = 0.0
     # BAGPIPE_KILL_FLOOR_S: never revoke for time before this many seconds (default 10),
     # so that noise on very short stages kills nothing.
     kill_floor_s: float = 10.0
@@ -128,6 +131,7 @@ class Settings:
             smtp_port=_int(env, names.SETTING_SMTP_PORT, 8025),
             acs_endpoint=env.get(names.SETTING_ACS_ENDPOINT, ""),
             kill_factor=_float(env, names.SETTING_KILL_FACTOR, 4.0, minimum=1.0),
+            kill_sigmas=_float(env, names.SETTING_KILL_SIGMAS, 0.0),
             kill_floor_s=_float(env, names.SETTING_KILL_FLOOR, 10.0),
             kill_ceiling_s=_float(env, names.SETTING_KILL_CEILING, 1800.0, minimum=1.0),
             min_samples=_int(env, names.SETTING_MIN_SAMPLES, 5),
@@ -157,6 +161,7 @@ class Settings:
             names.SETTING_SMTP_PORT: str(self.smtp_port),
             names.SETTING_ACS_ENDPOINT: self.acs_endpoint,
             names.SETTING_KILL_FACTOR: repr(self.kill_factor),
+            names.SETTING_KILL_SIGMAS: repr(self.kill_sigmas),
             names.SETTING_KILL_FLOOR: repr(self.kill_floor_s),
             names.SETTING_KILL_CEILING: repr(self.kill_ceiling_s),
             names.SETTING_MIN_SAMPLES: str(self.min_samples),

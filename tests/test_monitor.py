@@ -68,6 +68,18 @@ def test_kill_rule_ceiling_then_factor_times_mean_with_a_floor(settings: Setting
         monitor.limits_for(settings.with_(stage_limits='{"digest": {"factr": 3}}'), "digest")
 
 
+def test_quantile_rule_revokes_at_mean_plus_sigmas_when_that_is_earlier(settings: Settings) -> None:
+    limits = monitor.limits_for(settings.with_(kill_floor_s=1.0, min_samples=5, kill_sigmas=4.0), "digest")
+    history = runtimes.Runtime()
+    for seconds in (9.0, 10.0, 11.0, 10.0, 9.5, 10.5):
+        history = history.add(seconds)
+    assert monitor.kill_after(limits, history) == pytest.approx(10.0 + 4 * history.stdev)  # < 40 s
+    noisy = runtimes.Runtime(50, 10.0, 49 * 25.0)  # stdev 5: mean + 4σ = 30 s, 4 × mean = 40 s
+    assert monitor.kill_after(limits, noisy) == pytest.approx(30.0)
+    wild = runtimes.Runtime(50, 10.0, 49 * 400.0)  # stdev 20: 4 × mean comes first
+    assert monitor.kill_after(limits, wild) == pytest.approx(40.0)
+
+
 def marked_task(clients: Clients, job: str) -> dict:
     (row,) = [r for r in tasks.list_tasks(clients.tasks, job)
               if json.loads(r["Params"])["tile"] == "h10v05" and json.loads(r["Params"])["date"] == "2022-01-09"]

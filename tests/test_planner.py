@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 
 from pipeline import jobs, planner, sweep, tasks
@@ -79,3 +80,29 @@ def test_release_never_puts_more_than_the_window_in_the_queues(
     assert counts == {"SUCCEEDED": total}
     # and the counters agree with the rows
     assert tasks.terminal_counts(clients.tasks, job)["SUCCEEDED"] == total
+
+
+def test_a_release_slower_than_the_lease_still_sends_each_task_once(settings: Settings) -> None:
+    """A slow storage must not let a live releaser's lease lapse: another releaser would
+    take the cursor and resend the whole window (and the first one's sends would not count)."""
+    slow = Clients(settings.with_(lease_seconds=1))
+    slow.ensure_resources()
+    for queue in slow.shard_queues:
+        send = queue.send_message
+
+        def slow_send(body: bytes, _send=send, **kwargs: object) -> object:
+            time.sleep(0.1)  # 64 messages over 8 threads: ~0.8 s a chunk, the window ~1.6 s
+            return _send(body, **kwargs)
+
+        queue.send_message = slow_send  # type: ignore[method-assign]
+    fast = Clients(settings.with_(lease_seconds=1))
+    request = small_request(start="2021-01-01", end="2022-12-31")  # 184 tasks, window 64
+    job = jobs.submit(fast, request)["PartitionKey"]
+    planned = threading.Thread(target=planner.plan, args=(slow, job))
+    planned.start()
+    while planned.is_alive():  # others (workers, the sweep) call release all the while
+        planner.release(fast, job)
+        time.sleep(0.05)
+    planned.join()
+    assert int(jobs.get(fast, job)["Released"]) == settings.window
+    assert queue_depth(fast) == settings.window
