@@ -18,6 +18,7 @@ import uvicorn
 
 from bagpipe import control
 from bagpipe.azurite import Azurite, free_port
+from bagpipe.feedserver import FeedServer
 from bagpipe.mailserver import MailServer
 from pipeline.api import create_app
 from pipeline.clients import clients_for
@@ -54,6 +55,7 @@ class LocalStack:
     api_url: str = field(init=False, default="")
     azurite: Azurite | None = field(init=False, default=None)
     mail: MailServer = field(init=False)
+    feed: FeedServer = field(init=False)
     _stop: threading.Event = field(init=False, default_factory=threading.Event)
     _threads: list[threading.Thread] = field(init=False, default_factory=list)
     _workers: list[subprocess.Popen[bytes]] = field(init=False, default_factory=list)
@@ -66,10 +68,12 @@ class LocalStack:
             self.azurite = Azurite(self.home / "azurite").start()
             self.connection = self.azurite.connection_string
         self.mail = MailServer(self.home / "mail").start()
+        self.feed = FeedServer().start()
+        overrides = {"feed_url": self.feed.template} | self.overrides
         self.settings = Settings(
             storage_connection=self.connection, namespace=self.namespace, window=self.window,
             lease_seconds=self.lease_seconds, api_key=api_key_for(self.home),
-            mail_mode="smtp", smtp_port=self.mail.port, **self.overrides,  # type: ignore[arg-type]
+            mail_mode="smtp", smtp_port=self.mail.port, **overrides,  # type: ignore[arg-type]
         )
         clients_for(self.settings).ensure_resources()
         self._start_api()
@@ -80,7 +84,7 @@ class LocalStack:
         for i in range(self.workers):
             self.start_worker(i)
         (self.home / STATE_FILE).write_text(json.dumps(
-            {"api": self.api_url, "pid": os.getpid(), "mail": str(self.mail.folder),
+            {"api": self.api_url, "pid": os.getpid(), "mail": str(self.mail.folder), "feed": self.feed.url,
              "logs": str(self.home / "logs")}
         ))
         return self
@@ -145,6 +149,7 @@ class LocalStack:
             thread.join(30)
         clients_for(self.settings).close()  # idle connections would hold Azurite's shutdown
         self.mail.stop()
+        self.feed.stop()
         if self.azurite is not None:
             self.azurite.stop()
         (self.home / STATE_FILE).unlink(missing_ok=True)

@@ -26,7 +26,8 @@ from bagpipe.stack import LocalStack
 from pipeline import jobs, names, runtimes, tasks
 from pipeline.clients import Clients
 
-REQUEST = {"region": {"bbox": [-124.0, 31.0, -103.0, 42.0]}, "start": "2021-01-01", "end": "2022-12-31",
+TILES = ["h07v05", "h08v04", "h08v05", "h09v04", "h09v05", "h10v04", "h10v05"]
+REQUEST = {"region": {"tiles": TILES}, "start": "2021-01-01", "end": "2022-12-31",
            "products": ["MOD10A2"]}
 COMMON = {"stage_modules": "bench.straggler_stage", "monitor_interval_s": 0.5, "kill_floor_s": 1.0,
           "min_samples": 20, "kill_grace_s": 1.0}

@@ -74,6 +74,10 @@ class Clients:
     def runtimes(self) -> TableClient:
         return self.table(self.settings.names.table(names.RUNTIMES_TABLE))
 
+    @cached_property
+    def sources_table(self) -> TableClient:
+        return self.table(self.settings.names.table(names.SOURCES_TABLE))
+
     def queue(self, name: str) -> QueueClient:
         # Messages are JSON, base64 on the wire as the Functions queue trigger expects. They
         # are received undecoded (see tasks.message_bytes) so that one malformed message
@@ -102,6 +106,14 @@ class Clients:
     @cached_property
     def sources(self) -> ContainerClient:
         return self.container(names.SOURCES_CONTAINER)
+
+    @cached_property
+    def tiles(self) -> ContainerClient:
+        return self.container(names.TILES_CONTAINER)
+
+    @cached_property
+    def logs(self) -> ContainerClient:
+        return self.container(names.LOGS_CONTAINER)
 
     def close(self) -> None:
         """Close the connection pools (those that were opened)."""

@@ -18,6 +18,7 @@ from azure.core.exceptions import (
 
 class FailureClass(StrEnum):
     SOURCE_DOWNLOAD = "source_download_failed"  # a feed did not deliver a source file
+    BAD_SOURCE = "source_unreadable"  # a delivered source is not the raster it should be
     BLOB_READ = "blob_read_failed"  # a blob could not be read (missing, refused)
     CORRUPT_BLOB = "corrupt_blob_read"  # a blob's content did not match its checksum
     BLOB_EXISTS = "blob_already_exists"  # a write found its blob already there

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import date
 
 # --- app settings (environment variables) -----------------------------------------------
 # The storage connection: a connection string locally; in Azure the identity-based form
@@ -38,6 +39,8 @@ SETTING_MONITOR_INTERVAL = "BAGPIPE_MONITOR_INTERVAL_S"
 SETTING_STAGE_LIMITS = "BAGPIPE_STAGE_LIMITS"
 SETTING_STAGE_MODULES = "BAGPIPE_STAGE_MODULES"
 SETTING_TILE_STAGE = "BAGPIPE_TILE_STAGE"
+SETTING_FEED_URL = "BAGPIPE_FEED_URL"
+SETTING_FEEDS = "BAGPIPE_FEEDS"
 
 # The connection name the Functions bindings use: the host reads SETTING_STORAGE* from it.
 BINDING_CONNECTION = SETTING_STORAGE
@@ -95,6 +98,20 @@ def output_prefix(job: str, task: str, attempt: int) -> str:
     """Blob prefix in ``products`` where one attempt writes; only the committed attempt's
     outputs are named by the task row and so by the manifest."""
     return f"{job}/tasks/{task}/a{attempt:03d}/"
+
+
+def source_blob(product: str, tile: str, day: date, file_name: str) -> str:
+    """A granule's layer file in ``sources``, keyed by its origin: product, tile, date and
+    the catalog's file name (which carries the collection version)."""
+    return f"{product}/{tile}/{day.isoformat()}/{file_name}"
+
+
+TILE_OUTPUT_PREFIX = "tiles:"  # an output name in the tiles container, not in products
+
+
+def tile_blob(key: str, product: str, tile: str, day: str) -> str:
+    """A reprojected tile in ``tiles``: content-addressed by ``key``, named for people."""
+    return f"{key[:2]}/{key}/{product}.{day}.{tile}.tif"
 
 
 def manifest_blob(job: str) -> str:

@@ -7,10 +7,14 @@ from datetime import date
 from typing import Annotated, Union
 
 from pydantic import BaseModel, ConfigDict, EmailStr, Field, field_validator, model_validator
+from pyproj import CRS
+from pyproj.exceptions import CRSError
 
 from pipeline import stages
-from pipeline.grid import Tile, tiles_for_bbox
+from pipeline.grid import Tile
 from pipeline.products import CATALOG, periods
+from pipeline.targets import MAX_TILE_PIXELS, GridSpec, TargetTile
+from pipeline.targets import NATIVE as NATIVE_CRS
 
 Lon = Annotated[float, Field(ge=-180, le=180, allow_inf_nan=False)]
 Lat = Annotated[float, Field(ge=-90, le=90, allow_inf_nan=False)]
@@ -41,6 +45,40 @@ class Region(BaseModel):
         return self
 
 
+class Grid(BaseModel):
+    """The output grid: square tiles of ``tile_size`` CRS units with pixels ``resolution``
+    units wide. Defaults: 1° tiles at 0.005° (about 500 m) in EPSG:4326; 100 km tiles at
+    500 m in a projected CRS."""
+
+    model_config = ConfigDict(extra="forbid")
+    crs: Annotated[str, Field(max_length=64)] = "EPSG:4326"
+    tile_size: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    resolution: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+
+    @field_validator("crs")
+    @classmethod
+    def _known_crs(cls, crs: str) -> str:
+        try:
+            CRS.from_user_input(crs)
+        except CRSError:
+            raise ValueError(f"unknown CRS {crs!r} (give e.g. EPSG:4326)") from None
+        return crs
+
+    def spec(self) -> GridSpec:
+        geographic = CRS.from_user_input(self.crs).is_geographic
+        tile_size = self.tile_size or (1.0 if geographic else 100_000.0)
+        resolution = self.resolution or (0.005 if geographic else 500.0)
+        return GridSpec(self.crs, tile_size, resolution)
+
+    @model_validator(mode="after")
+    def _tile_fits(self) -> Grid:
+        pixels = self.spec().tile_size / self.spec().resolution
+        if not 1 <= pixels <= MAX_TILE_PIXELS:
+            raise ValueError(f"a tile would be {pixels:.0f} pixels wide; keep tile_size / resolution "
+                             f"between 1 and {MAX_TILE_PIXELS}")
+        return self
+
+
 class Reducer(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: Annotated[str, Field(min_length=1, max_length=64)]
@@ -55,6 +93,7 @@ class JobRequest(BaseModel):
     start: Annotated[date, Field(ge=FIRST_DAY, le=LAST_DAY)]
     end: Annotated[date, Field(ge=FIRST_DAY, le=LAST_DAY)]
     products: Annotated[list[Annotated[str, Field(max_length=32)]], Field(min_length=1, max_length=16)]
+    grid: Grid | None = None  # a bbox region defaults to Grid(); MODIS tiles use their own grid
     reducer: Reducer | None = None
     email: EmailStr | None = None
     label: Annotated[str, Field(max_length=200)] = ""
@@ -70,21 +109,44 @@ class RequestError(ValueError):
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """One task a request expands to: a stage run over one (tile, date, product)."""
+    """One task a request expands to: a stage run over one (target tile, date, product)."""
 
     stage: str
     product: str
-    tile: str
+    target: TargetTile
     date: date
 
+    @property
+    def tile(self) -> str:
+        return self.target.name
 
-def request_tiles(region: Region) -> list[Tile]:
+    def params(self) -> dict[str, str]:
+        """What the task row carries for its stage (strings, as a table row keeps them)."""
+        grid = self.target.grid
+        return {
+            "product": self.product, "tile": self.tile, "date": self.date.isoformat(),
+            "crs": grid.crs, "res": repr(grid.resolution),
+            "bounds": ",".join(map(repr, self.target.bounds())),
+            "sources": ",".join(t.name for t in self.target.sources()),
+        }
+
+
+def targets_of(request: JobRequest) -> list[TargetTile]:
+    """The request's target tiles (before dropping those with no MODIS source)."""
+    region = request.region
     if region.tiles is not None:
-        return sorted({Tile.parse(t) for t in region.tiles})
+        if request.grid is not None:
+            raise RequestError(400, "grid", "a region given as MODIS tiles is processed on their own "
+                               "grid; give region.bbox to choose a target grid")
+        native = GridSpec(NATIVE_CRS, 0.0, 0.0)
+        return [native.native_tile(t) for t in sorted({Tile.parse(t) for t in region.tiles})]
     west, south, east, north = region.bbox  # type: ignore[misc]
     if west >= east or south >= north:
         raise RequestError(400, "region.bbox", "the region is empty: need west < east and south < north")
-    return tiles_for_bbox(west, south, east, north)
+    try:
+        return (request.grid or Grid()).spec().tiles_for_lonlat_box(west, south, east, north)
+    except ValueError as exc:
+        raise RequestError(400, "grid.crs", str(exc)) from None
 
 
 def expand(request: JobRequest, max_tasks: int, tile_stage: str = stages.TILE_STAGE) -> list[TaskSpec]:
@@ -102,19 +164,20 @@ def expand(request: JobRequest, max_tasks: int, tile_stage: str = stages.TILE_ST
         raise RequestError(400, "reducer.name", f"unknown reducer {request.reducer.name!r} ({known})")
     if request.end < request.start:
         raise RequestError(400, "end", "the time span is empty: end is before start")
-    tiles = request_tiles(request.region)
-    if not tiles:
-        raise RequestError(400, "region", "the region covers no MODIS tile")
+    targets = targets_of(request)
     dates = {p: periods(CATALOG[p], request.start, request.end) for p in request.products}
-    count = len(tiles) * sum(len(d) for d in dates.values())
+    count = len(targets) * sum(len(d) for d in dates.values())
     if count > max_tasks:
         raise RequestError(
             413, "region", f"the request makes {count} tasks, more than the limit of {max_tasks}",
             tasks=count, limit=max_tasks,
         )
+    targets = [t for t in targets if t.sources()]
+    if not targets:
+        raise RequestError(400, "region", "the region covers no MODIS tile")
     return [
-        TaskSpec(tile_stage, product, tile.name, day)
+        TaskSpec(tile_stage, product, target, day)
         for product in request.products
         for day in dates[product]
-        for tile in tiles
+        for target in targets
     ]

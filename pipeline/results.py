@@ -46,10 +46,18 @@ def manifest(clients: Clients, job: str) -> dict[str, Any] | None:
     return json.loads(data)
 
 
+def _container_and_blob(clients: Clients, output: str) -> tuple[str, str]:
+    """Where an output named on a task row lives: a reprojected tile in ``tiles``, anything
+    else in ``products``."""
+    if output.startswith(names.TILE_OUTPUT_PREFIX):
+        return clients.tiles.container_name, output.removeprefix(names.TILE_OUTPUT_PREFIX)
+    return clients.products.container_name, output
+
+
 def with_links(clients: Clients, job: str, found: dict[str, Any]) -> dict[str, Any]:
     """The manifest with a SAS link beside each output and to the manifest itself."""
     container = clients.products.container_name
     for task in found["tasks"]:
-        task["links"] = {blob: sas_url(clients, container, blob) for blob in task["outputs"]}
+        task["links"] = {blob: sas_url(clients, *_container_and_blob(clients, blob)) for blob in task["outputs"]}
     found["manifest_url"] = sas_url(clients, container, names.manifest_blob(job))
     return found

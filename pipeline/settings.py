@@ -97,8 +97,14 @@ class Settings:
     stage_limits: str = ""
     # BAGPIPE_STAGE_MODULES: modules (comma-separated) whose import registers more stages.
     stage_modules: str = ""
-    # BAGPIPE_TILE_STAGE: the stage a tile task runs (default "digest").
-    tile_stage: str = "digest"
+    # BAGPIPE_TILE_STAGE: the stage a tile task runs (default "modis": collection then
+    # reprojection; "digest" is a light stand-in that needs no feed).
+    tile_stage: str = "modis"
+    # BAGPIPE_FEED_URL: the URL template of the MODIS feed (see pipeline/feeds.py), e.g.
+    # https://e4ftl01.cr.usgs.gov/MOLT/{product}.{collection}/{ymd}/{name} (default none).
+    feed_url: str = ""
+    # BAGPIPE_FEEDS: per-product templates as JSON, {"MOD10A2": "ftp://..."} (default none).
+    feeds: str = ""
     names: names.StorageNames = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -139,7 +145,9 @@ class Settings:
             monitor_interval_s=_float(env, names.SETTING_MONITOR_INTERVAL, 5.0, minimum=0.1),
             stage_limits=env.get(names.SETTING_STAGE_LIMITS, ""),
             stage_modules=env.get(names.SETTING_STAGE_MODULES, ""),
-            tile_stage=env.get(names.SETTING_TILE_STAGE, "digest"),
+            tile_stage=env.get(names.SETTING_TILE_STAGE, "modis"),
+            feed_url=env.get(names.SETTING_FEED_URL, ""),
+            feeds=env.get(names.SETTING_FEEDS, ""),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -170,6 +178,8 @@ class Settings:
             names.SETTING_STAGE_LIMITS: self.stage_limits,
             names.SETTING_STAGE_MODULES: self.stage_modules,
             names.SETTING_TILE_STAGE: self.tile_stage,
+            names.SETTING_FEED_URL: self.feed_url,
+            names.SETTING_FEEDS: self.feeds,
         }
         return {k: v for k, v in env.items() if v}
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 from azure.storage.blob import ContainerClient, ContentSettings
 
+from pipeline.clients import Clients
+
 
 @dataclass
 class StageContext:
@@ -24,10 +26,18 @@ class StageContext:
     task: str
     attempt: int
     params: dict[str, str]
-    sources: ContainerClient
-    products: ContainerClient
+    clients: Clients
     output_prefix: str  # where in ``products`` this attempt writes
     outputs: list[str] = field(default_factory=list)
+    cached: bool = False  # set by a stage whose output already existed (the task ends CACHED)
+
+    @property
+    def sources(self) -> ContainerClient:
+        return self.clients.sources
+
+    @property
+    def products(self) -> ContainerClient:
+        return self.clients.products
 
     def write_output(self, name: str, data: bytes, content_type: str) -> str:
         """Upload one output of this attempt; return its blob name."""
@@ -53,7 +63,7 @@ def stage(name: str) -> Callable[[Stage], Stage]:
     return register
 
 
-TILE_STAGE = "digest"
+TILE_STAGE = "modis"  # registered by pipeline.tilestage
 SOURCE_BYTES = 64 * 1024
 
 
@@ -61,11 +71,11 @@ def source_blob(product: str, tile: str, day: str) -> str:
     return f"{product}/{tile}/{day}.bin"
 
 
-@stage(TILE_STAGE)
+@stage("digest")
 def digest(ctx: StageContext) -> None:
-    """Stand-in for collection → reprojection until the raster stages land: make sure the
-    (product, tile, date) source exists in ``sources`` (synthesised deterministically, as a
-    feed would always serve the same granule), read it back, and write its summary."""
+    """A light stand-in for collection → reprojection that needs no feed and no rasters
+    (the lifecycle tests and benchmarks run it): make sure a (product, tile, date) source
+    exists in ``sources`` (synthesised deterministically), read it back, write its summary."""
     product, tile, day = ctx.params["product"], ctx.params["tile"], ctx.params["date"]
     name = source_blob(product, tile, day)
     client = ctx.sources.get_blob_client(name)

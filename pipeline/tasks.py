@@ -102,9 +102,7 @@ def task_entity(job: str, seq: int, spec: TaskSpec, shards: int) -> dict[str, An
         "Seq": seq,
         "Shard": seq % shards,
         "Stage": spec.stage,
-        "Params": json.dumps(
-            {"product": spec.product, "tile": spec.tile, "date": spec.date.isoformat()}
-        ),
+        "Params": json.dumps(spec.params()),
         "Status": TaskStatus.PENDING.value,
         "Attempt": 1,
     }

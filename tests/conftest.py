@@ -55,6 +55,7 @@ def settings(azurite: Azurite, mail: MailServer) -> Settings:
         smtp_port=mail.port,
         max_attempts=3,
         max_tasks=2000,
+        tile_stage="digest",  # the lifecycle needs no rasters; tests of the raster stages set "modis"
     )
 
 

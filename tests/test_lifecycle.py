@@ -12,8 +12,10 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import httpx
+import rasterio
 
 from bagpipe.azurite import Azurite
+from bagpipe.client import Api, download_results
 from bagpipe.stack import LocalStack
 from pipeline import names
 from pipeline.clients import Clients
@@ -21,7 +23,7 @@ from pipeline.settings import Settings
 from tests.conftest import wait_for
 
 REQUEST = {
-    "region": {"bbox": [-104.0, 33.0, -95.0, 38.0]},
+    "region": {"tiles": ["h09v05", "h10v05"]},
     "start": "2022-02-01",
     "end": "2022-03-01",
     "products": ["MOD10A2", "MOD13A1"],
@@ -32,7 +34,7 @@ REQUEST = {
 
 def test_submit_run_complete_notify_download(azurite: Azurite, settings: Settings, tmp_path: Path) -> None:
     with LocalStack(tmp_path / "stack", workers=2, slots=2, connection=azurite.connection_string,
-                    namespace=settings.namespace, window=8) as stack:
+                    namespace=settings.namespace, window=8, overrides={"tile_stage": "digest"}) as stack:
         key = stack.settings.api_key
         http = httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {key}"}, timeout=30)
         created = http.post("/api/jobs", json=REQUEST)
@@ -91,3 +93,35 @@ def test_submit_run_complete_notify_download(azurite: Azurite, settings: Setting
         refused = subprocess.run([*cli, "status", job, "--api", stack.api_url, "--key", "nope"],
                                  capture_output=True, text=True)
         assert refused.returncode == 1 and "401" in refused.stdout
+
+
+def test_the_modis_pipeline_end_to_end_and_a_second_request_is_cached(
+    azurite: Azurite, settings: Settings, tmp_path: Path
+) -> None:
+    request = {"region": {"bbox": [-110.5, 34.2, -108.6, 34.8]}, "grid": {"tile_size": 1.0, "resolution": 0.01},
+               "start": "2022-02-02", "end": "2022-02-12", "products": ["MOD10A2"], "label": "snow"}
+    with LocalStack(tmp_path / "stack", workers=1, slots=2, connection=azurite.connection_string,
+                    namespace=settings.namespace) as stack:
+        api = Api(stack.api_url, stack.settings.api_key)
+        first = api.submit(request)
+        assert first["total"] == 3 * 2  # 1° tiles x-111, x-110, x-109 (over h08v05 | h09v05) × 2 periods
+
+        def finished(job: str) -> dict:
+            return wait_for(lambda: (s := api.status(job))["state"] in ("SUCCEEDED", "FAILED") and s,
+                            180, "the job")  # type: ignore[return-value]
+
+        status = finished(first["job"])
+        assert status["state"] == "SUCCEEDED" and status["counts"]["SUCCEEDED"] == 6, status
+        out = tmp_path / "out"
+        manifest, files = download_results(api, first["job"], out)
+        assert files == 6
+        for task in json.loads(manifest.read_text())["tasks"]:
+            (local,) = task["files"]
+            with rasterio.open(out / local) as tile:
+                assert tile.crs.to_epsg() == 4326 and tile.res == (0.01, 0.01) and tile.shape == (100, 100)
+                assert tile.tags()["DATE"] == task["date"] and tile.tags()["TARGET_TILE"] == task["tile"]
+                assert tile.nodata == 255 and (tile.read(1) != 255).any()
+
+        again = finished(api.submit(request | {"label": "snow again"})["job"])
+        assert again["counts"]["CACHED"] == 6, again  # invariant 4: nothing computed twice
+        assert stack.feed.served and max(stack.feed.served.values()) == 1  # each granule fetched once

@@ -28,7 +28,8 @@ _PR_SET_PDEATHSIG = 1
 _context = multiprocessing.get_context("forkserver")
 # bagpipe.cli too: a child re-runs the main module (the CLI, for `bagpipe worker`), cheap
 # once its imports are already in the server.
-_context.set_forkserver_preload(["pipeline.stages", "pipeline.clients", "worker.child", "bagpipe.cli"])
+_context.set_forkserver_preload(["pipeline.stages", "pipeline.tilestage", "pipeline.clients", "worker.child",
+                                 "bagpipe.cli"])
 
 
 @dataclass(frozen=True)
@@ -38,11 +39,15 @@ class Outcome:
     outputs: list[str] | None = None
     failure: FailureClass | None = None
     error: str = ""
+    cached: bool = False  # the outputs already existed: nothing was computed
+
+
+BUILTIN_STAGE_MODULES = "pipeline.tilestage"
 
 
 def load_stage_modules(modules: str) -> None:
-    """Import the extra stage modules named in the settings (comma-separated)."""
-    for module in filter(None, (m.strip() for m in modules.split(","))):
+    """Import the built-in stage modules and those the settings name (comma-separated)."""
+    for module in filter(None, (m.strip() for m in f"{BUILTIN_STAGE_MODULES},{modules}".split(","))):
         importlib.import_module(module)
 
 
@@ -64,9 +69,9 @@ def _child(settings: Settings, stage: str, context: dict[str, Any], conn: Connec
         load_stage_modules(settings.stage_modules)
         fn = stages.STAGES[stage]
         clients = Clients(settings)
-        ctx = stages.StageContext(sources=clients.sources, products=clients.products, **context)
+        ctx = stages.StageContext(clients=clients, **context)
         fn(ctx)
-        conn.send(Outcome(outputs=ctx.outputs))
+        conn.send(Outcome(outputs=ctx.outputs, cached=ctx.cached))
     except BaseException as exc:
         conn.send(Outcome(failure=classify(exc), error=f"{type(exc).__name__}: {exc}"))
     finally:

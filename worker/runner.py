@@ -130,7 +130,8 @@ class Worker:
             log.info("%s revoked: stage killed, output discarded", held.ref)
             return
         if outcome.outputs is not None:
-            committed = tasks.commit(self.clients, counter, held, TaskStatus.SUCCEEDED, outcome.outputs)
+            status = TaskStatus.CACHED if outcome.cached else TaskStatus.SUCCEEDED
+            committed = tasks.commit(self.clients, counter, held, status, outcome.outputs)
             log.info("%s %s", held.ref, "committed" if committed else "revoked: output discarded")
             lease.delete()
             if committed:

@@ -1,0 +1,95 @@
+"""Blobs made once: a cached source or reprojected tile is read back (and checked against its
+stored MD5); a missing one is made by exactly one of the tasks that want it at the same
+time — the one that creates its ``.making`` marker (create-if-absent) — while the others
+wait for it. A marker older than :data:`STALE_S` is a maker that died: it is taken over.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from azure.core import MatchConditions
+from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
+from azure.storage.blob import BlobClient, ContainerClient, ContentSettings
+
+from pipeline.failures import FailureClass, StageFailure
+from pipeline.feeds import md5_of
+
+STALE_S = 300.0  # a maker silent this long has died
+WAIT_S = 900.0  # the longest a task waits for another's maker
+POLL_S = 0.5
+MARKER_SUFFIX = ".making"
+
+
+@dataclass(frozen=True)
+class Cached:
+    name: str
+    md5: bytes
+    data: bytes | None  # None when only its existence was asked for
+    made: bool  # whether this call made it
+
+
+def _read(container: ContainerClient, name: str, want_data: bool) -> Cached | None:
+    blob = container.get_blob_client(name)
+    try:
+        if not want_data:
+            props = blob.get_blob_properties()
+            return Cached(name, bytes(props.content_settings.content_md5 or b""), None, False)
+        downloader = blob.download_blob()
+        data = downloader.readall()
+    except ResourceNotFoundError:
+        return None
+    stored = downloader.properties.content_settings.content_md5
+    if stored and bytes(stored) != md5_of(data):
+        raise StageFailure(FailureClass.CORRUPT_BLOB, f"{container.container_name}/{name}: content does not "
+                           "match its stored MD5")
+    return Cached(name, md5_of(data), data, False)
+
+
+def ensure(container: ContainerClient, name: str, make: Callable[[], bytes], content_type: str,
+           want_data: bool = True) -> Cached:
+    """The blob ``name``: read if it exists, else made by ``make`` — once, whoever asks."""
+    marker = container.get_blob_client(name + MARKER_SUFFIX)
+    give_up = time.monotonic() + WAIT_S
+    while time.monotonic() < give_up:
+        found = _read(container, name, want_data)
+        if found is not None:
+            return found
+        try:
+            marker.upload_blob(b"", overwrite=False)
+        except ResourceExistsError:
+            _take_over_if_stale(marker)
+            time.sleep(POLL_S)
+            continue
+        try:
+            if (found := _read(container, name, want_data)) is not None:
+                return found  # made between our read and our marker
+            data = make()
+            md5 = md5_of(data)
+            try:
+                container.upload_blob(name, data, overwrite=False, content_settings=ContentSettings(
+                    content_type=content_type, content_md5=bytearray(md5)))
+            except ResourceExistsError:
+                pass  # a maker we took for dead finished after all: same content address
+            return Cached(name, md5, data if want_data else None, True)
+        finally:
+            try:
+                marker.delete_blob()
+            except ResourceNotFoundError:
+                pass
+    raise StageFailure(FailureClass.OPERATION_TIMEOUT, f"waited {WAIT_S:.0f} s for {name} to be made")
+
+
+def _take_over_if_stale(marker: BlobClient) -> None:
+    try:
+        props = marker.get_blob_properties()
+    except ResourceNotFoundError:
+        return
+    if (datetime.now(UTC) - props.last_modified).total_seconds() > STALE_S:
+        try:
+            marker.delete_blob(etag=props.etag, match_condition=MatchConditions.IfNotModified)
+        except (ResourceNotFoundError, ResourceModifiedError):
+            pass
