@@ -4,10 +4,16 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+CC ?= cc
+# the example reducer written in C
+REDUCER_C := reducers/max_composite/max_composite
 
 .PHONY: setup demo test lint bench up clean
 
-setup: $(STAMP) node_modules/.bin/azurite
+setup: $(STAMP) node_modules/.bin/azurite $(REDUCER_C)
+
+$(REDUCER_C): $(REDUCER_C).c
+	$(CC) -O2 -Wall -Wextra -o $@ $<
 
 $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,4 +46,4 @@ bench: setup
 	$(BIN)/python -m bench.$$m || exit 1; done; fi
 
 clean:
-	rm -rf $(VENV) node_modules .bagpipe out .pytest_cache
+	rm -rf $(VENV) node_modules .bagpipe out .pytest_cache $(REDUCER_C)

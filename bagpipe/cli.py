@@ -28,14 +28,16 @@ KeyOpt = Annotated[Optional[str], typer.Option("--key", help="API key.")]
 
 # The demo request: the Four Corners of the south-western United States (MODIS tiles
 # h08v05 and h09v05, reprojected to 1° lon/lat tiles at 0.005°), every 8-day snow
-# composite from January to mid-February 2022 (12 tiles x 6 periods = 72 tasks); the
-# period of 2 February is the real granule of shared/data/modis.
+# composite from January to mid-February 2022 (12 tiles x 6 periods = 72 tile tasks), and
+# per tile the snow-covered fraction over the span (12 reductions, the Python example);
+# the period of 2 February is the real granule of shared/data/modis.
 DEMO_REQUEST: dict[str, Any] = {
     "region": {"bbox": [-112.0, 34.0, -108.0, 37.0]},
     "grid": {"crs": "EPSG:4326", "tile_size": 1.0, "resolution": 0.005},
     "start": "2022-01-01",
     "end": "2022-02-17",
     "products": ["MOD10A2"],
+    "reducer": {"name": "snow_fraction"},
     "email": "scientist@example.org",
     "label": "demo: Four Corners snow cover, winter 2022",
 }
@@ -228,23 +230,34 @@ def demo(out: Annotated[Path, typer.Option(help="Where the products go.")] = Pat
 
 @app.command("run-stage")
 def run_stage(
-    stage: Annotated[str, typer.Argument(help="The stage: reproject.")],
+    stage: Annotated[str, typer.Argument(help="reproject, or reduce.")],
     inputs: Annotated[list[Path], typer.Option("--input", exists=True, dir_okay=False,
-                                               help="A source file (repeat for a mosaic).")],
-    out: Annotated[Path, typer.Option(help="The output file.")],
-    dst_crs: Annotated[str, typer.Option(help="Target CRS, as for rio warp.")] = "EPSG:4326",
-    res: Annotated[float, typer.Option(min=0.0, help="Target pixel size in CRS units.")] = 0.005,
+                                               help="A source file (repeat: a mosaic, or a reduction's span).")],
+    out: Annotated[Path, typer.Option(help="The output file (reproject) or folder (reduce).")],
+    dst_crs: Annotated[str, typer.Option(help="reproject: target CRS, as for rio warp.")] = "EPSG:4326",
+    res: Annotated[float, typer.Option(min=0.0, help="reproject: target pixel size in CRS units.")] = 0.005,
     bounds: Annotated[Optional[tuple[float, float, float, float]], typer.Option(
-        help="west south east north, in the target CRS.")] = None,
-    resampling: Annotated[str, typer.Option(help="nearest, bilinear, average, ...")] = "nearest",
+        help="reproject: west south east north, in the target CRS.")] = None,
+    resampling: Annotated[str, typer.Option(help="reproject: nearest, bilinear, average, ...")] = "nearest",
+    reducer: Annotated[Optional[str], typer.Option(help="reduce: the reducer's name.")] = None,
+    reducers_path: Annotated[str, typer.Option(help="reduce: more folders of reducers (:-separated).")] = "",
+    arg: Annotated[Optional[list[str]], typer.Option(help="reduce: an argument for task.json, NAME=VALUE.")] = None,
 ) -> None:
     """Run one stage on local files, with no Azure at all: the code workers run."""
+    if stage == "reproject":
+        _reproject(inputs, out, dst_crs, res, bounds, resampling)
+    elif stage == "reduce":
+        _reduce(inputs, out, reducer, reducers_path, dict(a.split("=", 1) for a in arg or []))
+    else:
+        _fail(ValueError(f"unknown stage {stage!r}: reproject or reduce"))
+
+
+def _reproject(inputs: list[Path], out: Path, dst_crs: str, res: float,
+               bounds: tuple[float, float, float, float] | None, resampling: str) -> None:
     from rasterio.enums import Resampling
 
     from pipeline.reprojection import Target, warp
 
-    if stage != "reproject":
-        _fail(ValueError(f"unknown stage {stage!r}: reproject"))
     if bounds is None:
         _fail(ValueError("--bounds west south east north is required"))
     if resampling not in Resampling.__members__:
@@ -255,6 +268,33 @@ def run_stage(
         _fail(exc)
     out.write_bytes(data)
     console.print(f"wrote {out} ({len(data)} bytes)")
+
+
+def _reduce(inputs: list[Path], out: Path, name: str | None, path: str, args: dict[str, str]) -> None:
+    import tempfile
+
+    from pipeline import reducers
+    from worker.reduction import run_program
+
+    known = reducers.catalog(path)
+    if name not in known:
+        _fail(ValueError(f"--reducer: one of {', '.join(sorted(known))}"))
+    program = known[name]  # type: ignore[index]
+    with tempfile.TemporaryDirectory(prefix="bagpipe-run-") as top:
+        run = run_program(program, [(p.stem, p) for p in inputs], Path(top), {"args": args, "missing_dates": []})
+        for stream in ("stdout.txt", "stderr.txt"):
+            text = (run.folder / stream).read_text(errors="replace").strip()
+            if text:
+                console.print(f"[dim]{stream}:[/dim] {text[-2000:]}")
+        failure = run.failure(program)
+        out.mkdir(parents=True, exist_ok=True)
+        for path in run.outputs:
+            target = out / path.relative_to(run.folder / "outputs")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
+            console.print(f"wrote {target}")
+    if failure is not None:
+        _fail(failure)
 
 
 def _wait_for_email(stack: Any, job: str, timeout: float = 60) -> Path:

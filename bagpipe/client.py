@@ -78,7 +78,8 @@ def download_results(api: Api, job: str, out: Path) -> tuple[Path, int]:
         for task in found["tasks"]:
             task["files"] = []
             for blob, link in task.pop("links", {}).items():
-                local = Path(task["product"], task["tile"], task["date"], blob.rsplit("/", 1)[-1])
+                span = f"{task['date']}_{task['last']}" if task.get("last") else task["date"]  # a reduction
+                local = Path(task["product"], task["tile"], span, blob.rsplit("/", 1)[-1])
                 target = out / local
                 target.parent.mkdir(parents=True, exist_ok=True)
                 with http.stream("GET", link) as response:

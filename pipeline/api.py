@@ -127,7 +127,8 @@ def create_app(settings: Settings, *, trust_host_auth: bool = False) -> FastAPI:
     @app.post("/api/estimate", dependencies=authed)
     def estimate(request: JobRequest) -> dict[str, Any]:
         """How many tasks a request would make, without submitting it."""
-        return {"tasks": len(expand(request, settings.max_tasks)), "limit": settings.max_tasks}
+        specs = expand(request, settings.max_tasks, reducers_path=settings.reducers_path)
+        return {"tasks": len(specs), "limit": settings.max_tasks}
 
     @app.get("/api/jobs", dependencies=authed)
     def list_jobs(limit: int = 50) -> list[dict[str, Any]]:

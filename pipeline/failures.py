@@ -28,6 +28,7 @@ class FailureClass(StrEnum):
     EXECUTION_TIMEOUT = "execution_timeout"  # the monitor revoked an overdue attempt
     HEARTBEAT_LOST = "heartbeat_lost"  # the attempt's worker stopped heartbeating
     USER_CODE = "user_code_error"  # a stage or reduction program failed on its own
+    DEPENDENCY_FAILED = "dependency_failed"  # a reduction's tile tasks did not all succeed
     OUT_OF_DISK = "out_of_disk_space"  # the worker's disk is full
     UNKNOWN = "unknown"  # none of the above
 

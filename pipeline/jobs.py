@@ -42,7 +42,7 @@ def _listing_key(created: datetime, job: str) -> str:
 def submit(clients: Clients, request: JobRequest) -> dict[str, Any]:
     """Store a valid request as a job and enqueue its plan message; RequestError if it
     cannot run (then nothing is written)."""
-    specs = expand(request, clients.settings.max_tasks)
+    specs = expand(request, clients.settings.max_tasks, reducers_path=clients.settings.reducers_path)
     created = now()
     job = new_job_id(created)
     row = {
@@ -51,6 +51,7 @@ def submit(clients: Clients, request: JobRequest) -> dict[str, Any]:
         "Request": request.model_dump_json(),
         "State": JobState.ACCEPTED.value,
         "Total": len(specs),
+        "Tiles": sum(1 for s in specs if s.reducer is None),  # the release cursor's end: reductions wait
         "Planned": 0,
         "Released": 0,
         "CreatedAt": created,

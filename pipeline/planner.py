@@ -10,14 +10,16 @@ crash leaves duplicates (which workers drop) and never a task without a message.
 
 from __future__ import annotations
 
+import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from azure.core.exceptions import ResourceNotFoundError
 from azure.data.tables import TableTransactionError, UpdateMode
 
-from pipeline import jobs, tasks
+from pipeline import jobs, names, tasks
 from pipeline.clients import Clients
 from pipeline.request import expand
 from pipeline.status import JobState, TaskStatus, transition
@@ -38,7 +40,8 @@ def plan(clients: Clients, job: str) -> None:
             release(clients, job)
         return
     settings = clients.settings
-    specs = expand(jobs.request_of(row), max(settings.max_tasks, int(row["Total"])), settings.tile_stage)
+    specs = expand(jobs.request_of(row), max(settings.max_tasks, int(row["Total"])), settings.tile_stage,
+                   settings.reducers_path)
     planned = int(row["Planned"])
     while planned < len(specs):
         batch = [
@@ -91,7 +94,7 @@ def release(clients: Clients, job: str, *, min_room: float = 0.0) -> int:
     while True:
         if row["State"] != JobState.RUNNING.value:
             break
-        released, total = int(row["Released"]), int(row["Total"])
+        released, total = int(row["Released"]), int(row.get("Tiles", row["Total"]))
         holder = row.get("ReleaserUntil")
         if released >= total or (not holding and holder is not None and holder > tasks.now()):
             break
@@ -151,3 +154,55 @@ def _queue_rows(clients: Clients, job: str, first: int, count: int) -> list[dict
             queued += [r for r in rows if r["Status"] == TaskStatus.QUEUED.value]
             break
     return queued
+
+
+# --- reductions: released when their tile tasks have all ended -----------------------------
+def release_ready(clients: Clients, job: str, seq: int) -> bool:
+    """Release the reduction ``seq`` if every tile task it depends on has ended. Safe from
+    anywhere, any number of times: the move to QUEUED is conditional; the message is sent
+    after it and ``Sent`` recorded after that, so the sweep resends one a crash lost."""
+    try:
+        row = clients.tasks.get_entity(job, names.task_key(seq))
+    except ResourceNotFoundError:
+        return False
+    if row["Status"] == TaskStatus.QUEUED.value and not row.get("Sent"):
+        _send_reduction(clients, job, row)
+        return True
+    if row["Status"] != TaskStatus.PENDING.value:
+        return False
+    first, count = (int(v) for v in json.loads(row["Params"])["deps"].split(","))
+    deps = tasks.list_tasks(clients.tasks, job, first, count)
+    if len(deps) < count or not all(TaskStatus(d["Status"]).terminal for d in deps):
+        return False
+    try:
+        meta = clients.tasks.update_entity(
+            {"PartitionKey": job, "RowKey": row["RowKey"], "QueuedAt": tasks.now(),
+             "Status": transition(row["Status"], TaskStatus.QUEUED).value},
+            mode=UpdateMode.MERGE, **if_match(row.metadata["etag"]))
+    except Exception as exc:
+        if tasks.is_conflict(exc):
+            return False  # another releaser (or a canceller) moved it first
+        raise
+    row.metadata["etag"] = meta["etag"]
+    _send_reduction(clients, job, row)
+    return True
+
+
+def _send_reduction(clients: Clients, job: str, row: Any) -> None:
+    ref = TaskRef(job, row["RowKey"], int(row["Attempt"]))
+    clients.shard_queues[int(row["Shard"])].send_message(ref.encode())
+    try:
+        clients.tasks.update_entity({"PartitionKey": job, "RowKey": row["RowKey"], "Sent": True},
+                                    mode=UpdateMode.MERGE)
+    except ResourceNotFoundError:
+        pass
+
+
+def release_reductions(clients: Clients, job: str) -> int:
+    """The sweep's pass over a job's reductions: release the ready ones, resend the lost."""
+    row = jobs.get(clients, job)
+    first = int(row.get("Tiles", row["Total"]))
+    waiting = [r for r in tasks.list_tasks(clients.tasks, job, first)
+               if r["Status"] == TaskStatus.PENDING.value
+               or (r["Status"] == TaskStatus.QUEUED.value and not r.get("Sent"))]
+    return sum(release_ready(clients, job, int(r["Seq"])) for r in waiting)

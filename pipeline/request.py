@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import date
-from typing import Annotated, Union
+from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, EmailStr, Field, field_validator, model_validator
 from pyproj import CRS
 from pyproj.exceptions import CRSError
 
-from pipeline import stages
+from pipeline import reducers, stages
 from pipeline.grid import Tile
 from pipeline.products import CATALOG, periods
 from pipeline.targets import MAX_TILE_PIXELS, GridSpec, TargetTile
 from pipeline.targets import NATIVE as NATIVE_CRS
+
+REDUCE_STAGE = "reduce"  # registered by worker.reduction
 
 Lon = Annotated[float, Field(ge=-180, le=180, allow_inf_nan=False)]
 Lat = Annotated[float, Field(ge=-90, le=90, allow_inf_nan=False)]
@@ -80,9 +83,13 @@ class Grid(BaseModel):
 
 
 class Reducer(BaseModel):
+    """The scientist's program run over each target tile's whole time span (per product)."""
+
     model_config = ConfigDict(extra="forbid")
     name: Annotated[str, Field(min_length=1, max_length=64)]
     args: Annotated[dict[Annotated[str, Field(max_length=64)], ArgValue], Field(max_length=32)] = {}
+    # if a tile task of the span ends DEAD: "run" on the tiles that exist, or "fail"
+    on_dependency_failure: Literal["run", "fail"] = "fail"
 
 
 class JobRequest(BaseModel):
@@ -109,12 +116,17 @@ class RequestError(ValueError):
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """One task a request expands to: a stage run over one (target tile, date, product)."""
+    """One task a request expands to: a stage run over one (target tile, date, product) —
+    or, for a reduction, over the target tile's tile tasks ``deps`` (first seq, count)."""
 
     stage: str
     product: str
     target: TargetTile
     date: date
+    reduction: int | None = None  # a tile task: the seq of the reduction waiting for it
+    reducer: Reducer | None = None  # a reduction: the program, its args, its failure rule
+    deps: tuple[int, int] = (0, 0)
+    last: date | None = None  # a reduction: the first day of the span's last period
 
     @property
     def tile(self) -> str:
@@ -128,7 +140,14 @@ class TaskSpec:
             "crs": grid.crs, "res": repr(grid.resolution),
             "bounds": ",".join(map(repr, self.target.bounds())),
             "sources": ",".join(t.name for t in self.target.sources()),
-        }
+        } | self._links()
+
+    def _links(self) -> dict[str, str]:
+        if self.reducer is not None:
+            return {"reducer": self.reducer.name, "args": json.dumps(self.reducer.args),
+                    "on_failure": self.reducer.on_dependency_failure, "deps": f"{self.deps[0]},{self.deps[1]}",
+                    "last": self.last.isoformat() if self.last else ""}
+        return {"reduction": str(self.reduction)} if self.reduction is not None else {}
 
 
 def targets_of(request: JobRequest) -> list[TargetTile]:
@@ -149,8 +168,10 @@ def targets_of(request: JobRequest) -> list[TargetTile]:
         raise RequestError(400, "grid.crs", str(exc)) from None
 
 
-def expand(request: JobRequest, max_tasks: int, tile_stage: str = stages.TILE_STAGE) -> list[TaskSpec]:
-    """The tasks of a request, in release order, or a RequestError saying why not."""
+def expand(request: JobRequest, max_tasks: int, tile_stage: str = stages.TILE_STAGE,
+           reducers_path: str = "") -> list[TaskSpec]:
+    """The tasks of a request, in release order — each target tile's dates together, so
+    that its reduction (if any) can run early — then the reductions; or a RequestError."""
     unknown = [p for p in request.products if p not in CATALOG]
     if unknown:
         raise RequestError(
@@ -159,14 +180,17 @@ def expand(request: JobRequest, max_tasks: int, tile_stage: str = stages.TILE_ST
         )
     if len(set(request.products)) != len(request.products):
         raise RequestError(400, "products", "a product is named twice")
-    if request.reducer is not None and request.reducer.name not in stages.REDUCERS:
-        known = ", ".join(sorted(stages.REDUCERS)) or "none registered"
-        raise RequestError(400, "reducer.name", f"unknown reducer {request.reducer.name!r} ({known})")
+    if request.reducer is not None:
+        known = reducers.catalog(reducers_path)
+        if request.reducer.name not in known:
+            names = ", ".join(sorted(known)) or "none installed"
+            raise RequestError(400, "reducer.name", f"unknown reducer {request.reducer.name!r} ({names})")
     if request.end < request.start:
         raise RequestError(400, "end", "the time span is empty: end is before start")
     targets = targets_of(request)
     dates = {p: periods(CATALOG[p], request.start, request.end) for p in request.products}
-    count = len(targets) * sum(len(d) for d in dates.values())
+    groups = len(targets) * len(request.products) if request.reducer else 0
+    count = len(targets) * sum(len(d) for d in dates.values()) + groups
     if count > max_tasks:
         raise RequestError(
             413, "region", f"the request makes {count} tasks, more than the limit of {max_tasks}",
@@ -175,9 +199,15 @@ def expand(request: JobRequest, max_tasks: int, tile_stage: str = stages.TILE_ST
     targets = [t for t in targets if t.sources()]
     if not targets:
         raise RequestError(400, "region", "the region covers no MODIS tile")
-    return [
-        TaskSpec(tile_stage, product, target, day)
-        for product in request.products
-        for day in dates[product]
-        for target in targets
-    ]
+    pairs = [(product, target) for product in request.products for target in targets if dates[product]]
+    tiles = sum(len(dates[product]) for product, _ in pairs)
+    specs: list[TaskSpec] = []
+    reductions: list[TaskSpec] = []
+    for product, target in pairs:
+        first = len(specs)
+        reduction = tiles + len(reductions) if request.reducer else None
+        specs += [TaskSpec(tile_stage, product, target, day, reduction=reduction) for day in dates[product]]
+        if request.reducer:
+            reductions.append(TaskSpec(REDUCE_STAGE, product, target, dates[product][0], reducer=request.reducer,
+                                       deps=(first, len(dates[product])), last=dates[product][-1]))
+    return specs + reductions

@@ -105,6 +105,9 @@ class Settings:
     feed_url: str = ""
     # BAGPIPE_FEEDS: per-product templates as JSON, {"MOD10A2": "ftp://..."} (default none).
     feeds: str = ""
+    # BAGPIPE_REDUCERS_PATH: folders (":"-separated) of scientists' reducer manifests, on top
+    # of the shipped reducers/ (default none).
+    reducers_path: str = ""
     names: names.StorageNames = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -148,6 +151,7 @@ class Settings:
             tile_stage=env.get(names.SETTING_TILE_STAGE, "modis"),
             feed_url=env.get(names.SETTING_FEED_URL, ""),
             feeds=env.get(names.SETTING_FEEDS, ""),
+            reducers_path=env.get(names.SETTING_REDUCERS_PATH, ""),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -180,6 +184,7 @@ class Settings:
             names.SETTING_TILE_STAGE: self.tile_stage,
             names.SETTING_FEED_URL: self.feed_url,
             names.SETTING_FEEDS: self.feeds,
+            names.SETTING_REDUCERS_PATH: self.reducers_path,
         }
         return {k: v for k, v in env.items() if v}
 

@@ -1,7 +1,8 @@
 """The stages a task can run, by name, and what a stage is given and gives back.
 
 A stage is a plain function of a :class:`StageContext`; workers look it up by the name the
-task row carries. Reducers (scientists' programs) register in :data:`REDUCERS`.
+task row carries. Scientists' programs are not stages: they are declared by manifests
+(``pipeline.reducers``) and run by the ``reduce`` stage in a sandbox (``worker.reduction``).
 """
 
 from __future__ import annotations
@@ -52,7 +53,6 @@ class StageContext:
 
 Stage = Callable[[StageContext], None]
 STAGES: dict[str, Stage] = {}
-REDUCERS: dict[str, Stage] = {}
 
 
 def stage(name: str) -> Callable[[Stage], Stage]:

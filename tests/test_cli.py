@@ -79,3 +79,29 @@ def test_up_submit_watch_stop_and_restart(tmp_path: Path) -> None:
         assert status["state"] == "SUCCEEDED" and status["counts"]["SUCCEEDED"] == 2 * 3
     finally:
         stop_up(again, home)
+
+
+def test_run_stage_reproject_then_reduce_with_no_azure(tmp_path: Path) -> None:
+    """A scientist debugging on a laptop: the stages workers run, on local files only."""
+    from bagpipe.feedserver import REAL_DATA
+
+    snow = REAL_DATA / "MOD10A2.A2022033.h09v05.061.2022042050729_Maximum_Snow_Extent.tif"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("Bagpipe", "BAGPIPE"))}
+    tiles = []
+    for west in (-108, -107):
+        tile = tmp_path / f"x{west}.tif"
+        subprocess.run([*CLI, "run-stage", "reproject", "--input", str(snow), "--out", str(tile), "--res", "0.01",
+                        "--bounds", str(west), "35", str(west + 1), "36"], check=True, env=env, capture_output=True)
+        tiles += ["--input", str(tile)]
+    done = subprocess.run([*CLI, "run-stage", "reduce", "--reducer", "snow_fraction", *tiles,
+                           "--out", str(tmp_path / "result")], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(p.name for p in (tmp_path / "result").iterdir()) == ["snow_fraction.png", "snow_fraction.tif"]
+    assert "2 periods" in done.stdout
+    crash = tmp_path / "crash"
+    crash.mkdir()
+    manifest = {"name": "crash", "argv": ["{python}", "-c", "raise SystemExit(5)"]}
+    (crash / "reducer.json").write_text(json.dumps(manifest))
+    failed = subprocess.run([*CLI, "run-stage", "reduce", "--reducer", "crash", "--reducers-path", str(tmp_path),
+                             *tiles, "--out", str(tmp_path / "x")], env=env, capture_output=True, text=True)
+    assert failed.returncode == 1 and "exited with code 5" in failed.stdout

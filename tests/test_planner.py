@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import Counter
 
-from pipeline import jobs, planner, sweep, tasks
+from pipeline import jobs, names, planner, sweep, tasks
 from pipeline.clients import Clients
 from pipeline.request import expand
 from pipeline.settings import Settings
@@ -106,3 +107,33 @@ def test_a_release_slower_than_the_lease_still_sends_each_task_once(settings: Se
     planned.join()
     assert int(jobs.get(fast, job)["Released"]) == settings.window
     assert queue_depth(fast) == settings.window
+
+
+def test_a_reduction_is_released_once_when_its_tiles_have_ended_and_resent_if_lost(clients: Clients) -> None:
+    body = small_request(start="2022-01-01", end="2022-01-20", reducer={"name": "snow_fraction"})
+    job = jobs.submit(clients, body)["PartitionKey"]  # 2 tiles × 3 periods + 2 reductions
+    planner.plan(clients, job)
+    rows = task_rows(clients, job)
+    reductions = [r for r in rows if r["Stage"] == "reduce"]
+    assert [r["Seq"] for r in reductions] == [6, 7] and int(jobs.get(clients, job)["Tiles"]) == 6
+    assert int(jobs.get(clients, job)["Released"]) == 6  # the cursor stops before the reductions
+    first = reductions[0]
+    assert json.loads(first["Params"])["deps"] == "0,3"
+
+    def end(seq: int) -> None:
+        clients.tasks.update_entity({"PartitionKey": job, "RowKey": names.task_key(seq), "Status": "SUCCEEDED"})
+
+    end(0)
+    end(1)
+    assert not planner.release_ready(clients, job, 6)  # one of its tiles still runs
+    end(2)
+    before = queue_depth(clients)
+    assert planner.release_ready(clients, job, 6)
+    assert not planner.release_ready(clients, job, 6)  # once
+    assert queue_depth(clients) == before + 1
+    row = clients.tasks.get_entity(job, names.task_key(6))
+    assert row["Status"] == "QUEUED" and row["Sent"]
+    # a releaser that died between its move to QUEUED and its send: the sweep resends
+    clients.tasks.update_entity({"PartitionKey": job, "RowKey": names.task_key(7), "Status": "QUEUED"})
+    assert planner.release_reductions(clients, job) == 1
+    assert queue_depth(clients) == before + 2 and clients.tasks.get_entity(job, names.task_key(7))["Sent"]

@@ -28,8 +28,8 @@ _PR_SET_PDEATHSIG = 1
 _context = multiprocessing.get_context("forkserver")
 # bagpipe.cli too: a child re-runs the main module (the CLI, for `bagpipe worker`), cheap
 # once its imports are already in the server.
-_context.set_forkserver_preload(["pipeline.stages", "pipeline.tilestage", "pipeline.clients", "worker.child",
-                                 "bagpipe.cli"])
+_context.set_forkserver_preload(["pipeline.stages", "pipeline.tilestage", "worker.reduction", "pipeline.clients",
+                                 "worker.child", "bagpipe.cli"])
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class Outcome:
     cached: bool = False  # the outputs already existed: nothing was computed
 
 
-BUILTIN_STAGE_MODULES = "pipeline.tilestage"
+BUILTIN_STAGE_MODULES = "pipeline.tilestage,worker.reduction"
 
 
 def load_stage_modules(modules: str) -> None:

@@ -137,7 +137,7 @@ class Worker:
             if committed:
                 monitor.record_runtime(self.clients, held.stage, held.params,
                                        (tasks.now() - held.started).total_seconds())
-                self.after_terminal(held.ref.job)
+                self.after_terminal(held)
             return
         failure = outcome.failure or FailureClass.UNKNOWN
         limits = monitor.limits_for(self.settings, held.stage)
@@ -154,7 +154,7 @@ class Worker:
         else:
             lease.delete()
             if after is TaskStatus.DEAD:
-                self.after_terminal(held.ref.job)
+                self.after_terminal(held)
 
     def run_stage(self, held: tasks.Claim, lease: Lease) -> Outcome:
         """Run the attempt's stage in its own process group; kill it if the attempt is
@@ -172,9 +172,12 @@ class Worker:
                 process.kill(self.settings.kill_grace_s)
                 return Outcome(failure=FailureClass.EXECUTION_TIMEOUT, error="revoked")
 
-    def after_terminal(self, job: str) -> None:
-        """A task of ``job`` ended: top up the window, and announce completion if it was
-        the last."""
+    def after_terminal(self, held: tasks.Claim) -> None:
+        """A task ended: release the reduction waiting for it if it was the last it waited
+        for, top up the window, and announce completion if it was the job's last."""
+        job = held.ref.job
+        if "reduction" in held.params:
+            planner.release_ready(self.clients, job, int(held.params["reduction"]))
         planner.release(self.clients, job, min_room=0.25)
         if all_terminal(self.clients, jobs.get(self.clients, job)):
             jobs.announce_done(self.clients, job)

@@ -1,0 +1,134 @@
+"""The sandbox holds: a program that loops forever, allocates without bound, forks without
+bound, writes outside its folder, floods stdout, ignores SIGTERM or exits non-zero ends with
+a clear verdict, leaves nothing running and nothing written outside its folders."""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pipeline.reducers import Limits
+from worker import sandbox
+
+LIMITS = Limits(cpu_s=20, memory_mb=400, file_mb=1, open_files=64, processes=16)
+
+
+def run(tmp_path: Path, code: str, timeout_s: float = 20, **limits: int) -> tuple[sandbox.Result, Path]:
+    work, out, tmp = tmp_path / "work", tmp_path / "out", tmp_path / "tmp"
+    for folder in (work, out, tmp):
+        folder.mkdir(exist_ok=True)
+    result = sandbox.run(
+        [sys.executable, "-c", textwrap.dedent(code)], cwd=work, writable=[out, tmp],
+        stdout=tmp_path / "stdout.txt", stderr=tmp_path / "stderr.txt",
+        limits=Limits(**{**LIMITS.__dict__, **limits}), env={"PATH": "/usr/bin:/bin", "TMPDIR": str(tmp),
+                                                            "OUT": str(out), "MARK": tmp_path.name},
+        timeout_s=timeout_s,
+    )
+    return result, out
+
+
+def leftovers(mark: str) -> list[int]:
+    """Processes whose environment carries this test's mark."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if f"MARK={mark}".encode() in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+def test_a_good_program_writes_its_outputs_and_sees_only_the_environment_given(tmp_path: Path) -> None:
+    result, out = run(tmp_path, """
+        import os, pathlib
+        pathlib.Path(os.environ["OUT"], "result.txt").write_text(",".join(sorted(os.environ)))
+        print("done")
+    """)
+    assert (result.exit_code, result.why) == (0, "")
+    seen = set((out / "result.txt").read_text().split(",")) - {"LC_CTYPE"}  # Python's own locale coercion
+    assert seen == {"MARK", "OUT", "PATH", "TMPDIR"}
+    assert (tmp_path / "stdout.txt").read_text() == "done\n"
+
+
+def test_a_non_zero_exit_is_the_verdict(tmp_path: Path) -> None:
+    result, _ = run(tmp_path, "import sys; print('bad input', file=sys.stderr); sys.exit(3)")
+    assert result.exit_code == 3 and result.why == ""
+    assert "bad input" in (tmp_path / "stderr.txt").read_text()
+
+
+def test_a_program_that_loops_forever_is_stopped_at_its_timeout(tmp_path: Path) -> None:
+    result, _ = run(tmp_path, "while True: pass", timeout_s=1.5)
+    assert result.exit_code < 0 and "timeout" in result.why
+    assert result.seconds < 1.5 + sandbox.GRACE_S + 2
+
+
+def test_one_that_ignores_sigterm_is_killed(tmp_path: Path) -> None:
+    result, _ = run(tmp_path, """
+        import signal, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        while True: time.sleep(0.1)
+    """, timeout_s=1)
+    assert result.exit_code == -9 and "timeout" in result.why
+    assert leftovers(tmp_path.name) == []
+
+
+def test_cpu_time_is_limited(tmp_path: Path) -> None:
+    result, _ = run(tmp_path, "while True: pass", timeout_s=30, cpu_s=1)
+    assert result.exit_code < 0 and ("CPU" in result.why) and result.seconds < 10
+
+
+def test_unbounded_allocation_fails_inside_the_program(tmp_path: Path) -> None:
+    result, _ = run(tmp_path, "blocks = []\nwhile True: blocks.append(bytearray(50_000_000))", memory_mb=300)
+    assert result.exit_code != 0
+    assert "MemoryError" in (tmp_path / "stderr.txt").read_text() or result.exit_code < 0
+
+
+def test_a_fork_bomb_is_bounded_and_leaves_nothing_running(tmp_path: Path) -> None:
+    result, _ = run(tmp_path, """
+        import os, time
+        failures = 0
+        for _ in range(200):
+            try:
+                if os.fork() == 0:
+                    time.sleep(60)
+                    os._exit(0)
+            except OSError:
+                failures += 1
+        print(failures, flush=True)
+        time.sleep(60)
+    """, timeout_s=3, processes=10)
+    assert "timeout" in result.why
+    refused = (tmp_path / "stdout.txt").read_text()
+    assert refused and int(refused) >= 185  # at most 10 processes at once were allowed
+    assert leftovers(tmp_path.name) == []
+
+
+def test_a_flood_of_stdout_is_cut_at_the_file_size_limit(tmp_path: Path) -> None:
+    result, _ = run(tmp_path, "import sys\nwhile True: sys.stdout.write('x' * 65536)", file_mb=1)
+    assert result.exit_code != 0
+    assert (tmp_path / "stdout.txt").stat().st_size <= 1024 * 1024
+
+
+@pytest.mark.skipif(sandbox.landlock_abi() == 0, reason="this kernel has no Landlock")
+def test_it_cannot_write_outside_its_folders(tmp_path: Path) -> None:
+    outside = tmp_path / "outside.txt"
+    result, out = run(tmp_path, f"""
+        import os, pathlib
+        errors = []
+        for target in [{str(outside)!r}, "/tmp/bagpipe-escape-{tmp_path.name}"]:
+            try:
+                pathlib.Path(target).write_text("escaped")
+            except PermissionError as exc:
+                errors.append(type(exc).__name__)
+        pathlib.Path(os.environ["OUT"], "ok.txt").write_text(",".join(errors))
+        pathlib.Path(os.environ["TMPDIR"], "scratch").write_text("fine")
+    """)
+    assert result.exit_code == 0, (tmp_path / "stderr.txt").read_text()
+    assert (out / "ok.txt").read_text() == "PermissionError,PermissionError"
+    assert not outside.exists() and not Path(f"/tmp/bagpipe-escape-{tmp_path.name}").exists()

@@ -1,0 +1,155 @@
+"""The reduction stage ("reduce"): aggregate a target tile's reprojected tiles over the
+request's span and run the scientist's program on them, in the sandbox.
+
+The program gets its inputs in a read-only folder, an empty output folder, a private
+temporary folder and ``task.json`` (what it is run on, the request's arguments, where to
+write). Its exit code is the verdict; its stdout and stderr are kept as log blobs; only the
+regular files it leaves in its output folder that match its manifest's patterns are
+published (to ``products/{job}/``).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import mimetypes
+import shutil
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import rasterio.shutil
+
+from pipeline import names, reducers, stages, tasks
+from pipeline.failures import FailureClass, StageFailure
+from pipeline.stages import StageContext
+from pipeline.status import TaskStatus
+from worker import sandbox
+
+LOG_BYTES = 1024 * 1024  # the tail of stdout/stderr kept as a log blob
+BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+GOOD = (TaskStatus.SUCCEEDED.value, TaskStatus.CACHED.value)
+
+
+def inputs_of(ctx: StageContext) -> tuple[list[dict[str, Any]], list[str]]:
+    """The group's finished tiles (date, blob) and the dates whose tile task did not succeed."""
+    first, count = (int(v) for v in ctx.params["deps"].split(","))
+    ready, missing = [], []
+    for row in tasks.list_tasks(ctx.clients.tasks, ctx.job, first, count):
+        day = json.loads(row["Params"])["date"]
+        outputs = json.loads(row.get("Outputs") or "[]")
+        if row["Status"] in GOOD and outputs:
+            ready.append({"date": day, "blob": outputs[0].removeprefix(names.TILE_OUTPUT_PREFIX)})
+        else:
+            missing.append(day)
+    return ready, missing
+
+
+def _publish_logs(ctx: StageContext, folder: Path) -> None:
+    prefix = names.log_prefix(ctx.job, ctx.task, ctx.attempt)
+    for name in ("stdout.txt", "stderr.txt"):
+        path = folder / name
+        with open(path, "rb") as f:
+            f.seek(max(0, path.stat().st_size - LOG_BYTES))
+            ctx.clients.logs.upload_blob(prefix + name, f.read(), overwrite=True)
+
+
+def _tail(path: Path, chars: int = 600) -> str:
+    text = path.read_text(errors="replace")
+    return text[-chars:].strip()
+
+
+@dataclass(frozen=True)
+class Run:
+    """What a program run left: the sandbox's verdict, its published files, its folder."""
+
+    result: sandbox.Result
+    outputs: list[Path]
+    folder: Path  # holds stdout.txt and stderr.txt
+
+    def failure(self, reducer: reducers.Reducer) -> StageFailure | None:
+        if self.result.exit_code == 0 and not self.result.why:
+            if self.outputs:
+                return None
+            return StageFailure(FailureClass.USER_CODE, f"{reducer.name} exited 0 but left no output matching "
+                                f"{list(reducer.outputs)}")
+        verdict = self.result.why or f"exited with code {self.result.exit_code}"
+        failure = FailureClass.EXECUTION_TIMEOUT if "timeout" in verdict else FailureClass.USER_CODE
+        return StageFailure(failure, f"{reducer.name} {verdict}: {_tail(self.folder / 'stderr.txt')}")
+
+
+def run_program(reducer: reducers.Reducer, tiles: list[tuple[str, Path]], root: Path,
+                task: dict[str, Any]) -> Run:
+    """Stage ``tiles`` ((date, GeoTIFF) pairs) read-only into ``root/inputs``, write
+    ``task.json`` (``task`` plus where things are), run the program in the sandbox and
+    return the files it left in ``root/outputs`` that its manifest names."""
+    inputs, outputs, scratch, work = (root / n for n in ("inputs", "outputs", "tmp", "work"))
+    for folder in (inputs, outputs, scratch, work):
+        folder.mkdir(parents=True)
+    files = []
+    for day, tif in tiles:
+        stem = f"{task.get('product', 'input')}.{day}.{task.get('tile', 'tile')}"
+        if reducer.input_format == "ENVI":
+            staged = inputs / f"{stem}.bin"
+            rasterio.shutil.copy(tif, staged, driver="ENVI")
+            (inputs / f"{stem}.bin.aux.xml").unlink(missing_ok=True)
+        else:
+            staged = inputs / f"{stem}.tif"
+            shutil.copyfile(tif, staged)
+        files.append(str(staged))
+    for staged in inputs.iterdir():
+        staged.chmod(0o444)
+    inputs.chmod(0o555)
+    task_json = root / "task.json"
+    task_json.write_text(json.dumps(task | {
+        "reducer": reducer.name, "dates": [day for day, _ in tiles], "inputs": files,
+        "inputs_dir": str(inputs), "outputs_dir": str(outputs),
+    }, indent=1))
+    env = BASE_ENV | dict(reducer.env) | {"HOME": str(scratch), "TMPDIR": str(scratch), "BAGPIPE_TASK": str(task_json)}
+    result = sandbox.run(reducer.command(inputs, outputs, task_json), cwd=work, writable=[outputs, scratch],
+                         stdout=root / "stdout.txt", stderr=root / "stderr.txt", limits=reducer.limits,
+                         env=env, timeout_s=reducer.timeout_s)
+    made = [p for p in sorted(outputs.rglob("*"))
+            if p.is_file() and not p.is_symlink() and p.resolve().is_relative_to(outputs.resolve())
+            and any(fnmatch.fnmatch(p.name, pattern) for pattern in reducer.outputs)]
+    return Run(result, made, root)
+
+
+@stages.stage("reduce")
+def reduce(ctx: StageContext) -> None:
+    params = ctx.params
+    reducer = reducers.catalog(ctx.clients.settings.reducers_path).get(params["reducer"])
+    if reducer is None:
+        raise StageFailure(FailureClass.USER_CODE, f"reducer {params['reducer']!r} is not installed here")
+    ready, missing = inputs_of(ctx)
+    if missing and params["on_failure"] == "fail":
+        raise StageFailure(FailureClass.DEPENDENCY_FAILED, f"no tile for {', '.join(missing)} "
+                           "(the request says a reduction fails then)")
+    if not ready:
+        raise StageFailure(FailureClass.DEPENDENCY_FAILED, "not one tile of the span was made")
+    with tempfile.TemporaryDirectory(prefix="bagpipe-reduce-") as top:
+        downloads = Path(top, "downloads")
+        downloads.mkdir()
+
+        def download(item: dict[str, Any]) -> tuple[str, Path]:
+            local = downloads / f"{item['date']}.tif"
+            local.write_bytes(ctx.clients.tiles.download_blob(item["blob"]).readall())
+            return item["date"], local
+
+        with ThreadPoolExecutor(8) as pool:  # a task's inputs download in parallel
+            tiles = list(pool.map(download, ready))
+        run = run_program(reducer, tiles, Path(top, "run"), {
+            "job": ctx.job, "task": ctx.task, "product": params["product"], "tile": params["tile"],
+            "crs": params["crs"], "bounds": params["bounds"], "missing_dates": missing,
+            "args": json.loads(params.get("args") or "{}"),
+        })
+        _publish_logs(ctx, run.folder)
+        failure = run.failure(reducer)
+        if failure is not None:
+            raise failure
+        outputs = run.folder / "outputs"
+        for path in run.outputs:
+            kind = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+            ctx.write_output(path.relative_to(outputs).as_posix(), path.read_bytes(), kind)
