@@ -23,10 +23,10 @@ from pathlib import Path
 import numpy as np
 from rasterio.io import MemoryFile
 
-from pipeline.feeds import md5_of
 from pipeline.grid import RADIUS, Tile
 from pipeline.products import CATALOG, Product
 from pipeline.targets import native_transform, sinusoidal
+from pipeline.transfer import md5_of
 
 TEMPLATE = "/{product}.{collection}/{ymd}/{name}"
 REAL_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "modis"

@@ -1,6 +1,7 @@
 """Stages with a known runtime distribution, for ``bench.stragglers``.
 
-Every task sleeps 0.25–0.45 s (fixed by its tile and date). In ``bench_straggle`` 16% of
+Every task sleeps 1.0–1.8 s (fixed by its tile and date): long enough that the run is
+bound by the slots, as a real job's compute is, not by the local storage emulator. In ``bench_straggle`` 16% of
 the tasks (also fixed by tile and date) run 4–10× slower on their first attempt, as the
 ModisAzure paper saw VMs do; a retry runs at normal speed.
 """
@@ -22,7 +23,7 @@ def _draw(ctx: StageContext, salt: str) -> float:
 
 
 def base_seconds(ctx: StageContext) -> float:
-    return 0.25 + 0.2 * _draw(ctx, "base")
+    return 1.0 + 0.8 * _draw(ctx, "base")
 
 
 def slowdown(ctx: StageContext) -> float:

@@ -13,10 +13,10 @@ from datetime import UTC, datetime
 
 from azure.core import MatchConditions
 from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
-from azure.storage.blob import BlobClient, ContainerClient, ContentSettings
+from azure.storage.blob import BlobClient, ContainerClient
 
 from pipeline.failures import FailureClass, StageFailure
-from pipeline.feeds import md5_of
+from pipeline.transfer import Transfers, md5_of
 
 STALE_S = 300.0  # a maker silent this long has died
 WAIT_S = 900.0  # the longest a task waits for another's maker
@@ -32,30 +32,24 @@ class Cached:
     made: bool  # whether this call made it
 
 
-def _read(container: ContainerClient, name: str, want_data: bool) -> Cached | None:
-    blob = container.get_blob_client(name)
+def _read(transfers: Transfers, container: ContainerClient, name: str, want_data: bool) -> Cached | None:
     try:
         if not want_data:
-            props = blob.get_blob_properties()
+            props = container.get_blob_client(name).get_blob_properties()
             return Cached(name, bytes(props.content_settings.content_md5 or b""), None, False)
-        downloader = blob.download_blob()
-        data = downloader.readall()
+        data, md5 = transfers.download(container, name)
     except ResourceNotFoundError:
         return None
-    stored = downloader.properties.content_settings.content_md5
-    if stored and bytes(stored) != md5_of(data):
-        raise StageFailure(FailureClass.CORRUPT_BLOB, f"{container.container_name}/{name}: content does not "
-                           "match its stored MD5")
-    return Cached(name, md5_of(data), data, False)
+    return Cached(name, md5, data, False)
 
 
-def ensure(container: ContainerClient, name: str, make: Callable[[], bytes], content_type: str,
-           want_data: bool = True) -> Cached:
+def ensure(transfers: Transfers, container: ContainerClient, name: str, make: Callable[[], bytes],
+           content_type: str, want_data: bool = True) -> Cached:
     """The blob ``name``: read if it exists, else made by ``make`` — once, whoever asks."""
     marker = container.get_blob_client(name + MARKER_SUFFIX)
     give_up = time.monotonic() + WAIT_S
     while time.monotonic() < give_up:
-        found = _read(container, name, want_data)
+        found = _read(transfers, container, name, want_data)
         if found is not None:
             return found
         try:
@@ -65,13 +59,12 @@ def ensure(container: ContainerClient, name: str, make: Callable[[], bytes], con
             time.sleep(POLL_S)
             continue
         try:
-            if (found := _read(container, name, want_data)) is not None:
+            if (found := _read(transfers, container, name, want_data)) is not None:
                 return found  # made between our read and our marker
             data = make()
             md5 = md5_of(data)
             try:
-                container.upload_blob(name, data, overwrite=False, content_settings=ContentSettings(
-                    content_type=content_type, content_md5=bytearray(md5)))
+                transfers.upload(container, name, data, content_type, overwrite=False)
             except ResourceExistsError:
                 pass  # a maker we took for dead finished after all: same content address
             return Cached(name, md5, data if want_data else None, True)

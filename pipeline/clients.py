@@ -18,6 +18,7 @@ from azure.storage.queue import BinaryBase64EncodePolicy, QueueClient, QueueServ
 
 from pipeline import names
 from pipeline.settings import Settings
+from pipeline.transfer import Transfers
 
 
 @dataclass
@@ -115,9 +116,14 @@ class Clients:
     def logs(self) -> ContainerClient:
         return self.container(names.LOGS_CONTAINER)
 
+    @cached_property
+    def transfers(self) -> Transfers:
+        """Verified, size-shaped blob transfers (every stage's data goes through them)."""
+        return Transfers(self.blob_service)
+
     def close(self) -> None:
         """Close the connection pools (those that were opened)."""
-        for name in ("blob_service", "queue_service", "table_service"):
+        for name in ("transfers", "blob_service", "queue_service", "table_service"):
             if name in self.__dict__:
                 self.__dict__[name].close()
 

@@ -13,10 +13,11 @@ from rasterio.io import MemoryFile
 from pipeline import cache, names
 from pipeline.clients import Clients
 from pipeline.failures import FailureClass, StageFailure
-from pipeline.feeds import Fetched, feed_for, granule_name, md5_of, source_url
+from pipeline.feeds import Fetched, feed_for, granule_name, source_url
 from pipeline.products import CATALOG
 from pipeline.targets import is_modis_sinusoidal
 from pipeline.tasks import now
+from pipeline.transfer import md5_of
 
 
 def template_for(clients: Clients, product: str) -> str:
@@ -67,7 +68,7 @@ def collect(clients: Clients, product: str, tile: str, day: date, want_data: boo
         return verify(got, product)
 
     blob = names.source_blob(product, tile, day, granule_name(product, tile, day))
-    found = cache.ensure(clients.sources, blob, fetch, "image/tiff", want_data)
+    found = cache.ensure(clients.transfers, clients.sources, blob, fetch, "image/tiff", want_data)
     if found.made:
         clients.sources_table.upsert_entity({
             "PartitionKey": product, "RowKey": f"{tile}~{day.isoformat()}", "Blob": found.name, "Url": url,

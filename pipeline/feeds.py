@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import ftplib
-import hashlib
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
@@ -147,7 +146,3 @@ def feed_for(url: str) -> Feed:
     if scheme not in FEEDS:
         raise StageFailure(FailureClass.SOURCE_DOWNLOAD, f"no feed serves {scheme!r} URLs ({url})")
     return FEEDS[scheme]
-
-
-def md5_of(data: bytes) -> bytes:
-    return hashlib.md5(data, usedforsecurity=False).digest()

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
-from azure.storage.blob import ContainerClient, ContentSettings
+from azure.storage.blob import ContainerClient
 
 from pipeline.clients import Clients
 
@@ -43,10 +43,7 @@ class StageContext:
     def write_output(self, name: str, data: bytes, content_type: str) -> str:
         """Upload one output of this attempt; return its blob name."""
         blob = f"{self.output_prefix}{name}"
-        self.products.upload_blob(
-            blob, data, overwrite=True,
-            content_settings=ContentSettings(content_type=content_type),
-        )
+        self.clients.transfers.upload(self.products, blob, data, content_type)
         self.outputs.append(blob)
         return blob
 

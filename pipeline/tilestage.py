@@ -54,6 +54,6 @@ def modis(ctx: StageContext) -> None:
                                                            "TARGET_TILE": params["tile"]})
 
     name = names.tile_blob(key, product, params["tile"], params["date"])
-    made = cache.ensure(ctx.clients.tiles, name, make, "image/tiff", want_data=False)
+    made = cache.ensure(ctx.clients.transfers, ctx.clients.tiles, name, make, "image/tiff", want_data=False)
     ctx.cached = not made.made
     ctx.outputs.append(names.TILE_OUTPUT_PREFIX + name)

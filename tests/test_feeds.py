@@ -17,7 +17,8 @@ from pyftpdlib.servers import FTPServer
 from bagpipe.azurite import ACCOUNT, ACCOUNT_KEY, Azurite
 from bagpipe.feedserver import REAL_DATA, FeedServer
 from pipeline.failures import FailureClass, StageFailure
-from pipeline.feeds import SourceMissing, feed_for, granule_name, md5_of, source_url
+from pipeline.feeds import SourceMissing, feed_for, granule_name, source_url
+from pipeline.transfer import md5_of
 
 DAY = date(2022, 2, 2)  # A2022033: the real MOD10A2 h09v05 granule
 REAL = (REAL_DATA / "MOD10A2.A2022033.h09v05.061.2022042050729_Maximum_Snow_Extent.tif").read_bytes()

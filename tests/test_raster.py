@@ -17,8 +17,9 @@ from rio_cogeo.cogeo import cog_validate
 from bagpipe.feedserver import REAL_DATA, synthesize
 from pipeline.collection import verify
 from pipeline.failures import FailureClass, StageFailure
-from pipeline.feeds import Fetched, md5_of
+from pipeline.feeds import Fetched
 from pipeline.reprojection import Target, cache_key, warp
+from pipeline.transfer import md5_of
 
 SNOW = REAL_DATA / "MOD10A2.A2022033.h09v05.061.2022042050729_Maximum_Snow_Extent.tif"
 RIO = str(Path(sys.executable).with_name("rio"))

@@ -135,7 +135,7 @@ def reduce(ctx: StageContext) -> None:
 
         def download(item: dict[str, Any]) -> tuple[str, Path]:
             local = downloads / f"{item['date']}.tif"
-            local.write_bytes(ctx.clients.tiles.download_blob(item["blob"]).readall())
+            local.write_bytes(ctx.clients.transfers.download(ctx.clients.tiles, item["blob"])[0])
             return item["date"], local
 
         with ThreadPoolExecutor(8) as pool:  # a task's inputs download in parallel

@@ -1,0 +1,101 @@
+"""Verified blob transfers, shaped by the object's size.
+
+Every upload stores the object's MD5 as its Content-MD5 and sends each block with its own
+MD5 (``validate_content``); every download is checked whole against the stored MD5 — a
+mismatch is a ``corrupt_blob_read`` failure (retried), never data handed to a stage. Block
+size and concurrency follow the object's size (:data:`PLANS`): small objects go in one
+request, large ones as blocks or ranges in parallel. The SDK does the transfer (its
+chunking, its retry policy); this module only chooses its settings, once per process: one
+blob client per block size, all on one shared connection pool.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from dataclasses import dataclass
+
+import requests
+from azure.core.pipeline.transport import RequestsTransport
+from azure.storage.blob import BlobServiceClient, ContainerClient, ContentSettings
+
+from pipeline.failures import FailureClass, StageFailure
+
+MiB = 1024 * 1024
+
+
+def md5_of(data: bytes) -> bytes:
+    return hashlib.md5(data, usedforsecurity=False).digest()
+
+
+@dataclass(frozen=True)
+class Plan:
+    block: int  # bytes per block (upload) or range (download); also the single-request limit
+    concurrency: int  # blocks or ranges in flight
+
+
+# (objects up to this size, how to move them)
+PLANS: tuple[tuple[int, Plan], ...] = (
+    (4 * MiB, Plan(4 * MiB, 1)),
+    (64 * MiB, Plan(4 * MiB, 8)),
+    (2**62, Plan(8 * MiB, 16)),
+)
+
+
+def plan_for(size: int) -> Plan:
+    return next(plan for limit, plan in PLANS if size <= limit)
+
+
+class Transfers:
+    """The blob clients of one process, one per block size, sharing a connection pool."""
+
+    def __init__(self, service: BlobServiceClient) -> None:
+        self._service = service
+        self._session = requests.Session()
+        self._session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=32))
+        self._session.mount("https://", requests.adapters.HTTPAdapter(pool_maxsize=32))
+        self._by_block: dict[int, BlobServiceClient] = {}
+        self._lock = threading.Lock()
+
+    def _client(self, block: int) -> BlobServiceClient:
+        with self._lock:
+            if block not in self._by_block:
+                self._by_block[block] = BlobServiceClient(
+                    self._service.url, credential=self._service.credential,
+                    transport=RequestsTransport(session=self._session, session_owner=False),
+                    max_block_size=block, max_single_put_size=block,
+                    max_chunk_get_size=block, max_single_get_size=block,
+                )
+            return self._by_block[block]
+
+    def container(self, container: ContainerClient, block: int) -> ContainerClient:
+        return self._client(block).get_container_client(container.container_name)
+
+    def upload(self, container: ContainerClient, name: str, data: bytes, content_type: str,
+               overwrite: bool = True) -> bytes:
+        """Store ``data`` with its MD5 (checked per block on the way); returns the MD5."""
+        plan = plan_for(len(data))
+        md5 = md5_of(data)
+        self.container(container, plan.block).upload_blob(
+            name, data, overwrite=overwrite, max_concurrency=plan.concurrency, validate_content=True,
+            content_settings=ContentSettings(content_type=content_type, content_md5=bytearray(md5)),
+        )
+        return md5
+
+    def download(self, container: ContainerClient, name: str, size: int | None = None) -> tuple[bytes, bytes]:
+        """The blob's bytes and MD5, checked whole against its stored Content-MD5. Without
+        its ``size``, the plan for large objects: a small one still comes in one request."""
+        plan = plan_for(size) if size is not None else PLANS[-1][1]
+        downloader = self.container(container, plan.block).download_blob(name, max_concurrency=plan.concurrency)
+        data = downloader.readall()
+        md5 = md5_of(data)
+        stored = downloader.properties.content_settings.content_md5
+        if stored and bytes(stored) != md5:
+            raise StageFailure(FailureClass.CORRUPT_BLOB, f"{container.container_name}/{name}: content does "
+                               "not match its stored MD5")
+        return data, md5
+
+    def close(self) -> None:
+        for client in self._by_block.values():
+            client.close()
+        self._session.close()
