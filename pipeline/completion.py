@@ -15,8 +15,6 @@ from email.message import EmailMessage
 from email.utils import make_msgid
 from typing import Any
 
-from azure.storage.blob import ContentSettings
-
 from pipeline import jobs, names, results, tasks
 from pipeline.clients import Clients
 from pipeline.notify import Mailer
@@ -102,10 +100,8 @@ def write_manifest(clients: Clients, row: dict[str, Any], final: JobState) -> di
         "counts": counts,
         "tasks": entries,
     }
-    clients.products.upload_blob(
-        names.manifest_blob(job), json.dumps(found, indent=1).encode(), overwrite=True,
-        content_settings=ContentSettings(content_type="application/json"),
-    )
+    clients.transfers.upload(clients.products, names.manifest_blob(job), json.dumps(found, indent=1).encode(),
+                             "application/json")
     return found
 
 

@@ -40,7 +40,7 @@ def sas_url(clients: Clients, container: str, blob: str) -> str:
 def manifest(clients: Clients, job: str) -> dict[str, Any] | None:
     """The job's manifest as written at completion, or None before it exists."""
     try:
-        data = clients.products.download_blob(names.manifest_blob(job)).readall()
+        data, _ = clients.transfers.download(clients.products, names.manifest_blob(job))
     except ResourceNotFoundError:
         return None
     return json.loads(data)

@@ -53,7 +53,7 @@ def _publish_logs(ctx: StageContext, folder: Path) -> None:
         path = folder / name
         with open(path, "rb") as f:
             f.seek(max(0, path.stat().st_size - LOG_BYTES))
-            ctx.clients.logs.upload_blob(prefix + name, f.read(), overwrite=True)
+            ctx.clients.transfers.upload(ctx.clients.logs, prefix + name, f.read(), "text/plain")
 
 
 def _tail(path: Path, chars: int = 600) -> str:
