@@ -116,7 +116,10 @@ def test_straggler_is_revoked_at_about_4x_and_succeeds_on_retry(settings: Settin
     assert not alive(pid)
     assert json.loads(task["Outputs"]) == [names.output_prefix(job, task["RowKey"], 2) + "summary.json"]
     status = jobs.status(clients, job)
-    assert status["failures"] == {"execution_timeout": 1} and status["monitor_kills"] == 1
+    # (on a loaded machine a normal 0.5 s task may pass 4 × 0.8 s too: it is revoked and retried
+    # like the straggler, and the job still succeeds)
+    assert set(status["failures"]) == {"execution_timeout"}
+    assert status["monitor_kills"] == status["failures"]["execution_timeout"] >= 1
 
 
 def test_stage_that_ignores_sigterm_is_sigkilled_with_its_children(settings: Settings) -> None:
