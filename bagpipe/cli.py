@@ -98,6 +98,10 @@ def submit(
     product: Annotated[Optional[list[str]], typer.Option(help="A product (repeat).")] = None,
     email: Annotated[Optional[str], typer.Option(help="Where to send the notification.")] = None,
     label: Annotated[str, typer.Option(help="A name for the job.")] = "",
+    crs: Annotated[Optional[str], typer.Option(help="Output grid CRS, e.g. EPSG:4326.")] = None,
+    tile_size: Annotated[Optional[float], typer.Option(help="Output tile side, in CRS units.")] = None,
+    resolution: Annotated[Optional[float], typer.Option(help="Output pixel size, in CRS units.")] = None,
+    reducer: Annotated[Optional[str], typer.Option(help="A reduction to run over each tile's span.")] = None,
     api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFAULT_HOME,
 ) -> None:
     """Submit a request (from --file, or from the flags) and print its job id."""
@@ -113,6 +117,11 @@ def submit(
         request["products"] = product
     if label:
         request["label"] = label
+    grid = {k: v for k, v in (("crs", crs), ("tile_size", tile_size), ("resolution", resolution)) if v}
+    if grid:
+        request["grid"] = request.get("grid", {}) | grid
+    if reducer:
+        request["reducer"] = {"name": reducer}
     try:
         created = Api.resolve(api, key, home).submit(request)
     except (ApiError, RuntimeError) as exc:
