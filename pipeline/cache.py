@@ -28,7 +28,7 @@ MARKER_SUFFIX = ".making"
 class Cached:
     name: str
     md5: bytes
-    data: bytes | None  # None when only its existence was asked for
+    data: bytes | None  # None when only its existence was asked for and it was already there
     made: bool  # whether this call made it
 
 
@@ -62,12 +62,11 @@ def ensure(transfers: Transfers, container: ContainerClient, name: str, make: Ca
             if (found := _read(transfers, container, name, want_data)) is not None:
                 return found  # made between our read and our marker
             data = make()
-            md5 = md5_of(data)
             try:
-                transfers.upload(container, name, data, content_type, overwrite=False)
-            except ResourceExistsError:
-                pass  # a maker we took for dead finished after all: same content address
-            return Cached(name, md5, data if want_data else None, True)
+                md5 = transfers.upload(container, name, data, content_type, overwrite=False)
+            except ResourceExistsError:  # a maker we took for dead finished after all: same content address
+                md5 = md5_of(data)
+            return Cached(name, md5, data, True)
         finally:
             try:
                 marker.delete_blob()

@@ -198,10 +198,10 @@ def _send_reduction(clients: Clients, job: str, row: Any) -> None:
         pass
 
 
-def release_reductions(clients: Clients, job: str) -> int:
-    """The sweep's pass over a job's reductions: release the ready ones, resend the lost."""
-    row = jobs.get(clients, job)
-    first = int(row.get("Tiles", row["Total"]))
+def release_reductions(clients: Clients, row: dict[str, Any]) -> int:
+    """The sweep's pass over a job's reductions (``row``: the job row it read): release the
+    ready ones, resend the lost."""
+    job, first = row["PartitionKey"], int(row.get("Tiles", row["Total"]))
     waiting = [r for r in tasks.list_tasks(clients.tasks, job, first)
                if r["Status"] == TaskStatus.PENDING.value
                or (r["Status"] == TaskStatus.QUEUED.value and not r.get("Sent"))]

@@ -34,7 +34,7 @@ def sweep(clients: Clients, mailer: Mailer) -> dict[str, int]:
         state = JobState(row["State"])
         if state is JobState.RUNNING:
             planner.release(clients, job)
-            planner.release_reductions(clients, job)
+            planner.release_reductions(clients, row)
         elif state is JobState.CANCELLING:
             jobs.cancel_tasks(clients, job, _counter)
         if state is not JobState.ACCEPTED:

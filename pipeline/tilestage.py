@@ -35,18 +35,21 @@ def modis(ctx: StageContext) -> None:
     product, day = params["product"], date.fromisoformat(params["date"])
     tiles = params["sources"].split(",")
 
-    def collect_all(want_data: bool) -> list[cache.Cached]:
-        with ThreadPoolExecutor(len(tiles)) as pool:
-            return list(pool.map(lambda tile: collection.collect(ctx.clients, product, tile, day, want_data), tiles))
+    def collect(tile: str, want_data: bool) -> cache.Cached:
+        return collection.collect(ctx.clients, product, tile, day, want_data)
 
-    found = collect_all(want_data=False)  # their digests name the output; no need of their bytes yet
+    with ThreadPoolExecutor(len(tiles)) as pool:  # their digests name the output: no bytes needed yet
+        found = list(pool.map(lambda tile: collect(tile, False), tiles))
     target = target_of(params)
     key = reprojection.cache_key(target, product, CATALOG[product].layer.name, [f.md5.hex() for f in found])
 
     def make() -> bytes:
         with tempfile.TemporaryDirectory(prefix="bagpipe-") as tmp:
             paths = []
-            for source in collect_all(want_data=True):
+            with ThreadPoolExecutor(len(tiles)) as pool:  # those just fetched are in hand already
+                sources = list(pool.map(lambda pair: pair[1] if pair[1].data is not None else collect(pair[0], True),
+                                        zip(tiles, found, strict=True)))
+            for source in sources:
                 path = Path(tmp, source.name.rsplit("/", 1)[-1])
                 path.write_bytes(source.data or b"")
                 paths.append(path)

@@ -135,5 +135,5 @@ def test_a_reduction_is_released_once_when_its_tiles_have_ended_and_resent_if_lo
     assert row["Status"] == "QUEUED" and row["Sent"]
     # a releaser that died between its move to QUEUED and its send: the sweep resends
     clients.tasks.update_entity({"PartitionKey": job, "RowKey": names.task_key(7), "Status": "QUEUED"})
-    assert planner.release_reductions(clients, job) == 1
+    assert planner.release_reductions(clients, jobs.get(clients, job)) == 1
     assert queue_depth(clients) == before + 2 and clients.tasks.get_entity(job, names.task_key(7))["Sent"]
