@@ -10,7 +10,29 @@ REDUCER_C := reducers/max_composite/max_composite
 
 .PHONY: setup demo test lint bench up clean
 
-setup: $(STAMP) node_modules/.bin/azurite $(REDUCER_C)
+# Toxiproxy, the fault-injection proxy of the transfer tests and benchmarks (go install)
+TOXIPROXY := .tools/toxiproxy/server
+
+# the portal's map data, copied from npm packages (served by the API, no CDN)
+VENDOR := portal/vendor/.copied
+# Debian's Chromium, the headless browser the portal's tests drive (Playwright)
+CHROMIUM := /usr/bin/chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+setup: $(STAMP) node_modules/.bin/azurite $(REDUCER_C) $(TOXIPROXY) $(VENDOR)
+
+$(VENDOR): node_modules/.bin/azurite
+	mkdir -p $(@D)
+	cp node_modules/world-atlas/land-50m.json node_modules/topojson-client/dist/topojson-client.min.js $(@D)/
+	touch $@
+
+$(CHROMIUM):
+	$(SUDO) apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends chromium
+
+$(TOXIPROXY): bagpipe/toxiproxy.py | $(STAMP)
+	$(BIN)/python -c "from bagpipe.toxiproxy import install; install()"
+	touch $@
 
 $(REDUCER_C): $(REDUCER_C).c
 	$(CC) -O2 -Wall -Wextra -o $@ $<
@@ -32,7 +54,7 @@ demo: setup
 up: setup
 	$(BIN)/bagpipe up
 
-test: setup
+test: setup $(CHROMIUM)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
@@ -46,4 +68,4 @@ bench: setup
 	$(BIN)/python -m bench.$$m || exit 1; done; fi
 
 clean:
-	rm -rf $(VENV) node_modules .bagpipe out .pytest_cache $(REDUCER_C)
+	rm -rf $(VENV) node_modules .bagpipe out .pytest_cache .tools portal/vendor $(REDUCER_C)

@@ -64,7 +64,7 @@ def up(home: HomeOpt = DEFAULT_HOME,
 
     _logging()
     stack = LocalStack(home, workers=workers, slots=slots).start()
-    console.print(f"bagpipe is up: API {stack.api_url}  (key in {home / 'api-key'})")
+    console.print(f"bagpipe is up: portal {stack.api_url}/  API {stack.api_url}/api  (key in {home / 'api-key'})")
     console.print(f"  mail in {stack.mail.folder}, logs in {home / 'logs'}; Ctrl-C stops it")
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
@@ -75,13 +75,18 @@ def up(home: HomeOpt = DEFAULT_HOME,
 
 
 @app.command()
-def worker(slots: Annotated[int, typer.Option(min=1, help="Tasks run at once.")] = 2) -> None:
-    """Pull and run tasks (settings from the environment) until SIGTERM."""
+def worker(slots: Annotated[int, typer.Option(min=1, help="Tasks run at once.")] = 2,
+           exit_when_idle: Annotated[Optional[float], typer.Option(
+               min=0, help="Exit after this many seconds of empty queues (an event-driven job).")] = None,
+           verbose: bool = False) -> None:
+    """Pull and run tasks (settings from the environment) until SIGTERM (or idle)."""
+    from pipeline import telemetry
     from pipeline.settings import Settings
     from worker.runner import Worker
 
-    _logging()
-    runner = Worker(Settings.from_env(), slots=slots)
+    settings = Settings.from_env()
+    telemetry.setup(settings, verbose)
+    runner = Worker(settings, slots=slots, exit_when_idle=exit_when_idle)
     signal.signal(signal.SIGTERM, lambda *_: runner.stopping.set())
     signal.signal(signal.SIGINT, lambda *_: runner.stopping.set())
     logging.getLogger(__name__).info("worker %s started with %d slots", runner.id, slots)

@@ -20,6 +20,7 @@ from bagpipe import control
 from bagpipe.azurite import Azurite, free_port
 from bagpipe.feedserver import FeedServer
 from bagpipe.mailserver import MailServer
+from pipeline import names
 from pipeline.api import create_app
 from pipeline.clients import clients_for
 from pipeline.settings import Settings
@@ -108,8 +109,8 @@ class LocalStack:
         """A worker's environment: the deployment's settings, and none of the API's or
         the shell's secrets."""
         keep = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR")}
-        env = keep | self.settings.to_env()
-        env.pop("BAGPIPE_API_KEY", None)
+        env = keep | self.settings.to_env() | {names.SETTING_LOG_FORMAT: "json"}
+        env.pop(names.SETTING_API_KEY, None)
         return env
 
     def start_worker(self, index: int) -> subprocess.Popen[bytes]:

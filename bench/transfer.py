@@ -1,74 +1,49 @@
 """Blob transfer speed: the SDK's defaults single-threaded, bagpipe's pick (``pipeline.transfer``)
 and a sweep of block size × concurrency, on loopback and through a WAN made with Toxiproxy
 (30 ms each way, 100 Mbit/s per connection; and 30 ms uncapped); then 4,096 small objects,
-one PUT each vs packed into one blob.
+one request each (sync, async) vs packed into one blob, written and read back.
 
     python -m bench.transfer [--sizes 1,10,100,256] [--quick]
 
-Installs Toxiproxy into ``.bench/bin`` with ``go install`` if it is missing. The last line
+Uses the Toxiproxy ``make setup`` installs (``bagpipe.toxiproxy``). The last line
 is one JSON object with the figures.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
-import shutil
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 from azure.storage.blob import BlobServiceClient, ContainerClient
+from azure.storage.blob.aio import BlobServiceClient as AsyncBlobServiceClient
 
-from bagpipe.azurite import ACCOUNT, ACCOUNT_KEY, Azurite, free_port
+from bagpipe.azurite import ACCOUNT, ACCOUNT_KEY, Azurite
+from bagpipe.toxiproxy import Toxiproxy
+from pipeline import packing
 from pipeline.transfer import MiB, Transfers, plan_for
 
-TOXIPROXY = "github.com/Shopify/toxiproxy/v2/cmd/server@v2.12.0"
-BIN = Path(__file__).resolve().parent.parent / ".bench" / "bin"
 BLOCKS = (256 * 1024, 1 * MiB, 4 * MiB, 8 * MiB)
 CONCURRENCY = (1, 4, 16)
 SMALL, SMALL_COUNT = 32 * 1024, 4096
 
 
-def toxiproxy_server() -> Path:
-    server = BIN / "server"
-    if not server.exists():
-        BIN.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["go", "install", TOXIPROXY], check=True, env=os.environ | {"GOBIN": str(BIN)})
-    return server
-
-
 @contextmanager
 def wan(upstream_port: int, latency_ms: int, rate_kbps: int | None) -> Iterator[int]:
     """A Toxiproxy in front of a local port: yields the port to talk to."""
-    api_port, listen = free_port(), free_port()
-    process = subprocess.Popen([str(toxiproxy_server()), "-host", "127.0.0.1", "-port", str(api_port)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    api = httpx.Client(base_url=f"http://127.0.0.1:{api_port}", timeout=10)
-    try:
-        for _ in range(100):
-            try:
-                api.get("/version")
-                break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        api.post("/proxies", json={"name": "blob", "listen": f"127.0.0.1:{listen}",
-                                   "upstream": f"127.0.0.1:{upstream_port}"}).raise_for_status()
+    with Toxiproxy() as proxy:
+        listen = proxy.proxy("blob", upstream_port)
         for stream in ("upstream", "downstream"):
-            api.post("/proxies/blob/toxics", json={"type": "latency", "stream": stream,
-                                                   "attributes": {"latency": latency_ms}}).raise_for_status()
+            proxy.toxic("blob", "latency", stream, latency=latency_ms)
             if rate_kbps:
-                api.post("/proxies/blob/toxics", json={"name": f"rate_{stream}", "type": "bandwidth", "stream": stream,
-                                                       "attributes": {"rate": rate_kbps}}).raise_for_status()
+                proxy.toxic("blob", "bandwidth", stream, rate=rate_kbps)
         yield listen
-    finally:
-        process.terminate()
-        process.wait(10)
 
 
 def connection(port: int) -> str:
@@ -121,19 +96,55 @@ def network(conn: str, sizes: list[int], quick: bool) -> dict[str, dict]:
     return found
 
 
+async def _each_async(conn: str, work) -> None:  # type: ignore[no-untyped-def]
+    """``work(container, i)`` for every small object, IN_FLIGHT at a time on one event loop."""
+    gate = asyncio.Semaphore(packing.IN_FLIGHT)
+    async with AsyncBlobServiceClient.from_connection_string(conn) as service:
+        container = service.get_container_client("bench")
+
+        async def one(i: int) -> None:
+            async with gate:
+                await work(container, i)
+
+        await asyncio.gather(*(one(i) for i in range(SMALL_COUNT)))
+
+
 def small_objects(conn: str) -> dict[str, float]:
+    """4,096 objects of 32 KiB written and read back: one request each (sync, then async
+    with many in flight), and packed (one blob; read back by coalesced ranges)."""
     payloads = [os.urandom(SMALL) for _ in range(SMALL_COUNT)]
+    packed = b"".join(payloads)
+    members = {f"small/{i}": packing.Member("small.pack", i * SMALL, SMALL, packing.md5_of(p).hex())
+               for i, p in enumerate(payloads)}
+
+    async def put(container, i: int) -> None:  # type: ignore[no-untyped-def]
+        await container.upload_blob(f"small/{i}", payloads[i], overwrite=True)
+
+    async def get(container, i: int) -> None:  # type: ignore[no-untyped-def]
+        assert await (await container.download_blob(f"small/{i}")).readall() == payloads[i]
+
     with BlobServiceClient.from_connection_string(conn) as service:
         container: ContainerClient = service.get_container_client("bench")
-        each = timed(lambda: [container.upload_blob(f"small/{i}", p, overwrite=True) for i, p in enumerate(payloads)])
-        packed = b"".join(payloads)
-        index = {f"small/{i}": [i * SMALL, SMALL] for i in range(SMALL_COUNT)}
         transfers = Transfers(service)
-        listing = json.dumps(index).encode()
-        pack = timed(lambda: (transfers.upload(container, "small.pack", packed, "application/octet-stream"),
-                              transfers.upload(container, "small.pack.json", listing, "application/json")))
+        found = {
+            "put_each_sync_s": timed(lambda: [container.upload_blob(f"small/{i}", p, overwrite=True)
+                                              for i, p in enumerate(payloads)]),
+            "put_each_async_s": timed(lambda: asyncio.run(_each_async(conn, put))),
+            "put_packed_s": timed(lambda: transfers.upload(container, "small.pack", packed,
+                                                           "application/octet-stream")),
+            "get_each_sync_s": timed(lambda: [container.download_blob(f"small/{i}").readall()
+                                              for i in range(SMALL_COUNT)]),
+            "get_each_async_s": timed(lambda: asyncio.run(_each_async(conn, get))),
+            "get_packed_s": timed(lambda: [packing.unpack(span, container.download_blob(
+                span.pack, offset=span.start, length=span.end - span.start).readall())
+                for span in packing.spans(members)]),
+        }
         transfers.close()
-    return {"one_put_each_s": round(each, 2), "packed_s": round(pack, 3), "speedup": round(each / pack, 1)}
+    found = {k: round(v, 3) for k, v in found.items()}
+    found["speedup"] = round(found["put_each_sync_s"] / found["put_packed_s"], 1)
+    found["async_speedup"] = round(found["put_each_sync_s"] / found["put_each_async_s"], 1)
+    found["read_speedup"] = round(found["get_each_sync_s"] / found["get_packed_s"], 1)
+    return found
 
 
 def main() -> None:
@@ -177,10 +188,13 @@ def main() -> None:
                          "wan_uncapped": pick_vs_best("wan_uncapped")},
         "small_packed_speedup": {"loopback": results["loopback_small"]["speedup"],
                                  "wan": results["wan_small"]["speedup"]},
+        "small_async_speedup": {"loopback": results["loopback_small"]["async_speedup"],
+                                "wan": results["wan_small"]["async_speedup"]},
+        "small_packed_read_speedup": {"loopback": results["loopback_small"]["read_speedup"],
+                                      "wan": results["wan_small"]["read_speedup"]},
         "results": results,
     }))
 
 
 if __name__ == "__main__":
-    shutil.which("go") or print("note: Go is needed to install Toxiproxy")
     main()

@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pipeline import jobs, results
 from pipeline.clients import clients_for
+from pipeline.portal import add_portal
 from pipeline.request import JobRequest, RequestError, expand
 from pipeline.settings import Settings
 from pipeline.status import JobState
@@ -165,4 +166,5 @@ def create_app(settings: Settings, *, trust_host_auth: bool = False) -> FastAPI:
             raise HTTPException(409, f"job {job_id} has not finished: {row['State']}")
         return results.with_links(clients, job_id, found)
 
+    add_portal(app, clients, authed)
     return BodyLimit(app, MAX_BODY_BYTES)  # type: ignore[return-value]

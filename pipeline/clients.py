@@ -8,12 +8,15 @@ Azure) and shares one connection pool per process.
 from __future__ import annotations
 
 import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import cached_property
 
 from azure.core.exceptions import ResourceExistsError
 from azure.data.tables import TableClient, TableServiceClient
 from azure.storage.blob import BlobServiceClient, ContainerClient
+from azure.storage.blob.aio import BlobServiceClient as AsyncBlobServiceClient
 from azure.storage.queue import BinaryBase64EncodePolicy, QueueClient, QueueServiceClient
 
 from pipeline import names
@@ -54,6 +57,20 @@ class Clients:
         return TableServiceClient(
             endpoint=self._url("table"), credential=self._credential()
         )
+
+    @asynccontextmanager
+    async def async_blob_service(self) -> AsyncIterator[AsyncBlobServiceClient]:
+        """A new asynchronous blob client (bound to the event loop that uses it), for many
+        small blobs at once; closed, with its credential, on leaving the block."""
+        if self.settings.storage_connection:
+            async with AsyncBlobServiceClient.from_connection_string(self.settings.storage_connection) as service:
+                yield service
+            return
+        from azure.identity.aio import DefaultAzureCredential
+
+        async with DefaultAzureCredential() as credential, \
+                AsyncBlobServiceClient(self._url("blob"), credential=credential) as service:
+            yield service
 
     # --- the resources bagpipe uses, by role -------------------------------------------
     def table(self, name: str) -> TableClient:

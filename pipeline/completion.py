@@ -15,7 +15,7 @@ from email.message import EmailMessage
 from email.utils import make_msgid
 from typing import Any
 
-from pipeline import jobs, names, results, tasks
+from pipeline import jobs, names, packing, results, tasks
 from pipeline.clients import Clients
 from pipeline.notify import Mailer
 from pipeline.status import JobState, TaskStatus
@@ -72,7 +72,8 @@ def complete(clients: Clients, mailer: Mailer, job: str) -> bool:
 
 
 def write_manifest(clients: Clients, row: dict[str, Any], final: JobState) -> dict[str, Any]:
-    """The manifest blob: every task's state and the outputs its committed attempt made."""
+    """The manifest blob: every task's state and the outputs its committed attempt made, and
+    where the small ones are packed."""
     job = row["PartitionKey"]
     entries = []
     counts: dict[str, int] = {}
@@ -99,6 +100,9 @@ def write_manifest(clients: Clients, row: dict[str, Any], final: JobState) -> di
         "total": int(row["Total"]),
         "counts": counts,
         "tasks": entries,
+        "packed": packing.as_manifest(packing.pack(clients, job, (
+            packing.Output(output, *results.locate(clients, output)) for entry in entries for output in entry["outputs"]
+        ))),
     }
     clients.transfers.upload(clients.products, names.manifest_blob(job), json.dumps(found, indent=1).encode(),
                              "application/json")

@@ -9,6 +9,7 @@ from enum import StrEnum
 
 from azure.core.exceptions import (
     HttpResponseError,
+    IncompleteReadError,
     ResourceExistsError,
     ResourceNotFoundError,
     ServiceRequestError,
@@ -67,11 +68,13 @@ def classify(exc: BaseException) -> FailureClass:
         return FailureClass.BLOB_EXISTS
     if isinstance(exc, ResourceNotFoundError):
         return FailureClass.BLOB_READ
-    if isinstance(exc, (ServiceRequestError, ConnectionError)):
+    if isinstance(exc, (ServiceRequestError, ConnectionError, IncompleteReadError)):
         return FailureClass.CONNECTION
     if isinstance(exc, ServiceResponseError):
         return FailureClass.OPERATION_TIMEOUT if "timed out" in str(exc) else FailureClass.CONNECTION
     if isinstance(exc, HttpResponseError):
+        if exc.status_code is None and exc.__cause__ is not None:  # the SDK's wrap of a broken read
+            return classify(exc.__cause__)
         if exc.status_code in (500, 503):
             return FailureClass.SERVER_BUSY
         if exc.status_code == 408:

@@ -160,17 +160,20 @@ def cancel_tasks(clients: Clients, job: str, counter: TerminalCounter) -> None:
                 continue  # a row moved meanwhile; the next pass reads it again
 
 
-def status(clients: Clients, job: str) -> dict[str, Any]:
+def status(clients: Clients, job: str, task_rows: list[dict[str, Any]] | None = None,
+           attempt_rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """What ``GET /api/jobs/{id}`` shows: state, counts per task status and per failure
-    class, progress and timestamps."""
+    class, progress and timestamps (from the rows given, if the caller has read them)."""
     row = get(clients, job)
-    counts: Counter[str] = Counter()
-    for task in tasks.list_tasks(clients.tasks, job):
-        counts[task["Status"]] += 1
+    if task_rows is None:
+        task_rows = tasks.list_tasks(clients.tasks, job)
+    if attempt_rows is None:
+        attempt_rows = list(clients.attempts.query_entities(
+            "PartitionKey eq @pk", parameters={"pk": job}, select=["FailureClass", "RevokedBy"]))
+    counts: Counter[str] = Counter(task["Status"] for task in task_rows)
     failures: Counter[str] = Counter()
     kills = 0
-    for attempt in clients.attempts.query_entities("PartitionKey eq @pk", parameters={"pk": job},
-                                                   select=["FailureClass", "RevokedBy"]):
+    for attempt in attempt_rows:
         if attempt.get("FailureClass"):
             failures[attempt["FailureClass"]] += 1
         kills += attempt.get("RevokedBy") == "monitor"

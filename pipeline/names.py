@@ -42,6 +42,9 @@ SETTING_TILE_STAGE = "BAGPIPE_TILE_STAGE"
 SETTING_FEED_URL = "BAGPIPE_FEED_URL"
 SETTING_FEEDS = "BAGPIPE_FEEDS"
 SETTING_REDUCERS_PATH = "BAGPIPE_REDUCERS_PATH"
+SETTING_LOG_FORMAT = "BAGPIPE_LOG_FORMAT"
+# Application Insights (read by azure-monitor-opentelemetry under this standard name)
+SETTING_APPINSIGHTS = "APPLICATIONINSIGHTS_CONNECTION_STRING"
 
 # The connection name the Functions bindings use: the host reads SETTING_STORAGE* from it.
 BINDING_CONNECTION = SETTING_STORAGE
@@ -120,6 +123,11 @@ def manifest_blob(job: str) -> str:
     return f"{job}/manifest.json"
 
 
+def pack_blob(job: str, number: int) -> str:
+    """One of the job's packs of small outputs in ``products``."""
+    return f"{job}/packs/{number:04d}.pack"
+
+
 def log_prefix(job: str, task: str, attempt: int) -> str:
     """Blob prefix in ``logs`` for one attempt's logs."""
     return f"{job}/{task}/{attempt:03d}/"
@@ -178,6 +186,23 @@ class StorageNames:
         return base + [self.poison_queue(q) for q in base]
 
 
+# Settings the Azure deployment leaves unset: the local stack's connection string (Azure
+# uses the identity-based SETTING_STORAGE_ACCOUNT), namespaces (one deployment per account),
+# the local API key (Functions keys guard the API) and the local SMTP server (ACS sends).
+LOCAL_ONLY_SETTINGS = (SETTING_STORAGE, SETTING_NAMESPACE, SETTING_API_KEY, SETTING_SMTP_HOST, SETTING_SMTP_PORT)
+
+
+def deployed_settings() -> dict[str, str]:
+    """Every app setting the code reads that the deployment sets, by a Bicep-friendly key
+    (``BAGPIPE_KILL_FLOOR_S`` → ``killFloorS``)."""
+    found = {}
+    for name, value in globals().items():
+        if name.startswith("SETTING_") and value not in LOCAL_ONLY_SETTINGS:
+            words = name.removeprefix("SETTING_").lower().split("_")
+            found[words[0] + "".join(w.title() for w in words[1:])] = value
+    return dict(sorted(found.items()))
+
+
 def deployment_names(shards: int) -> dict[str, object]:
     """The names ``infra/bicep`` needs, as it loads them (``names.json``): written by
     ``python -m pipeline.names`` and checked by a test, so Bicep never retypes a name."""
@@ -185,18 +210,10 @@ def deployment_names(shards: int) -> dict[str, object]:
     return {
         "tables": [deployed.table(t) for t in TABLES],
         "queues": deployed.all_queues(shards),
-        "taskQueuePrefix": TASK_QUEUE_PREFIX,
+        "taskQueues": [deployed.shard_queue(i) for i in range(shards)],
         "shards": shards,
         "containers": [deployed.container(c) for c in CONTAINERS],
-        "settings": {
-            "storageAccount": SETTING_STORAGE_ACCOUNT,
-            "shards": SETTING_SHARDS,
-            "window": SETTING_WINDOW,
-            "mailMode": SETTING_MAIL_MODE,
-            "mailSender": SETTING_MAIL_SENDER,
-            "acsEndpoint": SETTING_ACS_ENDPOINT,
-            "sasMinutes": SETTING_SAS_MINUTES,
-        },
+        "settings": deployed_settings(),
         "bindingConnection": BINDING_CONNECTION,
     }
 

@@ -46,7 +46,7 @@ def manifest(clients: Clients, job: str) -> dict[str, Any] | None:
     return json.loads(data)
 
 
-def _container_and_blob(clients: Clients, output: str) -> tuple[str, str]:
+def locate(clients: Clients, output: str) -> tuple[str, str]:
     """Where an output named on a task row lives: a reprojected tile in ``tiles``, anything
     else in ``products``."""
     if output.startswith(names.TILE_OUTPUT_PREFIX):
@@ -55,9 +55,12 @@ def _container_and_blob(clients: Clients, output: str) -> tuple[str, str]:
 
 
 def with_links(clients: Clients, job: str, found: dict[str, Any]) -> dict[str, Any]:
-    """The manifest with a SAS link beside each output and to the manifest itself."""
+    """The manifest with a SAS link beside each output, to each pack of small outputs and to
+    the manifest itself."""
     container = clients.products.container_name
     for task in found["tasks"]:
-        task["links"] = {blob: sas_url(clients, *_container_and_blob(clients, blob)) for blob in task["outputs"]}
+        task["links"] = {blob: sas_url(clients, *locate(clients, blob)) for blob in task["outputs"]}
+    packs = {member["pack"] for member in found.get("packed", {}).values()}
+    found["pack_links"] = {pack: sas_url(clients, container, pack) for pack in sorted(packs)}
     found["manifest_url"] = sas_url(clients, container, names.manifest_blob(job))
     return found

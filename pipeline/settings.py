@@ -108,6 +108,12 @@ class Settings:
     # BAGPIPE_REDUCERS_PATH: folders (":"-separated) of scientists' reducer manifests, on top
     # of the shipped reducers/ (default none).
     reducers_path: str = ""
+    # BAGPIPE_LOG_FORMAT: "text" (default) or "json" (one object per line, with the job,
+    # task, attempt and stage of the record).
+    log_format: str = "text"
+    # APPLICATIONINSIGHTS_CONNECTION_STRING: where OpenTelemetry traces, logs and metrics go
+    # (Azure Monitor); default none: telemetry stays in the logs.
+    appinsights_connection: str = ""
     names: names.StorageNames = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -116,6 +122,8 @@ class Settings:
                 f"no storage configured: set {names.SETTING_STORAGE} (a connection string) "
                 f"or {names.SETTING_STORAGE_ACCOUNT}"
             )
+        if self.log_format not in ("text", "json"):
+            raise ValueError(f"{names.SETTING_LOG_FORMAT}={self.log_format!r}: text or json")
         if self.mail_mode not in ("smtp", "acs", "none"):
             raise ValueError(f"{names.SETTING_MAIL_MODE}={self.mail_mode!r}: smtp, acs or none")
         object.__setattr__(self, "names", names.StorageNames(self.namespace))
@@ -134,9 +142,9 @@ class Settings:
             lease_seconds=_int(env, names.SETTING_LEASE_SECONDS, 30, minimum=3),
             api_key=env.get(names.SETTING_API_KEY, ""),
             sas_minutes=_int(env, names.SETTING_SAS_MINUTES, 60),
-            mail_mode=env.get(names.SETTING_MAIL_MODE, "none"),
-            mail_sender=env.get(names.SETTING_MAIL_SENDER, "bagpipe@localhost"),
-            smtp_host=env.get(names.SETTING_SMTP_HOST, "127.0.0.1"),
+            mail_mode=env.get(names.SETTING_MAIL_MODE) or "none",
+            mail_sender=env.get(names.SETTING_MAIL_SENDER) or "bagpipe@localhost",
+            smtp_host=env.get(names.SETTING_SMTP_HOST) or "127.0.0.1",
             smtp_port=_int(env, names.SETTING_SMTP_PORT, 8025),
             acs_endpoint=env.get(names.SETTING_ACS_ENDPOINT, ""),
             kill_factor=_float(env, names.SETTING_KILL_FACTOR, 4.0, minimum=1.0),
@@ -148,10 +156,12 @@ class Settings:
             monitor_interval_s=_float(env, names.SETTING_MONITOR_INTERVAL, 5.0, minimum=0.1),
             stage_limits=env.get(names.SETTING_STAGE_LIMITS, ""),
             stage_modules=env.get(names.SETTING_STAGE_MODULES, ""),
-            tile_stage=env.get(names.SETTING_TILE_STAGE, "modis"),
+            tile_stage=env.get(names.SETTING_TILE_STAGE) or "modis",
             feed_url=env.get(names.SETTING_FEED_URL, ""),
             feeds=env.get(names.SETTING_FEEDS, ""),
             reducers_path=env.get(names.SETTING_REDUCERS_PATH, ""),
+            log_format=env.get(names.SETTING_LOG_FORMAT) or "text",
+            appinsights_connection=env.get(names.SETTING_APPINSIGHTS, ""),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -185,6 +195,8 @@ class Settings:
             names.SETTING_FEED_URL: self.feed_url,
             names.SETTING_FEEDS: self.feeds,
             names.SETTING_REDUCERS_PATH: self.reducers_path,
+            names.SETTING_LOG_FORMAT: self.log_format,
+            names.SETTING_APPINSIGHTS: self.appinsights_connection,
         }
         return {k: v for k, v in env.items() if v}
 

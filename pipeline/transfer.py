@@ -16,10 +16,11 @@ import threading
 from dataclasses import dataclass
 
 import requests
+from azure.core.exceptions import HttpResponseError
 from azure.core.pipeline.transport import RequestsTransport
-from azure.storage.blob import BlobServiceClient, ContainerClient, ContentSettings
+from azure.storage.blob import BlobServiceClient, ContainerClient, ContentSettings, ExponentialRetry
 
-from pipeline.failures import FailureClass, StageFailure
+from pipeline.failures import FailureClass, StageFailure, classify
 
 MiB = 1024 * 1024
 
@@ -48,11 +49,20 @@ def plan_for(size: int) -> Plan:
     return next(plan for limit, plan in PLANS if size <= limit)
 
 
-class Transfers:
-    """The blob clients of one process, one per block size, sharing a connection pool."""
+def retry_policy(total: int = 5) -> ExponentialRetry:
+    """The SDK's storage retry, with waits sized for a worker (about 0.5, 2.5, 4.5, 8.5… s
+    rather than the SDK's 15, 18, 24 s): a reset or stalled connection is retried on a new
+    one, each block or range on its own; what outlasts it fails the attempt, classified."""
+    return ExponentialRetry(initial_backoff=0.5, increment_base=2, retry_total=total, random_jitter_range=0.5)
 
-    def __init__(self, service: BlobServiceClient) -> None:
+
+class Transfers:
+    """The blob clients of one process, one per block size, sharing a connection pool.
+    ``read_timeout`` bounds a stalled socket read (not a whole transfer)."""
+
+    def __init__(self, service: BlobServiceClient, read_timeout: float = 60, retries: int = 5) -> None:
         self._service = service
+        self._read_timeout, self._retries = read_timeout, retries
         self._session = requests.Session()
         self._session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=32))
         self._session.mount("https://", requests.adapters.HTTPAdapter(pool_maxsize=32))
@@ -64,7 +74,9 @@ class Transfers:
             if block not in self._by_block:
                 self._by_block[block] = BlobServiceClient(
                     self._service.url, credential=self._service.credential,
-                    transport=RequestsTransport(session=self._session, session_owner=False),
+                    transport=RequestsTransport(session=self._session, session_owner=False,
+                                                connection_timeout=20, read_timeout=self._read_timeout),
+                    retry_policy=retry_policy(self._retries),
                     max_block_size=block, max_single_put_size=block,
                     max_chunk_get_size=block, max_single_get_size=block,
                 )
@@ -86,7 +98,21 @@ class Transfers:
 
     def download(self, container: ContainerClient, name: str, size: int | None = None) -> tuple[bytes, bytes]:
         """The blob's bytes and MD5, checked whole against its stored Content-MD5. Without
-        its ``size``, the plan for large objects: a small one still comes in one request."""
+        its ``size``, the plan for large objects: a small one still comes in one request.
+
+        The SDK retries a range whose connection breaks mid-body only three times, whatever
+        its retry policy; a range that exhausts them restarts the download, up to ``retries``
+        downloads in all, before the broken connection fails the attempt."""
+        attempt = 1
+        while True:
+            try:
+                return self._download_once(container, name, size)
+            except HttpResponseError as error:
+                if attempt >= self._retries or classify(error) is not FailureClass.CONNECTION:
+                    raise
+                attempt += 1
+
+    def _download_once(self, container: ContainerClient, name: str, size: int | None) -> tuple[bytes, bytes]:
         plan = plan_for(size) if size is not None else PLANS[-1][1]
         downloader = self.container(container, plan.block).download_blob(name, max_concurrency=plan.concurrency)
         data = downloader.readall()

@@ -25,7 +25,7 @@ from tests.functions_index import index_app, user_function
 def app_env(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     for key, value in settings.to_env().items():
         monkeypatch.setenv(key, value)
-    from function_app import runtime
+    from functions import runtime
 
     for cached in (runtime.settings, runtime.mailer, runtime.asgi):
         cached.cache_clear()
@@ -36,8 +36,10 @@ def app_env(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any
 
 def test_functions_triggers_and_connections() -> None:
     _, functions = index_app()
-    assert set(functions) == {"api", "planner", "completion", "monitor", "monitor_sweep", "monitor_keeper",
-                              "monitor_restart"}
+    assert set(functions) == {"api", "portal", "planner", "completion", "monitor", "monitor_sweep",
+                              "monitor_keeper", "monitor_restart"}
+    (page,) = [b for b in functions["portal"]["bindings"] if b["type"] == "httpTrigger"]
+    assert page["route"] == "portal/{*path}" and page["authLevel"].lower() == "anonymous"
     (http,) = [b for b in functions["api"]["bindings"] if b["type"] == "httpTrigger"]
     assert http["route"] == "{*route}" and http["authLevel"].lower() == "function"
     assert set(http["methods"]) == {"GET", "POST"}
@@ -70,6 +72,14 @@ def test_http_function_serves_the_api(app_env: Any, settings: Settings, clients:
     job = json.loads(accepted.get_body())["job"]
     shown = call({"x-functions-key": settings.api_key}, "GET", f"/api/jobs/{job}")
     assert json.loads(shown.get_body())["state"] == "ACCEPTED"
+
+    # the portal's page and scripts come through its anonymous function; its data does not
+    portal = user_function(app_env, "portal")
+    for path, kind in (("/portal/", "text/html"), ("/portal/app.js", "javascript")):
+        page = asyncio.run(portal(func.HttpRequest(method="GET", url=f"http://localhost{path}", headers={},
+                                                   body=b""), _context()))
+        assert page.status_code == 200 and kind in page.headers["content-type"], path
+    assert call({}, "GET", "/api/catalog").status_code == 401
 
 
 def test_planner_and_completion_functions_run_the_pipeline(

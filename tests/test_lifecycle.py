@@ -62,9 +62,14 @@ def test_submit_run_complete_notify_download(azurite: Azurite, settings: Setting
         # the digest of the very source blob it names
         results = http.get(f"/api/jobs/{job}/results").json()
         assert len(results["tasks"]) == total
+        # the small outputs are packed too: one pack, one ranged read for the whole job
+        assert set(results["packed"]) == {o for task in results["tasks"] for o in task["outputs"]}
+        assert len(results["pack_links"]) == 1
+        direct: dict[str, bytes] = {}
         for task in results["tasks"]:
             assert task["status"] == "SUCCEEDED" and len(task["outputs"]) == 1
             (_blob, link), = task["links"].items()
+            direct[task["task"]] = httpx.get(link).content
             query = parse_qs(urlparse(link).query)
             expiry = datetime.fromisoformat(query["se"][0].replace("Z", "+00:00"))
             assert expiry - datetime.now(UTC) < timedelta(minutes=61)
@@ -88,8 +93,9 @@ def test_submit_run_complete_notify_download(azurite: Azurite, settings: Setting
         manifest = json.loads((out / "manifest.json").read_text())
         files = [f for task in manifest["tasks"] for f in task["files"]]
         assert len(files) == total
-        for f in files:
-            assert json.loads((out / f).read_text())["sha256"]
+        for task in manifest["tasks"]:  # unpacked from the pack, the same bytes as each link gives
+            (local,) = task["files"]
+            assert (out / local).read_bytes() == direct[task["task"]]
         refused = subprocess.run([*cli, "status", job, "--api", stack.api_url, "--key", "nope"],
                                  capture_output=True, text=True)
         assert refused.returncode == 1 and "401" in refused.stdout

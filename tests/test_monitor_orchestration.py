@@ -13,7 +13,7 @@ from typing import Any
 import azure.durable_functions as df
 from azure.durable_functions.testing import orchestrator_generator_wrapper
 
-from function_app.monitor import MONITOR_INSTANCE, SWEEP_ACTIVITY, ensure_monitor
+from functions.monitor import MONITOR_INSTANCE, SWEEP_ACTIVITY, ensure_monitor
 from tests.functions_index import index_app, user_function
 
 T0 = datetime(2026, 11, 22, 7, 0, 0, tzinfo=UTC)

@@ -20,7 +20,7 @@ from typing import Any
 
 from azure.storage.queue import QueueClient, QueueMessage
 
-from pipeline import jobs, monitor, names, planner, tasks
+from pipeline import jobs, monitor, names, planner, tasks, telemetry
 from pipeline.clients import Clients, clients_for
 from pipeline.completion import all_terminal
 from pipeline.failures import FailureClass
@@ -37,12 +37,15 @@ RETRY_BACKOFF_S = (2, 10, 30)  # visibility delay before attempt 2, 3, 4+
 
 class Worker:
     def __init__(self, settings: Settings, slots: int = 2, worker_id: str | None = None,
-                 idle_sleep: float = 0.5) -> None:
+                 idle_sleep: float = 0.5, exit_when_idle: float | None = None) -> None:
         self.clients: Clients = clients_for(settings)
         self.settings = settings
         self.slots = slots
         self.id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.idle_sleep = idle_sleep
+        # stop after this many seconds with every shard empty and no task in hand (an
+        # event-driven execution in Azure Container Apps ends when the work is done)
+        self.exit_when_idle = exit_when_idle
         self.stopping = threading.Event()
         self._free = threading.Semaphore(slots)
         self._counters = [tasks.TerminalCounter(f"{self.id}-{i}") for i in range(slots)]
@@ -55,6 +58,7 @@ class Worker:
         queues = self.clients.shard_queues
         shard = 0
         idle = 0
+        last_work = time.monotonic()
         with ThreadPoolExecutor(self.slots, thread_name_prefix="slot") as pool:
             while not self.stopping.is_set():
                 free = 0
@@ -79,9 +83,19 @@ class Worker:
                 for message in batch:
                     pool.submit(self._slot, queue, message)
                 idle = 0 if batch else idle + 1
+                if batch or self._busy():
+                    last_work = time.monotonic()
                 if idle >= len(queues):  # every shard was empty: wait a little
+                    if self.exit_when_idle is not None and time.monotonic() - last_work >= self.exit_when_idle:
+                        log.info("worker %s: queues idle for %.0f s, exiting", self.id, self.exit_when_idle)
+                        self.stopping.set()
+                        break
                     self.stopping.wait(self.idle_sleep)
                     idle = 0
+
+    def _busy(self) -> bool:
+        with self._pool_lock:
+            return len(self._counter_pool) < self.slots  # a slot holds a task
 
     def _slot(self, queue: QueueClient, message: QueueMessage) -> None:
         with self._pool_lock:
@@ -119,6 +133,12 @@ class Worker:
             queue.delete_message(message)
             return
         self.handled += 1
+        with telemetry.attempt_scope(held.ref.job, held.ref.task, held.ref.attempt, held.stage):
+            self._attempt(queue, message, counter, held, deadline)
+
+    def _attempt(self, queue: QueueClient, message: QueueMessage, counter: tasks.TerminalCounter,
+                 held: tasks.Claim, deadline: dict[str, Any]) -> None:
+        """Run a claimed attempt under its lease; commit, fail or give it up."""
         with Lease(self.clients, queue, message, held, deadline["kill_at"], deadline["key"]) as lease:
             outcome = self.run_stage(held, lease)
         lease.end()
@@ -134,9 +154,10 @@ class Worker:
             committed = tasks.commit(self.clients, counter, held, status, outcome.outputs)
             log.info("%s %s", held.ref, "committed" if committed else "revoked: output discarded")
             lease.delete()
+            seconds = (tasks.now() - held.started).total_seconds()
+            telemetry.attempt_ended(held.stage, status.value if committed else "DISCARDED", seconds)
             if committed:
-                monitor.record_runtime(self.clients, held.stage, held.params,
-                                       (tasks.now() - held.started).total_seconds())
+                monitor.record_runtime(self.clients, held.stage, held.params, seconds)
                 self.after_terminal(held)
             return
         failure = outcome.failure or FailureClass.UNKNOWN
@@ -146,6 +167,7 @@ class Worker:
             budget = held.ref.attempt  # the same input failed the same way twice: give up
         after = tasks.fail(self.clients, counter, held, failure.value, outcome.error, budget)
         log.info("%s failed (%s): %s -> %s", held.ref, failure.value, outcome.error[:200], after)
+        telemetry.attempt_ended(held.stage, failure.value, (tasks.now() - held.started).total_seconds())
         if after is TaskStatus.QUEUED:
             # The same message now names the next attempt, visible again after a backoff.
             backoff = RETRY_BACKOFF_S[min(held.ref.attempt, len(RETRY_BACKOFF_S)) - 1]

@@ -1,155 +1,165 @@
-// bagpipe on Azure: storage (the queues, tables and containers the code names), the
-// Function App (API, planner, completion, sweep) on Flex Consumption with a managed
-// identity, and monitoring. Every storage name comes from names.json, which
-// `python -m pipeline.names` writes from the code's one names module.
-// Deploy: az deployment group create -g RG -f infra/bicep/main.bicep -p prefix=bagpipe
+// bagpipe on Azure, from one command (docs/deploy.md):
+//   az deployment group create -g RG -f infra/bicep/main.bicep -p prefix=bagpipe
+// Storage (the queues, tables and containers the code names, loaded from names.json, which
+// `python -m pipeline.names` writes from the code's one names module), the Function App
+// (API and portal, planner, completion, monitor), the workers (a Container Apps Job scaled
+// from zero on the task queues), email (Communication Services), monitoring (Application
+// Insights on Log Analytics). Everything reaches storage by managed identity.
 
 @description('Short prefix of every resource name (lowercase letters and digits).')
 @minLength(3)
 @maxLength(11)
 param prefix string = 'bagpipe'
 
-@description('Azure region.')
+@description('Azure region of everything but email (which is global).')
 param location string = resourceGroup().location
 
-@description('Most tasks of one job in the queues at once.')
-param window int = 256
+@description('Where Communication Services keep their data (a geography: Europe, United States…).')
+param emailDataLocation string = 'Europe'
 
-@description('Sender address of the completion emails (an Azure Communication Services domain).')
-param mailSender string = ''
+@description('Send the completion emails (Communication Services with an Azure-managed domain).')
+param email bool = true
 
-@description('Azure Communication Services endpoint; empty: no email.')
-param acsEndpoint string = ''
+@description('Local part of the sender address.')
+param emailSender string = 'DoNotReply'
+
+@description('Days the data containers (sources, tiles, products, logs) keep a blob; 0: forever.')
+param retentionDays int = 90
+
+@description('The MODIS feed: a URL template (pipeline/feeds.py), e.g. a NASA archive or a container of granules.')
+param feedUrl string = ''
+
+@description('The worker image in this deployment\'s registry (empty until the first `az acr build`).')
+param workerImage string = ''
+
+@description('vCPUs of one worker.')
+param workerCpu string = '2'
+
+@description('Memory of one worker.')
+param workerMemory string = '4Gi'
+
+@description('Most worker executions at once.')
+param workerMaxReplicas int = 20
+
+@description('Tasks one worker runs at once.')
+param workerSlots int = 2
+
+@description('Most Function App instances at once.')
+param functionMaxInstances int = 40
+
+@description('Overrides of the code\'s defaults by names.json settings key, e.g. {"killFactor": "3", "window": "512"}; anything unset keeps the code\'s default.')
+param tuning object = {}
 
 var names = loadJsonContent('names.json')
 var suffix = uniqueString(resourceGroup().id)
-var storageName = take('${prefix}${suffix}', 24)
-
-resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' = {
-  name: storageName
-  location: location
-  kind: 'StorageV2'
-  sku: { name: 'Standard_LRS' }
-  properties: {
-    allowSharedKeyAccess: false
-    allowBlobPublicAccess: false
-    minimumTlsVersion: 'TLS1_2'
-    supportsHttpsTrafficOnly: true
-  }
-}
-
-resource blobService 'Microsoft.Storage/storageAccounts/blobServices@2023-05-01' = {
-  parent: storage
-  name: 'default'
-}
-
-resource containers 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' = [for c in names.containers: {
-  parent: blobService
-  name: c
-}]
-
-resource deploymentContainer 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' = {
-  parent: blobService
-  name: 'app-package'
-}
-
-resource queueService 'Microsoft.Storage/storageAccounts/queueServices@2023-05-01' = {
-  parent: storage
-  name: 'default'
-}
-
-resource queues 'Microsoft.Storage/storageAccounts/queueServices/queues@2023-05-01' = [for q in names.queues: {
-  parent: queueService
-  name: q
-}]
-
-resource tableService 'Microsoft.Storage/storageAccounts/tableServices@2023-05-01' = {
-  parent: storage
-  name: 'default'
-}
-
-resource tables 'Microsoft.Storage/storageAccounts/tableServices/tables@2023-05-01' = [for t in names.tables: {
-  parent: tableService
-  name: t
-}]
-
-resource logs 'Microsoft.OperationalInsights/workspaces@2023-09-01' = {
-  name: '${prefix}-logs-${suffix}'
-  location: location
-  properties: {
-    sku: { name: 'PerGB2018' }
-    retentionInDays: 30
-  }
-}
-
-resource insights 'Microsoft.Insights/components@2020-02-02' = {
-  name: '${prefix}-ai-${suffix}'
-  location: location
-  kind: 'web'
-  properties: {
-    Application_Type: 'web'
-    WorkspaceResourceId: logs.id
-  }
-}
-
-resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
-  name: '${prefix}-plan-${suffix}'
-  location: location
-  kind: 'functionapp'
-  sku: { tier: 'FlexConsumption', name: 'FC1' }
-  properties: { reserved: true }
-}
-
-resource functions 'Microsoft.Web/sites@2024-04-01' = {
-  name: '${prefix}-fn-${suffix}'
-  location: location
-  kind: 'functionapp,linux'
-  identity: { type: 'SystemAssigned' }
-  properties: {
-    serverFarmId: plan.id
-    httpsOnly: true
-    functionAppConfig: {
-      deployment: {
-        storage: {
-          type: 'blobContainer'
-          value: '${storage.properties.primaryEndpoints.blob}app-package'
-          authentication: { type: 'SystemAssignedIdentity' }
-        }
-      }
-      scaleAndConcurrency: { maximumInstanceCount: 40, instanceMemoryMB: 2048 }
-      runtime: { name: 'python', version: '3.11' }
-    }
-    siteConfig: {
-      appSettings: [
-        { name: 'AzureWebJobsStorage__accountName', value: storage.name }
-        { name: names.settings.storageAccount, value: storage.name }
-        { name: names.settings.shards, value: string(names.shards) }
-        { name: names.settings.window, value: string(window) }
-        { name: names.settings.mailMode, value: empty(acsEndpoint) ? 'none' : 'acs' }
-        { name: names.settings.mailSender, value: mailSender }
-        { name: names.settings.acsEndpoint, value: acsEndpoint }
-        { name: 'APPLICATIONINSIGHTS_CONNECTION_STRING', value: insights.properties.ConnectionString }
-      ]
-    }
-  }
-}
-
-// The narrowest data roles the app needs on its own account.
 var roles = {
-  blobOwner: 'b7e6dc6d-f1e8-4753-8033-0f276bb0955b' // Storage Blob Data Owner (deployment package, SAS delegation)
+  blobOwner: 'b7e6dc6d-f1e8-4753-8033-0f276bb0955b' // Storage Blob Data Owner: host storage, packages, SAS delegation
+  blobContributor: 'ba92f5b4-2d11-453d-a403-e96b0029c9fe' // Storage Blob Data Contributor
   queueContributor: '974c5e8b-45b9-4653-ba55-5f855dd0fb88' // Storage Queue Data Contributor
   tableContributor: '0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3' // Storage Table Data Contributor
 }
 
-resource grants 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for role in items(roles): {
-  name: guid(storage.id, functions.id, role.value)
-  scope: storage
-  properties: {
-    principalId: functions.identity.principalId
-    principalType: 'ServicePrincipal'
-    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', role.value)
-  }
-}]
+module storage 'modules/storage.bicep' = {
+  name: 'storage'
+  params: { name: take('${prefix}${suffix}', 24), location: location, retentionDays: retentionDays }
+}
 
-output apiUrl string = 'https://${functions.properties.defaultHostName}/api'
-output storageAccount string = storage.name
+module monitoring 'modules/monitoring.bicep' = {
+  name: 'monitoring'
+  params: { prefix: prefix, suffix: suffix, location: location, retentionDays: min(retentionDays, 730) }
+}
+
+module mail 'modules/email.bicep' = if (email) {
+  name: 'email'
+  params: { prefix: prefix, suffix: suffix, dataLocation: emailDataLocation, senderUsername: emailSender }
+}
+
+// Every app setting the code reads (names.json "settings"), the same for the Function App
+// and the workers. An empty value means the code's default.
+var settings = {
+  '${names.settings.storageAccount}': storage.outputs.name
+  '${names.settings.shards}': string(names.shards)
+  '${names.settings.window}': contains(tuning, 'window') ? tuning.window : ''
+  '${names.settings.maxTasks}': contains(tuning, 'maxTasks') ? tuning.maxTasks : ''
+  '${names.settings.maxAttempts}': contains(tuning, 'maxAttempts') ? tuning.maxAttempts : ''
+  '${names.settings.leaseSeconds}': contains(tuning, 'leaseSeconds') ? tuning.leaseSeconds : ''
+  '${names.settings.sasMinutes}': contains(tuning, 'sasMinutes') ? tuning.sasMinutes : ''
+  '${names.settings.mailMode}': email ? 'acs' : 'none'
+  '${names.settings.mailSender}': email ? mail.outputs.sender : ''
+  '${names.settings.acsEndpoint}': email ? mail.outputs.endpoint : ''
+  '${names.settings.killFactor}': contains(tuning, 'killFactor') ? tuning.killFactor : ''
+  '${names.settings.killSigmas}': contains(tuning, 'killSigmas') ? tuning.killSigmas : ''
+  '${names.settings.killFloor}': contains(tuning, 'killFloor') ? tuning.killFloor : ''
+  '${names.settings.killCeiling}': contains(tuning, 'killCeiling') ? tuning.killCeiling : ''
+  '${names.settings.minSamples}': contains(tuning, 'minSamples') ? tuning.minSamples : ''
+  '${names.settings.killGrace}': contains(tuning, 'killGrace') ? tuning.killGrace : ''
+  '${names.settings.monitorInterval}': contains(tuning, 'monitorInterval') ? tuning.monitorInterval : ''
+  '${names.settings.stageLimits}': contains(tuning, 'stageLimits') ? tuning.stageLimits : ''
+  '${names.settings.stageModules}': contains(tuning, 'stageModules') ? tuning.stageModules : ''
+  '${names.settings.tileStage}': contains(tuning, 'tileStage') ? tuning.tileStage : ''
+  '${names.settings.feedUrl}': feedUrl
+  '${names.settings.feeds}': contains(tuning, 'feeds') ? tuning.feeds : ''
+  '${names.settings.reducersPath}': '/opt/bagpipe/reducers' // scientists' reducers in the worker image
+  '${names.settings.logFormat}': 'json'
+  '${names.settings.appinsights}': monitoring.outputs.connectionString
+}
+
+module functions 'modules/functions.bicep' = {
+  name: 'functions'
+  params: {
+    prefix: prefix
+    suffix: suffix
+    location: location
+    storageName: storage.outputs.name
+    blobEndpoint: storage.outputs.blobEndpoint
+    settings: settings
+    maxInstances: functionMaxInstances
+  }
+}
+
+module workers 'modules/workers.bicep' = {
+  name: 'workers'
+  params: {
+    prefix: prefix
+    suffix: suffix
+    location: location
+    storageName: storage.outputs.name
+    settings: settings
+    workspaceCustomerId: monitoring.outputs.workspaceCustomerId
+    workspaceKey: monitoring.outputs.workspaceKey
+    image: workerImage
+    cpu: workerCpu
+    memory: workerMemory
+    maxReplicas: workerMaxReplicas
+    slots: workerSlots
+    idleSeconds: 60
+    replicaTimeout: 21600
+  }
+}
+
+// The narrowest data roles each identity needs on the account: blob, queue and table.
+module functionRoles 'modules/roles.bicep' = {
+  name: 'function-roles'
+  params: {
+    storageName: storage.outputs.name
+    principalId: functions.outputs.principalId
+    storageRoles: [ roles.blobOwner, roles.queueContributor, roles.tableContributor ]
+    communicationId: email ? mail.outputs.id : ''
+  }
+}
+
+module workerRoles 'modules/roles.bicep' = {
+  name: 'worker-roles'
+  params: {
+    storageName: storage.outputs.name
+    principalId: workers.outputs.principalId
+    storageRoles: [ roles.blobContributor, roles.queueContributor, roles.tableContributor ]
+  }
+}
+
+output portalUrl string = 'https://${functions.outputs.hostName}/portal/'
+output apiUrl string = 'https://${functions.outputs.hostName}/api'
+output functionApp string = functions.outputs.name
+output storageAccount string = storage.outputs.name
+output registry string = workers.outputs.registry
+output workerJob string = workers.outputs.jobName

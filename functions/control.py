@@ -2,7 +2,7 @@
 
 import azure.functions as func
 
-from function_app import runtime
+from functions import runtime
 from pipeline import names, sweep
 
 bp = func.Blueprint()

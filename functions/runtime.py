@@ -6,6 +6,7 @@ from functools import cache
 
 import azure.functions as func
 
+from pipeline import telemetry
 from pipeline.api import create_app
 from pipeline.clients import Clients, clients_for
 from pipeline.notify import Mailer, mailer_for
@@ -14,7 +15,11 @@ from pipeline.settings import Settings
 
 @cache
 def settings() -> Settings:
-    return Settings.from_env()
+    """The app's settings, read once; the first read also sets up its telemetry (Azure
+    Monitor through OpenTelemetry, the attempt's fields on every record)."""
+    found = Settings.from_env()
+    telemetry.setup(found)
+    return found
 
 
 def clients() -> Clients:

@@ -11,7 +11,7 @@ from typing import Any
 import azure.durable_functions as df
 import azure.functions as func
 
-from function_app import runtime
+from functions import runtime
 from pipeline import sweep
 
 bp = df.Blueprint()

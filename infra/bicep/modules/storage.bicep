@@ -1,0 +1,82 @@
+// The storage account: every queue, table and container the code names (names.json), no
+// shared keys (identities only), and a retention rule on the data containers.
+
+param name string
+param location string
+@description('Days after which blobs in the data containers are deleted (0: kept).')
+param retentionDays int
+
+var names = loadJsonContent('../names.json')
+
+resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' = {
+  name: name
+  location: location
+  kind: 'StorageV2'
+  sku: { name: 'Standard_LRS' }
+  properties: {
+    allowSharedKeyAccess: false
+    allowBlobPublicAccess: false
+    minimumTlsVersion: 'TLS1_2'
+    supportsHttpsTrafficOnly: true
+  }
+}
+
+resource blobService 'Microsoft.Storage/storageAccounts/blobServices@2023-05-01' = {
+  parent: storage
+  name: 'default'
+}
+
+resource containers 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' = [for c in names.containers: {
+  parent: blobService
+  name: c
+}]
+
+// the Function App's deployment package (Flex Consumption reads it with its identity)
+resource packages 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' = {
+  parent: blobService
+  name: 'app-package'
+}
+
+resource queueService 'Microsoft.Storage/storageAccounts/queueServices@2023-05-01' = {
+  parent: storage
+  name: 'default'
+}
+
+resource queues 'Microsoft.Storage/storageAccounts/queueServices/queues@2023-05-01' = [for q in names.queues: {
+  parent: queueService
+  name: q
+}]
+
+resource tableService 'Microsoft.Storage/storageAccounts/tableServices@2023-05-01' = {
+  parent: storage
+  name: 'default'
+}
+
+resource tables 'Microsoft.Storage/storageAccounts/tableServices/tables@2023-05-01' = [for t in names.tables: {
+  parent: tableService
+  name: t
+}]
+
+resource retention 'Microsoft.Storage/storageAccounts/managementPolicies@2023-05-01' = if (retentionDays > 0) {
+  parent: storage
+  name: 'default'
+  properties: {
+    policy: {
+      rules: [
+        {
+          name: 'expire-data'
+          enabled: true
+          type: 'Lifecycle'
+          definition: {
+            filters: { blobTypes: [ 'blockBlob' ], prefixMatch: [for c in names.containers: '${c}/'] }
+            actions: { baseBlob: { delete: { daysAfterModificationGreaterThan: retentionDays } } }
+          }
+        }
+      ]
+    }
+  }
+}
+
+output name string = storage.name
+output id string = storage.id
+output blobEndpoint string = storage.properties.primaryEndpoints.blob

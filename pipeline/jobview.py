@@ -1,0 +1,140 @@
+"""What the portal's job page shows, in one read of the job's tasks and attempts: the
+target tiles with their lon/lat bounds and task states, a histogram of task runtimes with
+the monitor's kill threshold, the failed and revoked attempts with links to their logs, an
+estimate of the time left from the runtime history, and (once finished) the quick-looks."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
+
+from rasterio.warp import transform_bounds
+
+from pipeline import jobs, monitor, names, results, runtimes, tasks
+from pipeline.clients import Clients
+from pipeline.status import JobState, TaskStatus
+
+BINS = 20  # histogram bars
+FAILURES_SHOWN = 100  # newest failed attempts listed
+LOG_FILES = ("stdout.txt", "stderr.txt")  # what a reduction attempt leaves in logs
+
+
+@lru_cache(maxsize=4096)
+def lonlat_bounds(crs: str, bounds: str) -> tuple[float, float, float, float]:
+    """A target tile's bounds (``west,south,east,north`` in its CRS) in degrees."""
+    west, south, east, north = (float(v) for v in bounds.split(","))
+    if crs.upper() in ("EPSG:4326", "OGC:CRS84"):
+        return west, south, east, north
+    w, s, e, n = transform_bounds(crs, "EPSG:4326", west, south, east, north, densify_pts=21)
+    return (math.floor(w * 1e6) / 1e6, math.floor(s * 1e6) / 1e6,  # rounded outwards
+            math.ceil(e * 1e6) / 1e6, math.ceil(n * 1e6) / 1e6)
+
+
+def tile_state(counts: Counter[str]) -> str:
+    """One colour per target tile: failed if any task died, done when all ended well,
+    running while any runs, else waiting (or cancelled)."""
+    if counts[TaskStatus.DEAD.value]:
+        return "failed"
+    if counts[TaskStatus.CANCELLED.value]:
+        return "cancelled"
+    if sum(counts.values()) == counts[TaskStatus.SUCCEEDED.value] + counts[TaskStatus.CACHED.value]:
+        return "done"
+    if counts[TaskStatus.RUNNING.value] or counts[TaskStatus.SUCCEEDED.value] or counts[TaskStatus.CACHED.value]:
+        return "running"
+    return "waiting"
+
+
+def histogram(seconds: list[float], threshold: float | None) -> dict[str, Any]:
+    """Bars of equal width from 0 to past the longest runtime; the threshold is on the axis
+    when it is near (else ``threshold_beyond``: drawn at the edge, so the bars stay readable)."""
+    longest = max(seconds, default=0.0)
+    beyond = threshold is not None and longest > 0 and threshold > 3 * longest
+    top = max(longest * 1.25 if beyond or threshold is None else max(longest, threshold) * 1.05, 1e-3)
+    width = top / BINS
+    bars = [0] * BINS
+    for s in seconds:
+        bars[min(BINS - 1, int(s / width))] += 1
+    return {"width_s": width, "bars": bars, "count": len(seconds), "threshold_s": threshold,
+            "threshold_beyond": beyond}
+
+
+def _seconds(start: datetime | None, end: datetime | None) -> float | None:
+    return (end - start).total_seconds() if start and end else None
+
+
+def view(clients: Clients, job: str) -> dict[str, Any]:
+    """The job's status with its tiles, runtimes, failures and time left."""
+    rows = tasks.list_tasks(clients.tasks, job)
+    attempts = list(clients.attempts.query_entities("PartitionKey eq @pk", parameters={"pk": job}))
+    status = jobs.status(clients, job, rows, attempts)
+    tiles: dict[str, dict[str, Any]] = {}
+    by_tile: dict[str, Counter[str]] = {}
+    stage_of: dict[str, tuple[str, dict[str, str]]] = {}
+    for row in rows:
+        params = json.loads(row["Params"])
+        stage_of[row["RowKey"]] = (row["Stage"], params)
+        tile = params.get("tile", "")
+        if tile not in tiles:
+            tiles[tile] = {"tile": tile, "bounds": lonlat_bounds(params["crs"], params["bounds"])}
+            by_tile[tile] = Counter()
+        by_tile[tile][row["Status"]] += 1
+    for tile, counts in by_tile.items():
+        tiles[tile] |= {"state": tile_state(counts), "counts": dict(counts)}
+
+    durations: dict[str, list[float]] = {}
+    failures = []
+    for attempt in attempts:
+        task, number = attempt["RowKey"].rsplit("-", 1)
+        stage = stage_of.get(task, ("", {}))[0]
+        if attempt.get("RuntimeS") is not None:
+            durations.setdefault(stage, []).append(float(attempt["RuntimeS"]))
+        if attempt.get("FailureClass"):
+            failures.append({
+                "task": task, "attempt": int(number), "stage": stage, "class": attempt["FailureClass"],
+                "revoked_by": attempt.get("RevokedBy") or None, "error": attempt.get("Error") or "",
+                "ended": attempt["EndedAt"].isoformat() if attempt.get("EndedAt") else None,
+                "runtime_s": _seconds(attempt.get("StartedAt"), attempt.get("EndedAt")),
+                "logs": {name: results.sas_url(clients, clients.logs.container_name,
+                                               names.log_prefix(job, task, int(number)) + name)
+                         for name in LOG_FILES} if stage == "reduce" else {},
+            })
+    failures.sort(key=lambda f: f["ended"] or "", reverse=True)
+
+    stages: dict[str, Any] = {}
+    remaining_s = 0.0
+    for stage in sorted({s for s, _ in stage_of.values()}):
+        params = next(p for s, p in stage_of.values() if s == stage)
+        history = runtimes.read(clients.runtimes, stage, runtimes.history_key(params))
+        threshold = monitor.kill_after(monitor.limits_for(clients.settings, stage), history)
+        left = sum(1 for row in rows if row["Stage"] == stage and not TaskStatus(row["Status"]).terminal)
+        remaining_s += left * (history.mean if history.count else threshold / clients.settings.kill_factor)
+        stages[stage] = {"mean_s": history.mean, "runs": history.count, "left": left,
+                         "histogram": histogram(durations.get(stage, []), threshold)}
+    running = status["counts"][TaskStatus.RUNNING.value]
+    finished = JobState(status["state"]).finished
+    return status | {
+        "tiles": list(tiles.values()),
+        "stages": stages,
+        "failed_attempts": failures[:FAILURES_SHOWN],
+        # the work left (runtime history) spread over the slots busy now
+        "eta_s": None if finished or not remaining_s else remaining_s / max(1, running),
+    }
+
+
+def quicklooks(clients: Clients, job: str) -> list[dict[str, Any]]:
+    """The PNG outputs of a finished job with links and where they go on the map."""
+    found = results.manifest(clients, job)
+    if found is None:
+        return []
+    shown = []
+    for task in found["tasks"]:
+        for output in task["outputs"]:
+            if output.endswith(".png"):
+                shown.append({"tile": task["tile"], "task": task["task"], "name": output.rsplit("/", 1)[-1],
+                              "bounds": lonlat_bounds(task["crs"], task["bounds"]),
+                              "url": results.sas_url(clients, *results.locate(clients, output))})
+    return shown

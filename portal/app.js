@@ -1,0 +1,409 @@
+// The bagpipe portal: submit a request on a map, watch a job, get its products.
+// Pages by the URL's hash: #/ (submit), #/jobs (the list), #/jobs/<id> (one job).
+import { WorldMap } from "./map.js";
+
+const main = document.getElementById("main");
+const KEY = "bagpipe-api-key";
+const FINISHED = new Set(["SUCCEEDED", "FAILED", "CANCELLED"]);
+let leave = () => {}; // stops the current page's polling when the page changes
+
+// ---- the API, with the key asked once per browser session ---------------------------
+class ApiError extends Error {
+  constructor(status, body) {
+    super((body && body.detail) || `HTTP ${status}`);
+    this.status = status;
+    this.body = body || {};
+  }
+}
+
+function askKey(message = "") {
+  const dialog = document.getElementById("key-dialog");
+  document.getElementById("key-message").textContent = message;
+  dialog.showModal();
+  return new Promise((resolve) => {
+    dialog.addEventListener("close", () => {
+      const key = document.getElementById("key-input").value.trim();
+      if (key) sessionStorage.setItem(KEY, key);
+      resolve(key);
+    }, { once: true });
+  });
+}
+
+async function api(method, path, body) {
+  for (;;) {
+    const key = sessionStorage.getItem(KEY) || (await askKey());
+    const response = await fetch(path, {
+      method,
+      headers: { "x-functions-key": key, ...(body ? { "content-type": "application/json" } : {}) },
+      body: body ? JSON.stringify(body) : undefined,
+    });
+    const data = response.headers.get("content-type")?.includes("json") ? await response.json() : null;
+    if (response.status === 401) {
+      sessionStorage.removeItem(KEY);
+      await askKey("That key was refused. Enter the API key of this deployment.");
+      continue;
+    }
+    if (!response.ok) throw new ApiError(response.status, data);
+    return data;
+  }
+}
+
+// ---- small helpers -------------------------------------------------------------------
+function h(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    else if (v !== false && v !== null && v !== undefined) node.setAttribute(k, v === true ? "" : v);
+  }
+  for (const child of children.flat()) if (child !== null && child !== undefined) node.append(child);
+  return node;
+}
+
+function age(iso) {
+  const s = (Date.now() - new Date(iso).getTime()) / 1000;
+  if (s < 90) return `${Math.round(s)} s ago`;
+  if (s < 5400) return `${Math.round(s / 60)} min ago`;
+  if (s < 129600) return `${Math.round(s / 3600)} h ago`;
+  return `${Math.round(s / 86400)} days ago`;
+}
+
+function duration(s) {
+  if (s === null || s === undefined) return "–";
+  if (s < 10) return `${Number(s.toFixed(1))} s`;
+  if (s < 90) return `${Math.round(s)} s`;
+  if (s < 5400) return `${Math.round(s / 60)} min`;
+  return `${(s / 3600).toFixed(1)} h`;
+}
+
+function stateBadge(state) {
+  return h("span", { class: `badge state-${state.toLowerCase()}` }, state);
+}
+
+// ---- submit --------------------------------------------------------------------------
+async function submitPage() {
+  const catalog = await api("GET", "/api/catalog");
+  const region = { mode: "box", bbox: [-112, 34, -108, 37], tiles: [] };
+  const field = (name, label, input, hint = "") =>
+    h("div", { class: "field", "data-field": name }, h("label", { for: input.id }, label), input,
+      hint ? h("p", { class: "hint" }, hint) : null, h("p", { class: "error", role: "alert" }));
+  const input = (id, attrs = {}) => h("input", { id, name: id, ...attrs });
+
+  const bboxInputs = ["west", "south", "east", "north"].map((side, i) =>
+    input(`bbox-${side}`, { type: "number", step: "0.01", value: region.bbox[i], "aria-label": side,
+      oninput: () => { region.bbox = bboxInputs.map((b) => Number(b.value)); changed(); } }));
+  const tilesInput = input("tiles", { type: "text", placeholder: "h09v05, h10v05", oninput: () => {
+    region.tiles = tilesInput.value.split(/[\s,]+/).filter(Boolean); changed(); } });
+  const modes = h("fieldset", { class: "modes" }, h("legend", {}, "Region"),
+    ...[["box", "Drag a box (lon/lat)"], ["tiles", "Click MODIS tiles"]].map(([value, label]) =>
+      h("label", {}, h("input", { type: "radio", name: "mode", value, checked: value === region.mode,
+        onchange: () => { region.mode = value; mapView.mode = value; changed(); } }), " ", label)));
+  const products = h("fieldset", { class: "field", "data-field": "products" }, h("legend", {}, "Products"),
+    ...catalog.products.map((p, i) => h("label", { class: "check" },
+      h("input", { type: "checkbox", name: "products", value: p.name, checked: i === 0, onchange: changed }),
+      ` ${p.name} — ${p.title}`)), h("p", { class: "error", role: "alert" }));
+  const reducer = h("select", { id: "reducer", name: "reducer", onchange: () => { describe(); changed(); } },
+    h("option", { value: "" }, "none: the reprojected tiles only"),
+    ...catalog.reducers.map((r) => h("option", { value: r.name }, r.name)));
+  const reducerText = h("p", { class: "hint" });
+  const describe = () => {
+    const found = catalog.reducers.find((r) => r.name === reducer.value);
+    reducerText.textContent = found ? found.description : "";
+  };
+  const args = h("textarea", { id: "args", name: "args", rows: 2, placeholder: '{"threshold": 0.5}', oninput: changed });
+  const onFailure = h("select", { id: "on-failure", name: "on-failure", onchange: changed },
+    h("option", { value: "fail" }, "fail the reduction"), h("option", { value: "run" }, "run it on the tiles that exist"));
+  const start = input("start", { type: "date", value: "2022-01-01", required: true, oninput: changed });
+  const end = input("end", { type: "date", value: "2022-02-17", required: true, oninput: changed });
+  const crs = input("crs", { type: "text", placeholder: "EPSG:4326", oninput: changed });
+  const tileSize = input("tile-size", { type: "number", step: "any", placeholder: "1 (° or m)", oninput: changed });
+  const resolution = input("resolution", { type: "number", step: "any", placeholder: "0.005 (° or m)", oninput: changed });
+  const email = input("email", { type: "email", placeholder: "you@example.org", oninput: changed });
+  const label = input("label", { type: "text", maxlength: 200, placeholder: "what this is for", oninput: changed });
+  const estimate = h("p", { id: "estimate", class: "estimate", "aria-live": "polite" });
+  const submit = h("button", { type: "submit", class: "primary" }, "Submit");
+  const form = h("form", { id: "submit-form", novalidate: true },
+    h("div", { class: "field", "data-field": "region" }, modes,
+      h("div", { class: "bbox" }, ...bboxInputs), field("region.tiles", "MODIS tiles", tilesInput),
+      h("p", { class: "error", role: "alert" })),
+    h("div", { class: "row" }, field("start", "From", start), field("end", "To", end)),
+    products,
+    field("reducer", "Reduction", reducer), reducerText,
+    field("reducer.args", "Its arguments (JSON)", args),
+    field("reducer.on_dependency_failure", "If a tile of its span fails", onFailure),
+    h("details", { class: "grid" }, h("summary", {}, "Output grid (for a box)"),
+      h("div", { class: "row" }, field("grid.crs", "CRS", crs), field("grid.tile_size", "Tile size", tileSize),
+        field("grid.resolution", "Pixel size", resolution))),
+    h("div", { class: "row" }, field("email", "Email when done", email), field("label", "Label", label)),
+    estimate, submit);
+  const mapHost = h("section", { class: "map-panel", "aria-label": "Region map" });
+  main.replaceChildren(h("h1", {}, "New request"), h("div", { class: "submit-layout" }, mapHost, form));
+
+  const mapView = new WorldMap(mapHost, {
+    label: "World map with the MODIS tile grid: drag a box or click tiles",
+    onBox: (bbox) => { region.bbox = bbox; bboxInputs.forEach((b, i) => (b.value = bbox[i])); changed(); },
+    onTile: (tile) => {
+      region.tiles = region.tiles.includes(tile) ? region.tiles.filter((t) => t !== tile) : [...region.tiles, tile];
+      tilesInput.value = region.tiles.join(", ");
+      changed();
+    },
+  });
+  mapView.mode = region.mode;
+  mapView.drawLand();
+  mapView.fit(region.bbox, 2);
+
+  function request() {
+    const body = { start: start.value, end: end.value,
+      products: [...form.querySelectorAll("input[name=products]:checked")].map((c) => c.value),
+      region: region.mode === "box" ? { bbox: region.bbox } : { tiles: region.tiles } };
+    if (region.mode === "box" && (crs.value || tileSize.value || resolution.value)) {
+      body.grid = {};
+      if (crs.value) body.grid.crs = crs.value;
+      if (tileSize.value) body.grid.tile_size = Number(tileSize.value);
+      if (resolution.value) body.grid.resolution = Number(resolution.value);
+    }
+    if (reducer.value) {
+      let parsed = {};
+      if (args.value.trim()) {
+        try { parsed = JSON.parse(args.value); } catch { throw new FieldError("reducer.args", "not valid JSON"); }
+      }
+      body.reducer = { name: reducer.value, args: parsed, on_dependency_failure: onFailure.value };
+    }
+    if (email.value) body.email = email.value;
+    if (label.value) body.label = label.value;
+    return body;
+  }
+
+  function clearErrors() {
+    for (const p of form.querySelectorAll(".error")) p.textContent = "";
+    for (const i of form.querySelectorAll("[aria-invalid]")) i.removeAttribute("aria-invalid");
+  }
+
+  function showErrors(errors) {
+    for (const { field: name, message } of errors) {
+      // the field whose name is the longest prefix of the error's path
+      const slots = [...form.querySelectorAll("[data-field]")].filter((f) =>
+        name === f.dataset.field || name.startsWith(f.dataset.field + "."));
+      slots.sort((a, b) => b.dataset.field.length - a.dataset.field.length);
+      const slot = slots[0] || form.querySelector("[data-field=region]");
+      const p = slot.querySelector(":scope > .error") || slot.querySelector(".error");
+      p.textContent = p.textContent ? `${p.textContent}; ${message}` : message;
+      for (const i of slot.querySelectorAll("input, select, textarea")) i.setAttribute("aria-invalid", "true");
+    }
+  }
+
+  function errorsOf(err) {
+    if (err instanceof FieldError) return [{ field: err.field, message: err.message }];
+    if (err.body.errors) return err.body.errors;
+    return [{ field: err.body.field || "region", message: err.body.detail || err.message }];
+  }
+
+  let timer = null;
+  function changed() {
+    mapView.showSelection(region.mode === "box" ? region.bbox : null, region.mode === "tiles" ? region.tiles : []);
+    clearTimeout(timer);
+    timer = setTimeout(async () => {
+      clearErrors();
+      try {
+        const found = await api("POST", "/api/estimate", request());
+        estimate.textContent = `This request makes ${found.tasks.toLocaleString()} tasks.`;
+        estimate.dataset.tasks = found.tasks;
+      } catch (err) {
+        estimate.textContent = "This request cannot run yet: see the fields marked.";
+        delete estimate.dataset.tasks;
+        showErrors(errorsOf(err));
+      }
+    }, 250);
+  }
+
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    clearErrors();
+    submit.disabled = true;
+    try {
+      const created = await api("POST", "/api/jobs", request());
+      location.hash = `#/jobs/${created.job}`;
+    } catch (err) {
+      showErrors(errorsOf(err));
+    } finally {
+      submit.disabled = false;
+    }
+  });
+  describe();
+  changed();
+}
+
+class FieldError extends Error {
+  constructor(field, message) {
+    super(message);
+    this.field = field;
+  }
+}
+
+// ---- the jobs list -------------------------------------------------------------------
+async function jobsPage() {
+  const table = h("table", { class: "jobs" }, h("thead", {}, h("tr", {},
+    h("th", {}, "Job"), h("th", {}, "Label"), h("th", {}, "State"), h("th", {}, "Tasks"), h("th", {}, "Submitted"))));
+  const body = h("tbody");
+  table.append(body);
+  main.replaceChildren(h("h1", {}, "Jobs"), table);
+  const refresh = async () => {
+    const jobs = await api("GET", "/api/jobs?limit=100");
+    body.replaceChildren(...jobs.map((j) => h("tr", {},
+      h("td", {}, h("a", { href: `#/jobs/${j.job}` }, j.job)), h("td", {}, j.label), h("td", {}, stateBadge(j.state)),
+      h("td", { class: "num" }, String(j.total)), h("td", { title: j.created }, age(j.created)))));
+    if (!jobs.length) body.append(h("tr", {}, h("td", { colspan: 5 }, "No jobs yet.")));
+  };
+  await refresh();
+  const every = setInterval(refresh, 5000);
+  leave = () => clearInterval(every);
+}
+
+// ---- one job -------------------------------------------------------------------------
+function histogramSvg(stage, info) {
+  const { bars, width_s: width, threshold_s: threshold, threshold_beyond: beyond } = info.histogram;
+  const top = Math.max(1, ...bars);
+  const W = 400, H = 120, n = bars.length;
+  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+  svg.setAttribute("viewBox", `0 0 ${W} ${H + 16}`);
+  svg.setAttribute("role", "img");
+  svg.setAttribute("aria-label", `${stage}: runtimes of ${info.histogram.count} tasks; kill threshold ${duration(threshold)}`);
+  svg.classList.add("histogram");
+  let inner = "";
+  bars.forEach((count, i) => {
+    const bh = (count / top) * H;
+    inner += `<rect class="bar" x="${(i * W) / n + 1}" y="${H - bh}" width="${W / n - 2}" height="${bh}"><title>${(i * width).toFixed(1)}–${((i + 1) * width).toFixed(1)} s: ${count}</title></rect>`;
+  });
+  if (threshold) {
+    const tx = beyond ? W - 1 : Math.min(W - 1, (threshold / (width * n)) * W);
+    inner += `<line class="threshold" x1="${tx}" x2="${tx}" y1="0" y2="${H}"/><text class="threshold-label" x="${Math.max(0, tx - 4)}" y="${H + 13}" text-anchor="end">${beyond ? "→ " : ""}kill at ${duration(threshold)}</text>`;
+  }
+  inner += `<text x="0" y="${H + 13}">0 s</text><text x="${W / 2}" y="${H + 13}" text-anchor="middle">${duration((width * n) / 2)}</text>`;
+  svg.innerHTML = inner;
+  return svg;
+}
+
+async function jobPage(id) {
+  const title = h("h1", {}, `Job ${id}`);
+  const summary = h("div", { class: "summary" });
+  const progress = h("progress", { max: 1, value: 0, "aria-label": "progress" });
+  const progressText = h("p", { class: "progress-text", "aria-live": "polite" });
+  const cancel = h("button", { type: "button", class: "danger", id: "cancel" }, "Cancel job");
+  const counts = h("dl", { class: "counts" });
+  const histograms = h("div", { class: "histograms" });
+  const failures = h("div", { class: "failures" });
+  const products = h("div", { class: "products" });
+  const mapHost = h("section", { class: "map-panel", "aria-label": "Target tiles by state" });
+  const legend = h("ul", { class: "legend" }, ...["waiting", "running", "done", "failed", "cancelled"].map((s) =>
+    h("li", {}, h("span", { class: `swatch state-${s}` }), s)));
+  main.replaceChildren(title, summary, h("div", { class: "job-layout" },
+    h("div", {}, mapHost, legend),
+    h("div", {}, progress, progressText, cancel, counts, h("h2", {}, "Task runtimes"), histograms,
+      h("h2", {}, "Failures and monitor kills"), failures, h("h2", {}, "Products"), products)));
+  const mapView = new WorldMap(mapHost, { label: "Target tiles coloured by state" });
+  mapView.drawLand();
+  let fitted = false;
+  let done = false;
+  cancel.addEventListener("click", async () => {
+    cancel.disabled = true;
+    try {
+      await api("POST", `/api/jobs/${id}/cancel`);
+    } catch (err) {
+      progressText.textContent = err.message;
+    }
+    refresh();
+  });
+
+  async function refresh() {
+    let view;
+    try {
+      view = await api("GET", `/api/jobs/${id}/view`);
+    } catch (err) {
+      summary.replaceChildren(h("p", { class: "error" }, err.message));
+      return;
+    }
+    title.replaceChildren(`Job ${id} `, stateBadge(view.state));
+    summary.replaceChildren(h("p", {}, view.label || "(no label)", " · submitted ", age(view.created),
+      view.finished ? ` · finished ${age(view.finished)}` : ""));
+    progress.value = view.progress;
+    const ended = Math.round(view.progress * view.total);
+    progressText.textContent = `${ended} of ${view.total} tasks ended` +
+      (view.eta_s !== null && view.eta_s !== undefined ? ` · about ${duration(view.eta_s)} left` : "");
+    cancel.hidden = FINISHED.has(view.state) || view.state === "CANCELLING";
+    counts.replaceChildren(...Object.entries(view.counts).filter(([, n]) => n).flatMap(([s, n]) =>
+      [h("dt", {}, s), h("dd", { "data-state": s }, String(n))]),
+    h("dt", {}, "monitor kills"), h("dd", { "data-kills": "" }, String(view.monitor_kills)));
+    const tiles = view.tiles.filter((t) => t.bounds);
+    mapView.showTiles(tiles);
+    if (!fitted && tiles.length) {
+      const b = tiles.reduce((a, t) => [Math.min(a[0], t.bounds[0]), Math.min(a[1], t.bounds[1]),
+        Math.max(a[2], t.bounds[2]), Math.max(a[3], t.bounds[3])], [180, 90, -180, -90]);
+      mapView.fit(b);
+      fitted = true;
+    }
+    histograms.replaceChildren(...Object.entries(view.stages).map(([stage, info]) =>
+      h("figure", {}, histogramSvg(stage, info), h("figcaption", {},
+        `${stage}: ${info.histogram.count} runs here, mean ${duration(info.mean_s)} over ${info.runs} runs known; ${info.left} left`))));
+    failures.replaceChildren(view.failed_attempts.length ? h("table", {}, h("thead", {}, h("tr", {},
+      h("th", {}, "Task"), h("th", {}, "Attempt"), h("th", {}, "Class"), h("th", {}, "By"), h("th", {}, "Logs"))),
+    h("tbody", {}, ...view.failed_attempts.map((f) => h("tr", {},
+      h("td", {}, f.task), h("td", { class: "num" }, String(f.attempt)), h("td", { title: f.error }, f.class),
+      h("td", {}, f.revoked_by || "worker"),
+      h("td", {}, ...Object.entries(f.logs).map(([name, url]) => h("a", { href: url, target: "_blank", rel: "noopener" }, name, " "))))))) :
+      h("p", {}, "None."));
+    if (FINISHED.has(view.state) && !done) {
+      done = true;
+      await showProducts();
+    }
+    return view;
+  }
+
+  async function showProducts() {
+    const [results, looks] = await Promise.all([
+      api("GET", `/api/jobs/${id}/results`).catch(() => null), api("GET", `/api/jobs/${id}/quicklooks`)]);
+    mapView.showImages(looks);
+    if (!results) {
+      products.replaceChildren(h("p", {}, "No manifest."));
+      return;
+    }
+    const items = results.tasks.flatMap((t) => Object.entries(t.links || {}).map(([blob, url]) =>
+      h("li", {}, h("a", { href: url }, `${t.product} ${t.tile} ${t.date}${t.last ? "…" + t.last : ""}: ${blob.split("/").pop()}`))));
+    products.replaceChildren(
+      h("p", {}, h("a", { href: results.manifest_url, id: "manifest-link" }, "manifest.json"),
+        ` · links valid for a limited time · or: bagpipe results ${id} --out DIR`),
+      h("div", { class: "quicklooks" }, ...looks.map((q) => h("figure", {},
+        h("a", { href: q.url, target: "_blank", rel: "noopener" }, h("img", { src: q.url, alt: `quick-look of ${q.tile}`, class: "quicklook-thumb" })),
+        h("figcaption", {}, `${q.tile}: ${q.name}`)))),
+      h("details", {}, h("summary", {}, `${items.length} files`), h("ul", { class: "files" }, ...items)));
+  }
+
+  const first = await refresh();
+  const every = setInterval(async () => {
+    const view = await refresh();
+    if (view && FINISHED.has(view.state)) clearInterval(every);
+  }, 1500);
+  if (first && FINISHED.has(first.state)) clearInterval(every);
+  leave = () => clearInterval(every);
+}
+
+// ---- routing -------------------------------------------------------------------------
+async function route() {
+  leave();
+  leave = () => {};
+  const hash = location.hash || "#/";
+  for (const a of document.querySelectorAll("nav a")) a.toggleAttribute("aria-current", a.getAttribute("href") === hash);
+  const job = hash.match(/^#\/jobs\/([\w-]+)$/);
+  try {
+    if (job) await jobPage(job[1]);
+    else if (hash === "#/jobs") await jobsPage();
+    else await submitPage();
+  } catch (err) {
+    main.replaceChildren(h("p", { class: "error" }, err.message));
+  }
+}
+
+document.getElementById("forget-key").addEventListener("click", () => {
+  sessionStorage.removeItem(KEY);
+  route();
+});
+window.addEventListener("hashchange", route);
+route();

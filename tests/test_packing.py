@@ -1,0 +1,86 @@
+"""Small outputs packed into few blobs: every member comes back byte-exact by ranged reads in
+few requests; large and missing outputs stay out; corruption on either side is caught."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from azure.storage.blob import ContentSettings
+
+from pipeline import names, packing
+from pipeline.clients import Clients
+from pipeline.failures import FailureClass, StageFailure
+from pipeline.transfer import md5_of
+
+
+def _put(clients: Clients, name: str, data: bytes) -> packing.Output:
+    clients.transfers.upload(clients.products, name, data, "application/octet-stream")
+    return packing.Output(name, clients.products.container_name, name)
+
+
+def test_small_outputs_pack_and_come_back_byte_exact_in_few_ranges(clients: Clients) -> None:
+    sizes = [0, 1, 7, 32 * 1024, 100_000] + [5_000 + i for i in range(200)]
+    stored = {f"jobp/out/{i:04d}.bin": os.urandom(size) for i, size in enumerate(sizes)}
+    outputs = [_put(clients, name, data) for name, data in stored.items()]
+    big = _put(clients, "jobp/out/big.bin", os.urandom(packing.MEMBER_MAX + 1))
+    missing = packing.Output("jobp/out/gone.bin", clients.products.container_name, "jobp/out/gone.bin")
+
+    members = packing.pack(clients, "jobp", [*outputs, big, missing])
+
+    assert set(members) == set(stored)  # the large and the missing one are not packed
+    assert {m.pack for m in members.values()} == {names.pack_blob("jobp", 0)}
+    assert packing.spans(members) and len(packing.spans(members)) <= 2  # ~1.1 MiB: one or two ranges
+    assert packing.read_members(clients, members) == stored
+    some = {name: members[name] for name in list(stored)[3:9]}
+    assert packing.read_members(clients, some) == {name: stored[name] for name in some}
+    # deterministic: packing again writes the same pack
+    assert packing.pack(clients, "jobp", reversed([*outputs, big])) == members
+
+
+def test_packs_close_at_their_size_limit(clients: Clients, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(packing, "PACK_MAX", 50_000)
+    stored = {f"jobq/{i}.bin": os.urandom(20_000) for i in range(7)}
+    members = packing.pack(clients, "jobq", [_put(clients, n, d) for n, d in stored.items()])
+    assert len({m.pack for m in members.values()}) == 4  # 2 + 2 + 2 + 1 members of 20 kB
+    assert all(m.offset + m.length <= 50_000 for m in members.values())
+    assert packing.read_members(clients, members) == stored
+
+
+def test_ranges_coalesce_neighbours_and_split_far_or_long_ones() -> None:
+    def member(offset: int, length: int, pack: str = "p") -> packing.Member:
+        return packing.Member(pack, offset, length, "")
+
+    near = {"a": member(0, 10), "b": member(10, 10), "c": member(20 + packing.RANGE_GAP, 5)}
+    assert [(s.start, s.end) for s in packing.spans(near)] == [(0, 25 + packing.RANGE_GAP)]
+    far = {"a": member(0, 10), "b": member(11 + packing.RANGE_GAP, 5)}
+    assert len(packing.spans(far)) == 2
+    long = {f"m{i}": member(i * packing.MiB, packing.MiB) for i in range(20)}
+    assert [s.end - s.start for s in packing.spans(long)] == [packing.RANGE_MAX, packing.RANGE_MAX, 4 * packing.MiB]
+    two_packs = {"a": member(0, 1, "p"), "b": member(1, 1, "q")}
+    assert {s.pack for s in packing.spans(two_packs)} == {"p", "q"}
+
+
+def test_a_corrupt_member_is_refused_when_packing_and_when_unpacking(clients: Clients) -> None:
+    data = os.urandom(4000)
+    good = _put(clients, "jobr/good.bin", data)
+    # a stored blob whose bytes no longer match its stored MD5
+    bad = bytearray(data)
+    bad[10] ^= 1
+    blob = clients.products.get_blob_client("jobr/bad.bin")
+    blob.upload_blob(bytes(bad), overwrite=True)
+    blob.set_http_headers(ContentSettings(content_md5=bytearray(md5_of(data))))
+    corrupt = packing.Output("jobr/bad.bin", clients.products.container_name, "jobr/bad.bin")
+    with pytest.raises(StageFailure) as caught:
+        packing.pack(clients, "jobr", [good, corrupt])
+    assert caught.value.failure is FailureClass.CORRUPT_BLOB
+
+    members = packing.pack(clients, "jobr", [good])
+    (span,) = packing.spans(members)
+    flipped = bytearray(data)
+    flipped[0] ^= 1
+    with pytest.raises(StageFailure) as caught:
+        packing.unpack(span, bytes(flipped))
+    assert caught.value.failure is FailureClass.CORRUPT_BLOB
+    with pytest.raises(StageFailure):
+        packing.unpack(span, data[:-1])  # a short range read

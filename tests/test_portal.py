@@ -1,0 +1,196 @@
+"""The web portal in a real headless browser (Debian's Chromium driven by Playwright) against
+the local stack: submit through the form and the map, watch the job reach done, open a
+quick-look; an invalid request shows its error beside the field; cancel; no key, no data.
+Screenshots of each page are kept in ``out/portal/``."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from bagpipe.azurite import Azurite
+from bagpipe.stack import LocalStack
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+SHOTS = Path(__file__).resolve().parent.parent / "out" / "portal"
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium (make test installs it)")
+
+
+@pytest.fixture(scope="module")
+def stack(azurite: Azurite, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    extra = tmp_path_factory.mktemp("reducers")
+    (extra / "crash").mkdir()
+    (extra / "crash" / "reducer.json").write_text(json.dumps({
+        "name": "crash", "description": "fails on purpose",
+        "argv": ["{python}", "-c", "import sys; print('bad pixel', file=sys.stderr); sys.exit(4)"]}))
+    with LocalStack(tmp_path_factory.mktemp("portal"), workers=1, slots=2, connection=azurite.connection_string,
+                    namespace="portal", overrides={"reducers_path": str(extra), "max_attempts": 2}) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as playwright:
+        found = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield found
+        found.close()
+
+
+@pytest.fixture
+def page(browser: Browser, stack: LocalStack) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    opened = context.new_page()
+    errors: list[str] = []
+    opened.on("pageerror", lambda exc: errors.append(str(exc)))
+    opened.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" and "401" not in msg.text
+              and "422" not in msg.text and "400" not in msg.text else None)
+    yield opened
+    context.close()
+    assert not errors, errors  # no script error on any page
+
+
+def _enter_key(page: Page, key: str) -> None:
+    expect(page.locator("#key-dialog")).to_be_visible()
+    page.fill("#key-input", key)
+    page.click("#key-dialog button[type=submit]")
+
+
+def _shot(page: Page, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def _fill_small_request(page: Page) -> None:
+    for side, value in zip(("west", "south", "east", "north"), ("-110.5", "34.2", "-109.6", "34.8"), strict=True):
+        page.fill(f"#bbox-{side}", value)
+    page.fill("#start", "2022-02-02")
+    page.fill("#end", "2022-02-09")
+    page.click("details.grid summary")
+    page.fill("#resolution", "0.01")
+    page.select_option("#reducer", "snow_fraction")
+    page.fill("#email", "scientist@example.org")
+    page.fill("#label", "portal test")
+
+
+def test_without_a_key_nothing_is_served_and_a_wrong_key_is_asked_again(page: Page, stack: LocalStack) -> None:
+    for path in ("/api/jobs", "/api/catalog", "/api/jobs/x/view"):
+        assert httpx.get(stack.api_url + path).status_code == 401
+    assert httpx.get(stack.api_url + "/").status_code == 200  # the page itself holds no data
+    page.goto(stack.api_url + "/#/jobs")
+    _enter_key(page, "not-the-key")
+    expect(page.locator("#key-message")).to_contain_text("refused")
+    _enter_key(page, stack.settings.api_key)
+    expect(page.locator("table.jobs")).to_be_visible()
+
+
+def test_submit_on_the_map_watch_it_finish_and_open_a_quicklook(page: Page, stack: LocalStack) -> None:
+    page.goto(stack.api_url + "/")
+    _enter_key(page, stack.settings.api_key)
+    expect(page.locator("#submit-form")).to_be_visible()
+    expect(page.locator(".modis-grid polygon[data-tile=h09v05]")).to_have_count(1)
+    expect(page.locator(".land path")).to_have_count(1)
+
+    # a box dragged on the map becomes the request's bbox
+    box = page.locator(".map svg").bounding_box()
+    assert box is not None
+    page.mouse.move(box["x"] + box["width"] * 0.3, box["y"] + box["height"] * 0.3)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * 0.6, box["y"] + box["height"] * 0.6, steps=5)
+    page.mouse.up()
+    west, east = float(page.input_value("#bbox-west")), float(page.input_value("#bbox-east"))
+    assert west < east and (west, east) != (-112.0, -108.0)
+    # clicking MODIS tiles picks them
+    page.check("input[name=mode][value=tiles]")
+    page.click("button[title='Whole world']")
+    tile = page.locator(".modis-grid polygon[data-tile=h09v05]").bounding_box()
+    assert tile is not None
+    page.mouse.click(tile["x"] + tile["width"] / 2, tile["y"] + tile["height"] / 2)
+    expect(page.locator("#tiles")).to_have_value("h09v05")
+    expect(page.locator(".modis-grid polygon.picked")).to_have_count(1)
+    page.check("input[name=mode][value=box]")
+
+    _fill_small_request(page)
+    # 2 target tiles x 1 period + 2 reductions, counted before submitting
+    expect(page.locator("#estimate")).to_have_text(re.compile("makes 4 tasks"))
+    _shot(page, "submit")
+    page.click("#submit-form button[type=submit]")
+    expect(page).to_have_url(re.compile(r"#/jobs/[\w-]+$"))
+    job = page.url.rsplit("/", 1)[-1]
+
+    expect(page.locator("h1 .badge")).to_have_text("SUCCEEDED", timeout=150_000)
+    expect(page.locator(".map .tile.state-done")).to_have_count(2)
+    expect(page.locator("progress")).to_have_attribute("value", "1")
+    expect(page.locator(".histogram .threshold")).to_have_count(2)  # tile stage and reductions
+    expect(page.locator(".quicklook-thumb")).to_have_count(2)
+    expect(page.locator(".map image.quicklook")).to_have_count(2)
+    loaded = page.locator(".quicklook-thumb").first.evaluate("img => img.complete && img.naturalWidth")
+    assert loaded > 0
+    png = httpx.get(page.locator(".quicklook-thumb").first.get_attribute("src") or "")
+    assert png.status_code == 200 and png.content.startswith(b"\x89PNG")
+    manifest = httpx.get(page.locator("#manifest-link").get_attribute("href") or "").json()
+    assert manifest["job"] == job and manifest["state"] == "SUCCEEDED"
+    _shot(page, "job")
+
+    page.goto(stack.api_url + "/#/jobs")
+    row = page.locator("table.jobs tr", has_text=job)
+    expect(row).to_contain_text("SUCCEEDED")
+    expect(row).to_contain_text("ago")
+    _shot(page, "jobs")
+
+
+def test_an_invalid_request_shows_the_error_beside_its_field(page: Page, stack: LocalStack) -> None:
+    page.goto(stack.api_url + "/")
+    _enter_key(page, stack.settings.api_key)
+    _fill_small_request(page)
+    expect(page.locator("#estimate")).to_have_text(re.compile("makes 4 tasks"))
+    page.fill("#crs", "EPSG:999999")
+    crs_error = page.locator("[data-field='grid.crs'] .error")
+    expect(crs_error).to_contain_text("unknown CRS")
+    expect(page.locator("#crs")).to_have_attribute("aria-invalid", "true")
+    page.fill("#crs", "")
+    expect(crs_error).to_be_empty()
+    page.fill("#bbox-west", "-100")  # west of east no more
+    expect(page.locator("[data-field=region] > .error")).not_to_be_empty()
+    page.click("#submit-form button[type=submit]")  # refused by the API too: nothing submitted
+    expect(page).not_to_have_url(re.compile("#/jobs/"))
+    _shot(page, "invalid")
+
+
+def test_cancel_a_running_job(page: Page, stack: LocalStack) -> None:
+    api = {"x-functions-key": stack.settings.api_key}
+    created = httpx.post(stack.api_url + "/api/jobs", headers=api, json={
+        "region": {"bbox": [-111.5, 34.2, -108.6, 36.8]}, "grid": {"resolution": 0.01},
+        "start": "2020-01-01", "end": "2022-12-31", "products": ["MOD10A2"], "label": "to cancel"}).json()
+    page.goto(f"{stack.api_url}/#/jobs/{created['job']}")
+    _enter_key(page, stack.settings.api_key)
+    expect(page.locator("#cancel")).to_be_visible()
+    page.click("#cancel")
+    expect(page.locator("h1 .badge")).to_have_text("CANCELLED", timeout=60_000)
+    expect(page.locator("#cancel")).to_be_hidden()
+    status = httpx.get(f"{stack.api_url}/api/jobs/{created['job']}", headers=api).json()
+    assert status["state"] == "CANCELLED" and status["counts"]["CANCELLED"] > 0
+
+
+def test_failures_show_their_class_and_link_the_attempt_logs(page: Page, stack: LocalStack) -> None:
+    api = {"x-functions-key": stack.settings.api_key}
+    created = httpx.post(stack.api_url + "/api/jobs", headers=api, json={
+        "region": {"bbox": [-110.5, 34.2, -110.1, 34.8]}, "grid": {"resolution": 0.01},
+        "start": "2022-02-02", "end": "2022-02-09", "products": ["MOD10A2"], "reducer": {"name": "crash"}}).json()
+    page.goto(f"{stack.api_url}/#/jobs/{created['job']}")
+    _enter_key(page, stack.settings.api_key)
+    expect(page.locator("h1 .badge")).to_have_text("FAILED", timeout=120_000)
+    rows = page.locator(".failures tbody tr")
+    expect(rows).to_have_count(2)  # the reduction's two attempts
+    expect(rows.first).to_contain_text("user_code_error")
+    stderr = rows.first.locator("a", has_text="stderr.txt").get_attribute("href")
+    assert "bad pixel" in httpx.get(stderr or "").text
+    expect(page.locator(".map .tile.state-failed")).to_have_count(1)
+    _shot(page, "failed")

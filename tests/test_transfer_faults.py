@@ -1,0 +1,96 @@
+"""Connections cut or stalled in the middle of a transfer, through a real Toxiproxy in front of
+Azurite: a cut is retried (each block or range on a new connection) to a byte-exact success;
+a fault that outlasts the retries ends as a classified, transient failure, and neither side
+ever sees a partial object: no half-written blob replaces the old one, no truncated bytes
+are handed back."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+
+import pytest
+from azure.storage.blob import BlobServiceClient
+
+from bagpipe.azurite import ACCOUNT, ACCOUNT_KEY, Azurite
+from bagpipe.toxiproxy import Toxiproxy
+from pipeline.clients import Clients
+from pipeline.failures import FailureClass, classify
+from pipeline.transfer import MiB, Transfers, md5_of
+
+SIZE = 10 * MiB + 12345  # 1 MiB blocks and ranges, 16 in flight
+
+
+@pytest.fixture
+def proxy(azurite: Azurite) -> Iterator[tuple[Toxiproxy, int]]:
+    with Toxiproxy() as toxiproxy:
+        yield toxiproxy, toxiproxy.proxy("blob", azurite.blob_port)
+
+
+def _through(port: int, retries: int = 5, read_timeout: float = 60) -> Transfers:
+    connection = (f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={ACCOUNT_KEY};"
+                  f"BlobEndpoint=http://127.0.0.1:{port}/{ACCOUNT};")
+    return Transfers(BlobServiceClient.from_connection_string(connection), read_timeout=read_timeout, retries=retries)
+
+
+def test_connections_cut_mid_transfer_are_retried_to_a_byte_exact_result(
+    clients: Clients, proxy: tuple[Toxiproxy, int]
+) -> None:
+    toxiproxy, port = proxy
+    transfers = _through(port)
+    data = os.urandom(SIZE)
+    # every connection is closed after 1.5 MiB, in each direction: block PUTs and range GETs
+    # are cut half way through the body, over and over
+    toxiproxy.toxic("blob", "limit_data", "upstream", bytes=3 * MiB // 2)
+    toxiproxy.toxic("blob", "limit_data", "downstream", bytes=3 * MiB // 2)
+    assert transfers.upload(clients.products, "faults/cut.bin", data, "application/octet-stream") == md5_of(data)
+    back, md5 = transfers.download(clients.products, "faults/cut.bin", SIZE)
+    assert back == data and md5 == md5_of(data)
+
+    # connections reset by the peer at random (a third of them, 50 ms in)
+    toxiproxy.remove("blob", "limit_data_upstream")
+    toxiproxy.remove("blob", "limit_data_downstream")
+    toxiproxy.toxic("blob", "reset_peer", "upstream", toxicity=0.33, timeout=50)
+    again = os.urandom(SIZE)
+    transfers.upload(clients.products, "faults/reset.bin", again, "application/octet-stream")
+    assert transfers.download(clients.products, "faults/reset.bin", SIZE)[0] == again
+    assert clients.products.download_blob("faults/reset.bin").readall() == again  # as stored, not as cached
+    transfers.close()
+
+
+def test_a_fault_that_outlasts_the_retries_is_classified_and_leaves_nothing_partial(
+    clients: Clients, proxy: tuple[Toxiproxy, int]
+) -> None:
+    toxiproxy, port = proxy
+    old, new = os.urandom(SIZE), os.urandom(SIZE)
+    clients.transfers.upload(clients.products, "faults/x.bin", old, "application/octet-stream")
+    transfers = _through(port, retries=1, read_timeout=2)
+
+    # the link stalls in the middle of an upload (every byte dropped from then on)
+    toxiproxy.toxic("blob", "bandwidth", "upstream", rate=400)  # 400 kB/s a connection: ~2.6 s a block
+    stall = threading.Timer(0.8, lambda: toxiproxy.toxic("blob", "timeout", "upstream", timeout=0))
+    stall.start()
+    with pytest.raises(Exception) as caught:
+        transfers.upload(clients.products, "faults/x.bin", new, "application/octet-stream")
+    stall.join()
+    assert classify(caught.value) in (FailureClass.OPERATION_TIMEOUT, FailureClass.CONNECTION)
+    assert classify(caught.value).transient
+    # the blocks that got through were never committed: the blob is still the old object
+    assert clients.transfers.download(clients.products, "faults/x.bin", SIZE)[0] == old
+
+    # a download that stalls mid-way hands back nothing
+    toxiproxy.remove("blob", "timeout_upstream")
+    toxiproxy.remove("blob", "bandwidth_upstream")
+    toxiproxy.toxic("blob", "limit_data", "downstream", bytes=3 * MiB // 2)
+    toxiproxy.toxic("blob", "reset_peer", "downstream", toxicity=1.0, timeout=200)
+    with pytest.raises(Exception) as caught:
+        transfers.download(clients.products, "faults/x.bin", SIZE)
+    assert classify(caught.value) in (FailureClass.OPERATION_TIMEOUT, FailureClass.CONNECTION)
+
+    # once the network heals, the same call (the task's retry) succeeds
+    toxiproxy.remove("blob", "limit_data_downstream")
+    toxiproxy.remove("blob", "reset_peer_downstream")
+    transfers.upload(clients.products, "faults/x.bin", new, "application/octet-stream")
+    assert clients.transfers.download(clients.products, "faults/x.bin", SIZE)[0] == new
+    transfers.close()
