@@ -11,10 +11,12 @@ from __future__ import annotations
 import hmac
 from typing import Any
 
+from azure.core.exceptions import ServiceRequestError, ServiceResponseError
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pipeline import jobs, results
@@ -25,6 +27,30 @@ from pipeline.settings import Settings
 from pipeline.status import JobState
 
 MAX_BODY_BYTES = 64 * 1024
+
+
+class FieldError(BaseModel):
+    field: str  # dotted path into the request body, e.g. "region.bbox.0"
+    message: str
+
+
+class ErrorBody(BaseModel):
+    """Every 4xx: what was wrong and, for a request body, which field. Some errors add
+    figures (a request over the task limit says how many tasks it would make)."""
+
+    model_config = ConfigDict(extra="allow")
+    detail: str
+    field: str | None = None
+    errors: list[FieldError] | None = None
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": why}
+    for code, why in ((400, "Bad parameter"), (401, "Missing or wrong API key"), (404, "No such job"),
+                      (409, "Not in a state that allows it"), (413, "Request body too large"),
+                      (503, "Storage unavailable: retry after the Retry-After seconds"),
+                      (422, "Invalid request: the field and what is wrong with it"))
+}
 
 
 class BodyLimit:
@@ -96,13 +122,20 @@ def create_app(settings: Settings, *, trust_host_auth: bool = False) -> FastAPI:
         openapi_url="/api/openapi.json",
         docs_url="/api/docs",
         redoc_url=None,
-        dependencies=[],
+        responses=ERRORS,
     )
     authed = [Depends(require_key)]
 
     @app.exception_handler(RequestError)
     async def _request_error(_: Request, exc: RequestError) -> JSONResponse:
         return JSONResponse({"detail": exc.message, "field": exc.field, **exc.extra}, exc.status)
+
+    @app.exception_handler(ServiceRequestError)
+    @app.exception_handler(ServiceResponseError)
+    async def _storage_down(_: Request, exc: Exception) -> JSONResponse:
+        """Storage unreachable (restarting, a network fault): say so, and when to retry."""
+        return JSONResponse({"detail": f"storage is unavailable, retry shortly ({type(exc).__name__})"}, 503,
+                            headers={"Retry-After": "5"})
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -1,13 +1,18 @@
 """Blobs made once: a cached source or reprojected tile is read back (and checked against its
 stored MD5); a missing one is made by exactly one of the tasks that want it at the same
 time — the one that creates its ``.making`` marker (create-if-absent) — while the others
-wait for it. A marker older than :data:`STALE_S` is a maker that died: it is taken over.
+wait for it. The maker touches its marker every :data:`TOUCH_S` while it works, so a
+marker untouched for :data:`STALE_S` is a maker that died (a killed worker): it is taken
+over, and the tasks waiting on it are held up by seconds, not minutes.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -18,10 +23,12 @@ from azure.storage.blob import BlobClient, ContainerClient
 from pipeline.failures import FailureClass, StageFailure
 from pipeline.transfer import Transfers, md5_of
 
-STALE_S = 300.0  # a maker silent this long has died
+TOUCH_S = 5.0  # a live maker refreshes its marker this often
+STALE_S = 30.0  # a marker untouched this long belongs to a maker that died
 WAIT_S = 900.0  # the longest a task waits for another's maker
 POLL_S = 0.5
 MARKER_SUFFIX = ".making"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -61,11 +68,12 @@ def ensure(transfers: Transfers, container: ContainerClient, name: str, make: Ca
         try:
             if (found := _read(transfers, container, name, want_data)) is not None:
                 return found  # made between our read and our marker
-            data = make()
-            try:
-                md5 = transfers.upload(container, name, data, content_type, overwrite=False)
-            except ResourceExistsError:  # a maker we took for dead finished after all: same content address
-                md5 = md5_of(data)
+            with _touching(marker):
+                data = make()
+                try:
+                    md5 = transfers.upload(container, name, data, content_type, overwrite=False)
+                except ResourceExistsError:  # a maker we took for dead finished after all: same content address
+                    md5 = md5_of(data)
             return Cached(name, md5, data, True)
         finally:
             try:
@@ -73,6 +81,27 @@ def ensure(transfers: Transfers, container: ContainerClient, name: str, make: Ca
             except ResourceNotFoundError:
                 pass
     raise StageFailure(FailureClass.OPERATION_TIMEOUT, f"waited {WAIT_S:.0f} s for {name} to be made")
+
+
+@contextmanager
+def _touching(marker: BlobClient) -> Iterator[None]:
+    """Keep the marker fresh (its Last-Modified) while the block runs."""
+    done = threading.Event()
+
+    def touch() -> None:
+        while not done.wait(TOUCH_S):
+            try:
+                marker.set_blob_metadata({"touched": f"{time.time():.0f}"})
+            except Exception as exc:  # a missed touch only risks a duplicate maker, never a wrong blob
+                log.warning("could not touch %s: %s", marker.blob_name, exc)
+
+    toucher = threading.Thread(target=touch, name="cache-marker", daemon=True)
+    toucher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        toucher.join()
 
 
 def _take_over_if_stale(marker: BlobClient) -> None:

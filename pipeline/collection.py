@@ -39,6 +39,8 @@ def verify(fetched: Fetched, product: str) -> bytes:
                            f"{fetched.url}: {len(data)} bytes arrived of {fetched.length}")
     if fetched.md5 is not None and fetched.md5 != md5_of(data):
         raise StageFailure(FailureClass.SOURCE_DOWNLOAD, f"{fetched.url}: MD5 does not match the feed's")
+    if not data:
+        raise StageFailure(FailureClass.BAD_SOURCE, f"{fetched.url}: an empty file is not a raster GDAL can read")
     layer = CATALOG[product].layer
     try:
         with MemoryFile(data) as memory, memory.open() as raster:

@@ -23,9 +23,11 @@ from pipeline.status import JobState, TaskStatus
 log = logging.getLogger(__name__)
 
 
-def all_terminal(clients: Clients, row: dict[str, Any]) -> bool:
-    counts = tasks.terminal_counts(clients.tasks, row["PartitionKey"])
-    return sum(counts.values()) >= int(row["Total"])
+def all_terminal(clients: Clients, row: dict[str, Any], done: int | None = None) -> bool:
+    """Whether every task of the job is terminal (``done``: its terminal count, if known)."""
+    if done is None:
+        done = sum(tasks.terminal_counts(clients.tasks, row["PartitionKey"]).values())
+    return done >= int(row["Total"])
 
 
 def _final_state(clients: Clients, row: dict[str, Any]) -> JobState:

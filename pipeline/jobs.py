@@ -66,7 +66,7 @@ def submit(clients: Clients, request: JobRequest) -> dict[str, Any]:
 
 
 def get(clients: Clients, job: str) -> dict[str, Any]:
-    if not job or len(job) > 64 or any(c in job for c in "/\\#?'\""):
+    if not names.JOB_KEY.fullmatch(job):  # no key the table would refuse, and none it could hold
         raise JobNotFound(job)
     try:
         entity = clients.jobs.get_entity(job, names.JOB_ROW)

@@ -39,13 +39,19 @@ class StageLimits:
     floor_s: float  # ... but never before this
     ceiling_s: float  # the limit until min_samples runs are known
     min_samples: int
-    max_attempts: int  # the retry budget
+    max_attempts: int  # the retry budget when a failure may be the task's own
+    max_transient_attempts: int  # ... and while it is the platform's (a lost worker, a kill)
+
+    def budget(self, failure: FailureClass) -> int:
+        """Attempts a task may have had when it fails this way and still be retried."""
+        return self.max_transient_attempts if failure.transient else self.max_attempts
 
 
 def limits_for(settings: Settings, stage: str) -> StageLimits:
     """The stage's limits: the settings' defaults with BAGPIPE_STAGE_LIMITS over them."""
     overrides: dict[str, Any] = json.loads(settings.stage_limits).get(stage, {}) if settings.stage_limits else {}
-    unknown = set(overrides) - {"factor", "sigmas", "floor", "ceiling", "min_samples", "max_attempts"}
+    unknown = set(overrides) - {"factor", "sigmas", "floor", "ceiling", "min_samples", "max_attempts",
+                                "max_transient_attempts"}
     if unknown:
         raise ValueError(f"{names.SETTING_STAGE_LIMITS}: unknown limit(s) {sorted(unknown)} for {stage}")
     return StageLimits(
@@ -55,6 +61,7 @@ def limits_for(settings: Settings, stage: str) -> StageLimits:
         ceiling_s=float(overrides.get("ceiling", settings.kill_ceiling_s)),
         min_samples=int(overrides.get("min_samples", settings.min_samples)),
         max_attempts=int(overrides.get("max_attempts", settings.max_attempts)),
+        max_transient_attempts=int(overrides.get("max_transient_attempts", settings.max_transient_attempts)),
     )
 
 
@@ -134,7 +141,7 @@ def revoke(clients: Clients, ref: TaskRef, why: FailureClass) -> TaskStatus | No
     if row["Status"] != TaskStatus.RUNNING.value or int(row["Attempt"]) != ref.attempt:
         return None
     limits = limits_for(clients.settings, row["Stage"])
-    after = after_failure(TaskStatus.RUNNING, TaskStatus.TIMED_OUT, ref.attempt, limits.max_attempts)
+    after = after_failure(TaskStatus.RUNNING, TaskStatus.TIMED_OUT, ref.attempt, limits.budget(why))
     change: dict[str, Any] = {"PartitionKey": ref.job, "RowKey": ref.task, "Status": after.value,
                               "LastFailure": why.value, "LastError": f"revoked by the monitor: {why.value}",
                               "Worker": "", "EndedAt": now()}

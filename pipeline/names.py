@@ -21,6 +21,7 @@ SETTING_SHARDS = "BAGPIPE_SHARDS"
 SETTING_WINDOW = "BAGPIPE_WINDOW"
 SETTING_MAX_TASKS = "BAGPIPE_MAX_TASKS"
 SETTING_MAX_ATTEMPTS = "BAGPIPE_MAX_ATTEMPTS"
+SETTING_MAX_TRANSIENT_ATTEMPTS = "BAGPIPE_MAX_TRANSIENT_ATTEMPTS"
 SETTING_LEASE_SECONDS = "BAGPIPE_LEASE_SECONDS"
 SETTING_API_KEY = "BAGPIPE_API_KEY"
 SETTING_SAS_MINUTES = "BAGPIPE_SAS_MINUTES"
@@ -71,6 +72,7 @@ CONTAINERS = (SOURCES_CONTAINER, TILES_CONTAINER, PRODUCTS_CONTAINER, LOGS_CONTA
 # --- row keys inside the tables ----------------------------------------------------------
 JOB_ROW = "job"  # jobs: PK = job id, RK = JOB_ROW
 DEADLINES = "~deadline"  # attempts: PK of the index of running attempts by deadline
+JOB_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")  # jobs: PK; anything else is refused before a lookup
 TASK_KEY_WIDTH = 9  # tasks: RK = zero-padded sequence, so a release cursor is a key range
 COUNTER_PREFIX = "~count~"  # tasks: per-writer terminal counters, sorted after every task
 

@@ -74,7 +74,8 @@ def plan(clients: Clients, job: str) -> None:
         jobs.announce_done(clients, job)
 
 
-def release(clients: Clients, job: str, *, min_room: float = 0.0) -> int:
+def release(clients: Clients, job: str, *, min_room: float = 0.0, row: dict[str, Any] | None = None,
+            done: int | None = None) -> int:
     """Top up the job's window: release PENDING tasks to the shard queues until
     ``released - terminal`` reaches the window. With ``min_room`` > 0 it does nothing
     until that share of the window has drained (so it is cheap to call after every task).
@@ -85,11 +86,12 @@ def release(clients: Clients, job: str, *, min_room: float = 0.0) -> int:
     the cursor a chunk at a time and renews the lease with each move, so however slow the
     storage, a live releaser keeps its lease and its sends count. A releaser that dies
     leaves the lease to expire; its successor resends what it may not have sent
-    (duplicates, which workers drop)."""
+    (duplicates, which workers drop). ``row`` and ``done`` (the job row and its terminal
+    count) spare the first reads when the caller has just made them."""
     window = clients.settings.window
     lease = timedelta(seconds=max(RELEASE_LEASE_S, clients.settings.lease_seconds))
     total_released = 0
-    row = jobs.get(clients, job)
+    row = row if row is not None else jobs.get(clients, job)
     holding = False
     while True:
         if row["State"] != JobState.RUNNING.value:
@@ -98,7 +100,8 @@ def release(clients: Clients, job: str, *, min_room: float = 0.0) -> int:
         holder = row.get("ReleaserUntil")
         if released >= total or (not holding and holder is not None and holder > tasks.now()):
             break
-        done = sum(tasks.terminal_counts(clients.tasks, job).values())
+        if done is None:
+            done = sum(tasks.terminal_counts(clients.tasks, job).values())
         room = window - (released - done)
         if room <= 0 or room < window * min_room:
             break
@@ -118,7 +121,7 @@ def release(clients: Clients, job: str, *, min_room: float = 0.0) -> int:
                 return total_released  # another releaser holds it now, or the job was cancelled
             raise
         total_released += count
-        min_room = 0.0
+        min_room, done = 0.0, None
     if holding:
         try:
             jobs.update(clients, row, ReleaserUntil=NO_RELEASER)

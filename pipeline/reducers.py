@@ -19,13 +19,18 @@ the inputs as raw ENVI files (NAME.bin + NAME.hdr) for programs that have no GDA
 
 from __future__ import annotations
 
-import json
+import logging
 import re
 import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from string import Formatter
+from typing import Annotated, Literal
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+log = logging.getLogger(__name__)
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "reducers"
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _FIELDS = {"python", "here", "inputs", "outputs", "task"}
@@ -59,33 +64,62 @@ class Reducer:
         return [part.format(**values) for part in self.argv]
 
 
+class _Limits(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    cpu_s: Annotated[int, Field(ge=1, le=86_400)] = Limits.cpu_s
+    memory_mb: Annotated[int, Field(ge=64, le=262_144)] = Limits.memory_mb
+    file_mb: Annotated[int, Field(ge=1, le=65_536)] = Limits.file_mb
+    open_files: Annotated[int, Field(ge=16, le=65_536)] = Limits.open_files
+    processes: Annotated[int, Field(ge=1, le=4096)] = Limits.processes
+
+
+class _Manifest(BaseModel):
+    """reducer.json as written by a scientist: every field typed and bounded, nothing extra."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: Annotated[str, Field(pattern=_NAME.pattern)]
+    argv: Annotated[list[str], Field(min_length=1, max_length=256)]
+    description: Annotated[str, Field(max_length=1000)] = ""
+    outputs: Annotated[list[Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^/\\]+$")]],
+                       Field(min_length=1, max_length=64)] = ["*"]
+    input_format: Literal["GTiff", "ENVI"] = "GTiff"
+    timeout_s: Annotated[float, Field(gt=0, le=86_400, allow_inf_nan=False)] = 600.0
+    limits: _Limits = _Limits()
+    env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = {}
+
+    @field_validator("argv")
+    @classmethod
+    def _only_known_fields(cls, argv: list[str]) -> list[str]:
+        for part in argv:
+            try:
+                fields = [(name, spec, conv) for _, name, spec, conv in Formatter().parse(part) if name is not None]
+            except ValueError as exc:
+                raise ValueError(f"{part!r}: {exc}") from None
+            if any(name not in _FIELDS or spec or conv for name, spec, conv in fields):
+                raise ValueError(f"{part!r}: argv fields are {', '.join(sorted('{' + f + '}' for f in _FIELDS))}, "
+                                 "with no format spec")
+        return argv
+
+    @field_validator("env")
+    @classmethod
+    def _no_secrets(cls, env: dict[str, str]) -> dict[str, str]:
+        secret = [k for k in env if any(word in k.upper() for word in _SECRET_WORDS)]
+        if secret:
+            raise ValueError(f"a reducer gets no secrets; remove {secret}")
+        return env
+
+
 def load(path: Path) -> Reducer:
-    """A reducer from its manifest; ValueError saying what is wrong with it."""
-    raw = json.loads(path.read_text())
-    name = raw.get("name", "")
-    if not _NAME.match(name):
-        raise ValueError(f"{path}: name must be lowercase letters, digits, _ (got {name!r})")
-    argv = raw.get("argv")
-    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
-        raise ValueError(f"{path}: argv must be a non-empty list of strings (no shell line)")
-    for part in argv:
-        unknown = set(re.findall(r"{(\w*)}", part)) - _FIELDS
-        if unknown:
-            raise ValueError(f"{path}: unknown argv field(s) {sorted(unknown)}; known: {sorted(_FIELDS)}")
-    env = {str(k): str(v) for k, v in raw.get("env", {}).items()}
-    secret = [k for k in env if any(word in k.upper() for word in _SECRET_WORDS)]
-    if secret:
-        raise ValueError(f"{path}: a reducer gets no secrets; remove {secret} from env")
-    return Reducer(name=name, argv=tuple(argv), here=path.parent, description=raw.get("description", ""),
-                   outputs=tuple(raw.get("outputs", ["*"])), timeout_s=float(raw.get("timeout_s", 600)),
-                   input_format=_input_format(path, raw.get("input_format", "GTiff")),
-                   limits=Limits(**raw.get("limits", {})), env=tuple(sorted(env.items())))
-
-
-def _input_format(path: Path, value: str) -> str:
-    if value not in ("GTiff", "ENVI"):
-        raise ValueError(f"{path}: input_format is GTiff or ENVI, not {value!r}")
-    return value
+    """A reducer from its manifest; ValueError naming the file and the field that is wrong."""
+    try:
+        raw = _Manifest.model_validate_json(path.read_bytes())
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'manifest'}: {e['msg']}"
+                             for e in exc.errors())
+        raise ValueError(f"{path}: {problems}") from None
+    return Reducer(name=raw.name, argv=tuple(raw.argv), here=path.parent, description=raw.description,
+                   outputs=tuple(raw.outputs), timeout_s=raw.timeout_s, input_format=raw.input_format,
+                   limits=Limits(**raw.limits.model_dump()), env=tuple(sorted(raw.env.items())))
 
 
 @lru_cache(maxsize=8)
@@ -96,6 +130,10 @@ def catalog(extra_dirs: str = "") -> dict[str, Reducer]:
     folders = [BUILTIN_DIR, *(Path(d) for d in extra_dirs.split(":") if d)]
     for folder in folders:
         for manifest in sorted(folder.glob("*/reducer.json")):
-            reducer = load(manifest)
+            try:
+                reducer = load(manifest)
+            except (OSError, ValueError) as exc:  # one broken manifest does not hide the others
+                log.error("reducer not loaded: %s", exc)
+                continue
             found[reducer.name] = reducer
     return found

@@ -57,6 +57,9 @@ class Settings:
     max_tasks: int = 50_000
     # BAGPIPE_MAX_ATTEMPTS: attempts a task gets before it is DEAD (default 3).
     max_attempts: int = 3
+    # BAGPIPE_MAX_TRANSIENT_ATTEMPTS: attempts a task gets while its failures are the
+    # platform's (a lost worker, a stall, a connection, a monitor kill), not its own (10).
+    max_transient_attempts: int = 10
     # BAGPIPE_LEASE_SECONDS: message visibility a worker holds and renews (default 30 s);
     # it renews and heartbeats every third of it.
     lease_seconds: int = 30
@@ -139,6 +142,7 @@ class Settings:
             window=_int(env, names.SETTING_WINDOW, 256),
             max_tasks=_int(env, names.SETTING_MAX_TASKS, 50_000),
             max_attempts=_int(env, names.SETTING_MAX_ATTEMPTS, 3),
+            max_transient_attempts=_int(env, names.SETTING_MAX_TRANSIENT_ATTEMPTS, 10),
             lease_seconds=_int(env, names.SETTING_LEASE_SECONDS, 30, minimum=3),
             api_key=env.get(names.SETTING_API_KEY, ""),
             sas_minutes=_int(env, names.SETTING_SAS_MINUTES, 60),
@@ -174,6 +178,7 @@ class Settings:
             names.SETTING_WINDOW: str(self.window),
             names.SETTING_MAX_TASKS: str(self.max_tasks),
             names.SETTING_MAX_ATTEMPTS: str(self.max_attempts),
+            names.SETTING_MAX_TRANSIENT_ATTEMPTS: str(self.max_transient_attempts),
             names.SETTING_LEASE_SECONDS: str(self.lease_seconds),
             names.SETTING_API_KEY: self.api_key,
             names.SETTING_SAS_MINUTES: str(self.sas_minutes),

@@ -68,6 +68,11 @@ def source_blob(product: str, tile: str, day: str) -> str:
     return f"{product}/{tile}/{day}.bin"
 
 
+@stage("noop")
+def noop(ctx: StageContext) -> None:
+    """Does nothing and writes nothing: what a task costs the framework alone (bench.throughput)."""
+
+
 @stage("digest")
 def digest(ctx: StageContext) -> None:
     """A light stand-in for collection → reprojection that needs no feed and no rasters

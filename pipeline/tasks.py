@@ -87,7 +87,8 @@ class TaskRef:
         job, task, attempt = body["job"], body["task"], body["attempt"]
         if not (isinstance(job, str) and isinstance(task, str) and type(attempt) is int):
             raise ValueError("job and task are strings, attempt an integer")
-        if not (0 < len(job) <= 64 and len(task) == names.TASK_KEY_WIDTH and task.isdigit()):
+        if not (names.JOB_KEY.fullmatch(job) and len(task) == names.TASK_KEY_WIDTH
+                and task.isascii() and task.isdigit()):
             raise ValueError("malformed job or task key")
         if not 1 <= attempt <= 1000:
             raise ValueError("attempt out of range")

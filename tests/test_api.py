@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from bagpipe.azurite import ACCOUNT, ACCOUNT_KEY, free_port
 from pipeline import names
 from pipeline.api import create_app
 from pipeline.clients import Clients
@@ -171,3 +172,14 @@ def test_openapi_is_served_and_names_the_key(api: TestClient) -> None:
 def test_app_refuses_to_start_without_a_key(settings: Settings) -> None:
     with pytest.raises(ValueError, match="BAGPIPE_API_KEY"):
         create_app(settings.with_(api_key=""))
+
+
+def test_storage_out_of_reach_is_a_503_with_retry_after(settings: Settings) -> None:
+    dead = free_port()  # nothing listens there
+    unreachable = settings.with_(storage_connection=(
+        f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={ACCOUNT_KEY};"
+        + "".join(f"{s}Endpoint=http://127.0.0.1:{dead}/{ACCOUNT};" for s in ("Blob", "Queue", "Table"))))
+    with TestClient(create_app(unreachable), headers={"x-functions-key": settings.api_key}) as client:
+        response = client.get("/api/jobs")
+    assert response.status_code == 503 and response.headers["retry-after"] == "5"
+    assert "storage is unavailable" in response.json()["detail"]

@@ -18,6 +18,7 @@ import pytest
 
 from pipeline import jobs, monitor, names, runtimes, sweep, tasks
 from pipeline.clients import Clients
+from pipeline.failures import FailureClass
 from pipeline.notify import NoMailer
 from pipeline.settings import Settings
 from pipeline.status import JobState
@@ -63,6 +64,9 @@ def test_kill_rule_ceiling_then_factor_times_mean_with_a_floor(settings: Setting
     tuned = settings.with_(stage_limits=json.dumps({"digest": {"factor": 3, "max_attempts": 7}}), min_samples=1)
     assert monitor.kill_after(monitor.limits_for(tuned, "digest"), runtimes.Runtime(5, 30.0, 0.0)) == 90.0
     assert monitor.limits_for(tuned, "digest").max_attempts == 7
+    # a lost worker or a kill is the platform's doing: it spends the larger budget
+    assert monitor.limits_for(tuned, "digest").budget(FailureClass.USER_CODE) == 7
+    assert monitor.limits_for(tuned, "digest").budget(FailureClass.HEARTBEAT_LOST) == settings.max_transient_attempts
     assert monitor.limits_for(tuned, "other").factor == settings.kill_factor
     with pytest.raises(ValueError, match="unknown limit"):
         monitor.limits_for(settings.with_(stage_limits='{"digest": {"factr": 3}}'), "digest")

@@ -162,7 +162,7 @@ class Worker:
             return
         failure = outcome.failure or FailureClass.UNKNOWN
         limits = monitor.limits_for(self.settings, held.stage)
-        budget = limits.max_attempts
+        budget = limits.budget(failure)
         if not failure.transient and held.last_failure == failure.value:
             budget = held.ref.attempt  # the same input failed the same way twice: give up
         after = tasks.fail(self.clients, counter, held, failure.value, outcome.error, budget)
@@ -200,9 +200,12 @@ class Worker:
         job = held.ref.job
         if "reduction" in held.params:
             planner.release_ready(self.clients, job, int(held.params["reduction"]))
-        planner.release(self.clients, job, min_room=0.25)
-        if all_terminal(self.clients, jobs.get(self.clients, job)):
+        row = jobs.get(self.clients, job)
+        done = sum(tasks.terminal_counts(self.clients.tasks, job).values())
+        if all_terminal(self.clients, row, done):
             jobs.announce_done(self.clients, job)
+        else:
+            planner.release(self.clients, job, min_room=0.25, row=row, done=done)
 
     def poison(self, queue: QueueClient, message: QueueMessage, why: str) -> None:
         record = {

@@ -82,6 +82,7 @@ var settings = {
   '${names.settings.window}': contains(tuning, 'window') ? tuning.window : ''
   '${names.settings.maxTasks}': contains(tuning, 'maxTasks') ? tuning.maxTasks : ''
   '${names.settings.maxAttempts}': contains(tuning, 'maxAttempts') ? tuning.maxAttempts : ''
+  '${names.settings.maxTransientAttempts}': contains(tuning, 'maxTransientAttempts') ? tuning.maxTransientAttempts : ''
   '${names.settings.leaseSeconds}': contains(tuning, 'leaseSeconds') ? tuning.leaseSeconds : ''
   '${names.settings.sasMinutes}': contains(tuning, 'sasMinutes') ? tuning.sasMinutes : ''
   '${names.settings.mailMode}': email ? 'acs' : 'none'

@@ -1,0 +1,52 @@
+"""Blobs made once, against Azurite: a maker that is alive keeps its marker fresh however
+long it works, so nobody makes the blob twice; a maker that died (its marker untouched)
+is taken over after seconds."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from pipeline import cache
+from pipeline.clients import Clients
+
+
+@pytest.fixture(autouse=True)
+def quick(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Last-Modified has whole seconds: a marker can look up to 1 s older than it is
+    monkeypatch.setattr(cache, "TOUCH_S", 0.5)
+    monkeypatch.setattr(cache, "STALE_S", 3.0)
+    monkeypatch.setattr(cache, "POLL_S", 0.1)
+
+
+def test_a_slow_live_maker_is_not_taken_over(clients: Clients) -> None:
+    made: list[str] = []
+
+    def slow() -> bytes:
+        made.append(threading.current_thread().name)
+        time.sleep(3 * cache.STALE_S)  # far longer than a marker may stay untouched
+        return b"tile bytes"
+
+    results: list[cache.Cached] = []
+    threads = [threading.Thread(target=lambda: results.append(cache.ensure(
+        clients.transfers, clients.tiles, "slow.tif", slow, "image/tiff")), name=f"task{i}") for i in range(3)]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.2)
+    for thread in threads:
+        thread.join(30)
+    assert len(made) == 1
+    assert [r.data for r in results] == [b"tile bytes"] * 3 and sum(r.made for r in results) == 1
+    assert [b.name for b in clients.tiles.list_blobs()] == ["slow.tif"]  # the marker is gone
+
+
+def test_the_marker_of_a_dead_maker_is_taken_over(clients: Clients) -> None:
+    clients.tiles.upload_blob("dead.tif" + cache.MARKER_SUFFIX, b"")  # a maker killed mid-way
+    started = time.monotonic()
+    found = cache.ensure(clients.transfers, clients.tiles, "dead.tif", lambda: b"made again", "image/tiff")
+    waited = time.monotonic() - started
+    assert found.made and found.data == b"made again"
+    assert cache.STALE_S - 1 <= waited < cache.STALE_S + 5
+    assert [b.name for b in clients.tiles.list_blobs()] == ["dead.tif"]
