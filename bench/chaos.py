@@ -114,21 +114,23 @@ def torment(stack: LocalStack, azurite: Azurite, proxy: Toxiproxy, progress: Cal
             chaos.restarts += 1
             chaos.log.append(f"storage restarted at {progress():.0%}")
         if now >= next_spike:
-            for name in ("blob", "queue", "table"):
-                proxy.toxic(name, "latency", "downstream", latency=400, jitter=300)
-            time.sleep(1.5)
-            for name in ("blob", "queue", "table"):
-                proxy.remove(name, "latency_downstream")
+            burst(proxy, 1.5, "latency", "downstream", latency=400, jitter=300)
             chaos.latency_spikes += 1
             next_spike = time.monotonic() + rng.uniform(4, 8)
         if now >= next_reset:
-            for name in ("blob", "queue", "table"):
-                proxy.toxic(name, "reset_peer", "upstream", toxicity=0.3, timeout=50)
-            time.sleep(1.0)
-            for name in ("blob", "queue", "table"):
-                proxy.remove(name, "reset_peer_upstream")
+            burst(proxy, 1.0, "reset_peer", "upstream", toxicity=0.3, timeout=50)
             chaos.resets += 1
             next_reset = time.monotonic() + rng.uniform(6, 12)
+
+
+def burst(proxy: Toxiproxy, seconds: float, kind: str, stream: str, **attributes: Any) -> None:
+    """One toxic on every storage service's proxy for ``seconds``."""
+    services = ("blob", "queue", "table")
+    for name in services:
+        proxy.toxic(name, kind, stream, **attributes)
+    time.sleep(seconds)
+    for name in services:
+        proxy.remove(name, f"{kind}_{stream}")
 
 
 def storage_view(clients: Clients, job: str) -> dict[str, Any]:
