@@ -97,7 +97,8 @@ class StageProcess:
             self.process.join(5)
             return outcome
         if not self.process.is_alive():
-            return self._died()
+            # it may have sent its outcome and exited between the wait above and this check
+            return self.poll(0) if self._receive.poll(0) else self._died()
         return None
 
     def _died(self) -> Outcome:
