@@ -137,6 +137,10 @@ def create_app(settings: Settings, *, trust_host_auth: bool = False) -> FastAPI:
         return JSONResponse({"detail": f"storage is unavailable, retry shortly ({type(exc).__name__})"}, 503,
                             headers={"Retry-After": "5"})
 
+    @app.exception_handler(jobs.JobNotFound)
+    async def _no_job(_: Request, exc: jobs.JobNotFound) -> JSONResponse:
+        return JSONResponse({"detail": f"no job {exc.args[0]!r}"}, 404)
+
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         errors = [
@@ -145,12 +149,6 @@ def create_app(settings: Settings, *, trust_host_auth: bool = False) -> FastAPI:
         ]
         detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
         return JSONResponse({"detail": detail, "field": errors[0]["field"], "errors": errors}, 422)
-
-    def _job(job_id: str) -> dict[str, Any]:
-        try:
-            return jobs.get(clients, job_id)
-        except jobs.JobNotFound:
-            raise HTTPException(404, f"no job {job_id!r}") from None
 
     @app.post("/api/jobs", status_code=202, dependencies=authed)
     def submit(request: JobRequest) -> dict[str, Any]:
@@ -178,13 +176,13 @@ def create_app(settings: Settings, *, trust_host_auth: bool = False) -> FastAPI:
     @app.get("/api/jobs/{job_id}", dependencies=authed)
     def job_status(job_id: str) -> dict[str, Any]:
         """State, task counts per status, failure classes, progress and timestamps."""
-        _job(job_id)
+        jobs.get(clients, job_id)
         return jobs.status(clients, job_id)
 
     @app.post("/api/jobs/{job_id}/cancel", status_code=202, dependencies=authed)
     def cancel(job_id: str) -> dict[str, Any]:
         """Cancel a job: no task starts after this; the job ends CANCELLED."""
-        row = _job(job_id)
+        row = jobs.get(clients, job_id)
         if JobState(row["State"]).finished:
             raise HTTPException(409, f"job {job_id} already finished: {row['State']}")
         row = jobs.cancel(clients, job_id, owner=f"api-cancel-{job_id}")
@@ -193,7 +191,7 @@ def create_app(settings: Settings, *, trust_host_auth: bool = False) -> FastAPI:
     @app.get("/api/jobs/{job_id}/results", dependencies=authed)
     def job_results(job_id: str) -> dict[str, Any]:
         """The manifest of a finished job, with short-lived download links."""
-        row = _job(job_id)
+        row = jobs.get(clients, job_id)
         found = results.manifest(clients, job_id)
         if found is None or not JobState(row["State"]).finished:
             raise HTTPException(409, f"job {job_id} has not finished: {row['State']}")

@@ -1,6 +1,9 @@
 """The monitor: revoke attempts that run past their kill threshold or stop heartbeating,
 and requeue their tasks (the ModisAzure task manager's 4× rule, with a floor, a cold-start
-ceiling and per-stage limits).
+ceiling and per-stage limits). Each later attempt of a task may run ``backoff`` times longer
+than the one before: a straggler's retry on a healthy worker finishes well inside its limit
+anyway, and a task that is slow everywhere (storage slowed down, the machine overloaded)
+still ends instead of being killed at the same limit until its budget is spent.
 
 Running attempts are indexed by deadline in the attempts table (PK ``~deadline``, RK =
 zero-padded deadline + attempt), so one pass is a key-range query for "before now": no
@@ -41,6 +44,7 @@ class StageLimits:
     min_samples: int
     max_attempts: int  # the retry budget when a failure may be the task's own
     max_transient_attempts: int  # ... and while it is the platform's (a lost worker, a kill)
+    backoff: float  # attempt n may run backoff^(n-1) times the first attempt's limit
 
     def budget(self, failure: FailureClass) -> int:
         """Attempts a task may have had when it fails this way and still be retried."""
@@ -51,7 +55,7 @@ def limits_for(settings: Settings, stage: str) -> StageLimits:
     """The stage's limits: the settings' defaults with BAGPIPE_STAGE_LIMITS over them."""
     overrides: dict[str, Any] = json.loads(settings.stage_limits).get(stage, {}) if settings.stage_limits else {}
     unknown = set(overrides) - {"factor", "sigmas", "floor", "ceiling", "min_samples", "max_attempts",
-                                "max_transient_attempts"}
+                                "max_transient_attempts", "backoff"}
     if unknown:
         raise ValueError(f"{names.SETTING_STAGE_LIMITS}: unknown limit(s) {sorted(unknown)} for {stage}")
     return StageLimits(
@@ -62,19 +66,22 @@ def limits_for(settings: Settings, stage: str) -> StageLimits:
         min_samples=int(overrides.get("min_samples", settings.min_samples)),
         max_attempts=int(overrides.get("max_attempts", settings.max_attempts)),
         max_transient_attempts=int(overrides.get("max_transient_attempts", settings.max_transient_attempts)),
+        backoff=float(overrides.get("backoff", settings.kill_backoff)),
     )
 
 
-def kill_after(limits: StageLimits, history: runtimes.Runtime) -> float:
+def kill_after(limits: StageLimits, history: runtimes.Runtime, attempt: int = 1) -> float:
     """Seconds an attempt may run: factor × mean once the history is trusted (or the high
     quantile mean + sigmas × stdev, if asked for and earlier), else the cold-start ceiling;
-    never under the floor."""
-    if history.count >= limits.min_samples:
-        limit = limits.factor * history.mean
-        if limits.sigmas > 0:
-            limit = min(limit, history.mean + limits.sigmas * history.stdev)
-        return max(limits.floor_s, limit)
-    return max(limits.floor_s, limits.ceiling_s)
+    never under the floor. Later attempts get backoff^(attempt-1) times that, up to the
+    ceiling."""
+    if history.count < limits.min_samples:
+        return max(limits.floor_s, limits.ceiling_s)
+    limit = limits.factor * history.mean
+    if limits.sigmas > 0:
+        limit = min(limit, history.mean + limits.sigmas * history.stdev)
+    limit = max(limits.floor_s, limit)
+    return max(limit, min(limit * limits.backoff ** (attempt - 1), limits.ceiling_s))
 
 
 def _ms(at: datetime) -> int:
@@ -176,8 +183,7 @@ def record_runtime(clients: Clients, stage: str, params: dict[str, str], seconds
                     runtimes.history_key(params), seconds)
 
 
-def kill_time(clients: Clients, stage: str, params: dict[str, str], started: datetime) -> datetime:
-    """When an attempt started at ``started`` is to be revoked."""
-    history = runtimes.read(clients.runtimes, stage,
-                            runtimes.history_key(params))
-    return started + timedelta(seconds=kill_after(limits_for(clients.settings, stage), history))
+def kill_time(clients: Clients, stage: str, params: dict[str, str], attempt: int, started: datetime) -> datetime:
+    """When ``attempt``, started at ``started``, is to be revoked."""
+    history = runtimes.read(clients.runtimes, stage, runtimes.history_key(params))
+    return started + timedelta(seconds=kill_after(limits_for(clients.settings, stage), history, attempt))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
@@ -38,21 +38,15 @@ def add_portal(app: FastAPI, clients: Clients, authed: list[Any]) -> None:
             "max_tasks": clients.settings.max_tasks,
         }
 
-    def _known(job_id: str) -> None:
-        try:
-            jobs.get(clients, job_id)
-        except jobs.JobNotFound:
-            raise HTTPException(404, f"no job {job_id!r}") from None
-
     @app.get("/api/jobs/{job_id}/view", dependencies=authed)
     def job_view(job_id: str) -> dict[str, Any]:
         """The job page: status, tiles with their states, runtimes and the kill threshold,
         failed attempts with log links, time left."""
-        _known(job_id)
+        jobs.get(clients, job_id)  # 404 if there is no such job
         return jobview.view(clients, job_id)
 
     @app.get("/api/jobs/{job_id}/quicklooks", dependencies=authed)
     def job_quicklooks(job_id: str) -> list[dict[str, Any]]:
         """The finished job's PNG quick-looks, with links and their lon/lat bounds."""
-        _known(job_id)
+        jobs.get(clients, job_id)  # 404 if there is no such job
         return jobview.quicklooks(clients, job_id)

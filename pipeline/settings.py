@@ -89,6 +89,9 @@ class Settings:
     kill_floor_s: float = 10.0
     # BAGPIPE_KILL_CEILING_S: the limit while a stage has too little history (default 1800).
     kill_ceiling_s: float = 1800.0
+    # BAGPIPE_KILL_BACKOFF: each later attempt of a task may run this many times longer than
+    # the one before, up to the ceiling (default 2; 1 keeps one limit for every attempt).
+    kill_backoff: float = 2.0
     # BAGPIPE_MIN_SAMPLES: runs of a (stage, product) before its mean is trusted (default 5).
     min_samples: int = 5
     # BAGPIPE_KILL_GRACE_S: between SIGTERM and SIGKILL of a revoked stage (default 5).
@@ -155,6 +158,7 @@ class Settings:
             kill_sigmas=_float(env, names.SETTING_KILL_SIGMAS, 0.0),
             kill_floor_s=_float(env, names.SETTING_KILL_FLOOR, 10.0),
             kill_ceiling_s=_float(env, names.SETTING_KILL_CEILING, 1800.0, minimum=1.0),
+            kill_backoff=_float(env, names.SETTING_KILL_BACKOFF, 2.0, minimum=1.0),
             min_samples=_int(env, names.SETTING_MIN_SAMPLES, 5),
             kill_grace_s=_float(env, names.SETTING_KILL_GRACE, 5.0),
             monitor_interval_s=_float(env, names.SETTING_MONITOR_INTERVAL, 5.0, minimum=0.1),
@@ -191,6 +195,7 @@ class Settings:
             names.SETTING_KILL_SIGMAS: repr(self.kill_sigmas),
             names.SETTING_KILL_FLOOR: repr(self.kill_floor_s),
             names.SETTING_KILL_CEILING: repr(self.kill_ceiling_s),
+            names.SETTING_KILL_BACKOFF: repr(self.kill_backoff),
             names.SETTING_MIN_SAMPLES: str(self.min_samples),
             names.SETTING_KILL_GRACE: repr(self.kill_grace_s),
             names.SETTING_MONITOR_INTERVAL: repr(self.monitor_interval_s),

@@ -132,8 +132,17 @@ def test_good_request_is_accepted_and_stored(api: TestClient, clients: Clients) 
     assert [j["job"] for j in listed] == [created["job"]]
     status = api.get(f"/api/jobs/{created['job']}").json()
     assert status["state"] == "ACCEPTED" and status["total"] == 4
-    assert api.get("/api/jobs/jnope").status_code == 404
     assert api.get(f"/api/jobs/{created['job']}/results").status_code == 409
+
+
+@pytest.mark.parametrize("method,path", [
+    ("GET", "/api/jobs/jnope"), ("POST", "/api/jobs/jnope/cancel"), ("GET", "/api/jobs/jnope/results"),
+    ("GET", "/api/jobs/jnope/view"), ("GET", "/api/jobs/jnope/quicklooks"), ("GET", "/api/jobs/j%20x%27/view"),
+])
+def test_every_job_route_says_which_job_it_does_not_know(api: TestClient, method: str, path: str) -> None:
+    response = api.request(method, path)
+    assert response.status_code == 404
+    assert response.json()["detail"] in ("no job 'jnope'", 'no job "j x\'"')
 
 
 ENDPOINTS = [

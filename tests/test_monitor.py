@@ -72,6 +72,18 @@ def test_kill_rule_ceiling_then_factor_times_mean_with_a_floor(settings: Setting
         monitor.limits_for(settings.with_(stage_limits='{"digest": {"factr": 3}}'), "digest")
 
 
+def test_each_retry_may_run_longer_up_to_the_ceiling(settings: Settings) -> None:
+    limits = monitor.limits_for(settings.with_(kill_floor_s=2.0, kill_ceiling_s=600.0, min_samples=5), "digest")
+    known = runtimes.Runtime(5, 30.0, 0.0)
+    assert [monitor.kill_after(limits, known, n) for n in (1, 2, 3, 4, 5, 6)] == [120, 240, 480, 600, 600, 600]
+    assert monitor.kill_after(limits, runtimes.Runtime(50, 0.1, 0.0), 3) == 8.0  # from the floor
+    assert monitor.kill_after(limits, runtimes.Runtime(4, 30.0, 0.0), 3) == 600.0  # cold: the ceiling
+    flat = monitor.limits_for(settings.with_(stage_limits='{"digest": {"backoff": 1}}', min_samples=5), "digest")
+    assert monitor.kill_after(flat, known, 9) == 120.0
+    # a limit above the ceiling (a long stage) is never cut down to it
+    assert monitor.kill_after(limits, runtimes.Runtime(5, 300.0, 0.0), 2) == 1200.0
+
+
 def test_quantile_rule_revokes_at_mean_plus_sigmas_when_that_is_earlier(settings: Settings) -> None:
     limits = monitor.limits_for(settings.with_(kill_floor_s=1.0, min_samples=5, kill_sigmas=4.0), "digest")
     history = runtimes.Runtime()

@@ -123,7 +123,7 @@ class Worker:
         deadline: dict[str, Any] = {}
 
         def register(current: tasks.TaskRef, stage: str, params: dict[str, str]) -> None:
-            deadline["kill_at"] = monitor.kill_time(self.clients, stage, params, tasks.now())
+            deadline["kill_at"] = monitor.kill_time(self.clients, stage, params, current.attempt, tasks.now())
             deadline["key"] = monitor.write_deadline(self.clients, current, deadline["kill_at"])
 
         held = tasks.claim(self.clients, ref, self.id, before=register)

@@ -92,6 +92,7 @@ var settings = {
   '${names.settings.killSigmas}': contains(tuning, 'killSigmas') ? tuning.killSigmas : ''
   '${names.settings.killFloor}': contains(tuning, 'killFloor') ? tuning.killFloor : ''
   '${names.settings.killCeiling}': contains(tuning, 'killCeiling') ? tuning.killCeiling : ''
+  '${names.settings.killBackoff}': contains(tuning, 'killBackoff') ? tuning.killBackoff : ''
   '${names.settings.minSamples}': contains(tuning, 'minSamples') ? tuning.minSamples : ''
   '${names.settings.killGrace}': contains(tuning, 'killGrace') ? tuning.killGrace : ''
   '${names.settings.monitorInterval}': contains(tuning, 'monitorInterval') ? tuning.monitorInterval : ''
