@@ -177,13 +177,8 @@ def revoke(clients: Clients, ref: TaskRef, why: FailureClass) -> TaskStatus | No
     return after
 
 
-def record_runtime(clients: Clients, stage: str, params: dict[str, str], seconds: float) -> None:
-    """Add a committed attempt's runtime to the history of its (stage, product[, reducer])."""
-    runtimes.record(clients.runtimes, stage,
-                    runtimes.history_key(params), seconds)
-
-
-def kill_time(clients: Clients, stage: str, params: dict[str, str], attempt: int, started: datetime) -> datetime:
-    """When ``attempt``, started at ``started``, is to be revoked."""
-    history = runtimes.read(clients.runtimes, stage, runtimes.history_key(params))
-    return started + timedelta(seconds=kill_after(limits_for(clients.settings, stage), history, attempt))
+def kill_time(settings: Settings, stage: str, history: runtimes.Runtime, attempt: int,
+              started: datetime) -> datetime:
+    """When ``attempt`` of a task of ``stage`` with this runtime history, started at
+    ``started``, is to be revoked."""
+    return started + timedelta(seconds=kill_after(limits_for(settings, stage), history, attempt))

@@ -1,14 +1,24 @@
 """Runtime history per (stage, product[, reducer]) across all requests: count, mean and
-M2 (Welford), updated with conditional writes so concurrent updates are never lost."""
+M2 (Welford), updated with conditional writes so concurrent updates are never lost.
+
+A worker keeps a :class:`RuntimeBook`: it adds its samples locally and merges them into the
+table every few seconds (one conditional write per key, where a write per sample would cost
+two storage calls per task), and serves the history it last read or merged. A worker that
+is killed loses its last few seconds of samples: statistics, never results."""
 
 from __future__ import annotations
 
+import logging
 import math
+import threading
+import time
 from dataclasses import dataclass
 
 from azure.core import MatchConditions
 from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
 from azure.data.tables import TableClient, UpdateMode
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -28,6 +38,15 @@ class Runtime:
         mean = self.mean + delta / count
         return Runtime(count, mean, self.m2 + delta * (seconds - mean))
 
+    def merge(self, other: Runtime) -> Runtime:
+        """The statistics of both sets of samples together (Chan et al.'s pairwise update)."""
+        if not other.count:
+            return self
+        count = self.count + other.count
+        delta = other.mean - self.mean
+        return Runtime(count, self.mean + delta * other.count / count,
+                       self.m2 + other.m2 + delta * delta * self.count * other.count / count)
+
 
 def history_key(params: dict[str, str]) -> str:
     """What a runtime is kept per within a stage: the product (and reducer, if any)."""
@@ -43,20 +62,26 @@ def read(table: TableClient, stage: str, key: str) -> Runtime:
     return Runtime(int(row["Count"]), float(row["Mean"]), float(row["M2"]))
 
 
-def record(table: TableClient, stage: str, key: str, seconds: float, tries: int = 50) -> Runtime:
-    """Add one sample, retrying on a concurrent update; returns the new statistics."""
+def record(table: TableClient, stage: str, key: str, seconds: float) -> Runtime:
+    """Add one sample; returns the new statistics."""
+    return merge(table, stage, key, Runtime().add(seconds))
+
+
+def merge(table: TableClient, stage: str, key: str, samples: Runtime, tries: int = 50) -> Runtime:
+    """Add the statistics of some samples, retrying on a concurrent update; returns the new
+    statistics."""
     for _ in range(tries):
         try:
             row = table.get_entity(stage, key)
         except ResourceNotFoundError:
-            new = Runtime().add(seconds)
+            new = samples
             try:
                 table.create_entity({"PartitionKey": stage, "RowKey": key, "Count": new.count,
                                      "Mean": new.mean, "M2": new.m2})
                 return new
             except ResourceExistsError:
                 continue
-        new = Runtime(int(row["Count"]), float(row["Mean"]), float(row["M2"])).add(seconds)
+        new = Runtime(int(row["Count"]), float(row["Mean"]), float(row["M2"])).merge(samples)
         try:
             table.update_entity(
                 {"PartitionKey": stage, "RowKey": key, "Count": new.count, "Mean": new.mean, "M2": new.m2},
@@ -65,4 +90,54 @@ def record(table: TableClient, stage: str, key: str, seconds: float, tries: int 
             return new
         except ResourceModifiedError:
             continue
-    raise RuntimeError(f"runtime history of {stage}/{key} kept changing; sample dropped")
+    raise RuntimeError(f"runtime history of {stage}/{key} kept changing; samples dropped")
+
+
+class RuntimeBook:
+    """One process's runtime history: samples merged into the table at most every
+    ``flush_s`` seconds, reads served from the last table value (refreshed after
+    ``flush_s``) with this process's unmerged samples on top."""
+
+    def __init__(self, table: TableClient, flush_s: float = 5.0) -> None:
+        self.table, self.flush_s = table, flush_s
+        self._known: dict[tuple[str, str], tuple[float, Runtime]] = {}  # when read, what
+        self._pending: dict[tuple[str, str], Runtime] = {}
+        self._flushed = time.monotonic()
+        self._lock = threading.Lock()
+
+    def read(self, stage: str, key: str) -> Runtime:
+        with self._lock:
+            at, known = self._known.get((stage, key), (-math.inf, Runtime()))
+            pending = self._pending.get((stage, key), Runtime())
+        if time.monotonic() - at >= self.flush_s:
+            known = read(self.table, stage, key)
+            with self._lock:
+                self._known[(stage, key)] = (time.monotonic(), known)
+        return known.merge(pending)
+
+    def add(self, stage: str, key: str, seconds: float) -> None:
+        with self._lock:
+            self._pending[(stage, key)] = self._pending.get((stage, key), Runtime()).add(seconds)
+            due = time.monotonic() - self._flushed >= self.flush_s
+        if due:
+            self.flush()
+
+    def flush(self) -> bool:
+        """Merge every unmerged sample into the table; False if some must wait for the next
+        flush (storage unreachable)."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+            self._flushed = time.monotonic()
+        merged_all = True
+        for (stage, key), samples in pending.items():
+            try:
+                merged = merge(self.table, stage, key, samples)
+            except Exception as exc:
+                log.warning("runtime history of %s/%s not merged yet: %s", stage, key, exc)
+                merged_all = False
+                with self._lock:
+                    self._pending[(stage, key)] = self._pending.get((stage, key), Runtime()).merge(samples)
+                continue
+            with self._lock:
+                self._known[(stage, key)] = (time.monotonic(), merged)
+        return merged_all

@@ -15,7 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
+from azure.data.tables import TableClient
 
+from bagpipe.azurite import Azurite, free_port
 from pipeline import jobs, monitor, names, runtimes, sweep, tasks
 from pipeline.clients import Clients
 from pipeline.failures import FailureClass
@@ -54,6 +56,58 @@ def test_runtime_history_is_exact_under_concurrent_updates(clients: Clients) -> 
     assert found.count == len(samples)
     assert found.mean == pytest.approx(statistics.fmean(samples), rel=1e-9)
     assert found.stdev == pytest.approx(statistics.stdev(samples), rel=1e-9)
+
+
+def test_merged_statistics_equal_one_sample_at_a_time() -> None:
+    samples = [random.Random(i).uniform(0.1, 9.0) for i in range(50)]
+    one_by_one, left, right = runtimes.Runtime(), runtimes.Runtime(), runtimes.Runtime()
+    for value in samples:
+        one_by_one = one_by_one.add(value)
+    for value in samples[:17]:
+        left = left.add(value)
+    for value in samples[17:]:
+        right = right.add(value)
+    merged = left.merge(right)
+    assert merged.count == 50
+    assert merged.mean == pytest.approx(one_by_one.mean, rel=1e-12)
+    assert merged.stdev == pytest.approx(statistics.stdev(samples), rel=1e-9)
+    assert runtimes.Runtime().merge(left) == left and left.merge(runtimes.Runtime()) == left
+
+
+def test_workers_books_merge_into_an_exact_history_and_keep_samples_storage_refused(
+        clients: Clients, azurite: Azurite) -> None:
+    table = runtimes_table(clients)
+    samples = [random.Random(100 + i).uniform(0.5, 3.0) for i in range(90)]
+    books = [runtimes.RuntimeBook(table, flush_s=0.05) for _ in range(3)]
+
+    def writer(book: runtimes.RuntimeBook, chunk: list[float]) -> None:
+        for value in chunk:
+            book.add("book", "MOD10A2", value)
+            time.sleep(0.01)
+
+    threads = [threading.Thread(target=writer, args=(b, samples[i::3])) for i, b in enumerate(books)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(b.flush() for b in books)
+    found = runtimes.read(table, "book", "MOD10A2")
+    assert found.count == len(samples)
+    assert found.mean == pytest.approx(statistics.fmean(samples), rel=1e-9)
+    assert found.stdev == pytest.approx(statistics.stdev(samples), rel=1e-9)
+
+    # a book whose storage is unreachable keeps its samples, counts them in its reads, and
+    # merges them once storage answers again
+    cut = TableClient.from_connection_string(
+        clients.settings.storage_connection.replace(f":{azurite.table_port}/", f":{free_port()}/"),
+        table.table_name, retry_total=0)
+    book = runtimes.RuntimeBook(cut, flush_s=3600)
+    book.add("book", "MOD10A2", 100.0)
+    assert not book.flush()
+    book.table = table
+    assert book.read("book", "MOD10A2").count == len(samples) + 1
+    assert book.flush()
+    assert runtimes.read(table, "book", "MOD10A2").count == len(samples) + 1
 
 
 def test_kill_rule_ceiling_then_factor_times_mean_with_a_floor(settings: Settings) -> None:

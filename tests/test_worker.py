@@ -165,7 +165,13 @@ def test_worker_process_exits_cleanly_on_sigterm(settings: Settings, clients: Cl
     env = {**os.environ, **settings.to_env()}
     process = subprocess.Popen([sys.executable, "-m", "bagpipe.cli", "worker", "--slots", "1"], env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    time.sleep(3)
-    assert process.poll() is None, process.stdout.read() if process.stdout else ""
+    assert process.stdout is not None
+    seen = b""
+    while b"started with" not in seen:  # its SIGTERM handler is in place from here on
+        line = process.stdout.readline()
+        assert line, seen.decode()  # it exited before it started
+        seen += line
+    time.sleep(1)
+    assert process.poll() is None, seen.decode()
     process.send_signal(signal.SIGTERM)
     assert process.wait(20) == 0

@@ -20,7 +20,7 @@ from typing import Any
 
 from azure.storage.queue import QueueClient, QueueMessage
 
-from pipeline import jobs, monitor, names, planner, tasks, telemetry
+from pipeline import jobs, monitor, names, planner, runtimes, tasks, telemetry
 from pipeline.clients import Clients, clients_for
 from pipeline.completion import all_terminal
 from pipeline.failures import FailureClass
@@ -32,6 +32,8 @@ from worker.lease import Lease
 log = logging.getLogger(__name__)
 
 MAX_DEQUEUES = 20  # a message delivered this often without finishing is poison
+JOB_CHECK_S = 1.0  # while a job still has tasks to release, look at its window this often
+FORGET_JOBS_AFTER = 1000  # jobs whose last look this worker remembers
 RETRY_BACKOFF_S = (2, 10, 30)  # visibility delay before attempt 2, 3, 4+
 
 
@@ -47,6 +49,10 @@ class Worker:
         # event-driven execution in Azure Container Apps ends when the work is done)
         self.exit_when_idle = exit_when_idle
         self.stopping = threading.Event()
+        self.history = runtimes.RuntimeBook(self.clients.runtimes)
+        # per job: when this worker last read its row and counters, and whether every tile
+        # task had been released then (from when on every task may be the job's last)
+        self._looked: dict[str, tuple[float, bool]] = {}
         self._free = threading.Semaphore(slots)
         self._counters = [tasks.TerminalCounter(f"{self.id}-{i}") for i in range(slots)]
         self._counter_pool: list[tasks.TerminalCounter] = list(self._counters)
@@ -86,12 +92,15 @@ class Worker:
                 if batch or self._busy():
                     last_work = time.monotonic()
                 if idle >= len(queues):  # every shard was empty: wait a little
+                    if not self._busy():
+                        self.history.flush()
                     if self.exit_when_idle is not None and time.monotonic() - last_work >= self.exit_when_idle:
                         log.info("worker %s: queues idle for %.0f s, exiting", self.id, self.exit_when_idle)
                         self.stopping.set()
                         break
                     self.stopping.wait(self.idle_sleep)
                     idle = 0
+        self.history.flush()
 
     def _busy(self) -> bool:
         with self._pool_lock:
@@ -123,7 +132,8 @@ class Worker:
         deadline: dict[str, Any] = {}
 
         def register(current: tasks.TaskRef, stage: str, params: dict[str, str]) -> None:
-            deadline["kill_at"] = monitor.kill_time(self.clients, stage, params, current.attempt, tasks.now())
+            history = self.history.read(stage, runtimes.history_key(params))
+            deadline["kill_at"] = monitor.kill_time(self.settings, stage, history, current.attempt, tasks.now())
             deadline["key"] = monitor.write_deadline(self.clients, current, deadline["kill_at"])
 
         held = tasks.claim(self.clients, ref, self.id, before=register)
@@ -157,7 +167,7 @@ class Worker:
             seconds = (tasks.now() - held.started).total_seconds()
             telemetry.attempt_ended(held.stage, status.value if committed else "DISCARDED", seconds)
             if committed:
-                monitor.record_runtime(self.clients, held.stage, held.params, seconds)
+                self.history.add(held.stage, runtimes.history_key(held.params), seconds)
                 self.after_terminal(held)
             return
         failure = outcome.failure or FailureClass.UNKNOWN
@@ -196,16 +206,34 @@ class Worker:
 
     def after_terminal(self, held: tasks.Claim) -> None:
         """A task ended: release the reduction waiting for it if it was the last it waited
-        for, top up the window, and announce completion if it was the job's last."""
+        for, top up the window, and announce completion if it was the job's last.
+
+        While the job still has tile tasks to release, none can be its last, and the window
+        needs a look only now and then (it is topped up a quarter at a time): this worker
+        reads the job row and counters at most every JOB_CHECK_S then, after every task
+        once all are released. The sweep tops up and completes jobs too."""
         job = held.ref.job
         if "reduction" in held.params:
             planner.release_ready(self.clients, job, int(held.params["reduction"]))
+        with self._pool_lock:
+            looked_at, all_released = self._looked.get(job, (-JOB_CHECK_S, False))
+            if not all_released and time.monotonic() - looked_at < JOB_CHECK_S:
+                return
+            self._looked[job] = (time.monotonic(), all_released)
         row = jobs.get(self.clients, job)
         done = sum(tasks.terminal_counts(self.clients.tasks, job).values())
         if all_terminal(self.clients, row, done):
             jobs.announce_done(self.clients, job)
-        else:
-            planner.release(self.clients, job, min_room=0.25, row=row, done=done)
+            with self._pool_lock:
+                self._looked.pop(job, None)
+            return
+        planner.release(self.clients, job, min_room=0.25, row=row, done=done)
+        with self._pool_lock:
+            self._looked[job] = (time.monotonic(), int(row["Released"]) >= int(row.get("Tiles", row["Total"])))
+            if len(self._looked) > FORGET_JOBS_AFTER:  # jobs finished by other workers
+                oldest = sorted(self._looked, key=lambda j: self._looked[j][0])
+                for gone in oldest[: len(oldest) // 2]:
+                    del self._looked[gone]
 
     def poison(self, queue: QueueClient, message: QueueMessage, why: str) -> None:
         record = {
