@@ -208,7 +208,8 @@ def test_stage_that_ignores_sigterm_is_sigkilled_with_its_children(settings: Set
 
 
 def test_worker_killed_mid_stage_task_finishes_elsewhere(settings: Settings) -> None:
-    settings = with_stage(settings, "straggler", kill_ceiling_s=600.0)
+    # the marked task's first attempt never ends by itself, ignores SIGTERM and has a child
+    settings = with_stage(settings, "stubborn", kill_ceiling_s=600.0)
     clients = Clients(settings)
     clients.ensure_resources()
     env = {**os.environ, **settings.to_env()}
@@ -218,12 +219,12 @@ def test_worker_killed_mid_stage_task_finishes_elsewhere(settings: Settings) -> 
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         marked = wait_for(lambda: jobs.get(clients, job)["State"] == "RUNNING" and marked_task(clients, job),
                           60, "planning")
-        pid_file = PIDS / f"{job}-{marked['RowKey']}-1.pid"
-        wait_for(pid_file.exists, 60, "the marked task to start")
-        stage_pid = int(pid_file.read_text())
+        pid_file = PIDS / f"{job}-stubborn.pid"
+        wait_for(lambda: pid_file.exists() and len(pid_file.read_text().split()) == 2, 60, "the marked task to start")
+        stage_pids = [int(p) for p in pid_file.read_text().split()]
         doomed.send_signal(signal.SIGKILL)
         doomed.wait()
-        wait_for(lambda: not alive(stage_pid), 10, "the orphaned stage to die with its worker")
+        wait_for(lambda: not any(alive(p) for p in stage_pids), 10, "the orphaned stage to die with its worker")
         killed_at = time.monotonic()
         with running_workers(settings, slots=2):
             wait_for(lambda: JobState(jobs.get(clients, job)["State"]).finished, 120, "the job to finish")

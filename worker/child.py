@@ -13,7 +13,9 @@ import ctypes
 import importlib
 import multiprocessing
 import os
+import select
 import signal
+import threading
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -52,17 +54,36 @@ def load_stage_modules(modules: str) -> None:
 
 
 def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent (the fork server, which lives
-    exactly as long as the worker) dies: a killed worker leaves no stage running."""
+    """Ask Linux to SIGKILL this process when its parent (the fork server) dies."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
         pass  # not Linux: the monitor still revokes the attempt, its output is never used
 
 
+def _die_with_worker(conn: Connection) -> None:
+    """SIGKILL this process group as soon as its worker is gone (no reader is left on the
+    outcome pipe). The fork server alone would not see to it: every child it forks holds a
+    copy of the server's liveness pipe, so the server outlives a killed worker for as long
+    as that worker's stages run, and they would run to the end for nothing."""
+
+    def watch() -> None:
+        poller = select.poll()
+        poller.register(conn.fileno(), 0)  # reports only POLLERR/POLLHUP (and POLLNVAL)
+        while True:
+            for _, event in poller.poll():
+                if event & select.POLLNVAL:
+                    return  # the outcome was sent and the pipe closed: the stage is over
+                if event & (select.POLLERR | select.POLLHUP):
+                    os.killpg(0, signal.SIGKILL)
+
+    threading.Thread(target=watch, name="worker-watch", daemon=True).start()
+
+
 def _child(settings: Settings, stage: str, context: dict[str, Any], conn: Connection) -> None:
     os.setpgid(0, 0)  # its own process group: killing it kills everything it started
     _die_with_parent()
+    _die_with_worker(conn)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     try:
