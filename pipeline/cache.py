@@ -51,13 +51,20 @@ def _read(transfers: Transfers, container: ContainerClient, name: str, want_data
 
 
 def ensure(transfers: Transfers, container: ContainerClient, name: str, make: Callable[[], bytes],
-           content_type: str, want_data: bool = True) -> Cached:
-    """The blob ``name``: read if it exists, else made by ``make`` — once, whoever asks."""
+           content_type: str, want_data: bool = True, tidy: bool = False) -> Cached:
+    """The blob ``name``: read if it exists, else made by ``make`` — once, whoever asks.
+
+    ``tidy``: the caller retries an attempt that may have died as this blob's maker, after
+    the upload and before removing its marker; a marker beside a blob that exists is such
+    a leftover (a live maker re-reads the blob after making its marker and stands down),
+    so it is removed."""
     marker = container.get_blob_client(name + MARKER_SUFFIX)
     give_up = time.monotonic() + WAIT_S
     while time.monotonic() < give_up:
         found = _read(transfers, container, name, want_data)
         if found is not None:
+            if tidy:
+                _remove(marker, tries=1)
             return found
         try:
             marker.upload_blob(b"", overwrite=False)
@@ -76,10 +83,7 @@ def ensure(transfers: Transfers, container: ContainerClient, name: str, make: Ca
                     md5 = md5_of(data)
             return Cached(name, md5, data, True)
         finally:
-            try:
-                marker.delete_blob()
-            except ResourceNotFoundError:
-                pass
+            _remove(marker)
     raise StageFailure(FailureClass.OPERATION_TIMEOUT, f"waited {WAIT_S:.0f} s for {name} to be made")
 
 
@@ -102,6 +106,22 @@ def _touching(marker: BlobClient) -> Iterator[None]:
     finally:
         done.set()
         toucher.join()
+
+
+def _remove(marker: BlobClient, tries: int = 8) -> None:
+    """Delete our marker, waiting out a storage outage (a restart, a cut connection) rather
+    than leave it: a marker whose blob exists is never looked at again."""
+    for attempt in range(tries):
+        try:
+            marker.delete_blob()
+            return
+        except ResourceNotFoundError:
+            return
+        except Exception as exc:
+            if attempt == tries - 1:
+                log.warning("marker %s left behind: %s", marker.blob_name, exc)
+                return
+            time.sleep(min(2.0**attempt, 15.0))
 
 
 def _take_over_if_stale(marker: BlobClient) -> None:

@@ -1,9 +1,10 @@
 """The monitor: revoke attempts that run past their kill threshold or stop heartbeating,
 and requeue their tasks (the ModisAzure task manager's 4× rule, with a floor, a cold-start
-ceiling and per-stage limits). Each later attempt of a task may run ``backoff`` times longer
-than the one before: a straggler's retry on a healthy worker finishes well inside its limit
-anyway, and a task that is slow everywhere (storage slowed down, the machine overloaded)
-still ends instead of being killed at the same limit until its budget is spent.
+ceiling and per-stage limits). Each time an attempt of a task is revoked for time, the
+task's later attempts may run ``backoff`` times longer: a straggler's retry on a healthy
+worker finishes well inside its limit anyway, and a task that is slow everywhere (storage
+slowed down, the machine overloaded) still ends instead of being killed at the same limit
+until its budget is spent.
 
 Running attempts are indexed by deadline in the attempts table (PK ``~deadline``, RK =
 zero-padded deadline + attempt), so one pass is a key-range query for "before now": no
@@ -44,7 +45,7 @@ class StageLimits:
     min_samples: int
     max_attempts: int  # the retry budget when a failure may be the task's own
     max_transient_attempts: int  # ... and while it is the platform's (a lost worker, a kill)
-    backoff: float  # attempt n may run backoff^(n-1) times the first attempt's limit
+    backoff: float  # after n revocations for time, an attempt may run backoff^n × the limit
 
     def budget(self, failure: FailureClass) -> int:
         """Attempts a task may have had when it fails this way and still be retried."""
@@ -70,18 +71,18 @@ def limits_for(settings: Settings, stage: str) -> StageLimits:
     )
 
 
-def kill_after(limits: StageLimits, history: runtimes.Runtime, attempt: int = 1) -> float:
+def kill_after(limits: StageLimits, history: runtimes.Runtime, timeouts: int = 0) -> float:
     """Seconds an attempt may run: factor × mean once the history is trusted (or the high
     quantile mean + sigmas × stdev, if asked for and earlier), else the cold-start ceiling;
-    never under the floor. Later attempts get backoff^(attempt-1) times that, up to the
-    ceiling."""
+    never under the floor. After ``timeouts`` earlier revocations for time, backoff^timeouts
+    times that, up to the ceiling."""
     if history.count < limits.min_samples:
         return max(limits.floor_s, limits.ceiling_s)
     limit = limits.factor * history.mean
     if limits.sigmas > 0:
         limit = min(limit, history.mean + limits.sigmas * history.stdev)
     limit = max(limits.floor_s, limit)
-    return max(limit, min(limit * limits.backoff ** (attempt - 1), limits.ceiling_s))
+    return max(limit, min(limit * limits.backoff**timeouts, limits.ceiling_s))
 
 
 def _ms(at: datetime) -> int:
@@ -152,6 +153,8 @@ def revoke(clients: Clients, ref: TaskRef, why: FailureClass) -> TaskStatus | No
     change: dict[str, Any] = {"PartitionKey": ref.job, "RowKey": ref.task, "Status": after.value,
                               "LastFailure": why.value, "LastError": f"revoked by the monitor: {why.value}",
                               "Worker": "", "EndedAt": now()}
+    if why is FailureClass.EXECUTION_TIMEOUT:
+        change["Timeouts"] = int(row.get("Timeouts", 0)) + 1
     op = ("update", change, {"mode": UpdateMode.MERGE, **if_match(row.metadata["etag"])})
     try:
         if after is TaskStatus.DEAD:
@@ -177,8 +180,8 @@ def revoke(clients: Clients, ref: TaskRef, why: FailureClass) -> TaskStatus | No
     return after
 
 
-def kill_time(settings: Settings, stage: str, history: runtimes.Runtime, attempt: int,
+def kill_time(settings: Settings, stage: str, history: runtimes.Runtime, timeouts: int,
               started: datetime) -> datetime:
-    """When ``attempt`` of a task of ``stage`` with this runtime history, started at
-    ``started``, is to be revoked."""
-    return started + timedelta(seconds=kill_after(limits_for(settings, stage), history, attempt))
+    """When an attempt of a task of ``stage`` with this runtime history, started at
+    ``started``, is to be revoked (``timeouts``: earlier revocations of the task for time)."""
+    return started + timedelta(seconds=kill_after(limits_for(settings, stage), history, timeouts))

@@ -89,8 +89,8 @@ class Settings:
     kill_floor_s: float = 10.0
     # BAGPIPE_KILL_CEILING_S: the limit while a stage has too little history (default 1800).
     kill_ceiling_s: float = 1800.0
-    # BAGPIPE_KILL_BACKOFF: each later attempt of a task may run this many times longer than
-    # the one before, up to the ceiling (default 2; 1 keeps one limit for every attempt).
+    # BAGPIPE_KILL_BACKOFF: each time a task is revoked for time, its later attempts may run
+    # this many times longer, up to the ceiling (default 2; 1 keeps one limit for all).
     kill_backoff: float = 2.0
     # BAGPIPE_MIN_SAMPLES: runs of a (stage, product) before its mean is trusted (default 5).
     min_samples: int = 5

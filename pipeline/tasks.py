@@ -212,12 +212,13 @@ class Claim:
 
 
 def claim(clients: Clients, ref: TaskRef, worker: str,
-          before: Callable[[TaskRef, str, dict[str, str]], None] | None = None) -> Claim | None:
+          before: Callable[[TaskRef, str, dict[str, str], int], None] | None = None) -> Claim | None:
     """Move the task to RUNNING for the attempt its row names, if the message may still run
     it: the row is QUEUED and the message is not from a later attempt. None otherwise (the
     message is stale or a duplicate, and is deleted). ``before`` runs just before the
-    claiming write, with the attempt, stage and parameters: the monitor's index entry is
-    made there, so that no attempt is ever RUNNING without one."""
+    claiming write, with the attempt, stage, parameters and how many earlier attempts the
+    monitor revoked for time: the monitor's index entry is made there, so that no attempt
+    is ever RUNNING without one."""
     try:
         row = clients.tasks.get_entity(ref.job, ref.task)
     except ResourceNotFoundError:
@@ -228,7 +229,7 @@ def claim(clients: Clients, ref: TaskRef, worker: str,
     current = TaskRef(ref.job, ref.task, row["Attempt"])
     params = json.loads(row["Params"])
     if before is not None:
-        before(current, row["Stage"], params)
+        before(current, row["Stage"], params, int(row.get("Timeouts", 0)))
     started = now()
     change = {
         "PartitionKey": ref.job,

@@ -36,7 +36,7 @@ def modis(ctx: StageContext) -> None:
     tiles = params["sources"].split(",")
 
     def collect(tile: str, want_data: bool) -> cache.Cached:
-        return collection.collect(ctx.clients, product, tile, day, want_data)
+        return collection.collect(ctx.clients, product, tile, day, want_data, retry=ctx.attempt > 1)
 
     with ThreadPoolExecutor(len(tiles)) as pool:  # their digests name the output: no bytes needed yet
         found = list(pool.map(lambda tile: collect(tile, False), tiles))
@@ -57,6 +57,7 @@ def modis(ctx: StageContext) -> None:
                                                            "TARGET_TILE": params["tile"]})
 
     name = names.tile_blob(key, product, params["tile"], params["date"])
-    made = cache.ensure(ctx.clients.transfers, ctx.clients.tiles, name, make, "image/tiff", want_data=False)
+    made = cache.ensure(ctx.clients.transfers, ctx.clients.tiles, name, make, "image/tiff", want_data=False,
+                        tidy=ctx.attempt > 1)
     ctx.cached = not made.made
     ctx.outputs.append(names.TILE_OUTPUT_PREFIX + name)

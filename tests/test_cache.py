@@ -50,3 +50,14 @@ def test_the_marker_of_a_dead_maker_is_taken_over(clients: Clients) -> None:
     assert found.made and found.data == b"made again"
     assert cache.STALE_S - 1 <= waited < cache.STALE_S + 5
     assert [b.name for b in clients.tiles.list_blobs()] == ["dead.tif"]
+
+
+def test_a_retry_removes_the_marker_a_maker_killed_after_its_upload_left(clients: Clients) -> None:
+    clients.tiles.upload_blob("left.tif", b"made")  # the maker uploaded, then died
+    clients.tiles.upload_blob("left.tif" + cache.MARKER_SUFFIX, b"")
+    first = cache.ensure(clients.transfers, clients.tiles, "left.tif", lambda: b"never", "image/tiff")
+    assert first.data == b"made" and not first.made
+    assert len(list(clients.tiles.list_blobs(name_starts_with="left.tif"))) == 2  # a first attempt cannot know
+    again = cache.ensure(clients.transfers, clients.tiles, "left.tif", lambda: b"never", "image/tiff", tidy=True)
+    assert again.data == b"made" and not again.made
+    assert [b.name for b in clients.tiles.list_blobs(name_starts_with="left.tif")] == ["left.tif"]

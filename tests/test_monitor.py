@@ -126,16 +126,16 @@ def test_kill_rule_ceiling_then_factor_times_mean_with_a_floor(settings: Setting
         monitor.limits_for(settings.with_(stage_limits='{"digest": {"factr": 3}}'), "digest")
 
 
-def test_each_retry_may_run_longer_up_to_the_ceiling(settings: Settings) -> None:
+def test_each_revocation_for_time_gives_the_next_attempts_longer_up_to_the_ceiling(settings: Settings) -> None:
     limits = monitor.limits_for(settings.with_(kill_floor_s=2.0, kill_ceiling_s=600.0, min_samples=5), "digest")
     known = runtimes.Runtime(5, 30.0, 0.0)
-    assert [monitor.kill_after(limits, known, n) for n in (1, 2, 3, 4, 5, 6)] == [120, 240, 480, 600, 600, 600]
-    assert monitor.kill_after(limits, runtimes.Runtime(50, 0.1, 0.0), 3) == 8.0  # from the floor
-    assert monitor.kill_after(limits, runtimes.Runtime(4, 30.0, 0.0), 3) == 600.0  # cold: the ceiling
+    assert [monitor.kill_after(limits, known, n) for n in (0, 1, 2, 3, 4, 5)] == [120, 240, 480, 600, 600, 600]
+    assert monitor.kill_after(limits, runtimes.Runtime(50, 0.1, 0.0), 2) == 8.0  # from the floor
+    assert monitor.kill_after(limits, runtimes.Runtime(4, 30.0, 0.0), 2) == 600.0  # cold: the ceiling
     flat = monitor.limits_for(settings.with_(stage_limits='{"digest": {"backoff": 1}}', min_samples=5), "digest")
-    assert monitor.kill_after(flat, known, 9) == 120.0
+    assert monitor.kill_after(flat, known, 8) == 120.0
     # a limit above the ceiling (a long stage) is never cut down to it
-    assert monitor.kill_after(limits, runtimes.Runtime(5, 300.0, 0.0), 2) == 1200.0
+    assert monitor.kill_after(limits, runtimes.Runtime(5, 300.0, 0.0), 1) == 1200.0
 
 
 def test_quantile_rule_revokes_at_mean_plus_sigmas_when_that_is_earlier(settings: Settings) -> None:
@@ -174,7 +174,7 @@ def test_straggler_is_revoked_at_about_4x_and_succeeds_on_retry(settings: Settin
         wait_for(lambda: JobState(jobs.get(clients, job)["State"]).finished, 120, "the job to finish")
     assert jobs.get(clients, job)["State"] == "SUCCEEDED"
     task = marked_task(clients, job)
-    assert task["Attempt"] == 2 and task["Status"] == "SUCCEEDED"
+    assert task["Attempt"] == 2 and task["Status"] == "SUCCEEDED" and task["Timeouts"] == 1
     first, second = attempt_rows(clients, job, task["RowKey"])
     assert first["FailureClass"] == "execution_timeout" and first["RevokedBy"] == "monitor"
     ran_for = (first["EndedAt"] - first["StartedAt"]).total_seconds()
@@ -231,7 +231,7 @@ def test_worker_killed_mid_stage_task_finishes_elsewhere(settings: Settings) -> 
         recovered_in = time.monotonic() - killed_at
     assert jobs.get(clients, job)["State"] == "SUCCEEDED"
     row = clients.tasks.get_entity(job, marked["RowKey"])
-    assert row["Attempt"] == 2 and row["LastFailure"] == "heartbeat_lost"
+    assert row["Attempt"] == 2 and row["LastFailure"] == "heartbeat_lost" and "Timeouts" not in row
     assert json.loads(row["Outputs"]) == [names.output_prefix(job, marked["RowKey"], 2) + "summary.json"]
     assert recovered_in < settings.lease_seconds + 20
 
@@ -248,5 +248,6 @@ def test_sweep_activity_revokes_an_overdue_attempt(clients: Clients, settings: S
     assert report["revoked"] == 1
     row = clients.tasks.get_entity(job, held.ref.task)
     assert row["Status"] == "QUEUED" and row["Attempt"] == 2 and row["LastFailure"] == "execution_timeout"
+    assert row["Timeouts"] == 1  # its next attempt may run backoff × longer
     assert not tasks.still_held(clients, held), "the old attempt's heartbeat is refused"
     assert sweep.sweep(clients, NoMailer())["revoked"] == 0

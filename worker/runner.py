@@ -131,9 +131,9 @@ class Worker:
             return
         deadline: dict[str, Any] = {}
 
-        def register(current: tasks.TaskRef, stage: str, params: dict[str, str]) -> None:
+        def register(current: tasks.TaskRef, stage: str, params: dict[str, str], timeouts: int) -> None:
             history = self.history.read(stage, runtimes.history_key(params))
-            deadline["kill_at"] = monitor.kill_time(self.settings, stage, history, current.attempt, tasks.now())
+            deadline["kill_at"] = monitor.kill_time(self.settings, stage, history, timeouts, tasks.now())
             deadline["key"] = monitor.write_deadline(self.clients, current, deadline["kill_at"])
 
         held = tasks.claim(self.clients, ref, self.id, before=register)
