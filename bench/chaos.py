@@ -96,31 +96,64 @@ def torment(stack: LocalStack, azurite: Azurite, proxy: Toxiproxy, progress: Cal
     restart_at = [1 / 3, 2 / 3]
     next_kill, next_spike, next_reset = (time.monotonic() + t for t in (kill_every, 3.0, 5.0))
     while not stop.wait(0.25):
-        now = time.monotonic()
-        if now >= next_kill:
-            index = rng.randrange(len(stack.worker_processes))
-            victim = stack.worker_processes[index]
-            if victim.poll() is None:
-                os.kill(victim.pid, signal.SIGKILL)
-                victim.wait()
-                chaos.kills += 1
-            stack.start_worker(index)
-            next_kill = now + kill_every
-        if restart_at and progress() >= restart_at[0]:
-            restart_at.pop(0)
-            azurite.stop()
-            time.sleep(3)
-            azurite.start()
-            chaos.restarts += 1
-            chaos.log.append(f"storage restarted at {progress():.0%}")
-        if now >= next_spike:
-            burst(proxy, 1.5, "latency", "downstream", latency=400, jitter=300)
-            chaos.latency_spikes += 1
-            next_spike = time.monotonic() + rng.uniform(4, 8)
-        if now >= next_reset:
-            burst(proxy, 1.0, "reset_peer", "upstream", toxicity=0.3, timeout=50)
-            chaos.resets += 1
-            next_reset = time.monotonic() + rng.uniform(6, 12)
+        try:
+            next_kill, next_spike, next_reset = _strike(stack, azurite, proxy, progress, chaos, rng, restart_at,
+                                                        kill_every, next_kill, next_spike, next_reset)
+        except Exception as exc:  # the run goes on; a storage that stays down would stall it
+            chaos.log.append(f"torment step failed: {type(exc).__name__}: {exc}")
+            if azurite.process is None or azurite.process.poll() is not None:
+                _start_storage(azurite, chaos)
+
+
+def _start_storage(azurite: Azurite, chaos: Chaos, tries: int = 5) -> None:
+    """Start Azurite again, however loaded the machine: a stalled run proves nothing."""
+    for attempt in range(tries):
+        try:
+            azurite.start(timeout=120)
+            return
+        except (RuntimeError, TimeoutError) as exc:
+            chaos.log.append(f"storage start {attempt + 1} failed: {exc}")
+            time.sleep(2)
+    raise RuntimeError("storage could not be started again")
+
+
+def _strike(stack: LocalStack, azurite: Azurite, proxy: Toxiproxy, progress: Callable[[], float], chaos: Chaos,
+            rng: random.Random, restart_at: list[float], kill_every: float, next_kill: float, next_spike: float,
+            next_reset: float) -> tuple[float, float, float]:
+    """Whatever is due now; returns when the next kill, spike and reset are due."""
+    now = time.monotonic()
+    if now >= next_kill:
+        index = rng.randrange(len(stack.worker_processes))
+        victim = stack.worker_processes[index]
+        if victim.poll() is None:
+            os.kill(victim.pid, signal.SIGKILL)
+            victim.wait()
+            chaos.kills += 1
+        stack.start_worker(index)
+        next_kill = now + kill_every
+    if restart_at and progress() >= restart_at[0]:
+        restart_at.pop(0)
+        azurite.stop()
+        time.sleep(3)
+        _start_storage(azurite, chaos)
+        chaos.restarts += 1
+        chaos.log.append(f"storage restarted at {progress():.0%}")
+    if now >= next_spike:
+        burst(proxy, 1.5, "latency", "downstream", latency=400, jitter=300)
+        chaos.latency_spikes += 1
+        next_spike = time.monotonic() + rng.uniform(4, 8)
+    if now >= next_reset:
+        burst(proxy, 1.0, "reset_peer", "upstream", toxicity=0.3, timeout=50)
+        chaos.resets += 1
+        next_reset = time.monotonic() + rng.uniform(6, 12)
+    return next_kill, next_spike, next_reset
+
+
+def jobs_state(clients: Clients, job: str) -> str:
+    try:
+        return str(clients.jobs.get_entity(job, names.JOB_ROW)["State"])
+    except Exception as exc:
+        return f"unreadable ({type(exc).__name__})"
 
 
 def burst(proxy: Toxiproxy, seconds: float, kind: str, stream: str, **attributes: Any) -> None:
@@ -196,6 +229,11 @@ def run(tasks_wanted: int, workers: int, slots: int, kill_every: float, seed: in
                 tormentor.start()
                 try:
                     chaos_s = wait(stack, job, started, timeout)
+                except TimeoutError as exc:  # say where it stood: what storage holds, what was done
+                    rows = tasks.list_tasks(direct.tasks, job)
+                    stuck = [(r["RowKey"], r["Status"], r["Attempt"]) for r in rows if r["Status"] not in COMMITTED]
+                    raise TimeoutError(f"{exc}; storage up: {azurite.process is not None}; unfinished: "
+                                       f"{stuck[:10]}; job: {jobs_state(direct, job)}; {chaos}") from None
                 finally:
                     stop.set()
                     tormentor.join(60)

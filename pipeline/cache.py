@@ -51,13 +51,14 @@ def _read(transfers: Transfers, container: ContainerClient, name: str, want_data
 
 
 def ensure(transfers: Transfers, container: ContainerClient, name: str, make: Callable[[], bytes],
-           content_type: str, want_data: bool = True, tidy: bool = False) -> Cached:
+           content_type: str, want_data: bool = True, owner: str = "", tidy: bool = False) -> Cached:
     """The blob ``name``: read if it exists, else made by ``make`` — once, whoever asks.
 
-    ``tidy``: the caller retries an attempt that may have died as this blob's maker, after
-    the upload and before removing its marker; a marker beside a blob that exists is such
-    a leftover (a live maker re-reads the blob after making its marker and stands down),
-    so it is removed."""
+    ``owner`` (the task asking) is written on the marker. ``tidy``: the caller is a later
+    attempt of that task, so an earlier attempt may have died as this blob's maker. Its
+    marker is then taken over at once, not after :data:`STALE_S` (were it alive after all,
+    both make the same content-addressed blob, and the second upload stands down); and a
+    marker beside a blob that exists — a maker that died after its upload — is removed."""
     marker = container.get_blob_client(name + MARKER_SUFFIX)
     give_up = time.monotonic() + WAIT_S
     while time.monotonic() < give_up:
@@ -67,9 +68,9 @@ def ensure(transfers: Transfers, container: ContainerClient, name: str, make: Ca
                 _remove(marker, tries=1)
             return found
         try:
-            marker.upload_blob(b"", overwrite=False)
+            marker.upload_blob(b"", overwrite=False, metadata={"owner": owner} if owner else None)
         except ResourceExistsError:
-            _take_over_if_stale(marker)
+            _take_over_if_stale(marker, owner if tidy else "")
             time.sleep(POLL_S)
             continue
         try:
@@ -124,12 +125,14 @@ def _remove(marker: BlobClient, tries: int = 8) -> None:
             time.sleep(min(2.0**attempt, 15.0))
 
 
-def _take_over_if_stale(marker: BlobClient) -> None:
+def _take_over_if_stale(marker: BlobClient, dead_owner: str = "") -> None:
+    """Remove the marker if its maker is dead: untouched for STALE_S, or ``dead_owner``'s."""
     try:
         props = marker.get_blob_properties()
     except ResourceNotFoundError:
         return
-    if (datetime.now(UTC) - props.last_modified).total_seconds() > STALE_S:
+    ours = bool(dead_owner) and (props.metadata or {}).get("owner") == dead_owner
+    if ours or (datetime.now(UTC) - props.last_modified).total_seconds() > STALE_S:
         try:
             marker.delete_blob(etag=props.etag, match_condition=MatchConditions.IfNotModified)
         except (ResourceNotFoundError, ResourceModifiedError):

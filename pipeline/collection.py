@@ -59,9 +59,10 @@ def verify(fetched: Fetched, product: str) -> bytes:
 
 
 def collect(clients: Clients, product: str, tile: str, day: date, want_data: bool = True,
-            retry: bool = False) -> cache.Cached:
+            owner: str = "", retry: bool = False) -> cache.Cached:
     """The granule's layer file (its MD5, and its bytes if ``want_data``), from the cache
-    or its feed (``retry``: the caller is a later attempt, see :func:`cache.ensure`)."""
+    or its feed (``owner``, ``retry``: the task asking, and whether this is a later attempt
+    of it; see :func:`cache.ensure`)."""
     url = source_url(template_for(clients, product), product, tile, day)
     fetched: list[Fetched] = []
 
@@ -71,7 +72,8 @@ def collect(clients: Clients, product: str, tile: str, day: date, want_data: boo
         return verify(got, product)
 
     blob = names.source_blob(product, tile, day, granule_name(product, tile, day))
-    found = cache.ensure(clients.transfers, clients.sources, blob, fetch, "image/tiff", want_data, tidy=retry)
+    found = cache.ensure(clients.transfers, clients.sources, blob, fetch, "image/tiff", want_data,
+                         owner=owner, tidy=retry)
     if found.made:
         clients.sources_table.upsert_entity({
             "PartitionKey": product, "RowKey": f"{tile}~{day.isoformat()}", "Blob": found.name, "Url": url,

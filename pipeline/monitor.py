@@ -89,15 +89,16 @@ def _ms(at: datetime) -> int:
     return int(at.timestamp() * 1000)
 
 
-def write_deadline(clients: Clients, ref: TaskRef, kill_at: datetime, previous: str | None = None) -> str:
-    """Index the running attempt at min(kill time, heartbeat expiry); drop its previous
+def write_deadline(clients: Clients, ref: TaskRef, kill_at: datetime, worker: str,
+                   previous: str | None = None) -> str:
+    """Index ``worker``'s attempt at min(kill time, heartbeat expiry); drop its previous
     index row. Returns the new row key."""
     heartbeat_until = now() + timedelta(seconds=clients.settings.lease_seconds)
     deadline = min(kill_at, heartbeat_until)
     key = names.deadline_key(_ms(deadline), ref.job, ref.task, ref.attempt)
     clients.attempts.upsert_entity({
         "PartitionKey": names.DEADLINES, "RowKey": key, "Job": ref.job, "Task": ref.task,
-        "Attempt": ref.attempt, "KillAt": kill_at, "HeartbeatUntil": heartbeat_until,
+        "Attempt": ref.attempt, "Worker": worker, "KillAt": kill_at, "HeartbeatUntil": heartbeat_until,
     })
     if previous and previous != key:
         clear_deadline(clients, previous)
@@ -128,7 +129,9 @@ def sweep_overdue(clients: Clients) -> SweepReport:
     for row in list(overdue):
         ref = TaskRef(row["Job"], row["Task"], int(row["Attempt"]))
         why = FailureClass.EXECUTION_TIMEOUT if at >= row["KillAt"] else FailureClass.HEARTBEAT_LOST
-        outcome = revoke(clients, ref, why)
+        if _claim_in_flight(clients, ref):
+            continue  # its worker indexed it, then its claim was held up: keep the index
+        outcome = revoke(clients, ref, why, row.get("Worker", ""))
         if outcome is None:
             report.stale += 1
         else:
@@ -139,15 +142,31 @@ def sweep_overdue(clients: Clients) -> SweepReport:
     return report
 
 
-def revoke(clients: Clients, ref: TaskRef, why: FailureClass) -> TaskStatus | None:
-    """Take the task away from its running attempt: next attempt QUEUED (with a new message)
-    or DEAD when the budget is spent. None if that attempt is no longer the running one."""
+def _claim_in_flight(clients: Clients, ref: TaskRef) -> bool:
+    """Whether the task still waits, QUEUED, for this attempt's claim: a worker indexes an
+    attempt before it claims it, and its claim may land after the index row is overdue (a
+    storage restart in between). Dropping the row then would leave the task RUNNING with
+    nothing to revoke it if that worker dies; if it died before claiming, the row goes once
+    another worker's claim moves the task on."""
+    try:
+        row = clients.tasks.get_entity(ref.job, ref.task)
+    except ResourceNotFoundError:
+        return False
+    return row["Status"] == TaskStatus.QUEUED.value and int(row["Attempt"]) == ref.attempt
+
+
+def revoke(clients: Clients, ref: TaskRef, why: FailureClass, worker: str = "") -> TaskStatus | None:
+    """Take the task away from its running attempt (``worker``'s, if given): next attempt
+    QUEUED (with a new message) or DEAD when the budget is spent. None if that attempt is no
+    longer the running one."""
     try:
         row = clients.tasks.get_entity(ref.job, ref.task)
     except ResourceNotFoundError:
         return None
     if row["Status"] != TaskStatus.RUNNING.value or int(row["Attempt"]) != ref.attempt:
         return None
+    if worker and row.get("Worker") != worker:
+        return None  # another worker claimed this attempt after the indexed one died unclaimed
     limits = limits_for(clients.settings, row["Stage"])
     after = after_failure(TaskStatus.RUNNING, TaskStatus.TIMED_OUT, ref.attempt, limits.budget(why))
     change: dict[str, Any] = {"PartitionKey": ref.job, "RowKey": ref.task, "Status": after.value,

@@ -209,6 +209,7 @@ class Claim:
     params: dict[str, str]
     started: datetime
     last_failure: str  # the failure class of the previous attempt, "" if none
+    worker: str  # who holds it
 
 
 def claim(clients: Clients, ref: TaskRef, worker: str,
@@ -254,7 +255,7 @@ def claim(clients: Clients, ref: TaskRef, worker: str,
             "Outcome": TaskStatus.RUNNING.value,
         }
     )
-    return Claim(current, meta["etag"], row["Stage"], params, started, row.get("LastFailure") or "")
+    return Claim(current, meta["etag"], row["Stage"], params, started, row.get("LastFailure") or "", worker)
 
 
 def still_held(clients: Clients, held: Claim) -> bool:

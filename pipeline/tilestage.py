@@ -34,9 +34,10 @@ def modis(ctx: StageContext) -> None:
     params = ctx.params
     product, day = params["product"], date.fromisoformat(params["date"])
     tiles = params["sources"].split(",")
+    owner = f"{ctx.job}/{ctx.task}"
 
     def collect(tile: str, want_data: bool) -> cache.Cached:
-        return collection.collect(ctx.clients, product, tile, day, want_data, retry=ctx.attempt > 1)
+        return collection.collect(ctx.clients, product, tile, day, want_data, owner, retry=ctx.attempt > 1)
 
     with ThreadPoolExecutor(len(tiles)) as pool:  # their digests name the output: no bytes needed yet
         found = list(pool.map(lambda tile: collect(tile, False), tiles))
@@ -58,6 +59,6 @@ def modis(ctx: StageContext) -> None:
 
     name = names.tile_blob(key, product, params["tile"], params["date"])
     made = cache.ensure(ctx.clients.transfers, ctx.clients.tiles, name, make, "image/tiff", want_data=False,
-                        tidy=ctx.attempt > 1)
+                        owner=owner, tidy=ctx.attempt > 1)
     ctx.cached = not made.made
     ctx.outputs.append(names.TILE_OUTPUT_PREFIX + name)

@@ -61,3 +61,17 @@ def test_a_retry_removes_the_marker_a_maker_killed_after_its_upload_left(clients
     again = cache.ensure(clients.transfers, clients.tiles, "left.tif", lambda: b"never", "image/tiff", tidy=True)
     assert again.data == b"made" and not again.made
     assert [b.name for b in clients.tiles.list_blobs(name_starts_with="left.tif")] == ["left.tif"]
+
+
+def test_a_retry_takes_over_its_own_dead_attempts_marker_at_once(clients: Clients) -> None:
+    clients.tiles.upload_blob("mine.tif" + cache.MARKER_SUFFIX, b"", metadata={"owner": "j1/000000007"})
+    started = time.monotonic()
+    found = cache.ensure(clients.transfers, clients.tiles, "mine.tif", lambda: b"made by the retry", "image/tiff",
+                         owner="j1/000000007", tidy=True)
+    assert found.made and found.data == b"made by the retry"
+    assert time.monotonic() - started < cache.STALE_S / 3  # not held up for a stale marker's time
+    assert [b.name for b in clients.tiles.list_blobs(name_starts_with="mine.tif")] == ["mine.tif"]
+    # another task's fresh marker is not its to take: it waits for that maker
+    clients.tiles.upload_blob("theirs.tif" + cache.MARKER_SUFFIX, b"", metadata={"owner": "j1/000000008"})
+    cache._take_over_if_stale(clients.tiles.get_blob_client("theirs.tif" + cache.MARKER_SUFFIX), "j1/000000007")
+    assert clients.tiles.get_blob_client("theirs.tif" + cache.MARKER_SUFFIX).exists()

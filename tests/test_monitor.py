@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -243,7 +244,7 @@ def test_sweep_activity_revokes_an_overdue_attempt(clients: Clients, settings: S
     message = next(iter(queue.receive_messages(max_messages=1, visibility_timeout=60)))
     held = tasks.claim(clients, tasks.TaskRef.decode(message.content), "w-gone")
     assert held is not None
-    monitor.write_deadline(clients, held.ref, tasks.now())  # due at once
+    monitor.write_deadline(clients, held.ref, tasks.now(), "w-gone")  # due at once
     report = sweep.sweep(clients, NoMailer())
     assert report["revoked"] == 1
     row = clients.tasks.get_entity(job, held.ref.task)
@@ -251,3 +252,30 @@ def test_sweep_activity_revokes_an_overdue_attempt(clients: Clients, settings: S
     assert row["Timeouts"] == 1  # its next attempt may run backoff × longer
     assert not tasks.still_held(clients, held), "the old attempt's heartbeat is refused"
     assert sweep.sweep(clients, NoMailer())["revoked"] == 0
+
+
+
+def test_an_index_row_whose_claim_was_held_up_is_kept_and_one_a_dead_claimer_left_revokes_no_one(
+        clients: Clients) -> None:
+    job = jobs.submit(clients, small_request())["PartitionKey"]
+    sweep.handle_plan(clients, json.dumps({"job": job}).encode())
+    first = tasks.list_tasks(clients.tasks, job)[0]
+    ref = tasks.TaskRef(job, first["RowKey"], 1)
+    # worker A indexes the attempt, then its claim is held up past the row's deadline
+    key_a = monitor.write_deadline(clients, ref, tasks.now(), "worker-a")
+    assert sweep.sweep(clients, NoMailer())["revoked"] == 0
+    assert clients.attempts.get_entity(names.DEADLINES, key_a)  # kept: the claim may still land
+    # it lands, and A dies before its first heartbeat: the kept row revokes the attempt
+    held = tasks.claim(clients, ref, "worker-a")
+    assert held is not None
+    assert sweep.sweep(clients, NoMailer())["revoked"] == 1
+    assert clients.tasks.get_entity(job, ref.task)["Status"] == "QUEUED"
+    # B indexes attempt 2 and dies before claiming; C claims it: B's row revokes no one
+    second = tasks.TaskRef(job, ref.task, 2)
+    monitor.write_deadline(clients, second, tasks.now(), "worker-b")
+    key_c = monitor.write_deadline(clients, second, tasks.now() + timedelta(minutes=5), "worker-c")
+    assert tasks.claim(clients, second, "worker-c") is not None
+    assert sweep.sweep(clients, NoMailer())["revoked"] == 0
+    assert clients.tasks.get_entity(job, ref.task)["Status"] == "RUNNING"
+    assert [r["RowKey"] for r in clients.attempts.query_entities(
+        "PartitionKey eq @p", parameters={"p": names.DEADLINES}) if r["Task"] == ref.task] == [key_c]

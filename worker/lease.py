@@ -48,7 +48,7 @@ class Lease:
                     self.revoked.set()
                     return
                 self._deadline_key = monitor.write_deadline(
-                    self.clients, self.held.ref, self.kill_at, previous=self._deadline_key)
+                    self.clients, self.held.ref, self.kill_at, self.held.worker, previous=self._deadline_key)
             except Exception as exc:  # storage briefly unreachable: try again next beat
                 log.warning("heartbeat of %s failed: %s", self.held.ref, exc)
 

@@ -134,7 +134,7 @@ class Worker:
         def register(current: tasks.TaskRef, stage: str, params: dict[str, str], timeouts: int) -> None:
             history = self.history.read(stage, runtimes.history_key(params))
             deadline["kill_at"] = monitor.kill_time(self.settings, stage, history, timeouts, tasks.now())
-            deadline["key"] = monitor.write_deadline(self.clients, current, deadline["kill_at"])
+            deadline["key"] = monitor.write_deadline(self.clients, current, deadline["kill_at"], self.id)
 
         held = tasks.claim(self.clients, ref, self.id, before=register)
         if held is None:  # stale or duplicate: the row does not want this message to run
