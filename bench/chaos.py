@@ -90,10 +90,11 @@ def wait(stack: LocalStack, job: str, started: float, timeout: float) -> float:
 
 
 def torment(stack: LocalStack, azurite: Azurite, proxy: Toxiproxy, progress: Callable[[], float], stop: threading.Event,
-            chaos: Chaos, kill_every: float, seed: int) -> None:
-    """Kill workers, restart storage at 1/3 and 2/3 of the way, spike latency, reset connections."""
+            chaos: Chaos, kill_every: float, seed: int, restarts: int) -> None:
+    """Kill workers, restart storage ``restarts`` times evenly along the way (twice: at 1/3
+    and 2/3), spike latency, reset connections."""
     rng = random.Random(seed)
-    restart_at = [1 / 3, 2 / 3]
+    restart_at = [(i + 1) / (restarts + 1) for i in range(restarts)]
     next_kill, next_spike, next_reset = (time.monotonic() + t for t in (kill_every, 3.0, 5.0))
     while not stop.wait(0.25):
         try:
@@ -192,7 +193,7 @@ def storage_view(clients: Clients, job: str) -> dict[str, Any]:
 
 
 def run(tasks_wanted: int, workers: int, slots: int, kill_every: float, seed: int = 7,
-        timeout: float = 3600) -> dict[str, Any]:
+        timeout: float = 3600, restarts: int = 2) -> dict[str, Any]:
     body = request_for(tasks_wanted)
     with tempfile.TemporaryDirectory(prefix="bagpipe-chaos-") as tmp:
         home = Path(tmp)
@@ -225,7 +226,7 @@ def run(tasks_wanted: int, workers: int, slots: int, kill_every: float, seed: in
 
                 job, started = submit(stack, body)
                 tormentor = threading.Thread(target=torment, args=(stack, azurite, proxy, progress, stop, chaos,
-                                                                    kill_every, seed), daemon=True)
+                                                                    kill_every, seed, restarts), daemon=True)
                 tormentor.start()
                 try:
                     chaos_s = wait(stack, job, started, timeout)
