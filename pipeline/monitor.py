@@ -105,6 +105,21 @@ def write_deadline(clients: Clients, ref: TaskRef, kill_at: datetime, worker: st
     return key
 
 
+def clear_other_deadlines(clients: Clients, ref: TaskRef, worker: str, keep: str) -> None:
+    """Drop every index row ``worker`` wrote for this attempt but ``keep``: a heartbeat whose
+    write was applied but answered with an error leaves a row its worker does not know of,
+    which would otherwise revoke the live attempt when it falls due."""
+    rows = clients.attempts.query_entities(
+        "PartitionKey eq @pk and Job eq @job and Task eq @task and Attempt eq @attempt and Worker eq @worker",
+        parameters={"pk": names.DEADLINES, "job": ref.job, "task": ref.task, "attempt": ref.attempt,
+                    "worker": worker},
+        select=["RowKey"],
+    )
+    for row in list(rows):
+        if row["RowKey"] != keep:
+            clear_deadline(clients, row["RowKey"])
+
+
 def clear_deadline(clients: Clients, key: str) -> None:
     try:
         clients.attempts.delete_entity(names.DEADLINES, key)
@@ -129,9 +144,13 @@ def sweep_overdue(clients: Clients) -> SweepReport:
     for row in list(overdue):
         ref = TaskRef(row["Job"], row["Task"], int(row["Attempt"]))
         why = FailureClass.EXECUTION_TIMEOUT if at >= row["KillAt"] else FailureClass.HEARTBEAT_LOST
-        if _claim_in_flight(clients, ref):
+        try:
+            task = clients.tasks.get_entity(ref.job, ref.task)
+        except ResourceNotFoundError:
+            task = None  # its job was deleted
+        if task is not None and _claim_in_flight(task, ref):
             continue  # its worker indexed it, then its claim was held up: keep the index
-        outcome = revoke(clients, ref, why, row.get("Worker", ""))
+        outcome = None if task is None else revoke(clients, task, ref, why, row.get("Worker", ""))
         if outcome is None:
             report.stale += 1
         else:
@@ -142,27 +161,19 @@ def sweep_overdue(clients: Clients) -> SweepReport:
     return report
 
 
-def _claim_in_flight(clients: Clients, ref: TaskRef) -> bool:
+def _claim_in_flight(task: Any, ref: TaskRef) -> bool:
     """Whether the task still waits, QUEUED, for this attempt's claim: a worker indexes an
     attempt before it claims it, and its claim may land after the index row is overdue (a
     storage restart in between). Dropping the row then would leave the task RUNNING with
     nothing to revoke it if that worker dies; if it died before claiming, the row goes once
     another worker's claim moves the task on."""
-    try:
-        row = clients.tasks.get_entity(ref.job, ref.task)
-    except ResourceNotFoundError:
-        return False
-    return row["Status"] == TaskStatus.QUEUED.value and int(row["Attempt"]) == ref.attempt
+    return task["Status"] == TaskStatus.QUEUED.value and int(task["Attempt"]) == ref.attempt
 
 
-def revoke(clients: Clients, ref: TaskRef, why: FailureClass, worker: str = "") -> TaskStatus | None:
-    """Take the task away from its running attempt (``worker``'s, if given): next attempt
-    QUEUED (with a new message) or DEAD when the budget is spent. None if that attempt is no
-    longer the running one."""
-    try:
-        row = clients.tasks.get_entity(ref.job, ref.task)
-    except ResourceNotFoundError:
-        return None
+def revoke(clients: Clients, row: Any, ref: TaskRef, why: FailureClass, worker: str = "") -> TaskStatus | None:
+    """Take the task (its ``row`` as just read) away from its running attempt (``worker``'s,
+    if given): next attempt QUEUED (with a new message) or DEAD when the budget is spent.
+    None if that attempt is no longer the running one."""
     if row["Status"] != TaskStatus.RUNNING.value or int(row["Attempt"]) != ref.attempt:
         return None
     if worker and row.get("Worker") != worker:

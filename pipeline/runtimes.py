@@ -62,11 +62,6 @@ def read(table: TableClient, stage: str, key: str) -> Runtime:
     return Runtime(int(row["Count"]), float(row["Mean"]), float(row["M2"]))
 
 
-def record(table: TableClient, stage: str, key: str, seconds: float) -> Runtime:
-    """Add one sample; returns the new statistics."""
-    return merge(table, stage, key, Runtime().add(seconds))
-
-
 def merge(table: TableClient, stage: str, key: str, samples: Runtime, tries: int = 50) -> Runtime:
     """Add the statistics of some samples, retrying on a concurrent update; returns the new
     statistics."""

@@ -10,7 +10,9 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
+import pytest
 from azure.storage.queue import QueueClient, QueueMessage
 
 from bagpipe.mailserver import MailServer
@@ -129,6 +131,33 @@ def test_commit_is_fenced_on_the_attempt(clients: Clients) -> None:
     assert again is not None and again.ref.attempt == 2
     assert tasks.commit(clients, counter, again, TaskStatus.SUCCEEDED, ["good/output"])
     assert json.loads(clients.tasks.get_entity(job, held.ref.task)["Outputs"]) == ["good/output"]
+
+
+def test_a_worker_lost_while_committing_leaves_its_attempt_to_the_monitor(
+        settings: Settings, clients: Clients, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker that is lost after its stage ended but before its commit reached the task
+    row (killed while storage was slow) leaves the attempt in the monitor's index: the
+    monitor revokes it when its heartbeat runs out and a retry completes the job."""
+    real_commit = tasks.commit
+    lost: list[tasks.TaskRef] = []
+
+    def lost_on_first_commit(*args: Any, **kwargs: Any) -> bool:
+        held: tasks.Claim = args[2]
+        if not lost:
+            lost.append(held.ref)
+            raise ConnectionError("the worker is gone before its commit was written")
+        return real_commit(*args, **kwargs)
+
+    monkeypatch.setattr(tasks, "commit", lost_on_first_commit)
+    with running_control(settings), running_workers(settings):
+        job = planned_job(clients)
+        wait_for(lambda: JobState(jobs.get(clients, job)["State"]).finished, 90, "the job to finish")
+    assert jobs.get(clients, job)["State"] == "SUCCEEDED"
+    (ref,) = lost
+    row = clients.tasks.get_entity(job, ref.task)
+    assert row["Status"] == TaskStatus.SUCCEEDED.value and row["Attempt"] == ref.attempt + 1
+    first = clients.attempts.get_entity(job, names.attempt_key(ref.task, ref.attempt))
+    assert first["Outcome"] == TaskStatus.TIMED_OUT.value and first["FailureClass"] == "heartbeat_lost"
 
 
 def test_completion_happens_exactly_once_under_a_race(clients: Clients, settings: Settings,

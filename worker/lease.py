@@ -40,6 +40,7 @@ class Lease:
         self._thread.join()
 
     def _run(self) -> None:
+        failed = False  # a beat failed: its index row may have been written all the same
         while not self._stop.wait(self.seconds / 3):
             try:
                 self.renew()
@@ -49,7 +50,11 @@ class Lease:
                     return
                 self._deadline_key = monitor.write_deadline(
                     self.clients, self.held.ref, self.kill_at, self.held.worker, previous=self._deadline_key)
+                if failed:
+                    monitor.clear_other_deadlines(self.clients, self.held.ref, self.held.worker, self._deadline_key)
+                    failed = False
             except Exception as exc:  # storage briefly unreachable: try again next beat
+                failed = True
                 log.warning("heartbeat of %s failed: %s", self.held.ref, exc)
 
     def renew(self, content: bytes | None = None, visibility: int | None = None) -> None:

@@ -151,10 +151,13 @@ class Worker:
         """Run a claimed attempt under its lease; commit, fail or give it up."""
         with Lease(self.clients, queue, message, held, deadline["kill_at"], deadline["key"]) as lease:
             outcome = self.run_stage(held, lease)
-        lease.end()
+        # The attempt leaves the monitor's index only once the task row no longer names it
+        # as running: a worker that dies while it commits (storage slow or restarting) leaves
+        # its row behind for the monitor, not a task RUNNING with nothing to revoke it.
         if lease.revoked.is_set():
             # The task went on without this attempt (a new message names the next one):
             # nothing it made is published. Its message may stand in for the next attempt.
+            lease.end()
             tasks.discard(self.clients, held)
             lease.hand_back()
             log.info("%s revoked: stage killed, output discarded", held.ref)
@@ -162,6 +165,7 @@ class Worker:
         if outcome.outputs is not None:
             status = TaskStatus.CACHED if outcome.cached else TaskStatus.SUCCEEDED
             committed = tasks.commit(self.clients, counter, held, status, outcome.outputs)
+            lease.end()
             log.info("%s %s", held.ref, "committed" if committed else "revoked: output discarded")
             lease.delete()
             seconds = (tasks.now() - held.started).total_seconds()
@@ -176,6 +180,7 @@ class Worker:
         if not failure.transient and held.last_failure == failure.value:
             budget = held.ref.attempt  # the same input failed the same way twice: give up
         after = tasks.fail(self.clients, counter, held, failure.value, outcome.error, budget)
+        lease.end()
         log.info("%s failed (%s): %s -> %s", held.ref, failure.value, outcome.error[:200], after)
         telemetry.attempt_ended(held.stage, failure.value, (tasks.now() - held.started).total_seconds())
         if after is TaskStatus.QUEUED:
