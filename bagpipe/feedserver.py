@@ -13,6 +13,7 @@ import base64
 import hashlib
 import math
 import re
+import sys
 import threading
 from collections import Counter
 from datetime import date, datetime
@@ -139,11 +140,18 @@ class _Handler(BaseHTTPRequestHandler):
         pass  # the stack's own log says what ran
 
 
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: object, client_address: object) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return  # the client went away mid-download (a killed worker): nothing to report
+        super().handle_error(request, client_address)  # type: ignore[arg-type]
+
+
 class FeedServer:
     """The feed on a free port of 127.0.0.1, served from a thread."""
 
     def __init__(self, port: int = 0) -> None:
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), _Handler)
+        self.server = _Server(("127.0.0.1", port), _Handler)
         self.server.daemon_threads = True
         self.server.served = Counter()  # type: ignore[attr-defined]  # requests per path
         self.server.lock = threading.Lock()  # type: ignore[attr-defined]

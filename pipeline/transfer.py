@@ -86,9 +86,10 @@ class Transfers:
         return self._client(block).get_container_client(container.container_name)
 
     def upload(self, container: ContainerClient, name: str, data: bytes, content_type: str,
-               overwrite: bool = True) -> bytes:
-        """Store ``data`` with its MD5 (checked per block on the way); returns the MD5."""
-        plan = plan_for(len(data))
+               overwrite: bool = True, plan: Plan | None = None) -> bytes:
+        """Store ``data`` with its MD5 (checked per block on the way); returns the MD5.
+        ``plan``: the plan for its size unless given (the benchmark sweeps it)."""
+        plan = plan or plan_for(len(data))
         md5 = md5_of(data)
         self.container(container, plan.block).upload_blob(
             name, data, overwrite=overwrite, max_concurrency=plan.concurrency, validate_content=True,
@@ -96,9 +97,11 @@ class Transfers:
         )
         return md5
 
-    def download(self, container: ContainerClient, name: str, size: int | None = None) -> tuple[bytes, bytes]:
+    def download(self, container: ContainerClient, name: str, size: int | None = None,
+                 plan: Plan | None = None) -> tuple[bytes, bytes]:
         """The blob's bytes and MD5, checked whole against its stored Content-MD5. Without
-        its ``size``, the plan for large objects: a small one still comes in one request.
+        its ``size`` (or a ``plan``), the plan for large objects: a small one still comes in
+        one request.
 
         The SDK retries a range whose connection breaks mid-body only three times, whatever
         its retry policy; a range that exhausts them restarts the download, up to ``retries``
@@ -106,14 +109,17 @@ class Transfers:
         attempt = 1
         while True:
             try:
-                return self._download_once(container, name, size)
+                return self._download_once(container, name, plan or self._plan_of(size))
             except HttpResponseError as error:
                 if attempt >= self._retries or classify(error) is not FailureClass.CONNECTION:
                     raise
                 attempt += 1
 
-    def _download_once(self, container: ContainerClient, name: str, size: int | None) -> tuple[bytes, bytes]:
-        plan = plan_for(size) if size is not None else PLANS[-1][1]
+    @staticmethod
+    def _plan_of(size: int | None) -> Plan:
+        return plan_for(size) if size is not None else PLANS[-1][1]
+
+    def _download_once(self, container: ContainerClient, name: str, plan: Plan) -> tuple[bytes, bytes]:
         downloader = self.container(container, plan.block).download_blob(name, max_concurrency=plan.concurrency)
         data = downloader.readall()
         md5 = md5_of(data)
