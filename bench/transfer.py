@@ -1,8 +1,9 @@
 """Blob transfer speed: the SDK's defaults single-threaded, bagpipe's pick (``pipeline.transfer``)
 and a sweep of block size × concurrency (the pick and the sweep both through bagpipe's
-verified transfer, so that they differ only in the plan), on loopback and through a WAN made with Toxiproxy
-(30 ms each way, 100 Mbit/s per connection; and 30 ms uncapped); then 4,096 small objects,
-one request each (sync, async) vs packed into one blob, written and read back.
+verified transfer, so that they differ only in the plan), on loopback and through a WAN
+made with Toxiproxy (30 ms each way, 100 Mbit/s per connection; and 30 ms uncapped); then
+4,096 small objects, one request each (sync, async) vs packed into one blob, written and
+read back.
 
     python -m bench.transfer [--sizes 1,10,100,256] [--quick]
 

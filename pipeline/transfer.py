@@ -106,18 +106,15 @@ class Transfers:
         The SDK retries a range whose connection breaks mid-body only three times, whatever
         its retry policy; a range that exhausts them restarts the download, up to ``retries``
         downloads in all, before the broken connection fails the attempt."""
+        plan = plan or (plan_for(size) if size is not None else PLANS[-1][1])
         attempt = 1
         while True:
             try:
-                return self._download_once(container, name, plan or self._plan_of(size))
+                return self._download_once(container, name, plan)
             except HttpResponseError as error:
                 if attempt >= self._retries or classify(error) is not FailureClass.CONNECTION:
                     raise
                 attempt += 1
-
-    @staticmethod
-    def _plan_of(size: int | None) -> Plan:
-        return plan_for(size) if size is not None else PLANS[-1][1]
 
     def _download_once(self, container: ContainerClient, name: str, plan: Plan) -> tuple[bytes, bytes]:
         downloader = self.container(container, plan.block).download_blob(name, max_concurrency=plan.concurrency)
