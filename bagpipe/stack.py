@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -28,6 +29,7 @@ from pipeline.settings import Settings
 log = logging.getLogger(__name__)
 
 STATE_FILE = "stack.json"
+READY = re.compile(r"worker \S+ ready")  # what a worker logs once its slots are warm
 
 
 def api_key_for(home: Path) -> str:
@@ -126,6 +128,17 @@ class LocalStack:
         else:
             self._workers.append(process)
         return process
+
+    def wait_for_workers(self, timeout: float = 120) -> None:
+        """Wait until every worker has its slots' stage processes running (its log says it
+        is ready): a benchmark then measures tasks, not start-up."""
+        deadline = time.monotonic() + timeout
+        for index in range(len(self._workers)):
+            log_file = self.home / "logs" / f"worker-{index}.log"
+            while not READY.search(log_file.read_text(errors="replace")):
+                if time.monotonic() > deadline or self._workers[index].poll() is not None:
+                    raise RuntimeError(f"worker {index} did not get ready (see {log_file})")
+                time.sleep(0.2)
 
     @property
     def worker_processes(self) -> list[subprocess.Popen[bytes]]:

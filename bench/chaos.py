@@ -39,7 +39,7 @@ import httpx
 from bagpipe.azurite import ACCOUNT, ACCOUNT_KEY, Azurite
 from bagpipe.stack import LocalStack
 from bagpipe.toxiproxy import Toxiproxy
-from pipeline import cache, names, tasks
+from pipeline import attempts, cache, names, tasks
 from pipeline.clients import Clients
 from pipeline.status import TaskStatus
 
@@ -171,8 +171,8 @@ def storage_view(clients: Clients, job: str) -> dict[str, Any]:
     """What storage says of a finished job: per task its status and its outputs' MD5s;
     committed attempts per task; blobs no task names; leftover markers."""
     rows = tasks.list_tasks(clients.tasks, job)
-    attempts = clients.attempts.query_entities("PartitionKey eq @p", parameters={"p": job})
-    committed = Counter(a["RowKey"].rsplit("-", 1)[0] for a in attempts if a.get("Outcome") in COMMITTED)
+    committed = Counter(a["Task"] for a in attempts.list_attempts(clients.tasks, job)
+                        if a.get("Outcome") in COMMITTED)
     digests: dict[str, list[str]] = {}
     named: set[tuple[str, str]] = set()
     for row in rows:

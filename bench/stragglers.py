@@ -23,7 +23,7 @@ import httpx
 
 from bagpipe.azurite import Azurite
 from bagpipe.stack import LocalStack
-from pipeline import jobs, names, runtimes, tasks
+from pipeline import attempts, jobs, runtimes, tasks
 from pipeline.clients import Clients
 
 TILES = ["h07v05", "h08v04", "h08v05", "h09v04", "h09v05", "h10v04", "h10v05"]
@@ -59,10 +59,9 @@ def run(azurite: Azurite, home: Path, namespace: str, stage: str, overrides: dic
         makespan = time.monotonic() - started
         status = http.get(f"/api/jobs/{job}").json()
         wasted = sum((a["EndedAt"] - a["StartedAt"]).total_seconds()
-                     for a in clients.attempts.query_entities("PartitionKey eq @p", parameters={"p": job})
+                     for a in attempts.list_attempts(clients.tasks, job)
                      if a.get("RevokedBy") == "monitor" and a.get("EndedAt"))
-        busy = sum(float(t.get("RuntimeS", 0)) for t in clients.tasks.query_entities(
-            "PartitionKey eq @p and RowKey lt @hi", parameters={"p": job, "hi": names.COUNTER_PREFIX}))
+        busy = sum(float(t.get("RuntimeS", 0)) for t in tasks.list_tasks(clients.tasks, job))
         return {"tasks": status["total"], "state": status["state"], "makespan_s": round(makespan, 2),
                 "kills": status["monitor_kills"], "wasted_s": round(wasted, 2), "busy_s": round(busy, 2),
                 "history": runtimes.read(table, stage, "MOD10A2")}

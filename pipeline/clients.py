@@ -21,6 +21,7 @@ from azure.storage.queue import BinaryBase64EncodePolicy, QueueClient, QueueServ
 
 from pipeline import names
 from pipeline.settings import Settings
+from pipeline.transactions import TransactionTable
 from pipeline.transfer import Transfers
 
 
@@ -82,11 +83,11 @@ class Clients:
 
     @cached_property
     def tasks(self) -> TableClient:
-        return self.table(self.settings.names.tasks)
-
-    @cached_property
-    def attempts(self) -> TableClient:
-        return self.table(self.settings.names.attempts)
+        """The tasks table, whose transactions (two per task) go on the lean wire format."""
+        name = self.settings.names.tasks
+        if self.settings.storage_connection:
+            return TransactionTable.from_connection_string(self.settings.storage_connection, table_name=name)
+        return TransactionTable(self._url("table"), table_name=name, credential=self._credential())
 
     @cached_property
     def runtimes(self) -> TableClient:
@@ -140,7 +141,7 @@ class Clients:
 
     def close(self) -> None:
         """Close the connection pools (those that were opened)."""
-        for name in ("transfers", "blob_service", "queue_service", "table_service"):
+        for name in ("transfers", "blob_service", "queue_service", "table_service", "tasks"):
             if name in self.__dict__:
                 self.__dict__[name].close()
 

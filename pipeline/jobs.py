@@ -16,7 +16,7 @@ from typing import Any
 from azure.core.exceptions import ResourceNotFoundError
 from azure.data.tables import TableTransactionError, UpdateMode
 
-from pipeline import names, tasks
+from pipeline import attempts, names, tasks
 from pipeline.clients import Clients
 from pipeline.request import JobRequest, expand
 from pipeline.status import JobState, TaskStatus, job_transition
@@ -168,8 +168,7 @@ def status(clients: Clients, job: str, task_rows: list[dict[str, Any]] | None = 
     if task_rows is None:
         task_rows = tasks.list_tasks(clients.tasks, job)
     if attempt_rows is None:
-        attempt_rows = list(clients.attempts.query_entities(
-            "PartitionKey eq @pk", parameters={"pk": job}, select=["FailureClass", "RevokedBy"]))
+        attempt_rows = attempts.list_attempts(clients.tasks, job, select=["FailureClass", "RevokedBy"])
     counts: Counter[str] = Counter(task["Status"] for task in task_rows)
     failures: Counter[str] = Counter()
     kills = 0

@@ -14,7 +14,7 @@ from typing import Any
 
 from rasterio.warp import transform_bounds
 
-from pipeline import jobs, monitor, names, results, runtimes, tasks
+from pipeline import attempts, jobs, monitor, names, results, runtimes, tasks
 from pipeline.clients import Clients
 from pipeline.status import JobState, TaskStatus
 
@@ -69,8 +69,8 @@ def _seconds(start: datetime | None, end: datetime | None) -> float | None:
 def view(clients: Clients, job: str) -> dict[str, Any]:
     """The job's status with its tiles, runtimes, failures and time left."""
     rows = tasks.list_tasks(clients.tasks, job)
-    attempts = list(clients.attempts.query_entities("PartitionKey eq @pk", parameters={"pk": job}))
-    status = jobs.status(clients, job, rows, attempts)
+    attempt_rows = attempts.list_attempts(clients.tasks, job)
+    status = jobs.status(clients, job, rows, attempt_rows)
     tiles: dict[str, dict[str, Any]] = {}
     by_tile: dict[str, Counter[str]] = {}
     stage_of: dict[str, tuple[str, dict[str, str]]] = {}
@@ -87,8 +87,8 @@ def view(clients: Clients, job: str) -> dict[str, Any]:
 
     durations: dict[str, list[float]] = {}
     failures = []
-    for attempt in attempts:
-        task, number = attempt["RowKey"].rsplit("-", 1)
+    for attempt in attempt_rows:
+        task, number = attempt["Task"], attempt["Attempt"]
         stage = stage_of.get(task, ("", {}))[0]
         if attempt.get("RuntimeS") is not None:
             durations.setdefault(stage, []).append(float(attempt["RuntimeS"]))

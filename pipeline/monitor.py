@@ -6,10 +6,10 @@ worker finishes well inside its limit anyway, and a task that is slow everywhere
 slowed down, the machine overloaded) still ends instead of being killed at the same limit
 until its budget is spent.
 
-Running attempts are indexed by deadline in the attempts table (PK ``~deadline``, RK =
-zero-padded deadline + attempt), so one pass is a key-range query for "before now": no
-scan. A worker writes its attempt's row at claim and moves it at every heartbeat; the
-deadline is the earlier of the kill time and the heartbeat's expiry.
+Running attempts are indexed by deadline in their job's partition (``pipeline.attempts``),
+so one pass is a key-range query for "before now" per active job: no scan. A worker's
+claim writes its attempt's entry, every heartbeat moves it, and its commit removes it;
+the deadline is the earlier of the kill time and the heartbeat's expiry.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 from azure.core.exceptions import ResourceNotFoundError
 from azure.data.tables import TableTransactionError, UpdateMode
 
-from pipeline import jobs, names, runtimes
+from pipeline import attempts, jobs, names, runtimes
 from pipeline.clients import Clients
 from pipeline.completion import all_terminal
 from pipeline.failures import FailureClass
@@ -85,48 +85,6 @@ def kill_after(limits: StageLimits, history: runtimes.Runtime, timeouts: int = 0
     return max(limit, min(limit * limits.backoff**timeouts, limits.ceiling_s))
 
 
-def _ms(at: datetime) -> int:
-    return int(at.timestamp() * 1000)
-
-
-def write_deadline(clients: Clients, ref: TaskRef, kill_at: datetime, worker: str,
-                   previous: str | None = None) -> str:
-    """Index ``worker``'s attempt at min(kill time, heartbeat expiry); drop its previous
-    index row. Returns the new row key."""
-    heartbeat_until = now() + timedelta(seconds=clients.settings.lease_seconds)
-    deadline = min(kill_at, heartbeat_until)
-    key = names.deadline_key(_ms(deadline), ref.job, ref.task, ref.attempt)
-    clients.attempts.upsert_entity({
-        "PartitionKey": names.DEADLINES, "RowKey": key, "Job": ref.job, "Task": ref.task,
-        "Attempt": ref.attempt, "Worker": worker, "KillAt": kill_at, "HeartbeatUntil": heartbeat_until,
-    })
-    if previous and previous != key:
-        clear_deadline(clients, previous)
-    return key
-
-
-def clear_other_deadlines(clients: Clients, ref: TaskRef, worker: str, keep: str) -> None:
-    """Drop every index row ``worker`` wrote for this attempt but ``keep``: a heartbeat whose
-    write was applied but answered with an error leaves a row its worker does not know of,
-    which would otherwise revoke the live attempt when it falls due."""
-    rows = clients.attempts.query_entities(
-        "PartitionKey eq @pk and Job eq @job and Task eq @task and Attempt eq @attempt and Worker eq @worker",
-        parameters={"pk": names.DEADLINES, "job": ref.job, "task": ref.task, "attempt": ref.attempt,
-                    "worker": worker},
-        select=["RowKey"],
-    )
-    for row in list(rows):
-        if row["RowKey"] != keep:
-            clear_deadline(clients, row["RowKey"])
-
-
-def clear_deadline(clients: Clients, key: str) -> None:
-    try:
-        clients.attempts.delete_entity(names.DEADLINES, key)
-    except ResourceNotFoundError:
-        pass
-
-
 @dataclass
 class SweepReport:
     revoked: list[dict[str, Any]] = field(default_factory=list)
@@ -134,40 +92,27 @@ class SweepReport:
 
 
 def sweep_overdue(clients: Clients) -> SweepReport:
-    """One pass: revoke every attempt whose deadline has passed."""
+    """One pass: revoke every attempt whose deadline has passed, one key-range query per
+    active job."""
     report = SweepReport()
     at = now()
-    overdue = clients.attempts.query_entities(
-        "PartitionKey eq @pk and RowKey lt @now",
-        parameters={"pk": names.DEADLINES, "now": f"{_ms(at):015d}"},
-    )
-    for row in list(overdue):
-        ref = TaskRef(row["Job"], row["Task"], int(row["Attempt"]))
-        why = FailureClass.EXECUTION_TIMEOUT if at >= row["KillAt"] else FailureClass.HEARTBEAT_LOST
-        try:
-            task = clients.tasks.get_entity(ref.job, ref.task)
-        except ResourceNotFoundError:
-            task = None  # its job was deleted
-        if task is not None and _claim_in_flight(task, ref):
-            continue  # its worker indexed it, then its claim was held up: keep the index
-        outcome = None if task is None else revoke(clients, task, ref, why, row.get("Worker", ""))
-        if outcome is None:
-            report.stale += 1
-        else:
-            report.revoked.append({"job": ref.job, "task": ref.task, "attempt": ref.attempt,
-                                   "why": why.value, "then": outcome.value})
-            log.warning("revoked %s (%s): task now %s", ref, why.value, outcome.value)
-        clear_deadline(clients, row["RowKey"])
+    for job in jobs.active_jobs(clients):
+        for row in attempts.overdue(clients, job, at):
+            ref = TaskRef(job, row["Task"], int(row["Attempt"]))
+            why = FailureClass.EXECUTION_TIMEOUT if at >= row["KillAt"] else FailureClass.HEARTBEAT_LOST
+            try:
+                task = clients.tasks.get_entity(ref.job, ref.task)
+            except ResourceNotFoundError:
+                task = None  # its job was deleted
+            outcome = None if task is None else revoke(clients, task, ref, why, row.get("Worker", ""))
+            if outcome is None:
+                report.stale += 1
+            else:
+                report.revoked.append({"job": ref.job, "task": ref.task, "attempt": ref.attempt,
+                                       "why": why.value, "then": outcome.value})
+                log.warning("revoked %s (%s): task now %s", ref, why.value, outcome.value)
+            attempts.unindex(clients, job, row["RowKey"])
     return report
-
-
-def _claim_in_flight(task: Any, ref: TaskRef) -> bool:
-    """Whether the task still waits, QUEUED, for this attempt's claim: a worker indexes an
-    attempt before it claims it, and its claim may land after the index row is overdue (a
-    storage restart in between). Dropping the row then would leave the task RUNNING with
-    nothing to revoke it if that worker dies; if it died before claiming, the row goes once
-    another worker's claim moves the task on."""
-    return task["Status"] == TaskStatus.QUEUED.value and int(task["Attempt"]) == ref.attempt
 
 
 def revoke(clients: Clients, row: Any, ref: TaskRef, why: FailureClass, worker: str = "") -> TaskStatus | None:
@@ -196,12 +141,8 @@ def revoke(clients: Clients, row: Any, ref: TaskRef, why: FailureClass, worker: 
         if isinstance(exc, TableTransactionError) or is_conflict(exc):
             return None  # it committed or failed meanwhile
         raise
-    clients.attempts.upsert_entity(
-        {"PartitionKey": ref.job, "RowKey": names.attempt_key(ref.task, ref.attempt),
-         "Outcome": TaskStatus.TIMED_OUT.value, "FailureClass": why.value, "EndedAt": now(),
-         "RevokedBy": "monitor"},
-        mode=UpdateMode.MERGE,
-    )
+    attempts.record(clients, ref.job, ref.task, ref.attempt, Outcome=TaskStatus.TIMED_OUT.value,
+                    FailureClass=why.value, EndedAt=now(), RevokedBy="monitor")
     if after is TaskStatus.QUEUED:
         shard = clients.shard_queues[int(row["Shard"])]
         shard.send_message(TaskRef(ref.job, ref.task, ref.attempt + 1).encode())

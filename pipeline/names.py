@@ -54,10 +54,9 @@ BINDING_CONNECTION = SETTING_STORAGE
 # --- base names (Bicep declares these, with an empty namespace) -------------------------
 JOBS_TABLE = "jobs"
 TASKS_TABLE = "tasks"
-ATTEMPTS_TABLE = "attempts"
 RUNTIMES_TABLE = "runtimes"
 SOURCES_TABLE = "sources"
-TABLES = (JOBS_TABLE, TASKS_TABLE, ATTEMPTS_TABLE, RUNTIMES_TABLE, SOURCES_TABLE)
+TABLES = (JOBS_TABLE, TASKS_TABLE, RUNTIMES_TABLE, SOURCES_TABLE)
 
 PLAN_QUEUE = "plan"
 DONE_QUEUE = "done"
@@ -72,10 +71,12 @@ CONTAINERS = (SOURCES_CONTAINER, TILES_CONTAINER, PRODUCTS_CONTAINER, LOGS_CONTA
 
 # --- row keys inside the tables ----------------------------------------------------------
 JOB_ROW = "job"  # jobs: PK = job id, RK = JOB_ROW
-DEADLINES = "~deadline"  # attempts: PK of the index of running attempts by deadline
 JOB_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")  # jobs: PK; anything else is refused before a lookup
 TASK_KEY_WIDTH = 9  # tasks: RK = zero-padded sequence, so a release cursor is a key range
-COUNTER_PREFIX = "~count~"  # tasks: per-writer terminal counters, sorted after every task
+TASK_KEYS_END = ":"  # tasks: past every task key (digits), before the rows below
+ATTEMPT_PREFIX = "~attempt~"  # tasks: one row per attempt, in its job's partition
+COUNTER_PREFIX = "~count~"  # tasks: per-writer terminal counters
+DEADLINE_PREFIX = "~deadline~"  # tasks: the monitor's index of running attempts by deadline
 
 _NAMESPACE = re.compile(r"^[a-z][a-z0-9]{0,15}$")
 
@@ -91,14 +92,14 @@ def counter_key(owner: str) -> str:
 
 
 def attempt_key(task: str, attempt: int) -> str:
-    """Row key of one attempt of a task in the ``attempts`` table (PK = job id)."""
-    return f"{task}-{attempt:03d}"
+    """Row key of one attempt of a task in its job's partition of ``tasks``."""
+    return f"{ATTEMPT_PREFIX}{task}-{attempt:03d}"
 
 
-def deadline_key(deadline_ms: int, job: str, task: str, attempt: int) -> str:
-    """Row key in the deadline index: zero-padded epoch milliseconds first, so "overdue
-    now" is one key range."""
-    return f"{deadline_ms:015d}-{job}-{task}-{attempt:03d}"
+def deadline_key(deadline_ms: int, task: str, attempt: int) -> str:
+    """Row key in a job's deadline index: zero-padded epoch milliseconds first, so
+    "overdue now" is one key range."""
+    return f"{DEADLINE_PREFIX}{deadline_ms:015d}-{task}-{attempt:03d}"
 
 
 def output_prefix(job: str, task: str, attempt: int) -> str:
@@ -164,10 +165,6 @@ class StorageNames:
     @property
     def tasks(self) -> str:
         return self.table(TASKS_TABLE)
-
-    @property
-    def attempts(self) -> str:
-        return self.table(ATTEMPTS_TABLE)
 
     @property
     def plan_queue(self) -> str:

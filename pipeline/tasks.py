@@ -31,7 +31,7 @@ from azure.core.exceptions import (
 )
 from azure.data.tables import TableClient, TableTransactionError, UpdateMode
 
-from pipeline import names
+from pipeline import attempts, names
 from pipeline.clients import Clients
 from pipeline.request import TaskSpec
 from pipeline.status import TERMINAL, TaskStatus, after_failure, transition
@@ -190,7 +190,7 @@ def terminal_counts(tasks: TableClient, job: str) -> dict[str, int]:
 
 def list_tasks(tasks: TableClient, job: str, first: int = 0, count: int | None = None) -> list[dict[str, Any]]:
     """Task rows of a job in sequence order, from ``first`` (``count`` of them, or all)."""
-    high = names.task_key(first + count) if count is not None else names.COUNTER_PREFIX
+    high = names.task_key(first + count) if count is not None else names.TASK_KEYS_END
     rows = tasks.query_entities(
         "PartitionKey eq @pk and RowKey ge @lo and RowKey lt @hi",
         parameters={"pk": job, "lo": names.task_key(first), "hi": high},
@@ -210,16 +210,18 @@ class Claim:
     started: datetime
     last_failure: str  # the failure class of the previous attempt, "" if none
     worker: str  # who holds it
+    kill_at: datetime  # when the monitor revokes it
+    index: str  # the row key of its entry in the monitor's deadline index (moved by heartbeats)
 
 
 def claim(clients: Clients, ref: TaskRef, worker: str,
-          before: Callable[[TaskRef, str, dict[str, str], int], None] | None = None) -> Claim | None:
+          kill_time: Callable[[TaskRef, str, dict[str, str], int], datetime]) -> Claim | None:
     """Move the task to RUNNING for the attempt its row names, if the message may still run
     it: the row is QUEUED and the message is not from a later attempt. None otherwise (the
-    message is stale or a duplicate, and is deleted). ``before`` runs just before the
-    claiming write, with the attempt, stage, parameters and how many earlier attempts the
-    monitor revoked for time: the monitor's index entry is made there, so that no attempt
-    is ever RUNNING without one."""
+    message is stale or a duplicate, and is deleted). ``kill_time`` says when the monitor is
+    to revoke the attempt, from its stage, parameters and how many earlier attempts were
+    revoked for time. The task row, the attempt's row and its index entry are written in
+    one transaction: no attempt is ever RUNNING without an index entry."""
     try:
         row = clients.tasks.get_entity(ref.job, ref.task)
     except ResourceNotFoundError:
@@ -229,8 +231,7 @@ def claim(clients: Clients, ref: TaskRef, worker: str,
     # An older message may stand in for the current attempt: the row is the truth.
     current = TaskRef(ref.job, ref.task, row["Attempt"])
     params = json.loads(row["Params"])
-    if before is not None:
-        before(current, row["Stage"], params, int(row.get("Timeouts", 0)))
+    kill_at = kill_time(current, row["Stage"], params, int(row.get("Timeouts", 0)))
     started = now()
     change = {
         "PartitionKey": ref.job,
@@ -239,83 +240,77 @@ def claim(clients: Clients, ref: TaskRef, worker: str,
         "Worker": worker,
         "StartedAt": started,
     }
+    index, index_write = attempts.index_op(clients, ref.job, ref.task, current.attempt, kill_at, worker, started)
     try:
-        meta = clients.tasks.update_entity(change, mode=UpdateMode.MERGE, **if_match(row.metadata["etag"]))
-    except Exception as exc:  # another worker claimed it first
-        if is_conflict(exc):
-            return None
+        result = clients.tasks.submit_transaction([
+            ("update", change, {"mode": UpdateMode.MERGE, **if_match(row.metadata["etag"])}),
+            attempts.attempt_op(ref.job, ref.task, current.attempt, Worker=worker, StartedAt=started,
+                                Heartbeat=started, Outcome=TaskStatus.RUNNING.value),
+            index_write,
+        ])
+    except TableTransactionError as exc:
+        if is_conflict(exc) or exc.error_code == "UpdateConditionNotSatisfied":
+            return None  # another worker claimed it first
         raise
-    clients.attempts.upsert_entity(
-        {
-            "PartitionKey": ref.job,
-            "RowKey": names.attempt_key(ref.task, current.attempt),
-            "Worker": worker,
-            "StartedAt": started,
-            "Heartbeat": started,
-            "Outcome": TaskStatus.RUNNING.value,
-        }
-    )
-    return Claim(current, meta["etag"], row["Stage"], params, started, row.get("LastFailure") or "", worker)
+    return Claim(current, result[0]["etag"], row["Stage"], params, started, row.get("LastFailure") or "", worker,
+                 kill_at, index)
 
 
 def still_held(clients: Clients, held: Claim) -> bool:
-    """Heartbeat: True while the task row still names this attempt as running (nobody
-    revoked or cancelled it); then the attempt's heartbeat time is refreshed."""
+    """True while the task row still names this attempt as running (nobody revoked or
+    cancelled it)."""
     row = clients.tasks.get_entity(held.ref.job, held.ref.task)
-    if row.metadata["etag"] != held.etag:
-        return False
-    clients.attempts.update_entity(
-        {"PartitionKey": held.ref.job, "RowKey": names.attempt_key(held.ref.task, held.ref.attempt),
-         "Heartbeat": now()},
-        mode=UpdateMode.MERGE,
-    )
-    return True
+    return bool(row.metadata["etag"] == held.etag)
 
 
-def _end_attempt(clients: Clients, held: Claim, outcome: str, **extra: Any) -> None:
-    clients.attempts.update_entity(
-        {"PartitionKey": held.ref.job, "RowKey": names.attempt_key(held.ref.task, held.ref.attempt),
-         "EndedAt": now(), "Outcome": outcome, **extra},
-        mode=UpdateMode.MERGE,
-    )
+def _end_attempt(clients: Clients, held: Claim, **fields: Any) -> None:
+    attempts.record(clients, held.ref.job, held.ref.task, held.ref.attempt, EndedAt=now(), **fields)
 
 
 def discard(clients: Clients, held: Claim) -> None:
-    """Record that a revoked attempt's work was thrown away."""
-    clients.attempts.update_entity(
-        {"PartitionKey": held.ref.job, "RowKey": names.attempt_key(held.ref.task, held.ref.attempt),
-         "Discarded": True, "DiscardedAt": now()},
-        mode=UpdateMode.MERGE,
-    )
+    """Record that a revoked attempt's work was thrown away; it leaves the index."""
+    attempts.record(clients, held.ref.job, held.ref.task, held.ref.attempt, Discarded=True, DiscardedAt=now())
+    attempts.unindex(clients, held.ref.job, held.index)
 
 
 def _fenced_write(clients: Clients, counter: TerminalCounter, held: Claim, change: dict[str, Any],
-                  terminal: TaskStatus | None, tries: int = 5) -> bool:
-    """Apply ``change`` to the task row if it still names this attempt as running (with
-    the writer's counter when ``terminal``). True if applied, False if the attempt had been
+                  terminal: TaskStatus | None, ended: dict[str, Any], tries: int = 5) -> bool:
+    """Apply ``change`` to the task row if it still names this attempt as running, with the
+    attempt's end (``ended``), its removal from the index and the writer's counter (when
+    ``terminal``) in the same transaction. True if applied, False if the attempt had been
     revoked. A write whose answer was lost (a connection cut, storage restarting) is settled
-    by reading the row back, never by guessing."""
+    by reading the row back, never by guessing. The attempt leaves the index either way."""
     change = change | {"LastWrite": uuid.uuid4().hex}  # to recognise this write when read back
-    op = ("update", change, {"mode": UpdateMode.MERGE, **if_match(held.etag)})
+    job = held.ref.job
+    ops = [("update", change, {"mode": UpdateMode.MERGE, **if_match(held.etag)}),
+           attempts.attempt_op(job, held.ref.task, held.ref.attempt, **ended),
+           attempts.unindex_op(job, held.index)]
     for attempt in range(tries):
         try:
             if terminal is not None:
-                counter.write(clients.tasks, held.ref.job, [op], {terminal.value: 1})
+                counter.write(clients.tasks, job, ops, {terminal.value: 1})
             else:
-                clients.tasks.update_entity(change, mode=UpdateMode.MERGE, **if_match(held.etag))
-            return True
+                clients.tasks.submit_transaction(ops)
+            applied = True
         except (TableTransactionError, ResourceModifiedError):
-            pass  # the task row or the counter had moved on: see which
+            applied = None  # the task row, the counter or the index entry had moved on: see which
         except (ServiceRequestError, ServiceResponseError):
-            time.sleep(min(2**attempt, 10))  # no answer: it may or may not have been applied
+            applied = None  # no answer: it may or may not have been applied
+            time.sleep(min(2**attempt, 10))
         except HttpResponseError as exc:
             if (exc.status_code or 0) < 500:
                 raise
+            applied = None
             time.sleep(min(2**attempt, 10))
-        row = _read_back(clients, held)
-        if row.metadata["etag"] == held.etag:
-            continue  # untouched: not applied (or only the counter had moved); write again
-        return row.get("LastWrite") == change["LastWrite"]  # applied, or revoked meanwhile
+        if applied is None:
+            row = _read_back(clients, held)
+            if row.metadata["etag"] == held.etag:
+                ops = ops[:2]  # untouched: write again, the index entry (may be what failed) on its own
+                continue
+            applied = row.get("LastWrite") == change["LastWrite"]  # applied, or revoked meanwhile
+        if not applied or len(ops) == 2:
+            attempts.unindex(clients, job, held.index)
+        return applied
     raise RuntimeError(f"task {held.ref} could not be written after {tries} tries")
 
 
@@ -342,11 +337,11 @@ def commit(clients: Clients, counter: TerminalCounter, held: Claim, status: Task
         "RuntimeS": runtime,
         "Outputs": json.dumps(outputs),
     }
-    if not _fenced_write(clients, counter, held, change, status):
-        _end_attempt(clients, held, "DISCARDED")
-        return False
-    _end_attempt(clients, held, status.value, RuntimeS=runtime)
-    return True
+    if _fenced_write(clients, counter, held, change, status,
+                     {"EndedAt": ended, "Outcome": status.value, "RuntimeS": runtime}):
+        return True
+    _end_attempt(clients, held, Outcome="DISCARDED")
+    return False
 
 
 def fail(clients: Clients, counter: TerminalCounter, held: Claim, failure: str, error: str,
@@ -354,18 +349,19 @@ def fail(clients: Clients, counter: TerminalCounter, held: Claim, failure: str, 
     """Record a failed attempt and move the task on: QUEUED with the next attempt number
     while the budget lasts, else DEAD. None if the attempt had been revoked meanwhile."""
     after = after_failure(TaskStatus.RUNNING, failed_as, held.ref.attempt, max_attempts)
+    ended = now()
     change: dict[str, Any] = {
         "PartitionKey": held.ref.job,
         "RowKey": held.ref.task,
         "Status": after.value,
         "LastFailure": failure,
         "LastError": error[:ERROR_CHARS],
-        "EndedAt": now(),
+        "EndedAt": ended,
     }
     if after is TaskStatus.QUEUED:
         change["Attempt"] = held.ref.attempt + 1
-    if not _fenced_write(clients, counter, held, change, after if after is TaskStatus.DEAD else None):
-        _end_attempt(clients, held, "DISCARDED", FailureClass=failure)
+    ended_as = {"EndedAt": ended, "Outcome": failed_as.value, "FailureClass": failure, "Error": error[:ERROR_CHARS]}
+    if not _fenced_write(clients, counter, held, change, after if after is TaskStatus.DEAD else None, ended_as):
+        _end_attempt(clients, held, Outcome="DISCARDED", FailureClass=failure)
         return None
-    _end_attempt(clients, held, failed_as.value, FailureClass=failure, Error=error[:ERROR_CHARS])
     return after

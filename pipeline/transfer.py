@@ -3,8 +3,9 @@
 Every upload stores the object's MD5 as its Content-MD5 and sends each block with its own
 MD5 (``validate_content``); every download is checked whole against the stored MD5 — a
 mismatch is a ``corrupt_blob_read`` failure (retried), never data handed to a stage. Block
-size and concurrency follow the object's size (:data:`PLANS`): small objects go in one
-request, large ones as blocks or ranges in parallel. The SDK does the transfer (its
+size and concurrency follow the object's size and the storage's distance (:data:`NEAR`,
+:data:`FAR`, told apart by a round trip measured once per process): small objects go in
+one request, large ones as blocks or ranges in parallel. The SDK does the transfer (its
 chunking, its retry policy); this module only chooses its settings, once per process: one
 blob client per block size, all on one shared connection pool.
 """
@@ -13,10 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from dataclasses import dataclass
 
 import requests
-from azure.core.exceptions import HttpResponseError
+from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.core.pipeline.transport import RequestsTransport
 from azure.storage.blob import BlobServiceClient, ContainerClient, ContentSettings, ExponentialRetry
 
@@ -35,18 +37,31 @@ class Plan:
     concurrency: int  # blocks or ranges in flight
 
 
-# (objects up to this size, how to move them), from bench.transfer: through a 30 ms,
-# 100 Mbit/s WAN a 10 MiB object moved fastest as 1 MiB × 16 (1.0 s against 1.9 s for
-# 4 MiB blocks), 100 and 256 MiB as 8 MiB × 16 (6× a single stream at 100 MiB).
-PLANS: tuple[tuple[int, Plan], ...] = (
+Plans = tuple[tuple[int, Plan], ...]  # (objects up to this size, how to move them)
+
+NEAR_S = 0.010  # storage whose round trip is shorter is near (the same host or datacenter)
+
+# From bench.transfer. Near storage (loopback): a request costs more than the wait for
+# it, so blocks are large and few.
+NEAR: Plans = (
+    (4 * MiB, Plan(4 * MiB, 1)),
+    (64 * MiB, Plan(1 * MiB, 16)),
+    (2**62, Plan(8 * MiB, 16)),
+)
+# Far storage (a 30 ms WAN, capped at 100 Mbit/s per connection or not): the latency and
+# the per-connection rate dominate, so many blocks are in flight: a 10 MiB object moved
+# fastest as 1 MiB × 16 (1.0 s against 1.9 s for 4 MiB blocks), 100 and 256 MiB as
+# 8 MiB × 16 (6× a single stream at 100 MiB).
+FAR: Plans = (
     (4 * MiB, Plan(4 * MiB, 1)),
     (64 * MiB, Plan(1 * MiB, 16)),
     (2**62, Plan(8 * MiB, 16)),
 )
 
 
-def plan_for(size: int) -> Plan:
-    return next(plan for limit, plan in PLANS if size <= limit)
+def plan_for(size: int, round_trip: float = 0.0) -> Plan:
+    """How to move an object of ``size`` bytes to or from storage ``round_trip`` s away."""
+    return next(plan for limit, plan in (NEAR if round_trip < NEAR_S else FAR) if size <= limit)
 
 
 def retry_policy(total: int = 5) -> ExponentialRetry:
@@ -68,6 +83,7 @@ class Transfers:
         self._session.mount("https://", requests.adapters.HTTPAdapter(pool_maxsize=32))
         self._by_block: dict[int, BlobServiceClient] = {}
         self._lock = threading.Lock()
+        self._round_trip: float | None = None
 
     def _client(self, block: int) -> BlobServiceClient:
         with self._lock:
@@ -85,11 +101,32 @@ class Transfers:
     def container(self, container: ContainerClient, block: int) -> ContainerClient:
         return self._client(block).get_container_client(container.container_name)
 
+    def round_trip(self, container: ContainerClient) -> float:
+        """Seconds a request to the storage takes, measured once per process at the first
+        transfer: the fastest of three reads of ``container``'s properties on the pool the
+        transfers use (the first also opens the connection)."""
+        if self._round_trip is None:
+            probe = self.container(container, NEAR[0][1].block)
+            times = []
+            for _ in range(3):
+                started = time.perf_counter()
+                try:
+                    probe.get_container_properties()
+                except ResourceNotFoundError:
+                    pass  # an answer all the same
+                times.append(time.perf_counter() - started)
+            self._round_trip = min(times)
+        return self._round_trip
+
+    def plan(self, container: ContainerClient, size: int) -> Plan:
+        """The plan for an object of ``size`` bytes in ``container``, by the storage's distance."""
+        return plan_for(size, self.round_trip(container))
+
     def upload(self, container: ContainerClient, name: str, data: bytes, content_type: str,
                overwrite: bool = True, plan: Plan | None = None) -> bytes:
         """Store ``data`` with its MD5 (checked per block on the way); returns the MD5.
         ``plan``: the plan for its size unless given (the benchmark sweeps it)."""
-        plan = plan or plan_for(len(data))
+        plan = plan or self.plan(container, len(data))
         md5 = md5_of(data)
         self.container(container, plan.block).upload_blob(
             name, data, overwrite=overwrite, max_concurrency=plan.concurrency, validate_content=True,
@@ -106,7 +143,7 @@ class Transfers:
         The SDK retries a range whose connection breaks mid-body only three times, whatever
         its retry policy; a range that exhausts them restarts the download, up to ``retries``
         downloads in all, before the broken connection fails the attempt."""
-        plan = plan or (plan_for(size) if size is not None else PLANS[-1][1])
+        plan = plan or self.plan(container, size if size is not None else 2**62)
         attempt = 1
         while True:
             try:

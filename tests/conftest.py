@@ -11,6 +11,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,11 @@ def small_request(**changes: object) -> JobRequest:
     }
     body.update(changes)
     return JobRequest.model_validate(body)
+
+
+def in_an_hour(*_: object) -> datetime:
+    """A kill time far away, for a claim made by hand (``tasks.claim``)."""
+    return datetime.now(UTC) + timedelta(hours=1)
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 60, what: str = "condition") -> object:

@@ -62,3 +62,11 @@ def stubborn(ctx: StageContext) -> None:
         while True:
             time.sleep(1)
     digest(ctx)
+
+
+@stages.stage("whoami")
+def whoami(ctx: StageContext) -> None:
+    """Names the process it ran in as its output; fails when its parameters ask it to."""
+    if ctx.params.get("fail"):
+        raise RuntimeError("asked to fail")
+    ctx.outputs.append(str(os.getpid()))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from bagpipe.mailserver import MailServer
-from pipeline import jobs, tasks
+from pipeline import attempts, jobs, tasks
 from pipeline.clients import Clients
 from pipeline.settings import Settings
 from pipeline.status import JobState
@@ -27,8 +27,7 @@ def test_cancel_stops_new_tasks_and_ends_cancelled(settings: Settings, mail: Mai
     counts = Counter(r["Status"] for r in rows)
     assert set(counts) <= {"SUCCEEDED", "CANCELLED"} and counts["CANCELLED"] > 50
     assert sum(counts.values()) == 92
-    started = [a["StartedAt"] for a in clients.attempts.query_entities("PartitionKey eq @p",
-                                                                       parameters={"p": job})]
+    started = [a["StartedAt"] for a in attempts.list_attempts(clients.tasks, job)]
     assert started and max(started) < cancelled_at, "no attempt started after the cancel returned"
     # a task cancelled while it ran did not publish its output
     for row in rows:

@@ -19,7 +19,7 @@ from azure.storage.blob import ContainerSasPermissions, ContentSettings, generat
 from bagpipe.azurite import ACCOUNT, ACCOUNT_KEY
 from bagpipe.feedserver import REAL_DATA
 from bagpipe.mailserver import MailServer
-from pipeline import jobs, names, reducers, tasks
+from pipeline import attempts, jobs, names, reducers, tasks
 from pipeline.clients import Clients
 from pipeline.failures import FailureClass, StageFailure
 from pipeline.feeds import granule_name
@@ -70,8 +70,8 @@ def test_hostile_messages_amid_a_job_lose_nothing_and_run_nothing_twice(
     assert jobs.get(clients, job)["State"] == JobState.SUCCEEDED.value
     rows = tasks.list_tasks(clients.tasks, job)
     assert len(rows) == 8 and {r["Status"] for r in rows} == {TaskStatus.SUCCEEDED.value}
-    attempts = list(clients.attempts.query_entities("PartitionKey eq @p", parameters={"p": job}))
-    assert sorted(a["RowKey"] for a in attempts) == sorted(names.attempt_key(r["RowKey"], 1) for r in rows)
+    tried = attempts.list_attempts(clients.tasks, job)
+    assert sorted(a["RowKey"] for a in tried) == sorted(names.attempt_key(r["RowKey"], 1) for r in rows)
     poison = clients.queue(settings.names.poison_queue(queue.queue_name))
     records = [json.loads(tasks.message_bytes(m.content)) for m in poison.peek_messages(max_messages=32)]
     assert len(records) == len(undecodable)

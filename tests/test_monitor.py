@@ -12,22 +12,22 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from azure.core.exceptions import ServiceResponseError
-from azure.data.tables import TableClient
+from azure.data.tables import TableClient, UpdateMode
 
 from bagpipe.azurite import Azurite, free_port
-from pipeline import jobs, monitor, names, runtimes, sweep, tasks
+from pipeline import attempts, jobs, monitor, names, runtimes, sweep, tasks
 from pipeline.clients import Clients
 from pipeline.failures import FailureClass
 from pipeline.notify import NoMailer
 from pipeline.settings import Settings
-from pipeline.status import JobState
-from tests.conftest import PIDS, running_control, running_workers, small_request, wait_for, with_stage
+from pipeline.status import JobState, TaskStatus
+from tests.conftest import PIDS, in_an_hour, running_control, running_workers, small_request, wait_for, with_stage
 from worker.lease import Lease
 
 
@@ -161,9 +161,14 @@ def marked_task(clients: Clients, job: str) -> dict:
 
 
 def attempt_rows(clients: Clients, job: str, task: str) -> list[dict]:
-    return list(clients.attempts.query_entities(
+    return [a for a in attempts.list_attempts(clients.tasks, job) if a["Task"] == task]
+
+
+def index_rows(clients: Clients, job: str, task: str) -> list[str]:
+    """The task's entries in the monitor's deadline index."""
+    return [r["RowKey"] for r in clients.tasks.query_entities(
         "PartitionKey eq @p and RowKey ge @lo and RowKey lt @hi",
-        parameters={"p": job, "lo": task, "hi": task + "~"}))
+        parameters={"p": job, "lo": names.DEADLINE_PREFIX, "hi": names.DEADLINE_PREFIX + "~"}) if r["Task"] == task]
 
 
 def test_straggler_is_revoked_at_about_4x_and_succeeds_on_retry(settings: Settings) -> None:
@@ -245,43 +250,46 @@ def test_sweep_activity_revokes_an_overdue_attempt(clients: Clients, settings: S
     sweep.handle_plan(clients, json.dumps({"job": job}).encode())
     queue = clients.shard_queues[0]
     message = next(iter(queue.receive_messages(max_messages=1, visibility_timeout=60)))
-    held = tasks.claim(clients, tasks.TaskRef.decode(message.content), "w-gone")
+    held = tasks.claim(clients, tasks.TaskRef.decode(message.content), "w-gone", lambda *_: tasks.now())  # due at once
     assert held is not None
-    monitor.write_deadline(clients, held.ref, tasks.now(), "w-gone")  # due at once
     report = sweep.sweep(clients, NoMailer())
     assert report["revoked"] == 1
     row = clients.tasks.get_entity(job, held.ref.task)
     assert row["Status"] == "QUEUED" and row["Attempt"] == 2 and row["LastFailure"] == "execution_timeout"
     assert row["Timeouts"] == 1  # its next attempt may run backoff × longer
     assert not tasks.still_held(clients, held), "the old attempt's heartbeat is refused"
+    assert index_rows(clients, job, held.ref.task) == []
     assert sweep.sweep(clients, NoMailer())["revoked"] == 0
 
 
-
-def test_an_index_row_whose_claim_was_held_up_is_kept_and_one_a_dead_claimer_left_revokes_no_one(
-        clients: Clients) -> None:
+def test_the_index_moves_with_the_task_row_in_one_write(clients: Clients) -> None:
     job = jobs.submit(clients, small_request())["PartitionKey"]
     sweep.handle_plan(clients, json.dumps({"job": job}).encode())
-    first = tasks.list_tasks(clients.tasks, job)[0]
-    ref = tasks.TaskRef(job, first["RowKey"], 1)
-    # worker A indexes the attempt, then its claim is held up past the row's deadline
-    key_a = monitor.write_deadline(clients, ref, tasks.now(), "worker-a")
-    assert sweep.sweep(clients, NoMailer())["revoked"] == 0
-    assert clients.attempts.get_entity(names.DEADLINES, key_a)  # kept: the claim may still land
-    # it lands, and A dies before its first heartbeat: the kept row revokes the attempt
-    held = tasks.claim(clients, ref, "worker-a")
+    ref = tasks.TaskRef(job, tasks.list_tasks(clients.tasks, job)[0]["RowKey"], 1)
+
+    def overtaken(*_: object) -> datetime:  # another claim lands between the read and the write
+        clients.tasks.update_entity({"PartitionKey": job, "RowKey": ref.task, "Worker": "other"}, mode=UpdateMode.MERGE)
+        return in_an_hour()
+
+    assert tasks.claim(clients, ref, "loser", overtaken) is None
+    assert index_rows(clients, job, ref.task) == [] and attempt_rows(clients, job, ref.task) == []
+    held = tasks.claim(clients, ref, "winner", in_an_hour)
     assert held is not None
-    assert sweep.sweep(clients, NoMailer())["revoked"] == 1
-    assert clients.tasks.get_entity(job, ref.task)["Status"] == "QUEUED"
-    # B indexes attempt 2 and dies before claiming; C claims it: B's row revokes no one
-    second = tasks.TaskRef(job, ref.task, 2)
-    monitor.write_deadline(clients, second, tasks.now(), "worker-b")
-    key_c = monitor.write_deadline(clients, second, tasks.now() + timedelta(minutes=5), "worker-c")
-    assert tasks.claim(clients, second, "worker-c") is not None
-    assert sweep.sweep(clients, NoMailer())["revoked"] == 0
-    assert clients.tasks.get_entity(job, ref.task)["Status"] == "RUNNING"
-    assert [r["RowKey"] for r in clients.attempts.query_entities(
-        "PartitionKey eq @p", parameters={"p": names.DEADLINES}) if r["Task"] == ref.task] == [key_c]
+    assert index_rows(clients, job, ref.task) == [held.index]
+    (attempt,) = attempt_rows(clients, job, ref.task)
+    assert attempt["Worker"] == "winner" and attempt["Outcome"] == "RUNNING"
+    assert tasks.commit(clients, tasks.TerminalCounter("t"), held, TaskStatus.SUCCEEDED, [])
+    assert index_rows(clients, job, ref.task) == []
+    (attempt,) = attempt_rows(clients, job, ref.task)
+    assert attempt["Outcome"] == "SUCCEEDED" and attempt["RuntimeS"] >= 0
+    # a commit whose index entry had already gone still commits, and leaves none
+    second = tasks.TaskRef(job, tasks.list_tasks(clients.tasks, job)[1]["RowKey"], 1)
+    held = tasks.claim(clients, second, "w", in_an_hour)
+    assert held is not None
+    attempts.unindex(clients, job, held.index)
+    assert tasks.commit(clients, tasks.TerminalCounter("t"), held, TaskStatus.SUCCEEDED, [])
+    assert clients.tasks.get_entity(job, second.task)["Status"] == "SUCCEEDED"
+    assert sum(tasks.terminal_counts(clients.tasks, job).values()) == 2
 
 
 def test_a_heartbeat_written_but_answered_with_an_error_leaves_no_row_to_revoke_the_live_attempt(
@@ -290,29 +298,23 @@ def test_a_heartbeat_written_but_answered_with_an_error_leaves_no_row_to_revoke_
     sweep.handle_plan(clients, json.dumps({"job": job}).encode())
     queue = clients.shard_queues[0]
     message = next(iter(queue.receive_messages(max_messages=1, visibility_timeout=60)))
-    kill_at = tasks.now() + timedelta(minutes=5)
     ref = tasks.TaskRef.decode(message.content)
-    first = monitor.write_deadline(clients, ref, kill_at, "w1")
-    held = tasks.claim(clients, ref, "w1")
+    held = tasks.claim(clients, ref, "w1", lambda *_: tasks.now() + timedelta(minutes=5))
     assert held is not None
-    real = monitor.write_deadline
+    first = held.index
+    real = attempts.move
     lost: list[str] = []
 
-    def written_then_error(*args: Any, previous: str | None = None) -> str:
+    def written_then_error(*args: Any, previous: str) -> str:
         if not lost:
-            lost.append(real(*args))  # the row is written, its previous one kept ...
+            lost.append(real(*args, previous=previous))  # the row is moved ...
             raise ServiceResponseError("connection reset by peer")  # ... and the answer lost
         return real(*args, previous=previous)
 
-    monkeypatch.setattr(monitor, "write_deadline", written_then_error)
-
-    def index_rows() -> list[str]:
-        return [r["RowKey"] for r in clients.attempts.query_entities(
-            "PartitionKey eq @p", parameters={"p": names.DEADLINES}) if r["Task"] == ref.task]
-
-    with Lease(clients, queue, message, held, kill_at, first) as lease:
-        wait_for(lambda: lost and len(rows := index_rows()) == 1 and rows[0] not in (first, lost[0]), 30,
-                 "one index row for the attempt, written after the failed beat")
+    monkeypatch.setattr(attempts, "move", written_then_error)
+    with Lease(clients, queue, message, held) as lease:
+        wait_for(lambda: lost and len(rows := index_rows(clients, job, ref.task)) == 1
+                 and rows[0] not in (first, lost[0]), 30, "one index row, written after the failed beat")
         assert not lease.revoked.is_set()
-    lease.end()
-    assert index_rows() == []
+    assert tasks.commit(clients, tasks.TerminalCounter("t"), held, TaskStatus.SUCCEEDED, [])
+    assert index_rows(clients, job, ref.task) == []

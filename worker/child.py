@@ -1,10 +1,11 @@
-"""Run one attempt's stage in a child process of its own process group, so that a revoked
+"""Run attempts' stages in a child process of its own process group, so that a revoked
 attempt can really be killed — the stage and everything it started — SIGTERM first, then
 SIGKILL after a grace period.
 
-Children come from a ``forkserver``: a single-threaded server that preloads the stage
-modules and forks a fresh child per attempt, so a worker's threads and connection pools
-never leak into a stage.
+Each worker slot keeps one such child warm and hands it attempt after attempt; a kill, a
+failure or a long service replaces it. Children come from a ``forkserver``: a
+single-threaded server that preloads the stage modules, so a worker's threads and
+connection pools never leak into a stage.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class Outcome:
 
 
 BUILTIN_STAGE_MODULES = "pipeline.tilestage,worker.reduction"
+TASKS_PER_PROCESS = 200  # attempts a stage process runs before it is replaced
 
 
 def load_stage_modules(modules: str) -> None:
@@ -73,57 +75,85 @@ def _die_with_worker(conn: Connection) -> None:
         while True:
             for _, event in poller.poll():
                 if event & select.POLLNVAL:
-                    return  # the outcome was sent and the pipe closed: the stage is over
+                    return  # the pipe was closed: the stage process is ending
                 if event & (select.POLLERR | select.POLLHUP):
                     os.killpg(0, signal.SIGKILL)
 
     threading.Thread(target=watch, name="worker-watch", daemon=True).start()
 
 
-def _child(settings: Settings, stage: str, context: dict[str, Any], conn: Connection) -> None:
+def _serve(settings: Settings, conn: Connection, tasks: int) -> None:
+    """The stage process: run the stages the worker sends, one at a time, up to ``tasks``
+    of them; stop at the first that fails, so that a failure never leaves its state to the
+    next attempt."""
     os.setpgid(0, 0)  # its own process group: killing it kills everything it started
     _die_with_parent()
     _die_with_worker(conn)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    try:
-        load_stage_modules(settings.stage_modules)
-        fn = stages.STAGES[stage]
-        clients = Clients(settings)
-        ctx = stages.StageContext(clients=clients, **context)
-        fn(ctx)
-        conn.send(Outcome(outputs=ctx.outputs, cached=ctx.cached))
-    except BaseException as exc:
-        conn.send(Outcome(failure=classify(exc), error=f"{type(exc).__name__}: {exc}"))
-    finally:
-        conn.close()
+    clients: Clients | None = None
+    for _ in range(tasks):
+        try:
+            request = conn.recv()
+        except EOFError:
+            return
+        if request is None:
+            return
+        stage, context = request
+        try:
+            load_stage_modules(settings.stage_modules)
+            clients = clients or Clients(settings)
+            ctx = stages.StageContext(clients=clients, **context)
+            stages.STAGES[stage](ctx)
+            outcome = Outcome(outputs=ctx.outputs, cached=ctx.cached)
+        except BaseException as exc:
+            conn.send(Outcome(failure=classify(exc), error=f"{type(exc).__name__}: {exc}"))
+            return
+        conn.send(outcome)
 
 
 class StageProcess:
-    """One attempt's stage running in its own process group."""
+    """A slot's stage process, kept warm: it runs one attempt's stage after another in a
+    process group of its own, with its storage clients and imports ready, so that a task
+    does not pay for a fork and a fresh connection pool. A revoked attempt kills it with
+    its whole group; the slot starts a new one for its next task. It serves at most
+    ``tasks`` attempts, then is replaced (whatever a stage leaks does not accumulate)."""
 
-    def __init__(self, settings: Settings, stage: str, context: dict[str, Any]) -> None:
-        self._receive, send = _context.Pipe(duplex=False)
-        self.process = _context.Process(target=_child, args=(settings, stage, context, send), daemon=False)
+    def __init__(self, settings: Settings, tasks: int = TASKS_PER_PROCESS) -> None:
+        self._conn, child_end = _context.Pipe(duplex=True)
+        self.process = _context.Process(target=_serve, args=(settings, child_end, tasks), daemon=False)
         self.process.start()
-        send.close()
+        child_end.close()
+        self._left = tasks  # attempts it will still take: it ends after a failure or the last
+
+    def start(self, stage: str, context: dict[str, Any]) -> None:
+        """Run ``stage`` for one attempt (``context``: the StageContext's fields)."""
+        self._left -= 1
+        self._conn.send((stage, context))
+
+    def usable(self) -> bool:
+        """Whether it takes another attempt (alive, not failed, not at its end of service)."""
+        return self._left > 0 and self.process.is_alive()
 
     def poll(self, timeout: float) -> Outcome | None:
         """The outcome if the stage ended within ``timeout`` seconds, else None."""
-        if self._receive.poll(timeout):
+        if self._conn.poll(timeout):
             try:
-                outcome: Outcome = self._receive.recv()
+                outcome: Outcome = self._conn.recv()
             except EOFError:
-                outcome = self._died()
-            self.process.join(5)
+                return self._died()
+            if outcome.failure is not None:
+                self._left = 0
             return outcome
         if not self.process.is_alive():
             # it may have sent its outcome and exited between the wait above and this check
-            return self.poll(0) if self._receive.poll(0) else self._died()
+            return self.poll(0) if self._conn.poll(0) else self._died()
         return None
 
     def _died(self) -> Outcome:
+        self._left = 0
         self.process.join(5)
+        self._conn.close()
         code = self.process.exitcode
         if code is not None and code < 0:
             return Outcome(failure=FailureClass.USER_CODE,
@@ -145,8 +175,19 @@ class StageProcess:
                 time.sleep(0.05)
             if not _group_alive(pid):
                 break
+        self._left = 0
         self.process.join(5)
-        self._receive.close()
+        self._conn.close()
+
+    def close(self) -> None:
+        """Let it end (the worker stops)."""
+        if not self._conn.closed:
+            try:
+                self._conn.send(None)
+            except OSError:
+                pass
+            self._conn.close()
+        self.process.join(5)
 
 
 def _group_alive(pgid: int) -> bool:

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from datetime import datetime
 
 from azure.core.exceptions import ResourceNotFoundError
 from azure.storage.queue import QueueClient, QueueMessage
 
-from pipeline import monitor, tasks
+from pipeline import attempts, tasks
 from pipeline.clients import Clients
 
 log = logging.getLogger(__name__)
@@ -20,15 +19,12 @@ log = logging.getLogger(__name__)
 class Lease:
     """Keeps one message invisible and its attempt alive while a stage runs."""
 
-    def __init__(self, clients: Clients, queue: QueueClient, message: QueueMessage,
-                 held: tasks.Claim, kill_at: datetime, deadline_key: str) -> None:
+    def __init__(self, clients: Clients, queue: QueueClient, message: QueueMessage, held: tasks.Claim) -> None:
         self.clients, self.queue, self.message, self.held = clients, queue, message, held
-        self.kill_at = kill_at
         self.seconds = clients.settings.lease_seconds
         self.revoked = threading.Event()
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._deadline_key = deadline_key
         self._thread = threading.Thread(target=self._run, name=f"lease-{held.ref.task}", daemon=True)
 
     def __enter__(self) -> Lease:
@@ -48,10 +44,11 @@ class Lease:
                     log.warning("attempt %s revoked", self.held.ref)
                     self.revoked.set()
                     return
-                self._deadline_key = monitor.write_deadline(
-                    self.clients, self.held.ref, self.kill_at, self.held.worker, previous=self._deadline_key)
+                held, ref = self.held, self.held.ref
+                held.index = attempts.move(self.clients, ref.job, ref.task, ref.attempt, held.kill_at, held.worker,
+                                           previous=held.index)
                 if failed:
-                    monitor.clear_other_deadlines(self.clients, self.held.ref, self.held.worker, self._deadline_key)
+                    attempts.clear_others(self.clients, ref.job, ref.task, ref.attempt, held.worker, keep=held.index)
                     failed = False
             except Exception as exc:  # storage briefly unreachable: try again next beat
                 failed = True
@@ -84,7 +81,3 @@ class Lease:
                 self.queue.delete_message(self.message, pop_receipt=self.message.pop_receipt)
             except ResourceNotFoundError:
                 log.info("message of %s already gone or re-leased", self.held.ref)
-
-    def end(self) -> None:
-        """The attempt is over: it leaves the deadline index."""
-        monitor.clear_deadline(self.clients, self._deadline_key)

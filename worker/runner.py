@@ -16,7 +16,8 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from dataclasses import dataclass
+from datetime import datetime
 
 from azure.storage.queue import QueueClient, QueueMessage
 
@@ -37,6 +38,27 @@ FORGET_JOBS_AFTER = 1000  # jobs whose last look this worker remembers
 RETRY_BACKOFF_S = (2, 10, 30)  # visibility delay before attempt 2, 3, 4+
 
 
+@dataclass
+class Slot:
+    """What one of a worker's slots keeps from task to task: its terminal counter and its
+    warm stage process."""
+
+    counter: tasks.TerminalCounter
+    process: StageProcess | None = None
+
+    def stage_process(self, settings: Settings) -> StageProcess:
+        """The slot's stage process, a new one if the last was killed, failed or is spent."""
+        if self.process is None or not self.process.usable():
+            self.close()
+            self.process = StageProcess(settings)
+        return self.process
+
+    def close(self) -> None:
+        if self.process is not None:
+            self.process.close()
+            self.process = None
+
+
 class Worker:
     def __init__(self, settings: Settings, slots: int = 2, worker_id: str | None = None,
                  idle_sleep: float = 0.5, exit_when_idle: float | None = None) -> None:
@@ -54,13 +76,18 @@ class Worker:
         # task had been released then (from when on every task may be the job's last)
         self._looked: dict[str, tuple[float, bool]] = {}
         self._free = threading.Semaphore(slots)
-        self._counters = [tasks.TerminalCounter(f"{self.id}-{i}") for i in range(slots)]
-        self._counter_pool: list[tasks.TerminalCounter] = list(self._counters)
+        self._slots = [Slot(tasks.TerminalCounter(f"{self.id}-{i}")) for i in range(slots)]
+        self._slot_pool: list[Slot] = list(self._slots)
         self._pool_lock = threading.Lock()
         self.handled = 0
 
     def run(self) -> None:
-        """Pull and run tasks until :attr:`stopping` is set; then finish what is in hand."""
+        """Pull and run tasks until :attr:`stopping` is set; then finish what is in hand.
+        The slots' stage processes are started first, so that the first tasks do not wait
+        for the fork server's imports."""
+        for slot in self._slots:
+            slot.stage_process(self.settings)
+        log.info("worker %s ready", self.id)
         queues = self.clients.shard_queues
         shard = 0
         idle = 0
@@ -101,24 +128,26 @@ class Worker:
                     self.stopping.wait(self.idle_sleep)
                     idle = 0
         self.history.flush()
+        for slot in self._slots:
+            slot.close()
 
     def _busy(self) -> bool:
         with self._pool_lock:
-            return len(self._counter_pool) < self.slots  # a slot holds a task
+            return len(self._slot_pool) < self.slots  # a slot holds a task
 
     def _slot(self, queue: QueueClient, message: QueueMessage) -> None:
         with self._pool_lock:
-            counter = self._counter_pool.pop()
+            slot = self._slot_pool.pop()
         try:
-            self.handle(queue, message, counter)
+            self.handle(queue, message, slot)
         except Exception:
             log.exception("task message %s on %s could not be handled", message.id, queue.queue_name)
         finally:
             with self._pool_lock:
-                self._counter_pool.append(counter)
+                self._slot_pool.append(slot)
             self._free.release()
 
-    def handle(self, queue: QueueClient, message: QueueMessage, counter: tasks.TerminalCounter) -> None:
+    def handle(self, queue: QueueClient, message: QueueMessage, slot: Slot) -> None:
         """Run one delivered message to its end: dropped, poisoned, committed, failed or
         revoked."""
         try:
@@ -129,43 +158,36 @@ class Worker:
         if message.dequeue_count and message.dequeue_count > MAX_DEQUEUES:
             self.poison(queue, message, f"delivered {message.dequeue_count} times")
             return
-        deadline: dict[str, Any] = {}
 
-        def register(current: tasks.TaskRef, stage: str, params: dict[str, str], timeouts: int) -> None:
+        def kill_time(current: tasks.TaskRef, stage: str, params: dict[str, str], timeouts: int) -> datetime:
             history = self.history.read(stage, runtimes.history_key(params))
-            deadline["kill_at"] = monitor.kill_time(self.settings, stage, history, timeouts, tasks.now())
-            deadline["key"] = monitor.write_deadline(self.clients, current, deadline["kill_at"], self.id)
+            return monitor.kill_time(self.settings, stage, history, timeouts, tasks.now())
 
-        held = tasks.claim(self.clients, ref, self.id, before=register)
+        held = tasks.claim(self.clients, ref, self.id, kill_time)
         if held is None:  # stale or duplicate: the row does not want this message to run
-            if "key" in deadline:
-                monitor.clear_deadline(self.clients, deadline["key"])
             queue.delete_message(message)
             return
         self.handled += 1
         with telemetry.attempt_scope(held.ref.job, held.ref.task, held.ref.attempt, held.stage):
-            self._attempt(queue, message, counter, held, deadline)
+            self._attempt(queue, message, slot, held)
 
-    def _attempt(self, queue: QueueClient, message: QueueMessage, counter: tasks.TerminalCounter,
-                 held: tasks.Claim, deadline: dict[str, Any]) -> None:
-        """Run a claimed attempt under its lease; commit, fail or give it up."""
-        with Lease(self.clients, queue, message, held, deadline["kill_at"], deadline["key"]) as lease:
-            outcome = self.run_stage(held, lease)
-        # The attempt leaves the monitor's index only once the task row no longer names it
-        # as running: a worker that dies while it commits (storage slow or restarting) leaves
-        # its row behind for the monitor, not a task RUNNING with nothing to revoke it.
+    def _attempt(self, queue: QueueClient, message: QueueMessage, slot: Slot, held: tasks.Claim) -> None:
+        """Run a claimed attempt under its lease; commit, fail or give it up. The attempt
+        leaves the monitor's index in the same write that moves its task row on: a worker
+        that dies while it commits (storage slow or restarting) leaves its entry behind for
+        the monitor, never a task RUNNING with nothing to revoke it."""
+        with Lease(self.clients, queue, message, held) as lease:
+            outcome = self.run_stage(held, lease, slot)
         if lease.revoked.is_set():
             # The task went on without this attempt (a new message names the next one):
             # nothing it made is published. Its message may stand in for the next attempt.
-            lease.end()
             tasks.discard(self.clients, held)
             lease.hand_back()
             log.info("%s revoked: stage killed, output discarded", held.ref)
             return
         if outcome.outputs is not None:
             status = TaskStatus.CACHED if outcome.cached else TaskStatus.SUCCEEDED
-            committed = tasks.commit(self.clients, counter, held, status, outcome.outputs)
-            lease.end()
+            committed = tasks.commit(self.clients, slot.counter, held, status, outcome.outputs)
             log.info("%s %s", held.ref, "committed" if committed else "revoked: output discarded")
             lease.delete()
             seconds = (tasks.now() - held.started).total_seconds()
@@ -179,8 +201,7 @@ class Worker:
         budget = limits.budget(failure)
         if not failure.transient and held.last_failure == failure.value:
             budget = held.ref.attempt  # the same input failed the same way twice: give up
-        after = tasks.fail(self.clients, counter, held, failure.value, outcome.error, budget)
-        lease.end()
+        after = tasks.fail(self.clients, slot.counter, held, failure.value, outcome.error, budget)
         log.info("%s failed (%s): %s -> %s", held.ref, failure.value, outcome.error[:200], after)
         telemetry.attempt_ended(held.stage, failure.value, (tasks.now() - held.started).total_seconds())
         if after is TaskStatus.QUEUED:
@@ -193,14 +214,15 @@ class Worker:
             if after is TaskStatus.DEAD:
                 self.after_terminal(held)
 
-    def run_stage(self, held: tasks.Claim, lease: Lease) -> Outcome:
-        """Run the attempt's stage in its own process group; kill it if the attempt is
-        revoked meanwhile."""
+    def run_stage(self, held: tasks.Claim, lease: Lease, slot: Slot) -> Outcome:
+        """Run the attempt's stage in the slot's stage process (its own process group);
+        kill it if the attempt is revoked meanwhile."""
         context = {
             "job": held.ref.job, "task": held.ref.task, "attempt": held.ref.attempt, "params": held.params,
             "output_prefix": names.output_prefix(held.ref.job, held.ref.task, held.ref.attempt),
         }
-        process = StageProcess(self.settings, held.stage, context)
+        process = slot.stage_process(self.settings)
+        process.start(held.stage, context)
         while True:
             outcome = process.poll(0.2)
             if outcome is not None:

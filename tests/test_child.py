@@ -1,0 +1,56 @@
+"""A slot's stage process: kept warm from attempt to attempt, replaced when an attempt
+fails, when it is killed and when its service is over."""
+
+from __future__ import annotations
+
+import os
+
+from pipeline.failures import FailureClass
+from pipeline.settings import Settings
+from worker.child import Outcome, StageProcess
+from worker.runner import Slot
+
+
+def run(process: StageProcess, **params: str) -> Outcome:
+    process.start("whoami", {"job": "j", "task": "000000001", "attempt": 1, "params": params,
+                             "output_prefix": "j/tasks/000000001/a001/"})
+    while (outcome := process.poll(1.0)) is None:
+        pass
+    return outcome
+
+
+def test_a_slot_keeps_its_stage_process_and_replaces_it_when_it_failed_or_is_spent(settings: Settings) -> None:
+    settings = settings.with_(stage_modules="tests.stages_for_tests")
+    slot = Slot(counter=None)  # type: ignore[arg-type]
+    first = slot.stage_process(settings)
+    pids = [run(slot.stage_process(settings)).outputs for _ in range(3)]
+    assert pids[0] == pids[1] == pids[2] and pids[0] != [str(os.getpid())], "one warm process, not the worker"
+    assert os.getpgid(int(pids[0][0])) == int(pids[0][0]), "in a process group of its own"
+    failed = run(slot.stage_process(settings), fail="yes")
+    assert failed.failure is FailureClass.USER_CODE and "asked to fail" in failed.error
+    assert slot.stage_process(settings) is not first, "a failed attempt's process is not reused"
+    after = run(slot.stage_process(settings)).outputs
+    assert after != pids[0]
+    slot.close()
+
+    spent = StageProcess(settings, tasks=2)
+    assert run(spent).outputs == run(spent).outputs
+    assert not spent.usable(), "its service is over after two attempts"
+    spent.process.join(5)
+    assert spent.process.exitcode == 0
+    spent.close()
+
+
+def test_a_killed_stage_process_takes_its_group_with_it(settings: Settings) -> None:
+    settings = settings.with_(stage_modules="tests.stages_for_tests")
+    process = StageProcess(settings)
+    (pid,) = run(process).outputs
+    process.kill(grace=1.0)
+    assert not process.usable()
+    assert process.process.exitcode is not None
+    try:
+        os.killpg(int(pid), 0)
+        group_left = True
+    except ProcessLookupError:
+        group_left = False
+    assert not group_left
