@@ -19,7 +19,9 @@ import json
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import date, timedelta
 from pathlib import Path
 
@@ -31,6 +33,8 @@ from azure.storage.queue import QueueServiceClient
 from bagpipe.azurite import Azurite
 from bagpipe.stack import LocalStack
 from pipeline.request import JobRequest, expand
+
+FLOOR_RUNS = 3  # the floor is the fastest of these: one run of ten seconds varies by a third
 
 TILES = ["h08v04", "h08v05", "h09v04", "h09v05", "h10v04", "h10v05", "h11v04", "h11v05", "h12v04", "h12v05"]
 
@@ -121,6 +125,15 @@ def bagpipe(azurite: Azurite, home: Path, body: dict, workers: int, slots: int, 
             "slot_ms_per_task": round(1000 * seconds * workers * slots / total, 1)}
 
 
+@contextmanager
+def fresh_azurite(home: Path) -> Iterator[Azurite]:
+    azurite = Azurite(home / "azurite").start()
+    try:
+        yield azurite
+    finally:
+        azurite.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10_000])
@@ -129,26 +142,29 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=256, help="BAGPIPE_WINDOW, and the floor's queue depth")
     parser.add_argument("--floor-threads", type=int, default=8, help="more only queue up on Azurite's one core")
     args = parser.parse_args()
+    # Each measurement on an Azurite of its own, empty, as the floor's: in disk mode Azurite
+    # rewrites every table it holds every five seconds, so one run's rows would slow the next.
     with tempfile.TemporaryDirectory() as tmp:
-        azurite = Azurite(Path(tmp) / "azurite").start()
-        try:
-            base = floor(azurite.connection_string, min(args.sizes), args.floor_threads, args.window)
-            print(f"floor: {base}", flush=True)
-            runs = []
-            for size in args.sizes:
-                body = request_of(size)
-                for workers in args.workers:
+        floors = []
+        for n in range(FLOOR_RUNS):
+            with fresh_azurite(Path(tmp) / f"floor{n}") as azurite:
+                floors.append(floor(azurite.connection_string, min(args.sizes), args.floor_threads, args.window))
+        base = max(floors, key=lambda f: f["tasks_per_s"])
+        print(f"floor: {base} (best of {[f['tasks_per_s'] for f in floors]})", flush=True)
+        runs = []
+        for size in args.sizes:
+            body = request_of(size)
+            for workers in args.workers:
+                with fresh_azurite(Path(tmp) / f"s{size}w{workers}") as azurite:
                     run = bagpipe(azurite, Path(tmp) / f"s{size}w{workers}", body, workers, args.slots,
                                   f"b{size}w{workers}", args.window)
-                    print(f"{run['tasks']:>6} tasks {workers} workers × {args.slots}: {run['seconds']:>7} s "
-                          f"{run['tasks_per_s']:>6} tasks/s  {run['slot_ms_per_task']:>6} slot-ms/task", flush=True)
-                    runs.append(run)
-        finally:
-            azurite.stop()
+                print(f"{run['tasks']:>6} tasks {workers} workers × {args.slots}: {run['seconds']:>7} s "
+                      f"{run['tasks_per_s']:>6} tasks/s  {run['slot_ms_per_task']:>6} slot-ms/task", flush=True)
+                runs.append(run)
     best = {size: max(r["tasks_per_s"] for r in runs if abs(r["tasks"] - size) < 100) for size in args.sizes}
     small, large = min(args.sizes), max(args.sizes)
     print(json.dumps({
-        "floor": base, "runs": runs, "best_tasks_per_s": best,
+        "floor": base, "floor_runs": [f["tasks_per_s"] for f in floors], "runs": runs, "best_tasks_per_s": best,
         "ratio_to_floor": round(best[small] / base["tasks_per_s"], 2),
         "ratio_10k_to_1k": round(best[large] / best[small], 2),
         "overhead_ms_per_task": min(r["slot_ms_per_task"] for r in runs),

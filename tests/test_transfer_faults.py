@@ -17,21 +17,42 @@ from bagpipe.azurite import ACCOUNT, ACCOUNT_KEY, Azurite
 from bagpipe.toxiproxy import Toxiproxy
 from pipeline.clients import Clients
 from pipeline.failures import FailureClass, classify
-from pipeline.transfer import MiB, Transfers, md5_of
+from pipeline.transfer import NEAR_S, MiB, Transfers, md5_of
 
-SIZE = 10 * MiB + 12345  # 1 MiB blocks and ranges, 16 in flight
+SIZE = 10 * MiB + 12345  # through a WAN, 1 MiB blocks and ranges, 16 in flight
 
 
 @pytest.fixture
 def proxy(azurite: Azurite) -> Iterator[tuple[Toxiproxy, int]]:
+    """Azurite behind a WAN: 15 ms each way, so that transfers take the plans for storage
+    far away, as from a scientist's laptop."""
     with Toxiproxy() as toxiproxy:
-        yield toxiproxy, toxiproxy.proxy("blob", azurite.blob_port)
+        port = toxiproxy.proxy("blob", azurite.blob_port)
+        for stream in ("upstream", "downstream"):
+            toxiproxy.toxic("blob", "latency", stream, latency=15)
+        yield toxiproxy, port
 
 
 def _through(port: int, retries: int = 5, read_timeout: float = 60) -> Transfers:
     connection = (f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={ACCOUNT_KEY};"
                   f"BlobEndpoint=http://127.0.0.1:{port}/{ACCOUNT};")
     return Transfers(BlobServiceClient.from_connection_string(connection), read_timeout=read_timeout, retries=retries)
+
+
+def test_the_plan_follows_the_distance_to_storage(clients: Clients, proxy: tuple[Toxiproxy, int]) -> None:
+    _, port = proxy
+    far = _through(port)
+    assert clients.transfers.round_trip(clients.products) < NEAR_S <= 0.030 <= far.round_trip(clients.products)
+    data = os.urandom(SIZE)
+    for transfers, name in ((clients.transfers, "near.bin"), (far, "far.bin")):
+        plan = transfers.plan(clients.products, SIZE)
+        transfers.upload(clients.products, f"plans/{name}", data, "application/octet-stream")
+        blocks = clients.products.get_blob_client(f"plans/{name}").get_block_list("committed")[0]
+        assert len(blocks) == -(-SIZE // plan.block)
+        assert transfers.download(clients.products, f"plans/{name}", SIZE)[0] == data
+    near_plan, far_plan = clients.transfers.plan(clients.products, SIZE), far.plan(clients.products, SIZE)
+    assert far_plan.block < near_plan.block and far_plan.concurrency > near_plan.concurrency
+    far.close()
 
 
 def test_connections_cut_mid_transfer_are_retried_to_a_byte_exact_result(

@@ -18,6 +18,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from azure.storage.queue import QueueClient, QueueMessage
 
@@ -72,9 +73,9 @@ class Worker:
         self.exit_when_idle = exit_when_idle
         self.stopping = threading.Event()
         self.history = runtimes.RuntimeBook(self.clients.runtimes)
-        # per job: when this worker last read its row and counters, and whether every tile
-        # task had been released then (from when on every task may be the job's last)
-        self._looked: dict[str, tuple[float, bool]] = {}
+        # per job: when this worker last read its row and counters, and the row it read
+        # (once it says every tile task is released, every task may be the job's last)
+        self._looked: dict[str, tuple[float, dict[str, Any] | None]] = {}
         self._free = threading.Semaphore(slots)
         self._slots = [Slot(tasks.TerminalCounter(f"{self.id}-{i}")) for i in range(slots)]
         self._slot_pool: list[Slot] = list(self._slots)
@@ -237,26 +238,29 @@ class Worker:
 
         While the job still has tile tasks to release, none can be its last, and the window
         needs a look only now and then (it is topped up a quarter at a time): this worker
-        reads the job row and counters at most every JOB_CHECK_S then, after every task
-        once all are released. The sweep tops up and completes jobs too."""
+        reads the job row and counters at most every JOB_CHECK_S then; once all are
+        released, the counters after every task (the row it last read has all it needs
+        then). The sweep tops up and completes jobs too."""
         job = held.ref.job
         if "reduction" in held.params:
             planner.release_ready(self.clients, job, int(held.params["reduction"]))
         with self._pool_lock:
-            looked_at, all_released = self._looked.get(job, (-JOB_CHECK_S, False))
+            looked_at, known = self._looked.get(job, (-JOB_CHECK_S, None))
+            all_released = known is not None and int(known["Released"]) >= int(known.get("Tiles", known["Total"]))
             if not all_released and time.monotonic() - looked_at < JOB_CHECK_S:
                 return
-            self._looked[job] = (time.monotonic(), all_released)
-        row = jobs.get(self.clients, job)
+            self._looked[job] = (time.monotonic(), known)
+        row = known if all_released else jobs.get(self.clients, job)
         done = sum(tasks.terminal_counts(self.clients.tasks, job).values())
         if all_terminal(self.clients, row, done):
             jobs.announce_done(self.clients, job)
             with self._pool_lock:
                 self._looked.pop(job, None)
             return
-        planner.release(self.clients, job, min_room=0.25, row=row, done=done)
+        if not all_released:
+            planner.release(self.clients, job, min_room=0.25, row=row, done=done)
         with self._pool_lock:
-            self._looked[job] = (time.monotonic(), int(row["Released"]) >= int(row.get("Tiles", row["Total"])))
+            self._looked[job] = (time.monotonic(), row)
             if len(self._looked) > FORGET_JOBS_AFTER:  # jobs finished by other workers
                 oldest = sorted(self._looked, key=lambda j: self._looked[j][0])
                 for gone in oldest[: len(oldest) // 2]:
