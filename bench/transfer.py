@@ -32,7 +32,7 @@ from pipeline import packing
 from pipeline.transfer import MiB, Plan, Transfers
 
 BLOCKS = (256 * 1024, 1 * MiB, 4 * MiB, 8 * MiB)
-CONCURRENCY = (1, 4, 16)
+CONCURRENCY = (1, 4, 16, 32)
 SMALL, SMALL_COUNT = 32 * 1024, 4096
 
 
@@ -123,7 +123,7 @@ def network(conn: str, sizes: list[int], quick: bool) -> dict[str, dict]:
         points: dict[Plan, Plan] = {}
         for b in BLOCKS:
             for c in CONCURRENCY:
-                if not quick or (b, c) in ((1 * MiB, 1), (4 * MiB, 8), (8 * MiB, 16), (4 * MiB, 16)):
+                if not quick or (b, c) in ((1 * MiB, 1), (1 * MiB, 16), (8 * MiB, 4), (8 * MiB, 16), (8 * MiB, 32)):
                     points.setdefault(same_requests(Plan(b, c), len(data)), Plan(b, c))
         sweep = {point: verified_round_trip(conn, data, plan, times) for point, plan in points.items()}
         best, best_s = min(sweep.items(), key=lambda kv: kv[1][0] + kv[1][1])

@@ -39,24 +39,32 @@ class Plan:
 
 Plans = tuple[tuple[int, Plan], ...]  # (objects up to this size, how to move them)
 
+READ_CHUNK = MiB  # bytes per socket read of a response body (the SDK's default, 4 KiB,
+# made a 256 MiB download cost 65,536 reads and 4 s of CPU)
+POOL = 64  # connections kept per host: two far transfers' worth of blocks in flight
 NEAR_S = 0.020  # storage whose round trip is shorter is near (the same host or datacenter)
 
-# From bench.transfer. Near storage (loopback): a request costs more than the wait for
-# it, so blocks are large and few in flight: 8 MiB × 4 came within 0.88–0.94 of the
-# sweep's best at 10 to 256 MiB, and was the best at 100 MiB in another run (the best few
-# plans trade places from run to run); 1 MiB blocks took 1.2–1.3× as long.
+# From bench.transfer (2 cores shared with Azurite). Near storage (loopback): a request
+# costs more than the wait for it, so blocks are large: at 100 MiB 4 MiB × 4 and × 16 were
+# the best (1.50 and 1.52 s, 1 MiB blocks 2.0 s and more), at 256 MiB 8 MiB × 16 and × 32
+# (3.54 and 3.58 s, 8 MiB × 4 4.67 s); at 10 MiB the plans with 4 or 8 MiB blocks lie
+# within a tenth of each other.
 NEAR: Plans = (
     (4 * MiB, Plan(4 * MiB, 1)),
-    (2**62, Plan(8 * MiB, 4)),
+    (128 * MiB, Plan(4 * MiB, 16)),
+    (2**62, Plan(8 * MiB, 16)),
 )
 # Far storage (a 30 ms WAN, capped at 100 Mbit/s per connection or not): the latency and
-# the per-connection rate dominate, so many blocks are in flight. Through the capped WAN
-# these were the sweep's best: 1 MiB × 16 at 10 MiB (0.68 s against 1.9 s for one
-# stream), 8 MiB × 16 at 100 and 256 MiB (3.9 and 8.0 s against 22.6 and 59.0 s).
+# the per-connection rate dominate, so every block is in flight at once, the smallest
+# blocks that let 32 carry the object. Through the capped WAN: 1 MiB × 10 at 10 MiB
+# (0.67 s against 1.97 s for one stream), 4 MiB × 25 at 100 MiB (2.56 s against 22.7 s;
+# 8 MiB × 13 3.38 s), at 256 MiB 1 MiB × 32 and 8 MiB × 32 (6.22 and 6.43 s against
+# 59.2 s; 8 MiB × 16 7.06 s); uncapped, the same plans were the best or within 0.97.
 FAR: Plans = (
     (4 * MiB, Plan(4 * MiB, 1)),
-    (64 * MiB, Plan(1 * MiB, 16)),
-    (2**62, Plan(8 * MiB, 16)),
+    (32 * MiB, Plan(1 * MiB, 32)),
+    (128 * MiB, Plan(4 * MiB, 32)),
+    (2**62, Plan(8 * MiB, 32)),
 )
 
 
@@ -80,8 +88,8 @@ class Transfers:
         self._service = service
         self._read_timeout, self._retries = read_timeout, retries
         self._session = requests.Session()
-        self._session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=32))
-        self._session.mount("https://", requests.adapters.HTTPAdapter(pool_maxsize=32))
+        self._session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=POOL))
+        self._session.mount("https://", requests.adapters.HTTPAdapter(pool_maxsize=POOL))
         self._by_block: dict[int, BlobServiceClient] = {}
         self._lock = threading.Lock()
         self._round_trip: float | None = None
@@ -92,7 +100,8 @@ class Transfers:
                 self._by_block[block] = BlobServiceClient(
                     self._service.url, credential=self._service.credential,
                     transport=RequestsTransport(session=self._session, session_owner=False,
-                                                connection_timeout=20, read_timeout=self._read_timeout),
+                                                connection_timeout=20, read_timeout=self._read_timeout,
+                                                connection_data_block_size=READ_CHUNK),
                     retry_policy=retry_policy(self._retries),
                     max_block_size=block, max_single_put_size=block,
                     max_chunk_get_size=block, max_single_get_size=block,

@@ -19,7 +19,7 @@ from pipeline.clients import Clients
 from pipeline.failures import FailureClass, classify
 from pipeline.transfer import NEAR_S, MiB, Transfers, md5_of
 
-SIZE = 10 * MiB + 12345  # through a WAN, 1 MiB blocks and ranges, 16 in flight
+SIZE = 10 * MiB + 12345  # through a WAN, 1 MiB blocks and ranges, all in flight
 
 
 @pytest.fixture

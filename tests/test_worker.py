@@ -30,6 +30,7 @@ from tests.conftest import (
     wait_for,
     with_stage,
 )
+from worker import runner
 
 
 def planned_job(clients: Clients, **request: object) -> str:
@@ -204,3 +205,54 @@ def test_worker_process_exits_cleanly_on_sigterm(settings: Settings, clients: Cl
     assert process.poll() is None, seen.decode()
     process.send_signal(signal.SIGTERM)
     assert process.wait(20) == 0
+
+
+def held_back(clients: Clients, job: str) -> int:
+    """Messages of ``job`` neither visible in a shard nor named by a task row that is
+    running or ended: those a worker holds without running them."""
+    visible = sum(len(list(q.peek_messages(max_messages=32))) for q in clients.shard_queues)
+    started = sum(1 for t in tasks.list_tasks(clients.tasks, job) if t["Status"] != TaskStatus.QUEUED.value)
+    return 8 - visible - started
+
+
+def test_short_attempts_are_received_ahead_and_a_long_wait_hands_them_back(
+        settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker whose attempts are short receives more messages than it has free slots;
+    one that waits longer than the hold goes back to the queue, and runs once all the same."""
+    monkeypatch.setattr(runner, "AHEAD_HOLD_S", 0.05)  # shorter than one "slow" attempt (0.2 s)
+    settings = with_stage(settings, "slow")
+    clients = Clients(settings)
+    clients.ensure_resources()
+    with running_control(settings), running_workers(settings, slots=1) as pool:
+        job = planned_job(clients)
+        wait_for(lambda: JobState(jobs.get(clients, job)["State"]).finished, 120, "the job to finish")
+    (worker,) = pool.workers
+    assert worker.handed_back >= 1
+    assert jobs.get(clients, job)["State"] == "SUCCEEDED"
+    tried = attempts.list_attempts(clients.tasks, job)
+    assert sorted(a["Task"] for a in tried) == sorted(t["RowKey"] for t in tasks.list_tasks(clients.tasks, job))
+
+
+def test_a_stopping_worker_hands_back_what_it_received_ahead(
+        settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Messages received ahead are visible again as soon as their worker stops, not a
+    lease later; long attempts are not received ahead at all."""
+    monkeypatch.setattr(runner, "AHEAD_HOLD_S", 60.0)
+    settings = with_stage(settings, "slow", lease_seconds=60)
+    clients = Clients(settings)
+    clients.ensure_resources()
+    job = planned_job(clients)
+    pool = WorkerThreads(settings)
+    (worker,) = pool.start(1, slots=1)
+    try:
+        wait_for(lambda: worker._ahead, 60, "a message received ahead")
+    finally:
+        pool.stop()
+    assert held_back(clients, job) == 0
+    assert worker.handed_back >= 1 or worker.handled == 8
+
+    monkeypatch.setattr(runner, "AHEAD_BELOW_S", 0.1)  # a "slow" attempt (0.2 s) is long now
+    with running_workers(settings, slots=1):
+        for _ in range(20):
+            assert held_back(clients, job) <= 1  # the one its slot runs, between receive and claim
+            time.sleep(0.1)

@@ -1,6 +1,10 @@
 """The worker loop: receive task messages in batches from the shards, run each claimed
 attempt under a lease, commit it fenced on the task row, then delete the message.
 
+While its attempts are short, a worker receives a slot's worth of messages ahead of its
+free slots, so that one receive serves several tasks; a message that waits too long for a
+slot is handed back for any worker to take, as are all of them when the worker stops.
+
 A message that cannot be decoded, or that keeps coming back, goes to its shard's poison
 queue with a record. SIGTERM stops receiving; the attempts in hand finish (or fail and are
 requeued) before the process exits.
@@ -15,6 +19,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -37,6 +42,9 @@ MAX_DEQUEUES = 20  # a message delivered this often without finishing is poison
 JOB_CHECK_S = 1.0  # while a job still has tasks to release, look at its window this often
 FORGET_JOBS_AFTER = 1000  # jobs whose last look this worker remembers
 RETRY_BACKOFF_S = (2, 10, 30)  # visibility delay before attempt 2, 3, 4+
+MAX_RECEIVE = 32  # messages one receive may return (the service's limit)
+AHEAD_BELOW_S = 1.0  # receive ahead of free slots while attempts take less than this (moving mean)
+AHEAD_HOLD_S = 2.0  # a message received ahead that waits this long is handed back
 
 
 @dataclass
@@ -80,7 +88,11 @@ class Worker:
         self._slots = [Slot(tasks.TerminalCounter(f"{self.id}-{i}")) for i in range(slots)]
         self._slot_pool: list[Slot] = list(self._slots)
         self._pool_lock = threading.Lock()
-        self.handled = 0
+        # messages received and not yet handed to a slot: (queue, message, when received)
+        self._ahead: deque[tuple[QueueClient, QueueMessage, float]] = deque()
+        self._recent_s: float | None = None  # moving mean of this worker's attempt times
+        self.handled = 0  # messages that named an attempt this worker claimed
+        self.handed_back = 0  # messages received ahead that went back to the queue unrun
 
     def run(self) -> None:
         """Pull and run tasks until :attr:`stopping` is set; then finish what is in hand.
@@ -95,6 +107,7 @@ class Worker:
         last_work = time.monotonic()
         with ThreadPoolExecutor(self.slots, thread_name_prefix="slot") as pool:
             while not self.stopping.is_set():
+                self._hand_back_waiting(AHEAD_HOLD_S)
                 free = 0
                 while free < self.slots and (
                     self._free.acquire(blocking=False) if free else self._free.acquire(timeout=0.2)
@@ -102,22 +115,20 @@ class Worker:
                     free += 1
                 if free == 0:
                     continue
-                queue = queues[shard % len(queues)]
-                shard += 1
-                try:
-                    batch = list(queue.receive_messages(
-                        messages_per_page=free, max_messages=free,
-                        visibility_timeout=self.settings.lease_seconds,
-                    ))
-                except Exception as exc:
-                    log.warning("receive from %s failed: %s", queue.queue_name, exc)
-                    batch = []
-                for _ in range(free - len(batch)):
-                    self._free.release()
-                for message in batch:
+                received = 0
+                if len(self._ahead) < free:
+                    queue = queues[shard % len(queues)]
+                    shard += 1
+                    received = self._receive(queue, free - len(self._ahead) + self._extra())
+                started = 0
+                while started < free and self._ahead:
+                    queue, message, _ = self._ahead.popleft()
                     pool.submit(self._slot, queue, message)
-                idle = 0 if batch else idle + 1
-                if batch or self._busy():
+                    started += 1
+                for _ in range(free - started):
+                    self._free.release()
+                idle = 0 if received or started else idle + 1
+                if started or self._busy():
                     last_work = time.monotonic()
                 if idle >= len(queues):  # every shard was empty: wait a little
                     if not self._busy():
@@ -128,9 +139,43 @@ class Worker:
                         break
                     self.stopping.wait(self.idle_sleep)
                     idle = 0
+            self._hand_back_waiting(0)
         self.history.flush()
         for slot in self._slots:
             slot.close()
+
+    def _receive(self, queue: QueueClient, count: int) -> int:
+        """Receive up to ``count`` messages from ``queue`` into the waiting line."""
+        count = min(count, MAX_RECEIVE)
+        try:
+            batch = list(queue.receive_messages(messages_per_page=count, max_messages=count,
+                                                visibility_timeout=self.settings.lease_seconds))
+        except Exception as exc:
+            log.warning("receive from %s failed: %s", queue.queue_name, exc)
+            return 0
+        at = time.monotonic()
+        self._ahead.extend((queue, message, at) for message in batch)
+        return len(batch)
+
+    def _extra(self) -> int:
+        """How many messages to receive beyond the free slots: one per slot while this
+        worker's recent attempts are short (a receive then serves several tasks), none
+        while they are long (a message held for a busy slot is one an idle worker could
+        run)."""
+        with self._pool_lock:
+            recent = self._recent_s
+        return self.slots if recent is not None and recent < AHEAD_BELOW_S else 0
+
+    def _hand_back_waiting(self, older_than: float) -> None:
+        """Make messages received ahead that have waited ``older_than`` seconds visible
+        again, for any worker (on stopping, all of them)."""
+        while self._ahead and time.monotonic() - self._ahead[0][2] >= older_than:
+            queue, message, _ = self._ahead.popleft()
+            try:
+                queue.update_message(message.id, pop_receipt=message.pop_receipt, visibility_timeout=0)
+                self.handed_back += 1
+            except Exception as exc:  # it comes back when its visibility times out all the same
+                log.info("message %s not handed back: %s", message.id, exc)
 
     def _busy(self) -> bool:
         with self._pool_lock:
@@ -139,13 +184,16 @@ class Worker:
     def _slot(self, queue: QueueClient, message: QueueMessage) -> None:
         with self._pool_lock:
             slot = self._slot_pool.pop()
+        started = time.monotonic()
         try:
             self.handle(queue, message, slot)
         except Exception:
             log.exception("task message %s on %s could not be handled", message.id, queue.queue_name)
         finally:
+            took = time.monotonic() - started
             with self._pool_lock:
                 self._slot_pool.append(slot)
+                self._recent_s = took if self._recent_s is None else 0.8 * self._recent_s + 0.2 * took
             self._free.release()
 
     def handle(self, queue: QueueClient, message: QueueMessage, slot: Slot) -> None:
