@@ -3,7 +3,7 @@ and a sweep of block size × concurrency (the pick and the sweep both through ba
 verified transfer, so that they differ only in the plan), on loopback and through a WAN
 made with Toxiproxy (30 ms each way, 100 Mbit/s per connection; and 30 ms uncapped); then
 4,096 small objects, one request each (sync, async) vs packed into one blob, written and
-read back.
+read back. Each object size, and the small objects, on an Azurite of its own.
 
     python -m bench.transfer [--sizes 1,10,100,256] [--quick]
 
@@ -202,25 +202,39 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     results: dict[str, dict] = {}
+    networks = args.networks.split(",")
     with tempfile.TemporaryDirectory() as tmp:
-        azurite = Azurite(Path(tmp) / "azurite").start()
-        try:
-            BlobServiceClient.from_connection_string(azurite.connection_string).create_container("bench")
-            networks = args.networks.split(",")
-            if "loopback" in networks:
-                print("loopback", flush=True)
-                results["loopback"] = network(azurite.connection_string, sizes, args.quick)
-                results["loopback_small"] = small_objects(azurite.connection_string)
-            for name, rate in (("wan_100mbit", 12_500), ("wan_uncapped", None)):
-                if name not in networks:
-                    continue
-                print(f"{name} (30 ms each way)", flush=True)
-                with wan(azurite.blob_port, 30, rate) as port:
-                    results[name] = network(connection(port), sizes, args.quick)
-                    if rate:
-                        results["wan_small"] = small_objects(connection(port))
-        finally:
-            azurite.stop()
+        runs = 0
+
+        @contextmanager
+        def storage(rate_kbps: int | None, wan_net: bool) -> Iterator[str]:
+            """An Azurite of its own, empty, for each measurement: in disk mode it keeps
+            cleaning up the blocks of every blob overwritten before, which slowed later
+            sizes in a shared one; behind the WAN when ``wan_net``."""
+            nonlocal runs
+            runs += 1
+            azurite = Azurite(Path(tmp) / f"azurite{runs}").start()
+            try:
+                BlobServiceClient.from_connection_string(azurite.connection_string).create_container("bench")
+                if not wan_net:
+                    yield azurite.connection_string
+                else:
+                    with wan(azurite.blob_port, 30, rate_kbps) as port:
+                        yield connection(port)
+            finally:
+                azurite.stop()
+
+        for name, rate in (("loopback", None), ("wan_100mbit", 12_500), ("wan_uncapped", None)):
+            if name not in networks:
+                continue
+            print(name if name == "loopback" else f"{name} (30 ms each way)", flush=True)
+            results[name] = {}
+            for size in sizes:
+                with storage(rate, name != "loopback") as conn:
+                    results[name].update(network(conn, [size], args.quick))
+            if name != "wan_uncapped":
+                with storage(rate, name != "loopback") as conn:
+                    results["loopback_small" if name == "loopback" else "wan_small"] = small_objects(conn)
     if len(results) < 5:
         print(json.dumps(results))
         return
