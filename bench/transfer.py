@@ -26,8 +26,9 @@ from pathlib import Path
 from azure.storage.blob import BlobServiceClient, ContainerClient
 from azure.storage.blob.aio import BlobServiceClient as AsyncBlobServiceClient
 
-from bagpipe.azurite import ACCOUNT, ACCOUNT_KEY, Azurite
+from bagpipe.azurite import ACCOUNT, ACCOUNT_KEY
 from bagpipe.toxiproxy import Toxiproxy
+from bench.throughput import fresh_azurite
 from pipeline import packing
 from pipeline.transfer import MiB, Plan, Transfers
 
@@ -193,6 +194,20 @@ def small_objects(conn: str) -> dict[str, float]:
     return found
 
 
+@contextmanager
+def storage(home: Path, name: str, rate_kbps: int | None) -> Iterator[str]:
+    """An Azurite of its own, empty, for one measurement (in disk mode it keeps cleaning up
+    the blocks of every blob overwritten before, which slowed later sizes in a shared one),
+    behind the WAN unless ``name`` is loopback: yields the connection string."""
+    with fresh_azurite(home) as azurite:
+        BlobServiceClient.from_connection_string(azurite.connection_string).create_container("bench")
+        if name == "loopback":
+            yield azurite.connection_string
+        else:
+            with wan(azurite.blob_port, 30, rate_kbps) as port:
+                yield connection(port)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", default="1,10,100,256")
@@ -204,36 +219,16 @@ def main() -> None:
     results: dict[str, dict] = {}
     networks = args.networks.split(",")
     with tempfile.TemporaryDirectory() as tmp:
-        runs = 0
-
-        @contextmanager
-        def storage(rate_kbps: int | None, wan_net: bool) -> Iterator[str]:
-            """An Azurite of its own, empty, for each measurement: in disk mode it keeps
-            cleaning up the blocks of every blob overwritten before, which slowed later
-            sizes in a shared one; behind the WAN when ``wan_net``."""
-            nonlocal runs
-            runs += 1
-            azurite = Azurite(Path(tmp) / f"azurite{runs}").start()
-            try:
-                BlobServiceClient.from_connection_string(azurite.connection_string).create_container("bench")
-                if not wan_net:
-                    yield azurite.connection_string
-                else:
-                    with wan(azurite.blob_port, 30, rate_kbps) as port:
-                        yield connection(port)
-            finally:
-                azurite.stop()
-
         for name, rate in (("loopback", None), ("wan_100mbit", 12_500), ("wan_uncapped", None)):
             if name not in networks:
                 continue
             print(name if name == "loopback" else f"{name} (30 ms each way)", flush=True)
             results[name] = {}
             for size in sizes:
-                with storage(rate, name != "loopback") as conn:
+                with storage(Path(tmp) / f"{name}-{size}", name, rate) as conn:
                     results[name].update(network(conn, [size], args.quick))
             if name != "wan_uncapped":
-                with storage(rate, name != "loopback") as conn:
+                with storage(Path(tmp) / f"{name}-small", name, rate) as conn:
                     results["loopback_small" if name == "loopback" else "wan_small"] = small_objects(conn)
     if len(results) < 5:
         print(json.dumps(results))
