@@ -132,6 +132,12 @@ def pack_blob(job: str, number: int) -> str:
     return f"{job}/packs/{number:04d}.pack"
 
 
+def probe_blob(token: str) -> str:
+    """Where a process stages (never commits) the block that measures its connection's
+    rate to storage: an uncommitted block is in no listing, and storage drops it unused."""
+    return f".probe/{token}"
+
+
 def log_prefix(job: str, task: str, attempt: int) -> str:
     """Blob prefix in ``logs`` for one attempt's logs."""
     return f"{job}/{task}/{attempt:03d}/"

@@ -1,20 +1,23 @@
-"""Verified blob transfers, shaped by the object's size.
+"""Verified blob transfers, shaped by the object's size and the link to storage.
 
 Every upload stores the object's MD5 as its Content-MD5 and sends each block with its own
 MD5 (``validate_content``); every download is checked whole against the stored MD5 — a
 mismatch is a ``corrupt_blob_read`` failure (retried), never data handed to a stage. Block
-size and concurrency follow the object's size and the storage's distance (:data:`NEAR`,
-:data:`FAR`, told apart by a round trip measured once per process): small objects go in
-one request, large ones as blocks or ranges in parallel. The SDK does the transfer (its
-chunking, its retry policy); this module only chooses its settings, once per process: one
-blob client per block size, all on one shared connection pool.
+size and concurrency follow the object's size and the link (:data:`NEAR`, :data:`FAR_NARROW`,
+:data:`FAR_WIDE`, told apart by a round trip and, for far storage, the rate of one
+connection, measured once per process): small objects go in one request, large ones as
+blocks or ranges in parallel. The SDK does the transfer (its chunking, its retry policy);
+this module only chooses its settings, once per process: one blob client per block size,
+all on one shared connection pool.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 
 import requests
@@ -22,6 +25,7 @@ from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.core.pipeline.transport import RequestsTransport
 from azure.storage.blob import BlobServiceClient, ContainerClient, ContentSettings, ExponentialRetry
 
+from pipeline import names
 from pipeline.failures import FailureClass, StageFailure, classify
 
 MiB = 1024 * 1024
@@ -39,38 +43,72 @@ class Plan:
 
 Plans = tuple[tuple[int, Plan], ...]  # (objects up to this size, how to move them)
 
+
+@dataclass(frozen=True)
+class Link:
+    """The way to storage as one process measured it."""
+
+    round_trip: float  # seconds a request takes
+    rate: float = math.inf  # bytes/s one connection carries (measured for far storage only)
+
+
 READ_CHUNK = MiB  # bytes per socket read of a response body (the SDK's default, 4 KiB,
 # made a 256 MiB download cost 65,536 reads and 4 s of CPU)
 POOL = 64  # connections kept per host: two far transfers' worth of blocks in flight
 NEAR_S = 0.020  # storage whose round trip is shorter is near (the same host or datacenter)
+WIDE_RATE = 25e6  # bytes/s: far storage one connection reaches faster is on a wide link
+# (bench.transfer's WANs measured 10.5-10.7 MB/s with 100 Mbit/s per connection, 61-63 MB/s
+# uncapped, where the proxy and the CPU set the rate: this is their geometric mean)
+PROBE = MiB  # bytes of the block a process stages to measure a far link's rate
 
-# From bench.transfer (2 cores shared with Azurite). Near storage (loopback): a request
-# costs more than the wait for it, so blocks are large: at 100 MiB 4 MiB × 4 and × 16 were
-# the best (1.50 and 1.52 s, 1 MiB blocks 2.0 s and more), at 256 MiB 8 MiB × 16 and × 32
-# (3.54 and 3.58 s, 8 MiB × 4 4.67 s); at 10 MiB the plans with 4 or 8 MiB blocks lie
-# within a tenth of each other.
+# From bench.transfer, two full runs (2 cores shared with Azurite and Toxiproxy; a figure
+# is the median of 5 round trips, up and down, of 9 up to 10 MiB; the second run's figures,
+# the first's where they differ in order). Where the best few plans lie within a tenth of
+# each other they trade places from run to run; the tables name one that was the best, or
+# within 0.9 of it, in both.
+# Near storage (loopback): a request costs more than the wait for it, so requests are few
+# and large: at 10 MiB one request (0.112 s; 4 MiB × 3 0.123 s, 8 MiB × 2 0.130 s), at
+# 100 MiB 8 MiB blocks (× 4 0.79 s, × 13 0.82 s; 4 MiB × 16 0.96 s), at 256 MiB 8 MiB × 16
+# (2.23 s; × 4 2.26 s, × 32 2.36 s, 4 MiB × 16 2.65 s, 16 MiB × 16 2.70 s).
 NEAR: Plans = (
-    (4 * MiB, Plan(4 * MiB, 1)),
-    (128 * MiB, Plan(4 * MiB, 16)),
+    (16 * MiB, Plan(16 * MiB, 1)),
     (2**62, Plan(8 * MiB, 16)),
 )
-# Far storage (a 30 ms WAN, capped at 100 Mbit/s per connection or not): the latency and
-# the per-connection rate dominate, so every block is in flight at once, the smallest
-# blocks that let 32 carry the object. Through the capped WAN: 1 MiB × 10 at 10 MiB
-# (0.67 s against 1.97 s for one stream), 4 MiB × 25 at 100 MiB (2.56 s against 22.7 s;
-# 8 MiB × 13 3.38 s), at 256 MiB 1 MiB × 32 and 8 MiB × 32 (6.22 and 6.43 s against
-# 59.2 s; 8 MiB × 16 7.06 s); uncapped, the same plans were the best or within 0.97.
-FAR: Plans = (
+# Far storage on a narrow link (30 ms each way, 100 Mbit/s per connection): latency and
+# the rate of one connection rule, so every block is in flight at once, the smallest
+# blocks that let 32 carry the object: 1 MiB × 10 at 10 MiB (0.62 s against 1.85 s for one
+# stream; 256 KiB × 32 0.64 s), at 100 MiB 1 MiB × 32 and 4 MiB × 25 (1.91 and 2.07 s, the
+# first run 2.93 and 2.52 s, against 21.5 s; 8 MiB × 13 3.02 s), 8 MiB × 32 at 256 MiB
+# (3.92 s against 56.1 s; 4 MiB × 32 4.07 s, 8 MiB × 16 5.22 s).
+FAR_NARROW: Plans = (
     (4 * MiB, Plan(4 * MiB, 1)),
     (32 * MiB, Plan(1 * MiB, 32)),
     (128 * MiB, Plan(4 * MiB, 32)),
     (2**62, Plan(8 * MiB, 32)),
 )
+# Far storage on a wide link (30 ms each way, no cap): a request's round trip costs more
+# than its bytes, so requests are few, large and all in flight: at 10 MiB one request
+# (0.227 s; 8 MiB × 2 0.373 s, 1 MiB × 10 0.40 s), at 100 MiB 4 MiB × 16 and 8 MiB × 13
+# (1.36 and 1.50 s, the first run 1.36 and 1.10 s, against 4.7 s for one stream), at
+# 256 MiB 8 MiB × 16 and 16 MiB × 16 (2.39 and 2.43 s, the first run 16 MiB × 16 2.77 s,
+# 8 MiB × 32 3.12 s; one stream 14.1 s).
+FAR_WIDE: Plans = (
+    (16 * MiB, Plan(16 * MiB, 1)),
+    (128 * MiB, Plan(8 * MiB, 16)),
+    (2**62, Plan(16 * MiB, 16)),
+)
 
 
-def plan_for(size: int, round_trip: float = 0.0) -> Plan:
-    """How to move an object of ``size`` bytes to or from storage ``round_trip`` s away."""
-    return next(plan for limit, plan in (NEAR if round_trip < NEAR_S else FAR) if size <= limit)
+def tables(link: Link) -> Plans:
+    """The plans for storage ``link`` away."""
+    if link.round_trip < NEAR_S:
+        return NEAR
+    return FAR_WIDE if link.rate >= WIDE_RATE else FAR_NARROW
+
+
+def plan_for(size: int, link: Link = Link(0.0)) -> Plan:
+    """How to move an object of ``size`` bytes to or from storage ``link`` away (near unless given)."""
+    return next(plan for limit, plan in tables(link) if size <= limit)
 
 
 def retry_policy(total: int = 5) -> ExponentialRetry:
@@ -92,7 +130,7 @@ class Transfers:
         self._session.mount("https://", requests.adapters.HTTPAdapter(pool_maxsize=POOL))
         self._by_block: dict[int, BlobServiceClient] = {}
         self._lock = threading.Lock()
-        self._round_trip: float | None = None
+        self._link: Link | None = None
 
     def _client(self, block: int) -> BlobServiceClient:
         with self._lock:
@@ -111,11 +149,13 @@ class Transfers:
     def container(self, container: ContainerClient, block: int) -> ContainerClient:
         return self._client(block).get_container_client(container.container_name)
 
-    def round_trip(self, container: ContainerClient) -> float:
-        """Seconds a request to the storage takes, measured once per process at the first
-        transfer: the fastest of three reads of ``container``'s properties on the pool the
-        transfers use (the first also opens the connection)."""
-        if self._round_trip is None:
+    def link(self, container: ContainerClient) -> Link:
+        """The way to ``container``'s storage, measured once per process at the first transfer,
+        on the pool the transfers use: the round trip is the fastest of three reads of the
+        container's properties (the first also opens the connection); for far storage, the
+        rate of one connection is the faster of two stagings of a :data:`PROBE`-byte block,
+        less a round trip."""
+        if self._link is None:
             probe = self.container(container, NEAR[0][1].block)
             times = []
             for _ in range(3):
@@ -125,12 +165,29 @@ class Transfers:
                 except ResourceNotFoundError:
                     pass  # an answer all the same
                 times.append(time.perf_counter() - started)
-            self._round_trip = min(times)
-        return self._round_trip
+            round_trip = min(times)
+            self._link = Link(round_trip, math.inf if round_trip < NEAR_S else self._rate(probe, round_trip))
+        return self._link
+
+    @staticmethod
+    def _rate(probe: ContainerClient, round_trip: float) -> float:
+        """Bytes/s one connection carries to far storage. The block is never committed (it
+        is in no listing, and storage drops it unused); storage that refuses it (no such
+        container, no right to write) gives 0: the narrow plans, the safe side on any link."""
+        blob = probe.get_blob_client(names.probe_blob(uuid.uuid4().hex))
+        block, fastest = bytes(PROBE), math.inf
+        try:
+            for n in range(2):
+                started = time.perf_counter()
+                blob.stage_block(f"probe{n}", block)
+                fastest = min(fastest, time.perf_counter() - started)
+        except HttpResponseError:
+            return 0.0
+        return PROBE / max(fastest - round_trip, 1e-6)
 
     def plan(self, container: ContainerClient, size: int) -> Plan:
-        """The plan for an object of ``size`` bytes in ``container``, by the storage's distance."""
-        return plan_for(size, self.round_trip(container))
+        """The plan for an object of ``size`` bytes in ``container``, by the link to its storage."""
+        return plan_for(size, self.link(container))
 
     def upload(self, container: ContainerClient, name: str, data: bytes, content_type: str,
                overwrite: bool = True, plan: Plan | None = None) -> bytes:

@@ -15,51 +15,78 @@ from azure.storage.blob import BlobServiceClient
 
 from bagpipe.azurite import ACCOUNT, ACCOUNT_KEY, Azurite
 from bagpipe.toxiproxy import Toxiproxy
+from pipeline import names
 from pipeline.clients import Clients
 from pipeline.failures import FailureClass, classify
-from pipeline.transfer import NEAR_S, MiB, Transfers, md5_of
+from pipeline.transfer import NEAR_S, WIDE_RATE, MiB, Transfers, md5_of
 
-SIZE = 10 * MiB + 12345  # through a WAN, 1 MiB blocks and ranges, all in flight
+SIZE = 10 * MiB + 12345  # through a narrow WAN, 1 MiB blocks and ranges, all in flight
 
 
 @pytest.fixture
 def proxy(azurite: Azurite) -> Iterator[tuple[Toxiproxy, int]]:
-    """Azurite behind a WAN: 15 ms each way, so that transfers take the plans for storage
-    far away, as from a scientist's laptop."""
+    """Azurite behind a narrow WAN: 15 ms each way and 100 Mbit/s a connection, so that
+    transfers take the plans for storage far away, as from a scientist's laptop, with
+    many blocks in flight."""
     with Toxiproxy() as toxiproxy:
         port = toxiproxy.proxy("blob", azurite.blob_port)
         for stream in ("upstream", "downstream"):
             toxiproxy.toxic("blob", "latency", stream, latency=15)
+            toxiproxy.toxic("blob", "bandwidth", stream, rate=12_500)
         yield toxiproxy, port
 
 
-def _through(port: int, retries: int = 5, read_timeout: float = 60) -> Transfers:
-    connection = (f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={ACCOUNT_KEY};"
-                  f"BlobEndpoint=http://127.0.0.1:{port}/{ACCOUNT};")
-    return Transfers(BlobServiceClient.from_connection_string(connection), read_timeout=read_timeout, retries=retries)
+def _service(port: int) -> BlobServiceClient:
+    return BlobServiceClient.from_connection_string(
+        f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={ACCOUNT_KEY};"
+        f"BlobEndpoint=http://127.0.0.1:{port}/{ACCOUNT};")
 
 
-def test_the_plan_follows_the_distance_to_storage(clients: Clients, proxy: tuple[Toxiproxy, int]) -> None:
-    _, port = proxy
-    far = _through(port)
-    assert clients.transfers.round_trip(clients.products) < NEAR_S <= 0.030 <= far.round_trip(clients.products)
+def _through(clients: Clients, port: int, retries: int = 5, read_timeout: float = 60) -> Transfers:
+    """Transfers to the storage behind the proxy, its link measured (as a process's first
+    transfer measures it) before any fault is set."""
+    transfers = Transfers(_service(port), read_timeout=read_timeout, retries=retries)
+    transfers.link(clients.products)
+    return transfers
+
+
+def test_the_plan_follows_the_link_to_storage(clients: Clients, proxy: tuple[Toxiproxy, int]) -> None:
+    toxiproxy, port = proxy
+    narrow = _through(clients, port)
+    for stream in ("upstream", "downstream"):
+        toxiproxy.remove("blob", f"bandwidth_{stream}")
+    wide = _through(clients, port)
+    near_link, narrow_link, wide_link = (t.link(clients.products) for t in (clients.transfers, narrow, wide))
+    assert near_link.round_trip < NEAR_S <= 0.030 <= min(narrow_link.round_trip, wide_link.round_trip)
+    assert narrow_link.rate < WIDE_RATE <= wide_link.rate
     data = os.urandom(SIZE)
-    for transfers, name in ((clients.transfers, "near.bin"), (far, "far.bin")):
+    for transfers, name in ((clients.transfers, "near"), (narrow, "narrow"), (wide, "wide")):
         plan = transfers.plan(clients.products, SIZE)
         transfers.upload(clients.products, f"plans/{name}", data, "application/octet-stream")
         blocks = clients.products.get_blob_client(f"plans/{name}").get_block_list("committed")[0]
-        assert len(blocks) == -(-SIZE // plan.block)
+        if name == "narrow":  # small blocks, all in flight: latency and a connection's rate rule
+            assert len(blocks) == -(-SIZE // plan.block) > 1 and plan.concurrency >= len(blocks)
+        else:  # one request: a round trip costs more than the bytes
+            assert blocks == [] and plan.block >= SIZE
         assert transfers.download(clients.products, f"plans/{name}", SIZE)[0] == data
-    near_plan, far_plan = clients.transfers.plan(clients.products, SIZE), far.plan(clients.products, SIZE)
-    assert far_plan.block < near_plan.block and far_plan.concurrency > near_plan.concurrency
-    far.close()
+    # the probe is an uncommitted block: it shows in no listing
+    assert [b.name for b in clients.products.list_blobs(name_starts_with="plans/")] == [
+        "plans/narrow", "plans/near", "plans/wide"]
+    assert not [b for b in clients.products.list_blobs() if b.name.startswith(names.probe_blob(""))]
+    # storage that refuses the probe (here: no such container) gets the narrow plans, safe anywhere
+    service = _service(port)
+    refused = Transfers(service)
+    assert refused.link(service.get_container_client("nosuch")).rate == 0
+    assert refused.plan(clients.products, SIZE) == narrow.plan(clients.products, SIZE)
+    for transfers in (narrow, wide, refused):
+        transfers.close()
 
 
 def test_connections_cut_mid_transfer_are_retried_to_a_byte_exact_result(
     clients: Clients, proxy: tuple[Toxiproxy, int]
 ) -> None:
     toxiproxy, port = proxy
-    transfers = _through(port)
+    transfers = _through(clients, port)
     data = os.urandom(SIZE)
     # every connection is closed after 1.5 MiB, in each direction: block PUTs and range GETs
     # are cut half way through the body, over and over
@@ -86,10 +113,10 @@ def test_a_fault_that_outlasts_the_retries_is_classified_and_leaves_nothing_part
     toxiproxy, port = proxy
     old, new = os.urandom(SIZE), os.urandom(SIZE)
     clients.transfers.upload(clients.products, "faults/x.bin", old, "application/octet-stream")
-    transfers = _through(port, retries=1, read_timeout=2)
+    transfers = _through(clients, port, retries=1, read_timeout=2)
 
     # the link stalls in the middle of an upload (every byte dropped from then on)
-    toxiproxy.toxic("blob", "bandwidth", "upstream", rate=400)  # 400 kB/s a connection: ~2.6 s a block
+    toxiproxy.toxic("blob", "bandwidth", "upstream", rate=400, name="slow")  # ~2.6 s a block
     stall = threading.Timer(0.8, lambda: toxiproxy.toxic("blob", "timeout", "upstream", timeout=0))
     stall.start()
     with pytest.raises(Exception) as caught:
@@ -102,7 +129,7 @@ def test_a_fault_that_outlasts_the_retries_is_classified_and_leaves_nothing_part
 
     # a download that stalls mid-way hands back nothing
     toxiproxy.remove("blob", "timeout_upstream")
-    toxiproxy.remove("blob", "bandwidth_upstream")
+    toxiproxy.remove("blob", "slow")
     toxiproxy.toxic("blob", "limit_data", "downstream", bytes=3 * MiB // 2)
     toxiproxy.toxic("blob", "reset_peer", "downstream", toxicity=1.0, timeout=200)
     with pytest.raises(Exception) as caught:
