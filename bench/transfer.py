@@ -41,6 +41,9 @@ from pipeline.transfer import Link, MiB, Plan, Transfers
 BLOCKS = (256 * 1024, 1 * MiB, 4 * MiB, 8 * MiB, 16 * MiB)
 CONCURRENCY = (1, 4, 16, 32)
 SMALL, SMALL_COUNT = 32 * 1024, 4096
+CONTENDER = 1.3  # a sweep point whose screening round trip is within this of the fastest
+# screening is timed again; one slower (a serial plan through the WAN: a minute at 256 MiB)
+# is not: noise does not make up a third
 
 
 @contextmanager
@@ -74,10 +77,6 @@ def final_rounds(size_mib: int) -> int:
     return 8 if size_mib <= 10 else 4
 
 
-CONTENDER = 1.3  # a sweep point whose screening round trip is within this of the fastest
-# screening is timed again; one slower (a serial plan through the WAN: a minute at 256 MiB)
-# is not, noise does not make up a third
-
 def sdk_round_trip(conn: str, data: bytes) -> tuple[float, float]:
     """The SDK's defaults, one stream: the baseline of the seeds' speedups."""
     with BlobServiceClient.from_connection_string(conn) as service:
@@ -93,10 +92,14 @@ def picked(conn: str, size: int) -> tuple[Plan, Link]:
     with BlobServiceClient.from_connection_string(conn) as service:
         transfers = Transfers(service)
         container = service.get_container_client("bench")
-        return transfers.plan(container, size), transfers.link(container)
+        found = transfers.plan(container, size), transfers.link(container)
+        transfers.close()
+    return found
 
 
 def _verified_once(conn: str, data: bytes, plan: Plan) -> tuple[float, float]:
+    """One round trip (up, down) through bagpipe's verified transfer (whole-object and
+    per-block MD5) with ``plan``, on new connections as a new process would open them."""
     with BlobServiceClient.from_connection_string(conn) as service:
         transfers = Transfers(service)
         container = service.get_container_client("bench")
