@@ -30,7 +30,7 @@ KeyOpt = Annotated[Optional[str], typer.Option("--key", help="API key.")]
 # h08v05 and h09v05, reprojected to 1° lon/lat tiles at 0.005°), every 8-day snow
 # composite from January to mid-February 2022 (12 tiles x 6 periods = 72 tile tasks), and
 # per tile the snow-covered fraction over the span (12 reductions, the Python example);
-# the period of 2 February is the real granule of shared/data/modis.
+# the period of 2 February is the real granule in data/modis.
 DEMO_REQUEST: dict[str, Any] = {
     "region": {"bbox": [-112.0, 34.0, -108.0, 37.0]},
     "grid": {"crs": "EPSG:4326", "tile_size": 1.0, "resolution": 0.005},

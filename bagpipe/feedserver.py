@@ -1,5 +1,5 @@
 """The local stack's MODIS feed: an HTTP server laid out like NASA's archives that serves
-the real granules in ``shared/data/modis`` and, for every other (product, tile, date),
+the real granules in ``data/modis`` and, for every other (product, tile, date),
 a synthesized one on the exact MODIS grid with the product's real encoding (data type,
 fill value, scale factor), deterministic from (product, tile, date).
 
@@ -30,12 +30,12 @@ from pipeline.targets import native_transform, sinusoidal
 from pipeline.transfer import md5_of
 
 TEMPLATE = "/{product}.{collection}/{ymd}/{name}"
-REAL_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "modis"
+REAL_DATA = Path(__file__).resolve().parents[1] / "data" / "modis"
 _PATH = re.compile(r"^/(\w+)\.(\d{3})/(\d{4}\.\d\d\.\d\d)/(\w+)\.A(\d{7})\.(h\d\dv\d\d)\.(\d{3})\.(\w+)\.tif$")
 
 
 def real_granule(product: str, tile: str, day: date) -> Path | None:
-    """The real layer file of a granule, if ``shared/data/modis`` has it."""
+    """The real layer file of a granule, if ``data/modis`` has it."""
     layer = CATALOG[product].layer.name
     stamp = f"A{day.year}{day.timetuple().tm_yday:03d}"
     found = sorted(REAL_DATA.glob(f"{product}.{stamp}.{tile}.*_{layer}.tif"))
