@@ -171,7 +171,7 @@ def watch_job(client: Api, job: str, interval: float = 1.0,
         while True:
             found = client.status(job)
             counts = {k: v for k, v in found["counts"].items() if v}
-            done = sum(found["counts"][s] for s in ("SUCCEEDED", "CACHED", "DEAD", "CANCELLED"))
+            done = sum(found["counts"][s] for s in ("SUCCEEDED", "CACHED", "NO_DATA", "DEAD", "CANCELLED"))
             progress.update(bar, total=found["total"], completed=done,
                             description=f"{job} {found['state']}",
                             detail=" ".join(f"{k.lower()}={v}" for k, v in counts.items()))

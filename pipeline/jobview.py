@@ -16,7 +16,7 @@ from rasterio.warp import transform_bounds
 
 from pipeline import attempts, jobs, monitor, names, results, runtimes, tasks
 from pipeline.clients import Clients
-from pipeline.status import JobState, TaskStatus
+from pipeline.status import ENDED_WELL, JobState, TaskStatus
 
 BINS = 20  # histogram bars
 FAILURES_SHOWN = 100  # newest failed attempts listed
@@ -35,15 +35,19 @@ def lonlat_bounds(crs: str, bounds: str) -> tuple[float, float, float, float]:
 
 
 def tile_state(counts: Counter[str]) -> str:
-    """One colour per target tile: failed if any task died, done when all ended well,
-    running while any runs, else waiting (or cancelled)."""
+    """One colour per target tile: failed if any task died, no data when the catalog had
+    none of its sources, done when all ended well, running while any runs, else waiting
+    (or cancelled)."""
     if counts[TaskStatus.DEAD.value]:
         return "failed"
     if counts[TaskStatus.CANCELLED.value]:
         return "cancelled"
-    if sum(counts.values()) == counts[TaskStatus.SUCCEEDED.value] + counts[TaskStatus.CACHED.value]:
+    ended_well = sum(counts[s.value] for s in ENDED_WELL)
+    if sum(counts.values()) == counts[TaskStatus.NO_DATA.value]:
+        return "nodata"
+    if sum(counts.values()) == ended_well:
         return "done"
-    if counts[TaskStatus.RUNNING.value] or counts[TaskStatus.SUCCEEDED.value] or counts[TaskStatus.CACHED.value]:
+    if counts[TaskStatus.RUNNING.value] or ended_well:
         return "running"
     return "waiting"
 

@@ -31,6 +31,7 @@ class StageContext:
     output_prefix: str  # where in ``products`` this attempt writes
     outputs: list[str] = field(default_factory=list)
     cached: bool = False  # set by a stage whose output already existed (the task ends CACHED)
+    no_data: bool = False  # set by a stage that found none of its sources (the task ends NO_DATA)
 
     @property
     def sources(self) -> ContainerClient:

@@ -11,6 +11,7 @@ class TaskStatus(StrEnum):
     RUNNING = "RUNNING"  # an attempt holds the lease and heartbeats
     SUCCEEDED = "SUCCEEDED"  # the current attempt committed its outputs
     CACHED = "CACHED"  # the outputs already existed; nothing was computed
+    NO_DATA = "NO_DATA"  # the catalog has none of its sources (ocean, an outage): nothing to make
     FAILED = "FAILED"  # an attempt failed; passes on to QUEUED (retry) or DEAD
     TIMED_OUT = "TIMED_OUT"  # an attempt was revoked as overdue; passes on like FAILED
     DEAD = "DEAD"  # the retry budget is spent
@@ -22,8 +23,10 @@ class TaskStatus(StrEnum):
 
 
 TERMINAL = frozenset(
-    {TaskStatus.SUCCEEDED, TaskStatus.CACHED, TaskStatus.DEAD, TaskStatus.CANCELLED}
+    {TaskStatus.SUCCEEDED, TaskStatus.CACHED, TaskStatus.NO_DATA, TaskStatus.DEAD, TaskStatus.CANCELLED}
 )
+# terminal states that are not failures: the job can still succeed
+ENDED_WELL = frozenset({TaskStatus.SUCCEEDED, TaskStatus.CACHED, TaskStatus.NO_DATA})
 
 _ALLOWED: dict[TaskStatus, frozenset[TaskStatus]] = {
     TaskStatus.PENDING: frozenset({TaskStatus.QUEUED, TaskStatus.CANCELLED}),
@@ -32,6 +35,7 @@ _ALLOWED: dict[TaskStatus, frozenset[TaskStatus]] = {
         {
             TaskStatus.SUCCEEDED,
             TaskStatus.CACHED,
+            TaskStatus.NO_DATA,
             TaskStatus.FAILED,
             TaskStatus.TIMED_OUT,
             TaskStatus.CANCELLED,

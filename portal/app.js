@@ -293,8 +293,8 @@ async function jobPage(id) {
   const failures = h("div", { class: "failures" });
   const products = h("div", { class: "products" });
   const mapHost = h("section", { class: "map-panel", "aria-label": "Target tiles by state" });
-  const legend = h("ul", { class: "legend" }, ...["waiting", "running", "done", "failed", "cancelled"].map((s) =>
-    h("li", {}, h("span", { class: `swatch state-${s}` }), s)));
+  const legend = h("ul", { class: "legend" }, ...["waiting", "running", "done", "nodata", "failed", "cancelled"].map((s) =>
+    h("li", {}, h("span", { class: `swatch state-${s}` }), s === "nodata" ? "no data" : s)));
   main.replaceChildren(title, summary, h("div", { class: "job-layout" },
     h("div", {}, mapHost, legend),
     h("div", {}, progress, progressText, cancel, counts, h("h2", {}, "Task runtimes"), histograms,

@@ -43,6 +43,7 @@ class Outcome:
     failure: FailureClass | None = None
     error: str = ""
     cached: bool = False  # the outputs already existed: nothing was computed
+    no_data: bool = False  # none of the sources exist: nothing to make, not a failure
 
 
 BUILTIN_STAGE_MODULES = "pipeline.tilestage,worker.reduction"
@@ -105,7 +106,7 @@ def _serve(settings: Settings, conn: Connection, tasks: int) -> None:
             clients = clients or Clients(settings)
             ctx = stages.StageContext(clients=clients, **context)
             stages.STAGES[stage](ctx)
-            outcome = Outcome(outputs=ctx.outputs, cached=ctx.cached)
+            outcome = Outcome(outputs=ctx.outputs, cached=ctx.cached, no_data=ctx.no_data)
         except BaseException as exc:
             conn.send(Outcome(failure=classify(exc), error=f"{type(exc).__name__}: {exc}"))
             return

@@ -235,7 +235,8 @@ class Worker:
             log.info("%s revoked: stage killed, output discarded", held.ref)
             return
         if outcome.outputs is not None:
-            status = TaskStatus.CACHED if outcome.cached else TaskStatus.SUCCEEDED
+            status = (TaskStatus.NO_DATA if outcome.no_data else TaskStatus.CACHED if outcome.cached
+                      else TaskStatus.SUCCEEDED)
             committed = tasks.commit(self.clients, slot.counter, held, status, outcome.outputs)
             log.info("%s %s", held.ref, "committed" if committed else "revoked: output discarded")
             lease.delete()

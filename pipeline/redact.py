@@ -1,0 +1,57 @@
+"""Credentials out of every text bagpipe keeps or shows: error messages on task and attempt
+rows, the portal's view, log lines and telemetry.
+
+A feed URL may carry a SAS signature (``?...&sig=...``), an FTP ``user:password@``, an
+access token in its query; an exception may quote a connection string or an
+``Authorization`` header. :func:`redact` replaces the secret part and keeps the rest (the
+host, the path, the SAS's expiry), so that an error still says what failed where.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+MASK = "***"
+
+# scheme://user:password@host -> scheme://***@host (a user alone is kept: it is no secret)
+_USERINFO = re.compile(r"(?P<scheme>\b[a-z][a-z0-9+.-]*://)[^/\s@:?#]*:[^/\s@?#]*@", re.IGNORECASE)
+# query parameters that carry a secret: a SAS's signature, tokens, keys, passwords
+_QUERY = re.compile(
+    r"(?P<name>[?&;](?:sig|signature|token|access_token|id_token|refresh_token|code|api[-_]?key|key|"
+    r"password|passwd|secret|client_secret|x-functions-key)=)[^&\s#\"'<>]+",
+    re.IGNORECASE,
+)
+# header-like and connection-string-like secrets
+_BEARER = re.compile(r"(?P<name>\b(?:Bearer|Basic)\s+)[A-Za-z0-9._~+/=-]{8,}")
+_PAIRS = re.compile(
+    r"(?P<name>\b(?:AccountKey|SharedAccessSignature|SharedAccessKey|Password|Pwd|ClientSecret|"
+    r"x-functions-key|x-ms-(?:copy-source-)?authorization|Authorization)\s*[=:]\s*['\"]?)[^;,\s'\"]+",
+    re.IGNORECASE,
+)
+
+
+def redact(text: str) -> str:
+    """``text`` with every credential it quotes replaced by ``***``."""
+    if not text:
+        return text
+    text = _USERINFO.sub(lambda m: f"{m['scheme']}{MASK}@", text)
+    text = _QUERY.sub(lambda m: f"{m['name']}{MASK}", text)
+    text = _BEARER.sub(lambda m: f"{m['name']}{MASK}", text)
+    return _PAIRS.sub(lambda m: f"{m['name']}{MASK}", text)
+
+
+class RedactingFilter(logging.Filter):
+    """A logging filter that redacts each record's message (with its arguments merged in)
+    and its exception text, so no handler ever writes a credential."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        clean = redact(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        return True
