@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from bagpipe.client import DEFAULT_HOME, Api, ApiError, download_results
+from pipeline.redact import protect_logging
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
 console = Console()
@@ -48,6 +49,7 @@ def _logging(verbose: bool = False) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("azure").setLevel(logging.WARNING)
     logging.getLogger("mail.log").setLevel(logging.WARNING)
+    protect_logging()
 
 
 def _fail(exc: Exception) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,9 +71,18 @@ class Api:
         return self._call("GET", f"/api/jobs/{job}/results")
 
 
+_SEGMENT = re.compile(r"^(?!\.{1,2}$)[A-Za-z0-9._+-]{1,200}$")  # one plain path segment, not . or ..
+
+
 def _local_path(task: dict[str, Any], blob: str) -> Path:
+    """Where a product goes under the results folder: product/tile/date(s)/name, each part a
+    plain name; RuntimeError for a manifest that would put a file anywhere else."""
     span = f"{task['date']}_{task['last']}" if task.get("last") else task["date"]  # a reduction
-    return Path(task["product"], task["tile"], span, blob.rsplit("/", 1)[-1])
+    parts = [str(task["product"]), str(task["tile"]), str(span), blob.rsplit("/", 1)[-1]]
+    bad = [part for part in parts if not _SEGMENT.match(part)]
+    if bad:
+        raise RuntimeError(f"the manifest names a file outside the results folder ({bad[0]!r}): nothing written")
+    return Path(*parts)
 
 
 def download_results(api: Api, job: str, out: Path, parallel: int = 8) -> tuple[Path, int]:

@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable
 
 from azure.storage.queue import QueueClient
 
 from pipeline import sweep
-from pipeline.clients import clients_for
+from pipeline.clients import Clients, clients_for
 from pipeline.notify import mailer_for
 from pipeline.settings import Settings
 
@@ -25,7 +24,9 @@ MAX_DEQUEUES = 5  # as the Functions host's maxDequeueCount: then the message is
 def drain(queue: QueueClient, poison: QueueClient, handle: Callable[[str], None],
           visibility: int = 60) -> int:
     """Handle what is in one queue now; a failed message is retried (it reappears) and
-    after MAX_DEQUEUES goes to the poison queue. Returns how many it handled."""
+    after MAX_DEQUEUES goes to the poison queue, as the Functions host does (the sweep then
+    settles its job: plans it again, or announces its completion again). Returns how many
+    it handled."""
     handled = 0
     for message in queue.receive_messages(messages_per_page=16, max_messages=16,
                                           visibility_timeout=visibility):
@@ -35,7 +36,7 @@ def drain(queue: QueueClient, poison: QueueClient, handle: Callable[[str], None]
             continue
         try:
             handle(message.content)
-        except ValueError as exc:  # a message that can never be handled
+        except sweep.BadMessage as exc:  # a message that can never be handled
             log.warning("poisoned message on %s: %s", queue.queue_name, exc)
             poison.send_message(json.dumps({"content": message.content, "why": str(exc)}).encode())
         except Exception:
@@ -48,26 +49,36 @@ def drain(queue: QueueClient, poison: QueueClient, handle: Callable[[str], None]
 
 def run(settings: Settings, stop: threading.Event, sweep_every: float | None = None,
         idle_sleep: float = 0.2) -> None:
-    """Until ``stop`` is set: plan, complete, and sweep (the monitor) every
-    ``sweep_every`` seconds (the settings' monitor interval by default)."""
+    """Until ``stop`` is set: plan and complete jobs as their messages come, and sweep (the
+    monitor) every ``sweep_every`` seconds (the settings' monitor interval by default) on a
+    thread of its own — in Azure they are separate functions, so a long completion (packing
+    a large job, a slow mail service) never holds up a revocation."""
     sweep_every = settings.monitor_interval_s if sweep_every is None else sweep_every
     clients = clients_for(settings)
     mailer = mailer_for(settings)
     names = settings.names
     plan_poison = clients.queue(names.poison_queue(names.plan_queue))
     done_poison = clients.queue(names.poison_queue(names.done_queue))
-    next_sweep = 0.0
+    sweeper = threading.Thread(target=_sweep_loop, args=(clients, stop, sweep_every), name="sweep", daemon=True)
+    sweeper.start()
     while not stop.is_set():
         busy = 0
         try:
             busy += drain(clients.plan_queue, plan_poison, lambda body: sweep.handle_plan(clients, body))
             busy += drain(clients.done_queue, done_poison,
                           lambda body: sweep.handle_done(clients, mailer, body))
-            if time.monotonic() >= next_sweep:
-                sweep.sweep(clients, mailer)
-                next_sweep = time.monotonic() + sweep_every
         except Exception:
             log.exception("control loop pass failed; retrying")
             stop.wait(1.0)
         if not busy:
             stop.wait(idle_sleep)
+    sweeper.join()
+
+
+def _sweep_loop(clients: Clients, stop: threading.Event, every: float) -> None:
+    while not stop.is_set():
+        try:
+            sweep.sweep(clients)
+        except Exception:
+            log.exception("sweep failed; retrying")
+        stop.wait(every)

@@ -31,7 +31,7 @@ def monitor(context: df.DurableOrchestrationContext) -> Any:
 
 @bp.activity_trigger(input_name="payload")
 def monitor_sweep(payload: None) -> dict[str, Any]:
-    return sweep.sweep(runtime.clients(), runtime.mailer()) | {"interval": runtime.settings().monitor_interval_s}
+    return sweep.sweep(runtime.clients()) | {"interval": runtime.settings().monitor_interval_s}
 
 
 async def ensure_monitor(client: df.DurableOrchestrationClient, restart: bool = False) -> str:

@@ -125,3 +125,16 @@ def unindex(clients: Clients, job: str, key: str) -> None:
         clients.tasks.delete_entity(job, key)
     except ResourceNotFoundError:
         pass
+
+
+def clear_indexes(clients: Clients, job: str) -> int:
+    """Remove every deadline and dispatch entry a job still has; for a job whose tasks have
+    all ended, where any left is stale (an attempt whose claim's answer was lost and whose
+    task was then cancelled, say), and would otherwise stay once the sweep stops looking at
+    the job. Returns how many it removed."""
+    left = [row["RowKey"] for prefix in (names.DEADLINE_PREFIX, names.DISPATCH_PREFIX)
+            for row in clients.tasks.query_entities(f"PartitionKey eq @pk and {_range(prefix)[0]}",
+                                                    parameters={"pk": job, **_range(prefix)[1]}, select=["RowKey"])]
+    for key in left:
+        unindex(clients, job, key)
+    return len(left)

@@ -12,17 +12,25 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 from azure.core.exceptions import ResourceExistsError
 from azure.data.tables import TableClient, TableServiceClient
 from azure.storage.blob import BlobServiceClient, ContainerClient
 from azure.storage.blob.aio import BlobServiceClient as AsyncBlobServiceClient
+from azure.storage.blob.aio import ExponentialRetry as AsyncExponentialRetry
 from azure.storage.queue import BinaryBase64EncodePolicy, QueueClient, QueueServiceClient
 
 from pipeline import names
 from pipeline.settings import Settings
 from pipeline.transactions import TransactionTable
-from pipeline.transfer import Transfers
+from pipeline.transfer import Transfers, retry_policy
+
+# Keyword arguments every SDK client of this process is built with, beside bagpipe's own:
+# none in production. The fault-injection harness (bagpipe.faults) puts the SDK's
+# per-request hooks here (``raw_request_hook``, ``raw_response_hook``) to number every
+# storage call and fault one.
+HOOKS: dict[str, Any] = {}
 
 
 @dataclass
@@ -39,38 +47,45 @@ class Clients:
     def _url(self, service: str) -> str:
         return f"https://{self.settings.storage_account}.{service}.core.windows.net"
 
+    # Blob and queue calls retry as transfers do (waits of about 0.5, 2.5, 4.5 s, where the
+    # SDK's default waits 15, 18, 24 s: a worker would stall that long on a blip).
     @cached_property
     def blob_service(self) -> BlobServiceClient:
         if self.settings.storage_connection:
-            return BlobServiceClient.from_connection_string(self.settings.storage_connection)
-        return BlobServiceClient(self._url("blob"), credential=self._credential())
+            return BlobServiceClient.from_connection_string(self.settings.storage_connection,
+                                                            retry_policy=retry_policy(), **HOOKS)
+        return BlobServiceClient(self._url("blob"), credential=self._credential(), retry_policy=retry_policy(),
+                                 **HOOKS)
 
     @cached_property
     def queue_service(self) -> QueueServiceClient:
         if self.settings.storage_connection:
-            return QueueServiceClient.from_connection_string(self.settings.storage_connection)
-        return QueueServiceClient(self._url("queue"), credential=self._credential())
+            return QueueServiceClient.from_connection_string(self.settings.storage_connection,
+                                                             retry_policy=retry_policy(), **HOOKS)
+        return QueueServiceClient(self._url("queue"), credential=self._credential(), retry_policy=retry_policy(),
+                                  **HOOKS)
 
     @cached_property
     def table_service(self) -> TableServiceClient:
         if self.settings.storage_connection:
-            return TableServiceClient.from_connection_string(self.settings.storage_connection)
-        return TableServiceClient(
-            endpoint=self._url("table"), credential=self._credential()
-        )
+            return TableServiceClient.from_connection_string(self.settings.storage_connection, **HOOKS)
+        return TableServiceClient(endpoint=self._url("table"), credential=self._credential(), **HOOKS)
 
     @asynccontextmanager
     async def async_blob_service(self) -> AsyncIterator[AsyncBlobServiceClient]:
         """A new asynchronous blob client (bound to the event loop that uses it), for many
         small blobs at once; closed, with its credential, on leaving the block."""
+        retry = AsyncExponentialRetry(initial_backoff=0.5, increment_base=2, retry_total=5, random_jitter_range=0.5)
         if self.settings.storage_connection:
-            async with AsyncBlobServiceClient.from_connection_string(self.settings.storage_connection) as service:
+            async with AsyncBlobServiceClient.from_connection_string(self.settings.storage_connection,
+                                                                     retry_policy=retry, **HOOKS) as service:
                 yield service
             return
         from azure.identity.aio import DefaultAzureCredential
 
         async with DefaultAzureCredential() as credential, \
-                AsyncBlobServiceClient(self._url("blob"), credential=credential) as service:
+                AsyncBlobServiceClient(self._url("blob"), credential=credential, retry_policy=retry,
+                                       **HOOKS) as service:
             yield service
 
     # --- the resources bagpipe uses, by role -------------------------------------------
@@ -86,8 +101,8 @@ class Clients:
         """The tasks table, whose transactions (two per task) go on the lean wire format."""
         name = self.settings.names.tasks
         if self.settings.storage_connection:
-            return TransactionTable.from_connection_string(self.settings.storage_connection, table_name=name)
-        return TransactionTable(self._url("table"), table_name=name, credential=self._credential())
+            return TransactionTable.from_connection_string(self.settings.storage_connection, table_name=name, **HOOKS)
+        return TransactionTable(self._url("table"), table_name=name, credential=self._credential(), **HOOKS)
 
     @cached_property
     def runtimes(self) -> TableClient:
@@ -137,7 +152,7 @@ class Clients:
     @cached_property
     def transfers(self) -> Transfers:
         """Verified, size-shaped blob transfers (every stage's data goes through them)."""
-        return Transfers(self.blob_service)
+        return Transfers(self.blob_service, hooks=HOOKS)
 
     def close(self) -> None:
         """Close the connection pools (those that were opened)."""

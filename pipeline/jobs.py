@@ -8,22 +8,33 @@ nothing needs a scan: ``~active`` (RK = job id) lists unfinished jobs for the sw
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 from collections import Counter
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from azure.core.exceptions import ResourceNotFoundError
-from azure.data.tables import TableTransactionError, UpdateMode
+from azure.core.exceptions import (
+    AzureError,
+    HttpResponseError,
+    ResourceExistsError,
+    ResourceNotFoundError,
+    ServiceRequestError,
+    ServiceResponseError,
+)
+from azure.data.tables import UpdateMode
 
-from pipeline import attempts, names, tasks
+from pipeline import attempts, names, tasks, transitions
 from pipeline.clients import Clients
+from pipeline.redact import redact
 from pipeline.request import JobRequest, expand
 from pipeline.status import JobState, TaskStatus, job_transition
 from pipeline.tasks import TerminalCounter, if_match, now
 
+log = logging.getLogger(__name__)
 ACTIVE = "~active"
 LISTING = "~list"
+PLAN_TRIES = 5  # plan messages sent for a job before it is failed as unplannable
 _FAR_FUTURE_MS = 10**13
 
 
@@ -41,7 +52,12 @@ def _listing_key(created: datetime, job: str) -> str:
 
 def submit(clients: Clients, request: JobRequest) -> dict[str, Any]:
     """Store a valid request as a job and enqueue its plan message; RequestError if it
-    cannot run (then nothing is written)."""
+    cannot run (then nothing is written).
+
+    The indexes are written before the job row (an index entry whose job does not exist
+    yet is skipped by its readers), so a job never exists that the sweep cannot find; the
+    plan message last, and only as a hint: a job that stays ACCEPTED because its message
+    was lost (a failed send, a crash here) is planned by the sweep (:func:`replan_stale`)."""
     specs = expand(request, clients.settings.max_tasks, reducers_path=clients.settings.reducers_path)
     created = now()
     job = new_job_id(created)
@@ -58,11 +74,27 @@ def submit(clients: Clients, request: JobRequest) -> dict[str, Any]:
         "UpdatedAt": created,
         "Label": request.label,
     }
-    clients.jobs.create_entity(row)
     clients.jobs.upsert_entity({"PartitionKey": ACTIVE, "RowKey": job})
     clients.jobs.upsert_entity({"PartitionKey": LISTING, "RowKey": _listing_key(created, job), "Job": job})
-    clients.plan_queue.send_message(json.dumps({"job": job}).encode())
+    try:
+        clients.jobs.create_entity(row)
+    except ResourceExistsError:
+        pass  # created by this very call, its answer lost and the request sent again by the SDK
+    except (ServiceRequestError, ServiceResponseError):
+        get(clients, job)  # an answer lost: the row is there (else JobNotFound: the job was not made)
+    request_plan(clients, job)
     return row
+
+
+def request_plan(clients: Clients, job: str) -> bool:
+    """Send the job's plan message; False if it could not be sent (the sweep plans a job left
+    ACCEPTED too long, so the submitter need not fail)."""
+    try:
+        clients.plan_queue.send_message(json.dumps({"job": job}).encode())
+        return True
+    except AzureError as exc:
+        log.warning("plan message of %s not sent (the sweep will plan it): %s", job, exc)
+        return False
 
 
 def get(clients: Clients, job: str) -> dict[str, Any]:
@@ -94,11 +126,49 @@ def active_jobs(clients: Clients) -> list[str]:
     return [r["RowKey"] for r in clients.jobs.query_entities("PartitionKey eq @pk", parameters={"pk": ACTIVE})]
 
 
-def deactivate(clients: Clients, job: str) -> None:
+def deactivate(clients: Clients, job: str, unless_younger_than: timedelta | None = None) -> None:
+    """Drop the job's entry in the active index (``unless_younger_than``: keep it if it was
+    written more recently: a job being submitted has its entry before its row)."""
     try:
+        if unless_younger_than is not None:
+            written = clients.jobs.get_entity(ACTIVE, job).metadata["timestamp"]
+            if now() - written < unless_younger_than:
+                return
         clients.jobs.delete_entity(ACTIVE, job)
     except ResourceNotFoundError:
         pass
+
+
+def replan_stale(clients: Clients, row: dict[str, Any]) -> bool:
+    """The sweep's look at an ACCEPTED job: if nothing has moved it for two leases (its plan
+    message lost, poisoned, or its planner dead), send its plan message again — up to
+    :data:`PLAN_TRIES` times, after which it fails, saying so. True if it acted."""
+    if row["State"] != JobState.ACCEPTED.value or now() - row["UpdatedAt"] < timedelta(
+            seconds=2 * clients.settings.lease_seconds):
+        return False
+    tries = int(row.get("PlanTries", 0)) + 1
+    try:
+        if tries > PLAN_TRIES:
+            refuse(clients, row, f"planning failed {PLAN_TRIES} times; the planner's log says why")
+            return True
+        update(clients, row, PlanTries=tries)
+    except HttpResponseError as exc:
+        if not tasks.is_conflict(exc):
+            raise
+        return False  # moved meanwhile: a planner is at work
+    log.warning("job %s not planned after %s: plan message sent again (%d)", row["PartitionKey"],
+                now() - row["UpdatedAt"], tries)
+    return request_plan(clients, row["PartitionKey"])
+
+
+def refuse(clients: Clients, row: dict[str, Any], why: str) -> dict[str, Any]:
+    """End an ACCEPTED job that cannot be planned (its request no longer fits this
+    deployment: a reducer gone, a lower task limit): FAILED, saying why, through the one
+    completion (a manifest, an email). Raises HttpResponseError 412 if it moved meanwhile."""
+    row = update(clients, row, State=JobState.FINISHING.value, Outcome=JobState.FAILED.value,
+                 Error=redact(why)[:2000])
+    announce_done(clients, row["PartitionKey"])
+    return row
 
 
 def list_jobs(clients: Clients, limit: int = 50) -> list[dict[str, Any]]:
@@ -135,29 +205,9 @@ def cancel(clients: Clients, job: str, owner: str) -> dict[str, Any]:
                 raise
             row = get(clients, job)
     if row["State"] == JobState.CANCELLING.value:
-        cancel_tasks(clients, job, TerminalCounter(owner))
+        transitions.cancel(clients, job, TerminalCounter(owner))
         announce_done(clients, job)
     return row
-
-
-def cancel_tasks(clients: Clients, job: str, counter: TerminalCounter) -> None:
-    """Move every unfinished task of the job to CANCELLED, in transactions of one page."""
-    while True:
-        pending = [r for r in tasks.list_tasks(clients.tasks, job) if not TaskStatus(r["Status"]).terminal]
-        if not pending:
-            return
-        for start in range(0, len(pending), tasks.BATCH - 1):
-            chunk = pending[start : start + tasks.BATCH - 1]
-            ops = [
-                ("update", {"PartitionKey": job, "RowKey": r["RowKey"],
-                            "Status": TaskStatus.CANCELLED.value, "EndedAt": now()},
-                 {"mode": UpdateMode.MERGE, **if_match(r.metadata["etag"])})
-                for r in chunk
-            ]
-            try:
-                counter.write(clients.tasks, job, ops, {TaskStatus.CANCELLED.value: len(chunk)})
-            except TableTransactionError:
-                continue  # a row moved meanwhile; the next pass reads it again
 
 
 def status(clients: Clients, job: str, task_rows: list[dict[str, Any]] | None = None,
@@ -182,6 +232,7 @@ def status(clients: Clients, job: str, task_rows: list[dict[str, Any]] | None = 
         "job": job,
         "state": row["State"],
         "label": row.get("Label", ""),
+        "error": row.get("Error") or None,
         "total": total,
         "counts": {s.value: counts.get(s.value, 0) for s in TaskStatus},
         "failures": dict(failures),

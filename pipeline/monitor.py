@@ -22,15 +22,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from azure.core.exceptions import ResourceNotFoundError
-from azure.data.tables import TableTransactionError, UpdateMode
 
-from pipeline import attempts, jobs, names, runtimes
+from pipeline import attempts, jobs, names, runtimes, transitions
 from pipeline.clients import Clients
 from pipeline.completion import all_terminal
 from pipeline.failures import FailureClass
 from pipeline.settings import Settings
-from pipeline.status import TaskStatus, after_failure
-from pipeline.tasks import TaskRef, TerminalCounter, if_match, is_conflict, now
+from pipeline.status import TaskStatus
+from pipeline.tasks import TaskRef, TerminalCounter, now
 
 log = logging.getLogger(__name__)
 _counter = TerminalCounter(f"monitor-{uuid.uuid4().hex[:12]}")
@@ -91,64 +90,28 @@ class SweepReport:
     stale: int = 0
 
 
-def sweep_overdue(clients: Clients) -> SweepReport:
-    """One pass: revoke every attempt whose deadline has passed, one key-range query per
-    active job."""
-    report = SweepReport()
+def revoke_overdue(clients: Clients, job: str, report: SweepReport) -> None:
+    """Revoke every attempt of ``job`` whose deadline has passed (one key-range query)."""
     at = now()
-    for job in jobs.active_jobs(clients):
-        for row in attempts.overdue(clients, job, at):
-            ref = TaskRef(job, row["Task"], int(row["Attempt"]))
-            why = FailureClass.EXECUTION_TIMEOUT if at >= row["KillAt"] else FailureClass.HEARTBEAT_LOST
-            try:
-                task = clients.tasks.get_entity(ref.job, ref.task)
-            except ResourceNotFoundError:
-                task = None  # its job was deleted
-            outcome = None if task is None else revoke(clients, task, ref, why, row.get("Worker", ""))
-            if outcome is None:
-                report.stale += 1
-            else:
-                report.revoked.append({"job": ref.job, "task": ref.task, "attempt": ref.attempt,
-                                       "why": why.value, "then": outcome.value})
-                log.warning("revoked %s (%s): task now %s", ref, why.value, outcome.value)
+    for row in attempts.overdue(clients, job, at):
+        ref = TaskRef(job, row["Task"], int(row["Attempt"]))
+        why = FailureClass.EXECUTION_TIMEOUT if at >= row["KillAt"] else FailureClass.HEARTBEAT_LOST
+        try:
+            task = clients.tasks.get_entity(ref.job, ref.task)
+        except ResourceNotFoundError:  # its job was deleted
             attempts.unindex(clients, job, row["RowKey"])
-    return report
-
-
-def revoke(clients: Clients, row: Any, ref: TaskRef, why: FailureClass, worker: str = "") -> TaskStatus | None:
-    """Take the task (its ``row`` as just read) away from its running attempt (``worker``'s,
-    if given): next attempt QUEUED (with a new message) or DEAD when the budget is spent.
-    None if that attempt is no longer the running one."""
-    if row["Status"] != TaskStatus.RUNNING.value or int(row["Attempt"]) != ref.attempt:
-        return None
-    if worker and row.get("Worker") != worker:
-        return None  # another worker claimed this attempt after the indexed one died unclaimed
-    limits = limits_for(clients.settings, row["Stage"])
-    after = after_failure(TaskStatus.RUNNING, TaskStatus.TIMED_OUT, ref.attempt, limits.budget(why))
-    change: dict[str, Any] = {"PartitionKey": ref.job, "RowKey": ref.task, "Status": after.value,
-                              "LastFailure": why.value, "LastError": f"revoked by the monitor: {why.value}",
-                              "Worker": "", "EndedAt": now()}
-    if why is FailureClass.EXECUTION_TIMEOUT:
-        change["Timeouts"] = int(row.get("Timeouts", 0)) + 1
-    op = ("update", change, {"mode": UpdateMode.MERGE, **if_match(row.metadata["etag"])})
-    try:
-        if after is TaskStatus.DEAD:
-            _counter.write(clients.tasks, ref.job, [op], {after.value: 1})
-        else:
-            change["Attempt"] = ref.attempt + 1
-            clients.tasks.update_entity(change, mode=UpdateMode.MERGE, **if_match(row.metadata["etag"]))
-    except Exception as exc:
-        if isinstance(exc, TableTransactionError) or is_conflict(exc):
-            return None  # it committed or failed meanwhile
-        raise
-    attempts.record(clients, ref.job, ref.task, ref.attempt, Outcome=TaskStatus.TIMED_OUT.value,
-                    FailureClass=why.value, EndedAt=now(), RevokedBy="monitor")
-    if after is TaskStatus.QUEUED:
-        shard = clients.shard_queues[int(row["Shard"])]
-        shard.send_message(TaskRef(ref.job, ref.task, ref.attempt + 1).encode())
-    elif all_terminal(clients, jobs.get(clients, ref.job)):
-        jobs.announce_done(clients, ref.job)
-    return after
+            report.stale += 1
+            continue
+        budget = limits_for(clients.settings, task["Stage"]).budget(why)
+        outcome = transitions.revoke(clients, _counter, task, ref, row["RowKey"], why, budget, row.get("Worker", ""))
+        if outcome is None:
+            report.stale += 1
+            continue
+        report.revoked.append({"job": ref.job, "task": ref.task, "attempt": ref.attempt,
+                               "why": why.value, "then": outcome.value})
+        log.warning("revoked %s (%s): task now %s", ref, why.value, outcome.value)
+        if outcome is TaskStatus.DEAD and all_terminal(clients, jobs.get(clients, ref.job)):
+            jobs.announce_done(clients, ref.job)
 
 
 def kill_time(settings: Settings, stage: str, history: runtimes.Runtime, timeouts: int,

@@ -77,6 +77,7 @@ TASK_KEYS_END = ":"  # tasks: past every task key (digits), before the rows belo
 ATTEMPT_PREFIX = "~attempt~"  # tasks: one row per attempt, in its job's partition
 COUNTER_PREFIX = "~count~"  # tasks: per-writer terminal counters
 DEADLINE_PREFIX = "~deadline~"  # tasks: the monitor's index of running attempts by deadline
+DISPATCH_PREFIX = "~dispatch~"  # tasks: the reconciler's index of queued tasks by when to check their message
 
 _NAMESPACE = re.compile(r"^[a-z][a-z0-9]{0,15}$")
 
@@ -100,6 +101,12 @@ def deadline_key(deadline_ms: int, task: str, attempt: int) -> str:
     """Row key in a job's deadline index: zero-padded epoch milliseconds first, so
     "overdue now" is one key range."""
     return f"{DEADLINE_PREFIX}{deadline_ms:015d}-{task}-{attempt:03d}"
+
+
+def dispatch_key(due_ms: int, task: str) -> str:
+    """Row key in a job's dispatch index: when a QUEUED task's message is to be checked
+    for (zero-padded epoch milliseconds first, so "due now" is one key range)."""
+    return f"{DISPATCH_PREFIX}{due_ms:015d}-{task}"
 
 
 def output_prefix(job: str, task: str, attempt: int) -> str:

@@ -4,32 +4,31 @@ bounded window.
 Planning is idempotent: rows are created in entity-group transactions from a cursor kept on
 the job row, so a plan message processed twice (or a planner that died midway) makes no
 duplicate. Release is safe to call from anywhere at any time (the planner, a worker that
-just finished a task, the sweep): it sends messages *before* it advances the cursor, so a
-crash leaves duplicates (which workers drop) and never a task without a message.
+just finished a task, the sweep): every task it moves to QUEUED gets its dispatch entry in
+the same write, so a message it fails to send, or a releaser that dies before it sends, is
+made good by the reconciler; it advances the cursor after its sends, so a releaser that
+dies resends at worst (duplicates, which workers drop).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from azure.core.exceptions import ResourceNotFoundError
-from azure.data.tables import TableTransactionError, UpdateMode
 
-from pipeline import jobs, names, tasks
+from pipeline import dispatch, jobs, names, tasks, transitions
 from pipeline.clients import Clients
-from pipeline.request import expand
-from pipeline.status import JobState, TaskStatus, transition
-from pipeline.tasks import TaskRef, TerminalCounter, if_match
+from pipeline.request import RequestError, expand
+from pipeline.status import JobState, TaskStatus
+from pipeline.tasks import TerminalCounter
 
 log = logging.getLogger(__name__)
 NO_RELEASER = datetime(1970, 1, 1, tzinfo=UTC)  # a lease that has long expired
 RELEASE_CHUNK = 64  # tasks sent per move of the cursor: bounds the work done under one lease
 RELEASE_LEASE_S = 15.0  # a releaser's hold on the cursor, renewed at each move
-SEND_THREADS = 8  # concurrent sends of one chunk's messages
 
 
 def plan(clients: Clients, job: str) -> None:
@@ -40,8 +39,13 @@ def plan(clients: Clients, job: str) -> None:
             release(clients, job)
         return
     settings = clients.settings
-    specs = expand(jobs.request_of(row), max(settings.max_tasks, int(row["Total"])), settings.tile_stage,
-                   settings.reducers_path)
+    try:
+        specs = expand(jobs.request_of(row), max(settings.max_tasks, int(row["Total"])), settings.tile_stage,
+                       settings.reducers_path)
+    except RequestError as exc:  # it fitted the deployment when submitted, not any more
+        log.warning("job %s cannot be planned: %s", job, exc.message)
+        jobs.refuse(clients, row, f"the request cannot be planned: {exc.field}: {exc.message}")
+        return
     planned = int(row["Planned"])
     while planned < len(specs):
         batch = [
@@ -70,7 +74,7 @@ def plan(clients: Clients, job: str) -> None:
         log.info("job %s planned: %d tasks", job, len(specs))
         release(clients, job)
     else:  # cancelled while it was being planned: nothing it planned may run
-        jobs.cancel_tasks(clients, job, TerminalCounter(f"planner-{job}"))
+        transitions.cancel(clients, job, TerminalCounter(f"planner-{job}"))
         jobs.announce_done(clients, job)
 
 
@@ -110,10 +114,8 @@ def release(clients: Clients, job: str, *, min_room: float = 0.0, row: dict[str,
             if not holding:
                 row = jobs.update(clients, row, ReleaserUntil=tasks.now() + lease)
                 holding = True
-            queued = _queue_rows(clients, job, released, count)
-            with ThreadPoolExecutor(SEND_THREADS) as pool:
-                list(pool.map(lambda r: clients.shard_queues[int(r["Shard"])].send_message(
-                    TaskRef(job, r["RowKey"], int(r["Attempt"])).encode()), queued))
+            queued = transitions.queue(clients, job, tasks.list_tasks(clients.tasks, job, released, count))
+            dispatch.send(clients, map(dispatch.ref_of, queued))
             # The cursor moves only after the sends, and renews the lease as it moves.
             row = jobs.update(clients, row, Released=released + count, ReleaserUntil=tasks.now() + lease)
         except Exception as exc:
@@ -131,81 +133,27 @@ def release(clients: Clients, job: str, *, min_room: float = 0.0, row: dict[str,
     return total_released
 
 
-def _queue_rows(clients: Clients, job: str, first: int, count: int) -> list[dict[str, Any]]:
-    """Mark the tasks [first, first+count) QUEUED (those still PENDING); return the rows
-    that are QUEUED now, which are the ones to send."""
-    queued: list[dict[str, Any]] = []
-    for start in range(first, first + count, tasks.BATCH):
-        size = min(tasks.BATCH, first + count - start)
-        while True:
-            rows = tasks.list_tasks(clients.tasks, job, start, size)
-            pending = [r for r in rows if r["Status"] == TaskStatus.PENDING.value]
-            ops = [
-                ("update", {"PartitionKey": job, "RowKey": r["RowKey"],
-                            "Status": transition(r["Status"], TaskStatus.QUEUED).value,
-                            "QueuedAt": tasks.now()},
-                 {"mode": UpdateMode.MERGE, **if_match(r.metadata["etag"])})
-                for r in pending
-            ]
-            try:
-                if ops:
-                    clients.tasks.submit_transaction(ops)
-            except TableTransactionError:
-                continue  # a row moved meanwhile (cancelled, another releaser): read again
-            for r in pending:
-                r["Status"] = TaskStatus.QUEUED.value
-            queued += [r for r in rows if r["Status"] == TaskStatus.QUEUED.value]
-            break
-    return queued
-
-
 # --- reductions: released when their tile tasks have all ended -----------------------------
 def release_ready(clients: Clients, job: str, seq: int) -> bool:
-    """Release the reduction ``seq`` if every tile task it depends on has ended. Safe from
-    anywhere, any number of times: the move to QUEUED is conditional; the message is sent
-    after it and ``Sent`` recorded after that, so the sweep resends one a crash lost."""
+    """Release the reduction ``seq`` if it is PENDING and every tile task it depends on has
+    ended. Safe from anywhere, any number of times: the move to QUEUED is conditional, and
+    a message lost after it is resent by the reconciler (its dispatch entry)."""
     try:
         row = clients.tasks.get_entity(job, names.task_key(seq))
     except ResourceNotFoundError:
         return False
-    if row["Status"] == TaskStatus.QUEUED.value and not row.get("Sent"):
-        _send_reduction(clients, job, row)
-        return True
     if row["Status"] != TaskStatus.PENDING.value:
         return False
     first, count = (int(v) for v in json.loads(row["Params"])["deps"].split(","))
     deps = tasks.list_tasks(clients.tasks, job, first, count)
     if len(deps) < count or not all(TaskStatus(d["Status"]).terminal for d in deps):
         return False
-    try:
-        meta = clients.tasks.update_entity(
-            {"PartitionKey": job, "RowKey": row["RowKey"], "QueuedAt": tasks.now(),
-             "Status": transition(row["Status"], TaskStatus.QUEUED).value},
-            mode=UpdateMode.MERGE, **if_match(row.metadata["etag"]))
-    except Exception as exc:
-        if tasks.is_conflict(exc):
-            return False  # another releaser (or a canceller) moved it first
-        raise
-    row.metadata["etag"] = meta["etag"]
-    _send_reduction(clients, job, row)
-    return True
-
-
-def _send_reduction(clients: Clients, job: str, row: Any) -> None:
-    ref = TaskRef(job, row["RowKey"], int(row["Attempt"]))
-    clients.shard_queues[int(row["Shard"])].send_message(ref.encode())
-    try:
-        clients.tasks.update_entity({"PartitionKey": job, "RowKey": row["RowKey"], "Sent": True},
-                                    mode=UpdateMode.MERGE)
-    except ResourceNotFoundError:
-        pass
+    return transitions.release_reduction(clients, job, row)
 
 
 def release_reductions(clients: Clients, row: dict[str, Any]) -> int:
     """The sweep's pass over a job's reductions (``row``: the job row it read): release the
-    ready ones, resend the lost."""
+    ready ones."""
     job, first = row["PartitionKey"], int(row.get("Tiles", row["Total"]))
-    waiting = [r for r in tasks.list_tasks(clients.tasks, job, first)
-               if r["Status"] == TaskStatus.PENDING.value
-               or (r["Status"] == TaskStatus.QUEUED.value and not r.get("Sent"))]
+    waiting = [r for r in tasks.list_tasks(clients.tasks, job, first) if r["Status"] == TaskStatus.PENDING.value]
     return sum(release_ready(clients, job, int(r["Seq"])) for r in waiting)

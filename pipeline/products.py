@@ -67,3 +67,16 @@ def periods(product: Product, start: date, end: date) -> list[date]:
                 found.append(day)
             day += step
     return found
+
+
+def period_count(product: Product, start: date, end: date) -> int:
+    """How many of the product's compositing periods overlap [start, end] (as
+    ``len(periods(...))``, without making them: a year at a time)."""
+    if end < start:
+        return 0
+    found = 0
+    for year in range(start.year, end.year + 1):
+        first, last = date(year, 1, 1), date(year, 12, 31)
+        lo, hi = max(start, first), min(end, last)
+        found += (hi - first).days // product.period_days - (lo - first).days // product.period_days + 1
+    return found

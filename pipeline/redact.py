@@ -55,3 +55,11 @@ class RedactingFilter(logging.Filter):
         if record.exc_text:
             record.exc_text = redact(record.exc_text)
         return True
+
+
+def protect_logging() -> None:
+    """Put the redacting filter on every handler of the root logger (and on the handler of
+    last resort), so that nothing this process logs carries a credential."""
+    for handler in [*logging.getLogger().handlers, logging.lastResort]:
+        if handler is not None and not any(isinstance(f, RedactingFilter) for f in handler.filters):
+            handler.addFilter(RedactingFilter())

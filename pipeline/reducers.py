@@ -9,12 +9,14 @@ it takes, which outputs it is expected to leave, and its limits::
      "outputs": ["*.tif", "*.png"],
      "timeout_s": 600,
      "limits": {"cpu_s": 600, "memory_mb": 2048, "file_mb": 512, "open_files": 256, "processes": 32},
-     "env": {"OMP_NUM_THREADS": "1"}}
+     "env": {"OMP_NUM_THREADS": "1"},
+     "network": false}
 
 argv fields: ``{python}`` (the worker's interpreter, with rasterio), ``{here}`` (the
 manifest's folder), ``{inputs}``, ``{outputs}``, ``{task}`` (the task.json path). A MATLAB
 Compiler binary or a C program is just another argv[0]; ``"input_format": "ENVI"`` stages
-the inputs as raw ENVI files (NAME.bin + NAME.hdr) for programs that have no GDAL.
+the inputs as raw ENVI files (NAME.bin + NAME.hdr) for programs that have no GDAL;
+``"network": true`` lets the program reach the network (by default it has none).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ class Reducer:
     timeout_s: float = 600.0
     limits: Limits = field(default_factory=Limits)
     env: tuple[tuple[str, str], ...] = ()
+    network: bool = False  # whether it may reach the network (else it has none)
 
     def command(self, inputs: Path, outputs: Path, task: Path) -> list[str]:
         values = {"python": sys.executable, "here": str(self.here), "inputs": str(inputs),
@@ -86,6 +89,7 @@ class _Manifest(BaseModel):
     timeout_s: Annotated[float, Field(gt=0, le=86_400, allow_inf_nan=False)] = 600.0
     limits: _Limits = _Limits()
     env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = {}
+    network: bool = False
 
     @field_validator("argv")
     @classmethod
@@ -119,7 +123,8 @@ def load(path: Path) -> Reducer:
         raise ValueError(f"{path}: {problems}") from None
     return Reducer(name=raw.name, argv=tuple(raw.argv), here=path.parent, description=raw.description,
                    outputs=tuple(raw.outputs), timeout_s=raw.timeout_s, input_format=raw.input_format,
-                   limits=Limits(**raw.limits.model_dump()), env=tuple(sorted(raw.env.items())))
+                   limits=Limits(**raw.limits.model_dump()), env=tuple(sorted(raw.env.items())),
+                   network=raw.network)
 
 
 @lru_cache(maxsize=8)

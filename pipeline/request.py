@@ -13,7 +13,7 @@ from pyproj.exceptions import CRSError
 
 from pipeline import reducers, stages
 from pipeline.grid import Tile
-from pipeline.products import CATALOG, periods
+from pipeline.products import CATALOG, period_count, periods
 from pipeline.targets import MAX_TILE_PIXELS, GridSpec, TargetTile
 from pipeline.targets import NATIVE as NATIVE_CRS
 
@@ -105,6 +105,13 @@ class JobRequest(BaseModel):
     email: EmailStr | None = None
     label: Annotated[str, Field(max_length=200)] = ""
 
+    @field_validator("label")
+    @classmethod
+    def _one_line(cls, label: str) -> str:
+        if any(not c.isprintable() for c in label):
+            raise ValueError("a label is one line of printable text (no line breaks, tabs or control characters)")
+        return label
+
 
 class RequestError(ValueError):
     """A request that is well-formed but cannot be run: ``status`` is the HTTP answer."""
@@ -150,22 +157,32 @@ class TaskSpec:
         return {"reduction": str(self.reduction)} if self.reduction is not None else {}
 
 
-def targets_of(request: JobRequest) -> list[TargetTile]:
-    """The request's target tiles (before dropping those with no MODIS source)."""
+def target_count(request: JobRequest) -> int:
+    """How many target tiles the request's region has (before dropping those with no MODIS
+    source), counted without making them; a RequestError if the region cannot be cut."""
     region = request.region
     if region.tiles is not None:
         if request.grid is not None:
             raise RequestError(400, "grid", "a region given as MODIS tiles is processed on their own "
                                "grid; give region.bbox to choose a target grid")
-        native = GridSpec(NATIVE_CRS, 0.0, 0.0)
-        return [native.native_tile(t) for t in sorted({Tile.parse(t) for t in region.tiles})]
+        return len(set(region.tiles))
     west, south, east, north = region.bbox  # type: ignore[misc]
     if west >= east or south >= north:
         raise RequestError(400, "region.bbox", "the region is empty: need west < east and south < north")
     try:
-        return (request.grid or Grid()).spec().tiles_for_lonlat_box(west, south, east, north)
+        return (request.grid or Grid()).spec().count_for_lonlat_box(west, south, east, north)
     except ValueError as exc:
         raise RequestError(400, "grid.crs", str(exc)) from None
+
+
+def targets_of(request: JobRequest) -> list[TargetTile]:
+    """The request's target tiles (before dropping those with no MODIS source), once
+    :func:`target_count` has checked the region."""
+    region = request.region
+    if region.tiles is not None:
+        native = GridSpec(NATIVE_CRS, 0.0, 0.0)
+        return [native.native_tile(t) for t in sorted({Tile.parse(t) for t in region.tiles})]
+    return (request.grid or Grid()).spec().tiles_for_lonlat_box(*region.bbox)  # type: ignore[misc]
 
 
 def expand(request: JobRequest, max_tasks: int, tile_stage: str = stages.TILE_STAGE,
@@ -187,16 +204,17 @@ def expand(request: JobRequest, max_tasks: int, tile_stage: str = stages.TILE_ST
             raise RequestError(400, "reducer.name", f"unknown reducer {request.reducer.name!r} ({names})")
     if request.end < request.start:
         raise RequestError(400, "end", "the time span is empty: end is before start")
-    targets = targets_of(request)
-    dates = {p: periods(CATALOG[p], request.start, request.end) for p in request.products}
-    groups = len(targets) * len(request.products) if request.reducer else 0
-    count = len(targets) * sum(len(d) for d in dates.values()) + groups
+    # counted before anything is made: a world box of tiny tiles must not exhaust the memory
+    places = target_count(request)
+    groups = places * len(request.products) if request.reducer else 0
+    count = places * sum(period_count(CATALOG[p], request.start, request.end) for p in request.products) + groups
     if count > max_tasks:
         raise RequestError(
             413, "region", f"the request makes {count} tasks, more than the limit of {max_tasks}",
             tasks=count, limit=max_tasks,
         )
-    targets = [t for t in targets if t.sources()]
+    dates = {p: periods(CATALOG[p], request.start, request.end) for p in request.products}
+    targets = [t for t in targets_of(request) if t.sources()]
     if not targets:
         raise RequestError(400, "region", "the region covers no MODIS tile")
     pairs = [(product, target) for product in request.products for target in targets if dates[product]]

@@ -43,7 +43,7 @@ class Settings:
     """How one bagpipe process reaches storage and behaves."""
 
     # BagpipeStorage: a connection string (local stack, Azurite). Empty in Azure.
-    storage_connection: str = ""
+    storage_connection: str = field(default="", repr=False)  # it holds the account key
     # BagpipeStorage__accountName: the account reached with DefaultAzureCredential (Azure).
     storage_account: str = ""
     # BAGPIPE_NAMESPACE: prefix of every table/queue/container name; "" in Azure.
@@ -65,7 +65,7 @@ class Settings:
     lease_seconds: int = 30
     # BAGPIPE_API_KEY: the token the API requires locally. Empty in Azure, where the
     # Functions host checks its function keys before a request reaches the app.
-    api_key: str = ""
+    api_key: str = field(default="", repr=False)
     # BAGPIPE_SAS_MINUTES: lifetime of the download links in a job's results (default 60).
     sas_minutes: int = 60
     # BAGPIPE_MAIL_MODE: "smtp" (local stack), "acs" (Azure Communication Services) or

@@ -81,7 +81,7 @@ class JobState(StrEnum):
 
 
 _JOB_ALLOWED: dict[JobState, frozenset[JobState]] = {
-    JobState.ACCEPTED: frozenset({JobState.RUNNING, JobState.CANCELLING}),
+    JobState.ACCEPTED: frozenset({JobState.RUNNING, JobState.CANCELLING, JobState.FINISHING}),  # FINISHING: unplannable
     JobState.RUNNING: frozenset({JobState.FINISHING, JobState.CANCELLING}),
     JobState.CANCELLING: frozenset({JobState.FINISHING}),
     JobState.FINISHING: frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED}),

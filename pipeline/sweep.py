@@ -1,16 +1,25 @@
-"""The periodic sweep: the monitor's revocation of overdue attempts, then a pass over the
-unfinished jobs to top up release windows and finish jobs whose last step was lost (a
-worker that died between its commit and its top-up, a finisher that died in FINISHING, a
-canceller that died midway). Locally it runs in a loop; in Azure as a Durable Functions
-eternal orchestration. Cheap: key-range queries and a few key reads."""
+"""The periodic sweep: the monitor and the reconciler, one pass over the unfinished jobs.
+
+For each job it revokes the attempts past their deadline, sends again the message of every
+task QUEUED too long without being taken (a message lost, or poisoned), plans again a job
+left ACCEPTED (its plan message lost), tops up the release window, releases the reductions
+whose tiles have ended, goes on with a cancellation, and announces a completion nobody made
+(a worker that died between its commit and its announcement, a finisher that died) — it
+never finishes a job itself, so a long completion never holds up revocations. One job's
+failure is logged and the pass goes on with the others. Locally it runs in a loop; in Azure
+as a Durable Functions eternal orchestration. Cheap: key-range queries and a few key reads
+per job.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import uuid
+from collections import Counter
+from datetime import timedelta
 
-from pipeline import completion, jobs, monitor, planner
+from pipeline import completion, dispatch, jobs, monitor, planner, transitions
 from pipeline.clients import Clients
 from pipeline.notify import Mailer
 from pipeline.status import JobState
@@ -18,38 +27,60 @@ from pipeline.tasks import TerminalCounter, message_bytes
 
 log = logging.getLogger(__name__)
 _counter = TerminalCounter(f"sweep-{uuid.uuid4().hex[:12]}")
+ORPHAN_AGE = timedelta(minutes=5)  # an active-index entry this old whose job row does not exist is dropped
 
 
-def sweep(clients: Clients, mailer: Mailer) -> dict[str, int]:
-    """One pass of the monitor: revoke overdue attempts, then go over the active jobs.
-    Returns what it did (revoked attempts, finished jobs)."""
-    report = monitor.sweep_overdue(clients)
-    finished = 0
+class BadMessage(ValueError):
+    """A plan or done message that can never be handled (it names no job)."""
+
+
+def sweep(clients: Clients) -> dict[str, int]:
+    """One pass over the active jobs. Returns what it did."""
+    report = monitor.SweepReport()
+    done: Counter[str] = Counter()
     for job in jobs.active_jobs(clients):
         try:
-            row = jobs.get(clients, job)
-        except jobs.JobNotFound:
-            jobs.deactivate(clients, job)
-            continue
-        state = JobState(row["State"])
-        if state is JobState.RUNNING:
-            planner.release(clients, job)
-            planner.release_reductions(clients, row)
-        elif state is JobState.CANCELLING:
-            jobs.cancel_tasks(clients, job, _counter)
-        if state is not JobState.ACCEPTED:
-            finished += completion.complete(clients, mailer, job)
-    return {"revoked": len(report.revoked), "stale": report.stale, "finished": finished}
+            _sweep_job(clients, job, report, done)
+        except Exception:
+            log.exception("sweep of job %s failed; the next pass tries again", job)
+            done["errors"] += 1
+    return {"revoked": len(report.revoked), "stale": report.stale, "resent": done["resent"],
+            "replanned": done["replanned"], "announced": done["announced"], "errors": done["errors"]}
+
+
+def _sweep_job(clients: Clients, job: str, report: monitor.SweepReport, done: Counter[str]) -> None:
+    try:
+        row = jobs.get(clients, job)
+    except jobs.JobNotFound:
+        jobs.deactivate(clients, job, unless_younger_than=ORPHAN_AGE)
+        return
+    state = JobState(row["State"])
+    if state.finished:
+        jobs.deactivate(clients, job)
+        return
+    monitor.revoke_overdue(clients, job, report)
+    done["resent"] += dispatch.redispatch_due(clients, job)
+    if state is JobState.ACCEPTED:
+        done["replanned"] += jobs.replan_stale(clients, row)
+        return
+    if state is JobState.RUNNING:
+        planner.release(clients, job)
+        planner.release_reductions(clients, row)
+    elif state is JobState.CANCELLING:
+        transitions.cancel(clients, job, _counter)
+    if completion.due(clients, jobs.get(clients, job)):
+        jobs.announce_done(clients, job)
+        done["announced"] += 1
 
 
 def job_of_message(body: bytes | str) -> str:
-    """The job id a plan or done message names; ValueError if there is none."""
+    """The job id a plan or done message names; BadMessage if there is none."""
     try:
         found = json.loads(message_bytes(body))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"not JSON: {exc}") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadMessage(f"not JSON: {exc}") from None
     if not isinstance(found, dict) or not isinstance(found.get("job"), str):
-        raise ValueError("a plan/done message is {\"job\": id}")
+        raise BadMessage("a plan/done message is {\"job\": id}")
     return found["job"]
 
 

@@ -61,14 +61,24 @@ class GridSpec:
     def pixels(self) -> int:
         return round(self.tile_size / self.resolution)
 
-    def tiles_for_lonlat_box(self, west: float, south: float, east: float, north: float) -> list[TargetTile]:
-        """The target tiles that intersect a lon/lat box."""
+    def _ranges(self, west: float, south: float, east: float, north: float) -> tuple[range, range]:
+        """The columns and rows of the target tiles that intersect a lon/lat box."""
         xmin, ymin, xmax, ymax = _from_lonlat(self.crs).transform_bounds(west, south, east, north, densify_pts=21)
         if not all(map(math.isfinite, (xmin, ymin, xmax, ymax))):
             raise ValueError(f"the region cannot be expressed in {self.crs}")
         s = self.tile_size
         cols = range(math.floor(xmin / s), max(math.floor(xmin / s) + 1, math.ceil(xmax / s)))
         rows = range(math.floor(ymin / s), max(math.floor(ymin / s) + 1, math.ceil(ymax / s)))
+        return cols, rows
+
+    def count_for_lonlat_box(self, west: float, south: float, east: float, north: float) -> int:
+        """How many target tiles intersect a lon/lat box, without making them."""
+        cols, rows = self._ranges(west, south, east, north)
+        return len(cols) * len(rows)
+
+    def tiles_for_lonlat_box(self, west: float, south: float, east: float, north: float) -> list[TargetTile]:
+        """The target tiles that intersect a lon/lat box."""
+        cols, rows = self._ranges(west, south, east, north)
         return [TargetTile(self, f"x{c:+05d}y{r:+05d}", c, r) for r in reversed(rows) for c in cols]
 
     def native_tile(self, tile: Tile) -> TargetTile:

@@ -1,10 +1,11 @@
-"""Task rows: creation, the queue message that names an attempt, claim, heartbeat and the
-fenced commit.
+"""Task rows and their messages: the queue message that names an attempt, the rows'
+creation, reading, and the terminal counters.
 
 The tasks table is the source of truth (PK = job id, RK = zero-padded sequence). Every
-change of a task row is a conditional update on its ETag, and every move into a terminal
-state is written in one entity-group transaction with the writer's own counter row
-(:class:`TerminalCounter`), so "how many tasks are terminal" is exact and cheap.
+change of a task's state is a conditional update on its ETag, made by one of the named
+operations of ``pipeline.transitions``; every move into a terminal state is written in one
+entity-group transaction with the writer's own counter row (:class:`TerminalCounter`), so
+"how many tasks are terminal" is exact and cheap.
 """
 
 from __future__ import annotations
@@ -13,31 +14,22 @@ import base64
 import binascii
 import json
 import threading
-import time
-import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from azure.core import MatchConditions
 from azure.core.exceptions import (
-    HttpResponseError,
     ResourceExistsError,
-    ResourceModifiedError,
     ResourceNotFoundError,
-    ServiceRequestError,
-    ServiceResponseError,
 )
 from azure.data.tables import TableClient, TableTransactionError, UpdateMode
 
-from pipeline import attempts, names
-from pipeline.clients import Clients
+from pipeline import names
 from pipeline.request import TaskSpec
-from pipeline.status import TERMINAL, TaskStatus, after_failure, transition
+from pipeline.status import TERMINAL, TaskStatus
 
 BATCH = 100  # entities per entity-group transaction (the service's limit)
-ERROR_CHARS = 2000  # an error message kept on a row is cut to this
 
 
 def now() -> datetime:
@@ -196,172 +188,3 @@ def list_tasks(tasks: TableClient, job: str, first: int = 0, count: int | None =
         parameters={"pk": job, "lo": names.task_key(first), "hi": high},
     )
     return list(rows)
-
-
-# --- one attempt: claim, heartbeat, commit, fail ------------------------------------------
-@dataclass
-class Claim:
-    """A worker's hold on one attempt of a task."""
-
-    ref: TaskRef
-    etag: str  # the task row's ETag right after the claim: the commit's fence
-    stage: str
-    params: dict[str, str]
-    started: datetime
-    last_failure: str  # the failure class of the previous attempt, "" if none
-    worker: str  # who holds it
-    kill_at: datetime  # when the monitor revokes it
-    index: str  # the row key of its entry in the monitor's deadline index (moved by heartbeats)
-
-
-def claim(clients: Clients, ref: TaskRef, worker: str,
-          kill_time: Callable[[TaskRef, str, dict[str, str], int], datetime]) -> Claim | None:
-    """Move the task to RUNNING for the attempt its row names, if the message may still run
-    it: the row is QUEUED and the message is not from a later attempt. None otherwise (the
-    message is stale or a duplicate, and is deleted). ``kill_time`` says when the monitor is
-    to revoke the attempt, from its stage, parameters and how many earlier attempts were
-    revoked for time. The task row, the attempt's row and its index entry are written in
-    one transaction: no attempt is ever RUNNING without an index entry."""
-    try:
-        row = clients.tasks.get_entity(ref.job, ref.task)
-    except ResourceNotFoundError:
-        return None
-    if row["Status"] != TaskStatus.QUEUED.value or ref.attempt > row["Attempt"]:
-        return None
-    # An older message may stand in for the current attempt: the row is the truth.
-    current = TaskRef(ref.job, ref.task, row["Attempt"])
-    params = json.loads(row["Params"])
-    kill_at = kill_time(current, row["Stage"], params, int(row.get("Timeouts", 0)))
-    started = now()
-    change = {
-        "PartitionKey": ref.job,
-        "RowKey": ref.task,
-        "Status": transition(row["Status"], TaskStatus.RUNNING).value,
-        "Worker": worker,
-        "StartedAt": started,
-    }
-    index, index_write = attempts.index_op(clients, ref.job, ref.task, current.attempt, kill_at, worker, started)
-    try:
-        result = clients.tasks.submit_transaction([
-            ("update", change, {"mode": UpdateMode.MERGE, **if_match(row.metadata["etag"])}),
-            attempts.attempt_op(ref.job, ref.task, current.attempt, Worker=worker, StartedAt=started,
-                                Heartbeat=started, Outcome=TaskStatus.RUNNING.value),
-            index_write,
-        ])
-    except TableTransactionError as exc:
-        if is_conflict(exc) or exc.error_code == "UpdateConditionNotSatisfied":
-            return None  # another worker claimed it first
-        raise
-    return Claim(current, result[0]["etag"], row["Stage"], params, started, row.get("LastFailure") or "", worker,
-                 kill_at, index)
-
-
-def still_held(clients: Clients, held: Claim) -> bool:
-    """True while the task row still names this attempt as running (nobody revoked or
-    cancelled it)."""
-    row = clients.tasks.get_entity(held.ref.job, held.ref.task)
-    return bool(row.metadata["etag"] == held.etag)
-
-
-def _end_attempt(clients: Clients, held: Claim, **fields: Any) -> None:
-    attempts.record(clients, held.ref.job, held.ref.task, held.ref.attempt, EndedAt=now(), **fields)
-
-
-def discard(clients: Clients, held: Claim) -> None:
-    """Record that a revoked attempt's work was thrown away; it leaves the index."""
-    attempts.record(clients, held.ref.job, held.ref.task, held.ref.attempt, Discarded=True, DiscardedAt=now())
-    attempts.unindex(clients, held.ref.job, held.index)
-
-
-def _fenced_write(clients: Clients, counter: TerminalCounter, held: Claim, change: dict[str, Any],
-                  terminal: TaskStatus | None, ended: dict[str, Any], tries: int = 5) -> bool:
-    """Apply ``change`` to the task row if it still names this attempt as running, with the
-    attempt's end (``ended``), its removal from the index and the writer's counter (when
-    ``terminal``) in the same transaction. True if applied, False if the attempt had been
-    revoked. A write whose answer was lost (a connection cut, storage restarting) is settled
-    by reading the row back, never by guessing. The attempt leaves the index either way."""
-    change = change | {"LastWrite": uuid.uuid4().hex}  # to recognise this write when read back
-    job = held.ref.job
-    ops = [("update", change, {"mode": UpdateMode.MERGE, **if_match(held.etag)}),
-           attempts.attempt_op(job, held.ref.task, held.ref.attempt, **ended),
-           attempts.unindex_op(job, held.index)]
-    for attempt in range(tries):
-        try:
-            if terminal is not None:
-                counter.write(clients.tasks, job, ops, {terminal.value: 1})
-            else:
-                clients.tasks.submit_transaction(ops)
-            applied = True
-        except (TableTransactionError, ResourceModifiedError):
-            applied = None  # the task row, the counter or the index entry had moved on: see which
-        except (ServiceRequestError, ServiceResponseError):
-            applied = None  # no answer: it may or may not have been applied
-            time.sleep(min(2**attempt, 10))
-        except HttpResponseError as exc:
-            if (exc.status_code or 0) < 500:
-                raise
-            applied = None
-            time.sleep(min(2**attempt, 10))
-        if applied is None:
-            row = _read_back(clients, held)
-            if row.metadata["etag"] == held.etag:
-                ops = ops[:2]  # untouched: write again, the index entry (may be what failed) on its own
-                continue
-            applied = row.get("LastWrite") == change["LastWrite"]  # applied, or revoked meanwhile
-        if not applied or len(ops) == 2:
-            attempts.unindex(clients, job, held.index)
-        return applied
-    raise RuntimeError(f"task {held.ref} could not be written after {tries} tries")
-
-
-def _read_back(clients: Clients, held: Claim) -> Any:
-    for attempt in range(10):
-        try:
-            return clients.tasks.get_entity(held.ref.job, held.ref.task)
-        except (ServiceRequestError, ServiceResponseError):
-            time.sleep(min(2**attempt, 10))
-    return clients.tasks.get_entity(held.ref.job, held.ref.task)
-
-
-def commit(clients: Clients, counter: TerminalCounter, held: Claim, status: TaskStatus,
-           outputs: list[str]) -> bool:
-    """Publish the attempt's outputs on the task row, fenced on the claim's ETag: True if
-    this attempt committed, False if it had been revoked (its outputs are then never named)."""
-    ended = now()
-    runtime = (ended - held.started).total_seconds()
-    change = {
-        "PartitionKey": held.ref.job,
-        "RowKey": held.ref.task,
-        "Status": transition(TaskStatus.RUNNING, status).value,
-        "EndedAt": ended,
-        "RuntimeS": runtime,
-        "Outputs": json.dumps(outputs),
-    }
-    if _fenced_write(clients, counter, held, change, status,
-                     {"EndedAt": ended, "Outcome": status.value, "RuntimeS": runtime}):
-        return True
-    _end_attempt(clients, held, Outcome="DISCARDED")
-    return False
-
-
-def fail(clients: Clients, counter: TerminalCounter, held: Claim, failure: str, error: str,
-         max_attempts: int, failed_as: TaskStatus = TaskStatus.FAILED) -> TaskStatus | None:
-    """Record a failed attempt and move the task on: QUEUED with the next attempt number
-    while the budget lasts, else DEAD. None if the attempt had been revoked meanwhile."""
-    after = after_failure(TaskStatus.RUNNING, failed_as, held.ref.attempt, max_attempts)
-    ended = now()
-    change: dict[str, Any] = {
-        "PartitionKey": held.ref.job,
-        "RowKey": held.ref.task,
-        "Status": after.value,
-        "LastFailure": failure,
-        "LastError": error[:ERROR_CHARS],
-        "EndedAt": ended,
-    }
-    if after is TaskStatus.QUEUED:
-        change["Attempt"] = held.ref.attempt + 1
-    ended_as = {"EndedAt": ended, "Outcome": failed_as.value, "FailureClass": failure, "Error": error[:ERROR_CHARS]}
-    if not _fenced_write(clients, counter, held, change, after if after is TaskStatus.DEAD else None, ended_as):
-        _end_attempt(clients, held, Outcome="DISCARDED", FailureClass=failure)
-        return None
-    return after

@@ -20,6 +20,7 @@ from typing import Any
 
 from opentelemetry import metrics, trace
 
+from pipeline.redact import protect_logging
 from pipeline.settings import Settings
 
 FIELDS = ("job", "task", "attempt", "stage")
@@ -102,3 +103,4 @@ def setup(settings: Settings, verbose: bool = False) -> None:
     for handler in root.handlers:  # every handler, the exporter's too, sees the fields
         if not any(isinstance(f, ScopeFilter) for f in handler.filters):
             handler.addFilter(ScopeFilter())
+    protect_logging()  # and none writes a credential

@@ -19,6 +19,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 import requests
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
@@ -122,8 +123,9 @@ class Transfers:
     """The blob clients of one process, one per block size, sharing a connection pool.
     ``read_timeout`` bounds a stalled socket read (not a whole transfer)."""
 
-    def __init__(self, service: BlobServiceClient, read_timeout: float = 60, retries: int = 5) -> None:
-        self._service = service
+    def __init__(self, service: BlobServiceClient, read_timeout: float = 60, retries: int = 5,
+                 hooks: dict[str, Any] | None = None) -> None:
+        self._service, self._hooks = service, hooks or {}
         self._read_timeout, self._retries = read_timeout, retries
         self._session = requests.Session()
         self._session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=POOL))
@@ -142,7 +144,7 @@ class Transfers:
                                                 connection_data_block_size=READ_CHUNK),
                     retry_policy=retry_policy(self._retries),
                     max_block_size=block, max_single_put_size=block,
-                    max_chunk_get_size=block, max_single_get_size=block,
+                    max_chunk_get_size=block, max_single_get_size=block, **self._hooks,
                 )
             return self._by_block[block]
 

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from pipeline import stages
+from pipeline.failures import FailureClass, StageFailure
 from pipeline.stages import StageContext, digest
 
 
@@ -70,3 +71,41 @@ def whoami(ctx: StageContext) -> None:
     if ctx.params.get("fail"):
         raise RuntimeError("asked to fail")
     ctx.outputs.append(str(os.getpid()))
+
+
+@stages.stage("sleepy")
+def sleepy(ctx: StageContext) -> None:
+    """A minute on the first attempt of one input (leaving a pid file), at once otherwise."""
+    if ctx.attempt == 1 and _marked(ctx):
+        Path(os.environ["BAGPIPE_TEST_PIDS"], f"{ctx.job}-sleepy.pid").write_text(str(os.getpid()))
+        time.sleep(60)
+    digest(ctx)
+
+
+@stages.stage("leaky")
+def leaky(ctx: StageContext) -> None:
+    """Fails on one input quoting a signed URL, FTP credentials and a connection string, as a
+    feed's or an SDK's error can."""
+    if _marked(ctx):
+        raise StageFailure(FailureClass.SOURCE_DOWNLOAD,
+            "GET https://modiseuwest.blob.core.windows.net/modis-061/x.tif?sv=2024-05-04&se=2026-11-24&sr=c"
+            "&sp=rl&sig=TOPSECRETSIGNATURE%3D failed; tried ftp://alice:hunter2secret@ftp.example.org/x and "
+            "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=TOPSECRETACCOUNTKEY==;")
+    digest(ctx)
+
+
+@stages.stage("undumpable")
+def undumpable(ctx: StageContext) -> None:
+    """Names whether its stage process may be read by others of its user (its dumpable flag)."""
+    from worker import private
+
+    ctx.outputs.append("private" if private.is_private() else "dumpable")
+
+
+@stages.stage("many_outputs")
+def many_outputs(ctx: StageContext) -> None:
+    """Names more outputs than a task row can hold, on one input."""
+    if _marked(ctx):
+        ctx.outputs.extend(f"{ctx.output_prefix}part-{i:05d}-{'x' * 40}.bin" for i in range(1000))
+        return
+    digest(ctx)

@@ -71,6 +71,8 @@ BAD_REQUESTS = [
     ("unknown field", changed(admin=True), 422, "admin"),
     ("bad email", changed(email="not-an-email"), 422, "email"),
     ("label too long", changed(label="x" * 5000), 422, "label"),
+    ("label with a line break", changed(label="winter\r\nBcc: everyone@example.org"), 422, "label"),
+    ("label with a control character", changed(label="snow\x1b[31m"), 422, "label"),
     ("reducer args nested", changed(reducer={"name": "x", "args": {"a": {"b": 1}}}), 422, "reducer.args.a"),
 ]
 
@@ -107,6 +109,18 @@ def test_oversized_body_is_413(api: TestClient, clients: Clients) -> None:
     response = api.post("/api/jobs", content=body, headers={"content-type": "application/json"})
     assert response.status_code == 413
     assert "larger than" in response.json()["detail"]
+    assert nothing_written(clients)
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("path", ["/api/estimate", "/api/jobs"])
+def test_a_world_of_tiny_tiles_is_counted_not_made(api: TestClient, clients: Clients, path: str) -> None:
+    """A world box cut into 0.001° tiles would be 6.5e10 target tiles: the answer is the count
+    and a 413, at once, with nothing allocated for them (a list of them would take terabytes)."""
+    response = api.post(path, json=changed(region={"bbox": [-180, -90, 180, 90]},
+                                           grid={"tile_size": 0.001, "resolution": 0.001}))
+    assert response.status_code == 413, response.text
+    assert response.json()["tasks"] == 360_000 * 180_000 * 4
     assert nothing_written(clients)
 
 

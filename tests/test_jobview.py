@@ -9,6 +9,8 @@ import pytest
 from pyproj import Transformer
 
 from pipeline import jobview
+from pipeline.grid import Tile
+from pipeline.targets import NATIVE
 
 
 def test_histogram_counts_every_runtime_and_places_the_threshold() -> None:
@@ -31,6 +33,8 @@ def test_histogram_counts_every_runtime_and_places_the_threshold() -> None:
     ({"SUCCEEDED": 2, "CACHED": 1}, "done"),
     ({"SUCCEEDED": 2, "DEAD": 1}, "failed"),
     ({"SUCCEEDED": 1, "CANCELLED": 2}, "cancelled"),
+    ({"NO_DATA": 2}, "nodata"),
+    ({"NO_DATA": 1, "SUCCEEDED": 1}, "done"),
 ])
 def test_one_state_per_target_tile(counts: dict[str, int], state: str) -> None:
     assert jobview.tile_state(Counter(counts)) == state
@@ -43,3 +47,11 @@ def test_tile_bounds_in_lon_lat_from_any_crs() -> None:
     for x, y in ((-1300000, 1300000), (-1200000, 1400000), (-1250000, 1350000)):
         lon, lat = to_lonlat.transform(x, y)
         assert west <= lon <= east and south <= lat <= north
+
+
+def test_tile_bounds_of_a_job_asked_as_modis_tiles() -> None:
+    """Its tasks' grid is the MODIS tiles' own (named MODIS, not a CRS pyproj knows)."""
+    h09v05 = ",".join(map(repr, Tile.parse("h09v05").bounds()))
+    west, south, east, north = jobview.lonlat_bounds(NATIVE, h09v05)
+    assert (round(south), round(north)) == (30, 40)
+    assert west < -115 < -104 < east  # the sinusoid's edges: wider at its southern edge

@@ -100,6 +100,16 @@ def test_submit_run_complete_notify_download(azurite: Azurite, settings: Setting
                                  capture_output=True, text=True)
         assert refused.returncode == 1 and "401" in refused.stdout
 
+        # a manifest that names places outside the results folder writes nothing at all
+        stored = json.loads(clients.products.download_blob(names.manifest_blob(job)).readall())
+        stored["tasks"][0]["tile"] = "../../escaped"
+        clients.products.upload_blob(names.manifest_blob(job), json.dumps(stored), overwrite=True)
+        tampered = tmp_path / "tampered" / "out"
+        escaped = subprocess.run([*cli, "results", job, "--out", str(tampered), *auth], capture_output=True,
+                                 text=True)
+        assert escaped.returncode == 1 and "outside the results folder" in escaped.stdout
+        assert not any((tmp_path / "tampered").rglob("*.json")) and not (tmp_path / "escaped").exists()
+
 
 def test_the_modis_pipeline_end_to_end_and_a_second_request_is_cached(
     azurite: Azurite, settings: Settings, tmp_path: Path

@@ -21,10 +21,9 @@ from azure.core.exceptions import ServiceResponseError
 from azure.data.tables import TableClient, UpdateMode
 
 from bagpipe.azurite import Azurite, free_port
-from pipeline import attempts, jobs, monitor, names, runtimes, sweep, tasks
+from pipeline import attempts, jobs, monitor, names, runtimes, sweep, tasks, transitions
 from pipeline.clients import Clients
 from pipeline.failures import FailureClass
-from pipeline.notify import NoMailer
 from pipeline.settings import Settings
 from pipeline.status import JobState, TaskStatus
 from tests.conftest import PIDS, in_an_hour, running_control, running_workers, small_request, wait_for, with_stage
@@ -250,16 +249,17 @@ def test_sweep_activity_revokes_an_overdue_attempt(clients: Clients, settings: S
     sweep.handle_plan(clients, json.dumps({"job": job}).encode())
     queue = clients.shard_queues[0]
     message = next(iter(queue.receive_messages(max_messages=1, visibility_timeout=60)))
-    held = tasks.claim(clients, tasks.TaskRef.decode(message.content), "w-gone", lambda *_: tasks.now())  # due at once
+    due_at_once = lambda *_: tasks.now()  # noqa: E731
+    held = transitions.claim(clients, tasks.TaskRef.decode(message.content), "w-gone", due_at_once)
     assert held is not None
-    report = sweep.sweep(clients, NoMailer())
+    report = sweep.sweep(clients)
     assert report["revoked"] == 1
     row = clients.tasks.get_entity(job, held.ref.task)
     assert row["Status"] == "QUEUED" and row["Attempt"] == 2 and row["LastFailure"] == "execution_timeout"
     assert row["Timeouts"] == 1  # its next attempt may run backoff × longer
-    assert not tasks.still_held(clients, held), "the old attempt's heartbeat is refused"
+    assert not transitions.still_held(clients, held), "the old attempt's heartbeat is refused"
     assert index_rows(clients, job, held.ref.task) == []
-    assert sweep.sweep(clients, NoMailer())["revoked"] == 0
+    assert sweep.sweep(clients)["revoked"] == 0
 
 
 def test_the_index_moves_with_the_task_row_in_one_write(clients: Clients) -> None:
@@ -271,23 +271,23 @@ def test_the_index_moves_with_the_task_row_in_one_write(clients: Clients) -> Non
         clients.tasks.update_entity({"PartitionKey": job, "RowKey": ref.task, "Worker": "other"}, mode=UpdateMode.MERGE)
         return in_an_hour()
 
-    assert tasks.claim(clients, ref, "loser", overtaken) is None
+    assert transitions.claim(clients, ref, "loser", overtaken) is None
     assert index_rows(clients, job, ref.task) == [] and attempt_rows(clients, job, ref.task) == []
-    held = tasks.claim(clients, ref, "winner", in_an_hour)
+    held = transitions.claim(clients, ref, "winner", in_an_hour)
     assert held is not None
     assert index_rows(clients, job, ref.task) == [held.index]
     (attempt,) = attempt_rows(clients, job, ref.task)
     assert attempt["Worker"] == "winner" and attempt["Outcome"] == "RUNNING"
-    assert tasks.commit(clients, tasks.TerminalCounter("t"), held, TaskStatus.SUCCEEDED, [])
+    assert transitions.commit(clients, tasks.TerminalCounter("t"), held, TaskStatus.SUCCEEDED, [])
     assert index_rows(clients, job, ref.task) == []
     (attempt,) = attempt_rows(clients, job, ref.task)
     assert attempt["Outcome"] == "SUCCEEDED" and attempt["RuntimeS"] >= 0
     # a commit whose index entry had already gone still commits, and leaves none
     second = tasks.TaskRef(job, tasks.list_tasks(clients.tasks, job)[1]["RowKey"], 1)
-    held = tasks.claim(clients, second, "w", in_an_hour)
+    held = transitions.claim(clients, second, "w", in_an_hour)
     assert held is not None
     attempts.unindex(clients, job, held.index)
-    assert tasks.commit(clients, tasks.TerminalCounter("t"), held, TaskStatus.SUCCEEDED, [])
+    assert transitions.commit(clients, tasks.TerminalCounter("t"), held, TaskStatus.SUCCEEDED, [])
     assert clients.tasks.get_entity(job, second.task)["Status"] == "SUCCEEDED"
     assert sum(tasks.terminal_counts(clients.tasks, job).values()) == 2
 
@@ -299,7 +299,7 @@ def test_a_heartbeat_written_but_answered_with_an_error_leaves_no_row_to_revoke_
     queue = clients.shard_queues[0]
     message = next(iter(queue.receive_messages(max_messages=1, visibility_timeout=60)))
     ref = tasks.TaskRef.decode(message.content)
-    held = tasks.claim(clients, ref, "w1", lambda *_: tasks.now() + timedelta(minutes=5))
+    held = transitions.claim(clients, ref, "w1", lambda *_: tasks.now() + timedelta(minutes=5))
     assert held is not None
     first = held.index
     real = attempts.move
@@ -316,5 +316,5 @@ def test_a_heartbeat_written_but_answered_with_an_error_leaves_no_row_to_revoke_
         wait_for(lambda: lost and len(rows := index_rows(clients, job, ref.task)) == 1
                  and rows[0] not in (first, lost[0]), 30, "one index row, written after the failed beat")
         assert not lease.revoked.is_set()
-    assert tasks.commit(clients, tasks.TerminalCounter("t"), held, TaskStatus.SUCCEEDED, [])
+    assert transitions.commit(clients, tasks.TerminalCounter("t"), held, TaskStatus.SUCCEEDED, [])
     assert index_rows(clients, job, ref.task) == []

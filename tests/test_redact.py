@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from pipeline.redact import RedactingFilter, redact
+from pipeline.redact import RedactingFilter, protect_logging, redact
 
 SAS = ("https://modiseuwest.blob.core.windows.net/modis-061/MOD10A2/09/05/2022033/x.tif?st=2026-11-23T10%3A00%3A00Z"
        "&se=2026-11-24T11%3A00%3A00Z&sp=rl&sv=2024-05-04&sr=c&skoid=abc&sig=Zm9vYmFyYmF6cXV4%2B%2Fsecret%3D")
@@ -54,3 +54,16 @@ def test_the_logging_filter_redacts_messages_arguments_and_tracebacks() -> None:
     written = stream.getvalue()
     assert "Zm9vYmFyYmF6cXV4" not in written and "s3cret" not in written
     assert "fetch of https://modiseuwest.blob.core.windows.net" in written and "ConnectionError" in written
+
+
+def test_protected_logging_redacts_whatever_handler_writes(capsys: pytest.CaptureFixture[str]) -> None:
+    handler = logging.StreamHandler()  # a handler some library added to the root logger
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        protect_logging()
+        logging.getLogger("bagpipe.test.protect").warning("GET %s refused", SAS)
+    finally:
+        root.removeHandler(handler)
+    written = capsys.readouterr().err
+    assert "refused" in written and "Zm9vYmFyYmF6cXV4" not in written

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
-from datetime import date
+import random
+from datetime import date, timedelta
 
 import pytest
 from pydantic import ValidationError
 
 from pipeline.grid import RADIUS, TILE_SIZE, X_MIN, Y_MAX, Tile, tiles_for_bbox
-from pipeline.products import CATALOG, periods
+from pipeline.products import CATALOG, period_count, periods
 from pipeline.request import JobRequest, RequestError, expand
 from tests.conftest import small_request
 
@@ -74,3 +75,12 @@ def test_schema_rejects_both_region_kinds() -> None:
             {"region": {"bbox": [0, 0, 1, 1], "tiles": ["h09v05"]}, "start": "2022-01-01",
              "end": "2022-01-02", "products": ["MOD10A2"]}
         )
+
+
+def test_period_count_is_the_number_of_periods_without_making_them() -> None:
+    rng = random.Random(7)
+    for _ in range(2000):
+        product = rng.choice(list(CATALOG.values()))
+        start = date(2000, 1, 1) + timedelta(days=rng.randrange(9000))
+        end = start + timedelta(days=rng.randrange(-5, 1200))
+        assert period_count(product, start, end) == len(periods(product, start, end)), (product.name, start, end)

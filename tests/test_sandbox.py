@@ -4,14 +4,19 @@ a clear verdict, leaves nothing running and nothing written outside its folders.
 
 from __future__ import annotations
 
+import json
 import os
+import socket
+import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
 from pipeline.reducers import Limits
+from tests.conftest import wait_for
 from worker import sandbox
 
 LIMITS = Limits(cpu_s=20, memory_mb=400, file_mb=1, open_files=64, processes=16)
@@ -132,3 +137,112 @@ def test_it_cannot_write_outside_its_folders(tmp_path: Path) -> None:
     assert result.exit_code == 0, (tmp_path / "stderr.txt").read_text()
     assert (out / "ok.txt").read_text() == "PermissionError,PermissionError"
     assert not outside.exists() and not Path(f"/tmp/bagpipe-escape-{tmp_path.name}").exists()
+
+
+HOSTILE = """
+    import json, os, pathlib, socket, sys, time
+    needle = os.environ["NEEDLE_REVERSED"][::-1]  # never whole in its own environment
+    seen = {}
+    pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    found = []
+    for pid in pids:
+        try:
+            if needle.encode() in pathlib.Path(f"/proc/{pid}/environ").read_bytes():
+                found.append(pid)
+        except OSError:
+            pass
+    seen["pids"], seen["found"] = len(pids), found
+    try:
+        seen["file"] = pathlib.Path(os.environ["SECRET_FILE"]).read_text()
+    except OSError as exc:
+        seen["file"] = type(exc).__name__
+    for name, address in (("local", ("127.0.0.1", int(os.environ["PORT"]))), ("identity", ("169.254.169.254", 80))):
+        try:
+            socket.create_connection(address, timeout=1).close()
+            seen[name] = "connected"
+        except OSError as exc:
+            seen[name] = type(exc).__name__
+    child = os.fork()
+    if child == 0:  # a new session, and a grandchild that lives on and writes
+        os.setsid()
+        if os.fork() == 0:
+            while True:
+                with open(os.path.join(os.environ["OUT"], "alive.txt"), "a") as f:
+                    f.write("x")
+                time.sleep(0.05)
+        os._exit(0)
+    os.waitpid(child, 0)
+    time.sleep(0.3)
+    pathlib.Path(os.environ["OUT"], "report.json").write_text(json.dumps(seen))
+"""
+
+
+def hostile_run(tmp_path: Path, network: bool) -> tuple[dict[str, object], Path]:
+    """Run the hostile program beside a stand-in for its worker (a process whose environment
+    holds a secret) and a TCP port listening on this machine; what it saw, and its folder."""
+    needle = f"storage-key-{tmp_path.name}"
+    secret = tmp_path / "api-key"
+    secret.write_text(needle)
+    secret.chmod(0o600)
+    worker = subprocess.Popen(["sleep", "60"], env={"BagpipeStorage": needle})
+    server = socket.create_server(("127.0.0.1", 0))
+    work, out, tmp = tmp_path / "work", tmp_path / "out", tmp_path / "tmp"
+    for folder in (work, out, tmp):
+        folder.mkdir()
+    try:
+        result = sandbox.run(
+            [sys.executable, "-c", textwrap.dedent(HOSTILE)], cwd=work, writable=[out, tmp],
+            stdout=tmp_path / "stdout.txt", stderr=tmp_path / "stderr.txt", limits=LIMITS, timeout_s=20,
+            network=network, env={"PATH": "/usr/bin:/bin", "OUT": str(out), "MARK": tmp_path.name,
+                                  "NEEDLE_REVERSED": needle[::-1], "SECRET_FILE": str(secret),
+                                  "PORT": str(server.getsockname()[1])})
+    finally:
+        worker.kill()
+        worker.wait()
+        server.close()
+    assert (result.exit_code, result.why) == (0, ""), (tmp_path / "stderr.txt").read_text()
+    return json.loads((out / "report.json").read_text()), out
+
+
+@pytest.mark.skipif(sandbox.landlock_abi() == 0, reason="this kernel has no Landlock")
+def test_a_hostile_program_sees_nothing_of_its_worker_reaches_nothing_and_leaves_nothing(tmp_path: Path) -> None:
+    seen, out = hostile_run(tmp_path, network=False)
+    assert seen["found"] == [], "no process's environment shows it the worker's secret"
+    assert int(seen["pids"]) < 10, "it sees only its own cell's processes"  # type: ignore[call-overload]
+    assert seen["file"] == "PermissionError", "files beside its folders are not readable"
+    assert seen["local"] != "connected" and seen["identity"] != "connected"
+    # the grandchild that left its session died with the program
+    written = (out / "alive.txt").stat().st_size
+    time.sleep(0.5)
+    assert (out / "alive.txt").stat().st_size == written
+    assert leftovers(tmp_path.name) == []
+
+
+def test_the_network_is_there_when_the_manifest_asks(tmp_path: Path) -> None:
+    seen, _ = hostile_run(tmp_path, network=True)
+    assert seen["local"] == "connected"
+    assert leftovers(tmp_path.name) == []
+
+
+def test_a_program_dies_with_the_stage_that_runs_it(tmp_path: Path) -> None:
+    """Kill the stage process (a revocation, a worker lost): the program and what it started
+    in a session of its own are gone within a second or two."""
+    stage = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, pathlib
+        from pipeline.reducers import Limits
+        from worker import sandbox
+        top = pathlib.Path({str(tmp_path)!r})
+        for name in ("work", "out", "tmp"):
+            (top / name).mkdir()
+        sandbox.run([sys.executable, "-c", "import os, time\\nif os.fork() == 0:\\n    os.setsid()\\n"
+                     "    time.sleep(600)\\ntime.sleep(600)"],
+                    cwd=top / "work", writable=[top / "out"], stdout=top / "o.txt", stderr=top / "e.txt",
+                    limits=Limits(), env={{"MARK": top.name, "PATH": "/usr/bin:/bin"}}, timeout_s=600)
+    """)])
+    try:
+        wait_for(lambda: len(leftovers(tmp_path.name)) >= 3, 30, "the program and its escaped child")
+        stage.kill()
+        stage.wait()
+        wait_for(lambda: not leftovers(tmp_path.name), 5, "every process of the program to die")
+    finally:
+        stage.kill()

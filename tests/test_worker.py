@@ -16,7 +16,7 @@ import pytest
 from azure.storage.queue import QueueClient, QueueMessage
 
 from bagpipe.mailserver import MailServer
-from pipeline import attempts, completion, jobs, names, planner, sweep, tasks
+from pipeline import attempts, completion, jobs, names, planner, sweep, tasks, transitions
 from pipeline.clients import Clients
 from pipeline.notify import mailer_for
 from pipeline.settings import Settings
@@ -50,7 +50,7 @@ def test_stale_message_is_deleted_without_running(clients: Clients, workers: Wor
     job = planned_job(clients)
     queue, message = receive_one(clients)
     ref = tasks.TaskRef.decode(message.content)
-    held = tasks.claim(clients, ref, "someone-else", in_an_hour)
+    held = transitions.claim(clients, ref, "someone-else", in_an_hour)
     assert held is not None
     queue.delete_message(message)
     # a late duplicate of the same attempt, and one from an attempt long gone
@@ -115,22 +115,22 @@ def test_transient_failure_succeeds_on_retry_and_only_that_attempt_is_published(
 def test_commit_is_fenced_on_the_attempt(clients: Clients) -> None:
     job = planned_job(clients)
     _queue, message = receive_one(clients)
-    held = tasks.claim(clients, tasks.TaskRef.decode(message.content), "w1", in_an_hour)
+    held = transitions.claim(clients, tasks.TaskRef.decode(message.content), "w1", in_an_hour)
     assert held is not None
     # the attempt is revoked (the monitor's move): the row names attempt 2 now
     row = clients.tasks.get_entity(job, held.ref.task)
     clients.tasks.update_entity({"PartitionKey": job, "RowKey": held.ref.task, "Status": "QUEUED",
                                  "Attempt": 2}, **tasks.if_match(row.metadata["etag"]))
     counter = tasks.TerminalCounter("w1-0")
-    assert not tasks.commit(clients, counter, held, TaskStatus.SUCCEEDED, ["stale/output"])
-    assert not tasks.still_held(clients, held)
+    assert not transitions.commit(clients, counter, held, TaskStatus.SUCCEEDED, ["stale/output"])
+    assert not transitions.still_held(clients, held)
     row = clients.tasks.get_entity(job, held.ref.task)
     assert row["Status"] == "QUEUED" and "Outputs" not in row
     assert sum(tasks.terminal_counts(clients.tasks, job).values()) == 0
     # the next attempt runs from the same old message and commits
-    again = tasks.claim(clients, held.ref, "w2", in_an_hour)
+    again = transitions.claim(clients, held.ref, "w2", in_an_hour)
     assert again is not None and again.ref.attempt == 2
-    assert tasks.commit(clients, counter, again, TaskStatus.SUCCEEDED, ["good/output"])
+    assert transitions.commit(clients, counter, again, TaskStatus.SUCCEEDED, ["good/output"])
     assert json.loads(clients.tasks.get_entity(job, held.ref.task)["Outputs"]) == ["good/output"]
 
 
@@ -139,17 +139,17 @@ def test_a_worker_lost_while_committing_leaves_its_attempt_to_the_monitor(
     """A worker that is lost after its stage ended but before its commit reached the task
     row (killed while storage was slow) leaves the attempt in the monitor's index: the
     monitor revokes it when its heartbeat runs out and a retry completes the job."""
-    real_commit = tasks.commit
+    real_commit = transitions.commit
     lost: list[tasks.TaskRef] = []
 
     def lost_on_first_commit(*args: Any, **kwargs: Any) -> bool:
-        held: tasks.Claim = args[2]
+        held: transitions.Claim = args[2]
         if not lost:
             lost.append(held.ref)
             raise ConnectionError("the worker is gone before its commit was written")
         return real_commit(*args, **kwargs)
 
-    monkeypatch.setattr(tasks, "commit", lost_on_first_commit)
+    monkeypatch.setattr(transitions, "commit", lost_on_first_commit)
     with running_control(settings), running_workers(settings):
         job = planned_job(clients)
         wait_for(lambda: JobState(jobs.get(clients, job)["State"]).finished, 90, "the job to finish")
@@ -167,8 +167,8 @@ def test_completion_happens_exactly_once_under_a_race(clients: Clients, settings
     counter = tasks.TerminalCounter("solo")
     while sum(tasks.terminal_counts(clients.tasks, job).values()) < 8:
         queue, message = receive_one(clients)
-        held = tasks.claim(clients, tasks.TaskRef.decode(message.content), "solo", in_an_hour)
-        assert held and tasks.commit(clients, counter, held, TaskStatus.SUCCEEDED, [])
+        held = transitions.claim(clients, tasks.TaskRef.decode(message.content), "solo", in_an_hour)
+        assert held and transitions.commit(clients, counter, held, TaskStatus.SUCCEEDED, [])
         queue.delete_message(message)
         planner.release(clients, job)
     mailer = mailer_for(settings)

@@ -25,14 +25,16 @@ from typing import Any
 from pipeline import stages
 from pipeline.clients import Clients
 from pipeline.failures import FailureClass, classify
+from pipeline.redact import protect_logging
 from pipeline.settings import Settings
+from worker import private
 
 _PR_SET_PDEATHSIG = 1
 _context = multiprocessing.get_context("forkserver")
 # bagpipe.cli too: a child re-runs the main module (the CLI, for `bagpipe worker`), cheap
 # once its imports are already in the server.
-_context.set_forkserver_preload(["pipeline.stages", "pipeline.tilestage", "worker.reduction", "pipeline.clients",
-                                 "worker.child", "bagpipe.cli"])
+_context.set_forkserver_preload(["worker.private", "pipeline.stages", "pipeline.tilestage", "worker.reduction",
+                                 "pipeline.clients", "worker.child", "bagpipe.cli"])
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,8 @@ def _serve(settings: Settings, conn: Connection, tasks: int) -> None:
     of them; stop at the first that fails, so that a failure never leaves its state to the
     next attempt."""
     os.setpgid(0, 0)  # its own process group: killing it kills everything it started
+    private.make_private()
+    protect_logging()  # a stage's log lines reach the worker's log as they are
     _die_with_parent()
     _die_with_worker(conn)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -179,6 +183,15 @@ class StageProcess:
         self._left = 0
         self.process.join(5)
         self._conn.close()
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to its process group (and nothing else: safe while another thread
+        polls it)."""
+        if self.process.pid is not None:
+            try:
+                os.killpg(self.process.pid, sig)
+            except ProcessLookupError:
+                pass
 
     def close(self) -> None:
         """Let it end (the worker stops)."""

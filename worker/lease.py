@@ -10,7 +10,7 @@ import threading
 from azure.core.exceptions import ResourceNotFoundError
 from azure.storage.queue import QueueClient, QueueMessage
 
-from pipeline import attempts, tasks
+from pipeline import attempts, transitions
 from pipeline.clients import Clients
 
 log = logging.getLogger(__name__)
@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 class Lease:
     """Keeps one message invisible and its attempt alive while a stage runs."""
 
-    def __init__(self, clients: Clients, queue: QueueClient, message: QueueMessage, held: tasks.Claim) -> None:
+    def __init__(self, clients: Clients, queue: QueueClient, message: QueueMessage, held: transitions.Claim) -> None:
         self.clients, self.queue, self.message, self.held = clients, queue, message, held
         self.seconds = clients.settings.lease_seconds
         self.revoked = threading.Event()
@@ -36,19 +36,25 @@ class Lease:
         self._thread.join()
 
     def _run(self) -> None:
-        failed = False  # a beat failed: its index row may have been written all the same
+        """Every third of the lease: renew the message, look whether the attempt was revoked,
+        heartbeat it. Each on its own: a renewal refused (the message's receipt lost) must not
+        hide a revocation, nor stop the heartbeat that keeps the monitor away."""
+        failed = False  # a beat failed: its deadline entry may have been written all the same
         while not self._stop.wait(self.seconds / 3):
             try:
                 self.renew()
-                if not tasks.still_held(self.clients, self.held):
+            except Exception as exc:  # the message comes back for others; the row keeps them off
+                log.warning("message of %s not renewed: %s", self.held.ref, exc)
+            try:
+                if not transitions.still_held(self.clients, self.held):
                     log.warning("attempt %s revoked", self.held.ref)
                     self.revoked.set()
                     return
-                held, ref = self.held, self.held.ref
-                held.index = attempts.move(self.clients, ref.job, ref.task, ref.attempt, held.kill_at, held.worker,
-                                           previous=held.index)
+                transitions.heartbeat(self.clients, self.held)
                 if failed:
-                    attempts.clear_others(self.clients, ref.job, ref.task, ref.attempt, held.worker, keep=held.index)
+                    ref = self.held.ref
+                    attempts.clear_others(self.clients, ref.job, ref.task, ref.attempt, self.held.worker,
+                                          keep=self.held.index)
                     failed = False
             except Exception as exc:  # storage briefly unreachable: try again next beat
                 failed = True

@@ -29,6 +29,8 @@ from pipeline.status import TaskStatus
 from worker import sandbox
 
 LOG_BYTES = 1024 * 1024  # the tail of stdout/stderr kept as a log blob
+MAX_OUTPUTS = 100  # files a reduction may publish (their names live on its task row)
+MAX_NAME = 200  # characters of an output's path inside the output folder
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 GOOD = (TaskStatus.SUCCEEDED.value, TaskStatus.CACHED.value)
 
@@ -71,6 +73,11 @@ class Run:
 
     def failure(self, reducer: reducers.Reducer) -> StageFailure | None:
         if self.result.exit_code == 0 and not self.result.why:
+            made = [p.relative_to(self.folder / "outputs").as_posix() for p in self.outputs]
+            if len(made) > MAX_OUTPUTS or max(map(len, made), default=0) > MAX_NAME:
+                return StageFailure(FailureClass.USER_CODE, (
+                    f"{reducer.name} left {len(made)} output files, the longest named in {max(map(len, made))} "
+                    f"characters; at most {MAX_OUTPUTS} files, each named in at most {MAX_NAME}, are published"))
             if self.outputs:
                 return None
             return StageFailure(FailureClass.USER_CODE, f"{reducer.name} exited 0 but left no output matching "
@@ -109,8 +116,8 @@ def run_program(reducer: reducers.Reducer, tiles: list[tuple[str, Path]], root: 
     }, indent=1))
     env = BASE_ENV | dict(reducer.env) | {"HOME": str(scratch), "TMPDIR": str(scratch), "BAGPIPE_TASK": str(task_json)}
     result = sandbox.run(reducer.command(inputs, outputs, task_json), cwd=work, writable=[outputs, scratch],
-                         stdout=root / "stdout.txt", stderr=root / "stderr.txt", limits=reducer.limits,
-                         env=env, timeout_s=reducer.timeout_s)
+                         readable=[reducer.here, root], stdout=root / "stdout.txt", stderr=root / "stderr.txt",
+                         limits=reducer.limits, env=env, timeout_s=reducer.timeout_s, network=reducer.network)
     made = [p for p in sorted(outputs.rglob("*"))
             if p.is_file() and not p.is_symlink() and p.resolve().is_relative_to(outputs.resolve())
             and any(fnmatch.fnmatch(p.name, pattern) for pattern in reducer.outputs)]

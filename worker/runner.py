@@ -5,9 +5,10 @@ While its attempts are short, a worker receives a slot's worth of messages ahead
 free slots, so that one receive serves several tasks; a message that waits too long for a
 slot is handed back for any worker to take, as are all of them when the worker stops.
 
-A message that cannot be decoded, or that keeps coming back, goes to its shard's poison
-queue with a record. SIGTERM stops receiving; the attempts in hand finish (or fail and are
-requeued) before the process exits.
+A message that cannot be decoded goes to its shard's poison queue with a record. Any other
+is settled through its task's row, however often it was delivered: the claim runs it if the
+row wants it (the row's retry budget bounds how often), else it is deleted. SIGTERM stops
+receiving; the attempts in hand finish (or fail and are requeued) before the process exits.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -27,18 +29,19 @@ from typing import Any
 
 from azure.storage.queue import QueueClient, QueueMessage
 
-from pipeline import jobs, monitor, names, planner, runtimes, tasks, telemetry
+from pipeline import jobs, monitor, names, planner, runtimes, tasks, telemetry, transitions
 from pipeline.clients import Clients, clients_for
 from pipeline.completion import all_terminal
 from pipeline.failures import FailureClass
+from pipeline.redact import redact
 from pipeline.settings import Settings
 from pipeline.status import TaskStatus
+from worker import private
 from worker.child import Outcome, StageProcess
 from worker.lease import Lease
 
 log = logging.getLogger(__name__)
 
-MAX_DEQUEUES = 20  # a message delivered this often without finishing is poison
 JOB_CHECK_S = 1.0  # while a job still has tasks to release, look at its window this often
 FORGET_JOBS_AFTER = 1000  # jobs whose last look this worker remembers
 RETRY_BACKOFF_S = (2, 10, 30)  # visibility delay before attempt 2, 3, 4+
@@ -71,6 +74,7 @@ class Slot:
 class Worker:
     def __init__(self, settings: Settings, slots: int = 2, worker_id: str | None = None,
                  idle_sleep: float = 0.5, exit_when_idle: float | None = None) -> None:
+        private.make_private()  # it holds the storage identity
         self.clients: Clients = clients_for(settings)
         self.settings = settings
         self.slots = slots
@@ -91,6 +95,7 @@ class Worker:
         # messages received and not yet handed to a slot: (queue, message, when received)
         self._ahead: deque[tuple[QueueClient, QueueMessage, float]] = deque()
         self._recent_s: float | None = None  # moving mean of this worker's attempt times
+        self._turn = 0  # the shard run_once receives from next
         self.handled = 0  # messages that named an attempt this worker claimed
         self.handed_back = 0  # messages received ahead that went back to the queue unrun
 
@@ -98,8 +103,7 @@ class Worker:
         """Pull and run tasks until :attr:`stopping` is set; then finish what is in hand.
         The slots' stage processes are started first, so that the first tasks do not wait
         for the fork server's imports."""
-        for slot in self._slots:
-            slot.stage_process(self.settings)
+        self.warm()
         log.info("worker %s ready", self.id)
         queues = self.clients.shard_queues
         shard = 0
@@ -140,9 +144,38 @@ class Worker:
                     self.stopping.wait(self.idle_sleep)
                     idle = 0
             self._hand_back_waiting(0)
+        self.close()
+
+    def run_once(self) -> int:
+        """Receive one message from the next shard and run it to its end in the calling
+        thread. The fault-injection harness drives workers this way, so that their storage
+        calls come in one order. Returns how many messages it received."""
+        queue = self.clients.shard_queues[self._turn % len(self.clients.shard_queues)]
+        self._turn += 1
+        received = self._receive(queue, 1)
+        while self._ahead:
+            self._free.acquire()
+            self._slot(*self._ahead.popleft()[:2])
+        return received
+
+    def close(self) -> None:
+        """Merge the last runtime samples; let the slots' stage processes end."""
         self.history.flush()
         for slot in self._slots:
             slot.close()
+
+    def warm(self) -> None:
+        """Start the slots' stage processes now (run() does it first thing)."""
+        for slot in self._slots:
+            slot.stage_process(self.settings)
+
+    def kill(self) -> None:
+        """SIGKILL the slots' stage processes and merge nothing: what a worker whose machine
+        died leaves behind (the fault-injection harness's lost worker). Safe from another
+        thread: it only sends signals."""
+        for slot in self._slots:
+            if slot.process is not None:
+                slot.process.signal(signal.SIGKILL)
 
     def _receive(self, queue: QueueClient, count: int) -> int:
         """Receive up to ``count`` messages from ``queue`` into the waiting line."""
@@ -204,15 +237,12 @@ class Worker:
         except ValueError as exc:
             self.poison(queue, message, f"undecodable: {exc}")
             return
-        if message.dequeue_count and message.dequeue_count > MAX_DEQUEUES:
-            self.poison(queue, message, f"delivered {message.dequeue_count} times")
-            return
 
         def kill_time(current: tasks.TaskRef, stage: str, params: dict[str, str], timeouts: int) -> datetime:
             history = self.history.read(stage, runtimes.history_key(params))
             return monitor.kill_time(self.settings, stage, history, timeouts, tasks.now())
 
-        held = tasks.claim(self.clients, ref, self.id, kill_time)
+        held = transitions.claim(self.clients, ref, self.id, kill_time)
         if held is None:  # stale or duplicate: the row does not want this message to run
             queue.delete_message(message)
             return
@@ -220,7 +250,7 @@ class Worker:
         with telemetry.attempt_scope(held.ref.job, held.ref.task, held.ref.attempt, held.stage):
             self._attempt(queue, message, slot, held)
 
-    def _attempt(self, queue: QueueClient, message: QueueMessage, slot: Slot, held: tasks.Claim) -> None:
+    def _attempt(self, queue: QueueClient, message: QueueMessage, slot: Slot, held: transitions.Claim) -> None:
         """Run a claimed attempt under its lease; commit, fail or give it up. The attempt
         leaves the monitor's index in the same write that moves its task row on: a worker
         that dies while it commits (storage slow or restarting) leaves its entry behind for
@@ -230,14 +260,18 @@ class Worker:
         if lease.revoked.is_set():
             # The task went on without this attempt (a new message names the next one):
             # nothing it made is published. Its message may stand in for the next attempt.
-            tasks.discard(self.clients, held)
+            transitions.discard(self.clients, held)
             lease.hand_back()
             log.info("%s revoked: stage killed, output discarded", held.ref)
             return
+        if outcome.outputs is not None and len(json.dumps(outcome.outputs)) > transitions.OUTPUTS_CHARS:
+            outcome = Outcome(failure=FailureClass.USER_CODE, error=(
+                f"{len(outcome.outputs)} outputs whose names take more than the {transitions.OUTPUTS_CHARS} "
+                "characters a task row can name"))
         if outcome.outputs is not None:
             status = (TaskStatus.NO_DATA if outcome.no_data else TaskStatus.CACHED if outcome.cached
                       else TaskStatus.SUCCEEDED)
-            committed = tasks.commit(self.clients, slot.counter, held, status, outcome.outputs)
+            committed = transitions.commit(self.clients, slot.counter, held, status, outcome.outputs)
             log.info("%s %s", held.ref, "committed" if committed else "revoked: output discarded")
             lease.delete()
             seconds = (tasks.now() - held.started).total_seconds()
@@ -251,12 +285,13 @@ class Worker:
         budget = limits.budget(failure)
         if not failure.transient and held.last_failure == failure.value:
             budget = held.ref.attempt  # the same input failed the same way twice: give up
-        after = tasks.fail(self.clients, slot.counter, held, failure.value, outcome.error, budget)
-        log.info("%s failed (%s): %s -> %s", held.ref, failure.value, outcome.error[:200], after)
+        backoff = RETRY_BACKOFF_S[min(held.ref.attempt, len(RETRY_BACKOFF_S)) - 1]
+        after = transitions.fail(self.clients, slot.counter, held, failure, outcome.error, budget, backoff)
+        log.info("%s failed (%s): %s -> %s", held.ref, failure.value, redact(outcome.error[:200]), after)
         telemetry.attempt_ended(held.stage, failure.value, (tasks.now() - held.started).total_seconds())
         if after is TaskStatus.QUEUED:
-            # The same message now names the next attempt, visible again after a backoff.
-            backoff = RETRY_BACKOFF_S[min(held.ref.attempt, len(RETRY_BACKOFF_S)) - 1]
+            # The same message now names the next attempt, visible again after the backoff
+            # (lost, it is resent by the reconciler: the requeue wrote its dispatch entry).
             retry = tasks.TaskRef(held.ref.job, held.ref.task, held.ref.attempt + 1)
             lease.hand_back(content=retry.encode(), visibility=backoff)
         else:
@@ -264,7 +299,7 @@ class Worker:
             if after is TaskStatus.DEAD:
                 self.after_terminal(held)
 
-    def run_stage(self, held: tasks.Claim, lease: Lease, slot: Slot) -> Outcome:
+    def run_stage(self, held: transitions.Claim, lease: Lease, slot: Slot) -> Outcome:
         """Run the attempt's stage in the slot's stage process (its own process group);
         kill it if the attempt is revoked meanwhile."""
         context = {
@@ -281,7 +316,7 @@ class Worker:
                 process.kill(self.settings.kill_grace_s)
                 return Outcome(failure=FailureClass.EXECUTION_TIMEOUT, error="revoked")
 
-    def after_terminal(self, held: tasks.Claim) -> None:
+    def after_terminal(self, held: transitions.Claim) -> None:
         """A task ended: release the reduction waiting for it if it was the last it waited
         for, top up the window, and announce completion if it was the job's last.
 

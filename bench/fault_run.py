@@ -1,0 +1,360 @@
+"""One run of the fault-injection scenario (``bench.faults`` sweeps it over every storage call):
+the SDK's per-request hooks number the run's calls and fault one, a driver runs the
+components one step at a time, and the verdict is read from storage alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from azure.core.exceptions import ServiceRequestError, ServiceResponseError
+
+from bagpipe import control
+from bagpipe.azurite import Azurite
+from bagpipe.mailserver import MailServer
+from bench import fault_stage
+from pipeline import clients as clients_module
+from pipeline import jobs, monitor, names, sweep, tasks
+from pipeline.clients import Clients
+from pipeline.notify import mailer_for
+from pipeline.request import JobRequest
+from pipeline.settings import Settings
+from pipeline.status import TERMINAL, JobState, TaskStatus
+from worker.child import StageProcess
+from worker.runner import Worker
+
+KINDS = ("refuse", "drop", "crash")
+COMMITTED = {TaskStatus.SUCCEEDED.value, TaskStatus.CACHED.value, TaskStatus.NO_DATA.value}
+IDLE_S = 0.5  # a step that found nothing to do waits this long (as an idle worker does)
+STEP_S = 30.0  # a worker step that takes longer is a worker lost mid-attempt
+# where the scripted lost attempt says it hangs (stage processes inherit it from the fork server)
+# (the fork server imports this module again: it must find the parent's folder, not make one)
+HANGS = Path(os.environ.get(fault_stage.HANGS_ENV) or tempfile.mkdtemp(prefix="bagpipe-fault-hangs-"))
+os.environ[fault_stage.HANGS_ENV] = str(HANGS)
+JOB_A = {"region": {"bbox": [-108.9, 35.1, -107.1, 35.9]}, "start": "2022-01-01", "end": "2022-01-16",
+         "products": ["MOD10A2"], "grid": {"tile_size": 1, "resolution": 0.0625}, "email": "faults@example.org",
+         "reducer": {"name": "max_composite", "on_dependency_failure": "run"}, "label": "faults: tiles and reductions"}
+JOB_B = {"region": {"bbox": [-110.9, 35.1, -110.1, 35.9]}, "start": "2022-01-01", "end": "2022-01-16",
+         "products": ["MOD10A2"], "grid": {"tile_size": 1, "resolution": 0.0625}, "email": "faults@example.org",
+         "label": "faults: cancelled"}
+
+
+class Crash(BaseException):
+    """The component's process ended here (an injected kill): nothing of it runs on."""
+
+
+@dataclass
+class Plan:
+    """Numbers the run's storage requests; injects one fault."""
+
+    k: int = 0  # the call to fault (0: none)
+    kind: str = ""
+    component: str = "driver"  # who is calling now (the driver runs one component at a time)
+    calls: list[str] = field(default_factory=list)  # what each call was, in order
+    hit: str = ""  # the call faulted
+    dead: set[str] = field(default_factory=set)  # components crashed and not yet restarted
+    paused: bool = False  # the driver's own calls: not numbered, never faulted
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def on_request(self, request: Any) -> None:
+        if self.paused:
+            return
+        if self.component in self.dead:
+            raise Crash(self.component)
+        if request.context.get("bagpipe_refused"):
+            raise ServiceRequestError("injected: storage unreachable")
+        with self.lock:
+            self.calls.append(f"{self.component} {describe(request.http_request)}")
+            number = len(self.calls)
+        request.context["bagpipe_call"] = number
+        if number == self.k and self.kind == "refuse":
+            self.hit = self.calls[-1]
+            request.context["bagpipe_refused"] = True
+            raise ServiceRequestError("injected: storage unreachable")
+
+    def on_response(self, response: Any) -> None:
+        if self.paused or response.context.get("bagpipe_call") != self.k or self.hit:
+            return
+        self.hit = self.calls[self.k - 1]
+        if self.kind == "drop":
+            raise ServiceResponseError("injected: the answer was lost")
+        if self.kind == "crash":
+            self.dead.add(self.component)
+            raise Crash(self.component)
+
+
+_NAMESPACED = re.compile(r"^t[0-9a-f]{10}-?")
+_STATUS = re.compile(r'"Status":\s*"(\w+)"')
+
+
+def describe(request: Any) -> str:
+    """A storage request as ``METHOD resource [statuses written]``, without the run's
+    namespace or keys: the same operation reads the same in every run."""
+    parts = urlsplit(request.url)
+    path = unquote(parts.path).split("/")[2:]  # past the account
+    resource = _NAMESPACED.sub("", path[0]) if path else ""
+    resource = re.sub(r"\(.*\)", "()", re.sub(r"tasks-\d+", "tasks-N", resource))
+    if len(path) > 1 and path[1] == "messages":
+        resource += "/messages" + ("/id" if len(path) > 2 else "")
+    elif len(path) > 1:
+        resource += "/blob"
+    body = request.body if isinstance(request.body, (str, bytes)) else b""
+    written = sorted(set(_STATUS.findall(body.decode(errors="replace") if isinstance(body, bytes) else body)))
+    return f"{request.method} {resource}" + (f" [{','.join(written)}]" if written else "")
+
+
+@contextmanager
+def hooked(plan: Plan) -> Iterator[None]:
+    """Every client built inside numbers its calls through ``plan``."""
+    clients_module.HOOKS.update(raw_request_hook=plan.on_request, raw_response_hook=plan.on_response)
+    try:
+        yield
+    finally:
+        clients_module.HOOKS.clear()
+
+
+class Run:
+    """One run of the scenario against a deployment of its own, with ``plan``'s fault."""
+
+    def __init__(self, azurite: Azurite, mail_folder: Path, plan: Plan, lease_seconds: int = 3) -> None:
+        self.plan = plan
+        self.mail = MailServer(mail_folder).start()
+        self.settings = Settings(
+            storage_connection=azurite.connection_string, namespace=f"t{secrets.token_hex(5)}",
+            lease_seconds=lease_seconds, window=4, mail_mode="smtp", smtp_port=self.mail.port,
+            tile_stage="fault_tile", stage_modules="bench.fault_stage", max_tasks=100,
+            stage_limits=json.dumps({"fault_tile": {"max_transient_attempts": 20}}))
+        with self.quiet():
+            Clients(self.settings).ensure_resources()  # as Bicep does: before the run, not faulted
+        self.clients: dict[str, Clients] = {}  # each component's, as each process has its own
+        self.workers: dict[str, Worker] = {}
+        self.jobs: list[str] = []
+        self.fresh = 0  # processes started again after a crash
+        self.steps = 0
+
+    @contextmanager
+    def quiet(self) -> Iterator[None]:
+        """The driver's own calls: not numbered, never faulted."""
+        self.plan.paused = True
+        try:
+            yield
+        finally:
+            self.plan.paused = False
+
+    # --- components: each step runs as one of them ------------------------------------------
+    def _as(self, component: str, step: Callable[[], Any]) -> Any:
+        """Run ``step`` as ``component``; a crash there ends it (its next step is a fresh
+        process: nothing of its memory survives)."""
+        self.plan.component = component
+        try:
+            return step()
+        except Crash:
+            self._restart(component)
+            return None
+        except Exception:  # a component's own error: its message comes back, the sweep retries
+            return None
+        finally:
+            self.plan.component = "driver"
+
+    def _restart(self, component: str) -> None:
+        self.plan.dead.discard(component)
+        self.fresh += 1
+        self.clients.pop(component, None)
+        if component in self.workers:
+            self.workers.pop(component).kill()
+        if component == "control":  # module-level state of the control process starts anew
+            monitor._counter = tasks.TerminalCounter(f"monitor-{secrets.token_hex(6)}")
+            sweep._counter = tasks.TerminalCounter(f"sweep-{secrets.token_hex(6)}")
+
+    def _clients_of(self, component: str) -> Clients:
+        if component not in self.clients:
+            self.clients[component] = Clients(self.settings)
+        return self.clients[component]
+
+    def api_submit(self, body: dict[str, Any]) -> None:
+        row = self._as("api", lambda: jobs.submit(self._clients_of("api"), JobRequest.model_validate(body)))
+        if row is not None:
+            self.jobs.append(row["PartitionKey"])
+
+    def api_cancel(self, job: str) -> None:
+        self._as("api", lambda: jobs.cancel(self._clients_of("api"), job, owner=f"api-cancel-{job}"))
+
+    def control(self, sweep_now: bool) -> int:
+        """One pass of the control loop: plan and done messages, and the sweep if due."""
+        clients = self._clients_of("control")
+        mailer = mailer_for(self.settings)
+        visibility = 2 * self.settings.lease_seconds
+        names_ = self.settings.names
+
+        def one_pass() -> int:
+            busy = control.drain(clients.plan_queue, clients.queue(names_.poison_queue(names_.plan_queue)),
+                                 lambda body: sweep.handle_plan(clients, body), visibility)
+            busy += control.drain(clients.done_queue, clients.queue(names_.poison_queue(names_.done_queue)),
+                                  lambda body: sweep.handle_done(clients, mailer, body), visibility)
+            if sweep_now:
+                sweep.sweep(clients)
+            return busy
+
+        return self._as("control", one_pass) or 0
+
+    def worker(self, name: str) -> int:
+        """One worker step: receive a message and run it. A step that hangs is the scripted
+        lost worker: its stage is killed and the worker is gone, as if its VM died."""
+        if name not in self.workers:
+            self.workers[name] = Worker(self.settings, slots=1, worker_id=f"{name}-{secrets.token_hex(3)}")
+            self.workers[name].warm()
+        worker = self.workers[name]
+        result: list[int] = []
+        thread = threading.Thread(target=lambda: result.append(self._as(name, worker.run_once) or 0), daemon=True)
+        thread.start()
+        deadline = time.monotonic() + STEP_S
+        while thread.is_alive() and time.monotonic() < deadline and not any(HANGS.iterdir()):
+            thread.join(0.05)
+        if thread.is_alive():
+            for hang in HANGS.iterdir():
+                hang.unlink()
+            self.plan.dead.add(name)
+            worker.kill()
+            thread.join(60)
+            if name in self.workers:
+                self._restart(name)
+            return 1
+        return result[0] if result else 0
+
+    # --- the scenario ---------------------------------------------------------------------
+    def drive(self, timeout: float = 150.0) -> None:
+        self.api_submit(JOB_A)
+        self.api_submit(JOB_B)
+        started = time.monotonic()
+        cancelled = False
+        while time.monotonic() - started < timeout:
+            self.steps += 1
+            busy = self.control(sweep_now=self.steps % 3 == 0)
+            if not cancelled and len(self.jobs) > 1 and self.steps >= 3:
+                self.api_cancel(self.jobs[1])
+                cancelled = True
+            busy += self.worker("w1") + self.worker("w2")
+            if self.finished():
+                return
+            if not busy:
+                time.sleep(IDLE_S)
+
+    def finished(self) -> bool:
+        with self.quiet():
+            clients = Clients(self.settings)
+            found = self.known_jobs(clients)
+            return bool(found) and all(JobState(jobs.get(clients, j)["State"]).finished for j in found)
+
+    def known_jobs(self, clients: Clients) -> list[str]:
+        """Every job storage holds (a submit that crashed may have made one)."""
+        listed = clients.jobs.query_entities("PartitionKey eq @pk", parameters={"pk": jobs.LISTING})
+        return [row["Job"] for row in listed if _exists(clients, row["Job"])]
+
+    def close(self) -> None:
+        with self.quiet():
+            for worker in self.workers.values():
+                worker.close()
+            for clients in self.clients.values():
+                clients.close()
+            shared = clients_module._shared.pop(self.settings, None)  # the workers' (clients_for)
+            if shared is not None:
+                shared.close()
+        self.mail.stop()
+
+    # --- the verdict, from storage alone ---------------------------------------------------
+    def check(self) -> dict[str, Any]:
+        with self.quiet():
+            return self._check(Clients(self.settings))
+
+    def _check(self, clients: Clients) -> dict[str, Any]:
+        found: Counter[str] = Counter()
+        problems: list[str] = []
+        mails = [m for _, m in self.mail.messages()]
+        for job in self.known_jobs(clients):
+            row = jobs.get(clients, job)
+            if not JobState(row["State"]).finished:
+                found["stuck_jobs"] += 1
+                problems.append(f"{job} {row['State']}")
+            rows = tasks.list_tasks(clients.tasks, job)
+            tried = [r for r in clients.tasks.query_entities(
+                "PartitionKey eq @pk and RowKey ge @lo and RowKey lt @hi",
+                parameters={"pk": job, "lo": "~", "hi": "~~"})]
+            for task in rows:
+                if TaskStatus(task["Status"]) not in TERMINAL:
+                    found["lost"] += 1
+                    problems.append(f"{job}/{task['RowKey']} {task['Status']}")
+                committed = [a for a in tried if a["RowKey"].startswith(names.ATTEMPT_PREFIX)
+                             and a.get("Task") == task["RowKey"] and a.get("Outcome") in COMMITTED]
+                if len(committed) > 1:
+                    found["duplicates"] += 1
+                    problems.append(f"{job}/{task['RowKey']} committed {len(committed)} times")
+                if task["Status"] in COMMITTED and [int(a["Attempt"]) for a in committed] != [int(task["Attempt"])]:
+                    found["duplicates"] += 1
+                    problems.append(f"{job}/{task['RowKey']} row names attempt {task['Attempt']}, "
+                                    f"committed {[a['Attempt'] for a in committed]}")
+            indexes = (names.DEADLINE_PREFIX, names.DISPATCH_PREFIX)
+            left = [r["RowKey"] for r in tried if r["RowKey"].startswith(indexes)]
+            if left and JobState(row["State"]).finished:
+                found["leftovers"] += len(left)
+                problems.append(f"{job} index rows left: {left[:3]}")
+            ids = {m["Message-ID"] for m in mails if job in str(m["Subject"])}
+            if JobState(row["State"]).finished and not ids:
+                found["missing_emails"] += 1
+                problems.append(f"{job}: no email")
+            found["extra_emails"] += max(0, len(ids) - 1)
+            found["resent_emails"] += max(0, sum(job in str(m["Subject"]) for m in mails) - len(ids))
+            if job in jobs.active_jobs(clients) and JobState(row["State"]).finished:
+                problems.append(f"{job} finished but still active")
+                found["leftovers"] += 1
+        markers = [b.name for c in (clients.tiles, clients.sources) for b in c.list_blobs()
+                   if b.name.endswith(".making")]
+        found["leftovers"] += len(markers)
+        problems += [f"marker left: {m}" for m in markers]
+        return {"counts": dict(found), "problems": problems}
+
+
+def _exists(clients: Clients, job: str) -> bool:
+    try:
+        jobs.get(clients, job)
+        return True
+    except jobs.JobNotFound:
+        return False
+
+
+def warm_fork_server() -> None:
+    """Start the stage processes' fork server once, before any run is timed (it imports
+    the stage modules: seconds on a busy machine)."""
+    StageProcess(Settings(storage_connection="UseDevelopmentStorage=true")).close()
+
+
+def _ignore_crashes(args: threading.ExceptHookArgs) -> None:
+    """A crashed component's other threads (its lease's heartbeat) end with it, silently."""
+    if not isinstance(args.exc_value, Crash):
+        threading.__excepthook__(args)
+
+
+def run_one(azurite: Azurite, workdir: Path, k: int, kind: str) -> dict[str, Any]:
+    """One run with the fault at call ``k`` (0: a clean run); its verdict and its calls."""
+    plan = Plan(k=k, kind=kind)
+    threading.excepthook = _ignore_crashes
+    with hooked(plan):
+        run = Run(azurite, workdir / f"mail-{k}-{kind}", plan)
+        try:
+            run.drive()
+        finally:
+            run.close()
+        verdict = run.check()
+    return {"k": k, "kind": kind, "hit": plan.hit, "calls": plan.calls, "restarts": run.fresh,
+            "steps": run.steps} | verdict

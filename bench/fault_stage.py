@@ -1,0 +1,49 @@
+"""The tile stage of ``bench.faults``: a small real GeoTIFF made once through the tile cache
+(content-addressed, with its ``.making`` marker), so that reductions have inputs and the
+harness can check that no marker is left. The first attempt of the tile named
+:data:`LOST_TILE` hangs: the harness loses its worker there, so that every run has a
+monitor revocation."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+from affine import Affine
+from rasterio.io import MemoryFile
+
+from pipeline import cache, names, stages
+from pipeline.stages import StageContext
+
+LOST_TILE = "x-0108y+0035"
+HANGS_ENV = "BAGPIPE_FAULT_HANGS"  # the folder where the lost attempt says it hangs
+SIDE = 16  # pixels
+
+
+def _tile(ctx: StageContext) -> bytes:
+    seed = hashlib.sha256(f"{ctx.params['tile']}/{ctx.params['date']}".encode()).digest()
+    values = np.random.default_rng(int.from_bytes(seed[:8], "big")).choice([25, 50, 200], (SIDE, SIDE))
+    west, _, _, north = (float(b) for b in ctx.params["bounds"].split(","))
+    step = float(ctx.params["res"])
+    profile = {"driver": "GTiff", "width": SIDE, "height": SIDE, "count": 1, "dtype": "uint8", "nodata": 255,
+               "crs": ctx.params["crs"], "transform": Affine(step, 0, west, 0, -step, north)}
+    with MemoryFile() as memory:
+        with memory.open(**profile) as dst:
+            dst.write(values.astype("uint8"), 1)
+        return memory.read()
+
+
+@stages.stage("fault_tile")
+def fault_tile(ctx: StageContext) -> None:
+    if ctx.params["tile"] == LOST_TILE and ctx.params["date"] == "2022-01-01" and ctx.attempt == 1:
+        Path(os.environ[HANGS_ENV], f"{ctx.job}-{ctx.task}").touch()
+        time.sleep(600)  # the harness loses this worker here
+    key = hashlib.sha256(f"fault_tile/{ctx.params['tile']}/{ctx.params['date']}".encode()).hexdigest()
+    name = names.tile_blob(key, ctx.params["product"], ctx.params["tile"], ctx.params["date"])
+    made = cache.ensure(ctx.clients.transfers, ctx.clients.tiles, name, lambda: _tile(ctx), "image/tiff",
+                        want_data=False, owner=f"{ctx.job}/{ctx.task}", tidy=ctx.attempt > 1)
+    ctx.cached = not made.made
+    ctx.outputs.append(names.TILE_OUTPUT_PREFIX + name)

@@ -1,0 +1,113 @@
+"""Systematic fault injection: every storage call of a small run failed in turn, three ways.
+
+The SDK's own per-request hooks (``raw_request_hook``/``raw_response_hook``, installed through
+``pipeline.clients.HOOKS``) number every storage request the run's components make — the
+API's, the planner's, the workers', the monitor's and the finisher's alike — and at call
+``k`` do one of:
+
+- ``refuse``: fail it before it reaches storage, and every retry the SDK makes of it (a
+  storage outage longer than the SDK's retries);
+- ``drop``: let storage apply it, then lose the answer (a connection reset): the SDK retries
+  it if it retries such a request, else the caller sees the error;
+- ``crash``: end the component right after the call returns (a killed container), and start
+  it again, as Container Apps and the Functions host do.
+
+A driver runs the components in one thread, one step at a time, so that their calls come in
+one order: the API submits a job of tile tasks and reductions (one tile's worker is lost
+mid-attempt on purpose, so every run has a monitor revocation) and a second job it then
+cancels; the control loop plans, completes and sweeps; two workers take turns. Then, from
+storage alone: every task terminal, one committed attempt per task, every job finished with
+one manifest and one email (a resend after a crash must carry the same Message-ID), no index
+rows and no cache markers left.
+
+    python -m bench.faults [--kinds refuse,drop,crash] [--stride 1] [--limit N]
+
+Last line: JSON with ``fault_points``, ``lost``, ``duplicates``, ``extra_emails``,
+``stuck_jobs`` (and ``leftovers``, ``coverage``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bagpipe.azurite import Azurite
+from bench.fault_run import KINDS, run_one, warm_fork_server
+
+
+def points(clean_calls: list[str], kinds: tuple[str, ...], stride: int = 1,
+           distinct: bool = False) -> list[tuple[int, str]]:
+    """The (call, kind) points to fault: every ``stride``-th call of the clean run, or only
+    the first call of each distinct operation (``distinct``: the fast subset)."""
+    if distinct:
+        seen: dict[str, int] = {}
+        for number, call in enumerate(clean_calls, 1):
+            seen.setdefault(call, number)
+        numbers = sorted(seen.values())
+    else:
+        numbers = list(range(1, len(clean_calls) + 1, stride))
+    return [(k, kind) for k in numbers for kind in kinds]
+
+
+def sweep_points(azurite: Azurite, workdir: Path, chosen: list[tuple[int, str]],
+                 report: Callable[[dict[str, Any]], None] = lambda r: None) -> dict[str, Any]:
+    totals: Counter[str] = Counter()
+    covered: set[str] = set()
+    failures = []
+    for k, kind in chosen:
+        result = run_one(azurite, workdir, k, kind)
+        report(result)
+        if result["hit"]:
+            covered.add(f"{kind} {result['hit']}")
+        totals.update(result["counts"])
+        if result["problems"]:
+            failures.append({"k": k, "kind": kind, "hit": result["hit"], "problems": result["problems"][:5]})
+    return {"fault_points": len(chosen), "lost": totals["lost"], "duplicates": totals["duplicates"],
+            "extra_emails": totals["extra_emails"], "stuck_jobs": totals["stuck_jobs"],
+            "leftovers": totals["leftovers"], "missing_emails": totals["missing_emails"],
+            "resent_emails": totals["resent_emails"], "coverage": len(covered), "failures": failures}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kinds", default=",".join(KINDS))
+    parser.add_argument("--stride", type=int, default=1, help="fault every n-th call of the clean run")
+    parser.add_argument("--distinct", action="store_true", help="only the first call of each operation")
+    parser.add_argument("--limit", type=int, default=0, help="at most this many points")
+    args = parser.parse_args()
+    kinds = tuple(k for k in args.kinds.split(",") if k)
+    with tempfile.TemporaryDirectory(prefix="bagpipe-faults-") as top:
+        azurite = Azurite(Path(top, "azurite")).start()
+        try:
+            warm_fork_server()
+            started = time.monotonic()
+            clean = run_one(azurite, Path(top), 0, "")
+            print(f"clean run: {len(clean['calls'])} storage calls, {clean['steps']} steps, "
+                  f"{time.monotonic() - started:.1f} s, problems: {clean['problems']}", flush=True)
+            chosen = points(clean["calls"], kinds, args.stride, args.distinct)
+            if args.limit:
+                chosen = chosen[: args.limit]
+
+            def report(result: dict[str, Any]) -> None:
+                mark = "FAIL " + "; ".join(result["problems"][:3]) if result["problems"] else "ok"
+                print(f"k={result['k']:4d} {result['kind']:7s} {result['hit'] or '(not reached)':60.60s} "
+                      f"restarts={result['restarts']} {mark}", flush=True)
+
+            summary = sweep_points(azurite, Path(top), chosen, report)
+        finally:
+            azurite.stop()
+    summary["clean_calls"] = len(clean["calls"])
+    summary["seconds"] = round(time.monotonic() - started, 1)
+    print(json.dumps(summary))
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
