@@ -17,6 +17,7 @@ from rasterio.warp import transform_bounds
 from pipeline import attempts, jobs, monitor, names, results, runtimes, tasks
 from pipeline.clients import Clients
 from pipeline.status import ENDED_WELL, JobState, TaskStatus
+from pipeline.targets import NATIVE, SINUSOIDAL_PROJ4
 
 BINS = 20  # histogram bars
 FAILURES_SHOWN = 100  # newest failed attempts listed
@@ -29,7 +30,8 @@ def lonlat_bounds(crs: str, bounds: str) -> tuple[float, float, float, float]:
     west, south, east, north = (float(v) for v in bounds.split(","))
     if crs.upper() in ("EPSG:4326", "OGC:CRS84"):
         return west, south, east, north
-    w, s, e, n = transform_bounds(crs, "EPSG:4326", west, south, east, north, densify_pts=21)
+    source = SINUSOIDAL_PROJ4 if crs == NATIVE else crs  # a MODIS tile is on its own sinusoidal grid
+    w, s, e, n = transform_bounds(source, "EPSG:4326", west, south, east, north, densify_pts=21)
     return (math.floor(w * 1e6) / 1e6, math.floor(s * 1e6) / 1e6,  # rounded outwards
             math.ceil(e * 1e6) / 1e6, math.ceil(n * 1e6) / 1e6)
 

@@ -41,7 +41,7 @@ def plan(clients: Clients, job: str) -> None:
         return
     settings = clients.settings
     specs = expand(jobs.request_of(row), max(settings.max_tasks, int(row["Total"])), settings.tile_stage,
-                   settings.reducers_path)
+                   jobs.program_of(row))
     planned = int(row["Planned"])
     while planned < len(specs):
         batch = [
@@ -194,11 +194,14 @@ def release_ready(clients: Clients, job: str, seq: int) -> bool:
 def _send_reduction(clients: Clients, job: str, row: Any) -> None:
     ref = TaskRef(job, row["RowKey"], int(row["Attempt"]))
     clients.shard_queues[int(row["Shard"])].send_message(ref.encode())
-    try:
+    try:  # conditional: a worker may have claimed it already, and its claim must keep its ETag
         clients.tasks.update_entity({"PartitionKey": job, "RowKey": row["RowKey"], "Sent": True},
-                                    mode=UpdateMode.MERGE)
+                                    mode=UpdateMode.MERGE, **if_match(row.metadata["etag"]))
     except ResourceNotFoundError:
         pass
+    except Exception as exc:
+        if not tasks.is_conflict(exc):
+            raise
 
 
 def release_reductions(clients: Clients, row: dict[str, Any]) -> int:
