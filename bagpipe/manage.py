@@ -65,6 +65,26 @@ def users_add(name: str, email: Annotated[str, typer.Option(help="Their e-mail (
     console.print(f"added {added['user']} ({added['role']}, {added['email']})")
 
 
+@users.command("bootstrap")
+def users_bootstrap(name: str, email: Annotated[str, typer.Option(help="Their e-mail.")]) -> None:
+    """Make an admin and a token of theirs straight in storage (settings from the environment:
+    BagpipeStorage, or BagpipeStorage__accountName and an Azure sign-in with table data
+    access): the first admin of a deployment that has no Entra sign-in."""
+    from pipeline import identity
+    from pipeline.clients import clients_for
+    from pipeline.settings import Settings
+
+    try:
+        clients = clients_for(Settings.from_env())
+        user = identity.get_user(clients, name) or identity.add_user(clients, name, email, "admin", by="bootstrap")
+    except (ValueError, identity.IdentityError) as exc:
+        _fail(exc)
+    if not user.admin:
+        _fail(ValueError(f"{name} is not an admin"))
+    console.print(f"token for admin {name} (shown once, never again):", style="bold")
+    print(identity.create_token(clients, user, "bootstrap", by="bootstrap")[0])
+
+
 @users.command("list")
 def users_list(api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFAULT_HOME) -> None:
     """Every user."""

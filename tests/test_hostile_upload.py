@@ -31,7 +31,7 @@ from fastapi.testclient import TestClient
 
 from bagpipe.feedserver import FeedServer
 from bagpipe.manage import pack
-from pipeline import jobs, tasks
+from pipeline import bundles, jobs, tasks
 from pipeline.api import create_app
 from pipeline.clients import Clients
 from pipeline.settings import Settings
@@ -213,6 +213,7 @@ def test_it_writes_nowhere_but_its_output_folder(run: dict[str, Any]) -> None:
     # its bundle in the worker's cache is as it was fetched: read-only, nothing added
     here = run["cache"] / run["digest"]
     assert sorted(p.name for p in here.iterdir()) == ["hostile.py", "reducer.json"]
+    assert bundles.digest_of(here) == run["digest"]
     assert not (run["cache"] / "evil").exists()
 
 

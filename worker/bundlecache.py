@@ -5,7 +5,9 @@ installed reducer is, with that folder as its ``{here}``.
 
 Safe against concurrent slots (separate processes): one holds an exclusive ``flock`` on the
 digest's lock file while it fetches, and a bundle appears in its final folder by one
-``rename`` of a complete private copy, so no slot ever sees half a bundle. The cache root is
+``rename`` of a complete private copy, so no slot ever sees half a bundle. Each use checks the
+folder's digest again (a bundle runs for other users too: a copy one program changed must
+never run for the next), and one that changed is fetched anew. The cache root is
 private to the worker's user (mode 700, owned by it, else refused): nobody else can plant a
 folder under a digest's name. Folders unused for ``KEEP_S`` are removed when a new bundle
 arrives (longer than any reduction may run, so none is removed under a running program).
@@ -45,14 +47,26 @@ def folder_for(clients: Clients, digest: str) -> Path:
     """The unpacked bundle of this digest, fetched and checked on first use."""
     root = root_of(clients.settings.bundle_cache)
     final = root / digest
-    if not final.is_dir():
-        with open(root / f"{digest}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not final.is_dir():
-                _fetch(clients, digest, root, final)
-        _evict(root, keep=final)
-    os.utime(final)  # the last use, for eviction
+    if final.is_dir() and _intact(final, digest):
+        os.utime(final)  # the last use, for eviction
+        return final
+    with open(root / f"{digest}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if final.is_dir() and not _intact(final, digest):
+            _remove(final)  # changed since it was unpacked: fetched again, never run
+        if not final.is_dir():
+            _fetch(clients, digest, root, final)
+    _evict(root, keep=final)
     return final
+
+
+def _intact(folder: Path, digest: str) -> bool:
+    """Whether the unpacked bundle is still exactly what was fetched (a program that ran from
+    it may not write there, but where Landlock is missing nothing else stops it)."""
+    try:
+        return bundles.digest_of(folder) == digest
+    except OSError:
+        return False
 
 
 def _fetch(clients: Clients, digest: str, root: Path, final: Path) -> None:
