@@ -43,3 +43,6 @@ def test_tile_bounds_in_lon_lat_from_any_crs() -> None:
     for x, y in ((-1300000, 1300000), (-1200000, 1400000), (-1250000, 1350000)):
         lon, lat = to_lonlat.transform(x, y)
         assert west <= lon <= east and south <= lat <= north
+    # a MODIS tile (a request by tiles) is on its own sinusoidal grid: h09v05 spans 30-40° N
+    west, south, east, north = jobview.lonlat_bounds("MODIS", "-10007554.677,3335851.559,-8895604.157,4447802.079")
+    assert (round(south), round(north)) == (30, 40) and west < -110 < -100 < east
