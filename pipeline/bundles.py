@@ -73,7 +73,7 @@ class Bundle:
                 info = tarfile.TarInfo(path)
                 info.size, info.mode, info.mtime = len(data), 0o755 if exe else 0o644, 0
                 tar.addfile(info, io.BytesIO(data))
-        return gzip.compress(raw.getvalue(), mtime=0)
+        return gzip.compress(raw.getvalue(), compresslevel=6, mtime=0)
 
     def unpack(self, folder: Path) -> None:
         """Write the files under ``folder`` (which must not exist), read-only."""

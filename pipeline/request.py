@@ -183,7 +183,7 @@ def expand(request: JobRequest, max_tasks: int, tile_stage: str = stages.TILE_ST
            program: Program | None = None) -> list[TaskSpec]:
     """The tasks of a request, in release order — each target tile's dates together, so
     that its reduction (if any) can run early — then the reductions; or a RequestError.
-    ``program`` is what the request's reducer resolved to (``pipeline.bundles.resolve``
+    ``program`` is what the request's reducer resolved to (``pipeline.registry.resolve``
     checks the name first); without it the reducer is an installed one of that name."""
     unknown = [p for p in request.products if p not in CATALOG]
     if unknown:
