@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from bagpipe import manage
 from bagpipe.client import DEFAULT_HOME, Api, ApiError, download_results
 from pipeline.redact import protect_logging
 
@@ -25,7 +26,7 @@ console = Console()
 
 HomeOpt = Annotated[Path, typer.Option(help="Folder of the local stack's state.")]
 ApiOpt = Annotated[Optional[str], typer.Option("--api", help="API base URL.")]
-KeyOpt = Annotated[Optional[str], typer.Option("--key", help="API key.")]
+KeyOpt = Annotated[Optional[str], typer.Option("--key", help="Personal API token.")]
 
 # The demo request: the Four Corners of the south-western United States (MODIS tiles
 # h08v05 and h09v05, reprojected to 1° lon/lat tiles at 0.005°), every 8-day snow
@@ -66,7 +67,8 @@ def up(home: HomeOpt = DEFAULT_HOME,
 
     _logging()
     stack = LocalStack(home, workers=workers, slots=slots).start()
-    console.print(f"bagpipe is up: portal {stack.api_url}/  API {stack.api_url}/api  (key in {home / 'api-key'})")
+    console.print(f"bagpipe is up: portal {stack.api_url}/  API {stack.api_url}/api  "
+                  f"(the admin's API token in {home / 'api-key'})")
     console.print(f"  mail in {stack.mail.folder}, logs in {home / 'logs'}; Ctrl-C stops it")
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
@@ -228,7 +230,7 @@ def demo(out: Annotated[Path, typer.Option(help="Where the products go.")] = Pat
     started = time.monotonic()
     with LocalStack(home, workers=workers, slots=slots) as stack:
         console.print(f"local stack up in {time.monotonic() - started:.1f} s: API {stack.api_url}")
-        client = Api(stack.api_url, stack.settings.api_key)
+        client = Api(stack.api_url, stack.token)
         request = DEMO_REQUEST
         job = client.submit(request)["job"]
         console.print(f"submitted {job}: {request['label']}")
@@ -321,6 +323,9 @@ def _wait_for_email(stack: Any, job: str, timeout: float = 60) -> Path:
                 return path
         time.sleep(0.2)
     raise RuntimeError(f"no email for {job} within {timeout:.0f} s")
+
+
+manage.register(app)
 
 
 def main() -> None:

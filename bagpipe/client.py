@@ -12,10 +12,17 @@ from typing import Any
 
 import httpx
 
-from bagpipe.stack import STATE_FILE, api_key_for
-from pipeline import packing
+from pipeline import names, packing
 
 DEFAULT_HOME = Path(".bagpipe")
+STATE_FILE = "stack.json"  # where a running local stack says where its API is
+TOKEN_FILE = "api-key"  # the local stack's admin's personal API token
+
+
+def token_in(home: Path) -> str | None:
+    """The local admin's personal API token, if the stack in ``home`` has made one."""
+    path = home / TOKEN_FILE
+    return path.read_text().strip() if path.exists() else None
 
 
 class ApiError(RuntimeError):
@@ -34,22 +41,21 @@ class Api:
     @classmethod
     def resolve(cls, url: str | None = None, key: str | None = None,
                 home: Path = DEFAULT_HOME) -> Api:
-        """The API to talk to: flags, else BAGPIPE_API_URL/BAGPIPE_API_KEY, else the local
-        stack started by ``bagpipe up`` in ``home``."""
-        url = url or os.environ.get("BAGPIPE_API_URL")
-        key = key or os.environ.get("BAGPIPE_API_KEY")
+        """The API to talk to and the personal API token to sign in with: flags, else
+        BAGPIPE_API_URL/BAGPIPE_API_KEY, else the local stack started by ``bagpipe up`` in
+        ``home`` (its admin's token)."""
+        url = url or os.environ.get(names.CLI_API_URL)
+        key = key or os.environ.get(names.CLI_TOKEN) or token_in(home)
         state = home / STATE_FILE
         if not url and state.exists():
             url = json.loads(state.read_text())["api"]
-        if not key and (home / "api-key").exists():
-            key = api_key_for(home)
         if not url or not key:
-            raise RuntimeError("no API: start `bagpipe up`, or pass --api and --key")
+            raise RuntimeError("no API: start `bagpipe up`, or pass --api and --key (a personal API token)")
         return cls(url.rstrip("/"), key)
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        response = httpx.request(method, f"{self.url}{path}", timeout=self.timeout,
-                                 headers={"x-functions-key": self.key}, **kwargs)
+        headers = {names.TOKEN_HEADER: self.key} | kwargs.pop("headers", {})
+        response = httpx.request(method, f"{self.url}{path}", timeout=self.timeout, headers=headers, **kwargs)
         try:
             body = response.json() if response.content else None
         except ValueError:
@@ -69,6 +75,19 @@ class Api:
 
     def results(self, job: str) -> dict[str, Any]:
         return self._call("GET", f"/api/jobs/{job}/results")
+
+    def get(self, path: str, **params: Any) -> Any:
+        return self._call("GET", path, params={k: v for k, v in params.items() if v not in (None, "")})
+
+    def post(self, path: str, body: Any = None) -> Any:
+        return self._call("POST", path, json=body)
+
+    def delete(self, path: str) -> Any:
+        return self._call("DELETE", path)
+
+    def push(self, archive: bytes) -> dict[str, Any]:
+        """Upload a reducer bundle (a tar.gz)."""
+        return self._call("POST", "/api/reducers", content=archive, headers={"content-type": "application/gzip"})
 
 
 _SEGMENT = re.compile(r"^(?!\.{1,2}$)[A-Za-z0-9._+-]{1,200}$")  # one plain path segment, not . or ..

@@ -1,5 +1,7 @@
 """The embedded local stack: Azurite (disk mode), the API under uvicorn, the control loop,
-N worker processes and an SMTP server — started together, stopped together."""
+N worker processes and an SMTP server — started together, stopped together. It signs its
+owner in as the admin user ``admin``, whose personal API token it keeps in
+``<home>/api-key`` (readable by its owner only): the CLI finds it there."""
 
 from __future__ import annotations
 
@@ -7,7 +9,6 @@ import json
 import logging
 import os
 import re
-import secrets
 import subprocess
 import sys
 import threading
@@ -19,27 +20,20 @@ import uvicorn
 
 from bagpipe import control
 from bagpipe.azurite import Azurite, free_port
+from bagpipe.client import STATE_FILE, TOKEN_FILE, token_in
 from bagpipe.feedserver import FeedServer
 from bagpipe.mailserver import MailServer
-from pipeline import names
+from pipeline import identity, names
 from pipeline.api import create_app
 from pipeline.clients import clients_for
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
 
-STATE_FILE = "stack.json"
 READY = re.compile(r"worker \S+ ready")  # what a worker logs once its slots are warm
 
 
-def api_key_for(home: Path) -> str:
-    """The local API token, made once and kept in ``home`` (readable by its owner only)."""
-    path = home / "api-key"
-    if not path.exists():
-        home.mkdir(parents=True, exist_ok=True)
-        path.write_text(secrets.token_urlsafe(24))
-        path.chmod(0o600)
-    return path.read_text().strip()
+
 
 
 @dataclass
@@ -55,6 +49,7 @@ class LocalStack:
     lease_seconds: int = 30
     overrides: dict[str, object] = field(default_factory=dict)  # any other Settings field
     settings: Settings = field(init=False)
+    token: str = field(init=False, default="")  # the admin's personal API token
     api_url: str = field(init=False, default="")
     azurite: Azurite | None = field(init=False, default=None)
     mail: MailServer = field(init=False)
@@ -75,10 +70,15 @@ class LocalStack:
         overrides = {"feed_url": self.feed.template} | self.overrides
         self.settings = Settings(
             storage_connection=self.connection, namespace=self.namespace, window=self.window,
-            lease_seconds=self.lease_seconds, api_key=api_key_for(self.home),
+            lease_seconds=self.lease_seconds,
             mail_mode="smtp", smtp_port=self.mail.port, **overrides,  # type: ignore[arg-type]
         )
         clients_for(self.settings).ensure_resources()
+        self.token = identity.bootstrap_admin(clients_for(self.settings), token_in(self.home))
+        path = self.home / TOKEN_FILE
+        path.touch(mode=0o600)
+        path.chmod(0o600)
+        path.write_text(self.token)
         self._start_api()
         thread = threading.Thread(target=control.run, args=(self.settings, self._stop),
                                   name="control", daemon=True)
@@ -108,12 +108,10 @@ class LocalStack:
         self.api_url = f"http://127.0.0.1:{port}"
 
     def worker_env(self) -> dict[str, str]:
-        """A worker's environment: the deployment's settings, and none of the API's or
-        the shell's secrets."""
+        """A worker's environment: the deployment's settings, and none of the shell's secrets
+        (nor the admin's token, which only the CLI reads, from its file)."""
         keep = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR")}
-        env = keep | self.settings.to_env() | {names.SETTING_LOG_FORMAT: "json"}
-        env.pop(names.SETTING_API_KEY, None)
-        return env
+        return keep | self.settings.to_env() | {names.SETTING_LOG_FORMAT: "json"}
 
     def start_worker(self, index: int) -> subprocess.Popen[bytes]:
         log_file = open(self.home / "logs" / f"worker-{index}.log", "ab")
@@ -139,6 +137,11 @@ class LocalStack:
                 if time.monotonic() > deadline or self._workers[index].poll() is not None:
                     raise RuntimeError(f"worker {index} did not get ready (see {log_file})")
                 time.sleep(0.2)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The headers that sign a request in as the stack's admin."""
+        return {names.TOKEN_HEADER: self.token}
 
     @property
     def worker_processes(self) -> list[subprocess.Popen[bytes]]:

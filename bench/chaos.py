@@ -71,13 +71,13 @@ class Chaos:
 
 def submit(stack: LocalStack, body: dict[str, Any]) -> tuple[str, float]:
     """The new job's id, and when it was submitted."""
-    http = httpx.Client(base_url=stack.api_url, timeout=60, headers={"x-functions-key": stack.settings.api_key})
+    http = httpx.Client(base_url=stack.api_url, timeout=60, headers=stack.headers)
     return http.post("/api/jobs", json=body).raise_for_status().json()["job"], time.monotonic()
 
 
 def wait(stack: LocalStack, job: str, started: float, timeout: float) -> float:
     """Seconds from submission to the job's end."""
-    http = httpx.Client(base_url=stack.api_url, timeout=60, headers={"x-functions-key": stack.settings.api_key})
+    http = httpx.Client(base_url=stack.api_url, timeout=60, headers=stack.headers)
     while time.monotonic() - started < timeout:
         try:
             listed = http.get("/api/jobs").json()

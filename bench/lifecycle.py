@@ -29,7 +29,7 @@ def run_once(azurite: Azurite, home: Path, workers: int, slots: int, years: int,
     with LocalStack(home, workers=workers, slots=slots, connection=azurite.connection_string,
                     namespace=namespace, overrides={"tile_stage": "digest"}) as stack:
         http = httpx.Client(base_url=stack.api_url, timeout=60,
-                            headers={"x-functions-key": stack.settings.api_key})
+                            headers=stack.headers)
         started = time.monotonic()
         created = http.post("/api/jobs", json=request).json()
         job, total = created["job"], created["total"]

@@ -110,7 +110,7 @@ def bagpipe(azurite: Azurite, home: Path, body: dict, workers: int, slots: int, 
     with LocalStack(home, workers=workers, slots=slots, connection=azurite.connection_string, namespace=namespace,
                     window=window, overrides={"tile_stage": "noop", "max_tasks": 100_000}) as stack:
         stack.wait_for_workers()
-        http = httpx.Client(base_url=stack.api_url, timeout=60, headers={"x-functions-key": stack.settings.api_key})
+        http = httpx.Client(base_url=stack.api_url, timeout=60, headers=stack.headers)
         started = time.monotonic()
         created = http.post("/api/jobs", json=body)
         created.raise_for_status()

@@ -1,6 +1,8 @@
-"""HTTP: the request API, the same FastAPI app as on the local stack, behind the host's
-function-key check; and the portal's page and static files, which hold no data, open to a
-browser (the page asks for the key and sends it with every API call)."""
+"""HTTP: the request API, the same FastAPI app as on the local stack, and the portal's page
+and static files. Both routes are anonymous to the Functions host: App Service
+Authentication in front signs browsers in with Entra ID but lets every request through
+(scripts come with personal API tokens), and the app itself refuses any API request that is
+not signed in (``pipeline.auth``). A function key would add nothing a user could hold."""
 
 import azure.functions as func
 
@@ -11,8 +13,8 @@ bp = func.Blueprint()
 
 @bp.route(
     route="{*route}",
-    methods=["GET", "POST"],
-    auth_level=func.AuthLevel.FUNCTION,
+    methods=["GET", "POST", "DELETE"],
+    auth_level=func.AuthLevel.ANONYMOUS,
 )
 async def api(req: func.HttpRequest, context: func.Context) -> func.HttpResponse:
     return await runtime.asgi().handle_async(req, context)

@@ -33,6 +33,7 @@ def mailer() -> Mailer:
 
 @cache
 def asgi() -> func.AsgiMiddleware:
-    """The API app behind the Functions ASGI adapter. The host checks the function keys
-    before a request reaches it (and the app checks BAGPIPE_API_KEY too, if set)."""
-    return func.AsgiMiddleware(create_app(settings(), trust_host_auth=not settings().api_key))
+    """The API app behind the Functions ASGI adapter: every request reaches it (the route
+    is anonymous to the host) and it signs each in itself (a personal API token, or the
+    Entra sign-in App Service Authentication forwards)."""
+    return func.AsgiMiddleware(create_app(settings()))

@@ -1,32 +1,35 @@
 """The request API: one FastAPI app, served by uvicorn on the local stack and through the
 Functions ASGI middleware in Azure.
 
-Every ``/api/jobs`` endpoint requires a key: ``x-functions-key: KEY`` or
-``Authorization: Bearer KEY``. In Azure the Functions host checks its function keys first
-(``trust_host_auth``); locally the app checks ``BAGPIPE_API_KEY`` itself.
+Every ``/api`` endpoint but ``/api/auth`` wants a signed-in user (``pipeline.auth``: a
+personal API token, or in Azure an Entra sign-in); a job is its owner's (an admin's is
+every job), and another user's job is answered as one that does not exist. Users, tokens
+and the audit trail are in ``pipeline.accounts``; uploaded reducers in ``pipeline.uploads``.
 """
 
 from __future__ import annotations
 
-import hmac
 from typing import Any
 
 from azure.core.exceptions import ServiceRequestError, ServiceResponseError
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from pipeline import jobs, results
+from pipeline import accounts, audit, auth, bundles, jobs, registry, results, uploads
 from pipeline.clients import clients_for
+from pipeline.identity import Caller, IdentityError
 from pipeline.portal import add_portal
 from pipeline.request import JobRequest, RequestError, expand
 from pipeline.settings import Settings
 from pipeline.status import JobState
 
 MAX_BODY_BYTES = 64 * 1024
+# routes (method, path) whose body may be larger: a reducer bundle's upload
+LARGE_BODIES = {("POST", uploads.UPLOAD_PATH): bundles.MAX_UPLOAD}
 
 
 class FieldError(BaseModel):
@@ -46,7 +49,8 @@ class ErrorBody(BaseModel):
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody, "description": why}
-    for code, why in ((400, "Bad parameter"), (401, "Missing or wrong API key"), (404, "No such job"),
+    for code, why in ((400, "Bad parameter"), (401, "Not signed in: no valid API token or sign-in"),
+                      (403, "Signed in, but not allowed"), (404, "No such job (or not yours)"),
                       (409, "Not in a state that allows it"), (413, "Request body too large"),
                       (503, "Storage unavailable: retry after the Retry-After seconds"),
                       (422, "Invalid request: the field and what is wrong with it"))
@@ -54,18 +58,20 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 class BodyLimit:
-    """Refuse request bodies over a size with 413, before anything reads them whole."""
+    """Refuse request bodies over a size with 413, before anything reads them whole: the
+    ``limit`` for every route but those ``larger`` names (method, path), which have their own."""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app, self.limit = app, limit
+    def __init__(self, app: ASGIApp, limit: int, larger: dict[tuple[str, str], int] | None = None) -> None:
+        self.app, self.limit, self.larger = app, limit, larger or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.larger.get((scope["method"], scope["path"]), self.limit)
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
-            await self._refuse(send)
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            await self._refuse(send, limit)
             return
         seen = 0
 
@@ -73,19 +79,17 @@ class BodyLimit:
             nonlocal seen
             message = await receive()
             seen += len(message.get("body", b""))
-            if seen > self.limit:
+            if seen > limit:
                 raise _TooLarge
             return message
 
         try:
             await self.app(scope, counted, send)
         except _TooLarge:
-            await self._refuse(send)
+            await self._refuse(send, limit)
 
-    async def _refuse(self, send: Send) -> None:
-        response = JSONResponse(
-            {"detail": f"request body larger than {self.limit} bytes", "field": "body"}, 413
-        )
+    async def _refuse(self, send: Send, limit: int) -> None:
+        response = JSONResponse({"detail": f"request body larger than {limit} bytes", "field": "body"}, 413)
         await response({"type": "http"}, _no_receive, send)
 
 
@@ -97,24 +101,10 @@ async def _no_receive() -> Message:
     return {"type": "http.disconnect"}
 
 
-def create_app(settings: Settings, *, trust_host_auth: bool = False) -> FastAPI:
-    """The API for one deployment. Without ``trust_host_auth`` a key must be configured."""
-    if not trust_host_auth and not settings.api_key:
-        raise ValueError("the API needs BAGPIPE_API_KEY (or the Functions host's keys)")
+def create_app(settings: Settings) -> FastAPI:
+    """The API for one deployment."""
     clients = clients_for(settings)
-    header_key = APIKeyHeader(name="x-functions-key", auto_error=False)
-    bearer = HTTPBearer(auto_error=False)
-
-    def require_key(
-        key: str | None = Depends(header_key),
-        token: HTTPAuthorizationCredentials | None = Depends(bearer),
-    ) -> None:
-        if trust_host_auth:
-            return
-        given = key or (token.credentials if token else "")
-        if not given or not hmac.compare_digest(given.encode(), settings.api_key.encode()):
-            raise HTTPException(401, "a valid API key is required (x-functions-key or Bearer)",
-                                headers={"WWW-Authenticate": "Bearer"})
+    signed_in = auth.authenticator(clients)
 
     app = FastAPI(
         title="bagpipe",
@@ -124,11 +114,23 @@ def create_app(settings: Settings, *, trust_host_auth: bool = False) -> FastAPI:
         redoc_url=None,
         responses=ERRORS,
     )
-    authed = [Depends(require_key)]
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        body = exc.detail if isinstance(exc.detail, dict) else {"detail": exc.detail}
+        return JSONResponse(body, exc.status_code, headers=exc.headers)
 
     @app.exception_handler(RequestError)
     async def _request_error(_: Request, exc: RequestError) -> JSONResponse:
         return JSONResponse({"detail": exc.message, "field": exc.field, **exc.extra}, exc.status)
+
+    @app.exception_handler(IdentityError)
+    async def _identity_error(_: Request, exc: IdentityError) -> JSONResponse:
+        return JSONResponse({"detail": exc.message, "field": exc.field}, exc.status)
+
+    @app.exception_handler(bundles.BundleError)
+    async def _bundle_error(_: Request, exc: bundles.BundleError) -> JSONResponse:
+        return JSONResponse({"detail": exc.message, "field": exc.field}, 422)
 
     @app.exception_handler(ServiceRequestError)
     @app.exception_handler(ServiceResponseError)
@@ -150,52 +152,64 @@ def create_app(settings: Settings, *, trust_host_auth: bool = False) -> FastAPI:
         detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
         return JSONResponse({"detail": detail, "field": errors[0]["field"], "errors": errors}, 422)
 
-    @app.post("/api/jobs", status_code=202, dependencies=authed)
-    def submit(request: JobRequest) -> dict[str, Any]:
+    @app.post("/api/jobs", status_code=202)
+    def submit(request: JobRequest, caller: Caller = Depends(signed_in)) -> dict[str, Any]:
         """Submit a processing request; it is planned into tasks asynchronously."""
-        row = jobs.submit(clients, request)
-        return {"job": row["PartitionKey"], "state": row["State"], "total": row["Total"]}
+        program = registry.resolve(clients, caller.user, request.reducer.name) if request.reducer else None
+        row = jobs.submit(clients, request, owner=caller.user.name, program=program)
+        job = row["PartitionKey"]
+        if program is not None:
+            registry.record_use(clients, program, job, caller.user.name)
+        audit.record(clients, caller.user.name, "job.submit", job, {"tasks": row["Total"]}
+                     | ({"reducer": program.label, "digest": program.digest} if program and program.digest else {}))
+        return {"job": job, "state": row["State"], "total": row["Total"]}
 
-    @app.post("/api/estimate", dependencies=authed)
-    def estimate(request: JobRequest) -> dict[str, Any]:
+    @app.post("/api/estimate")
+    def estimate(request: JobRequest, caller: Caller = Depends(signed_in)) -> dict[str, Any]:
         """How many tasks a request would make, without submitting it."""
-        specs = expand(request, settings.max_tasks, reducers_path=settings.reducers_path)
+        program = registry.resolve(clients, caller.user, request.reducer.name) if request.reducer else None
+        specs = expand(request, settings.max_tasks, program=program)
         return {"tasks": len(specs), "limit": settings.max_tasks}
 
-    @app.get("/api/jobs", dependencies=authed)
-    def list_jobs(limit: int = 50) -> list[dict[str, Any]]:
-        """The newest jobs first."""
+    @app.get("/api/jobs")
+    def list_jobs(limit: int = 50, all: bool = False, caller: Caller = Depends(signed_in)) -> list[dict[str, Any]]:
+        """My jobs, the newest first (an admin's ``all=true``: everyone's)."""
         if not 1 <= limit <= 500:
             raise HTTPException(400, "limit must be between 1 and 500")
+        if all and not caller.user.admin:
+            raise HTTPException(403, "only an admin may list every user's jobs")
         return [
-            {"job": r["PartitionKey"], "state": r["State"], "label": r.get("Label", ""),
+            {"job": r["PartitionKey"], "state": r["State"], "label": r.get("Label", ""), "owner": r.get("Owner", ""),
              "total": r["Total"], "created": r["CreatedAt"].isoformat()}
-            for r in jobs.list_jobs(clients, limit)
+            for r in jobs.list_jobs(clients, limit, owner=None if all else caller.user.name)
         ]
 
-    @app.get("/api/jobs/{job_id}", dependencies=authed)
-    def job_status(job_id: str) -> dict[str, Any]:
+    @app.get("/api/jobs/{job_id}")
+    def job_status(job_id: str, caller: Caller = Depends(signed_in)) -> dict[str, Any]:
         """State, task counts per status, failure classes, progress and timestamps."""
-        jobs.get(clients, job_id)
+        jobs.get_for(clients, job_id, caller.user)
         return jobs.status(clients, job_id)
 
-    @app.post("/api/jobs/{job_id}/cancel", status_code=202, dependencies=authed)
-    def cancel(job_id: str) -> dict[str, Any]:
+    @app.post("/api/jobs/{job_id}/cancel", status_code=202)
+    def cancel(job_id: str, caller: Caller = Depends(signed_in)) -> dict[str, Any]:
         """Cancel a job: no task starts after this; the job ends CANCELLED."""
-        row = jobs.get(clients, job_id)
+        row = jobs.get_for(clients, job_id, caller.user)
         if JobState(row["State"]).finished:
             raise HTTPException(409, f"job {job_id} already finished: {row['State']}")
         row = jobs.cancel(clients, job_id, owner=f"api-cancel-{job_id}")
+        audit.record(clients, caller.user.name, "job.cancel", job_id)
         return {"job": job_id, "state": row["State"]}
 
-    @app.get("/api/jobs/{job_id}/results", dependencies=authed)
-    def job_results(job_id: str) -> dict[str, Any]:
+    @app.get("/api/jobs/{job_id}/results")
+    def job_results(job_id: str, caller: Caller = Depends(signed_in)) -> dict[str, Any]:
         """The manifest of a finished job, with short-lived download links."""
-        row = jobs.get(clients, job_id)
+        row = jobs.get_for(clients, job_id, caller.user)
         found = results.manifest(clients, job_id)
         if found is None or not JobState(row["State"]).finished:
             raise HTTPException(409, f"job {job_id} has not finished: {row['State']}")
         return results.with_links(clients, job_id, found)
 
-    add_portal(app, clients, authed)
-    return BodyLimit(app, MAX_BODY_BYTES)  # type: ignore[return-value]
+    add_portal(app, clients, signed_in)
+    accounts.add_routes(app, clients, signed_in)
+    uploads.add_routes(app, clients, signed_in)
+    return BodyLimit(app, MAX_BODY_BYTES, LARGE_BODIES)  # type: ignore[return-value]

@@ -112,6 +112,18 @@ class Clients:
     def sources_table(self) -> TableClient:
         return self.table(self.settings.names.table(names.SOURCES_TABLE))
 
+    @cached_property
+    def users(self) -> TableClient:
+        return self.table(self.settings.names.table(names.USERS_TABLE))
+
+    @cached_property
+    def audit(self) -> TableClient:
+        return self.table(self.settings.names.table(names.AUDIT_TABLE))
+
+    @cached_property
+    def reducers(self) -> TableClient:
+        return self.table(self.settings.names.table(names.REDUCERS_TABLE))
+
     def queue(self, name: str) -> QueueClient:
         # Messages are JSON, base64 on the wire as the Functions queue trigger expects. They
         # are received undecoded (see tasks.message_bytes) so that one malformed message
@@ -148,6 +160,10 @@ class Clients:
     @cached_property
     def logs(self) -> ContainerClient:
         return self.container(names.LOGS_CONTAINER)
+
+    @cached_property
+    def bundles(self) -> ContainerClient:
+        return self.container(names.BUNDLES_CONTAINER)
 
     @cached_property
     def transfers(self) -> Transfers:

@@ -1,8 +1,12 @@
 """Job rows: submit, read, list, cancel, and the status a scientist sees.
 
-jobs table: PK = job id, RK = ``job`` (the job row); two index partitions keyed so that
-nothing needs a scan: ``~active`` (RK = job id) lists unfinished jobs for the sweep, and
-``~list`` (RK = inverted creation time + job id) lists jobs newest first.
+jobs table: PK = job id, RK = ``job`` (the job row, with its ``Owner``); index partitions
+keyed so that nothing needs a scan: ``~active`` (RK = job id) lists unfinished jobs for the
+sweep, ``~list`` (RK = inverted creation time + job id) lists every job newest first (an
+admin's view), and ``~list~<user>`` the same for one owner.
+
+A job is its owner's: :func:`get_for` answers another user's job exactly as a job that does
+not exist (an admin's is every job).
 """
 
 from __future__ import annotations
@@ -26,8 +30,10 @@ from azure.data.tables import UpdateMode
 
 from pipeline import attempts, names, tasks, transitions
 from pipeline.clients import Clients
+from pipeline.identity import User
 from pipeline.redact import redact
-from pipeline.request import JobRequest, expand
+from pipeline.reducers import Program
+from pipeline.request import JobRequest, expand, installed
 from pipeline.status import JobState, TaskStatus, job_transition
 from pipeline.tasks import TerminalCounter, if_match, now
 
@@ -50,15 +56,23 @@ def _listing_key(created: datetime, job: str) -> str:
     return f"{_FAR_FUTURE_MS - int(created.timestamp() * 1000):013d}-{job}"
 
 
-def submit(clients: Clients, request: JobRequest) -> dict[str, Any]:
-    """Store a valid request as a job and enqueue its plan message; RequestError if it
-    cannot run (then nothing is written).
+def listing(owner: str | None) -> str:
+    """The index partition listing ``owner``'s jobs (None: everyone's)."""
+    return LISTING if owner is None else f"{LISTING}~{owner}"
+
+
+def submit(clients: Clients, request: JobRequest, owner: str = "", program: Program | None = None) -> dict[str, Any]:
+    """Store a valid request as ``owner``'s job and enqueue its plan message; RequestError
+    if it cannot run (then nothing is written). ``program`` is the reduction the request's
+    reducer resolved to (an uploaded bundle's exact digest), kept on the row for the planner.
 
     The indexes are written before the job row (an index entry whose job does not exist
     yet is skipped by its readers), so a job never exists that the sweep cannot find; the
     plan message last, and only as a hint: a job that stays ACCEPTED because its message
     was lost (a failed send, a crash here) is planned by the sweep (:func:`replan_stale`)."""
-    specs = expand(request, clients.settings.max_tasks, reducers_path=clients.settings.reducers_path)
+    if request.reducer is not None and program is None:
+        program = installed(request.reducer.name, clients.settings.reducers_path)
+    specs = expand(request, clients.settings.max_tasks, program=program)
     created = now()
     job = new_job_id(created)
     row = {
@@ -73,9 +87,12 @@ def submit(clients: Clients, request: JobRequest) -> dict[str, Any]:
         "CreatedAt": created,
         "UpdatedAt": created,
         "Label": request.label,
+        "Owner": owner,
+        "Program": program.to_json() if program else "",
     }
     clients.jobs.upsert_entity({"PartitionKey": ACTIVE, "RowKey": job})
-    clients.jobs.upsert_entity({"PartitionKey": LISTING, "RowKey": _listing_key(created, job), "Job": job})
+    for index in {listing(None), listing(owner or None)}:
+        clients.jobs.upsert_entity({"PartitionKey": index, "RowKey": _listing_key(created, job), "Job": job})
     try:
         clients.jobs.create_entity(row)
     except ResourceExistsError:
@@ -107,8 +124,22 @@ def get(clients: Clients, job: str) -> dict[str, Any]:
     return dict(entity) | {"_etag": entity.metadata["etag"]}
 
 
+def get_for(clients: Clients, job: str, user: User) -> dict[str, Any]:
+    """The job row if ``user`` may see it (its owner, or an admin); else JobNotFound, as
+    for a job that does not exist, so that another user's job is not disclosed."""
+    row = get(clients, job)
+    if not user.admin and row.get("Owner") != user.name:
+        raise JobNotFound(job)
+    return row
+
+
 def request_of(row: dict[str, Any]) -> JobRequest:
     return JobRequest.model_validate_json(row["Request"])
+
+
+def program_of(row: dict[str, Any]) -> Program | None:
+    """The reduction the job runs, as resolved when it was submitted."""
+    return Program.from_json(row["Program"]) if row.get("Program") else None
 
 
 def update(clients: Clients, row: dict[str, Any], **changes: Any) -> dict[str, Any]:
@@ -171,9 +202,10 @@ def refuse(clients: Clients, row: dict[str, Any], why: str) -> dict[str, Any]:
     return row
 
 
-def list_jobs(clients: Clients, limit: int = 50) -> list[dict[str, Any]]:
+def list_jobs(clients: Clients, limit: int = 50, owner: str | None = None) -> list[dict[str, Any]]:
+    """The newest jobs first: ``owner``'s, or everyone's (None)."""
     index = clients.jobs.query_entities(
-        "PartitionKey eq @pk", parameters={"pk": LISTING}, results_per_page=limit
+        "PartitionKey eq @pk", parameters={"pk": listing(owner)}, results_per_page=limit
     )
     found = []
     for entry in index:
@@ -242,4 +274,6 @@ def status(clients: Clients, job: str, task_rows: list[dict[str, Any]] | None = 
         "updated": row["UpdatedAt"].isoformat(),
         "finished": row["FinishedAt"].isoformat() if row.get("FinishedAt") else None,
         "request": json.loads(row["Request"]),
+        "owner": row.get("Owner", ""),
+        "program": json.loads(row["Program"]) if row.get("Program") else None,
     }

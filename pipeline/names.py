@@ -23,7 +23,10 @@ SETTING_MAX_TASKS = "BAGPIPE_MAX_TASKS"
 SETTING_MAX_ATTEMPTS = "BAGPIPE_MAX_ATTEMPTS"
 SETTING_MAX_TRANSIENT_ATTEMPTS = "BAGPIPE_MAX_TRANSIENT_ATTEMPTS"
 SETTING_LEASE_SECONDS = "BAGPIPE_LEASE_SECONDS"
-SETTING_API_KEY = "BAGPIPE_API_KEY"
+SETTING_ENTRA_ISSUER = "BAGPIPE_ENTRA_ISSUER"
+SETTING_ENTRA_CLIENT_ID = "BAGPIPE_ENTRA_CLIENT_ID"
+SETTING_ADMIN_EMAILS = "BAGPIPE_ADMIN_EMAILS"
+SETTING_BUNDLE_CACHE = "BAGPIPE_BUNDLE_CACHE"
 SETTING_SAS_MINUTES = "BAGPIPE_SAS_MINUTES"
 SETTING_MAIL_MODE = "BAGPIPE_MAIL_MODE"
 SETTING_MAIL_SENDER = "BAGPIPE_MAIL_SENDER"
@@ -48,6 +51,18 @@ SETTING_LOG_FORMAT = "BAGPIPE_LOG_FORMAT"
 # Application Insights (read by azure-monitor-opentelemetry under this standard name)
 SETTING_APPINSIGHTS = "APPLICATIONINSIGHTS_CONNECTION_STRING"
 
+# What the command line reads (the client's environment, not the service's settings).
+CLI_API_URL = "BAGPIPE_API_URL"
+CLI_TOKEN = "BAGPIPE_API_KEY"  # a personal API token
+# The HTTP header that carries a personal API token (``Authorization: Bearer`` works too,
+# but in Azure App Service Authentication may take that header for its own: see docs/deploy.md).
+TOKEN_HEADER = "X-Bagpipe-Token"
+# The header the portal sends with every request it makes on a platform sign-in (a cookie
+# session): a cross-site form cannot set it, so a request without it is no CSRF.
+CLIENT_HEADER = "X-Requested-With"
+# Set by App Service Authentication: the signed-in user's Entra ID token (token store on).
+PLATFORM_ID_TOKEN = "X-MS-TOKEN-AAD-ID-TOKEN"
+
 # The connection name the Functions bindings use: the host reads SETTING_STORAGE* from it.
 BINDING_CONNECTION = SETTING_STORAGE
 
@@ -56,7 +71,10 @@ JOBS_TABLE = "jobs"
 TASKS_TABLE = "tasks"
 RUNTIMES_TABLE = "runtimes"
 SOURCES_TABLE = "sources"
-TABLES = (JOBS_TABLE, TASKS_TABLE, RUNTIMES_TABLE, SOURCES_TABLE)
+USERS_TABLE = "users"  # users, their personal API tokens, their Entra sign-ins
+AUDIT_TABLE = "audit"  # who did what when
+REDUCERS_TABLE = "reducers"  # uploaded reducer bundles: versions, sharing, the jobs that used them
+TABLES = (JOBS_TABLE, TASKS_TABLE, RUNTIMES_TABLE, SOURCES_TABLE, USERS_TABLE, AUDIT_TABLE, REDUCERS_TABLE)
 
 PLAN_QUEUE = "plan"
 DONE_QUEUE = "done"
@@ -67,7 +85,10 @@ SOURCES_CONTAINER = "sources"
 TILES_CONTAINER = "tiles"
 PRODUCTS_CONTAINER = "products"
 LOGS_CONTAINER = "logs"
-CONTAINERS = (SOURCES_CONTAINER, TILES_CONTAINER, PRODUCTS_CONTAINER, LOGS_CONTAINER)
+BUNDLES_CONTAINER = "bundles"  # reducer bundles, content-addressed; kept as long as a job may name them
+CONTAINERS = (SOURCES_CONTAINER, TILES_CONTAINER, PRODUCTS_CONTAINER, LOGS_CONTAINER, BUNDLES_CONTAINER)
+# the containers whose blobs the deployment's retention deletes (a bundle is kept for its jobs)
+EXPIRING_CONTAINERS = (SOURCES_CONTAINER, TILES_CONTAINER, PRODUCTS_CONTAINER, LOGS_CONTAINER)
 
 # --- row keys inside the tables ----------------------------------------------------------
 JOB_ROW = "job"  # jobs: PK = job id, RK = JOB_ROW
@@ -145,6 +166,11 @@ def probe_blob(token: str) -> str:
     return f".probe/{token}"
 
 
+def bundle_blob(digest: str) -> str:
+    """A reducer bundle in ``bundles``, by the SHA-256 of its canonical form."""
+    return f"{digest[:2]}/{digest}.tar.gz"
+
+
 def log_prefix(job: str, task: str, attempt: int) -> str:
     """Blob prefix in ``logs`` for one attempt's logs."""
     return f"{job}/{task}/{attempt:03d}/"
@@ -201,8 +227,8 @@ class StorageNames:
 
 # Settings the Azure deployment leaves unset: the local stack's connection string (Azure
 # uses the identity-based SETTING_STORAGE_ACCOUNT), namespaces (one deployment per account),
-# the local API key (Functions keys guard the API) and the local SMTP server (ACS sends).
-LOCAL_ONLY_SETTINGS = (SETTING_STORAGE, SETTING_NAMESPACE, SETTING_API_KEY, SETTING_SMTP_HOST, SETTING_SMTP_PORT)
+# the local SMTP server (ACS sends) and the workers' bundle cache (its default serves).
+LOCAL_ONLY_SETTINGS = (SETTING_STORAGE, SETTING_NAMESPACE, SETTING_SMTP_HOST, SETTING_SMTP_PORT, SETTING_BUNDLE_CACHE)
 
 
 def deployed_settings() -> dict[str, str]:
@@ -226,6 +252,7 @@ def deployment_names(shards: int) -> dict[str, object]:
         "taskQueues": [deployed.shard_queue(i) for i in range(shards)],
         "shards": shards,
         "containers": [deployed.container(c) for c in CONTAINERS],
+        "expiringContainers": [deployed.container(c) for c in EXPIRING_CONTAINERS],
         "settings": deployed_settings(),
         "bindingConnection": BINDING_CONNECTION,
     }

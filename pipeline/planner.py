@@ -41,7 +41,7 @@ def plan(clients: Clients, job: str) -> None:
     settings = clients.settings
     try:
         specs = expand(jobs.request_of(row), max(settings.max_tasks, int(row["Total"])), settings.tile_stage,
-                       settings.reducers_path)
+                       jobs.program_of(row))
     except RequestError as exc:  # it fitted the deployment when submitted, not any more
         log.warning("job %s cannot be planned: %s", job, exc.message)
         jobs.refuse(clients, row, f"the request cannot be planned: {exc.field}: {exc.message}")

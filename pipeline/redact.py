@@ -26,9 +26,12 @@ _QUERY = re.compile(
 _BEARER = re.compile(r"(?P<name>\b(?:Bearer|Basic)\s+)[A-Za-z0-9._~+/=-]{8,}")
 _PAIRS = re.compile(
     r"(?P<name>\b(?:AccountKey|SharedAccessSignature|SharedAccessKey|Password|Pwd|ClientSecret|"
-    r"x-functions-key|x-ms-(?:copy-source-)?authorization|Authorization)\s*[=:]\s*['\"]?)[^;,\s'\"]+",
+    r"x-functions-key|x-bagpipe-token|x-ms-token-aad-[a-z-]+|x-ms-(?:copy-source-)?authorization|Authorization)"
+    r"\s*[=:]\s*['\"]?)[^;,\s'\"]+",
     re.IGNORECASE,
 )
+# a personal API token anywhere (pipeline.identity): its id is kept, its secret is not
+_TOKEN = re.compile(r"\b(?P<name>bgp_[0-9a-f]{16}_)[A-Za-z0-9_-]{43}")
 
 
 def redact(text: str) -> str:
@@ -38,6 +41,7 @@ def redact(text: str) -> str:
     text = _USERINFO.sub(lambda m: f"{m['scheme']}{MASK}@", text)
     text = _QUERY.sub(lambda m: f"{m['name']}{MASK}", text)
     text = _BEARER.sub(lambda m: f"{m['name']}{MASK}", text)
+    text = _TOKEN.sub(lambda m: f"{m['name']}{MASK}", text)
     return _PAIRS.sub(lambda m: f"{m['name']}{MASK}", text)
 
 

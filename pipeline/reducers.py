@@ -21,10 +21,11 @@ the inputs as raw ENVI files (NAME.bin + NAME.hdr) for programs that have no GDA
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from string import Formatter
@@ -65,6 +66,34 @@ class Reducer:
         values = {"python": sys.executable, "here": str(self.here), "inputs": str(inputs),
                   "outputs": str(outputs), "task": str(task)}
         return [part.format(**values) for part in self.argv]
+
+
+@dataclass(frozen=True)
+class Program:
+    """The reduction a job runs, as resolved when it was submitted: a reducer installed on
+    the workers (by name), or a bundle a scientist uploaded (by its exact content digest)."""
+
+    name: str
+    owner: str = ""  # a bundle's owner ("" for an installed reducer)
+    version: int = 0
+    digest: str = ""  # the SHA-256 of the bundle's canonical form
+
+    @property
+    def label(self) -> str:
+        return f"{self.owner}/{self.name}@{self.version}" if self.digest else self.name
+
+    def params(self) -> dict[str, str]:
+        """What a reduction task row carries (no "/": a runtime history key is made of it)."""
+        if not self.digest:
+            return {"reducer": self.name}
+        return {"reducer": f"{self.name}@{self.version}", "bundle": self.digest}
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Program:
+        return cls(**json.loads(text))
 
 
 class _Limits(BaseModel):
@@ -113,18 +142,24 @@ class _Manifest(BaseModel):
         return env
 
 
-def load(path: Path) -> Reducer:
-    """A reducer from its manifest; ValueError naming the file and the field that is wrong."""
+def parse(data: bytes, here: Path, where: str) -> Reducer:
+    """A reducer from a manifest's bytes, its program in ``here``; ValueError naming
+    ``where`` and the field that is wrong."""
     try:
-        raw = _Manifest.model_validate_json(path.read_bytes())
+        raw = _Manifest.model_validate_json(data)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'manifest'}: {e['msg']}"
                              for e in exc.errors())
-        raise ValueError(f"{path}: {problems}") from None
-    return Reducer(name=raw.name, argv=tuple(raw.argv), here=path.parent, description=raw.description,
+        raise ValueError(f"{where}: {problems}") from None
+    return Reducer(name=raw.name, argv=tuple(raw.argv), here=here, description=raw.description,
                    outputs=tuple(raw.outputs), timeout_s=raw.timeout_s, input_format=raw.input_format,
                    limits=Limits(**raw.limits.model_dump()), env=tuple(sorted(raw.env.items())),
                    network=raw.network)
+
+
+def load(path: Path) -> Reducer:
+    """A reducer from its manifest file; ValueError naming the file and the field that is wrong."""
+    return parse(path.read_bytes(), path.parent, str(path))
 
 
 @lru_cache(maxsize=8)

@@ -14,6 +14,7 @@ from pyproj.exceptions import CRSError
 from pipeline import reducers, stages
 from pipeline.grid import Tile
 from pipeline.products import CATALOG, period_count, periods
+from pipeline.reducers import Program
 from pipeline.targets import MAX_TILE_PIXELS, GridSpec, TargetTile
 from pipeline.targets import NATIVE as NATIVE_CRS
 
@@ -131,7 +132,8 @@ class TaskSpec:
     target: TargetTile
     date: date
     reduction: int | None = None  # a tile task: the seq of the reduction waiting for it
-    reducer: Reducer | None = None  # a reduction: the program, its args, its failure rule
+    reducer: Reducer | None = None  # a reduction: the program asked for, its args, its failure rule
+    program: Program | None = None  # a reduction: the program it resolved to
     deps: tuple[int, int] = (0, 0)
     last: date | None = None  # a reduction: the first day of the span's last period
 
@@ -151,10 +153,19 @@ class TaskSpec:
 
     def _links(self) -> dict[str, str]:
         if self.reducer is not None:
-            return {"reducer": self.reducer.name, "args": json.dumps(self.reducer.args),
+            program = self.program or Program(self.reducer.name)
+            return program.params() | {"args": json.dumps(self.reducer.args),
                     "on_failure": self.reducer.on_dependency_failure, "deps": f"{self.deps[0]},{self.deps[1]}",
                     "last": self.last.isoformat() if self.last else ""}
         return {"reduction": str(self.reduction)} if self.reduction is not None else {}
+
+
+def installed(name: str, reducers_path: str = "") -> Program:
+    """An installed reducer by name; RequestError if the workers have none of that name."""
+    known = reducers.catalog(reducers_path)
+    if name not in known:
+        raise RequestError(400, "reducer.name", f"unknown reducer {name!r} ({', '.join(sorted(known))})")
+    return Program(name)
 
 
 def target_count(request: JobRequest) -> int:
@@ -186,9 +197,11 @@ def targets_of(request: JobRequest) -> list[TargetTile]:
 
 
 def expand(request: JobRequest, max_tasks: int, tile_stage: str = stages.TILE_STAGE,
-           reducers_path: str = "") -> list[TaskSpec]:
+           program: Program | None = None) -> list[TaskSpec]:
     """The tasks of a request, in release order — each target tile's dates together, so
-    that its reduction (if any) can run early — then the reductions; or a RequestError."""
+    that its reduction (if any) can run early — then the reductions; or a RequestError.
+    ``program`` is what the request's reducer resolved to (``pipeline.registry.resolve``
+    checks the name first); without it the reducer is an installed one of that name."""
     unknown = [p for p in request.products if p not in CATALOG]
     if unknown:
         raise RequestError(
@@ -197,11 +210,6 @@ def expand(request: JobRequest, max_tasks: int, tile_stage: str = stages.TILE_ST
         )
     if len(set(request.products)) != len(request.products):
         raise RequestError(400, "products", "a product is named twice")
-    if request.reducer is not None:
-        known = reducers.catalog(reducers_path)
-        if request.reducer.name not in known:
-            names = ", ".join(sorted(known)) or "none installed"
-            raise RequestError(400, "reducer.name", f"unknown reducer {request.reducer.name!r} ({names})")
     if request.end < request.start:
         raise RequestError(400, "end", "the time span is empty: end is before start")
     # counted before anything is made: a world box of tiny tiles must not exhaust the memory
@@ -227,5 +235,6 @@ def expand(request: JobRequest, max_tasks: int, tile_stage: str = stages.TILE_ST
         specs += [TaskSpec(tile_stage, product, target, day, reduction=reduction) for day in dates[product]]
         if request.reducer:
             reductions.append(TaskSpec(REDUCE_STAGE, product, target, dates[product][0], reducer=request.reducer,
-                                       deps=(first, len(dates[product])), last=dates[product][-1]))
+                                       program=program, deps=(first, len(dates[product])),
+                                       last=dates[product][-1]))
     return specs + reductions

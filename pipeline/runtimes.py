@@ -49,8 +49,11 @@ class Runtime:
 
 
 def history_key(params: dict[str, str]) -> str:
-    """What a runtime is kept per within a stage: the product (and reducer, if any)."""
+    """What a runtime is kept per within a stage: the product (and reducer, if any: an
+    uploaded bundle by its digest, as two users' bundles may share a name)."""
     key = params.get("product", "")
+    if params.get("bundle"):
+        return f"{key}~{params['bundle'][:16]}"
     return f"{key}~{params['reducer']}" if params.get("reducer") else key
 
 

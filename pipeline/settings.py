@@ -63,9 +63,18 @@ class Settings:
     # BAGPIPE_LEASE_SECONDS: message visibility a worker holds and renews (default 30 s);
     # it renews and heartbeats every third of it.
     lease_seconds: int = 30
-    # BAGPIPE_API_KEY: the token the API requires locally. Empty in Azure, where the
-    # Functions host checks its function keys before a request reaches the app.
-    api_key: str = field(default="", repr=False)
+    # BAGPIPE_ENTRA_ISSUER / BAGPIPE_ENTRA_CLIENT_ID: the Microsoft Entra ID issuer (e.g.
+    # https://login.microsoftonline.com/<tenant>/v2.0) and the app registration whose ID
+    # tokens sign users in, as App Service Authentication forwards them (set by Bicep).
+    # Empty (the local stack): personal API tokens only.
+    entra_issuer: str = ""
+    entra_client_id: str = ""
+    # BAGPIPE_ADMIN_EMAILS: e-mail addresses (comma-separated) whose Entra sign-in makes
+    # them admins at once, so that a new deployment has its first admin (default none).
+    admin_emails: str = ""
+    # BAGPIPE_BUNDLE_CACHE: where a worker keeps the reducer bundles it fetched (default: a
+    # folder of its own under the system's temporary folder).
+    bundle_cache: str = ""
     # BAGPIPE_SAS_MINUTES: lifetime of the download links in a job's results (default 60).
     sas_minutes: int = 60
     # BAGPIPE_MAIL_MODE: "smtp" (local stack), "acs" (Azure Communication Services) or
@@ -132,6 +141,8 @@ class Settings:
             raise ValueError(f"{names.SETTING_LOG_FORMAT}={self.log_format!r}: text or json")
         if self.mail_mode not in ("smtp", "acs", "none"):
             raise ValueError(f"{names.SETTING_MAIL_MODE}={self.mail_mode!r}: smtp, acs or none")
+        if bool(self.entra_issuer) != bool(self.entra_client_id):
+            raise ValueError(f"{names.SETTING_ENTRA_ISSUER} and {names.SETTING_ENTRA_CLIENT_ID} go together")
         object.__setattr__(self, "names", names.StorageNames(self.namespace))
 
     @classmethod
@@ -147,7 +158,10 @@ class Settings:
             max_attempts=_int(env, names.SETTING_MAX_ATTEMPTS, 3),
             max_transient_attempts=_int(env, names.SETTING_MAX_TRANSIENT_ATTEMPTS, 10),
             lease_seconds=_int(env, names.SETTING_LEASE_SECONDS, 30, minimum=3),
-            api_key=env.get(names.SETTING_API_KEY, ""),
+            entra_issuer=env.get(names.SETTING_ENTRA_ISSUER, ""),
+            entra_client_id=env.get(names.SETTING_ENTRA_CLIENT_ID, ""),
+            admin_emails=env.get(names.SETTING_ADMIN_EMAILS, ""),
+            bundle_cache=env.get(names.SETTING_BUNDLE_CACHE, ""),
             sas_minutes=_int(env, names.SETTING_SAS_MINUTES, 60),
             mail_mode=env.get(names.SETTING_MAIL_MODE) or "none",
             mail_sender=env.get(names.SETTING_MAIL_SENDER) or "bagpipe@localhost",
@@ -184,7 +198,10 @@ class Settings:
             names.SETTING_MAX_ATTEMPTS: str(self.max_attempts),
             names.SETTING_MAX_TRANSIENT_ATTEMPTS: str(self.max_transient_attempts),
             names.SETTING_LEASE_SECONDS: str(self.lease_seconds),
-            names.SETTING_API_KEY: self.api_key,
+            names.SETTING_ENTRA_ISSUER: self.entra_issuer,
+            names.SETTING_ENTRA_CLIENT_ID: self.entra_client_id,
+            names.SETTING_ADMIN_EMAILS: self.admin_emails,
+            names.SETTING_BUNDLE_CACHE: self.bundle_cache,
             names.SETTING_SAS_MINUTES: str(self.sas_minutes),
             names.SETTING_MAIL_MODE: self.mail_mode,
             names.SETTING_MAIL_SENDER: self.mail_sender,

@@ -1,83 +1,15 @@
-// The bagpipe portal: submit a request on a map, watch a job, get its products.
-// Pages by the URL's hash: #/ (submit), #/jobs (the list), #/jobs/<id> (one job).
+// The bagpipe portal: submit a request on a map, watch a job, get its products, upload
+// reducers. Pages by the URL's hash: #/ (submit), #/jobs (the list), #/jobs/<id> (one job),
+// #/reducers, #/account (my tokens). Signing in and the API calls are session.js's.
+import { accountPage } from "./account.js";
 import { WorldMap } from "./map.js";
+import { reducersPage } from "./reducers.js";
+import { api, signOut, whoami } from "./session.js";
+import { age, duration, h, stateBadge } from "./util.js";
 
 const main = document.getElementById("main");
-const KEY = "bagpipe-api-key";
 const FINISHED = new Set(["SUCCEEDED", "FAILED", "CANCELLED"]);
 let leave = () => {}; // stops the current page's polling when the page changes
-
-// ---- the API, with the key asked once per browser session ---------------------------
-class ApiError extends Error {
-  constructor(status, body) {
-    super((body && body.detail) || `HTTP ${status}`);
-    this.status = status;
-    this.body = body || {};
-  }
-}
-
-function askKey(message = "") {
-  const dialog = document.getElementById("key-dialog");
-  document.getElementById("key-message").textContent = message;
-  dialog.showModal();
-  return new Promise((resolve) => {
-    dialog.addEventListener("close", () => {
-      const key = document.getElementById("key-input").value.trim();
-      if (key) sessionStorage.setItem(KEY, key);
-      resolve(key);
-    }, { once: true });
-  });
-}
-
-async function api(method, path, body) {
-  for (;;) {
-    const key = sessionStorage.getItem(KEY) || (await askKey());
-    const response = await fetch(path, {
-      method,
-      headers: { "x-functions-key": key, ...(body ? { "content-type": "application/json" } : {}) },
-      body: body ? JSON.stringify(body) : undefined,
-    });
-    const data = response.headers.get("content-type")?.includes("json") ? await response.json() : null;
-    if (response.status === 401) {
-      sessionStorage.removeItem(KEY);
-      await askKey("That key was refused. Enter the API key of this deployment.");
-      continue;
-    }
-    if (!response.ok) throw new ApiError(response.status, data);
-    return data;
-  }
-}
-
-// ---- small helpers -------------------------------------------------------------------
-function h(tag, attrs = {}, ...children) {
-  const node = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
-    else if (v !== false && v !== null && v !== undefined) node.setAttribute(k, v === true ? "" : v);
-  }
-  for (const child of children.flat()) if (child !== null && child !== undefined) node.append(child);
-  return node;
-}
-
-function age(iso) {
-  const s = (Date.now() - new Date(iso).getTime()) / 1000;
-  if (s < 90) return `${Math.round(s)} s ago`;
-  if (s < 5400) return `${Math.round(s / 60)} min ago`;
-  if (s < 129600) return `${Math.round(s / 3600)} h ago`;
-  return `${Math.round(s / 86400)} days ago`;
-}
-
-function duration(s) {
-  if (s === null || s === undefined) return "–";
-  if (s < 10) return `${Number(s.toFixed(1))} s`;
-  if (s < 90) return `${Math.round(s)} s`;
-  if (s < 5400) return `${Math.round(s / 60)} min`;
-  return `${(s / 3600).toFixed(1)} h`;
-}
-
-function stateBadge(state) {
-  return h("span", { class: `badge state-${state.toLowerCase()}` }, state);
-}
 
 // ---- submit --------------------------------------------------------------------------
 async function submitPage() {
@@ -103,7 +35,7 @@ async function submitPage() {
       ` ${p.name} — ${p.title}`)), h("p", { class: "error", role: "alert" }));
   const reducer = h("select", { id: "reducer", name: "reducer", onchange: () => { describe(); changed(); } },
     h("option", { value: "" }, "none: the reprojected tiles only"),
-    ...catalog.reducers.map((r) => h("option", { value: r.name }, r.name)));
+    ...catalog.reducers.map((r) => h("option", { value: r.name }, r.version ? `${r.name} (v${r.version}, uploaded)` : r.name)));
   const reducerText = h("p", { class: "hint" });
   const describe = () => {
     const found = catalog.reducers.find((r) => r.name === reducer.value);
@@ -241,17 +173,22 @@ class FieldError extends Error {
 
 // ---- the jobs list -------------------------------------------------------------------
 async function jobsPage() {
+  const me = await whoami();
+  const everyone = h("input", { type: "checkbox", id: "all-jobs", onchange: () => refresh() });
   const table = h("table", { class: "jobs" }, h("thead", {}, h("tr", {},
-    h("th", {}, "Job"), h("th", {}, "Label"), h("th", {}, "State"), h("th", {}, "Tasks"), h("th", {}, "Submitted"))));
+    h("th", {}, "Job"), h("th", {}, "Label"), h("th", {}, "Owner"), h("th", {}, "State"), h("th", {}, "Tasks"),
+    h("th", {}, "Submitted"))));
   const body = h("tbody");
   table.append(body);
-  main.replaceChildren(h("h1", {}, "Jobs"), table);
+  main.replaceChildren(h("h1", {}, me.role === "admin" ? "Jobs" : "My jobs"),
+    me.role === "admin" ? h("label", { class: "check" }, everyone, " everyone's (admin)") : "", table);
   const refresh = async () => {
-    const jobs = await api("GET", "/api/jobs?limit=100");
+    const jobs = await api("GET", `/api/jobs?limit=100${everyone.checked ? "&all=true" : ""}`);
     body.replaceChildren(...jobs.map((j) => h("tr", {},
-      h("td", {}, h("a", { href: `#/jobs/${j.job}` }, j.job)), h("td", {}, j.label), h("td", {}, stateBadge(j.state)),
-      h("td", { class: "num" }, String(j.total)), h("td", { title: j.created }, age(j.created)))));
-    if (!jobs.length) body.append(h("tr", {}, h("td", { colspan: 5 }, "No jobs yet.")));
+      h("td", {}, h("a", { href: `#/jobs/${j.job}` }, j.job)), h("td", {}, j.label), h("td", {}, j.owner),
+      h("td", {}, stateBadge(j.state)), h("td", { class: "num" }, String(j.total)),
+      h("td", { title: j.created }, age(j.created)))));
+    if (!jobs.length) body.append(h("tr", {}, h("td", { colspan: 6 }, "No jobs yet.")));
   };
   await refresh();
   const every = setInterval(refresh, 5000);
@@ -393,16 +330,21 @@ async function route() {
   for (const a of document.querySelectorAll("nav a")) a.toggleAttribute("aria-current", a.getAttribute("href") === hash);
   const job = hash.match(/^#\/jobs\/([\w-]+)$/);
   try {
+    const me = await whoami();
+    document.getElementById("who").textContent = `${me.user} (${me.role})`;
     if (job) await jobPage(job[1]);
     else if (hash === "#/jobs") await jobsPage();
+    else if (hash === "#/reducers") await reducersPage(main);
+    else if (hash === "#/account") await accountPage(main);
     else await submitPage();
   } catch (err) {
     main.replaceChildren(h("p", { class: "error" }, err.message));
   }
 }
 
-document.getElementById("forget-key").addEventListener("click", () => {
-  sessionStorage.removeItem(KEY);
+document.getElementById("sign-out").addEventListener("click", async () => {
+  document.getElementById("who").textContent = "";
+  await signOut();
   route();
 });
 window.addEventListener("hashchange", route);

@@ -51,7 +51,6 @@ def settings(azurite: Azurite, mail: MailServer) -> Settings:
         namespace=f"t{secrets.token_hex(5)}",
         window=64,
         lease_seconds=6,
-        api_key="test-key-" + secrets.token_hex(8),
         mail_mode="smtp",
         smtp_port=mail.port,
         max_attempts=3,
@@ -65,6 +64,27 @@ def clients(settings: Settings) -> Clients:
     found = Clients(settings)
     found.ensure_resources()
     return found
+
+
+def make_user(clients: Clients, name: str, role: str = "scientist") -> str:
+    """A user of that name and role, and a personal API token of theirs."""
+    from pipeline import identity
+
+    user = identity.add_user(clients, name, f"{name}@example.org", role, by="test")  # type: ignore[arg-type]
+    return identity.create_token(clients, user, "test", by="test")[0]
+
+
+@pytest.fixture
+def admin_token(clients: Clients) -> str:
+    """The personal API token of an admin of this test's deployment."""
+    return make_user(clients, "admin", "admin")
+
+
+def signed(token: str) -> dict[str, str]:
+    """The headers that sign a request in with a personal API token."""
+    from pipeline import names
+
+    return {names.TOKEN_HEADER: token}
 
 
 def small_request(**changes: object) -> JobRequest:

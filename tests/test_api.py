@@ -15,6 +15,7 @@ from pipeline import names
 from pipeline.api import create_app
 from pipeline.clients import Clients
 from pipeline.settings import Settings
+from tests.conftest import signed
 
 GOOD: dict[str, Any] = {
     "region": {"tiles": ["h09v05"]},
@@ -34,14 +35,15 @@ def without(field: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-def api(settings: Settings, clients: Clients) -> Iterator[TestClient]:
-    with TestClient(create_app(settings), headers={"x-functions-key": settings.api_key}) as client:
+def api(settings: Settings, clients: Clients, admin_token: str) -> Iterator[TestClient]:
+    with TestClient(create_app(settings), headers=signed(admin_token)) as client:
         yield client
 
 
 def nothing_written(clients: Clients) -> bool:
     return (
         not list(clients.jobs.list_entities())
+        and not [r for r in clients.audit.list_entities() if r["What"] == "job.submit"]
         and not list(clients.tasks.list_entities())
         and clients.plan_queue.get_queue_properties().approximate_message_count == 0
     )
@@ -170,31 +172,26 @@ ENDPOINTS = [
 
 
 @pytest.mark.parametrize("method,path,body", ENDPOINTS, ids=[f"{m} {p}" for m, p, _ in ENDPOINTS])
-def test_every_endpoint_requires_the_key(settings: Settings, clients: Clients, method: str,
+def test_every_endpoint_requires_a_token(settings: Settings, clients: Clients, admin_token: str, method: str,
                                          path: str, body: Any) -> None:
+    forged = admin_token[:-4] + ("aaaa" if not admin_token.endswith("aaaa") else "bbbb")
     with TestClient(create_app(settings)) as bare:
-        for headers in ({}, {"x-functions-key": "wrong"}, {"Authorization": "Bearer wrong"},
-                        {"Authorization": f"Basic {settings.api_key}"}):
+        for headers in ({}, signed("wrong"), signed(forged), {"Authorization": "Bearer wrong"},
+                        {"Authorization": f"Basic {admin_token}"}, {"x-functions-key": admin_token}):
             response = bare.request(method, path, json=body, headers=headers)
             assert response.status_code == 401, (headers, response.text)
             assert response.json()["detail"]
-        good = bare.request(method, path, json=body,
-                            headers={"Authorization": f"Bearer {settings.api_key}"})
-        assert good.status_code != 401
+        for good in (signed(admin_token), {"Authorization": f"Bearer {admin_token}"}):
+            assert bare.request(method, path, json=body, headers=good).status_code != 401
     assert nothing_written(clients) or (method == "POST" and path == "/api/jobs")
 
 
-def test_openapi_is_served_and_names_the_key(api: TestClient) -> None:
+def test_openapi_is_served_and_names_the_token(api: TestClient) -> None:
     spec = api.get("/api/openapi.json").json()
     assert "/api/jobs" in spec["paths"] and "/api/jobs/{job_id}/results" in spec["paths"]
     schemes = spec["components"]["securitySchemes"]
-    assert any(s.get("name") == "x-functions-key" for s in schemes.values())
+    assert any(s.get("name") == names.TOKEN_HEADER for s in schemes.values())
     assert any(s.get("scheme") == "bearer" for s in schemes.values())
-
-
-def test_app_refuses_to_start_without_a_key(settings: Settings) -> None:
-    with pytest.raises(ValueError, match="BAGPIPE_API_KEY"):
-        create_app(settings.with_(api_key=""))
 
 
 def test_storage_out_of_reach_is_a_503_with_retry_after(settings: Settings) -> None:
@@ -202,7 +199,7 @@ def test_storage_out_of_reach_is_a_503_with_retry_after(settings: Settings) -> N
     unreachable = settings.with_(storage_connection=(
         f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={ACCOUNT_KEY};"
         + "".join(f"{s}Endpoint=http://127.0.0.1:{dead}/{ACCOUNT};" for s in ("Blob", "Queue", "Table"))))
-    with TestClient(create_app(unreachable), headers={"x-functions-key": settings.api_key}) as client:
+    with TestClient(create_app(unreachable), headers=signed("bgp_0123456789abcdef_" + "x" * 43)) as client:
         response = client.get("/api/jobs")
     assert response.status_code == 503 and response.headers["retry-after"] == "5"
     assert "storage is unavailable" in response.json()["detail"]

@@ -9,7 +9,9 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+from bagpipe.azurite import Azurite
 from tests.conftest import wait_for
 
 CLI = [sys.executable, "-m", "bagpipe.cli"]
@@ -105,3 +107,68 @@ def test_run_stage_reproject_then_reduce_with_no_azure(tmp_path: Path) -> None:
     failed = subprocess.run([*CLI, "run-stage", "reduce", "--reducer", "crash", "--reducers-path", str(tmp_path),
                              *tiles, "--out", str(tmp_path / "x")], env=env, capture_output=True, text=True)
     assert failed.returncode == 1 and "exited with code 5" in failed.stdout
+
+
+def test_accounts_and_reducers_from_the_command_line(azurite: Azurite, tmp_path: Path) -> None:
+    """The admin of a local stack adds a scientist and makes their token; the scientist
+    pushes a reducer, lists, shows, shares and deletes it; a revoked token is refused. (The
+    CLI's own app, run in this process: each command as a user types it, minus the start-up.)"""
+    from typer.testing import CliRunner
+
+    from bagpipe.cli import app
+    from bagpipe.stack import LocalStack
+    from tests.test_bundles import python_reducer
+
+    home = tmp_path / "home"
+    runner = CliRunner()
+    unset = {k: None for k in os.environ if k.startswith("BAGPIPE_")}
+
+    def cli(*args: str, key: str | None = None) -> Any:
+        found = runner.invoke(app, [*args, "--home", str(home), *(["--key", key] if key else [])], env=unset)
+        found.returncode = found.exit_code
+        return found
+
+    with LocalStack(home, workers=0, connection=azurite.connection_string, namespace="clitest"):
+        assert "admin (admin" in cli("whoami").stdout  # the stack's admin, from its token file
+        added = cli("users", "add", "grace", "--email", "grace@example.org")
+        assert added.returncode == 0 and "added grace (scientist" in added.stdout, added.stdout + added.stderr
+        assert cli("users", "add", "bob", "--email", "bob@example.org").returncode == 0
+        made = cli("tokens", "create", "--user", "grace", "--label", "cli")
+        token = made.stdout.strip().splitlines()[-1]
+        assert made.returncode == 0 and token.startswith("bgp_"), made.stdout
+        assert "grace (scientist" in cli("whoami", key=token).stdout
+        refused = cli("users", "add", "eve", "--email", "eve@example.org", key=token)
+        assert refused.returncode == 1 and "only an admin" in refused.stdout
+
+        folder = python_reducer(tmp_path / "mean")
+        pushed = cli("reducers", "push", str(folder), key=token)
+        assert pushed.returncode == 0 and pushed.stdout.strip().endswith("grace/mean@1"), pushed.stdout
+        assert "unchanged: still grace/mean@1" in cli("reducers", "push", str(folder), key=token).stdout
+        (folder / "evil").symlink_to("/etc/passwd")
+        bad = cli("reducers", "push", str(folder), key=token)
+        assert bad.returncode == 1 and "symbolic link" in bad.stdout
+        (folder / "evil").unlink()
+        listed = cli("reducers", "list", key=token)
+        assert "mean" in listed.stdout and "snow_fraction" in listed.stdout
+        shared = cli("reducers", "share", "mean", "--with", "bob", key=token)
+        assert shared.returncode == 0 and "shared with bob" in shared.stdout, shared.stdout
+        shown = json.loads(cli("reducers", "show", "mean", "--json", key=token).stdout)
+        assert [v["version"] for v in shown["versions"]] == [1] and shown["sharing"]["users"] == ["bob"]
+        assert "private" not in cli("reducers", "share", "mean", "--private", key=token).stdout
+        deleted = cli("reducers", "delete", "mean@1", key=token)
+        assert deleted.returncode == 0 and "version(s) 1" in deleted.stdout
+        assert cli("reducers", "show", "mean", key=token).returncode == 1
+
+        tokens = cli("tokens", "list", key=token)
+        token_id = token.split("_")[1]
+        assert token_id in tokens.stdout and token.split("_", 2)[2] not in tokens.stdout
+        assert cli("tokens", "revoke", token_id, key=token).returncode == 0
+        gone = cli("whoami", key=token)
+        assert gone.returncode == 1 and "401" in gone.stdout
+        audit = cli("audit", "--user", "grace")
+        assert "reducer.push" in audit.stdout and "token.revoke" in audit.stdout
+        # the first admin of a deployment without Entra sign-in, made straight in storage
+        storage = {"BagpipeStorage": azurite.connection_string, "BAGPIPE_NAMESPACE": "clitest"}
+        boot = runner.invoke(app, ["users", "bootstrap", "root", "--email", "root@example.org"], env=unset | storage)
+        assert boot.exit_code == 0, boot.stdout
+        assert "root (admin" in cli("whoami", key=boot.stdout.strip().splitlines()[-1]).stdout

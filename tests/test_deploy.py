@@ -23,6 +23,7 @@ import pytest
 import tree_sitter
 import tree_sitter_bicep
 
+from pipeline import auth as auth_module
 from pipeline import jobs, names, sweep
 from pipeline.clients import Clients
 from pipeline.settings import Settings
@@ -225,3 +226,36 @@ def test_the_image_ships_the_worker_and_the_reductions(path: str) -> None:
 
 def _telemetry_of(envelopes: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [e["data"]["baseData"] for e in envelopes if e.get("data", {}).get("baseType") == kind]
+
+
+def test_app_service_authentication_is_what_the_code_expects() -> None:
+    """Entra sign-in in front of the Function App (authsettingsV2): it lets every request
+    through (scripts come with personal tokens; the app refuses the rest itself), keeps the
+    token store on (the app reads the ID token it forwards) and signs in with the provider
+    whose login path the portal links to; the app's settings name the same issuer and client."""
+    functions = BICEP / "modules/functions.bicep"
+    auth = _text(_declaration(functions, "resource_declaration", "auth"))
+    assert "'Microsoft.Web/sites/config@" in auth and "name: 'authsettingsV2'" in auth and "parent: app" in auth
+    assert "if (signIn)" in auth and "var signIn = !empty(entraClientId)" in functions.read_text()
+    assert "unauthenticatedClientAction: 'AllowAnonymous'" in auth and "requireAuthentication: false" in auth
+    assert re.search(r"tokenStore: \{ enabled: true \}", auth)
+    assert re.search(r"azureActiveDirectory: \{\s*enabled: true", auth)
+    assert "openIdIssuer: entraIssuer" in auth and "clientId: entraClientId" in auth
+    assert "offline_access" in auth  # the portal refreshes an expired ID token (/.auth/refresh)
+    assert auth_module.LOGIN_PATH == "/.auth/login/aad" and auth_module.REFRESH_PATH == "/.auth/refresh"
+    assert names.PLATFORM_ID_TOKEN == "X-MS-TOKEN-AAD-ID-TOKEN"  # what the token store forwards for aad
+    # the same issuer and client reach the app as its settings, from main.bicep's parameters
+    main = BICEP / "main.bicep"
+    settings = _text(_declaration(main, "variable_declaration", "settings"))
+    assert "'${names.settings.entraIssuer}': entraIssuer" in settings
+    assert "'${names.settings.entraClientId}': entraClientId" in settings
+    issuer = _text(_declaration(main, "variable_declaration", "entraIssuer"))
+    assert "environment().authentication.loginEndpoint" in issuer and "tenant().tenantId}/v2.0" in issuer
+    module = _text(_declaration(main, "module_declaration", "functions"))
+    for param in ("entraClientId: entraClientId", "entraIssuer: entraIssuer", "entraClientSecret: entraClientSecret"):
+        assert param in module
+    assert "@secure()" in main.read_text().split("param entraClientSecret")[0].rsplit("param ", 1)[-1]
+    # the HTTP function is anonymous to the host, so that both kinds of callers reach the app
+    _, metadata = index_app()
+    (http,) = [b for b in metadata["api"]["bindings"] if b["type"] == "httpTrigger"]
+    assert http["authLevel"].lower() == "anonymous"

@@ -17,7 +17,7 @@ from pipeline import jobs, names, tasks
 from pipeline.clients import Clients
 from pipeline.settings import Settings
 from pipeline.status import JobState
-from tests.conftest import small_request
+from tests.conftest import signed, small_request
 from tests.functions_index import index_app, user_function
 
 
@@ -41,8 +41,9 @@ def test_functions_triggers_and_connections() -> None:
     (page,) = [b for b in functions["portal"]["bindings"] if b["type"] == "httpTrigger"]
     assert page["route"] == "portal/{*path}" and page["authLevel"].lower() == "anonymous"
     (http,) = [b for b in functions["api"]["bindings"] if b["type"] == "httpTrigger"]
-    assert http["route"] == "{*route}" and http["authLevel"].lower() == "function"
-    assert set(http["methods"]) == {"GET", "POST"}
+    # anonymous to the host: the app signs every request in itself (tokens, or Entra)
+    assert http["route"] == "{*route}" and http["authLevel"].lower() == "anonymous"
+    assert set(http["methods"]) == {"GET", "POST", "DELETE"}
     for name, queue in (("planner", names.PLAN_QUEUE), ("completion", names.DONE_QUEUE)):
         (trigger,) = functions[name]["bindings"]
         assert trigger["type"] == "queueTrigger" and trigger["direction"].lower() == "in"
@@ -56,7 +57,7 @@ def test_functions_triggers_and_connections() -> None:
     assert restart["httpTrigger"]["authLevel"].lower() == "admin" and "durableClient" in restart
 
 
-def test_http_function_serves_the_api(app_env: Any, settings: Settings, clients: Clients) -> None:
+def test_http_function_serves_the_api(app_env: Any, settings: Settings, clients: Clients, admin_token: str) -> None:
     api = user_function(app_env, "api")
     body = small_request().model_dump_json().encode()
 
@@ -67,10 +68,10 @@ def test_http_function_serves_the_api(app_env: Any, settings: Settings, clients:
 
     refused = call({"content-type": "application/json"})
     assert refused.status_code == 401
-    accepted = call({"content-type": "application/json", "x-functions-key": settings.api_key})
+    accepted = call({"content-type": "application/json"} | signed(admin_token))
     assert accepted.status_code == 202
     job = json.loads(accepted.get_body())["job"]
-    shown = call({"x-functions-key": settings.api_key}, "GET", f"/api/jobs/{job}")
+    shown = call(signed(admin_token), "GET", f"/api/jobs/{job}")
     assert json.loads(shown.get_body())["state"] == "ACCEPTED"
 
     # the portal's page and scripts come through its anonymous function; its data does not

@@ -35,7 +35,7 @@ REQUEST = {
 def test_submit_run_complete_notify_download(azurite: Azurite, settings: Settings, tmp_path: Path) -> None:
     with LocalStack(tmp_path / "stack", workers=2, slots=2, connection=azurite.connection_string,
                     namespace=settings.namespace, window=8, overrides={"tile_stage": "digest"}) as stack:
-        key = stack.settings.api_key
+        key = stack.token
         http = httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {key}"}, timeout=30)
         created = http.post("/api/jobs", json=REQUEST)
         assert created.status_code == 202, created.text
@@ -118,7 +118,7 @@ def test_the_modis_pipeline_end_to_end_and_a_second_request_is_cached(
                "start": "2022-02-02", "end": "2022-02-12", "products": ["MOD10A2"], "label": "snow"}
     with LocalStack(tmp_path / "stack", workers=1, slots=2, connection=azurite.connection_string,
                     namespace=settings.namespace) as stack:
-        api = Api(stack.api_url, stack.settings.api_key)
+        api = Api(stack.api_url, stack.token)
         first = api.submit(request)
         assert first["total"] == 3 * 2  # 1° tiles x-111, x-110, x-109 (over h08v05 | h09v05) × 2 periods
 

@@ -6,7 +6,6 @@ once (the reconciler in the sweep, the finisher's lease, the per-job guard of th
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 import time
 from email.message import EmailMessage
@@ -21,6 +20,7 @@ from pipeline import completion, dispatch, jobs, jobview, names, reducers, sweep
 from pipeline.clients import Clients
 from pipeline.failures import FailureClass
 from pipeline.notify import mailer_for
+from pipeline.products import CATALOG
 from pipeline.settings import Settings
 from pipeline.status import JobState
 from tests.conftest import PIDS, running_control, running_workers, small_request, wait_for, with_stage
@@ -137,23 +137,20 @@ def test_a_job_whose_plan_message_was_not_sent_is_planned_by_the_sweep(
 
 
 def test_a_job_that_no_longer_fits_the_deployment_fails_saying_why(
-        settings: Settings, mail: MailServer, tmp_path: Path) -> None:
-    """Its reducer was removed between submit and planning: the plan cannot be made, so the
-    job ends FAILED, with the reason in its status, its manifest and its one email (not a
-    plan message poisoned and the job ACCEPTED for ever)."""
-    shutil.copytree(reducers.BUILTIN_DIR / "snow_fraction", tmp_path / "mine")
-    manifest = tmp_path / "mine" / "reducer.json"
-    manifest.write_text(manifest.read_text().replace('"snow_fraction"', '"mine"'))
-    settings, clients = fast(settings, reducers_path=str(tmp_path))
-    job = jobs.submit(clients, small_request(reducer={"name": "mine"}))["PartitionKey"]
-    manifest.unlink()
-    reducers.catalog.cache_clear()
+        settings: Settings, mail: MailServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between its submit and its planning the deployment stopped serving its product (a new
+    version of the catalog): the plan cannot be made, so the job ends FAILED, with the reason
+    in its status, its manifest and its one email (not a plan message poisoned and the job
+    ACCEPTED for ever)."""
+    settings, clients = fast(settings)
+    job = jobs.submit(clients, small_request())["PartitionKey"]
+    monkeypatch.delitem(CATALOG, "MOD10A2")
     with running_control(settings):
         wait_for(lambda: finished(clients, job), 60, "the job to end")
     status = jobs.status(clients, job)
-    assert status["state"] == "FAILED" and "reducer.name" in status["error"]
+    assert status["state"] == "FAILED" and "products" in status["error"] and "MOD10A2" in status["error"]
     (email,) = emails_for(mail, job)
-    assert "failed" in str(email["Subject"]) and "reducer.name" in email.get_content()
+    assert "failed" in str(email["Subject"]) and "MOD10A2" in email.get_content()
 
 
 class SlowMail:

@@ -22,6 +22,8 @@ SAS = ("https://modiseuwest.blob.core.windows.net/modis-061/MOD10A2/09/05/202203
     ("DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=Eby8vdM02xNOcqF==;", "Eby8vdM02",
      "AccountName=devstoreaccount1"),
     ("x-functions-key: abcdef0123456789", "abcdef0123456789", "x-functions-key"),
+    ("X-Bagpipe-Token: opaque-value-123", "opaque-value-123", "X-Bagpipe-Token"),
+    ("refused bgp_0123456789abcdef_" + "s" * 43 + " at login", "s" * 43, "bgp_0123456789abcdef_"),
 ])
 def test_redact_removes_the_secret_and_keeps_what_failed_where(text: str, secret: str, kept: str) -> None:
     clean = redact(text)

@@ -26,7 +26,7 @@ from pipeline import names, reducers, stages, tasks
 from pipeline.failures import FailureClass, StageFailure
 from pipeline.stages import StageContext
 from pipeline.status import TaskStatus
-from worker import sandbox
+from worker import bundlecache, sandbox
 
 LOG_BYTES = 1024 * 1024  # the tail of stdout/stderr kept as a log blob
 MAX_OUTPUTS = 100  # files a reduction may publish (their names live on its task row)
@@ -127,7 +127,10 @@ def run_program(reducer: reducers.Reducer, tiles: list[tuple[str, Path]], root: 
 @stages.stage("reduce")
 def reduce(ctx: StageContext) -> None:
     params = ctx.params
-    reducer = reducers.catalog(ctx.clients.settings.reducers_path).get(params["reducer"])
+    if params.get("bundle"):  # an uploaded reducer: its checked, cached folder is its {here}
+        reducer: reducers.Reducer | None = bundlecache.reducer_for(ctx.clients, params["bundle"])
+    else:
+        reducer = reducers.catalog(ctx.clients.settings.reducers_path).get(params["reducer"])
     if reducer is None:
         raise StageFailure(FailureClass.USER_CODE, f"reducer {params['reducer']!r} is not installed here")
     ready, missing = inputs_of(ctx)

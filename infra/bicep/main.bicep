@@ -47,11 +47,22 @@ param workerSlots int = 2
 @description('Most Function App instances at once.')
 param functionMaxInstances int = 40
 
+@description('The Entra ID app registration (its client id) users sign in through (docs/deploy.md); empty: personal API tokens only.')
+param entraClientId string = ''
+
+@secure()
+@description('That app registration\'s client secret.')
+param entraClientSecret string = ''
+
+@description('E-mail addresses (comma-separated) whose first Entra sign-in makes them admins.')
+param adminEmails string = ''
+
 @description('Overrides of the code\'s defaults by names.json settings key, e.g. {"killFactor": "3", "window": "512"}; anything unset keeps the code\'s default.')
 param tuning object = {}
 
 var names = loadJsonContent('names.json')
 var suffix = uniqueString(resourceGroup().id)
+var entraIssuer = empty(entraClientId) ? '' : '${environment().authentication.loginEndpoint}${tenant().tenantId}/v2.0'
 var roles = {
   blobOwner: 'b7e6dc6d-f1e8-4753-8033-0f276bb0955b' // Storage Blob Data Owner: host storage, packages, SAS delegation
   blobContributor: 'ba92f5b4-2d11-453d-a403-e96b0029c9fe' // Storage Blob Data Contributor
@@ -101,7 +112,10 @@ var settings = {
   '${names.settings.tileStage}': contains(tuning, 'tileStage') ? tuning.tileStage : ''
   '${names.settings.feedUrl}': feedUrl
   '${names.settings.feeds}': contains(tuning, 'feeds') ? tuning.feeds : ''
-  '${names.settings.reducersPath}': '/opt/bagpipe/reducers' // scientists' reducers in the worker image
+  '${names.settings.reducersPath}': '/opt/bagpipe/reducers' // reducers installed in the worker image
+  '${names.settings.entraIssuer}': entraIssuer
+  '${names.settings.entraClientId}': entraClientId
+  '${names.settings.adminEmails}': adminEmails
   '${names.settings.logFormat}': 'json'
   '${names.settings.appinsights}': monitoring.outputs.connectionString
 }
@@ -116,6 +130,9 @@ module functions 'modules/functions.bicep' = {
     blobEndpoint: storage.outputs.blobEndpoint
     settings: settings
     maxInstances: functionMaxInstances
+    entraClientId: entraClientId
+    entraIssuer: entraIssuer
+    entraClientSecret: entraClientSecret
   }
 }
 

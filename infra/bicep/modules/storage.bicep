@@ -68,7 +68,7 @@ resource retention 'Microsoft.Storage/storageAccounts/managementPolicies@2023-05
           enabled: true
           type: 'Lifecycle'
           definition: {
-            filters: { blobTypes: [ 'blockBlob' ], prefixMatch: [for c in names.containers: '${c}/'] }
+            filters: { blobTypes: [ 'blockBlob' ], prefixMatch: [for c in names.expiringContainers: '${c}/'] }
             actions: { baseBlob: { delete: { daysAfterModificationGreaterThan: retentionDays } } }
           }
         }
