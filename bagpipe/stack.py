@@ -1,5 +1,7 @@
 """The embedded local stack: Azurite (disk mode), the API under uvicorn, the control loop,
-N worker processes and an SMTP server — started together, stopped together."""
+N worker processes, an SMTP server, and imitations of the two places MODIS lives (Planetary
+Computer's STAC API and SAS token endpoint; NASA's CMR, a DAAC archive and Earthdata Login)
+— started together, stopped together."""
 
 from __future__ import annotations
 
@@ -19,8 +21,9 @@ import uvicorn
 
 from bagpipe import control
 from bagpipe.azurite import Azurite, free_port
-from bagpipe.feedserver import FeedServer
+from bagpipe.earthdata import Earthdata
 from bagpipe.mailserver import MailServer
+from bagpipe.planetary import Planetary
 from pipeline import names
 from pipeline.api import create_app
 from pipeline.clients import clients_for
@@ -44,7 +47,9 @@ def api_key_for(home: Path) -> str:
 
 @dataclass
 class LocalStack:
-    """Everything ``bagpipe up`` runs. ``connection`` reuses a running Azurite (tests)."""
+    """Everything ``bagpipe up`` runs. ``connection`` reuses a running Azurite (tests);
+    ``catalog``: where the planner searches granules (``stac``: the Planetary Computer
+    imitation, as ``make demo`` does; ``cmr``: the NASA one)."""
 
     home: Path
     workers: int = 2
@@ -53,12 +58,15 @@ class LocalStack:
     namespace: str = ""
     window: int = 256
     lease_seconds: int = 30
+    catalog: str = "stac"
+    token_minutes: float = 60.0  # the life of the Planetary Computer imitation's SAS tokens
     overrides: dict[str, object] = field(default_factory=dict)  # any other Settings field
     settings: Settings = field(init=False)
     api_url: str = field(init=False, default="")
     azurite: Azurite | None = field(init=False, default=None)
     mail: MailServer = field(init=False)
-    feed: FeedServer = field(init=False)
+    planetary: Planetary = field(init=False)
+    nasa: Earthdata = field(init=False)
     _stop: threading.Event = field(init=False, default_factory=threading.Event)
     _threads: list[threading.Thread] = field(init=False, default_factory=list)
     _workers: list[subprocess.Popen[bytes]] = field(init=False, default_factory=list)
@@ -71,8 +79,11 @@ class LocalStack:
             self.azurite = Azurite(self.home / "azurite").start()
             self.connection = self.azurite.connection_string
         self.mail = MailServer(self.home / "mail").start()
-        self.feed = FeedServer().start()
-        overrides = {"feed_url": self.feed.template} | self.overrides
+        self.planetary = Planetary(self.connection, self.token_minutes).start()
+        self.nasa = Earthdata().start()
+        overrides = {"catalog": self.catalog, "stac_url": self.planetary.stac_url,
+                     "stac_sas_url": self.planetary.sas_url, "cmr_url": self.nasa.cmr_url,
+                     "earthdata_token": self.nasa.token, "earthdata_hosts": self.nasa.hosts} | self.overrides
         self.settings = Settings(
             storage_connection=self.connection, namespace=self.namespace, window=self.window,
             lease_seconds=self.lease_seconds, api_key=api_key_for(self.home),
@@ -87,7 +98,8 @@ class LocalStack:
         for i in range(self.workers):
             self.start_worker(i)
         (self.home / STATE_FILE).write_text(json.dumps(
-            {"api": self.api_url, "pid": os.getpid(), "mail": str(self.mail.folder), "feed": self.feed.url,
+            {"api": self.api_url, "pid": os.getpid(), "mail": str(self.mail.folder),
+             "stac": self.planetary.stac_url, "cmr": self.nasa.cmr_url,
              "logs": str(self.home / "logs")}
         ))
         return self
@@ -163,7 +175,8 @@ class LocalStack:
             thread.join(30)
         clients_for(self.settings).close()  # idle connections would hold Azurite's shutdown
         self.mail.stop()
-        self.feed.stop()
+        self.planetary.stop()
+        self.nasa.stop()
         if self.azurite is not None:
             self.azurite.stop()
         (self.home / STATE_FILE).unlink(missing_ok=True)

@@ -19,7 +19,7 @@ from typing import Any
 from azure.core.exceptions import ResourceNotFoundError
 from azure.data.tables import TableTransactionError, UpdateMode
 
-from pipeline import jobs, names, tasks
+from pipeline import catalogs, jobs, names, stages, tasks
 from pipeline.clients import Clients
 from pipeline.request import expand
 from pipeline.status import JobState, TaskStatus, transition
@@ -43,6 +43,8 @@ def plan(clients: Clients, job: str) -> None:
     specs = expand(jobs.request_of(row), max(settings.max_tasks, int(row["Total"])), settings.tile_stage,
                    settings.reducers_path)
     planned = int(row["Planned"])
+    if planned < len(specs):  # the granules: one catalog search per product (again, if a planner died here)
+        specs = catalogs.resolve(settings, specs, stages.TILE_STAGE)
     while planned < len(specs):
         batch = [
             tasks.task_entity(job, seq, specs[seq], settings.shards)

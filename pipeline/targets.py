@@ -62,7 +62,12 @@ class GridSpec:
         return round(self.tile_size / self.resolution)
 
     def tiles_for_lonlat_box(self, west: float, south: float, east: float, north: float) -> list[TargetTile]:
-        """The target tiles that intersect a lon/lat box."""
+        """The target tiles that intersect a lon/lat box; west > east: the box crosses ±180°,
+        and is cut there into its two halves."""
+        if west > east:
+            found = self.tiles_for_lonlat_box(west, south, 180.0, north)
+            seen = set(found)
+            return found + [t for t in self.tiles_for_lonlat_box(-180.0, south, east, north) if t not in seen]
         xmin, ymin, xmax, ymax = _from_lonlat(self.crs).transform_bounds(west, south, east, north, densify_pts=21)
         if not all(map(math.isfinite, (xmin, ymin, xmax, ymax))):
             raise ValueError(f"the region cannot be expressed in {self.crs}")
