@@ -222,5 +222,7 @@ def _access(sas_url: str, token: str, hosts: str) -> Access:
 
 
 def access_for(settings: Settings) -> Access:
-    """This process's Access for these settings: its SAS tokens live as long as the process."""
-    return _access(settings.stac_sas_url, settings.earthdata_token, settings.earthdata_hosts)
+    """This process's Access for these settings: its SAS tokens live as long as the process.
+    Hrefs are signed only when they come from the STAC catalog (NASA's are not Blob URLs)."""
+    return _access(settings.stac_sas_url if settings.catalog == "stac" else "", settings.earthdata_token,
+                   settings.earthdata_hosts)

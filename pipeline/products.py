@@ -79,7 +79,7 @@ class Product:
 
 _MOD10A2 = (
     Layer("Maximum_Snow_Extent", "uint8", 255, (0, 254), categorical=True),
-    Layer("Eight_Day_Snow_Cover", "uint8", 0, (0, 255), unit="bit", categorical=True),
+    Layer("Eight_Day_Snow_Cover", "uint8", 0, (0, 255), categorical=True),  # a bit per day of the period
 )
 _RELIABLE = "500m_16_days_pixel_reliability"
 _VI = "500m_16_days_"

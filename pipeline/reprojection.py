@@ -30,14 +30,13 @@ from pathlib import Path
 
 import numpy as np
 import rasterio
+import rasterio.shutil
 from affine import Affine
 from rasterio.crs import CRS
 from rasterio.enums import Resampling
 from rasterio.io import MemoryFile
 from rasterio.warp import reproject, transform_bounds
 from rasterio.windows import Window
-from rio_cogeo.cogeo import cog_translate
-from rio_cogeo.profiles import cog_profiles
 
 from pipeline import hdf, quality
 from pipeline.granules import HDF
@@ -202,9 +201,9 @@ def warp(sources: Sequence[Source], product: Product, layer: str, target: Target
                             QUALITY_MASK=spec.masked_by if masks and spec.masked_by else "none",
                             BAGPIPE_STAGE=VERSION, **(tags or {}))
         del out
-        with raw.open() as src, MemoryFile() as cog:
-            cog_translate(src, cog.name, cog_profiles.get("deflate"), in_memory=True, quiet=True,
-                          overview_resampling="nearest" if target.resampling == "nearest" else "average")
+        with raw.open() as src, MemoryFile() as cog:  # GDAL's COG driver keeps the unit, which rio-cogeo drops
+            rasterio.shutil.copy(src, cog.name, driver="COG", compress="DEFLATE", blocksize=512,
+                                 overview_resampling="nearest" if target.resampling == "nearest" else "average")
             return cog.read()
 
 
