@@ -40,10 +40,12 @@ from rasterio.windows import Window
 
 from pipeline import hdf, quality
 from pipeline.granules import HDF
+from pipeline.grid import RADIUS
 from pipeline.products import Layer, Product
 
 VERSION = "reproject-2"  # change when the output of the same inputs would change
 PAD = 2  # source pixels read around the target's footprint (bilinear needs its neighbours)
+HALF_PLANE = math.pi * RADIUS  # half the sinusoidal plane's width: a footprint wider crosses ±180°
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,8 @@ def _window(raster: _Raster, target: Target) -> tuple[int, int, int, int] | None
     inverse = ~raster.transform
     cols, rows = zip(*(inverse * (x, y) for x in (xmin, xmax) for y in (ymin, ymax)), strict=True)
     col0, col1 = max(0, math.floor(min(cols)) - PAD), min(raster.width, math.ceil(max(cols)) + PAD)
+    if xmax - xmin > HALF_PLANE:  # the target crosses ±180°: its edge samples miss the globe's edge
+        col0, col1 = 0, raster.width
     row0, row1 = max(0, math.floor(min(rows)) - PAD), min(raster.height, math.ceil(max(rows)) + PAD)
     if col0 >= col1 or row0 >= row1:
         return None

@@ -14,8 +14,9 @@ import pytest
 from bagpipe.azurite import Azurite
 from bagpipe.earthdata import Earthdata
 from bagpipe.planetary import Planetary
+from pipeline.access import Access, SasSigner, blob_container
+from pipeline.access import Earthdata as EarthdataClient
 from pipeline.cmr import CmrCatalog
-from pipeline.access import Access, Earthdata as EarthdataClient, SasSigner, blob_container
 from pipeline.failures import StageFailure
 from pipeline.granules import Granule
 from pipeline.products import CATALOG

@@ -11,8 +11,8 @@ import json
 from datetime import date
 
 import httpx
-import respx
 import responses
+import respx
 
 from bagpipe import modis_world as world
 from bagpipe.earthdata import Earthdata
@@ -105,7 +105,7 @@ def test_cmr_search_on_recorded_answers_pages_with_search_after() -> None:
 class _NoServers:
     """Just enough of an Earthdata imitation to build CMR entries (no servers started)."""
 
-    class archive:  # noqa: N801
+    class archive:
         url = "https://n5eil01u.ecs.nsidc.org"
 
     path_of = Earthdata.path_of

@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 from azure.storage.blob import ContainerSasPermissions, ContentSettings, generate_container_sas
+from bagpipe.feedserver import REAL_DATA
+from pipeline.feeds import granule_name
 
 from bagpipe.azurite import ACCOUNT, ACCOUNT_KEY
-from bagpipe.feedserver import REAL_DATA
 from bagpipe.mailserver import MailServer
 from pipeline import attempts, jobs, names, reducers, tasks
 from pipeline.clients import Clients
 from pipeline.failures import FailureClass, StageFailure
-from pipeline.feeds import granule_name
 from pipeline.reprojection import Target, warp
 from pipeline.settings import Settings
 from pipeline.status import JobState, TaskStatus
