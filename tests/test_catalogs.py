@@ -11,6 +11,7 @@ import json
 from datetime import date
 
 import httpx
+import pytest
 import responses
 import respx
 
@@ -76,24 +77,18 @@ def test_stac_search_on_recorded_planetary_computer_answers() -> None:
 
 
 @respx.mock
-def test_cmr_search_on_recorded_answers_pages_with_search_after() -> None:
+def test_cmr_search_on_recorded_answers_pages_with_search_after(monkeypatch: pytest.MonkeyPatch) -> None:
     url = NASA_CMR + "granules.json"
     xml_entry = Earthdata.entry.__get__(_NoServers())  # the answer built from the real .hdf.xml
     real = xml_entry(CATALOG["MOD10A2"], "h09v05", date(2022, 2, 2))
     other = xml_entry(CATALOG["MOD10A2"], "h08v05", date(2022, 2, 2))
     assert real["title"] == "SC:MOD10A2.061:239609649" and real["producer_granule_id"] == f"{NAME}.hdf"
-    pages = [httpx.Response(200, json={"feed": {"entry": [real] * 0 + [real]}}, headers={"CMR-Search-After": "a1"}),
+    pages = [httpx.Response(200, json={"feed": {"entry": [real]}}, headers={"CMR-Search-After": "a1"}),
              httpx.Response(200, json={"feed": {"entry": [other]}})]
     route = respx.get(url).mock(side_effect=pages)
-    catalog = CmrCatalog(NASA_CMR)
-    catalog_page = 1
-    import pipeline.cmr as cmr
-
-    cmr.PAGE, saved = catalog_page, cmr.PAGE
-    try:
-        found = catalog.search(CATALOG["MOD10A2"], (170.0, -20.0, -170.0, -10.0), date(2022, 2, 2), date(2022, 2, 9))
-    finally:
-        cmr.PAGE = saved
+    monkeypatch.setattr("pipeline.cmr.PAGE", 1)  # one granule a page: the second page is asked for
+    found = CmrCatalog(NASA_CMR).search(CATALOG["MOD10A2"], (170.0, -20.0, -170.0, -10.0), date(2022, 2, 2),
+                                        date(2022, 2, 9))
     assert [g.id for g in found] == [NAME, other["producer_granule_id"].removesuffix(".hdf")]
     first, second = (call.request for call in route.calls)
     assert first.url.params["short_name"] == "MOD10A2" and first.url.params["version"] == "61"
@@ -131,5 +126,6 @@ def test_one_search_per_product_finds_the_granules_of_every_task(
 def test_the_footprint_of_targets_across_the_antimeridian_crosses_it() -> None:
     box = catalogs.footprint(GridSpec().tiles_for_lonlat_box(178.5, -17.5, -179.5, -16.5))  # 1° target tiles
     assert box == (178.0, -18.0, -179.0, -16.0)
-    assert catalogs.split((178.0, -18.0, -179.0, -16.0)) == [(178.0, -18.0, 180.0, -16.0), (-180.0, -18.0, -179.0, -16.0)]
+    assert catalogs.split((178.0, -18.0, -179.0, -16.0)) == [(178.0, -18.0, 180.0, -16.0),
+                                                             (-180.0, -18.0, -179.0, -16.0)]
     assert catalogs.footprint(GridSpec().tiles_for_lonlat_box(-112, 34, -108, 37)) == (-112.0, 34.0, -108.0, 37.0)

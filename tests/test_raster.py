@@ -117,7 +117,7 @@ def test_a_scale_the_catalog_does_not_know_is_refused(tmp_path: Path) -> None:
     with rasterio.open(path, "w", **profile) as dst:
         dst.write(data, 1)
         dst.scales = (0.5,)
-    with pytest.raises(EncodingMismatch, match="scale 0.5"):
+    with pytest.raises(EncodingMismatch, match=r"scale 0\.5"):
         warp(snow(path), MOD10A2, "Maximum_Snow_Extent", Target("EPSG:4326", (-110.0, 35.0, -109.0, 36.0), 0.01))
 
 
