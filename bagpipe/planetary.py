@@ -2,33 +2,43 @@
 answer them (``/api/stac/v1``: landing page, conformance, collections, item search with
 bbox, intersects, datetime, collections and paging; ``/api/sas/v1/token/{account}/{container}``:
 ``{"msft:expiry", "token"}``), built from the real collections and items in
-``data/modis/stac/``.
+``data/modis/stac/``, and the storage account its assets live in.
 
 Items are made for every (product, tile, period) the imitated world has
 (:mod:`bagpipe.modis_world`), named as Planetary Computer names them (id without the
-production timestamp, assets ``{layer}`` → ``…/modis-061-cogs/{SHORT}/{hh}/{vv}/{yyyyddd}/{granule}_{layer}.tif``),
-their assets in Azurite: a search uploads the COGs of the items it answers with (once),
-as they would be there already. Blobs are private: only a SAS token from the endpoint,
-short-lived (``token_minutes``), reads them.
+production timestamp, assets ``{layer}`` → ``…/modis-061-cogs/{SHORT}/{hh}/{vv}/{yyyyddd}/{granule}_{layer}.tif``
+and ``hdf`` → ``…/modis-061/…/{granule}.hdf``). A search answers from that metadata alone,
+as fast whatever the span. The assets' hrefs name the imitation's storage account: Azurite
+behind a pass-through (every request and answer of the Blob REST API forwarded as they are,
+SAS checks included) that, where Azurite answers an authorized read 404 for a file the world
+has, makes the file, stores it and answers again — so every file the catalog lists is there
+when it is read, as on Planetary Computer, made once, and never made for a search alone.
+Blobs are private: only a SAS token from the endpoint, short-lived (``token_minutes``),
+reads them.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from datetime import UTC, date, datetime, timedelta
+from functools import lru_cache
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
+import anyio
+import httpx
 import numpy as np
 from azure.core.exceptions import ResourceExistsError
 from azure.storage.blob import BlobServiceClient, ContainerSasPermissions, ContentSettings, generate_container_sas
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, HTTPException, Request, Response
 
 from bagpipe import modis_world as world
 from bagpipe.azurite import ACCOUNT, ACCOUNT_KEY
 from bagpipe.serving import Served
+from pipeline.granules import Granule
 from pipeline.grid import RADIUS, Tile, tiles_for_bbox
 from pipeline.products import CATALOG, Product, periods
 from pipeline.transfer import md5_of
@@ -42,6 +52,7 @@ CONFORMS = ["https://api.stacspec.org/v1.0.0/core", "https://api.stacspec.org/v1
             "http://www.opengis.net/spec/ogcapi-features-1/1.0/conf/core",
             "http://www.opengis.net/spec/ogcapi-features-1/1.0/conf/geojson"]
 MAX_LIMIT = 1000
+HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "host"}
 
 
 def _collections() -> dict[str, dict[str, Any]]:
@@ -58,8 +69,10 @@ def _items() -> dict[str, dict[str, Any]]:
     return found
 
 
+@lru_cache(maxsize=1024)
 def footprint(tile: Tile) -> tuple[dict[str, Any], list[float]]:
-    """A tile's outline in lon/lat (GeoJSON) and its bbox, as far as it lies on the globe."""
+    """A tile's outline in lon/lat (GeoJSON) and its bbox, as far as it lies on the globe
+    (kept per tile: callers only read it)."""
     x0, y0, x1, y1 = tile.bounds()
     t = np.linspace(0, 1, 17)
     xs = np.concatenate([x0 + (x1 - x0) * t, np.full(17, x1), x1 - (x1 - x0) * t, np.full(17, x0)])
@@ -80,7 +93,9 @@ class Planetary:
         self.containers = {"cogs": f"{prefix}{COGS}", "hdf": f"{prefix}{HDFS}"}
         self.collections, self.templates = _collections(), _items()
         self.tokens_issued = 0
-        self._uploaded: set[str] = set()
+        self.files_made = 0  # files made on their first read (the tests watch laziness)
+        self._making: dict[str, threading.Lock] = {}
+        self._matching = lru_cache(maxsize=16)(self._match)
         self._lock = threading.Lock()
         for name in self.containers.values():
             try:
@@ -88,10 +103,16 @@ class Planetary:
             except ResourceExistsError:
                 pass
         self.served = Served(self.app(), name="planetary")
+        self.storage = Served(self._storage(), name="planetary-storage", own_headers=False)
 
     @property
     def url(self) -> str:
         return self.served.url
+
+    @property
+    def blob_url(self) -> str:
+        """The blob endpoint of its storage account (``http://host:port/{account}``)."""
+        return self.storage.url + urlsplit(self.blobs.url).path.rstrip("/")
 
     @property
     def stac_url(self) -> str:
@@ -102,11 +123,13 @@ class Planetary:
         return self.url + SAS
 
     def start(self) -> Planetary:
+        self.storage.start()
         self.served.start()
         return self
 
     def stop(self) -> None:
         self.served.stop()
+        self.storage.stop()
 
     def __enter__(self) -> Planetary:
         return self.start()
@@ -120,7 +143,7 @@ class Planetary:
 
     def href(self, container: str, product: Product, tile: str, day: date, file: str) -> str:
         parsed = Tile.parse(tile)
-        return (f"{self.blobs.url.rstrip('/')}/{self.containers[container]}/{product.name}/{parsed.h:02d}/"
+        return (f"{self.blob_url}/{self.containers[container]}/{product.name}/{parsed.h:02d}/"
                 f"{parsed.v:02d}/{day.year}{day.timetuple().tm_yday:03d}/{file}")
 
     def item(self, product: Product, tile: str, day: date) -> dict[str, Any]:
@@ -135,9 +158,8 @@ class Planetary:
             "title": collection["item_assets"].get(layer.name, {}).get("title", layer.name), "roles": ["data"],
             "raster:bands": collection["item_assets"].get(layer.name, {}).get("raster:bands", [])}
             for layer in product.layers}
-        if world.real_file(name):  # the original HDF4, where the real file is at hand
-            assets["hdf"] = {"href": self.href("hdf", product, tile, day, f"{name}.hdf"), "type": "application/x-hdf",
-                             "roles": ["data"], "title": "Source data containing all bands"}
+        assets["hdf"] = {"href": self.href("hdf", product, tile, day, f"{name}.hdf"), "type": "application/x-hdf",
+                         "roles": ["data"], "title": "Source data containing all bands"}
         properties = {k: v for k, v in template.get("properties", {}).items() if not k.startswith("proj:")}
         properties |= {
             "start_datetime": f"{day.isoformat()}T00:00:00Z", "end_datetime": f"{end.isoformat()}T23:59:59Z",
@@ -155,34 +177,66 @@ class Planetary:
                                                   f"{item_id}", "type": "application/geo+json"}]}
 
     def matching(self, collections: list[str], boxes: list[list[float]], start: date, end: date
-                 ) -> list[tuple[Product, str, date]]:
+                 ) -> list[tuple[str, str, date]]:
+        """(product, tile, day) of every granule a search matches, in the order pages list them
+        (worked out once per search, not once per page)."""
+        return self._matching(tuple(collections), tuple(tuple(b) for b in boxes), start, end)
+
+    def _match(self, collections: tuple[str, ...], boxes: tuple[tuple[float, ...], ...], start: date, end: date
+               ) -> list[tuple[str, str, date]]:
         found = set()
         for collection in collections:
             for product in self.products_of(collection):
                 days = periods(product, start, end)
-                for box in boxes:
-                    for tile in tiles_for_bbox(*box):
-                        found |= {(product, tile.name, day) for day in days if world.exists(product, tile.name, day)}
-        return sorted(found, key=lambda f: (f[2], f[0].name, f[1]))
+                tiles = {tile.name for box in boxes for tile in tiles_for_bbox(*box)}
+                found |= {(product.name, tile, day) for tile in tiles for day in days
+                          if world.exists(product, tile, day)}
+        return sorted(found, key=lambda f: (f[2], f[0], f[1]))
 
-    def materialize(self, item: dict[str, Any]) -> None:
-        """Upload an item's assets (once): on Planetary Computer they are there already."""
-        for key, asset in item["assets"].items():
-            href = asset["href"]
-            with self._lock:
-                if href in self._uploaded:
-                    continue
-            container, blob = href.removeprefix(self.blobs.url.rstrip("/") + "/").split("/", 1)
-            name = blob.rsplit("/", 1)[-1]
-            data = world.hdf4(name.removesuffix(".hdf")) if key == "hdf" else \
-                world.cog(name.removesuffix(f"_{key}.tif"), key)
-            try:
-                self.blobs.get_blob_client(container, blob).upload_blob(
-                    data, overwrite=False, content_settings=ContentSettings(content_md5=bytearray(md5_of(data))))
-            except ResourceExistsError:
-                pass
-            with self._lock:
-                self._uploaded.add(href)
+    def maker(self, container: str, blob: str) -> Callable[[], bytes] | None:
+        """What makes the file at ``container``/``blob``, if the imitated archive has one there
+        (a layer's COG or the granule's HDF4 file, at the path its item names)."""
+        kind = next((k for k, c in self.containers.items() if c == container), None)
+        file = blob.rsplit("/", 1)[-1]
+        name, _, layer = file.removesuffix(".tif").removesuffix(".hdf").partition("_")
+        granule = Granule.named(name, {})
+        product = CATALOG.get(granule.product) if granule else None
+        if kind is None or granule is None or product is None or \
+                not world.exists(product, granule.tile, granule.day) or \
+                world.granule_name(product, granule.tile, granule.day) != name:
+            return None
+        if kind == "hdf" and file == f"{name}.hdf":
+            make = lambda: world.hdf4(name)  # noqa: E731
+        elif kind == "cogs" and layer in product.layer_names and file == f"{name}_{layer}.tif":
+            make = lambda: world.cog(name, layer)  # noqa: E731
+        else:
+            return None
+        expected = self.href(kind, product, granule.tile, granule.day, file)
+        return make if expected == f"{self.blob_url}/{container}/{blob}" else None
+
+    def materialize(self, container: str, blob: str) -> bool:
+        """Store a file the imitated archive has, on its first read (on Planetary Computer it
+        is there already); made once however many readers ask at the same time. False: the
+        archive has no such file."""
+        make = self.maker(container, blob)
+        if make is None:
+            return False
+        with self._lock:
+            lock = self._making.setdefault(blob, threading.Lock())
+        with lock:
+            client = self.blobs.get_blob_client(container, blob)
+            if not client.exists():
+                data = make()
+                try:
+                    client.upload_blob(data, overwrite=False,
+                                       content_settings=ContentSettings(content_md5=bytearray(md5_of(data))))
+                except ResourceExistsError:
+                    pass
+                with self._lock:
+                    self.files_made += 1
+        with self._lock:
+            self._making.pop(blob, None)
+        return True
 
     def search(self, params: dict[str, Any], base: str, method: str) -> dict[str, Any]:
         collections = params.get("collections") or list(self.collections)
@@ -193,9 +247,7 @@ class Planetary:
         limit = min(int(params.get("limit") or 10), MAX_LIMIT)
         offset = int(params.get("token") or 0)
         matches = self.matching(collections, boxes, start, end)
-        page = [self.item(*m) for m in matches[offset:offset + limit]]
-        with ThreadPoolExecutor(4) as pool:
-            list(pool.map(self.materialize, page))
+        page = [self.item(CATALOG[short], tile, day) for short, tile, day in matches[offset:offset + limit]]
         links = []
         if offset + limit < len(matches):
             nxt = {**params, "token": str(offset + limit)}
@@ -217,6 +269,47 @@ class Planetary:
         with self._lock:
             self.tokens_issued += 1
         return {"msft:expiry": expiry.isoformat().replace("+00:00", "Z"), "token": sas}
+
+    # --- its storage account ------------------------------------------------------------
+    def _storage(self) -> FastAPI:
+        """Azurite, passed through as it is; a file the world has is made on its first read."""
+        parts = urlsplit(self.blobs.url)
+        upstream = f"{parts.scheme}://{parts.netloc}"
+        account = parts.path.strip("/")
+        clients: list[httpx.AsyncClient] = []
+
+        @asynccontextmanager
+        async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+            async with httpx.AsyncClient(timeout=120.0) as client:
+                clients.append(client)
+                yield
+
+        app = FastAPI(title="Planetary Computer's storage (bagpipe's local imitation)", openapi_url=None,
+                      lifespan=lifespan)
+
+        async def forward(request: Request, body: bytes) -> tuple[int, dict[str, str], bytes]:
+            http = clients[0]
+            url = upstream + request.scope["raw_path"].decode() + (f"?{request.url.query}" if request.url.query else "")
+            headers = [(k, v) for k, v in request.headers.raw if k.decode().lower() not in HOP_BY_HOP]
+            sent = await http.send(http.build_request(request.method, url, headers=headers, content=body),
+                                   stream=True)
+            try:
+                raw = b"".join([chunk async for chunk in sent.aiter_raw()])  # as stored: nothing decoded
+            finally:
+                await sent.aclose()
+            return sent.status_code, {k: v for k, v in sent.headers.items() if k.lower() not in HOP_BY_HOP}, raw
+
+        @app.api_route("/{path:path}", methods=["GET", "HEAD", "PUT", "POST", "DELETE", "OPTIONS"])
+        async def blob(path: str, request: Request) -> Response:
+            body = await request.body()
+            status, headers, raw = await forward(request, body)
+            segments = path.split("/", 2)
+            if status == 404 and request.method in ("GET", "HEAD") and len(segments) == 3 and segments[0] == account \
+                    and await anyio.to_thread.run_sync(self.materialize, segments[1], segments[2]):
+                status, headers, raw = await forward(request, body)
+            return Response(raw, status_code=status, headers=headers)
+
+        return app
 
     def app(self) -> FastAPI:
         app = FastAPI(title="Planetary Computer (bagpipe's local imitation)")

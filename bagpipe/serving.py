@@ -20,10 +20,13 @@ def free_port(host: str = "127.0.0.1") -> int:
 class Served:
     """One app on ``host``; ``url`` once started."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", name: str = "http") -> None:
+    def __init__(self, app: Any, host: str = "127.0.0.1", name: str = "http", own_headers: bool = True) -> None:
+        """``own_headers``: uvicorn adds its ``server`` and ``date`` headers (not to a
+        pass-through's answers, which carry their origin's)."""
         self.host, self.port = host, free_port(host)
         self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=self.port, log_level="warning",
-                                                    access_log=False))
+                                                    access_log=False, server_header=own_headers,
+                                                    date_header=own_headers))
         self.thread = threading.Thread(target=self.server.run, name=name, daemon=True)
 
     @property

@@ -6,9 +6,12 @@ host; no token or signature in any error text."""
 from __future__ import annotations
 
 import logging
+import secrets
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import date
 
+import httpx
 import pytest
 
 from bagpipe.azurite import Azurite
@@ -38,6 +41,24 @@ def test_blob_urls_are_read_as_the_azure_sdk_reads_them() -> None:
     assert blob_container("http://127.0.0.1:10000/devstoreaccount1/modis-061-cogs/MOD10A2/x.tif") == (
         "devstoreaccount1", "modis-061-cogs")
     assert blob_container("https://n5eil01u.ecs.nsidc.org/DP4/MOST/x.hdf") is None
+
+
+def test_the_imitation_makes_a_listed_file_on_its_first_signed_read_and_never_for_a_search(
+        azurite: Azurite) -> None:
+    with Planetary(azurite.connection_string, prefix=f"l{secrets.token_hex(4)}") as planetary:
+        found = StacCatalog(planetary.stac_url).search(CATALOG["MOD10A2"], (-112.0, 34.0, -108.0, 37.0),
+                                                       date(2020, 1, 1), date(2022, 12, 31))
+        assert len(found) == 2 * 138 and planetary.files_made == 0  # three years of two tiles: nothing made
+        href = found[-1].href("Maximum_Snow_Extent")
+        assert httpx.get(href).status_code == 403 and planetary.files_made == 0  # unsigned: refused, not made
+        access = Access(planetary.sas_url, "", "")
+        with ThreadPoolExecutor(4) as pool:
+            got = list(pool.map(access.fetch, [href] * 4))
+        assert planetary.files_made == 1 and len({g.data for g in got}) == 1  # made once, served to all
+        assert got[0].md5 is not None and got[0].length == len(got[0].data)  # storage's own checks, passed on
+        with pytest.raises(StageFailure, match="no "):  # a file the archive has not: 404, never made
+            access.fetch(href.replace(found[-1].made, "2000001000000"))  # another production time
+        assert planetary.files_made == 1
 
 
 def test_a_sas_token_is_kept_then_renewed_before_it_expires(azurite: Azurite) -> None:
