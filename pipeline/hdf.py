@@ -16,8 +16,6 @@ from affine import Affine
 from pyhdf.error import HDF4Error
 from pyhdf.SD import SD, SDC
 
-from pipeline.targets import SINUSOIDAL_PROJ4
-
 _GROUP = re.compile(r"GROUP=GRID_\d+(.*?)END_GROUP=GRID_\d+", re.S)
 _FIELD = re.compile(r'DataFieldName="([^"]+)"')
 _PAIR = re.compile(r"(UpperLeftPointMtrs|LowerRightMtrs)=\(([-\d.eE+]+),([-\d.eE+]+)\)")
@@ -48,7 +46,8 @@ class Grid:
 
     @property
     def crs(self) -> str:
-        return SINUSOIDAL_PROJ4
+        """The sinusoidal projection on the grid's own sphere (MODIS's: ``pipeline.targets.SINUSOIDAL_PROJ4``)."""
+        return f"+proj=sinu +lon_0=0 +x_0=0 +y_0=0 +R={self.radius!r} +units=m +no_defs"
 
 
 def grids(struct: str) -> list[Grid]:

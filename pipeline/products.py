@@ -139,11 +139,6 @@ CATALOG: dict[str, Product] = {
 }
 
 
-def product_of_granule(name: str) -> Product | None:
-    """The product a granule name (``MOD10A2.A2022033.h09v05.061.2022042050729``) is of."""
-    return CATALOG.get(name.split(".", 1)[0])
-
-
 def periods(product: Product, start: date, end: date) -> list[date]:
     """First days of the product's compositing periods that overlap [start, end]."""
     if end < start:

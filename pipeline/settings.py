@@ -113,7 +113,7 @@ class Settings:
     # BAGPIPE_STAGE_MODULES: modules (comma-separated) whose import registers more stages.
     stage_modules: str = ""
     # BAGPIPE_TILE_STAGE: the stage a tile task runs (default "modis": collection then
-    # reprojection; "digest" is a light stand-in that needs no feed).
+    # reprojection; "digest" is a light stand-in that needs no catalog).
     tile_stage: str = "modis"
     # BAGPIPE_CATALOG: where granules are searched (pipeline/catalogs.py): "stac" (a STAC API,
     # default) or "cmr" (NASA's Common Metadata Repository).
