@@ -4,9 +4,17 @@ array; the bounding box of the two would be 86,400 × 2,400 pixels: bench/antime
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import pytest
+import rasterio
+from rasterio.enums import Resampling
+from rasterio.warp import reproject
 
 from bench import antimeridian
+from pipeline.products import CATALOG
+from pipeline.reprojection import Source, Target, warp_array
 from pipeline.request import JobRequest, RequestError, expand
 
 
@@ -34,3 +42,21 @@ def test_a_target_touching_h00_and_h35_is_made_within_a_memory_bound() -> None:
     made = antimeridian.measure("target", 1000)  # in a fresh process: its peak resident memory
     assert made["array"] == [1, 1000, 1000] and made["covered"] > 0.99
     assert made["peak_mb"] < 250 and made["added_mb"] < 100, made  # the bounding-box mosaic: over 500 and 400
+
+
+def test_the_windows_read_lose_no_pixel_of_a_target_across_the_antimeridian(tmp_path: Path) -> None:
+    """Each source read only where the target needs it warps to the very pixels that the
+    whole source does (the window of a target crossing ±180° spans its sources' width)."""
+    paths = antimeridian.sources(tmp_path)
+    target = Target(antimeridian.CRS, antimeridian.BOUNDS, 100.0, "nearest")
+    expected = np.full(target.shape, 255, dtype="uint8")
+    for path in paths:  # each whole source, the first with data winning
+        with rasterio.open(path) as source:
+            part = np.full(target.shape, 255, dtype="uint8")
+            reproject(source.read(1), part, src_transform=source.transform, src_crs=source.crs, src_nodata=255,
+                      dst_transform=target.transform, dst_crs=target.crs, dst_nodata=255,
+                      resampling=Resampling.nearest)
+            expected = np.where(expected == 255, part, expected)
+    made = warp_array([Source(p.stem, {"Maximum_Snow_Extent": p}) for p in paths],
+                      CATALOG["MOD10A2"].layer("Maximum_Snow_Extent"), target)
+    assert (expected != 255).mean() > 0.99 and np.array_equal(made, expected)

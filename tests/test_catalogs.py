@@ -18,8 +18,9 @@ import respx
 from bagpipe import modis_world as world
 from bagpipe.earthdata import Earthdata
 from bagpipe.planetary import Planetary
-from pipeline import catalogs
+from pipeline import catalogs, names
 from pipeline.cmr import CmrCatalog
+from pipeline.granules import Granule, pick
 from pipeline.products import CATALOG
 from pipeline.request import expand
 from pipeline.settings import NASA_CMR, PLANETARY_COMPUTER_STAC, Settings
@@ -129,3 +130,12 @@ def test_the_footprint_of_targets_across_the_antimeridian_crosses_it() -> None:
     assert catalogs.split((178.0, -18.0, -179.0, -16.0)) == [(178.0, -18.0, 180.0, -16.0),
                                                              (-180.0, -18.0, -179.0, -16.0)]
     assert catalogs.footprint(GridSpec().tiles_for_lonlat_box(-112, 34, -108, 37)) == (-112.0, 34.0, -108.0, 37.0)
+
+
+def test_a_reprocessed_granule_supersedes_the_one_it_replaces_and_is_a_new_source() -> None:
+    old = Granule.named(NAME, {"hdf": "https://example.org/old.hdf"})
+    new = Granule.named(NAME.replace("2022042050729", "2023001120000"), {"hdf": "https://example.org/new.hdf"})
+    assert old is not None and new is not None and (old.product, old.tile, old.day) == (new.product, new.tile, new.day)
+    key = ("MOD10A2", "h09v05", date(2022, 2, 2))
+    assert pick([old, new]) == {key: new} and pick([new, old]) == {key: new}  # the latest production, either order
+    assert names.source_blob("MOD10A2", old.id, "f") != names.source_blob("MOD10A2", new.id, "f")

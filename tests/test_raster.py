@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from datetime import date
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from rasterio.io import MemoryFile
 from rio_cogeo.cogeo import cog_validate
 
 from bagpipe import modis_world as world
-from pipeline import quality
+from pipeline import quality, tilestage
 from pipeline.access import Fetched
 from pipeline.collection import verify
 from pipeline.failures import FailureClass, StageFailure
@@ -181,6 +182,27 @@ def test_quality_layers_mask_at_native_resolution_and_quality_layers_are_nearest
     assert bad.any() and (~bad).any()
     assert (ndvi[bad] == -3000).all() and np.array_equal(ndvi[~bad], raw[~bad])
     assert set(np.unique(rank)) <= {0, 1, 2, 3} and ranks.tags()["RESAMPLING"] == "nearest"
+
+
+def test_the_tile_stage_warps_class_and_quality_layers_nearest_and_continuous_ones_bilinear(tmp_path: Path) -> None:
+    """A quality code or a class is never interpolated: the tile stage's target for each
+    layer resamples as the catalog says, and on a grid that is not the source's, nearest and
+    bilinear make different pixels of the reliability layer."""
+    params = {"product": "MOD13A1", "crs": "EPSG:4326", "bounds": "-100.0,30.0,-99.0,31.0", "res": "0.01"}
+    reliability = "500m_16_days_pixel_reliability"
+    kinds = {name: tilestage.target_of(params, name).resampling
+             for name in (reliability, "500m_16_days_VI_Quality", "500m_16_days_NDVI", "500m_16_days_red_reflectance")}
+    assert kinds == {reliability: "nearest", "500m_16_days_VI_Quality": "nearest", "500m_16_days_NDVI": "bilinear",
+                     "500m_16_days_red_reflectance": "bilinear"}
+    name = world.granule_name(MOD13A1, "h09v05", date(2022, 2, 2))
+    path = tmp_path / f"{name}_{reliability}.tif"  # as Planetary Computer keeps it
+    path.write_bytes(world.cog(name, reliability))
+    source = [Source(name, {reliability: path})]
+    target = tilestage.target_of(params, reliability)
+    as_staged, _ = opened(warp(source, MOD13A1, reliability, target))
+    nearest, _ = opened(warp(source, MOD13A1, reliability, replace(target, resampling="nearest")))
+    bilinear, _ = opened(warp(source, MOD13A1, reliability, replace(target, resampling="bilinear")))
+    assert np.array_equal(as_staged, nearest) and not np.array_equal(bilinear, nearest)
 
 
 def test_a_mosaic_across_a_tile_border_has_no_seam(tmp_path: Path) -> None:
