@@ -42,7 +42,9 @@ SNOW_DAACS = {"MOD": "MOST", "MYD": "MOSA"}
 class Earthdata:
     """CMR, archive, login and bucket; ``tokens``: the bearer tokens the login host accepts."""
 
-    def __init__(self, tokens: set[str] | None = None) -> None:
+    def __init__(self, tokens: set[str] | None = None, archive_port: int = 0) -> None:
+        """``archive_port``: the archive's port, if free (the hrefs a planned task keeps name
+        it: the local stack keeps it across restarts)."""
         from bagpipe.serving import Served
 
         self.tokens = tokens if tokens is not None else {secrets.token_urlsafe(24)}
@@ -52,7 +54,7 @@ class Earthdata:
         self.seen: list[tuple[str, str, dict[str, str]]] = []  # (service, path, headers) of each request
         self.lock = threading.Lock()
         self.cmr = Served(self._cmr(), "127.0.0.1", "cmr")
-        self.archive = Served(self._archive(), "127.0.0.2", "archive")
+        self.archive = Served(self._archive(), "127.0.0.2", "archive", port=archive_port)
         self.login = Served(self._login(), "127.0.0.3", "login")
         self.bucket = Served(self._bucket(), "127.0.0.4", "bucket")
 

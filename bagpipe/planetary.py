@@ -87,7 +87,9 @@ def footprint(tile: Tile) -> tuple[dict[str, Any], list[float]]:
 class Planetary:
     """The imitation, on its own port; ``url`` is its base (``{url}/api/stac/v1``)."""
 
-    def __init__(self, connection: str, token_minutes: float = 60.0, prefix: str = "") -> None:
+    def __init__(self, connection: str, token_minutes: float = 60.0, prefix: str = "", storage_port: int = 0) -> None:
+        """``storage_port``: its storage account's port, if free (the hrefs a planned task keeps
+        name it: the local stack keeps it across restarts)."""
         self.blobs = BlobServiceClient.from_connection_string(connection)
         self.token_minutes = token_minutes
         self.containers = {"cogs": f"{prefix}{COGS}", "hdf": f"{prefix}{HDFS}"}
@@ -103,7 +105,7 @@ class Planetary:
             except ResourceExistsError:
                 pass
         self.served = Served(self.app(), name="planetary")
-        self.storage = Served(self._storage(), name="planetary-storage", own_headers=False)
+        self.storage = Served(self._storage(), name="planetary-storage", own_headers=False, port=storage_port)
 
     @property
     def url(self) -> str:

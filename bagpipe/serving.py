@@ -17,13 +17,23 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def is_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
 class Served:
     """One app on ``host``; ``url`` once started."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", name: str = "http", own_headers: bool = True) -> None:
+    def __init__(self, app: Any, host: str = "127.0.0.1", name: str = "http", own_headers: bool = True,
+                 port: int = 0) -> None:
         """``own_headers``: uvicorn adds its ``server`` and ``date`` headers (not to a
-        pass-through's answers, which carry their origin's)."""
-        self.host, self.port = host, free_port(host)
+        pass-through's answers, which carry their origin's); ``port``: this one if it is free."""
+        self.host, self.port = host, port if port and is_free(host, port) else free_port(host)
         self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=self.port, log_level="warning",
                                                     access_log=False, server_header=own_headers,
                                                     date_header=own_headers))

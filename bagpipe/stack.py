@@ -32,6 +32,7 @@ from pipeline.settings import Settings
 log = logging.getLogger(__name__)
 
 STATE_FILE = "stack.json"
+PORTS_FILE = "ports.json"  # the ports whose URLs task rows keep, the same at every start
 READY = re.compile(r"worker \S+ ready")  # what a worker logs once its slots are warm
 
 
@@ -79,8 +80,12 @@ class LocalStack:
             self.azurite = Azurite(self.home / "azurite").start()
             self.connection = self.azurite.connection_string
         self.mail = MailServer(self.home / "mail").start()
-        self.planetary = Planetary(self.connection, self.token_minutes).start()
-        self.nasa = Earthdata().start()
+        kept = self._kept_ports()
+        self.planetary = Planetary(self.connection, self.token_minutes,
+                                   storage_port=kept.get("planetary_storage", 0)).start()
+        self.nasa = Earthdata(archive_port=kept.get("archive", 0)).start()
+        (self.home / PORTS_FILE).write_text(json.dumps({"planetary_storage": self.planetary.storage.port,
+                                                        "archive": self.nasa.archive.port}))
         overrides = {"catalog": self.catalog, "stac_url": self.planetary.stac_url,
                      "stac_sas_url": self.planetary.sas_url, "cmr_url": self.nasa.cmr_url,
                      "earthdata_token": self.nasa.token, "earthdata_hosts": self.nasa.hosts} | self.overrides
@@ -103,6 +108,15 @@ class LocalStack:
              "logs": str(self.home / "logs")}
         ))
         return self
+
+    def _kept_ports(self) -> dict[str, int]:
+        """The ports of the imitations' storage and archive at the last start in this home:
+        a granule's href, kept in the rows of the tasks planned before a restart, still
+        names a file the stack serves (as Planetary Computer's and NASA's hrefs stay valid)."""
+        try:
+            return {k: int(v) for k, v in json.loads((self.home / PORTS_FILE).read_text()).items()}
+        except (OSError, ValueError, TypeError, AttributeError):
+            return {}
 
     def _start_api(self) -> None:
         port = free_port()
