@@ -293,8 +293,13 @@ class Planetary:
             http = clients[0]
             url = upstream + request.scope["raw_path"].decode() + (f"?{request.url.query}" if request.url.query else "")
             headers = [(k, v) for k, v in request.headers.raw if k.decode().lower() not in HOP_BY_HOP]
-            sent = await http.send(http.build_request(request.method, url, headers=headers, content=body),
-                                   stream=True)
+            try:
+                sent = await http.send(http.build_request(request.method, url, headers=headers, content=body),
+                                       stream=True)
+            except httpx.TransportError:  # Azurite out of reach: the storage service says it is busy
+                return 503, {"content-type": "application/xml", "x-ms-error-code": "ServerBusy"}, (
+                    b'<?xml version="1.0" encoding="utf-8"?><Error><Code>ServerBusy</Code>'
+                    b"<Message>The server is currently unable to receive requests.</Message></Error>")
             try:
                 raw = b"".join([chunk async for chunk in sent.aiter_raw()])  # as stored: nothing decoded
             finally:

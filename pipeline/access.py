@@ -55,6 +55,16 @@ class Fetched:
     md5: bytes | None = None  # what the host said the MD5 is
 
 
+BUSY = frozenset({429, 500, 502, 503, 504})  # a host that may well answer a retry
+
+
+def refused(url: str, status: int, why: str) -> StageFailure:
+    """A host's error answer as a classified failure: busy (a retry may well succeed) or a
+    refusal of the file itself."""
+    return StageFailure(FailureClass.SERVER_BUSY if status in BUSY else FailureClass.SOURCE_DOWNLOAD,
+                        f"{redact(url)}: {why}")
+
+
 class SourceMissing(StageFailure):
     """The host has no such file (404), though the catalog listed it."""
 
@@ -190,8 +200,8 @@ class Access:
                 if exc.status_code == 403 and attempt == 1:  # an expired or revoked token: a new one, once
                     self.signer.forget(href)
                     continue
-                raise StageFailure(FailureClass.SOURCE_DOWNLOAD, f"{redact(href)}: storage answered HTTP "
-                                   f"{exc.status_code} ({exc.error_code or exc.reason})") from None
+                raise refused(href, exc.status_code or 0, f"storage answered HTTP {exc.status_code} "
+                              f"({exc.error_code or exc.reason})") from None
             except AzureError as exc:
                 raise StageFailure(FailureClass.CONNECTION, f"{redact(href)}: {type(exc).__name__}") from None
             md5 = downloader.properties.content_settings.content_md5
@@ -209,7 +219,7 @@ class Access:
             raise StageFailure(FailureClass.SOURCE_DOWNLOAD, f"{redact(href)}: HTTP {response.status_code}, access "
                                f"refused (is {names.SETTING_EARTHDATA_TOKEN} set and valid?)")
         if response.status_code != 200:
-            raise StageFailure(FailureClass.SOURCE_DOWNLOAD, f"{redact(href)}: HTTP {response.status_code}")
+            raise refused(href, response.status_code, f"HTTP {response.status_code}")
         length = response.headers.get("content-length")
         md5 = response.headers.get("content-md5")
         return Fetched(href, response.content, int(length) if length else None,

@@ -13,6 +13,7 @@ from datetime import date
 
 import httpx
 import pytest
+import respx
 
 from bagpipe.azurite import Azurite
 from bagpipe.earthdata import Earthdata
@@ -20,7 +21,7 @@ from bagpipe.planetary import Planetary
 from pipeline.access import Access, SasSigner, blob_container
 from pipeline.access import Earthdata as EarthdataClient
 from pipeline.cmr import CmrCatalog
-from pipeline.failures import StageFailure
+from pipeline.failures import FailureClass, StageFailure
 from pipeline.granules import Granule
 from pipeline.products import CATALOG
 from pipeline.redact import RedactingFilter
@@ -128,3 +129,19 @@ def test_no_credential_in_an_error_text_or_a_log_line(
         log.info("fetching %s with Bearer %s", signed, nasa.token)
     signature = signed.split("sig=")[1].split("&")[0]
     assert signature not in caplog.text and nasa.token not in caplog.text and "sig=***" in caplog.text
+
+
+@respx.mock
+def test_a_busy_archive_is_a_transient_failure_and_a_refusal_is_not() -> None:
+    """Recorded answers of a DAAC: 503 and 429 (rate limits under many parallel requests) may
+    well pass on a retry; 401 and 404 are about the file or the token, not the moment."""
+    url = "https://data.lpdaac.earthdatacloud.nasa.gov/lp-prod-protected/MOD13A1.061/g/g.hdf"
+    access = Access("", "token-" + "x" * 20, "data.lpdaac.earthdatacloud.nasa.gov")
+    for status, failure in ((503, FailureClass.SERVER_BUSY), (429, FailureClass.SERVER_BUSY),
+                            (500, FailureClass.SERVER_BUSY), (401, FailureClass.SOURCE_DOWNLOAD),
+                            (404, FailureClass.SOURCE_DOWNLOAD), (410, FailureClass.SOURCE_DOWNLOAD)):
+        respx.get(url).mock(return_value=httpx.Response(status, text="<html>busy</html>"))
+        with pytest.raises(StageFailure) as caught:
+            access.fetch(url)
+        assert caught.value.failure is failure, status
+        assert caught.value.failure.transient == (status in (429, 500, 503))
