@@ -31,8 +31,10 @@ KeyOpt = Annotated[Optional[str], typer.Option("--key", help="Personal API token
 # The demo request: the Four Corners of the south-western United States (MODIS tiles
 # h08v05 and h09v05, reprojected to 1° lon/lat tiles at 0.005°), every 8-day snow
 # composite from January to mid-February 2022 (12 tiles x 6 periods = 72 tile tasks), and
-# per tile the snow-covered fraction over the span (12 reductions, the Python example);
-# the period of 2 February is the real granule in data/modis.
+# per tile the snow-covered fraction over the span (12 reductions, the Python example).
+# The granules are found by searching the local Planetary Computer (STAC API), signed with
+# its SAS tokens and read from Azurite, the code path of production; the period of
+# 2 February over h09v05 is the real granule in data/modis.
 DEMO_REQUEST: dict[str, Any] = {
     "region": {"bbox": [-112.0, 34.0, -108.0, 37.0]},
     "grid": {"crs": "EPSG:4326", "tile_size": 1.0, "resolution": 0.005},
@@ -250,20 +252,24 @@ def demo(out: Annotated[Path, typer.Option(help="Where the products go.")] = Pat
 def run_stage(
     stage: Annotated[str, typer.Argument(help="reproject, or reduce.")],
     inputs: Annotated[list[Path], typer.Option("--input", exists=True, dir_okay=False,
-                                               help="A source file (repeat: a mosaic, or a reduction's span).")],
+                                               help="A source file (repeat: a mosaic, or a reduction's span); "
+                                                    "reproject: a granule's HDF4 file or a layer's GeoTIFF.")],
     out: Annotated[Path, typer.Option(help="The output file (reproject) or folder (reduce).")],
     dst_crs: Annotated[str, typer.Option(help="reproject: target CRS, as for rio warp.")] = "EPSG:4326",
     res: Annotated[float, typer.Option(min=0.0, help="reproject: target pixel size in CRS units.")] = 0.005,
     bounds: Annotated[Optional[tuple[float, float, float, float]], typer.Option(
         help="reproject: west south east north, in the target CRS.")] = None,
-    resampling: Annotated[str, typer.Option(help="reproject: nearest, bilinear, average, ...")] = "nearest",
+    resampling: Annotated[Optional[str], typer.Option(
+        help="reproject: nearest, bilinear, average, ... (default: the layer's)")] = None,
+    product: Annotated[str, typer.Option(help="reproject: the product the sources are of.")] = "MOD10A2",
+    layer: Annotated[Optional[str], typer.Option(help="reproject: the layer (default: the product's).")] = None,
     reducer: Annotated[Optional[str], typer.Option(help="reduce: the reducer's name.")] = None,
     reducers_path: Annotated[str, typer.Option(help="reduce: more folders of reducers (:-separated).")] = "",
     arg: Annotated[Optional[list[str]], typer.Option(help="reduce: an argument for task.json, NAME=VALUE.")] = None,
 ) -> None:
     """Run one stage on local files, with no Azure at all: the code workers run."""
     if stage == "reproject":
-        _reproject(inputs, out, dst_crs, res, bounds, resampling)
+        _reproject(inputs, out, dst_crs, res, bounds, resampling, product, layer)
     elif stage == "reduce":
         _reduce(inputs, out, reducer, reducers_path, dict(a.split("=", 1) for a in arg or []))
     else:
@@ -271,17 +277,31 @@ def run_stage(
 
 
 def _reproject(inputs: list[Path], out: Path, dst_crs: str, res: float,
-               bounds: tuple[float, float, float, float] | None, resampling: str) -> None:
+               bounds: tuple[float, float, float, float] | None, resampling: str | None, product: str,
+               layer: str | None) -> None:
+    """Warp a layer of local granule files: HDF4 files are masked by their quality layer;
+    a single layer's GeoTIFF is warped as it is (its quality layer is another file)."""
     from rasterio.enums import Resampling
 
-    from pipeline.reprojection import Target, warp
+    from pipeline.granules import HDF
+    from pipeline.products import CATALOG
+    from pipeline.reprojection import Source, Target, warp
 
     if bounds is None:
         _fail(ValueError("--bounds west south east north is required"))
+    if product not in CATALOG:
+        _fail(ValueError(f"--product: one of {', '.join(CATALOG)}"))
+    spec = CATALOG[product].default if layer is None else next(
+        (x for x in CATALOG[product].layers if x.name == layer), None)
+    if spec is None:
+        _fail(ValueError(f"--layer: one of {', '.join(CATALOG[product].layer_names)}"))
+    resampling = resampling or spec.resampling  # type: ignore[union-attr]
     if resampling not in Resampling.__members__:
         _fail(ValueError(f"unknown resampling {resampling!r}"))
+    sources = [Source(p.name, {HDF if p.suffix == ".hdf" else spec.name: p}) for p in inputs]  # type: ignore[union-attr]
     try:
-        data = warp(inputs, Target(dst_crs, bounds, res, resampling))  # type: ignore[arg-type]
+        data = warp(sources, CATALOG[product], spec.name, Target(dst_crs, bounds, res, resampling),  # type: ignore[arg-type,union-attr]
+                    masks=all(p.suffix == ".hdf" for p in inputs))
     except Exception as exc:  # a scientist's command line: say what went wrong
         _fail(exc)
     out.write_bytes(data)

@@ -1,7 +1,9 @@
 """The embedded local stack: Azurite (disk mode), the API under uvicorn, the control loop,
-N worker processes and an SMTP server — started together, stopped together. It signs its
-owner in as the admin user ``admin``, whose personal API token it keeps in
-``<home>/api-key`` (readable by its owner only): the CLI finds it there."""
+N worker processes, an SMTP server, and imitations of the two places MODIS lives (Planetary
+Computer's STAC API and SAS token endpoint; NASA's CMR, a DAAC archive and Earthdata Login)
+— started together, stopped together. It signs its owner in as the admin user ``admin``,
+whose personal API token it keeps in ``<home>/api-key`` (readable by its owner only): the
+CLI finds it there."""
 
 from __future__ import annotations
 
@@ -21,8 +23,9 @@ import uvicorn
 from bagpipe import control
 from bagpipe.azurite import Azurite, free_port
 from bagpipe.client import STATE_FILE, TOKEN_FILE, token_in
-from bagpipe.feedserver import FeedServer
+from bagpipe.earthdata import Earthdata
 from bagpipe.mailserver import MailServer
+from bagpipe.planetary import Planetary
 from pipeline import identity, names
 from pipeline.api import create_app
 from pipeline.clients import clients_for
@@ -30,6 +33,7 @@ from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
 
+PORTS_FILE = "ports.json"  # the ports whose URLs task rows keep, the same at every start
 READY = re.compile(r"worker \S+ ready")  # what a worker logs once its slots are warm
 
 
@@ -38,7 +42,9 @@ READY = re.compile(r"worker \S+ ready")  # what a worker logs once its slots are
 
 @dataclass
 class LocalStack:
-    """Everything ``bagpipe up`` runs. ``connection`` reuses a running Azurite (tests)."""
+    """Everything ``bagpipe up`` runs. ``connection`` reuses a running Azurite (tests);
+    ``catalog``: where the planner searches granules (``stac``: the Planetary Computer
+    imitation, as ``make demo`` does; ``cmr``: the NASA one)."""
 
     home: Path
     workers: int = 2
@@ -47,13 +53,16 @@ class LocalStack:
     namespace: str = ""
     window: int = 256
     lease_seconds: int = 30
+    catalog: str = "stac"
+    token_minutes: float = 60.0  # the life of the Planetary Computer imitation's SAS tokens
     overrides: dict[str, object] = field(default_factory=dict)  # any other Settings field
     settings: Settings = field(init=False)
     token: str = field(init=False, default="")  # the admin's personal API token
     api_url: str = field(init=False, default="")
     azurite: Azurite | None = field(init=False, default=None)
     mail: MailServer = field(init=False)
-    feed: FeedServer = field(init=False)
+    planetary: Planetary = field(init=False)
+    nasa: Earthdata = field(init=False)
     _stop: threading.Event = field(init=False, default_factory=threading.Event)
     _threads: list[threading.Thread] = field(init=False, default_factory=list)
     _workers: list[subprocess.Popen[bytes]] = field(init=False, default_factory=list)
@@ -66,8 +75,15 @@ class LocalStack:
             self.azurite = Azurite(self.home / "azurite").start()
             self.connection = self.azurite.connection_string
         self.mail = MailServer(self.home / "mail").start()
-        self.feed = FeedServer().start()
-        overrides = {"feed_url": self.feed.template} | self.overrides
+        kept = self._kept_ports()
+        self.planetary = Planetary(self.connection, self.token_minutes,
+                                   storage_port=kept.get("planetary_storage", 0)).start()
+        self.nasa = Earthdata(archive_port=kept.get("archive", 0)).start()
+        (self.home / PORTS_FILE).write_text(json.dumps({"planetary_storage": self.planetary.storage.port,
+                                                        "archive": self.nasa.archive.port}))
+        overrides = {"catalog": self.catalog, "stac_url": self.planetary.stac_url,
+                     "stac_sas_url": self.planetary.sas_url, "cmr_url": self.nasa.cmr_url,
+                     "earthdata_token": self.nasa.token, "earthdata_hosts": self.nasa.hosts} | self.overrides
         self.settings = Settings(
             storage_connection=self.connection, namespace=self.namespace, window=self.window,
             lease_seconds=self.lease_seconds,
@@ -87,10 +103,20 @@ class LocalStack:
         for i in range(self.workers):
             self.start_worker(i)
         (self.home / STATE_FILE).write_text(json.dumps(
-            {"api": self.api_url, "pid": os.getpid(), "mail": str(self.mail.folder), "feed": self.feed.url,
+            {"api": self.api_url, "pid": os.getpid(), "mail": str(self.mail.folder),
+             "stac": self.planetary.stac_url, "cmr": self.nasa.cmr_url,
              "logs": str(self.home / "logs")}
         ))
         return self
+
+    def _kept_ports(self) -> dict[str, int]:
+        """The ports of the imitations' storage and archive at the last start in this home:
+        a granule's href, kept in the rows of the tasks planned before a restart, still
+        names a file the stack serves (as Planetary Computer's and NASA's hrefs stay valid)."""
+        try:
+            return {k: int(v) for k, v in json.loads((self.home / PORTS_FILE).read_text()).items()}
+        except (OSError, ValueError, TypeError, AttributeError):
+            return {}
 
     def _start_api(self) -> None:
         port = free_port()
@@ -166,7 +192,8 @@ class LocalStack:
             thread.join(30)
         clients_for(self.settings).close()  # idle connections would hold Azurite's shutdown
         self.mail.stop()
-        self.feed.stop()
+        self.planetary.stop()
+        self.nasa.stop()
         if self.azurite is not None:
             self.azurite.stop()
         (self.home / STATE_FILE).unlink(missing_ok=True)

@@ -3,7 +3,7 @@
 A clean run first; then the same request through a Toxiproxy in front of Azurite while a
 random worker is SIGKILLed (and restarted) every few seconds, Azurite (disk mode) is stopped
 and restarted twice, and the proxy injects latency spikes and resets a share of
-connections. The tasks do real work: MODIS granules from the local feed, collected,
+connections. The tasks do real work: MODIS granules found through the local Planetary Computer, collected,
 cached and reprojected to 1° tiles. Then, from storage alone: every task terminal and
 succeeded, one committed attempt per task, each output byte-identical to the clean run's,
 no blob that no task names (nor a ``.making`` marker left behind), one completion email.

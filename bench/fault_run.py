@@ -287,6 +287,9 @@ class Run:
             if not JobState(row["State"]).finished:
                 found["stuck_jobs"] += 1
                 problems.append(f"{job} {row['State']}")
+            elif row["State"] == JobState.FAILED.value:  # every fault is transient: retries must absorb it
+                found["failed_jobs"] += 1
+                problems.append(f"{job} FAILED: {row.get('Error') or 'a task is DEAD'}")
             rows = tasks.list_tasks(clients.tasks, job)
             tried = [r for r in clients.tasks.query_entities(
                 "PartitionKey eq @pk and RowKey ge @lo and RowKey lt @hi",

@@ -42,7 +42,7 @@ def fault_tile(ctx: StageContext) -> None:
         Path(os.environ[HANGS_ENV], f"{ctx.job}-{ctx.task}").touch()
         time.sleep(600)  # the harness loses this worker here
     key = hashlib.sha256(f"fault_tile/{ctx.params['tile']}/{ctx.params['date']}".encode()).hexdigest()
-    name = names.tile_blob(key, ctx.params["product"], ctx.params["tile"], ctx.params["date"])
+    name = names.tile_blob(key, ctx.params["product"], "Maximum_Snow_Extent", ctx.params["tile"], ctx.params["date"])
     made = cache.ensure(ctx.clients.transfers, ctx.clients.tiles, name, lambda: _tile(ctx), "image/tiff",
                         want_data=False, owner=f"{ctx.job}/{ctx.task}", tidy=ctx.attempt > 1)
     ctx.cached = not made.made

@@ -71,7 +71,8 @@ def sweep_points(azurite: Azurite, workdir: Path, chosen: list[tuple[int, str]],
             failures.append({"k": k, "kind": kind, "hit": result["hit"], "problems": result["problems"][:5]})
     return {"fault_points": len(chosen), "lost": totals["lost"], "duplicates": totals["duplicates"],
             "extra_emails": totals["extra_emails"], "stuck_jobs": totals["stuck_jobs"],
-            "leftovers": totals["leftovers"], "missing_emails": totals["missing_emails"],
+            "leftovers": totals["leftovers"], "failed_jobs": totals["failed_jobs"],
+            "missing_emails": totals["missing_emails"],
             "resent_emails": totals["resent_emails"], "coverage": len(covered), "failures": failures}
 
 

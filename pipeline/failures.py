@@ -18,12 +18,12 @@ from azure.core.exceptions import (
 
 
 class FailureClass(StrEnum):
-    SOURCE_DOWNLOAD = "source_download_failed"  # a feed did not deliver a source file
+    SOURCE_DOWNLOAD = "source_download_failed"  # an archive did not deliver a source file
     BAD_SOURCE = "source_unreadable"  # a delivered source is not the raster it should be
     BLOB_READ = "blob_read_failed"  # a blob could not be read (missing, refused)
     CORRUPT_BLOB = "corrupt_blob_read"  # a blob's content did not match its checksum
     BLOB_EXISTS = "blob_already_exists"  # a write found its blob already there
-    CONNECTION = "connection_failure"  # storage or a feed could not be reached
+    CONNECTION = "connection_failure"  # storage or an archive could not be reached
     SERVER_BUSY = "server_busy"  # storage throttled (503/500)
     OPERATION_TIMEOUT = "operation_timeout"  # a storage call timed out
     EXECUTION_TIMEOUT = "execution_timeout"  # the monitor revoked an overdue attempt
@@ -53,7 +53,7 @@ TRANSIENT = frozenset(
 
 
 class StageFailure(Exception):
-    """A failure a stage classifies itself (e.g. a feed that refused a source)."""
+    """A failure a stage classifies itself (e.g. an archive that refused a source)."""
 
     def __init__(self, failure: FailureClass, message: str) -> None:
         super().__init__(message)

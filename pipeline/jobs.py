@@ -175,8 +175,8 @@ def replan_stale(clients: Clients, row: dict[str, Any]) -> bool:
     message lost, poisoned, or its planner dead), send its plan message again — up to
     :data:`PLAN_TRIES` times, after which it fails, saying so. True if it acted."""
     if row["State"] != JobState.ACCEPTED.value or now() - row["UpdatedAt"] < timedelta(
-            seconds=2 * clients.settings.lease_seconds):
-        return False
+            seconds=2 * clients.settings.lease_seconds) or row.get("PlanningUntil", now()) > now():
+        return False  # moving, or a planner is searching the catalogs for it
     tries = int(row.get("PlanTries", 0)) + 1
     try:
         if tries > PLAN_TRIES:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import date
 
 # --- app settings (environment variables) -----------------------------------------------
 # The storage connection: a connection string locally; in Azure the identity-based form
@@ -44,8 +43,12 @@ SETTING_MONITOR_INTERVAL = "BAGPIPE_MONITOR_INTERVAL_S"
 SETTING_STAGE_LIMITS = "BAGPIPE_STAGE_LIMITS"
 SETTING_STAGE_MODULES = "BAGPIPE_STAGE_MODULES"
 SETTING_TILE_STAGE = "BAGPIPE_TILE_STAGE"
-SETTING_FEED_URL = "BAGPIPE_FEED_URL"
-SETTING_FEEDS = "BAGPIPE_FEEDS"
+SETTING_CATALOG = "BAGPIPE_CATALOG"
+SETTING_STAC_URL = "BAGPIPE_STAC_URL"
+SETTING_STAC_SAS_URL = "BAGPIPE_STAC_SAS_URL"
+SETTING_CMR_URL = "BAGPIPE_CMR_URL"
+SETTING_EARTHDATA_TOKEN = "BAGPIPE_EARTHDATA_TOKEN"  # a secret: a Key Vault reference in Azure
+SETTING_EARTHDATA_HOSTS = "BAGPIPE_EARTHDATA_HOSTS"
 SETTING_REDUCERS_PATH = "BAGPIPE_REDUCERS_PATH"
 SETTING_LOG_FORMAT = "BAGPIPE_LOG_FORMAT"
 # Application Insights (read by azure-monitor-opentelemetry under this standard name)
@@ -136,18 +139,18 @@ def output_prefix(job: str, task: str, attempt: int) -> str:
     return f"{job}/tasks/{task}/a{attempt:03d}/"
 
 
-def source_blob(product: str, tile: str, day: date, file_name: str) -> str:
-    """A granule's layer file in ``sources``, keyed by its origin: product, tile, date and
-    the catalog's file name (which carries the collection version)."""
-    return f"{product}/{tile}/{day.isoformat()}/{file_name}"
+def source_blob(product: str, granule: str, file_name: str) -> str:
+    """A granule's file in ``sources``, keyed by the granule's id (which carries its
+    production timestamp: a reprocessed granule is a new source) and the file's name."""
+    return f"{product}/{granule}/{file_name}"
 
 
 TILE_OUTPUT_PREFIX = "tiles:"  # an output name in the tiles container, not in products
 
 
-def tile_blob(key: str, product: str, tile: str, day: str) -> str:
-    """A reprojected tile in ``tiles``: content-addressed by ``key``, named for people."""
-    return f"{key[:2]}/{key}/{product}.{day}.{tile}.tif"
+def tile_blob(key: str, product: str, layer: str, tile: str, day: str) -> str:
+    """A reprojected layer of a tile in ``tiles``: content-addressed by ``key``, named for people."""
+    return f"{key[:2]}/{key}/{product}.{layer}.{day}.{tile}.tif"
 
 
 def manifest_blob(job: str) -> str:

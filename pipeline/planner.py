@@ -19,7 +19,7 @@ from typing import Any
 
 from azure.core.exceptions import ResourceNotFoundError
 
-from pipeline import dispatch, jobs, names, tasks, transitions
+from pipeline import catalogs, dispatch, jobs, names, stages, tasks, transitions
 from pipeline.clients import Clients
 from pipeline.request import RequestError, expand
 from pipeline.status import JobState, TaskStatus
@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 NO_RELEASER = datetime(1970, 1, 1, tzinfo=UTC)  # a lease that has long expired
 RELEASE_CHUNK = 64  # tasks sent per move of the cursor: bounds the work done under one lease
 RELEASE_LEASE_S = 15.0  # a releaser's hold on the cursor, renewed at each move
+SEARCH_LEASE = timedelta(minutes=15)  # the longest a planner's catalog searches may take before the sweep plans again
 
 
 def plan(clients: Clients, job: str) -> None:
@@ -47,6 +48,14 @@ def plan(clients: Clients, job: str) -> None:
         jobs.refuse(clients, row, f"the request cannot be planned: {exc.field}: {exc.message}")
         return
     planned = int(row["Planned"])
+    if planned < len(specs):  # the granules: one catalog search per product (again, if a planner died here)
+        try:  # however long the search, the sweep does not take the job for one whose plan was lost
+            row = jobs.update(clients, row, PlanningUntil=tasks.now() + SEARCH_LEASE)
+        except Exception as exc:
+            if not tasks.is_conflict(exc):
+                raise
+            return plan(clients, job)  # moved meanwhile (cancelled, another planner): look again
+        specs = catalogs.resolve(settings, specs, stages.TILE_STAGE)
     while planned < len(specs):
         batch = [
             tasks.task_entity(job, seq, specs[seq], settings.shards)

@@ -1,7 +1,7 @@
 """Credentials out of every text bagpipe keeps or shows: error messages on task and attempt
 rows, the portal's view, log lines and telemetry.
 
-A feed URL may carry a SAS signature (``?...&sig=...``), an FTP ``user:password@``, an
+A source URL may carry a SAS signature (``?...&sig=...``), an FTP ``user:password@``, an
 access token in its query; an exception may quote a connection string or an
 ``Authorization`` header. :func:`redact` replaces the secret part and keeps the rest (the
 host, the path, the SAS's expiry), so that an error still says what failed where.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date
 from typing import Annotated, Literal, Union
 
@@ -12,6 +12,7 @@ from pyproj import CRS
 from pyproj.exceptions import CRSError
 
 from pipeline import reducers, stages
+from pipeline.granules import Granule, as_param
 from pipeline.grid import Tile
 from pipeline.products import CATALOG, period_count, periods
 from pipeline.reducers import Program
@@ -28,7 +29,8 @@ ArgValue = Union[Annotated[str, Field(max_length=1000)], int, float, bool]
 
 
 class Region(BaseModel):
-    """A lon/lat box ``[west, south, east, north]`` or a list of MODIS tiles, not both."""
+    """A lon/lat box ``[west, south, east, north]`` (west > east: it crosses ±180°) or a list
+    of MODIS tiles, not both."""
 
     model_config = ConfigDict(extra="forbid")
     bbox: tuple[Lon, Lat, Lon, Lat] | None = None
@@ -101,6 +103,10 @@ class JobRequest(BaseModel):
     start: Annotated[date, Field(ge=FIRST_DAY, le=LAST_DAY)]
     end: Annotated[date, Field(ge=FIRST_DAY, le=LAST_DAY)]
     products: Annotated[list[Annotated[str, Field(max_length=32)]], Field(min_length=1, max_length=16)]
+    # the layers to make of a product, by product (a product not named: its default layer)
+    layers: Annotated[dict[Annotated[str, Field(max_length=32)],
+                           Annotated[list[Annotated[str, Field(max_length=64)]], Field(min_length=1, max_length=16)]],
+                      Field(max_length=16)] | None = None
     grid: Grid | None = None  # a bbox region defaults to Grid(); MODIS tiles use their own grid
     reducer: Reducer | None = None
     email: EmailStr | None = None
@@ -136,6 +142,9 @@ class TaskSpec:
     program: Program | None = None  # a reduction: the program it resolved to
     deps: tuple[int, int] = (0, 0)
     last: date | None = None  # a reduction: the first day of the span's last period
+    layers: tuple[str, ...] = ()  # the product's layers to make (first: the reduction's inputs)
+    # a tile task's granules, once the planner has searched the catalog (None: not searched)
+    granules: tuple[Granule, ...] | None = field(default=None, compare=False)
 
     @property
     def tile(self) -> str:
@@ -149,7 +158,8 @@ class TaskSpec:
             "crs": grid.crs, "res": repr(grid.resolution),
             "bounds": ",".join(map(repr, self.target.bounds())),
             "sources": ",".join(t.name for t in self.target.sources()),
-        } | self._links()
+            "layers": ",".join(self.layers),
+        } | self._links() | ({} if self.granules is None else {"granules": as_param(self.granules)})
 
     def _links(self) -> dict[str, str]:
         if self.reducer is not None:
@@ -178,8 +188,9 @@ def target_count(request: JobRequest) -> int:
                                "grid; give region.bbox to choose a target grid")
         return len(set(region.tiles))
     west, south, east, north = region.bbox  # type: ignore[misc]
-    if west >= east or south >= north:
-        raise RequestError(400, "region.bbox", "the region is empty: need west < east and south < north")
+    if west == east or south >= north:
+        raise RequestError(400, "region.bbox", "the region is empty: need west != east (west > east crosses "
+                           "±180°) and south < north")
     try:
         return (request.grid or Grid()).spec().count_for_lonlat_box(west, south, east, north)
     except ValueError as exc:
@@ -212,6 +223,7 @@ def expand(request: JobRequest, max_tasks: int, tile_stage: str = stages.TILE_ST
         raise RequestError(400, "products", "a product is named twice")
     if request.end < request.start:
         raise RequestError(400, "end", "the time span is empty: end is before start")
+    layers = layers_of(request)
     # counted before anything is made: a world box of tiny tiles must not exhaust the memory
     places = target_count(request)
     groups = places * len(request.products) if request.reducer else 0
@@ -232,9 +244,31 @@ def expand(request: JobRequest, max_tasks: int, tile_stage: str = stages.TILE_ST
     for product, target in pairs:
         first = len(specs)
         reduction = tiles + len(reductions) if request.reducer else None
-        specs += [TaskSpec(tile_stage, product, target, day, reduction=reduction) for day in dates[product]]
+        specs += [TaskSpec(tile_stage, product, target, day, reduction=reduction, layers=layers[product])
+                  for day in dates[product]]
         if request.reducer:
             reductions.append(TaskSpec(REDUCE_STAGE, product, target, dates[product][0], reducer=request.reducer,
                                        program=program, deps=(first, len(dates[product])),
-                                       last=dates[product][-1]))
+                                       last=dates[product][-1], layers=layers[product]))
     return specs + reductions
+
+
+def layers_of(request: JobRequest) -> dict[str, tuple[str, ...]]:
+    """The layers to make of each product: those ``layers`` names, else its default layer;
+    or a RequestError naming the field."""
+    named = request.layers or {}
+    for product in named:
+        if product not in request.products:
+            raise RequestError(400, "layers", f"layers are named for {product!r}, which is not among the products")
+    found = {}
+    for product in request.products:
+        chosen = named.get(product) or [CATALOG[product].default.name]
+        known = CATALOG[product].layer_names
+        unknown = [name for name in chosen if name not in known]
+        if unknown:
+            raise RequestError(400, f"layers.{product}", f"{product} has no layer {', '.join(map(repr, unknown))}; "
+                               f"its layers: {', '.join(known)}")
+        if len(set(chosen)) != len(chosen):
+            raise RequestError(400, f"layers.{product}", "a layer is named twice")
+        found[product] = tuple(chosen)
+    return found

@@ -11,6 +11,11 @@ from dataclasses import dataclass, field, replace
 
 from pipeline import names
 
+PLANETARY_COMPUTER_STAC = "https://planetarycomputer.microsoft.com/api/stac/v1"
+PLANETARY_COMPUTER_SAS = "https://planetarycomputer.microsoft.com/api/sas/v1/token"
+NASA_CMR = "https://cmr.earthdata.nasa.gov/search/"
+EARTHDATA_HOSTS = ("urs.earthdata.nasa.gov,data.nsidc.earthdatacloud.nasa.gov,n5eil01u.ecs.nsidc.org,"
+                   "data.lpdaac.earthdatacloud.nasa.gov,e4ftl01.cr.usgs.gov")
 
 def _float(env: Mapping[str, str], key: str, default: float, minimum: float = 0.0) -> float:
     raw = env.get(key)
@@ -36,6 +41,10 @@ def _int(env: Mapping[str, str], key: str, default: int, minimum: int = 1) -> in
     if value < minimum:
         raise ValueError(f"setting {key}={value} is below its minimum {minimum}")
     return value
+
+
+def _unless_none(value: str) -> str:
+    return "" if value == "none" else value
 
 
 @dataclass(frozen=True)
@@ -113,13 +122,24 @@ class Settings:
     # BAGPIPE_STAGE_MODULES: modules (comma-separated) whose import registers more stages.
     stage_modules: str = ""
     # BAGPIPE_TILE_STAGE: the stage a tile task runs (default "modis": collection then
-    # reprojection; "digest" is a light stand-in that needs no feed).
+    # reprojection; "digest" is a light stand-in that needs no catalog).
     tile_stage: str = "modis"
-    # BAGPIPE_FEED_URL: the URL template of the MODIS feed (see pipeline/feeds.py), e.g.
-    # https://e4ftl01.cr.usgs.gov/MOLT/{product}.{collection}/{ymd}/{name} (default none).
-    feed_url: str = ""
-    # BAGPIPE_FEEDS: per-product templates as JSON, {"MOD10A2": "ftp://..."} (default none).
-    feeds: str = ""
+    # BAGPIPE_CATALOG: where granules are searched (pipeline/catalogs.py): "stac" (a STAC API,
+    # default) or "cmr" (NASA's Common Metadata Repository).
+    catalog: str = "stac"
+    # BAGPIPE_STAC_URL: the STAC API (default Microsoft's Planetary Computer).
+    stac_url: str = PLANETARY_COMPUTER_STAC
+    # BAGPIPE_STAC_SAS_URL: the token endpoint that signs the STAC assets' Blob hrefs
+    # ({url}/{account}/{container}; default Planetary Computer's); "none": the hrefs are public.
+    stac_sas_url: str = PLANETARY_COMPUTER_SAS
+    # BAGPIPE_CMR_URL: NASA CMR's search API (default https://cmr.earthdata.nasa.gov/search/).
+    cmr_url: str = NASA_CMR
+    # BAGPIPE_EARTHDATA_TOKEN: an Earthdata Login bearer token, for files from NASA's DAACs
+    # (catalog "cmr"); a Key Vault reference in Azure. Never logged.
+    earthdata_token: str = field(default="", repr=False)
+    # BAGPIPE_EARTHDATA_HOSTS: the hosts the token may go to (comma-separated; default the
+    # login host and the NSIDC and LP DAAC data hosts). No other host ever sees it.
+    earthdata_hosts: str = EARTHDATA_HOSTS
     # BAGPIPE_REDUCERS_PATH: folders (":"-separated) of scientists' reducer manifests, on top
     # of the shipped reducers/ (default none).
     reducers_path: str = ""
@@ -139,6 +159,8 @@ class Settings:
             )
         if self.log_format not in ("text", "json"):
             raise ValueError(f"{names.SETTING_LOG_FORMAT}={self.log_format!r}: text or json")
+        if self.catalog not in ("stac", "cmr"):
+            raise ValueError(f"{names.SETTING_CATALOG}={self.catalog!r}: stac or cmr")
         if self.mail_mode not in ("smtp", "acs", "none"):
             raise ValueError(f"{names.SETTING_MAIL_MODE}={self.mail_mode!r}: smtp, acs or none")
         if bool(self.entra_issuer) != bool(self.entra_client_id):
@@ -179,8 +201,12 @@ class Settings:
             stage_limits=env.get(names.SETTING_STAGE_LIMITS, ""),
             stage_modules=env.get(names.SETTING_STAGE_MODULES, ""),
             tile_stage=env.get(names.SETTING_TILE_STAGE) or "modis",
-            feed_url=env.get(names.SETTING_FEED_URL, ""),
-            feeds=env.get(names.SETTING_FEEDS, ""),
+            catalog=env.get(names.SETTING_CATALOG) or "stac",
+            stac_url=env.get(names.SETTING_STAC_URL) or PLANETARY_COMPUTER_STAC,
+            stac_sas_url=_unless_none(env.get(names.SETTING_STAC_SAS_URL) or PLANETARY_COMPUTER_SAS),
+            cmr_url=env.get(names.SETTING_CMR_URL) or NASA_CMR,
+            earthdata_token=env.get(names.SETTING_EARTHDATA_TOKEN, ""),
+            earthdata_hosts=env.get(names.SETTING_EARTHDATA_HOSTS) or EARTHDATA_HOSTS,
             reducers_path=env.get(names.SETTING_REDUCERS_PATH, ""),
             log_format=env.get(names.SETTING_LOG_FORMAT) or "text",
             appinsights_connection=env.get(names.SETTING_APPINSIGHTS, ""),
@@ -219,8 +245,12 @@ class Settings:
             names.SETTING_STAGE_LIMITS: self.stage_limits,
             names.SETTING_STAGE_MODULES: self.stage_modules,
             names.SETTING_TILE_STAGE: self.tile_stage,
-            names.SETTING_FEED_URL: self.feed_url,
-            names.SETTING_FEEDS: self.feeds,
+            names.SETTING_CATALOG: self.catalog,
+            names.SETTING_STAC_URL: self.stac_url,
+            names.SETTING_STAC_SAS_URL: self.stac_sas_url or "none",
+            names.SETTING_CMR_URL: self.cmr_url,
+            names.SETTING_EARTHDATA_TOKEN: self.earthdata_token,
+            names.SETTING_EARTHDATA_HOSTS: self.earthdata_hosts,
             names.SETTING_REDUCERS_PATH: self.reducers_path,
             names.SETTING_LOG_FORMAT: self.log_format,
             names.SETTING_APPINSIGHTS: self.appinsights_connection,

@@ -76,7 +76,7 @@ def noop(ctx: StageContext) -> None:
 
 @stage("digest")
 def digest(ctx: StageContext) -> None:
-    """A light stand-in for collection → reprojection that needs no feed and no rasters
+    """A light stand-in for collection → reprojection that needs no catalog, no archive and no rasters
     (the lifecycle tests and benchmarks run it): make sure a (product, tile, date) source
     exists in ``sources`` (synthesised deterministically), read it back, write its summary."""
     product, tile, day = ctx.params["product"], ctx.params["tile"], ctx.params["date"]

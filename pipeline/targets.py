@@ -72,12 +72,21 @@ class GridSpec:
         return cols, rows
 
     def count_for_lonlat_box(self, west: float, south: float, east: float, north: float) -> int:
-        """How many target tiles intersect a lon/lat box, without making them."""
+        """How many target tiles intersect a lon/lat box, without making them (for a box
+        across ±180°, both halves': at most one column more than there are)."""
+        if west > east:
+            return self.count_for_lonlat_box(west, south, 180.0, north) + self.count_for_lonlat_box(
+                -180.0, south, east, north)
         cols, rows = self._ranges(west, south, east, north)
         return len(cols) * len(rows)
 
     def tiles_for_lonlat_box(self, west: float, south: float, east: float, north: float) -> list[TargetTile]:
-        """The target tiles that intersect a lon/lat box."""
+        """The target tiles that intersect a lon/lat box; west > east: the box crosses ±180°,
+        and is cut there into its two halves."""
+        if west > east:
+            found = self.tiles_for_lonlat_box(west, south, 180.0, north)
+            seen = set(found)
+            return found + [t for t in self.tiles_for_lonlat_box(-180.0, south, east, north) if t not in seen]
         cols, rows = self._ranges(west, south, east, north)
         return [TargetTile(self, f"x{c:+05d}y{r:+05d}", c, r) for r in reversed(rows) for c in cols]
 

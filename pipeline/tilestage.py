@@ -1,64 +1,114 @@
 """The tile task's stage ("modis"): collection then reprojection of one (target tile, date,
-product), each step's output cached on its own.
+product), each step's output cached on its own, one output per requested layer.
 
-The sources are collected in parallel (each fetched once from its feed, or read from the
-``sources`` cache); the reprojected tile is content-addressed in ``tiles``, so a tile some
-earlier request already made ends the task ``CACHED`` without touching a raster.
+The planner has already found the granules (``granules`` param: by MODIS tile, the granule
+id and its files' hrefs). A task whose (tiles, date) the catalog does not have ends NO_DATA:
+missing data is data. The others collect their files in parallel (each fetched once from
+its archive, or read from the ``sources`` cache) — a COG per layer and per quality layer
+where the catalog has them, else the granule's HDF4 file — and warp each layer into a
+content-addressed blob in ``tiles``, so a tile some earlier request already made ends the
+task ``CACHED`` without touching a raster.
 """
 
 from __future__ import annotations
 
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from datetime import date
 from pathlib import Path
 
 from pipeline import cache, collection, names, reprojection, stages
+from pipeline.failures import FailureClass, StageFailure
+from pipeline.granules import HDF, Granule, from_param
 from pipeline.grid import TILE_SIZE
-from pipeline.products import CATALOG
+from pipeline.products import CATALOG, Product
 from pipeline.stages import StageContext
 from pipeline.targets import NATIVE, SINUSOIDAL_PROJ4
 
 
-def target_of(params: dict[str, str]) -> reprojection.Target:
-    """The warp target a tile task's parameters describe."""
-    layer = CATALOG[params["product"]].layer
+def target_of(params: dict[str, str], layer: str | None = None) -> reprojection.Target:
+    """The warp target a tile task's parameters describe (resampled as ``layer`` wants)."""
+    product = CATALOG[params["product"]]
+    spec = product.layer(layer) if layer else product.default
     bounds = tuple(float(b) for b in params["bounds"].split(","))
     if params["crs"] == NATIVE:
-        return reprojection.Target(SINUSOIDAL_PROJ4, bounds, TILE_SIZE / layer.pixels, layer.resampling)  # type: ignore[arg-type]
-    return reprojection.Target(params["crs"], bounds, float(params["res"]), layer.resampling)  # type: ignore[arg-type]
+        return reprojection.Target(SINUSOIDAL_PROJ4, bounds, TILE_SIZE / product.pixels, spec.resampling)  # type: ignore[arg-type]
+    return reprojection.Target(params["crs"], bounds, float(params["res"]), spec.resampling)  # type: ignore[arg-type]
+
+
+def layers_of(params: dict[str, str]) -> list[str]:
+    product = CATALOG[params["product"]]
+    return [name for name in params.get("layers", "").split(",") if name] or [product.default.name]
+
+
+def files_for(granule: Granule, product: Product, layer: str) -> dict[str, list[str]]:
+    """The granule's files a layer needs (key → the layers read from it): the layer's and its
+    quality layer's COGs if the catalog lists both, else the HDF4 file holding them."""
+    spec = product.layer(layer)
+    wanted = [layer] + ([spec.masked_by] if spec.masked_by else [])
+    listed = dict(granule.files)
+    if all(name in listed for name in wanted):
+        return {name: [name] for name in wanted}
+    if HDF in listed:
+        return {HDF: wanted}
+    raise StageFailure(FailureClass.BAD_SOURCE, f"{granule.id}: the catalog lists no file holding {layer}")
 
 
 @stages.stage("modis")
 def modis(ctx: StageContext) -> None:
     params = ctx.params
-    product, day = params["product"], date.fromisoformat(params["date"])
-    tiles = params["sources"].split(",")
+    product = CATALOG[params["product"]]
+    if "granules" not in params:
+        raise StageFailure(FailureClass.USER_CODE, "the task was planned without a catalog search")
+    granules = from_param(params["granules"])
+    if not granules:
+        ctx.no_data = True  # the catalog has none of its (tile, date)s: ocean, or an outage
+        return
+    layers = layers_of(params)
+    needs = {(g.id, layer): files_for(g, product, layer) for g in granules for layer in layers}
+    files: dict[tuple[str, str], list[str]] = {}  # (granule, key) -> every layer read from it
+    for (granule_id, _), keys in needs.items():
+        for key, read in keys.items():
+            files.setdefault((granule_id, key), [])
+            files[(granule_id, key)] += [name for name in read if name not in files[(granule_id, key)]]
+    by_id = {g.id: g for g in granules}
     owner = f"{ctx.job}/{ctx.task}"
 
-    def collect(tile: str, want_data: bool) -> cache.Cached:
-        return collection.collect(ctx.clients, product, tile, day, want_data, owner, retry=ctx.attempt > 1)
+    def collect(item: tuple[str, str], want_data: bool) -> cache.Cached:
+        granule_id, key = item
+        return collection.collect(ctx.clients, product, by_id[granule_id], key, files[item], want_data, owner,
+                                  retry=ctx.attempt > 1)
 
-    with ThreadPoolExecutor(len(tiles)) as pool:  # their digests name the output: no bytes needed yet
-        found = list(pool.map(lambda tile: collect(tile, False), tiles))
-    target = target_of(params)
-    key = reprojection.cache_key(target, product, CATALOG[product].layer.name, [f.md5.hex() for f in found])
+    with ThreadPoolExecutor(len(files)) as pool:  # their digests name the outputs: no bytes needed yet
+        found = dict(zip(files, pool.map(lambda item: collect(item, False), files), strict=True))
 
-    def make() -> bytes:
-        with tempfile.TemporaryDirectory(prefix="bagpipe-") as tmp:
-            paths = []
-            with ThreadPoolExecutor(len(tiles)) as pool:  # those just fetched are in hand already
-                sources = list(pool.map(lambda pair: pair[1] if pair[1].data is not None else collect(pair[0], True),
-                                        zip(tiles, found, strict=True)))
-            for source in sources:
-                path = Path(tmp, source.name.rsplit("/", 1)[-1])
+    with tempfile.TemporaryDirectory(prefix="bagpipe-") as tmp:
+        local: dict[tuple[str, str], Path] = {}
+
+        def sources(layer: str) -> list[reprojection.Source]:
+            """The layer's sources on local disk (fetched once per task, in parallel)."""
+            items = [(g.id, key) for g in granules for key in needs[(g.id, layer)] if (g.id, key) not in local]
+            with ThreadPoolExecutor(max(1, len(items))) as pool:  # those just fetched are in hand already
+                got = list(pool.map(lambda item: found[item] if found[item].data is not None else
+                                    collect(item, True), items))
+            for item, source in zip(items, got, strict=True):
+                path = Path(tmp, f"{len(local)}-{source.name.rsplit('/', 1)[-1]}")
                 path.write_bytes(source.data or b"")
-                paths.append(path)
-            return reprojection.warp(paths, target, tags={"PRODUCT": product, "DATE": params["date"],
-                                                           "TARGET_TILE": params["tile"]})
+                local[item] = path
+            return [reprojection.Source(g.id, {key: local[(g.id, key)] for key in needs[(g.id, layer)]})
+                    for g in granules]
 
-    name = names.tile_blob(key, product, params["tile"], params["date"])
-    made = cache.ensure(ctx.clients.transfers, ctx.clients.tiles, name, make, "image/tiff", want_data=False,
-                        owner=owner, tidy=ctx.attempt > 1)
-    ctx.cached = not made.made
-    ctx.outputs.append(names.TILE_OUTPUT_PREFIX + name)
+        cached = True
+        for layer in layers:
+            target = target_of(params, layer)
+            digests = [found[(g.id, key)].md5.hex() for g in granules for key in needs[(g.id, layer)]]
+            key = reprojection.cache_key(target, product.name, layer, digests)
+            name = names.tile_blob(key, product.name, layer, params["tile"], params["date"])
+            made = cache.ensure(
+                ctx.clients.transfers, ctx.clients.tiles, name,
+                lambda layer=layer, target=target: reprojection.warp(  # type: ignore[misc]
+                    sources(layer), product, layer, target,
+                    tags={"DATE": params["date"], "TARGET_TILE": params["tile"]}),
+                "image/tiff", want_data=False, owner=owner, tidy=ctx.attempt > 1)
+            cached = cached and not made.made
+            ctx.outputs.append(names.TILE_OUTPUT_PREFIX + name)
+        ctx.cached = cached

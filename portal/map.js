@@ -210,8 +210,10 @@ export class WorldMap {
     for (const [name, poly] of this.tiles) poly.classList.toggle("picked", tiles.includes(name));
     if (bbox && bbox.every(Number.isFinite)) {
       const [w, s, e, n] = bbox;
-      const west = Math.min(w, e), north = Math.max(s, n);
-      el("rect", { x: x(west), y: y(north), width: Math.abs(e - w), height: Math.abs(n - s), class: "bbox" }, this.selection);
+      const north = Math.max(s, n);
+      // west > east: the box crosses ±180°, drawn as its two halves
+      for (const [a, b] of w <= e ? [[w, e]] : [[w, 180], [-180, e]])
+        el("rect", { x: x(a), y: y(north), width: b - a, height: Math.abs(n - s), class: "bbox" }, this.selection);
     }
   }
 

@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 
 from bagpipe.azurite import Azurite
+from bagpipe.earthdata import Earthdata
 from bagpipe.mailserver import MailServer
+from bagpipe.planetary import Planetary
 from pipeline.clients import Clients
 from pipeline.request import JobRequest
 from pipeline.settings import Settings
@@ -34,6 +36,32 @@ def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
     server = Azurite(tmp_path_factory.mktemp("azurite")).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def planetary(azurite: Azurite) -> Iterator[Planetary]:
+    """The local Planetary Computer (STAC API, SAS tokens, assets in the session's Azurite)."""
+    with Planetary(azurite.connection_string) as imitation:
+        yield imitation
+
+
+@pytest.fixture(scope="session")
+def nasa() -> Iterator[Earthdata]:
+    """The local NASA: CMR, a DAAC archive, Earthdata Login and the archive's bucket."""
+    with Earthdata() as imitation:
+        yield imitation
+
+
+def on_stac(settings: Settings, planetary: Planetary, **changes: object) -> Settings:
+    """The deployment with real tile tasks whose granules come from the local Planetary Computer."""
+    return settings.with_(tile_stage="modis", catalog="stac", stac_url=planetary.stac_url,
+                          stac_sas_url=planetary.sas_url, **changes)
+
+
+def on_cmr(settings: Settings, nasa: Earthdata, **changes: object) -> Settings:
+    """The deployment with real tile tasks whose granules come from the local NASA."""
+    return settings.with_(tile_stage="modis", catalog="cmr", cmr_url=nasa.cmr_url, earthdata_token=nasa.token,
+                          earthdata_hosts=nasa.hosts, **changes)
 
 
 @pytest.fixture

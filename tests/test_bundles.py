@@ -20,14 +20,14 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from bagpipe.feedserver import FeedServer
 from bagpipe.manage import pack
+from bagpipe.planetary import Planetary
 from pipeline import bundles, identity, jobs, names, registry
 from pipeline.api import create_app
 from pipeline.clients import Clients
 from pipeline.failures import FailureClass, StageFailure
 from pipeline.settings import Settings
-from tests.conftest import make_user, running_control, running_workers, signed, wait_for
+from tests.conftest import make_user, on_stac, running_control, running_workers, signed, wait_for
 from tests.test_reduction import GRID, REGION, SPAN, outputs_of, reduction_row, tiles_of
 from worker import bundlecache
 
@@ -233,16 +233,10 @@ def test_the_digest_is_the_content_s_and_pushing_makes_versions(
     assert registry.resolve(clients, alice, "alice/mean@2").version == 2
 
 
-@pytest.fixture
-def feed() -> Iterator[FeedServer]:
-    with FeedServer() as server:
-        yield server
-
-
 def test_a_c_and_a_python_reducer_uploaded_and_run_end_to_end(
-    settings: Settings, feed: FeedServer, tmp_path: Path
+    settings: Settings, planetary: Planetary, tmp_path: Path
 ) -> None:
-    mine = settings.with_(tile_stage="modis", feed_url=feed.template, bundle_cache=str(tmp_path / "cache"))
+    mine = on_stac(settings, planetary, bundle_cache=str(tmp_path / "cache"))
     clients = Clients(mine)
     clients.ensure_resources()
     token = make_user(clients, "alice")

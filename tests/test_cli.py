@@ -85,7 +85,7 @@ def test_up_submit_watch_stop_and_restart(tmp_path: Path) -> None:
 
 def test_run_stage_reproject_then_reduce_with_no_azure(tmp_path: Path) -> None:
     """A scientist debugging on a laptop: the stages workers run, on local files only."""
-    from bagpipe.feedserver import REAL_DATA
+    from bagpipe.modis_world import REAL_DATA
 
     snow = REAL_DATA / "MOD10A2.A2022033.h09v05.061.2022042050729_Maximum_Snow_Extent.tif"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("Bagpipe", "BAGPIPE"))}

@@ -259,3 +259,16 @@ def test_app_service_authentication_is_what_the_code_expects() -> None:
     _, metadata = index_app()
     (http,) = [b for b in metadata["api"]["bindings"] if b["type"] == "httpTrigger"]
     assert http["authLevel"].lower() == "anonymous"
+
+
+def test_the_earthdata_token_is_a_key_vault_secret_for_both_identities() -> None:
+    main = (BICEP / "main.bicep").read_text()
+    settings = _text(_declaration(BICEP / "main.bicep", "variable_declaration", "settings"))
+    assert "'@Microsoft.KeyVault(SecretUri=${vault.outputs.secretUri})'" in settings  # the Function App's syntax
+    assert "@secure()\nparam earthdataToken" in main
+    workers = (BICEP / "modules/workers.bicep").read_text()
+    assert "keyVaultUrl: s.value, identity: identity.id" in workers and "secretRef:" in workers
+    assert "!contains(secretSettings, s.key)" in workers  # the reference string never reaches a worker
+    readers = _text(_declaration(BICEP / "main.bicep", "module_declaration", "vaultReaders"))
+    assert "functions.outputs.principalId" in readers and "workers.outputs.principalId" in readers
+    assert "4633458b-17de-408a-b874-0445c86b69e6" in (BICEP / "modules/vaultroles.bicep").read_text()

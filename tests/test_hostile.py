@@ -1,5 +1,5 @@
 """Everything that crosses a trust boundary, made hostile: messages on the task queues,
-source files from a feed, reducer manifests, the files a reduction program leaves. Each gets
+source files from an archive, reducer manifests, the files a reduction program leaves. Each gets
 a clear error or a classified failure; nothing crashes, nothing is lost, nothing runs twice
 and nothing is written where it should not be. (Request bodies: tests/test_api.py and the
 Schemathesis run in tests/test_api_fuzz.py.)"""
@@ -10,24 +10,26 @@ import json
 import re
 import sys
 import textwrap
-from datetime import UTC, date, datetime, timedelta
+from datetime import date
 from pathlib import Path
 
 import pytest
-from azure.storage.blob import ContainerSasPermissions, ContentSettings, generate_container_sas
+from azure.storage.blob import ContentSettings
 
-from bagpipe.azurite import ACCOUNT, ACCOUNT_KEY
-from bagpipe.feedserver import REAL_DATA
+from bagpipe.azurite import Azurite
 from bagpipe.mailserver import MailServer
+from bagpipe.modis_world import REAL_DATA
+from bagpipe.planetary import Planetary
 from pipeline import attempts, jobs, names, reducers, tasks
 from pipeline.clients import Clients
 from pipeline.failures import FailureClass, StageFailure
-from pipeline.feeds import granule_name
-from pipeline.reprojection import Target, warp
+from pipeline.granules import from_param
+from pipeline.products import CATALOG
+from pipeline.reprojection import Source, Target, warp
 from pipeline.settings import Settings
 from pipeline.status import JobState, TaskStatus
 from pipeline.transfer import md5_of
-from tests.conftest import queue_depth, running_control, running_workers, wait_for
+from tests.conftest import on_stac, queue_depth, running_control, running_workers, wait_for
 from tests.test_tilestage import params_for, run
 from tests.test_worker import planned_job
 from worker.reduction import run_program
@@ -83,42 +85,47 @@ def test_hostile_messages_amid_a_job_lose_nothing_and_run_nothing_twice(
 
 def _lonlat_copy() -> bytes:
     """The real granule, reprojected to plain lon/lat: a valid GeoTIFF in the wrong CRS."""
-    return warp([SNOW], Target("EPSG:4326", (-110.0, 35.0, -109.0, 36.0), 0.005, "nearest"))
+    return warp([Source(SNOW.stem, {"Maximum_Snow_Extent": SNOW})], CATALOG["MOD10A2"], "Maximum_Snow_Extent",
+                Target("EPSG:4326", (-110.0, 35.0, -109.0, 36.0), 0.005, "nearest"))
+
+
+def _served_as(clients: Clients, settings: Settings, planetary: Planetary, content: bytes,
+               md5: bytes | None = None) -> dict[str, str]:
+    """The real granule's tile task, its layer file in the archive replaced by ``content``
+    (with a stored MD5 of ``md5``, if given)."""
+    mine = on_stac(settings, planetary)
+    params = params_for(mine, -108.0, 35.0, date(2022, 2, 2))
+    (granule,) = from_param(params["granules"])
+    container, blob = dict(granule.files)["Maximum_Snow_Extent"].split("/devstoreaccount1/", 1)[1].split("/", 1)
+    client = clients.blob_service.get_blob_client(container, blob)
+    client.upload_blob(content, overwrite=True)
+    client.set_http_headers(ContentSettings(content_md5=bytearray(md5 or md5_of(content))))
+    return params
 
 
 @pytest.mark.parametrize(("what", "content", "failure", "words"), [
     ("an HTML error page", lambda: b"<html>503 try later</html>", FailureClass.BAD_SOURCE, "GDAL"),
     ("a truncated granule", lambda: SNOW.read_bytes()[:50_000], FailureClass.BAD_SOURCE, "GDAL"),
-    ("an empty file", lambda: b"", FailureClass.BAD_SOURCE, "GDAL"),
+    ("an empty file", lambda: b"", FailureClass.BAD_SOURCE, "raster"),
     ("the wrong projection", _lonlat_copy, FailureClass.BAD_SOURCE, "sinusoidal"),
 ])
 def test_a_broken_source_file_is_a_classified_failure_and_never_cached(
-    clients: Clients, settings: Settings, tmp_path: Path, what: str, content: object, failure: FailureClass,
+    clients: Clients, settings: Settings, azurite: Azurite, what: str, content: object, failure: FailureClass,
     words: str,
 ) -> None:
-    day = date(2022, 2, 2)
-    folder = tmp_path / "feed"
-    folder.mkdir()
-    (folder / granule_name("MOD10A2", "h09v05", day)).write_bytes(content())  # type: ignore[operator]
-    mine = settings.with_(feeds=json.dumps({"MOD10A2": folder.as_uri() + "/{name}"}))
-    with pytest.raises(StageFailure, match=words) as caught:
-        run(mine, params_for(-108.0, 35.0, day))
+    with Planetary(azurite.connection_string, prefix=settings.namespace) as planetary:
+        params = _served_as(clients, settings, planetary, content())  # type: ignore[operator]
+        with pytest.raises(StageFailure, match=words) as caught:
+            run(on_stac(settings, planetary), params)
     assert caught.value.failure is failure and caught.value.failure.transient is False, what
     assert list(clients.sources.list_blobs()) == [] and list(clients.tiles.list_blobs()) == []
 
 
-def test_a_source_whose_stored_md5_lies_is_refused(clients: Clients, settings: Settings) -> None:
-    day = date(2022, 2, 2)
-    archive = clients.blob_service.get_container_client(f"{settings.namespace}archive")
-    archive.create_container()
-    blob = archive.upload_blob(granule_name("MOD10A2", "h09v05", day), SNOW.read_bytes())
-    blob.set_http_headers(ContentSettings(content_md5=bytearray(md5_of(b"some other file"))))
-    sas = generate_container_sas(ACCOUNT, archive.container_name, account_key=ACCOUNT_KEY,
-                                 permission=ContainerSasPermissions(read=True),
-                                 expiry=datetime.now(UTC) + timedelta(minutes=10))
-    mine = settings.with_(feeds=json.dumps({"MOD10A2": f"blob+{archive.url}/{{name}}?{sas}"}))
-    with pytest.raises(StageFailure, match="MD5") as caught:
-        run(mine, params_for(-108.0, 35.0, day))
+def test_a_source_whose_stored_md5_lies_is_refused(clients: Clients, settings: Settings, azurite: Azurite) -> None:
+    with Planetary(azurite.connection_string, prefix=settings.namespace) as planetary:
+        params = _served_as(clients, settings, planetary, SNOW.read_bytes(), md5_of(b"some other file"))
+        with pytest.raises(StageFailure, match="MD5") as caught:
+            run(on_stac(settings, planetary), params)
     assert caught.value.failure is FailureClass.SOURCE_DOWNLOAD
     assert list(clients.sources.list_blobs()) == [] and list(clients.tiles.list_blobs()) == []
 

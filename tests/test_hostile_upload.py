@@ -24,7 +24,6 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from bagpipe.feedserver import FeedServer
 from bagpipe.manage import pack
 from pipeline import bundles, jobs, tasks
 from pipeline.api import create_app
@@ -130,64 +129,63 @@ def run(azurite: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict
         "name": "hostile", "argv": ["{python}", "{here}/hostile.py", "{task}", "{here}", mark],
         "outputs": ["*.json"], "timeout_s": 900, "limits": {"processes": 64}}))
     seen: dict[str, Any] = {"mark": mark, "cache": tmp / "cache"}
-    with FeedServer() as feed:
-        settings = Settings(storage_connection=azurite.connection_string, namespace="hostile", lease_seconds=6,
-                            tile_stage="modis", feed_url=feed.template, kill_grace_s=1.0,
-                            bundle_cache=str(tmp / "cache"))
-        clients = Clients(settings)
-        clients.ensure_resources()
-        token = make_user(clients, "mallory")
-        env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")} | settings.to_env() | {
-            "IDENTITY_ENDPOINT": f"http://127.0.0.1:{identity.server_port}/msi/token",
-            "IDENTITY_HEADER": IDENTITY_HEADER, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-        worker = subprocess.Popen([sys.executable, "-m", "bagpipe.cli", "worker", "--slots", "2"], env=env,
-                                  stdout=subprocess.DEVNULL, stderr=open(tmp / "worker.log", "wb"))
-        try:
-            with TestClient(create_app(settings)) as api, running_control(settings):
-                pushed = api.post("/api/reducers", content=pack(folder), headers=signed(token) | GZIP)
-                assert pushed.status_code == 201, pushed.text
-                seen["digest"] = pushed.json()["digest"]
-                body = {"region": {"bbox": [-109.0, 35.2, -107.5, 35.8]}, "grid": GRID, **SPAN, "products": ["MOD10A2"],
-                        "reducer": {"name": "hostile", "args": {"sleeper_west": SLEEPER_WEST, "port":
-                                                                 azurite.blob_port}}}
-                job = api.post("/api/jobs", json=body, headers=signed(token)).json()["job"]
-                seen["job"] = job
+    settings = Settings(storage_connection=azurite.connection_string, namespace="hostile", lease_seconds=6,
+                        tile_stage="fault_tile", stage_modules="bench.fault_stage", kill_grace_s=1.0,
+                        bundle_cache=str(tmp / "cache"))
+    clients = Clients(settings)
+    clients.ensure_resources()
+    token = make_user(clients, "mallory")
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")} | settings.to_env() | {
+        "IDENTITY_ENDPOINT": f"http://127.0.0.1:{identity.server_port}/msi/token",
+        "IDENTITY_HEADER": IDENTITY_HEADER, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    worker = subprocess.Popen([sys.executable, "-m", "bagpipe.cli", "worker", "--slots", "2"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=open(tmp / "worker.log", "wb"))
+    try:
+        with TestClient(create_app(settings)) as api, running_control(settings):
+            pushed = api.post("/api/reducers", content=pack(folder), headers=signed(token) | GZIP)
+            assert pushed.status_code == 201, pushed.text
+            seen["digest"] = pushed.json()["digest"]
+            body = {"region": {"bbox": [-109.0, 35.2, -107.5, 35.8]}, "grid": GRID, **SPAN, "products": ["MOD10A2"],
+                    "reducer": {"name": "hostile", "args": {"sleeper_west": SLEEPER_WEST, "port":
+                                                             azurite.blob_port}}}
+            job = api.post("/api/jobs", json=body, headers=signed(token)).json()["job"]
+            seen["job"] = job
 
-                def reductions() -> dict[str, dict[str, Any]]:
-                    rows = [r for r in tasks.list_tasks(clients.tasks, job) if r["Stage"] == "reduce"]
-                    return {("sleeper" if float(json.loads(r["Params"])["bounds"].split(",")[0]) >= SLEEPER_WEST
-                             else "prober"): r for r in rows}
+            def reductions() -> dict[str, dict[str, Any]]:
+                rows = [r for r in tasks.list_tasks(clients.tasks, job) if r["Stage"] == "reduce"]
+                return {("sleeper" if float(json.loads(r["Params"])["bounds"].split(",")[0]) >= SLEEPER_WEST
+                         else "prober"): r for r in rows}
 
-                wait_for(lambda: reductions().get("prober", {}).get("Status") in ("SUCCEEDED", "DEAD"), 240,
-                         "the prober")
-                wait_for(lambda: running(mark) and reductions()["sleeper"]["Status"] == "RUNNING", 120,
-                         "the sleeper to run")
-                seen["prober"] = reductions()["prober"]
-                assert api.post(f"/api/jobs/{job}/cancel", headers=signed(token)).status_code == 202
-                wait_for(lambda: jobs.get(clients, job)["State"] == "CANCELLED", 60, "the cancellation")
-                revoked = time.monotonic()
-                while time.monotonic() - revoked < 10 and running(mark):
-                    time.sleep(0.2)
-                seen["left"] = running(mark, "")
-                outputs = json.loads(seen["prober"].get("Outputs") or "[]")
-                seen["report"] = json.loads(clients.products.download_blob(outputs[0]).readall()) if outputs else None
-                seen["identity_calls"] = list(IdentityEndpoint.calls)
-                seen["written"] = [b.name for b in clients.products.list_blobs()]
-            yield seen
-        finally:
-            for pid in running(mark, ""):  # what the hostile program left behind: ours to end
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            worker.send_signal(signal.SIGTERM)
+            wait_for(lambda: reductions().get("prober", {}).get("Status") in ("SUCCEEDED", "DEAD"), 240,
+                     "the prober")
+            wait_for(lambda: running(mark) and reductions()["sleeper"]["Status"] == "RUNNING", 120,
+                     "the sleeper to run")
+            seen["prober"] = reductions()["prober"]
+            assert api.post(f"/api/jobs/{job}/cancel", headers=signed(token)).status_code == 202
+            wait_for(lambda: jobs.get(clients, job)["State"] == "CANCELLED", 60, "the cancellation")
+            revoked = time.monotonic()
+            while time.monotonic() - revoked < 10 and running(mark):
+                time.sleep(0.2)
+            seen["left"] = running(mark, "")
+            outputs = json.loads(seen["prober"].get("Outputs") or "[]")
+            seen["report"] = json.loads(clients.products.download_blob(outputs[0]).readall()) if outputs else None
+            seen["identity_calls"] = list(IdentityEndpoint.calls)
+            seen["written"] = [b.name for b in clients.products.list_blobs()]
+        yield seen
+    finally:
+        for pid in running(mark, ""):  # what the hostile program left behind: ours to end
             try:
-                worker.wait(60)
-            except subprocess.TimeoutExpired:
-                worker.kill()
-            identity.shutdown()
-            for leftover in Path("/tmp").glob(f"hostile*{mark}"):
-                leftover.unlink()
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(60)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+        identity.shutdown()
+        for leftover in Path("/tmp").glob(f"hostile*{mark}"):
+            leftover.unlink()
 
 
 def test_its_own_environment_holds_no_secret(run: dict[str, Any]) -> None:

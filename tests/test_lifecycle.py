@@ -7,19 +7,25 @@ import hashlib
 import json
 import subprocess
 import sys
-from datetime import UTC, datetime, timedelta
+import time
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import httpx
 import rasterio
 
+from bagpipe import modis_world as world
 from bagpipe.azurite import Azurite
 from bagpipe.client import Api, download_results
 from bagpipe.stack import LocalStack
 from pipeline import names
-from pipeline.clients import Clients
+from pipeline.access import Access
+from pipeline.clients import Clients, clients_for
+from pipeline.cmr import CmrCatalog
+from pipeline.products import CATALOG
 from pipeline.settings import Settings
+from pipeline.stac import StacCatalog
 from tests.conftest import wait_for
 
 REQUEST = {
@@ -117,8 +123,9 @@ def test_the_modis_pipeline_end_to_end_and_a_second_request_is_cached(
     request = {"region": {"bbox": [-110.5, 34.2, -108.6, 34.8]}, "grid": {"tile_size": 1.0, "resolution": 0.01},
                "start": "2022-02-02", "end": "2022-02-12", "products": ["MOD10A2"], "label": "snow"}
     with LocalStack(tmp_path / "stack", workers=1, slots=2, connection=azurite.connection_string,
-                    namespace=settings.namespace) as stack:
+                    namespace=settings.namespace, token_minutes=0.05) as stack:  # SAS tokens live 3 s
         api = Api(stack.api_url, stack.token)
+        started = time.monotonic()
         first = api.submit(request)
         assert first["total"] == 3 * 2  # 1° tiles x-111, x-110, x-109 (over h08v05 | h09v05) × 2 periods
 
@@ -128,6 +135,7 @@ def test_the_modis_pipeline_end_to_end_and_a_second_request_is_cached(
 
         status = finished(first["job"])
         assert status["state"] == "SUCCEEDED" and status["counts"]["SUCCEEDED"] == 6, status
+        assert time.monotonic() - started > 3 and stack.planetary.tokens_issued >= 2  # the job outlived a token
         out = tmp_path / "out"
         manifest, files = download_results(api, first["job"], out)
         assert files == 6
@@ -140,4 +148,21 @@ def test_the_modis_pipeline_end_to_end_and_a_second_request_is_cached(
 
         again = finished(api.submit(request | {"label": "snow again"})["job"])
         assert again["counts"]["CACHED"] == 6, again  # invariant 4: nothing computed twice
-        assert stack.feed.served and max(stack.feed.served.values()) == 1  # each granule fetched once
+        sources = clients_for(stack.settings).sources
+        assert len(list(sources.list_blobs())) == 2 * 2  # each granule's layer fetched once (2 tiles × 2 periods)
+
+
+def test_a_granule_found_before_a_restart_of_the_stack_is_read_after_it(
+        azurite: Azurite, settings: Settings, tmp_path: Path) -> None:
+    """A planned task keeps its granules' hrefs: after a restart in the same home, the
+    imitations of Planetary Computer's storage and NASA's archive still serve them."""
+    home, box, day = tmp_path / "stack", (-108.0, 35.0, -107.5, 35.5), date(2022, 2, 2)
+    common = {"workers": 0, "connection": azurite.connection_string, "namespace": settings.namespace}
+    with LocalStack(home, **common) as stack:  # type: ignore[arg-type]
+        (from_stac,) = StacCatalog(stack.planetary.stac_url).search(CATALOG["MOD10A2"], box, day, day)
+        (from_cmr,) = CmrCatalog(stack.nasa.cmr_url).search(CATALOG["MOD10A2"], box, day, day)
+    with LocalStack(home, **common) as again:  # type: ignore[arg-type]
+        signed = Access(again.settings.stac_sas_url, "", "").fetch(from_stac.href("Maximum_Snow_Extent"))
+        assert signed.data == (world.REAL_DATA / f"{from_stac.id}_Maximum_Snow_Extent.tif").read_bytes()
+        logged_in = Access("", again.nasa.token, again.nasa.hosts).fetch(from_cmr.href("hdf"))
+        assert logged_in.data == (world.REAL_DATA / f"{from_cmr.id}.hdf").read_bytes()

@@ -1,37 +1,31 @@
-"""Reductions end to end on real workers: released when their tile tasks have ended, the
-scientist's program (Python on rasterio, or compiled C) run in the sandbox on the span's
-tiles, its outputs published and its logs kept; a failed dependency fails the reduction or
-not, as the request says; a crashing program is a classified failure."""
+"""Reductions end to end on real workers, granules from the local Planetary Computer:
+released when their tile tasks have ended, the scientist's program (Python on rasterio, or
+compiled C) run in the sandbox on the span's tiles, its outputs published and its logs kept;
+a granule the catalog listed but the archive does not serve fails the reduction or not, as
+the request says; a coastal request with ocean tiles and a missing date succeeds, with
+no-data tiles and the reduction's ``missing_dates``; a crashing program is a classified
+failure."""
 
 from __future__ import annotations
 
 import json
-import shutil
-from collections.abc import Iterator
-from datetime import date
 from pathlib import Path
 
 import numpy as np
 import pytest
 from rasterio.io import MemoryFile
 
-from bagpipe.feedserver import FeedServer, granule, real_granule
+from bagpipe.azurite import Azurite
+from bagpipe.planetary import Planetary
 from pipeline import jobs, names, reducers, tasks
 from pipeline.clients import Clients
-from pipeline.feeds import granule_name
 from pipeline.request import JobRequest
 from pipeline.settings import Settings
-from tests.conftest import running_control, running_workers, wait_for
+from tests.conftest import on_stac, running_control, running_workers, wait_for
 
 SPAN = {"start": "2022-01-25", "end": "2022-02-12"}  # 3 eight-day periods, 2 February the real one
 REGION = {"bbox": [-108.0, 35.2, -107.5, 35.8]}  # one 1° tile, x-108 y35, inside h09v05
 GRID = {"tile_size": 1.0, "resolution": 0.01}
-
-
-@pytest.fixture
-def feed() -> Iterator[FeedServer]:
-    with FeedServer() as server:
-        yield server
 
 
 def run_job(settings: Settings, body: dict, timeout: float = 180) -> tuple[Clients, str, dict]:
@@ -55,7 +49,7 @@ def outputs_of(clients: Clients, row: dict) -> dict[str, bytes]:
 def tiles_of(clients: Clients, job: str) -> list[np.ndarray]:
     found = []
     for row in tasks.list_tasks(clients.tasks, job):
-        if row["Stage"] == "modis":
+        if row["Stage"] == "modis" and row["Status"] in ("SUCCEEDED", "CACHED"):
             (ref,) = json.loads(row["Outputs"])
             data = clients.tiles.download_blob(ref.removeprefix(names.TILE_OUTPUT_PREFIX)).readall()
             with MemoryFile(data) as memory, memory.open() as tile:
@@ -64,8 +58,8 @@ def tiles_of(clients: Clients, job: str) -> list[np.ndarray]:
 
 
 @pytest.mark.filterwarnings("ignore::rasterio.errors.NotGeoreferencedWarning")  # a PNG read alone
-def test_python_reduction_over_the_span(settings: Settings, feed: FeedServer) -> None:
-    mine = settings.with_(tile_stage="modis", feed_url=feed.template)
+def test_python_reduction_over_the_span(settings: Settings, planetary: Planetary) -> None:
+    mine = on_stac(settings, planetary)
     body = {"region": REGION, "grid": GRID, **SPAN, "products": ["MOD10A2"],
             "reducer": {"name": "snow_fraction", "args": {"note": "test"}}}
     clients, job, status = run_job(mine, body)
@@ -87,10 +81,10 @@ def test_python_reduction_over_the_span(settings: Settings, feed: FeedServer) ->
     assert b"3 periods" in log
 
 
-def test_compiled_c_reduction(settings: Settings, feed: FeedServer) -> None:
+def test_compiled_c_reduction(settings: Settings, planetary: Planetary) -> None:
     program = reducers.catalog()["max_composite"]
     assert Path(program.command(Path(), Path(), Path())[0]).exists(), "build it: make setup"
-    mine = settings.with_(tile_stage="modis", feed_url=feed.template)
+    mine = on_stac(settings, planetary)
     body = {"region": REGION, "grid": GRID, **SPAN, "products": ["MOD10A2"], "reducer": {"name": "max_composite"}}
     clients, job, status = run_job(mine, body)
     assert status["state"] == "SUCCEEDED", status
@@ -104,23 +98,20 @@ def test_compiled_c_reduction(settings: Settings, feed: FeedServer) -> None:
 
 
 @pytest.mark.parametrize("rule", ["fail", "run"])
-def test_a_dead_dependency_fails_the_reduction_or_not_as_the_request_says(
-    settings: Settings, tmp_path: Path, rule: str
+def test_a_granule_the_archive_does_not_serve_fails_the_reduction_or_not_as_the_request_says(
+    settings: Settings, azurite: Azurite, rule: str
 ) -> None:
-    folder = tmp_path / "feed"
-    folder.mkdir()
-    for day in (date(2022, 1, 25), date(2022, 2, 2)):  # 10 February is missing from this feed
-        name = granule_name("MOD10A2", "h09v05", day)
-        real = real_granule("MOD10A2", "h09v05", day)
-        if real:
-            shutil.copy(real, folder / name)
-        else:
-            (folder / name).write_bytes(granule("MOD10A2", "h09v05", day) or b"")
-    mine = settings.with_(tile_stage="modis", feeds=json.dumps({"MOD10A2": folder.as_uri() + "/{name}"}),
-                          max_attempts=2)
-    body = {"region": REGION, "grid": GRID, **SPAN, "products": ["MOD10A2"],
-            "reducer": {"name": "snow_fraction", "on_dependency_failure": rule}}
-    clients, job, status = run_job(mine, body)
+    class Lossy(Planetary):
+        """Lists the granule of 10 February but never stored it: a listed file the archive fails to serve."""
+
+        def materialize(self, container: str, blob: str) -> bool:
+            return ".A2022041." not in blob and super().materialize(container, blob)
+
+    with Lossy(azurite.connection_string, prefix=f"{settings.namespace}{rule}") as lossy:
+        mine = on_stac(settings, lossy, max_attempts=2)
+        body = {"region": REGION, "grid": GRID, **SPAN, "products": ["MOD10A2"],
+                "reducer": {"name": "snow_fraction", "on_dependency_failure": rule}}
+        clients, job, status = run_job(mine, body)
     assert status["state"] == "FAILED" and status["counts"]["DEAD"] >= 1
     assert status["failures"]["source_download_failed"] >= 1
     row = reduction_row(clients, job)
@@ -129,16 +120,48 @@ def test_a_dead_dependency_fails_the_reduction_or_not_as_the_request_says(
     else:
         assert row["Status"] == "SUCCEEDED"
         with MemoryFile(outputs_of(clients, row)["snow_fraction.tif"]) as memory, memory.open() as result:
-            assert result.tags()["MISSING"] == "2022-02-10"
+            assert result.tags().get("MISSING", "") == ""  # failed, not missing: the catalog has it
 
 
-def test_a_crashing_program_is_a_user_code_failure(settings: Settings, feed: FeedServer, tmp_path: Path) -> None:
+def test_a_coastal_request_with_a_missing_date_succeeds_with_no_data_tiles(
+    settings: Settings, azurite: Azurite
+) -> None:
+    """Off California in February 2016: two target tiles over the Pacific alone (MODIS h07v05
+    has no land), and Terra's safe mode from 18 February; tokens that live 6 s."""
+    with Planetary(azurite.connection_string, token_minutes=0.1, prefix=f"{settings.namespace}c") as planetary:
+        mine = on_stac(settings, planetary)
+        body = {"region": {"bbox": [-132.0, 36.2, -122.0, 36.8]}, "grid": {"tile_size": 2.0, "resolution": 0.04},
+                "start": "2016-02-10", "end": "2016-02-20", "products": ["MOD10A2"],
+                "reducer": {"name": "snow_fraction", "on_dependency_failure": "fail"}}
+        clients, job, status = run_job(mine, body)
+    assert status["state"] == "SUCCEEDED", status
+    rows = tasks.list_tasks(clients.tasks, job)
+    tiles = {(json.loads(r["Params"])["tile"], json.loads(r["Params"])["date"]): r["Status"]
+             for r in rows if r["Stage"] == "modis"}
+    ocean = {"x-0066y+0018", "x-0065y+0018"}
+    assert {t for (t, _), s in tiles.items() if s == "NO_DATA" and t in ocean} == ocean
+    assert all(s == "NO_DATA" for (_, day), s in tiles.items() if day == "2016-02-18")  # the outage
+    assert all(s == "SUCCEEDED" for (t, day), s in tiles.items() if day == "2016-02-10" and t not in ocean)
+    for row in (r for r in rows if r["Stage"] == "reduce"):
+        tile = json.loads(row["Params"])["tile"]
+        if tile in ocean:
+            assert row["Status"] == "NO_DATA"
+            continue
+        assert row["Status"] == "SUCCEEDED", row
+        log = clients.logs.download_blob(names.log_prefix(job, row["RowKey"], 1) + "stdout.txt").readall()
+        assert b"1 periods" in log
+        with MemoryFile(outputs_of(clients, row)["snow_fraction.tif"]) as memory, memory.open() as result:
+            assert result.tags()["MISSING"] == "2016-02-18"
+    assert status["counts"]["NO_DATA"] >= 4 + 3 + 2 and not status["failures"]
+
+
+def test_a_crashing_program_is_a_user_code_failure(settings: Settings, planetary: Planetary, tmp_path: Path) -> None:
     folder = tmp_path / "crash"
     folder.mkdir()
     (folder / "reducer.json").write_text(json.dumps({
         "name": "crash", "argv": ["{python}", "-c", "import sys; print('bad pixel', file=sys.stderr); sys.exit(4)"],
         "outputs": ["*.tif"]}))
-    mine = settings.with_(tile_stage="modis", feed_url=feed.template, reducers_path=str(tmp_path), max_attempts=2)
+    mine = on_stac(settings, planetary, reducers_path=str(tmp_path), max_attempts=2)
     body = {"region": REGION, "grid": GRID, **SPAN, "products": ["MOD10A2"], "reducer": {"name": "crash"}}
     clients, job, status = run_job(mine, body)
     row = reduction_row(clients, job)

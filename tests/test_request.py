@@ -84,3 +84,17 @@ def test_period_count_is_the_number_of_periods_without_making_them() -> None:
         start = date(2000, 1, 1) + timedelta(days=rng.randrange(9000))
         end = start + timedelta(days=rng.randrange(-5, 1200))
         assert period_count(product, start, end) == len(periods(product, start, end)), (product.name, start, end)
+
+
+def test_layers_of_a_product_are_named_or_the_default() -> None:
+    specs = expand(small_request(products=["MOD13A1", "MOD10A2"],
+                                 layers={"MOD13A1": ["500m_16_days_NDVI", "500m_16_days_pixel_reliability"]}), 100)
+    assert {s.layers for s in specs if s.product == "MOD13A1"} == {("500m_16_days_NDVI",
+                                                                    "500m_16_days_pixel_reliability")}
+    assert {s.layers for s in specs if s.product == "MOD10A2"} == {("Maximum_Snow_Extent",)}
+    assert specs[0].params()["layers"]
+    for layers, field in (({"MOD13A1": ["NDVI"]}, "layers.MOD13A1"), ({"MOD11A1": ["LST_Day_1km"]}, "layers"),
+                          ({"MOD13A1": ["500m_16_days_EVI", "500m_16_days_EVI"]}, "layers.MOD13A1")):
+        with pytest.raises(RequestError) as refused:
+            expand(small_request(products=["MOD13A1"], layers=layers), 100)
+        assert refused.value.status == 400 and refused.value.field == field

@@ -24,6 +24,7 @@ import rasterio.shutil
 
 from pipeline import names, reducers, stages, tasks
 from pipeline.failures import FailureClass, StageFailure
+from pipeline.products import CATALOG
 from pipeline.stages import StageContext
 from pipeline.status import TaskStatus
 from worker import bundlecache, sandbox
@@ -35,18 +36,22 @@ BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 GOOD = (TaskStatus.SUCCEEDED.value, TaskStatus.CACHED.value)
 
 
-def inputs_of(ctx: StageContext) -> tuple[list[dict[str, Any]], list[str]]:
-    """The group's finished tiles (date, blob) and the dates whose tile task did not succeed."""
+def inputs_of(ctx: StageContext) -> tuple[list[dict[str, Any]], list[str], list[str]]:
+    """The group's finished tiles (date, blob per layer), the dates the catalog has no data
+    for (tile tasks that ended NO_DATA: missing data is data) and the dates whose tile task
+    failed (DEAD or CANCELLED)."""
     first, count = (int(v) for v in ctx.params["deps"].split(","))
-    ready, missing = [], []
+    ready, missing, failed = [], [], []
     for row in tasks.list_tasks(ctx.clients.tasks, ctx.job, first, count):
         day = json.loads(row["Params"])["date"]
         outputs = json.loads(row.get("Outputs") or "[]")
         if row["Status"] in GOOD and outputs:
-            ready.append({"date": day, "blob": outputs[0].removeprefix(names.TILE_OUTPUT_PREFIX)})
-        else:
+            ready.append({"date": day, "blobs": [o.removeprefix(names.TILE_OUTPUT_PREFIX) for o in outputs]})
+        elif row["Status"] == TaskStatus.NO_DATA.value:
             missing.append(day)
-    return ready, missing
+        else:
+            failed.append(day)
+    return ready, missing, failed
 
 
 def _publish_logs(ctx: StageContext, folder: Path) -> None:
@@ -88,30 +93,39 @@ class Run:
 
 
 def run_program(reducer: reducers.Reducer, tiles: list[tuple[str, Path]], root: Path,
-                task: dict[str, Any]) -> Run:
-    """Stage ``tiles`` ((date, GeoTIFF) pairs) read-only into ``root/inputs``, write
-    ``task.json`` (``task`` plus where things are), run the program in the sandbox and
-    return the files it left in ``root/outputs`` that its manifest names."""
+                task: dict[str, Any], more: dict[str, list[tuple[str, Path]]] | None = None) -> Run:
+    """Stage ``tiles`` ((date, GeoTIFF) pairs of the first requested layer) and ``more``
+    (other layers' pairs, by layer) read-only into ``root/inputs``, write ``task.json``
+    (``task`` plus where things are: ``inputs``, and ``layers`` naming every layer's files),
+    run the program in the sandbox and return the files it left in ``root/outputs`` that its
+    manifest names."""
     inputs, outputs, scratch, work = (root / n for n in ("inputs", "outputs", "tmp", "work"))
     for folder in (inputs, outputs, scratch, work):
         folder.mkdir(parents=True)
-    files = []
-    for day, tif in tiles:
-        stem = f"{task.get('product', 'input')}.{day}.{task.get('tile', 'tile')}"
-        if reducer.input_format == "ENVI":
-            staged = inputs / f"{stem}.bin"
-            rasterio.shutil.copy(tif, staged, driver="ENVI")
-            (inputs / f"{stem}.bin.aux.xml").unlink(missing_ok=True)
-        else:
-            staged = inputs / f"{stem}.tif"
-            shutil.copyfile(tif, staged)
-        files.append(str(staged))
+
+    def stage(pairs: list[tuple[str, Path]], layer: str) -> list[str]:
+        files = []
+        for day, tif in pairs:
+            stem = f"{task.get('product', 'input')}{layer}.{day}.{task.get('tile', 'tile')}"
+            if reducer.input_format == "ENVI":
+                staged = inputs / f"{stem}.bin"
+                rasterio.shutil.copy(tif, staged, driver="ENVI")
+                (inputs / f"{stem}.bin.aux.xml").unlink(missing_ok=True)
+            else:
+                staged = inputs / f"{stem}.tif"
+                shutil.copyfile(tif, staged)
+            files.append(str(staged))
+        return files
+
+    files = stage(tiles, "")
+    layers = {name: stage(pairs, f".{name}") for name, pairs in (more or {}).items()}
     for staged in inputs.iterdir():
         staged.chmod(0o444)
     inputs.chmod(0o555)
     task_json = root / "task.json"
     task_json.write_text(json.dumps(task | {
         "reducer": reducer.name, "dates": [day for day, _ in tiles], "inputs": files,
+        "layers": {task.get("layer", "inputs"): files} | layers,
         "inputs_dir": str(inputs), "outputs_dir": str(outputs),
     }, indent=1))
     env = BASE_ENV | dict(reducer.env) | {"HOME": str(scratch), "TMPDIR": str(scratch), "BAGPIPE_TASK": str(task_json)}
@@ -133,28 +147,37 @@ def reduce(ctx: StageContext) -> None:
         reducer = reducers.catalog(ctx.clients.settings.reducers_path).get(params["reducer"])
     if reducer is None:
         raise StageFailure(FailureClass.USER_CODE, f"reducer {params['reducer']!r} is not installed here")
-    ready, missing = inputs_of(ctx)
-    if missing and params["on_failure"] == "fail":
-        raise StageFailure(FailureClass.DEPENDENCY_FAILED, f"no tile for {', '.join(missing)} "
+    ready, missing, failed = inputs_of(ctx)
+    if failed and params["on_failure"] == "fail":
+        raise StageFailure(FailureClass.DEPENDENCY_FAILED, f"no tile for {', '.join(failed)}: its task failed "
                            "(the request says a reduction fails then)")
+    if not ready and not failed:
+        ctx.no_data = True  # the catalog has no data for any date of the span: nothing to reduce
+        return
     if not ready:
         raise StageFailure(FailureClass.DEPENDENCY_FAILED, "not one tile of the span was made")
+    layers = [name for name in params.get("layers", "").split(",") if name] or [CATALOG[params["product"]].default.name]
     with tempfile.TemporaryDirectory(prefix="bagpipe-reduce-") as top:
         downloads = Path(top, "downloads")
         downloads.mkdir()
 
-        def download(item: dict[str, Any]) -> tuple[str, Path]:
-            local = downloads / f"{item['date']}.tif"
-            local.write_bytes(ctx.clients.transfers.download(ctx.clients.tiles, item["blob"])[0])
-            return item["date"], local
+        def download(item: tuple[str, str, str]) -> Path:
+            day, layer, blob = item
+            local = downloads / f"{day}.{layer}.tif"
+            local.write_bytes(ctx.clients.transfers.download(ctx.clients.tiles, blob)[0])
+            return local
 
+        wanted = [(item["date"], layer, blob) for item in ready
+                  for layer, blob in zip(layers, item["blobs"], strict=True)]
+        by_layer: dict[str, list[tuple[str, Path]]] = {layer: [] for layer in layers}
         with ThreadPoolExecutor(8) as pool:  # a task's inputs download in parallel
-            tiles = list(pool.map(download, ready))
-        run = run_program(reducer, tiles, Path(top, "run"), {
-            "job": ctx.job, "task": ctx.task, "product": params["product"], "tile": params["tile"],
-            "crs": params["crs"], "bounds": params["bounds"], "missing_dates": missing,
-            "args": json.loads(params.get("args") or "{}"),
-        })
+            for (day, layer, _), path in zip(wanted, pool.map(download, wanted), strict=True):
+                by_layer[layer].append((day, path))
+        run = run_program(reducer, by_layer[layers[0]], Path(top, "run"), {
+            "job": ctx.job, "task": ctx.task, "product": params["product"], "layer": layers[0],
+            "tile": params["tile"], "crs": params["crs"], "bounds": params["bounds"], "missing_dates": missing,
+            "failed_dates": failed, "args": json.loads(params.get("args") or "{}"),
+        }, {layer: by_layer[layer] for layer in layers[1:]})
         _publish_logs(ctx, run.folder)
         failure = run.failure(reducer)
         if failure is not None:

@@ -26,8 +26,13 @@ param emailSender string = 'DoNotReply'
 @description('Days the data containers (sources, tiles, products, logs) keep a blob; 0: forever.')
 param retentionDays int = 90
 
-@description('The MODIS feed: a URL template (pipeline/feeds.py), e.g. a NASA archive or a container of granules.')
-param feedUrl string = ''
+@description('Where granules are searched: stac (Planetary Computer, no account; deploy in westeurope, next to its storage) or cmr (NASA, needs earthdataToken).')
+@allowed([ 'stac', 'cmr' ])
+param catalog string = 'stac'
+
+@description('An Earthdata Login bearer token (catalog cmr), kept in the deployment\'s Key Vault.')
+@secure()
+param earthdataToken string = ''
 
 @description('The worker image in this deployment\'s registry (empty until the first `az acr build`).')
 param workerImage string = ''
@@ -80,6 +85,11 @@ module monitoring 'modules/monitoring.bicep' = {
   params: { prefix: prefix, suffix: suffix, location: location, retentionDays: min(retentionDays, 730) }
 }
 
+module vault 'modules/vault.bicep' = if (!empty(earthdataToken)) {
+  name: 'vault'
+  params: { prefix: prefix, suffix: suffix, location: location, earthdataToken: earthdataToken }
+}
+
 module mail 'modules/email.bicep' = if (email) {
   name: 'email'
   params: { prefix: prefix, suffix: suffix, dataLocation: emailDataLocation, senderUsername: emailSender }
@@ -110,8 +120,12 @@ var settings = {
   '${names.settings.stageLimits}': contains(tuning, 'stageLimits') ? tuning.stageLimits : ''
   '${names.settings.stageModules}': contains(tuning, 'stageModules') ? tuning.stageModules : ''
   '${names.settings.tileStage}': contains(tuning, 'tileStage') ? tuning.tileStage : ''
-  '${names.settings.feedUrl}': feedUrl
-  '${names.settings.feeds}': contains(tuning, 'feeds') ? tuning.feeds : ''
+  '${names.settings.catalog}': catalog
+  '${names.settings.stacUrl}': contains(tuning, 'stacUrl') ? tuning.stacUrl : ''
+  '${names.settings.stacSasUrl}': contains(tuning, 'stacSasUrl') ? tuning.stacSasUrl : ''
+  '${names.settings.cmrUrl}': contains(tuning, 'cmrUrl') ? tuning.cmrUrl : ''
+  '${names.settings.earthdataToken}': empty(earthdataToken) ? '' : '@Microsoft.KeyVault(SecretUri=${vault.outputs.secretUri})'
+  '${names.settings.earthdataHosts}': contains(tuning, 'earthdataHosts') ? tuning.earthdataHosts : ''
   '${names.settings.reducersPath}': '/opt/bagpipe/reducers' // reducers installed in the worker image
   '${names.settings.entraIssuer}': entraIssuer
   '${names.settings.entraClientId}': entraClientId
@@ -144,6 +158,8 @@ module workers 'modules/workers.bicep' = {
     location: location
     storageName: storage.outputs.name
     settings: settings
+    // the Key Vault reference above is the Functions host's syntax: the job reads the secret itself
+    secretSettings: empty(earthdataToken) ? {} : { '${names.settings.earthdataToken}': vault.outputs.secretUri }
     workspaceCustomerId: monitoring.outputs.workspaceCustomerId
     workspaceKey: monitoring.outputs.workspaceKey
     image: workerImage
@@ -173,6 +189,14 @@ module workerRoles 'modules/roles.bicep' = {
     storageName: storage.outputs.name
     principalId: workers.outputs.principalId
     storageRoles: [ roles.blobContributor, roles.queueContributor, roles.tableContributor ]
+  }
+}
+
+module vaultReaders 'modules/vaultroles.bicep' = if (!empty(earthdataToken)) {
+  name: 'vault-readers'
+  params: {
+    vaultName: vault.outputs.name
+    principalIds: [ functions.outputs.principalId, workers.outputs.principalId ]
   }
 }
 

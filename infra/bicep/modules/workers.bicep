@@ -10,6 +10,8 @@ param location string
 param storageName string
 @description('The app settings the code reads (names.json keys → values), shared with the Function App.')
 param settings object
+@description('App settings that are Key Vault secrets (names.json key value → secret URI), read by the job itself.')
+param secretSettings object = {}
 param workspaceCustomerId string
 @secure()
 param workspaceKey string
@@ -65,7 +67,8 @@ resource environment 'Microsoft.App/managedEnvironments@2025-01-01' = {
   }
 }
 
-var env = concat(map(items(settings), s => { name: s.key, value: s.value }), [
+var env = concat(map(filter(items(settings), s => !contains(secretSettings, s.key)), s => { name: s.key, value: s.value }),
+  map(items(secretSettings), s => { name: s.key, secretRef: toLower(replace(s.key, '_', '-')) }), [
   { name: 'AZURE_CLIENT_ID', value: identity.properties.clientId } // DefaultAzureCredential picks this identity
 ])
 
@@ -82,6 +85,7 @@ resource job 'Microsoft.App/jobs@2025-01-01' = {
       replicaTimeout: replicaTimeout
       replicaRetryLimit: 1
       registries: empty(image) ? [] : [ { server: registry.properties.loginServer, identity: identity.id } ]
+      secrets: map(items(secretSettings), s => { name: toLower(replace(s.key, '_', '-')), keyVaultUrl: s.value, identity: identity.id })
       eventTriggerConfig: {
         parallelism: 1
         replicaCompletionCount: 1

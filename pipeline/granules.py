@@ -1,0 +1,71 @@
+"""A granule as a catalog lists it, named as NASA names it: short name, acquisition day,
+tile, collection and production time (``MOD10A2.A2022033.h09v05.061.2022042050729``). The
+production time makes a reprocessed granule a new granule, and a new source."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import date, datetime
+
+NAME = re.compile(r"^(?P<product>M[OYC]D\w+)\.A(?P<year>\d{4})(?P<doy>\d{3})\.(?P<tile>h\d\dv\d\d)\."
+                  r"(?P<collection>\d{3})\.(?P<made>\d{13})$")
+HDF = "hdf"  # the key of a granule's HDF4 file (every layer in one) among its files
+
+
+@dataclass(frozen=True)
+class Granule:
+    """One granule as a catalog lists it: its id (the file name without extension), what it
+    is of, and where its files are — a COG per layer (STAC assets) or the HDF4 file."""
+
+    id: str
+    product: str
+    tile: str
+    day: date
+    files: tuple[tuple[str, str], ...]  # (layer name or "hdf", href)
+
+    @classmethod
+    def named(cls, name: str, files: dict[str, str]) -> Granule | None:
+        """The granule a file name describes, or None if it is not a MODIS tile granule's."""
+        found = NAME.match(name)
+        if not found:
+            return None
+        day = datetime.strptime(found["year"] + found["doy"], "%Y%j").date()
+        return cls(name, found["product"], found["tile"], day, tuple(sorted(files.items())))
+
+    @property
+    def made(self) -> str:
+        """The production timestamp (YYYYDDDHHMMSS): a later one is a reprocessed granule."""
+        return self.id.rsplit(".", 1)[-1]
+
+    def href(self, key: str) -> str:
+        return dict(self.files)[key]
+
+
+def pick(granules: Iterable[Granule]) -> dict[tuple[str, str, date], Granule]:
+    """One granule per (product, tile, day): the latest production where a catalog lists a
+    reprocessed granule beside the one it replaces."""
+    found: dict[tuple[str, str, date], Granule] = {}
+    for granule in granules:
+        key = (granule.product, granule.tile, granule.day)
+        if key not in found or granule.made > found[key].made:
+            found[key] = granule
+    return found
+
+
+def as_param(granules: Sequence[Granule]) -> str:
+    """The task param naming a tile task's granules, by MODIS tile."""
+    return json.dumps({g.tile: {"id": g.id, "files": dict(g.files)} for g in granules}, sort_keys=True)
+
+
+def from_param(text: str) -> list[Granule]:
+    """The granules a task param names (see :func:`as_param`)."""
+    found = []
+    for tile, entry in sorted(json.loads(text).items()):
+        granule = Granule.named(entry["id"], entry["files"])
+        if granule is None or granule.tile != tile:
+            raise ValueError(f"the task names no granule of {tile} it can read: {entry['id']!r}")
+        found.append(granule)
+    return found
