@@ -35,10 +35,9 @@ import httpx
 from azure.core.exceptions import AzureError, HttpResponseError, ResourceNotFoundError
 from azure.storage.blob import BlobClient
 
-from pipeline import names
 from pipeline.failures import FailureClass, StageFailure
 from pipeline.redact import redact
-from pipeline.settings import Settings
+from pipeline.settings import Settings, env_name
 
 TIMEOUT_S = 120.0
 MAX_REDIRECTS = 10
@@ -149,7 +148,7 @@ class Earthdata:
 
     def __init__(self, token: str, hosts: frozenset[str]) -> None:
         if token.startswith("@Microsoft.KeyVault("):
-            raise ValueError(f"{names.SETTING_EARTHDATA_TOKEN} is an unresolved Key Vault reference")
+            raise ValueError(f"{env_name('earthdata_token')} is an unresolved Key Vault reference")
         self._token = token
         self.hosts = hosts
 
@@ -217,7 +216,7 @@ class Access:
             raise SourceMissing(href)
         if response.status_code in (401, 403):
             raise StageFailure(FailureClass.SOURCE_DOWNLOAD, f"{redact(href)}: HTTP {response.status_code}, access "
-                               f"refused (is {names.SETTING_EARTHDATA_TOKEN} set and valid?)")
+                               f"refused (is {env_name('earthdata_token')} set and valid?)")
         if response.status_code != 200:
             raise refused(href, response.status_code, f"HTTP {response.status_code}")
         length = response.headers.get("content-length")
