@@ -56,10 +56,12 @@ up: setup
 
 test: setup $(CHROMIUM)
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 # `make bench` runs every benchmark module in bench/; `make bench NAME=x` runs bench/x.py.
 bench: setup

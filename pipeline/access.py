@@ -123,8 +123,10 @@ class SasSigner:
     def forget(self, href: str) -> None:
         """Drop the container's token (storage refused it): the next sign fetches a new one."""
         container = blob_container(href)
+        if container is None:
+            return
         with self._lock:
-            self._tokens.pop(container, None)  # type: ignore[arg-type]
+            self._tokens.pop(container, None)
 
     def _fetch(self, account: str, container: str) -> tuple[str, float]:
         url = f"{self.endpoint}/{account}/{container}"
@@ -200,7 +202,7 @@ class Access:
                     self.signer.forget(href)
                     continue
                 raise refused(href, exc.status_code or 0, f"storage answered HTTP {exc.status_code} "
-                              f"({exc.error_code or exc.reason})") from None
+                              f"({getattr(exc, 'error_code', None) or exc.reason})") from None
             except AzureError as exc:
                 raise StageFailure(FailureClass.CONNECTION, f"{redact(href)}: {type(exc).__name__}") from None
             md5 = downloader.properties.content_settings.content_md5

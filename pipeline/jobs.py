@@ -15,6 +15,7 @@ import json
 import logging
 import secrets
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -163,7 +164,7 @@ def deactivate(clients: Clients, job: str, unless_younger_than: timedelta | None
     try:
         if unless_younger_than is not None:
             written = clients.jobs.get_entity(ACTIVE, job).metadata["timestamp"]
-            if now() - written < unless_younger_than:
+            if written is not None and now() - written < unless_younger_than:
                 return
         clients.jobs.delete_entity(ACTIVE, job)
     except ResourceNotFoundError:
@@ -242,8 +243,8 @@ def cancel(clients: Clients, job: str, owner: str) -> dict[str, Any]:
     return row
 
 
-def status(clients: Clients, job: str, task_rows: list[dict[str, Any]] | None = None,
-           attempt_rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def status(clients: Clients, job: str, task_rows: Sequence[Mapping[str, Any]] | None = None,
+           attempt_rows: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """What ``GET /api/jobs/{id}`` shows: state, counts per task status and per failure
     class, progress and timestamps (from the rows given, if the caller has read them)."""
     row = get(clients, job)

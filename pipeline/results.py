@@ -26,7 +26,7 @@ def sas_url(clients: Clients, container: str, blob: str) -> str:
         "user_delegation_key": service.get_user_delegation_key(start, expiry)
     }
     token = generate_blob_sas(
-        account_name=service.account_name,
+        account_name=str(service.account_name),
         container_name=container,
         blob_name=blob,
         permission=BlobSasPermissions(read=True),
@@ -43,7 +43,8 @@ def manifest(clients: Clients, job: str) -> dict[str, Any] | None:
         data, _ = clients.transfers.download(clients.products, names.manifest_blob(job))
     except ResourceNotFoundError:
         return None
-    return json.loads(data)
+    manifest: dict[str, Any] = json.loads(data)
+    return manifest
 
 
 def locate(clients: Clients, output: str) -> tuple[str, str]:

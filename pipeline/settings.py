@@ -183,12 +183,12 @@ def declared_fields() -> list[Field[Any]]:
 
 def env_name(field_name: str) -> str:
     """The environment name of a setting, for messages that tell a user what to set."""
-    return next(f.metadata["env"] for f in declared_fields() if f.name == field_name)
+    return str(next(f.metadata["env"] for f in declared_fields() if f.name == field_name))
 
 
 def _parse(declared: Field[Any], raw: str) -> Any:
     key, minimum = declared.metadata["env"], declared.metadata["minimum"]
-    kind = type(declared.default)
+    kind: type[int | float | str] = type(declared.default)  # type: ignore[assignment]  # every setting has one
     if kind is str:
         return "" if declared.metadata["off"] and raw == OFF else raw
     try:

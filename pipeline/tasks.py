@@ -23,7 +23,7 @@ from azure.core.exceptions import (
     ResourceExistsError,
     ResourceNotFoundError,
 )
-from azure.data.tables import TableClient, TableTransactionError, UpdateMode
+from azure.data.tables import TableClient, TableEntity, TableTransactionError, UpdateMode
 
 from pipeline import names
 from pipeline.request import TaskSpec
@@ -38,6 +38,20 @@ def now() -> datetime:
 
 def if_match(etag: str) -> dict[str, Any]:
     return {"etag": etag, "match_condition": MatchConditions.IfNotModified}
+
+
+def etag_of(row: TableEntity) -> str:
+    """The ETag a row was read with: the condition of the next write to it."""
+    etag = row.metadata["etag"]
+    if etag is None:
+        raise ValueError(f"row {row.get('RowKey')} was not read from storage: it has no ETag")
+    return etag
+
+
+def error_code(exc: Exception) -> str | None:
+    """The storage error code of a failed call (``x-ms-error-code``), if it has one."""
+    code = getattr(exc, "error_code", None)
+    return str(code) if code is not None else None
 
 
 def is_conflict(exc: Exception) -> bool:
@@ -109,7 +123,7 @@ def create_batch(tasks: TableClient, entities: list[dict[str, Any]]) -> int:
         tasks.submit_transaction([("create", e) for e in entities])
         return len(entities)
     except TableTransactionError as exc:
-        if exc.error_code != "EntityAlreadyExists":
+        if error_code(exc) != "EntityAlreadyExists":
             raise
     created = 0
     for entity in entities:
@@ -163,7 +177,7 @@ class TerminalCounter:
                 del self._etags[job]  # reload next time: the counter may be what failed, or
                 raise  # the transaction may have been applied before the connection broke
             self._etags[job] = (result[-1]["etag"], new_counts)
-            return list(result[:-1])
+            return [dict(answer) for answer in result[:-1]]
 
 
 def terminal_counts(tasks: TableClient, job: str) -> dict[str, int]:
@@ -180,7 +194,7 @@ def terminal_counts(tasks: TableClient, job: str) -> dict[str, int]:
     return totals
 
 
-def list_tasks(tasks: TableClient, job: str, first: int = 0, count: int | None = None) -> list[dict[str, Any]]:
+def list_tasks(tasks: TableClient, job: str, first: int = 0, count: int | None = None) -> list[TableEntity]:
     """Task rows of a job in sequence order, from ``first`` (``count`` of them, or all)."""
     high = names.task_key(first + count) if count is not None else names.TASK_KEYS_END
     rows = tasks.query_entities(

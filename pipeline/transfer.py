@@ -116,7 +116,8 @@ def retry_policy(total: int = 5) -> ExponentialRetry:
     """The SDK's storage retry, with waits sized for a worker (about 0.5, 2.5, 4.5, 8.5… s
     rather than the SDK's 15, 18, 24 s): a reset or stalled connection is retried on a new
     one, each block or range on its own; what outlasts it fails the attempt, classified."""
-    return ExponentialRetry(initial_backoff=0.5, increment_base=2, retry_total=total, random_jitter_range=0.5)
+    return ExponentialRetry(  # its hints say int; it sleeps any number of seconds
+        initial_backoff=0.5, increment_base=2, retry_total=total, random_jitter_range=0.5)  # type: ignore[arg-type]
 
 
 class Transfers:

@@ -39,7 +39,7 @@ from pipeline.clients import Clients
 from pipeline.failures import FailureClass
 from pipeline.redact import redact
 from pipeline.status import TaskStatus, after_failure, transition
-from pipeline.tasks import TaskRef, TerminalCounter, if_match, is_conflict, now
+from pipeline.tasks import TaskRef, TerminalCounter, error_code, etag_of, if_match, is_conflict, now
 
 ERROR_CHARS = 2000  # an error message kept on a row is cut to this
 # the most characters of output names a task row holds (a string property is 64 KiB of UTF-16)
@@ -131,7 +131,7 @@ def claim(clients: Clients, ref: TaskRef, worker: str,
     kill_at = kill_time(current, row["Stage"], params, int(row.get("Timeouts", 0)))
     started = now()
     index, index_write = attempts.index_op(clients, ref.job, ref.task, current.attempt, kill_at, worker, started)
-    ops = [_update(ref.job, ref.task, row.metadata["etag"], Worker=worker, StartedAt=started, Dispatch="",
+    ops = [_update(ref.job, ref.task, etag_of(row), Worker=worker, StartedAt=started, Dispatch="",
                    Status=transition(row["Status"], TaskStatus.RUNNING).value),
            attempts.attempt_op(ref.job, ref.task, current.attempt, Worker=worker, StartedAt=started,
                                Heartbeat=started, Outcome=TaskStatus.RUNNING.value),
@@ -141,7 +141,7 @@ def claim(clients: Clients, ref: TaskRef, worker: str,
     try:
         result = clients.tasks.submit_transaction(ops)
     except TableTransactionError as exc:
-        if is_conflict(exc) or exc.error_code == "UpdateConditionNotSatisfied":
+        if is_conflict(exc) or error_code(exc) == "UpdateConditionNotSatisfied":
             return None  # another worker claimed it first
         if attempts.is_missing(exc) and len(ops) == 4:  # an entry older than the rules: claim without it
             result = clients.tasks.submit_transaction(ops[:3])
@@ -303,7 +303,7 @@ def cancel(clients: Clients, job: str, counter: TerminalCounter) -> None:
         chunk: list[Op] = []
         count = 0
         for row in pending:
-            ops = [_update(job, row["RowKey"], row.metadata["etag"], EndedAt=now(), Dispatch="",
+            ops = [_update(job, row["RowKey"], etag_of(row), EndedAt=now(), Dispatch="",
                            Status=transition(row["Status"], TaskStatus.CANCELLED).value)]
             if row.get("Dispatch"):
                 ops.append(dispatch.remove_op(job, row["Dispatch"]))
