@@ -28,6 +28,8 @@ from azure.core.exceptions import HttpResponseError
 from pipeline import attempts, jobs, names, packing, results, tasks
 from pipeline.clients import Clients
 from pipeline.notify import Mailer
+from pipeline.redact import redact
+from pipeline.settings import Settings
 from pipeline.status import JobState, TaskStatus
 
 log = logging.getLogger(__name__)
@@ -209,6 +211,7 @@ def write_manifest(clients: Clients, row: dict[str, Any], final: JobState) -> di
         "created": row["CreatedAt"].isoformat(),
         "total": int(row["Total"]),
         "counts": counts,
+        "catalog": catalog_of(clients.settings),
         "tasks": entries,
         "packed": packing.as_manifest(packing.pack(clients, job, (
             packing.Output(output, *results.locate(clients, output)) for entry in entries for output in entry["outputs"]
@@ -217,6 +220,13 @@ def write_manifest(clients: Clients, row: dict[str, Any], final: JobState) -> di
     clients.transfers.upload(clients.products, names.manifest_blob(job), json.dumps(found, indent=1).encode(),
                              "application/json")
     return found
+
+
+def catalog_of(settings: Settings) -> dict[str, str]:
+    """Where the job's granules were searched (the provenance its STAC items name): the
+    catalog's kind and its URL (secrets redacted)."""
+    url = settings.stac_url if settings.catalog == "stac" else settings.cmr_url
+    return {"kind": settings.catalog, "url": redact(url)}
 
 
 def one_line(text: str) -> str:

@@ -1,0 +1,171 @@
+"""A finished job's results folder is a STAC catalog: it validates (offline), names the
+granules its products were made of, is the same after an all-CACHED rerun, and loads with
+``odc.stac`` into arrays equal to the files."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import odc.stac
+import pystac
+import pytest
+import rasterio
+from pystac.validation import JsonSchemaSTACValidator, set_validator
+from pystac.validation.local_validator import get_local_schema_cache
+
+from bagpipe import modis_world as world
+from bagpipe.azurite import Azurite
+from bagpipe.client import Api, download_results
+from bagpipe.stack import LocalStack
+from pipeline.products import CATALOG
+from pipeline.stac import StacCatalog
+from tests.conftest import wait_for
+
+SCHEMAS = Path(__file__).parent / "fixtures" / "stac-schemas"
+BOX = [-110.5, 34.2, -108.6, 34.8]
+REQUEST = {"region": {"bbox": BOX}, "grid": {"tile_size": 1.0, "resolution": 0.01},
+           "start": "2022-02-02", "end": "2022-02-12", "products": ["MOD10A2"],
+           "reducer": {"name": "snow_fraction"}, "label": "stac"}
+
+
+@dataclass
+class Finished:
+    first: Path  # the first job's results folder
+    again: Path  # the rerun's (every tile CACHED)
+    granules: list[str]  # what the catalog lists for the region and span
+
+
+@pytest.fixture(scope="module")
+def finished(azurite: Azurite, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Finished]:
+    tmp = tmp_path_factory.mktemp("stac")
+    with LocalStack(tmp / "stack", workers=1, slots=2, connection=azurite.connection_string,
+                    namespace=f"stac{tmp.name[-6:].replace('_', '')}") as stack:
+        api = Api(stack.api_url, stack.token)
+
+        def run(label: str) -> tuple[str, dict[str, Any]]:
+            job = api.submit(REQUEST | {"label": label})["job"]
+            status = wait_for(lambda: (s := api.status(job))["state"] in ("SUCCEEDED", "FAILED") and s, 180, "the job")
+            return job, status  # type: ignore[return-value]
+
+        first, status = run("stac")
+        assert status["state"] == "SUCCEEDED", status
+        again, rerun = run("stac again")
+        assert rerun["counts"].get("CACHED") == 6, rerun
+        download_results(api, first, tmp / "first")
+        download_results(api, again, tmp / "again")
+        found = StacCatalog(stack.planetary.stac_url).search(CATALOG["MOD10A2"], tuple(BOX),  # type: ignore[arg-type]
+                                                             date(2022, 2, 2), date(2022, 2, 17))
+    yield Finished(tmp / "first", tmp / "again", sorted(g.id for g in found))
+
+
+@pytest.fixture
+def offline_validator() -> Iterator[None]:
+    """pystac's validator with the extension schemas from tests/fixtures (it bundles only the
+    core ones, and this machine has no internet to fetch the others from)."""
+    validator = JsonSchemaSTACValidator()
+    vendored = {f"https://stac-extensions.github.io/{p.relative_to(SCHEMAS).as_posix()}": json.loads(p.read_text())
+                for p in SCHEMAS.glob("*/*/schema.json")}
+    assert len(vendored) == 2
+    validator.schema_cache = get_local_schema_cache() | vendored
+    set_validator(validator)
+    yield
+    set_validator(JsonSchemaSTACValidator())
+
+
+def items_of(folder: Path) -> dict[str, pystac.Item]:
+    collection = pystac.Collection.from_file(str(folder / "collection.json"))
+    return {item.id: item for item in collection.get_items()}
+
+
+def test_the_results_folder_is_a_valid_stac_collection_linked_from_the_manifest(
+        finished: Finished, offline_validator: None) -> None:
+    manifest = json.loads((finished.first / "manifest.json").read_text())
+    assert manifest["stac"] == "collection.json" and manifest["catalog"]["kind"] == "stac"
+    collection = pystac.Collection.from_file(str(finished.first / manifest["stac"]))
+    assert collection.id == manifest["job"]
+    collection.validate()
+    items = list(collection.get_items())
+    assert len(items) == 6 + 3  # 3 tiles × 2 periods, and a reduction per tile
+    for item in items:
+        assert item.validate()  # core, projection and raster schemas
+    for task in manifest["tasks"]:  # each product's item lies beside its files
+        assert (finished.first / task["item"]).parent == (finished.first / task["files"][0]).parent
+    west, south, east, north = collection.extent.spatial.bboxes[0]
+    assert west <= BOX[0] + 0.5 and east >= BOX[2] - 0.5 and south <= BOX[1] and north >= BOX[3]
+    # every link and href is relative: the folder opens wherever it is moved
+    for path in finished.first.rglob("*.json"):
+        text = path.read_text()
+        assert str(finished.first) not in text, path
+
+
+def test_items_describe_the_rasters_and_name_their_granules(finished: Finished) -> None:
+    items = items_of(finished.first)
+    tile = next(i for i in items.values() if i.properties["bagpipe:stage"] == "modis")
+    asset = tile.assets["Maximum_Snow_Extent"]
+    with rasterio.open(asset.get_absolute_href()) as src:
+        assert tile.properties["proj:code"] == "EPSG:4326" and tile.properties["proj:shape"] == [src.height, src.width]
+        assert tile.properties["proj:transform"][:6] == list(src.transform)[:6]
+        (band,) = asset.extra_fields["raster:bands"]
+        assert band["data_type"] == "uint8" and band["nodata"] == src.nodata == 255
+        assert src.tags()["SOURCES"].split(",") == tile.properties["bagpipe:sources"]
+    first_day = date.fromisoformat(tile.properties["datetime"][:10])
+    assert tile.properties["start_datetime"] == f"{first_day}T00:00:00Z"  # an 8-day composite's period
+    assert tile.properties["end_datetime"] == f"{date.fromordinal(first_day.toordinal() + 7)}T23:59:59Z"
+    assert tile.properties["bagpipe:stage_version"].startswith("reproject-")
+    assert tile.properties["bagpipe:catalog"]["collection"] == "modis-10A2-061"
+    assert tile.properties["bagpipe:version"] and tile.bbox[0] >= -111 and tile.bbox[2] <= -108
+    # provenance: the ids the catalog lists, production time included; the real granule among them
+    named = {g for i in items.values() for g in i.properties["bagpipe:sources"]}
+    assert named == set(finished.granules)
+    real = {p.name.split("_")[0] for p in world.REAL_DATA.glob("MOD10A2.A2022033.h09v05.*.tif")}
+    assert real and real <= named
+    reductions = [i for i in items.values() if i.properties["bagpipe:stage"] == "reduce"]
+    assert len(reductions) == 3
+    for reduction in reductions:
+        assert reduction.properties["bagpipe:reducer"]["name"] == "snow_fraction"
+        made_of = [link.resolve_stac_object().target for link in reduction.links if link.rel == "derived_from"]
+        assert len(made_of) == 2 and all(i.properties["bagpipe:tile"] == reduction.properties["bagpipe:tile"]
+                                         for i in made_of)
+        assert reduction.properties["bagpipe:sources"] == sorted(
+            {g for i in made_of for g in i.properties["bagpipe:sources"]})
+        roles = sorted(role for a in reduction.assets.values() for role in a.roles or [])
+        assert roles == ["data", "overview"]  # snow_fraction's GeoTIFF and its PNG
+        (data,) = [a for a in reduction.assets.values() if a.roles == ["data"]]
+        assert data.extra_fields["raster:bands"][0]["data_type"] == "float32"
+
+
+def test_an_all_cached_rerun_writes_the_same_items(finished: Finished) -> None:
+    def comparable(item: pystac.Item) -> dict[str, Any]:
+        found = item.to_dict(include_self_link=False, transform_hrefs=False)
+        found.pop("collection")
+        found["links"] = [link for link in found["links"] if link["rel"] not in ("collection", "parent", "root")]
+        return found
+
+    first, again = items_of(finished.first), items_of(finished.again)
+    assert set(first) == set(again) and len(first) == 9
+    for key, item in first.items():
+        assert comparable(item) == comparable(again[key]), key
+
+
+def test_the_folder_loads_with_odc_stac_equal_to_the_files(finished: Finished) -> None:
+    tiles = [i for i in items_of(finished.first).values() if i.properties["bagpipe:stage"] == "modis"]
+    data = odc.stac.load(tiles, bands=["Maximum_Snow_Extent"], groupby="time")
+    loaded = data["Maximum_Snow_Extent"]
+    assert loaded.sizes["time"] == 2
+    checked = 0
+    for item in tiles:
+        with rasterio.open(item.assets["Maximum_Snow_Extent"].get_absolute_href()) as src:
+            pixels = src.read(1)
+            west, south, east, north = src.bounds
+        when = np.datetime64(item.properties["datetime"][:19])
+        part = loaded.sel(time=when).sel(longitude=slice(west, east), latitude=slice(north, south))
+        assert part.shape == pixels.shape
+        np.testing.assert_array_equal(part.values, pixels)
+        checked += 1
+    assert checked == 6
