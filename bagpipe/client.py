@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from pipeline import names, packing, stacitems
+from pipeline import mosaic, names, packing, stacitems
 
 DEFAULT_HOME = Path(".bagpipe")
 STATE_FILE = "stack.json"  # where a running local stack says where its API is
@@ -153,6 +153,7 @@ def download_results(api: Api, job: str, out: Path, parallel: int = 8) -> tuple[
         list(pool.map(fetch_span, packing.spans(wanted)))
         list(pool.map(fetch_one, links))
     found.pop("manifest_url", None)
+    found["regions"] = mosaic.write_regions(out, found)  # the region as one layer per product and date
     stacitems.write_catalog(out, found)  # the job as a STAC collection beside its files
     manifest = out / "manifest.json"
     manifest.write_text(json.dumps(found, indent=1))

@@ -59,12 +59,10 @@ def period(product: str, first: str, last: str | None = None) -> tuple[datetime,
 
 
 def item_id(task: dict[str, Any]) -> str:
-    """What the product is, as an id: product.tile.date for a tile, with the span's last
-    period and the reducer for a reduction."""
-    if task["stage"] == "reduce":
-        reducer = task["reducer"].replace("@", "-v")
-        return f"{task['product']}.{task['tile']}.{task['date']}_{task['last']}.{reducer}"
-    return f"{task['product']}.{task['tile']}.{task['date']}"
+    """What the product is, as an id: product.tile.date for a tile (tile "region": its
+    mosaic), with the span's last period and the reducer for a reduction."""
+    found = f"{task['product']}.{task['tile']}.{task['date']}" + (f"_{task['last']}" if task.get("last") else "")
+    return found + (f".{task['reducer'].replace('@', '-v')}" if task.get("reducer") else "")
 
 
 def granule_ids(task: dict[str, Any]) -> list[str]:
@@ -82,7 +80,7 @@ def _provenance(task: dict[str, Any], catalog: dict[str, Any], sources: Iterable
         f"{PREFIX}:version": bagpipe_version(),
         "platform": product.platform, "constellation": "modis",
     }
-    if task["stage"] == "reduce":
+    if task.get("reducer"):
         name, _, version = task["reducer"].partition("@")
         found[f"{PREFIX}:reducer"] = {"name": name, "version": version or None, "digest": task.get("bundle") or None,
                                       "args": json.loads(task.get("args") or "{}")}
@@ -194,6 +192,7 @@ def write_catalog(out: Path, manifest: dict[str, Any]) -> Path:
         paths[item.id] = folder / f"{item.id}.json"
         task["item"] = paths[item.id].relative_to(out).as_posix()
         items.append(item)
+    items += region_items(out, manifest, made, catalog, paths)
     collection = build_collection(manifest, items)
     collection.set_self_href(str(out / COLLECTION_FILE))
     for item in items:
@@ -210,3 +209,28 @@ def _deps(task: dict[str, Any], by_key: dict[str, dict[str, Any]]) -> list[dict[
         return []
     first, count = (int(v) for v in task["deps"].split(","))
     return [by_key[key] for seq in range(first, first + count) if (key := names.task_key(seq)) in by_key]
+
+
+def region_items(out: Path, manifest: dict[str, Any], made: dict[str, pystac.Item], catalog: dict[str, Any],
+                 paths: dict[str, Path]) -> list[pystac.Item]:
+    """An item per region mosaic of a product and period (tile ``region``, stage ``mosaic``),
+    ``derived_from`` the items it mosaics, naming all their granules."""
+    by_key = {task["task"]: task for task in manifest["tasks"]}
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for entry in manifest.get("regions", []):
+        groups.setdefault((entry["product"], entry["date"], entry.get("last") or ""), []).append(entry)
+    found = []
+    for (product, first, last), entries in sorted(groups.items()):
+        tasks = [made[t] for entry in entries for t in entry["tasks"] if t in made]
+        reducer = {by_key[t].get("reducer", "") for entry in entries for t in entry["tasks"]} - {""}
+        task = {"stage": "mosaic", "product": product, "tile": "region", "date": first, "last": last,
+                "reducer": min(reducer, default="")}
+        files = [out / entry["file"] for entry in entries]
+        item = build_item(task, files, catalog, [g for i in tasks for g in i.properties[f"{PREFIX}:sources"]])
+        if item is None:
+            continue
+        for source in {i.id: i for i in tasks}.values():
+            item.add_link(pystac.Link("derived_from", source, media_type=pystac.MediaType.GEOJSON))
+        paths[item.id] = files[0].parent / f"{item.id}.json"
+        found.append(item)
+    return found

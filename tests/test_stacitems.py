@@ -91,7 +91,8 @@ def test_the_results_folder_is_a_valid_stac_collection_linked_from_the_manifest(
     assert collection.id == manifest["job"]
     collection.validate()
     items = list(collection.get_items())
-    assert len(items) == 6 + 3  # 3 tiles × 2 periods, and a reduction per tile
+    # 3 tiles × 2 periods, a reduction per tile; the region's mosaic of each period and of the reductions
+    assert len(items) == 6 + 3 + 3
     for item in items:
         assert item.validate()  # core, projection and raster schemas
     for task in manifest["tasks"]:  # each product's item lies beside its files
@@ -148,7 +149,7 @@ def test_an_all_cached_rerun_writes_the_same_items(finished: Finished) -> None:
         return found
 
     first, again = items_of(finished.first), items_of(finished.again)
-    assert set(first) == set(again) and len(first) == 9
+    assert set(first) == set(again) and len(first) == 12
     for key, item in first.items():
         assert comparable(item) == comparable(again[key]), key
 
@@ -169,3 +170,12 @@ def test_the_folder_loads_with_odc_stac_equal_to_the_files(finished: Finished) -
         np.testing.assert_array_equal(part.values, pixels)
         checked += 1
     assert checked == 6
+    # the region's mosaics load as the same pixels, over the requested box snapped to the grid
+    regions = [i for i in items_of(finished.first).values()
+               if i.properties["bagpipe:stage"] == "mosaic" and "Maximum_Snow_Extent" in i.assets]
+    assert len(regions) == 2 and all(len([link for link in i.links if link.rel == "derived_from"]) == 3
+                                     for i in regions)
+    mosaics = odc.stac.load(regions, bands=["Maximum_Snow_Extent"], groupby="time")["Maximum_Snow_Extent"]
+    assert mosaics.longitude.min() > BOX[0] - 0.01 and mosaics.longitude.max() < BOX[2] + 0.01
+    same_place = loaded.sel(longitude=mosaics.longitude, latitude=mosaics.latitude, method="nearest", tolerance=1e-6)
+    np.testing.assert_array_equal(mosaics.values, same_place.values)
