@@ -17,6 +17,7 @@ from pipeline import mosaic, names, packing, stacitems
 DEFAULT_HOME = Path(".bagpipe")
 STATE_FILE = "stack.json"  # where a running local stack says where its API is
 TOKEN_FILE = "api-key"  # the local stack's admin's personal API token
+OVERVIEWS = "overview"  # the results folder's overview pictures
 
 
 def token_in(home: Path) -> str | None:
@@ -153,6 +154,14 @@ def download_results(api: Api, job: str, out: Path, parallel: int = 8) -> tuple[
         list(pool.map(fetch_span, packing.spans(wanted)))
         list(pool.map(fetch_one, links))
     found.pop("manifest_url", None)
+    for image in found.get("overviews", []):  # the region's pictures, with their legends
+        image["file"] = f"{OVERVIEWS}/{image['picture'].rsplit('/', 1)[-1]}"
+        if not _SEGMENT.match(image["file"].split("/")[1]):
+            raise RuntimeError(f"the manifest names an overview outside the results folder: {image['file']!r}")
+        (out / OVERVIEWS).mkdir(exist_ok=True)
+        response = httpx.get(image.pop("links")["picture"], timeout=api.timeout)
+        response.raise_for_status()
+        (out / image["file"]).write_bytes(response.content)
     found["regions"] = mosaic.write_regions(out, found)  # the region as one layer per product and date
     stacitems.write_catalog(out, found)  # the job as a STAC collection beside its files
     manifest = out / "manifest.json"

@@ -6,34 +6,18 @@ estimate of the time left from the runtime history, and (once finished) the quic
 from __future__ import annotations
 
 import json
-import math
 from collections import Counter
 from datetime import datetime
-from functools import lru_cache
 from typing import Any
-
-from rasterio.warp import transform_bounds
 
 from pipeline import attempts, jobs, monitor, names, results, runtimes, tasks
 from pipeline.clients import Clients
 from pipeline.status import ENDED_WELL, JobState, TaskStatus
-from pipeline.targets import NATIVE, SINUSOIDAL_PROJ4
+from pipeline.targets import lonlat_bounds
 
 BINS = 20  # histogram bars
 FAILURES_SHOWN = 100  # newest failed attempts listed
 LOG_FILES = ("stdout.txt", "stderr.txt")  # what a reduction attempt leaves in logs
-
-
-@lru_cache(maxsize=4096)
-def lonlat_bounds(crs: str, bounds: str) -> tuple[float, float, float, float]:
-    """A target tile's bounds (``west,south,east,north`` in its CRS) in degrees."""
-    west, south, east, north = (float(v) for v in bounds.split(","))
-    if crs.upper() in ("EPSG:4326", "OGC:CRS84"):
-        return west, south, east, north
-    source = SINUSOIDAL_PROJ4 if crs == NATIVE else crs  # a job asked as MODIS tiles: their own grid
-    w, s, e, n = transform_bounds(source, "EPSG:4326", west, south, east, north, densify_pts=21)
-    return (math.floor(w * 1e6) / 1e6, math.floor(s * 1e6) / 1e6,  # rounded outwards
-            math.ceil(e * 1e6) / 1e6, math.ceil(n * 1e6) / 1e6)
 
 
 def tile_state(counts: Counter[str]) -> str:

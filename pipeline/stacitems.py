@@ -31,8 +31,8 @@ from rio_stac.stac import get_raster_info
 
 from pipeline import names
 from pipeline.granules import from_param
-from pipeline.jobview import lonlat_bounds
 from pipeline.products import CATALOG
+from pipeline.targets import lonlat_bounds
 
 COLLECTION_FILE = "collection.json"
 RASTERS = (".tif", ".tiff")

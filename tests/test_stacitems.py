@@ -11,11 +11,13 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import odc.stac
 import pystac
 import pytest
 import rasterio
+from PIL import Image
 from pystac.validation import JsonSchemaSTACValidator, set_validator
 from pystac.validation.local_validator import get_local_schema_cache
 
@@ -24,6 +26,7 @@ from bagpipe.azurite import Azurite
 from bagpipe.client import Api, download_results
 from bagpipe.stack import LocalStack
 from pipeline.products import CATALOG
+from pipeline.quicklook import SNOW_CLASSES
 from pipeline.stac import StacCatalog
 from tests.conftest import wait_for
 
@@ -31,7 +34,7 @@ SCHEMAS = Path(__file__).parent / "fixtures" / "stac-schemas"
 BOX = [-110.5, 34.2, -108.6, 34.8]
 REQUEST = {"region": {"bbox": BOX}, "grid": {"tile_size": 1.0, "resolution": 0.01},
            "start": "2022-02-02", "end": "2022-02-12", "products": ["MOD10A2"],
-           "reducer": {"name": "snow_fraction"}, "label": "stac"}
+           "reducer": {"name": "snow_fraction"}, "label": "stac", "email": "scientist@example.org"}
 
 
 @dataclass
@@ -39,6 +42,7 @@ class Finished:
     first: Path  # the first job's results folder
     again: Path  # the rerun's (every tile CACHED)
     granules: list[str]  # what the catalog lists for the region and span
+    email: str  # the first job's notification, as text
 
 
 @pytest.fixture(scope="module")
@@ -59,9 +63,11 @@ def finished(azurite: Azurite, tmp_path_factory: pytest.TempPathFactory) -> Iter
         assert rerun["counts"].get("CACHED") == 6, rerun
         download_results(api, first, tmp / "first")
         download_results(api, again, tmp / "again")
+        email = wait_for(lambda: [m for _, m in stack.mail.messages() if first in str(m["Subject"])], 30, "the email")
         found = StacCatalog(stack.planetary.stac_url).search(CATALOG["MOD10A2"], tuple(BOX),  # type: ignore[arg-type]
                                                              date(2022, 2, 2), date(2022, 2, 17))
-    yield Finished(tmp / "first", tmp / "again", sorted(g.id for g in found))
+    yield Finished(tmp / "first", tmp / "again", sorted(g.id for g in found),
+                   email[0].get_body().get_content())  # type: ignore[index]
 
 
 @pytest.fixture
@@ -179,3 +185,37 @@ def test_the_folder_loads_with_odc_stac_equal_to_the_files(finished: Finished) -
     assert mosaics.longitude.min() > BOX[0] - 0.01 and mosaics.longitude.max() < BOX[2] + 0.01
     same_place = loaded.sel(longitude=mosaics.longitude, latitude=mosaics.latitude, method="nearest", tolerance=1e-6)
     np.testing.assert_array_equal(mosaics.values, same_place.values)
+
+
+def test_the_overview_shows_the_region_in_the_class_colours_and_the_email_links_it(finished: Finished) -> None:
+    manifest = json.loads((finished.first / "manifest.json").read_text())
+    shown = {(o["layer"], o["date"], o["last"]): o for o in manifest["overviews"]}
+    assert set(shown) == {("snow_fraction", "2022-02-02", "2022-02-10"), ("Maximum_Snow_Extent", "2022-02-02", None),
+                          ("Maximum_Snow_Extent", "2022-02-10", None)}
+    first = manifest["overviews"][0]  # a reduction's: the span at a glance
+    assert first["layer"] == "snow_fraction"
+    link = next(line for line in finished.email.splitlines() if "/overview/" in line)
+    assert "Overview of the region (MOD10A2 snow_fraction" in finished.email
+    picture = httpx.get(link, timeout=30)
+    assert picture.status_code == 200 and picture.content == (finished.first / first["file"]).read_bytes()
+    # the snow overview of 2 February, each of its pixels in the colour of the class at that place
+    snow = shown[("Maximum_Snow_Extent", "2022-02-02", None)]
+    image = np.asarray(Image.open(finished.first / snow["file"]).convert("RGBA"))
+    west, south, east, north = snow["bounds"]
+    colours = {value: (*colour, 255) for value, _, colour in SNOW_CLASSES}
+    tiles = [finished.first / t["files"][0] for t in manifest["tasks"] if t["stage"] == "modis"
+             and t["date"] == "2022-02-02"]
+    height = round(1024 * (north - south) / (east - west)) if east - west > north - south else 1024
+    seen = set()
+    for row in range(5, height, 37):
+        for col in range(5, image.shape[1] if east - west > north - south else 1024, 41):
+            lon = west + (col + 0.5) * (east - west) / image.shape[1]
+            lat = north - (row + 0.5) * (north - south) / height
+            for path in tiles:
+                with rasterio.open(path) as src:
+                    if src.bounds.left <= lon < src.bounds.right and src.bounds.bottom < lat <= src.bounds.top:
+                        value = int(next(src.sample([(lon, lat)]))[0])
+                        if value in colours:
+                            assert tuple(image[row, col]) == colours[value], (lon, lat, value)
+                            seen.add(value)
+    assert {25, 200} <= seen  # snow and bare ground both appear, each in its colour
