@@ -116,15 +116,23 @@ def view(clients: Clients, job: str) -> dict[str, Any]:
 
 
 def quicklooks(clients: Clients, job: str) -> list[dict[str, Any]]:
-    """The PNG outputs of a finished job with links and where they go on the map."""
+    """A finished job's pictures with links and where they go on the map: its overviews
+    (``kind`` "overview": the region per layer and date, with legend) and the PNG outputs of
+    its tasks (``kind`` "output")."""
     found = results.manifest(clients, job)
     if found is None:
         return []
-    shown = []
+    container = clients.products.container_name
+    shown = [{"kind": "overview", "tile": "region", "product": o["product"], "layer": o["layer"],
+              "date": o["date"], "last": o["last"], "bounds": o["bounds"], "legend": o["legend"], "unit": o["unit"],
+              "name": f"{o['product']} {o['layer']} {o['date']}{'…' + o['last'] if o['last'] else ''}",
+              "url": results.sas_url(clients, container, o["map"]),
+              "picture": results.sas_url(clients, container, o["picture"])} for o in found.get("overviews", [])]
     for task in found["tasks"]:
         for output in task["outputs"]:
             if output.endswith(".png"):
-                shown.append({"tile": task["tile"], "task": task["task"], "name": output.rsplit("/", 1)[-1],
+                shown.append({"kind": "output", "tile": task["tile"], "task": task["task"],
+                              "name": output.rsplit("/", 1)[-1],
                               "bounds": lonlat_bounds(task["crs"], task["bounds"]),
                               "url": results.sas_url(clients, *results.locate(clients, output))})
     return shown
