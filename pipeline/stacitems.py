@@ -114,8 +114,8 @@ def build_item(task: dict[str, Any], files: list[Path], catalog: dict[str, Any],
     for path in files:
         if path.suffix.lower() in PICTURES:
             key = path.stem if path.stem not in assets else f"{path.stem}-overview"
-            assets[key] = pystac.Asset(str(path), title=path.stem,
-                                             media_type=PICTURES[path.suffix.lower()], roles=["overview"])
+            assets[key] = pystac.Asset(str(path), title=path.stem, media_type=PICTURES[path.suffix.lower()],
+                                       roles=["overview"])
     own = granule_ids(task)
     properties = _provenance(task, catalog, own or sources) | {
         "start_datetime": pystac.utils.datetime_to_str(start), "end_datetime": pystac.utils.datetime_to_str(end)}
@@ -152,7 +152,8 @@ def build_collection(manifest: dict[str, Any], items: list[pystac.Item]) -> pyst
             f"{PREFIX}:stage": sorted({i.properties[f"{PREFIX}:stage"] for i in items}),
             "platform": sorted({i.properties["platform"] for i in items}),
         }),
-        extra_fields={f"{PREFIX}:job": manifest["job"], f"{PREFIX}:request": request,
+        extra_fields={f"{PREFIX}:job": manifest["job"],  # the request without its owner's address
+                      f"{PREFIX}:request": {k: v for k, v in request.items() if k != "email"},
                       f"{PREFIX}:version": bagpipe_version()})
     collection.add_items(items)
     return collection
