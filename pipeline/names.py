@@ -118,6 +118,11 @@ def manifest_blob(job: str) -> str:
     return f"{job}/manifest.json"
 
 
+def overview_blob(job: str, name: str) -> str:
+    """One of the job's overview images (its region, per layer and date) in ``products``."""
+    return f"{job}/overview/{name}"
+
+
 def pack_blob(job: str, number: int) -> str:
     """One of the job's packs of small outputs in ``products``."""
     return f"{job}/packs/{number:04d}.pack"

@@ -219,6 +219,37 @@ function histogramSvg(stage, info) {
   return svg;
 }
 
+/** The job's overviews: a choice of layer and date, the chosen one on the map (``show``), its legend. */
+function overviewPanel(overviews, show) {
+  const legend = h("ul", { class: "overview-legend", "aria-label": "Legend" });
+  const link = h("a", { target: "_blank", rel: "noopener", id: "overview-picture" }, "picture with legend");
+  const choice = h("select", { id: "overview-choice", "aria-label": "Layer and date shown on the map" },
+    ...overviews.map((o, i) => h("option", { value: String(i) }, o.name)));
+  const pick = () => {
+    const chosen = overviews[Number(choice.value)];
+    show(chosen);
+    link.href = chosen.picture;
+    legend.replaceChildren(...chosen.legend.map((entry) =>
+      h("li", {}, h("span", { class: "swatch", style: `background:${entry.colour}` }), entry.label)));
+  };
+  choice.addEventListener("change", pick);
+  pick();
+  return h("section", { class: "overview" }, h("h3", {}, "Overview of the region"),
+    h("p", {}, choice, " ", link), legend);
+}
+
+/** How to open the job's products as STAC: the catalog ``bagpipe results`` writes, and one line of Python. */
+function stacPanel(id, results) {
+  const band = results.tasks.find((t) => t.stage !== "reduce" && t.layers)?.layers.split(",")[0];
+  const load = `bagpipe results ${id} --out ${id} && python -c "import odc.stac, pystac; ` +
+    `items = [i for i in pystac.Collection.from_file('${id}/collection.json').get_items() if i.properties['bagpipe:stage'] == 'modis']; ` +
+    `print(odc.stac.load(items${band ? `, bands=['${band}']` : ""}))"`;
+  return h("section", { class: "stac" }, h("h3", {}, "Open it as STAC"),
+    h("p", {}, "The results folder is a STAC collection (", h("code", {}, `${id}/collection.json`),
+      "), an item per product with relative links: QGIS's STAC plugin, pystac and odc.stac open it as it is."),
+    h("pre", { id: "stac-snippet" }, load));
+}
+
 async function jobPage(id) {
   const title = h("h1", {}, `Job ${id}`);
   const summary = h("div", { class: "summary" });
@@ -295,18 +326,22 @@ async function jobPage(id) {
   }
 
   async function showProducts() {
-    const [results, looks] = await Promise.all([
+    const [results, pictures] = await Promise.all([
       api("GET", `/api/jobs/${id}/results`).catch(() => null), api("GET", `/api/jobs/${id}/quicklooks`)]);
-    mapView.showImages(looks);
+    const looks = pictures.filter((q) => q.kind !== "overview");
+    const overviews = pictures.filter((q) => q.kind === "overview");
+    const overview = overviews.length ? overviewPanel(overviews, (chosen) => mapView.showImages([chosen], "overview")) : "";
+    if (!overviews.length) mapView.showImages(looks);
     if (!results) {
       products.replaceChildren(h("p", {}, "No manifest."));
       return;
     }
     const items = results.tasks.flatMap((t) => Object.entries(t.links || {}).map(([blob, url]) =>
       h("li", {}, h("a", { href: url }, `${t.product} ${t.tile} ${t.date}${t.last ? "…" + t.last : ""}: ${blob.split("/").pop()}`))));
-    products.replaceChildren(
+    products.replaceChildren(overview,
       h("p", {}, h("a", { href: results.manifest_url, id: "manifest-link" }, "manifest.json"),
         ` · links valid for a limited time · or: bagpipe results ${id} --out DIR`),
+      stacPanel(id, results),
       h("div", { class: "quicklooks" }, ...looks.map((q) => h("figure", {},
         h("a", { href: q.url, target: "_blank", rel: "noopener" }, h("img", { src: q.url, alt: `quick-look of ${q.tile}`, class: "quicklook-thumb" })),
         h("figcaption", {}, `${q.tile}: ${q.name}`)))),
