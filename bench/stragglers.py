@@ -42,8 +42,7 @@ def run(azurite: Azurite, home: Path, namespace: str, stage: str, overrides: dic
         clients = Clients(stack.settings)
         table = clients.runtimes
         if history is not None:  # the history earlier requests left for this stage
-            table.upsert_entity({"PartitionKey": stage, "RowKey": "MOD10A2", "Count": history.count,
-                                 "Mean": history.mean, "M2": history.m2})
+            runtimes.merge(table, stage, "MOD10A2", history)
         http = httpx.Client(base_url=stack.api_url, timeout=60, headers=stack.headers)
         started = time.monotonic()
         job = http.post("/api/jobs", json=REQUEST).json()["job"]

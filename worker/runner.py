@@ -240,7 +240,7 @@ class Worker:
 
         def kill_time(current: tasks.TaskRef, stage: str, params: dict[str, str], timeouts: int) -> datetime:
             history = self.history.read(stage, runtimes.history_key(params))
-            return monitor.kill_time(self.settings, stage, history, timeouts, tasks.now())
+            return monitor.kill_time(self.settings, stage, history, timeouts, tasks.now(), runtimes.work_of(params))
 
         held = transitions.claim(self.clients, ref, self.id, kill_time)
         if held is None:  # stale or duplicate: the row does not want this message to run
@@ -277,7 +277,9 @@ class Worker:
             seconds = (tasks.now() - held.started).total_seconds()
             telemetry.attempt_ended(held.stage, status.value if committed else "DISCARDED", seconds)
             if committed:
-                self.history.add(held.stage, runtimes.history_key(held.params), seconds)
+                if status is TaskStatus.SUCCEEDED:  # computed: a cache hit or no data measures nothing
+                    self.history.add(held.stage, runtimes.history_key(held.params),
+                                     seconds / runtimes.work_of(held.params))
                 self.after_terminal(held)
             return
         failure = outcome.failure or FailureClass.UNKNOWN
