@@ -114,6 +114,10 @@ class Settings:
     min_samples: int = 5
     # BAGPIPE_KILL_GRACE_S: between SIGTERM and SIGKILL of a revoked stage (default 5).
     kill_grace_s: float = 5.0
+    # BAGPIPE_SLOW_RATIO: a worker whose recent attempts run this many times their history
+    # (and this many times as long as the others' do) is slow: drained and replaced
+    # (default 2; 0: off).
+    slow_ratio: float = 2.0
     # BAGPIPE_MONITOR_INTERVAL_S: how often the monitor sweeps (default 5).
     monitor_interval_s: float = 5.0
     # BAGPIPE_STAGE_LIMITS: per-stage overrides as JSON, e.g.
@@ -197,6 +201,7 @@ class Settings:
             kill_backoff=_float(env, names.SETTING_KILL_BACKOFF, 2.0, minimum=1.0),
             min_samples=_int(env, names.SETTING_MIN_SAMPLES, 5),
             kill_grace_s=_float(env, names.SETTING_KILL_GRACE, 5.0),
+            slow_ratio=_float(env, names.SETTING_SLOW_RATIO, 2.0),
             monitor_interval_s=_float(env, names.SETTING_MONITOR_INTERVAL, 5.0, minimum=0.1),
             stage_limits=env.get(names.SETTING_STAGE_LIMITS, ""),
             stage_modules=env.get(names.SETTING_STAGE_MODULES, ""),
@@ -241,6 +246,7 @@ class Settings:
             names.SETTING_KILL_BACKOFF: repr(self.kill_backoff),
             names.SETTING_MIN_SAMPLES: str(self.min_samples),
             names.SETTING_KILL_GRACE: repr(self.kill_grace_s),
+            names.SETTING_SLOW_RATIO: repr(self.slow_ratio),
             names.SETTING_MONITOR_INTERVAL: repr(self.monitor_interval_s),
             names.SETTING_STAGE_LIMITS: self.stage_limits,
             names.SETTING_STAGE_MODULES: self.stage_modules,

@@ -120,3 +120,11 @@ def half_cached(ctx: StageContext) -> None:
     else:
         time.sleep(0.4)
     digest(ctx)
+
+
+@stages.stage("slow_machine")
+def slow_machine(ctx: StageContext) -> None:
+    """0.3 s, or 100× that in a worker started with BAGPIPE_TEST_SLOW_MACHINE set: a slow
+    VM, whatever task it runs (found slow long before it would end)."""
+    time.sleep(30.0 if os.environ.get("BAGPIPE_TEST_SLOW_MACHINE") else 0.3)
+    digest(ctx)

@@ -115,6 +115,7 @@ var settings = {
   '${names.settings.killCeiling}': contains(tuning, 'killCeiling') ? tuning.killCeiling : ''
   '${names.settings.killBackoff}': contains(tuning, 'killBackoff') ? tuning.killBackoff : ''
   '${names.settings.minSamples}': contains(tuning, 'minSamples') ? tuning.minSamples : ''
+  '${names.settings.slowRatio}': contains(tuning, 'slowRatio') ? tuning.slowRatio : ''
   '${names.settings.killGrace}': contains(tuning, 'killGrace') ? tuning.killGrace : ''
   '${names.settings.monitorInterval}': contains(tuning, 'monitorInterval') ? tuning.monitorInterval : ''
   '${names.settings.stageLimits}': contains(tuning, 'stageLimits') ? tuning.stageLimits : ''
