@@ -97,6 +97,10 @@ def worker(slots: Annotated[int, typer.Option(min=1, help="Tasks run at once.")]
     signal.signal(signal.SIGINT, lambda *_: runner.stopping.set())
     logging.getLogger(__name__).info("worker %s started with %d slots", runner.id, slots)
     runner.run()
+    if runner.draining.is_set():
+        from pipeline.health import REPLACE_EXIT
+
+        raise typer.Exit(REPLACE_EXIT)
 
 
 @app.command()

@@ -28,6 +28,7 @@ class FailureClass(StrEnum):
     OPERATION_TIMEOUT = "operation_timeout"  # a storage call timed out
     EXECUTION_TIMEOUT = "execution_timeout"  # the monitor revoked an overdue attempt
     HEARTBEAT_LOST = "heartbeat_lost"  # the attempt's worker stopped heartbeating
+    WORKER_SLOW = "worker_slow"  # its worker was found slow and gave the attempt up to another
     USER_CODE = "user_code_error"  # a stage or reduction program failed on its own
     DEPENDENCY_FAILED = "dependency_failed"  # a reduction's tile tasks did not all succeed
     OUT_OF_DISK = "out_of_disk_space"  # the worker's disk is full
@@ -47,6 +48,7 @@ TRANSIENT = frozenset(
         FailureClass.CORRUPT_BLOB,
         FailureClass.EXECUTION_TIMEOUT,
         FailureClass.HEARTBEAT_LOST,
+        FailureClass.WORKER_SLOW,
         FailureClass.BLOB_READ,
     }
 )

@@ -29,7 +29,7 @@ from azure.core.exceptions import (
 )
 from azure.data.tables import UpdateMode
 
-from pipeline import attempts, names, tasks, transitions
+from pipeline import attempts, health, names, tasks, transitions
 from pipeline.clients import Clients
 from pipeline.identity import User
 from pipeline.redact import redact
@@ -251,7 +251,8 @@ def status(clients: Clients, job: str, task_rows: Sequence[Mapping[str, Any]] | 
     if task_rows is None:
         task_rows = tasks.list_tasks(clients.tasks, job)
     if attempt_rows is None:
-        attempt_rows = attempts.list_attempts(clients.tasks, job, select=["FailureClass", "RevokedBy"])
+        attempt_rows = attempts.list_attempts(clients.tasks, job, select=[
+            "FailureClass", "RevokedBy", "Task", "Worker", "Outcome", "RuntimeS", "StartedAt", "EndedAt"])
     counts: Counter[str] = Counter(task["Status"] for task in task_rows)
     failures: Counter[str] = Counter()
     kills = 0
@@ -270,6 +271,7 @@ def status(clients: Clients, job: str, task_rows: Sequence[Mapping[str, Any]] | 
         "counts": {s.value: counts.get(s.value, 0) for s in TaskStatus},
         "failures": dict(failures),
         "monitor_kills": kills,
+        "workers": health.worker_table(clients, task_rows, attempt_rows),
         "progress": done / total if total else 1.0,
         "created": row["CreatedAt"].isoformat(),
         "updated": row["UpdatedAt"].isoformat(),

@@ -99,10 +99,11 @@ def view(clients: Clients, job: str) -> dict[str, Any]:
     for stage in sorted({s for s, _ in stage_of.values()}):
         params = next(p for s, p in stage_of.values() if s == stage)
         history = runtimes.read(clients.runtimes, stage, runtimes.history_key(params))
-        threshold = monitor.kill_after(monitor.limits_for(clients.settings, stage), history)
+        work = runtimes.work_of(params)  # a job's tasks of one stage share its grid: one size
+        threshold = monitor.kill_after(monitor.limits_for(clients.settings, stage), history, work=work)
         left = sum(1 for row in rows if row["Stage"] == stage and not TaskStatus(row["Status"]).terminal)
-        remaining_s += left * (history.mean if history.count else threshold / clients.settings.kill_factor)
-        stages[stage] = {"mean_s": history.mean, "runs": history.count, "left": left,
+        remaining_s += left * (history.mean * work if history.count else threshold / clients.settings.kill_factor)
+        stages[stage] = {"mean_s": history.mean * work, "runs": history.count, "left": left,
                          "histogram": histogram(durations.get(stage, []), threshold)}
     running = status["counts"][TaskStatus.RUNNING.value]
     finished = JobState(status["state"]).finished

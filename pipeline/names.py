@@ -37,7 +37,9 @@ SOURCES_TABLE = "sources"
 USERS_TABLE = "users"  # users, their personal API tokens, their Entra sign-ins
 AUDIT_TABLE = "audit"  # who did what when
 REDUCERS_TABLE = "reducers"  # uploaded reducer bundles: versions, sharing, the jobs that used them
-TABLES = (JOBS_TABLE, TASKS_TABLE, RUNTIMES_TABLE, SOURCES_TABLE, USERS_TABLE, AUDIT_TABLE, REDUCERS_TABLE)
+WORKERS_TABLE = "workerhealth"  # each worker's recent runtime ratios and health (pipeline.health)
+TABLES = (JOBS_TABLE, TASKS_TABLE, RUNTIMES_TABLE, SOURCES_TABLE, USERS_TABLE, AUDIT_TABLE, REDUCERS_TABLE,
+          WORKERS_TABLE)
 
 PLAN_QUEUE = "plan"
 DONE_QUEUE = "done"

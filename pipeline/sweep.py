@@ -19,7 +19,7 @@ import uuid
 from collections import Counter
 from datetime import timedelta
 
-from pipeline import completion, dispatch, jobs, monitor, planner, transitions
+from pipeline import completion, dispatch, health, jobs, monitor, planner, transitions
 from pipeline.clients import Clients
 from pipeline.notify import Mailer
 from pipeline.status import JobState
@@ -44,8 +44,14 @@ def sweep(clients: Clients) -> dict[str, int]:
         except Exception:
             log.exception("sweep of job %s failed; the next pass tries again", job)
             done["errors"] += 1
+    try:
+        done["slow"] = len(health.find_slow(clients, clients.settings.slow_ratio))
+    except Exception:
+        log.exception("worker health not checked; the next pass tries again")
+        done["errors"] += 1
     return {"revoked": len(report.revoked), "stale": report.stale, "resent": done["resent"],
-            "replanned": done["replanned"], "announced": done["announced"], "errors": done["errors"]}
+            "replanned": done["replanned"], "announced": done["announced"], "slow_workers": done["slow"],
+            "errors": done["errors"]}
 
 
 def _sweep_job(clients: Clients, job: str, report: monitor.SweepReport, done: Counter[str]) -> None:
