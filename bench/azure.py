@@ -20,15 +20,18 @@ class Figure:
     confirmed: bool = True  # read on a stored page (False: derived or assumed, said how)
 
 
-TABLE_TARGETS = "https://learn.microsoft.com/en-us/azure/storage/tables/scalability-targets"
-QUEUE_TARGETS = "https://learn.microsoft.com/azure/storage/queues/scalability-targets"
-ACCOUNT_TARGETS = "https://learn.microsoft.com/en-us/azure/storage/common/scalability-targets-standard-account"
+TABLE_TARGETS = ("'Scalability and performance targets for Table storage', "
+                 "https://learn.microsoft.com/en-us/azure/storage/tables/scalability-targets")
+QUEUE_TARGETS = ("'Scalability and performance targets for Queue Storage', "
+                 "https://learn.microsoft.com/azure/storage/queues/scalability-targets")
+ACCOUNT_TARGETS = ("'Scalability and performance targets for standard storage accounts', "
+                   "https://learn.microsoft.com/en-us/azure/storage/common/scalability-targets-standard-account")
 TARGETS = (
     Figure("table partition", 2_000, "entities/s (1 KiB entities)", TABLE_TARGETS),
     Figure("queue", 2_000, "messages/s (1 KiB messages)", QUEUE_TARGETS),
     Figure("storage account", 20_000, "requests/s (tables and queues pages: 1 KiB entities or messages; "
            "the standard-account page lists 40,000 for GPv2 in the largest regions, East US among them)",
-           TABLE_TARGETS),
+           f"{TABLE_TARGETS}; {QUEUE_TARGETS}; {ACCOUNT_TARGETS}"),
 )
 LIMITS = Limits(partition=2_000, queue=2_000, account=20_000)
 
@@ -59,21 +62,29 @@ def azure_costs(local: dict[str, Cost]) -> dict[str, Cost]:
 
 
 # --- public prices (USD, pay-as-you-go) ------------------------------------------------------
-RETAIL = ("Azure Retail Prices API, East US, USD pay-as-you-go, fetched 2026-07-29, as recorded in a public "
-          "repository's pricing notes (the azure.microsoft.com pricing pages render their prices client-side "
-          "and were not in the stored corpus)")
+# The price list: Azure's pay-as-you-go retail prices (the Azure Retail Prices API, which the
+# azure.microsoft.com pricing pages render), USD, East US, as of August 2026. This machine cannot reach
+# Azure; each rate was read in a dated public copy of that list, named with it.
+PRICE_LIST = "Azure pay-as-you-go retail prices (Azure Retail Prices API), USD, East US, as of 2026-08"
+RETAIL_API = "Azure Retail Prices API, East US, read 2026-08-04 (a public cost estimate quoting its meters)"
 PRICES = {
-    "table": Figure("Table Storage transactions (LRS, every operation type)", 0.00036, "USD per 10,000", RETAIL),
+    "table": Figure("Table Storage transactions (LRS, every operation type)", 0.00036, "USD per 10,000",
+                    "Azure retail rate for reads, writes, lists, scans and deletes, checked 2026-07-21 (a public "
+                    "repository's cost notes); the same East US LRS rate in several others"),
     "queue": Figure("Queue Storage operations (GPv2 LRS, class 1 and class 2)", 0.004, "USD per 10,000",
                     "derived, not read: Azure pricing-calculator exports in public repositories (East US: 1 GB, "
                     "1,000 × 10,000 class-1 and class-2 operations = $8.05 = $0.045/GB + 2,000 × $0.004)", False),
-    "blob_write": Figure("Blob Storage write operations (hot, LRS)", 0.05, "USD per 10,000", RETAIL),
-    "blob_read": Figure("Blob Storage read operations (hot, LRS)", 0.004, "USD per 10,000", RETAIL),
-    "vcpu": Figure("Container Apps consumption, active vCPU", 0.000024, "USD per vCPU-second", RETAIL),
-    "memory": Figure("Container Apps consumption, memory", 0.000003, "USD per GiB-second", RETAIL),
+    "blob_write": Figure("Blob Storage write operations (hot, LRS)", 0.05, "USD per 10,000", RETAIL_API),
+    "blob_read": Figure("Blob Storage read operations (hot, LRS)", 0.004, "USD per 10,000", RETAIL_API),
+    "vcpu": Figure("Container Apps consumption, active vCPU", 0.000024, "USD per vCPU-second",
+                   "azure.microsoft.com/pricing/details/container-apps (pay-as-you-go, active usage), as quoted "
+                   "in public cost notes of 2026"),
+    "memory": Figure("Container Apps consumption, memory", 0.000003, "USD per GiB-second",
+                     "azure.microsoft.com/pricing/details/container-apps, as quoted in public cost notes of 2026"),
     "flex_gbs": Figure("Functions Flex Consumption, on-demand execution time", 0.000026, "USD per GB-second",
-                       RETAIL + "; the same rate in Modal's Azure Functions pricing guide, 2025-05-22"),
-    "flex_exec": Figure("Functions Flex Consumption, on-demand executions", 0.40, "USD per million", RETAIL),
+                       "Modal, 'Azure Functions pricing: Consumption vs. Flex Consumption', 2025-05-22 (East US)"),
+    "flex_exec": Figure("Functions Flex Consumption, on-demand executions", 0.40, "USD per million",
+                        "the same guide, 2025-05-22"),
 }
 FREE_GRANTS = Figure("Container Apps free grant per subscription and month: 180,000 vCPU-s, 360,000 GiB-s, "
                      "2 million requests (not deducted below)", 0, "",

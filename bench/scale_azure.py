@@ -16,7 +16,7 @@ from bench.calltable import PLANNED, TODAY
 from bench.scale_local import local_costs
 from bench.scale_report import Context, Part, hours, plt, save, table
 from bench.sim import simulate
-from bench.simcore import Call, Cost, LogNormal, Result, Scenario, TaskKind
+from bench.simcore import ALL, TASK, Call, Cost, LogNormal, Result, Scenario, TaskKind
 
 HEADROOM = 0.5  # size targets so that none runs above half its rate at the job's steady rate
 SIMULATED = 12_000  # tasks simulated of a long job (at least 4 a worker); the rest extrapolated
@@ -80,13 +80,13 @@ def part(ctx: Context) -> Part:
     final = run(sized)
     today_sizes = needs(big_w, runs[2][1])
     # curves: workers (ModisAzure mix), and partitions for one-second tasks where storage is the limit
-    workers = (200, 1000, 2000, 4000, 8000)
+    workers = (200, 1000, 2000, 5000)
     by_workers = {label: [simulate(scenario(costs, label, BIG, w, calls, parts, window=2 * w))
                           for w in workers]
                   for label, calls, parts in (("today", TODAY, 1), ("plan, 1 partition", PLANNED, 1),
                                               ("plan, 8 partitions, 8 shards", PLANNED, 8))}
     short = (TaskKind("one-second task", 1.0, LogNormal(1.0, 0.3)),)
-    parts = (1, 2, 4, 8, 16, 32)
+    parts = (1, 2, 4, 8, 16)
     by_parts = {label: [simulate(scenario(costs, label, 200_000, 2000, calls, p, shards=max(4, p), accounts=a,
                                           window=4000, kinds=short)).steady_tasks_per_s for p in parts]
                 for label, calls, a in (("today, 1 account", TODAY, 1), ("plan, 1 account", PLANNED, 1),
@@ -125,30 +125,19 @@ Azure's; call latencies are assumed (below).
 
 {table(HEADERS, [row(r, s) for r, s in runs])}
 
-What saturates first:
+What saturates first (the busiest server of each kind in the steady window: a storage target
+at 85 % or more holds its callers back; otherwise the workers, when every slot is busy), the
+first storage target to saturate as the workers grow (at how many times these workers, every
+slot busy), and what loads the job's table partition(s), entities a task:
 
-- **ModisAzure's job (200 workers), today**: {modis.bottleneck} — {modis.steady_tasks_per_s:.2f} tasks/s,
-  {modis.steady_tasks_per_s / modis.ideal_tasks_per_s:.0%} of what 200 busy slots do; the job takes
-  {hours(modis.seconds)}. Storage is far from its targets at this size: the busiest partition
-  {modis.utilization.get('table partition', 0):.0%} busy.
-- **10× (2,000 workers, 1 M tasks), today**: the **{big.bottleneck}** — the default window of 256
-  keeps at most 256 tasks released but unfinished, so 256 slots work and the rest poll empty
-  queues ({big.steady_tasks_per_s:.2f} tasks/s, {hours(big.seconds)}).
-- **Window raised to 4,096**: then **{big_w.bottleneck}** saturates: every worker's look at its job
-  reads every writer's counter row ({2000 + 2:,} rows) after each task, heartbeats move
-  2,000 deadline entries every 10 s, and the sweep lists every reduction row and each pending
-  reduction's tiles every pass, all in the job's one partition
-  ({big_w.steady_tasks_per_s:.2f} tasks/s, {hours(big_w.seconds)}). Spread as it is, that load
-  would need **{today_sizes['partitions']} partitions** at {HEADROOM:.0%} of their target.
-- **Issue 23's plan** (`PLANNED` in `bench/calltable.py`: counts from a bounded rollup,
-  dependencies as counters, claims and commits grouped per worker; a what-if, not code): with the
-  window at 4,096 the job needs **{sizes['partitions']} partition(s), {sizes['shards']} queue
-  shard(s) and {sizes['accounts']} storage account(s)** for none to run above {HEADROOM:.0%} of its
-  target; so sized it runs {final.steady_tasks_per_s:.2f} tasks/s,
-  {final.steady_tasks_per_s / final.ideal_tasks_per_s:.0%} of ideal, and the 1 M tasks take
-  **{hours(final.seconds)}** ({final.bottleneck} saturate first). At minutes per task the
-  heartbeats dominate what is left: {final.requests.get('heartbeat: move deadline entry', 0) / BIG:.0f}
-  deadline moves a task.
+{chr(10).join(verdict(r, s) for r, s in runs)}
+
+Sized for none to run above {HEADROOM:.0%} of its target with every slot busy, issue 23's plan
+(`PLANNED` in `bench/calltable.py`: counts from a bounded rollup, dependencies as counters,
+claims and commits grouped per worker; a what-if, not code) needs **{sizes['partitions']}
+partition(s), {sizes['shards']} queue shard(s) and {sizes['accounts']} storage account(s)** for
+the 1 M-task job on 2,000 workers, and then takes **{hours(final.seconds)}**; the code as it is
+would need **{today_sizes['partitions']} partitions** for the same load (it has one per job).
 
 The curves: throughput against workers for the ModisAzure mix (the window twice the slots),
 and, where storage is the limit — one-second tasks on 2,000 workers — against partitions per
@@ -165,6 +154,31 @@ one-partition job; doubling partitions lifts the cap until the queues' or the ac
 {sources()}
 """
     return Part(figures, markdown)
+
+
+def first_target(r: Result) -> tuple[str, float]:
+    """The storage target that saturates first as workers are added, and at how many times
+    the scenario's workers (its load scaled from the simulated rate to every slot busy)."""
+    name, busy = r.busiest_limit
+    at_full = busy * r.ideal_tasks_per_s / max(r.steady_tasks_per_s, 1e-9)
+    return name, (1 / at_full if at_full else math.inf)
+
+
+def partition_load(r: Result, s: Scenario, top: int = 3) -> str:
+    """The calls that load the job's table partitions most: entities a task, and their share."""
+    per = {c.op: r.units[c.op] / r.tasks for c in s.calls if c.target in (TASK, ALL) and r.units.get(c.op)}
+    total = sum(per.values()) or 1.0
+    best = sorted(per.items(), key=lambda kv: -kv[1])[:top]
+    return "; ".join(f"{op} {n:,.1f} ({n / total:.0%})" for op, n in best)
+
+
+def verdict(r: Result, s: Scenario) -> str:
+    name, times = first_target(r)
+    return (f"- **{r.scenario}**: saturates first: **{r.bottleneck}** — {r.steady_tasks_per_s:.2f} tasks/s, "
+            f"{r.steady_tasks_per_s / r.ideal_tasks_per_s:.0%} of every slot busy; the job takes "
+            f"{hours(r.seconds)}. First storage target: {name}, "
+            f"{'saturated' if times <= 1.0 else f'at {times:,.1f}× these workers'}. Partition load: "
+            f"{partition_load(r, s)}.")
 
 
 def plot(ctx: Context, workers: tuple[int, ...], by_workers: dict[str, list[Result]], parts: tuple[int, ...],
@@ -223,7 +237,7 @@ def sources() -> str:
 
 {table(("figure", "value", "source", "confirmed on a stored page"), rows)}
 
-Prices are USD pay-as-you-go list prices, East US, as the Azure Retail Prices API gave them on
-2026-07-29 (the pricing pages render client-side: no stored copy of them carries the figures);
-the queue price is derived from pricing-calculator exports, not read; whether an
+Price list: {azure.PRICE_LIST}. This machine cannot reach Azure, so each rate was read in a
+dated public copy of that list (named above); the queue price is derived from
+pricing-calculator exports, not read; whether an
 entity-group transaction is billed once or per entity is not confirmed on a Microsoft page."""

@@ -105,8 +105,11 @@ def part(ctx: Context) -> Part:
 Each kind of storage call the code makes, made {found['get'].calls} times one after another
 against an Azurite of its own (the SDK clients of `pipeline.clients`; transactions on the
 lean wire format of `pipeline.transactions`): wall time, the caller's CPU, Azurite's CPU
-(from `/proc`), and the rest of the round trip. Where a call carries many entities or
-messages it is measured at two sizes and fitted to a base and a part per unit.
+(from `/proc`), and the rest of the round trip — taken from the quickest tenth of the calls
+(their 10th-percentile wall time less the CPU), because on this shared machine the slower
+calls also waited for a core, and the model makes that wait itself from the cores, their
+other users and every process's CPU. Where a call carries many entities or messages it is
+measured at two sizes and fitted to a base and a part per unit.
 
 {table(('call', 'calls', 'wall ms', 'caller CPU ms', 'Azurite CPU ms', 'other wait ms'),
        [[k, m.calls, *list(m.row().values())[1:]] for k, m in found.items()])}
@@ -141,9 +144,9 @@ ratio) were measured, and the model was given them with the {cores} cores.
          round(r['speed'] * 1e3, 2)] for n, (r, p) in enumerate(zip(runs, predictions, strict=True))])}
 
 Measured **{measured:.1f} tasks/s**, predicted **{predicted:.1f} tasks/s**: `sim_vs_local` =
-**{ratio:.2f}** (predicted ÷ measured, means of the runs). In the model the cores are the
-limit ({util}): the workers' calls, Azurite's single thread and the benchmark's own
-polling compete for them, as the measured CPU per task shows they do.
+**{ratio:.2f}** (predicted ÷ measured, means of the runs). In the model of the last run
+**{result.bottleneck}** saturate(s) first ({util}): the workers' calls, Azurite's single
+thread, the benchmark's own polling and the machine's other processes compete for the cores.
 
 {image}
 """

@@ -319,6 +319,7 @@ class Model:
             began = self.env.now
             with self.cores.request(priority=0) as core:
                 yield core
+                self.core_busy += tick * share
                 yield self.env.timeout(tick * share)
             yield self.env.timeout(max(0.0, began + tick - self.env.now))
 

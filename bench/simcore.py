@@ -172,16 +172,22 @@ class Result:
 
     @property
     def bottleneck(self) -> str:
-        """What saturates first: a storage target (or the machine's CPU) at ≥ 90 % busy; else
-        the workers when their slots are that busy; else the release window or the overhead
-        of each task (latency, the worker's own CPU)."""
-        limits = {k: v for k, v in self.utilization.items() if k != "worker slots"}
-        name, busy = max(limits.items(), key=lambda kv: kv[1], default=("", 0.0))
-        if busy >= 0.9:
+        """What saturates first: a storage target (or the machine's CPU) at ≥ 85 % busy (a
+        first-come-first-served server that busy already holds its callers back); else the
+        workers when their slots are 90 % busy; else the release window or the overhead of
+        each task (latency, the worker's own CPU)."""
+        name, busy = self.busiest_limit
+        if busy >= 0.85:
             return name
         if self.utilization.get("worker slots", 0.0) >= 0.9:
             return "workers"
         return "release window" if self.window_bound else "per-task overhead"
+
+    @property
+    def busiest_limit(self) -> tuple[str, float]:
+        """The busiest of the servers that are not the workers, and how busy."""
+        limits = {k: v for k, v in self.utilization.items() if k != "worker slots"}
+        return max(limits.items(), key=lambda kv: kv[1], default=("", 0.0))
 
     def per_task(self) -> float:
         """Storage requests per task, all phases."""

@@ -55,7 +55,7 @@ class Proc:
         born = env.now
         yield env.timeout(start)
         self.free = s.slots
-        shard, idle_since = self.index, env.now
+        shard, idle_since, empty = self.index, env.now, 0
         while m.done < m.goal:
             if self.free == 0:
                 self.slot_free = env.event()
@@ -65,7 +65,11 @@ class Proc:
                 extra = s.slots if self.recent is not None and self.recent < AHEAD_BELOW_S else 0
                 got = yield from self.receive(shard % s.shards, self.free - len(self.ahead) + extra)
                 shard += 1
-                if not got and not self.ahead:
+                empty = 0 if got or self.ahead else empty + 1
+                if empty:  # the next shard at once; a wait only once every shard was empty
+                    if empty < s.shards:
+                        continue
+                    empty = 0
                     if self.free == s.slots and idle_s is not None and env.now - idle_since >= idle_s:
                         break
                     yield from self.idle()

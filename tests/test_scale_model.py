@@ -103,3 +103,4 @@ def test_shared_cores_bound_the_local_stack() -> None:
     result = simulate(s)
     assert result.steady_tasks_per_s == pytest.approx(250, rel=0.05)
     assert result.bottleneck == "cpu cores"
+
