@@ -83,14 +83,12 @@ def part(ctx: Context) -> Part:
     workers = (200, 1000, 2000, 5000)
     by_workers = {label: [simulate(scenario(costs, label, BIG, w, calls, parts, window=2 * w))
                           for w in workers]
-                  for label, calls, parts in (("today", TODAY, 1), ("plan, 1 partition", PLANNED, 1),
-                                              ("plan, 8 partitions, 8 shards", PLANNED, 8))}
+                  for label, calls, parts in (("today", TODAY, 1), ("plan, 1 partition", PLANNED, 1))}
     short = (TaskKind("one-second task", 1.0, LogNormal(1.0, 0.3)),)
     parts = (1, 2, 4, 8, 16)
     by_parts = {label: [simulate(scenario(costs, label, 200_000, 2000, calls, p, shards=max(4, p), accounts=a,
-                                          window=4000, kinds=short)).steady_tasks_per_s for p in parts]
-                for label, calls, a in (("today, 1 account", TODAY, 1), ("plan, 1 account", PLANNED, 1),
-                                        ("plan, 4 accounts", PLANNED, 4))}
+                                          window=4000, kinds=short)) for p in parts]
+                for label, calls, a in (("plan, 1 account", PLANNED, 1), ("plan, 4 accounts", PLANNED, 4))}
     image = plot(ctx, workers, by_workers, parts, by_parts)
     cost_md, per_million = costs_section(final, kinds, "plan, sized")
     cost_today, _ = costs_section(big_w, kinds, "today, window 4,096")
@@ -140,10 +138,15 @@ the 1 M-task job on 2,000 workers, and then takes **{hours(final.seconds)}**; th
 would need **{today_sizes['partitions']} partitions** for the same load (it has one per job).
 
 The curves: throughput against workers for the ModisAzure mix (the window twice the slots),
-and, where storage is the limit — one-second tasks on 2,000 workers — against partitions per
-job (as many queue shards as partitions, at least 4). A partition's 2,000 entities/s caps the
-one-partition job; doubling partitions lifts the cap until the queues' or the account's
-20,000 requests/s bind, and more accounts lift that.
+and, where storage can be the limit — one-second tasks on 2,000 workers, issue 23's plan —
+against table partitions per job (as many queue shards as partitions, at least 4):
+
+{chr(10).join(f"- {label}: " + ", ".join(f"{p} → {r.steady_tasks_per_s:,.0f} tasks/s ({r.bottleneck})"
+                                         for p, r in zip(parts, results, strict=True))
+              for label, results in by_parts.items())}
+- ModisAzure mix, by workers: {"; ".join(f"{label}: " + ", ".join(
+    f"{w:,} → {r.steady_tasks_per_s:.2f} ({r.bottleneck})" for w, r in zip(workers, results, strict=True))
+    for label, results in by_workers.items())}
 
 {image}
 
@@ -182,7 +185,7 @@ def verdict(r: Result, s: Scenario) -> str:
 
 
 def plot(ctx: Context, workers: tuple[int, ...], by_workers: dict[str, list[Result]], parts: tuple[int, ...],
-         by_parts: dict[str, list[float]]) -> str:
+         by_parts: dict[str, list[Result]]) -> str:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for label, results in by_workers.items():
         left.plot(workers, [r.steady_tasks_per_s for r in results], marker="o", label=label)
@@ -193,8 +196,8 @@ def plot(ctx: Context, workers: tuple[int, ...], by_workers: dict[str, list[Resu
     left.set_ylabel("tasks/s")
     left.set_title("ModisAzure mix (minutes per task)", fontsize=9)
     left.legend(fontsize=8)
-    for label, rates in by_parts.items():
-        right.plot(parts, rates, marker="o", label=label)
+    for label, results in by_parts.items():
+        right.plot(parts, [r.steady_tasks_per_s for r in results], marker="o", label=label)
     right.set_xscale("log", base=2)
     right.set_xlabel("table partitions per job")
     right.set_ylabel("tasks/s")
