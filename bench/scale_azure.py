@@ -189,9 +189,12 @@ def plot(ctx: Context, workers: tuple[int, ...], by_workers: dict[str, list[Resu
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for label, results in by_workers.items():
         left.plot(workers, [r.steady_tasks_per_s for r in results], marker="o", label=label)
-    left.plot(workers, [w / MODIS_KINDS[0].runtime.mean for w in workers], "k:", label="every slot busy")
+    first = next(iter(by_workers.values()))  # every slot busy with the mix: the same for every label
+    left.plot(workers, [r.ideal_tasks_per_s for r in first], "k:", label="every slot busy")
     left.set_xscale("log")
     left.set_yscale("log")
+    left.set_xticks(list(workers), [f"{w:,}" for w in workers])
+    left.minorticks_off()
     left.set_xlabel("workers (slots)")
     left.set_ylabel("tasks/s")
     left.set_title("ModisAzure mix (minutes per task)", fontsize=9)
