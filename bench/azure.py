@@ -141,7 +141,7 @@ MODIS_KINDS = (
     TaskKind("reduction", REDUCTION_SHARE, LogNormal(2.75 * 60, 0.35), reduction=True),
 )
 TILES_PER_REDUCTION = 55.79 / 39.36
-# the 10-year continental-US request: 585 K source files (issue 23), 3-4 sources a tile task
+# the 10-year continental-US request: 585 K source files, 3-4 sources a tile task
 MODIS_JOB_TASKS = round(585_000 / 3.5 / (1 - REDUCTION_SHARE))
 
 
