@@ -183,7 +183,7 @@ def storage_view(clients: Clients, job: str) -> dict[str, Any]:
             named.add((container.container_name, blob))
             found.append(hashlib.md5(container.download_blob(blob).readall(), usedforsecurity=False).hexdigest())
         digests[row["RowKey"]] = found
-    keep = (names.manifest_blob(job), f"{job}/packs/")
+    keep = (names.manifest_blob(job), f"{job}/packs/", names.overview_blob(job, ""))  # the job's own, not a task's
     unnamed = [f"{c.container_name}/{b.name}" for c in (clients.tiles, clients.products)
                for b in c.list_blobs() if (c.container_name, b.name) not in named
                and not b.name.startswith(keep) and not b.name.endswith(cache.MARKER_SUFFIX)]

@@ -64,6 +64,9 @@ class Plan:
 
     k: int = 0  # the call to fault (0: none)
     kind: str = ""
+    # or the first call of this operation, wherever it comes (calls made in parallel, as the
+    # finisher's reads are, do not come in the same order in every run)
+    operation: str = ""
     component: str = "driver"  # who is calling now (the driver runs one component at a time)
     calls: list[str] = field(default_factory=list)  # what each call was, in order
     hit: str = ""  # the call faulted
@@ -81,6 +84,8 @@ class Plan:
         with self.lock:
             self.calls.append(f"{self.component} {describe(request.http_request)}")
             number = len(self.calls)
+            if self.operation and not self.k and self.calls[-1].endswith(self.operation):
+                self.k = number
         request.context["bagpipe_call"] = number
         if number == self.k and self.kind == "refuse":
             self.hit = self.calls[-1]
@@ -351,9 +356,10 @@ def _ignore_crashes(args: threading.ExceptHookArgs) -> None:
         threading.__excepthook__(args)
 
 
-def run_one(azurite: Azurite, workdir: Path, k: int, kind: str) -> dict[str, Any]:
-    """One run with the fault at call ``k`` (0: a clean run); its verdict and its calls."""
-    plan = Plan(k=k, kind=kind)
+def run_one(azurite: Azurite, workdir: Path, k: int, kind: str, operation: str = "") -> dict[str, Any]:
+    """One run with the fault at call ``k`` (0: a clean run), or at the first call of
+    ``operation`` (then ``k`` only names the run); its verdict and its calls."""
+    plan = Plan(k=0 if operation else k, kind=kind, operation=operation)
     threading.excepthook = _ignore_crashes
     with hooked(plan):
         run = Run(azurite, workdir / f"mail-{k}-{kind}", plan)
@@ -362,5 +368,5 @@ def run_one(azurite: Azurite, workdir: Path, k: int, kind: str) -> dict[str, Any
         finally:
             run.close()
         verdict = run.check()
-    return {"k": k, "kind": kind, "hit": plan.hit, "calls": plan.calls, "restarts": run.fresh,
+    return {"k": plan.k or k, "kind": kind, "hit": plan.hit, "calls": plan.calls, "restarts": run.fresh,
             "steps": run.steps} | verdict
