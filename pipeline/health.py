@@ -53,12 +53,14 @@ SLOWNESS = ("execution_timeout", "worker_slow")  # attempts ended for being slow
 
 
 def recent_ratio(ended: list[float], running: list[float], slots: int) -> float | None:
-    """A worker's recent ratio: the median of its latest ``slots`` ended attempts, or of the
-    ones it runs now (each at least as slow as it has run so far) if that is higher — so a
-    machine that has just slowed down shows it as soon as the attempts it runs now do, and
-    a slow one still shows it while its new attempts are young. Two attempts at least; None
-    with fewer."""
-    found = [statistics.median(ratios) for ratios in (ended[-max(2, slots):], running) if len(ratios) >= 2]
+    """A worker's recent ratio: the median of its latest ``slots`` ended attempts, or the
+    least of the ones it runs now (each at least as slow as it has run so far) if that is
+    higher — so a machine that has just slowed down shows it as soon as all the attempts it
+    runs now do (one or two tasks slow by themselves do not make it slow), and a slow one
+    still shows it while its new attempts are young. Two attempts at least; None with
+    fewer."""
+    found = [statistics.median(ended[-max(2, slots):])] if len(ended[-max(2, slots):]) >= 2 else []
+    found += [min(running)] if len(running) >= 2 else []
     return max(found) if found else None
 
 

@@ -41,7 +41,8 @@ def test_the_worker_running_far_past_its_history_is_marked_slow(clients: Clients
 
 def test_a_slow_worker_stays_slow_while_its_new_attempts_are_young() -> None:
     assert health.recent_ratio([1.0, 5.6, 5.7], [0.1, 0.2], 2) == 5.65
-    assert health.recent_ratio([1.0, 1.1], [3.0, 3.4], 2) == 3.2
+    assert health.recent_ratio([1.0, 1.1], [3.0, 3.4], 2) == 3.0
+    assert health.recent_ratio([1.0, 1.1, 0.9, 1.0], [6.0, 5.0, 0.3, 0.2], 4) == 1.0  # two slow tasks, not a machine
     assert health.recent_ratio([1.0], [0.5], 2) is None
 
 
