@@ -35,7 +35,7 @@ from azure.data.tables import UpdateMode
 
 from bagpipe.stack import LocalStack
 from bench.simcore import Cost, LogNormal
-from bench.throughput import fresh_azurite, request_of
+from bench.throughput import fresh_azurite, request_of, submit_and_wait
 from pipeline import clients as clients_module
 from pipeline import jobs, planner
 from pipeline.clients import clients_for
@@ -315,7 +315,7 @@ def local_run(tmp: Path, tasks: int, workers: int, slots: int, window: int) -> d
     body = request_of(tasks)
     with fresh_azurite(tmp / "run") as azurite, LocalStack(
             tmp / "run", workers=workers, slots=slots, connection=azurite.connection_string, namespace="scale",
-            window=window, overrides={"tile_stage": "noop", "max_tasks": 100_000}) as stack:
+            overrides={"window": window, "tile_stage": "noop", "max_tasks": 100_000}) as stack:
         assert azurite.process is not None
         stack.wait_for_workers()
         http = httpx.Client(base_url=stack.api_url, timeout=60, headers=stack.headers)
@@ -324,14 +324,7 @@ def local_run(tmp: Path, tasks: int, workers: int, slots: int, window: int) -> d
         before = {name: tree_cpu(pid) for name, pid in pids.items()} | {"benchmark process": own_cpu(os.getpid())}
         machine = machine_cpu()
         probe = SpeedProbe().__enter__()
-        started = time.monotonic()
-        created = http.post("/api/jobs", json=body)
-        created.raise_for_status()
-        job, total = created.json()["job"], created.json()["total"]
-        while (state := next(j["state"] for j in http.get("/api/jobs").json() if j["job"] == job)) not in (
-                "SUCCEEDED", "FAILED", "CANCELLED"):
-            time.sleep(0.2)
-        seconds = time.monotonic() - started
+        total, state, seconds = submit_and_wait(http, body)
         probe.__exit__()
         spent = {name: tree_cpu(pid) - before[name] for name, pid in pids.items()}
         spent["benchmark process"] = own_cpu(os.getpid()) - before["benchmark process"]
