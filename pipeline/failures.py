@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import errno
 import socket
-from enum import StrEnum
+from enum import Enum, StrEnum
 
 from azure.core.exceptions import (
     HttpResponseError,
@@ -60,6 +60,15 @@ class StageFailure(Exception):
     def __init__(self, failure: FailureClass, message: str) -> None:
         super().__init__(message)
         self.failure = failure
+
+
+def error_code(exc: BaseException) -> str | None:
+    """The storage error code of a failed call (``x-ms-error-code``), if it has one: the
+    storage SDKs set it on the exceptions they raise, azure-core does not declare it."""
+    code = getattr(exc, "error_code", None)
+    if isinstance(code, Enum):  # the blob and table SDKs' error code enums: their wire value
+        code = code.value
+    return str(code) if code is not None else None
 
 
 def classify(exc: BaseException) -> FailureClass:

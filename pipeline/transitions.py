@@ -36,10 +36,10 @@ from azure.data.tables import TableTransactionError, UpdateMode
 from pipeline import attempts, dispatch, tasks
 from pipeline.attempts import Op
 from pipeline.clients import Clients
-from pipeline.failures import FailureClass
+from pipeline.failures import FailureClass, error_code
 from pipeline.redact import redact
 from pipeline.status import TaskStatus, after_failure, transition
-from pipeline.tasks import TaskRef, TerminalCounter, error_code, etag_of, if_match, is_conflict, now
+from pipeline.tasks import TaskRef, TerminalCounter, etag_of, if_match, is_conflict, now
 
 ERROR_CHARS = 2000  # an error message kept on a row is cut to this
 # the most characters of output names a task row holds (a string property is 64 KiB of UTF-16)
@@ -64,7 +64,7 @@ def queue(clients: Clients, job: str, rows: list[Any]) -> list[Any]:
                 if row["Status"] == TaskStatus.PENDING.value:
                     fields, write = dispatch.queued(clients, job, row["RowKey"])
                     transition(row["Status"], TaskStatus.QUEUED)
-                    ops += [_update(job, row["RowKey"], row.metadata["etag"], **fields), write]
+                    ops += [_update(job, row["RowKey"], etag_of(row), **fields), write]
             try:
                 if ops:
                     clients.tasks.submit_transaction(ops)
@@ -86,7 +86,7 @@ def release_reduction(clients: Clients, job: str, row: Any) -> bool:
     fields, write = dispatch.queued(clients, job, row["RowKey"])
     transition(row["Status"], TaskStatus.QUEUED)
     try:
-        clients.tasks.submit_transaction([_update(job, row["RowKey"], row.metadata["etag"], **fields), write])
+        clients.tasks.submit_transaction([_update(job, row["RowKey"], etag_of(row), **fields), write])
     except TableTransactionError:
         return False
     row["Attempt"] = int(row["Attempt"])
@@ -283,7 +283,7 @@ def revoke(clients: Clients, counter: TerminalCounter, row: Any, ref: TaskRef, i
         change["Timeouts"] = int(row.get("Timeouts", 0)) + 1
     ended_as = attempts.attempt_op(ref.job, ref.task, ref.attempt, Outcome=TaskStatus.TIMED_OUT.value,
                                    FailureClass=why.value, EndedAt=change["EndedAt"], RevokedBy="monitor")
-    if not _fenced(clients, ref.job, ref.task, row.metadata["etag"], change, [ended_as, *ops], index, counter,
+    if not _fenced(clients, ref.job, ref.task, etag_of(row), change, [ended_as, *ops], index, counter,
                    after if after is TaskStatus.DEAD else None):
         return None  # it committed or failed meanwhile
     if after is TaskStatus.QUEUED:
