@@ -110,8 +110,9 @@ class LocalStack:
 
     def _settings(self) -> Settings:
         env = dict(self.env)
-        own: dict[str, object] = {"storage_connection": self.connection, "storage_account": "",
-                                  "mail_mode": "smtp", "smtp_host": "127.0.0.1", "smtp_port": self.mail.port}
+        env[env_name("storage_connection")] = self.connection
+        own: dict[str, object] = {"storage_account": "", "mail_mode": "smtp", "smtp_host": "127.0.0.1",
+                                  "smtp_port": self.mail.port}
         if self.namespace:
             own["namespace"] = self.namespace
         if not env.get(env_name("stac_url")):
@@ -119,7 +120,6 @@ class LocalStack:
         if not env.get(env_name("cmr_url")):
             own |= {"cmr_url": self.nasa.cmr_url, "earthdata_token": self.nasa.token,
                     "earthdata_hosts": self.nasa.hosts}
-        env[env_name("storage_connection")] = self.connection
         return Settings.from_env(env).with_(**own, **self.overrides)
 
     def _kept_ports(self) -> dict[str, int]:

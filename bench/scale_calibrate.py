@@ -323,9 +323,8 @@ def local_run(tmp: Path, tasks: int, workers: int, slots: int, window: int) -> d
         pids = {"Azurite": azurite.process.pid} | {f"worker {i}": p.pid for i, p in enumerate(stack.worker_processes)}
         before = {name: tree_cpu(pid) for name, pid in pids.items()} | {"benchmark process": own_cpu(os.getpid())}
         machine = machine_cpu()
-        probe = SpeedProbe().__enter__()
-        total, state, seconds = submit_and_wait(http, body)
-        probe.__exit__()
+        with SpeedProbe() as probe:
+            total, state, seconds = submit_and_wait(http, body)
         spent = {name: tree_cpu(pid) - before[name] for name, pid in pids.items()}
         spent["benchmark process"] = own_cpu(os.getpid()) - before["benchmark process"]
         foreign = machine_cpu() - machine - sum(spent.values())
