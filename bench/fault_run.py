@@ -254,10 +254,17 @@ class Run:
                 self.api_cancel(self.jobs[1])
                 cancelled = True
             busy += self.worker("w1") + self.worker("w2")
-            if self.finished():
+            if self.finished() and self.settled():
                 return
             if not busy:
                 time.sleep(IDLE_S)
+
+    def settled(self) -> bool:
+        """The sweep goes on after the jobs end, as it does in production: one pass of it that
+        runs whole, for what only it tidies (the marker of a maker that died, its task cancelled)."""
+        clients = self._clients_of("control")
+        report = self._as("control", lambda: sweep.sweep(clients))
+        return report is not None and report["errors"] == 0
 
     def finished(self) -> bool:
         with self.quiet():
@@ -329,8 +336,8 @@ class Run:
             if job in jobs.active_jobs(clients) and JobState(row["State"]).finished:
                 problems.append(f"{job} finished but still active")
                 found["leftovers"] += 1
-        markers = [b.name for c in (clients.tiles, clients.sources) for b in c.list_blobs()
-                   if b.name.endswith(".making")]
+        markers = [b.name for c in (clients.tiles, clients.sources)
+                   for b in c.list_blobs(name_starts_with=names.MARKER_PREFIX)]
         found["leftovers"] += len(markers)
         problems += [f"marker left: {m}" for m in markers]
         return {"counts": dict(found), "problems": problems}

@@ -108,6 +108,12 @@ def source_blob(product: str, granule: str, file_name: str) -> str:
 
 
 TILE_OUTPUT_PREFIX = "tiles:"  # an output name in the tiles container, not in products
+MARKER_PREFIX = ".making/"  # tiles, sources: a blob's maker at work (the cache's marker), listed by the sweep
+
+
+def marker_blob(name: str) -> str:
+    """The marker a task holds while it makes the cached blob ``name`` (in the same container)."""
+    return f"{MARKER_PREFIX}{name}"
 
 
 def tile_blob(key: str, product: str, layer: str, tile: str, day: str) -> str:
