@@ -25,7 +25,7 @@ from typing import Any
 
 from azure.core.exceptions import HttpResponseError
 
-from pipeline import attempts, jobs, names, overview, packing, results, tasks
+from pipeline import attempts, bundles, jobs, names, overview, packing, reducers, results, tasks
 from pipeline.clients import Clients
 from pipeline.notify import Mailer
 from pipeline.redact import redact
@@ -202,6 +202,7 @@ def write_manifest(clients: Clients, row: dict[str, Any], final: JobState) -> di
                 "failure": task.get("LastFailure") or None,
             }
         )
+    name_installed_reducers(clients.settings, entries)
     found = {
         "job": job,
         "state": final.value,
@@ -221,6 +222,19 @@ def write_manifest(clients: Clients, row: dict[str, Any], final: JobState) -> di
     clients.transfers.upload(clients.products, names.manifest_blob(job), json.dumps(found, indent=1).encode(),
                              "application/json")
     return found
+
+
+def name_installed_reducers(settings: Settings, entries: list[dict[str, Any]]) -> None:
+    """Give each reduction that ran a reducer installed on the workers its ``digest``, as a
+    bundle's is named (the same canonical SHA-256 of its folder): its products' provenance."""
+    installed = reducers.catalog(settings.reducers_path)
+    digests: dict[str, str] = {}
+    for entry in entries:
+        name = entry.get("reducer")
+        if name and not entry.get("bundle") and name in installed:
+            if name not in digests:
+                digests[name] = bundles.digest_of(installed[name].here)
+            entry["digest"] = digests[name]
 
 
 def catalog_of(settings: Settings) -> dict[str, str]:

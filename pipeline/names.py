@@ -126,6 +126,11 @@ def manifest_blob(job: str) -> str:
     return f"{job}/manifest.json"
 
 
+def stac_blob(job: str) -> str:
+    """The job's STAC items as the API serves them (made at the first ask), in ``products``."""
+    return f"{job}/stac.json"
+
+
 def overview_blob(job: str, name: str) -> str:
     """One of the job's overview images (its region, per layer and date) in ``products``."""
     return f"{job}/overview/{name}"

@@ -18,11 +18,12 @@ of its own job. Every href is relative: the folder opens as it is (QGIS's STAC p
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import UTC, date, datetime, time, timedelta
 from importlib import metadata
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
+from urllib.parse import urlsplit
 
 import pystac
 import rasterio
@@ -82,39 +83,42 @@ def _provenance(task: dict[str, Any], catalog: dict[str, Any], sources: Iterable
     }
     if task.get("reducer"):
         name, _, version = task["reducer"].partition("@")
-        found[f"{PREFIX}:reducer"] = {"name": name, "version": version or None, "digest": task.get("bundle") or None,
+        found[f"{PREFIX}:reducer"] = {"name": name, "version": version or None, "installed": not task.get("bundle"),
+                                      "digest": task.get("bundle") or task.get("digest") or None,
                                       "args": json.loads(task.get("args") or "{}")}
     return found
 
 
-def _raster_asset(path: Path, href: str, title: str) -> pystac.Asset:
-    with rasterio.open(path) as src:
-        bands = get_raster_info(src, max_size=1024)
-    return pystac.Asset(href, title=title, media_type=COG, roles=["data"], extra_fields={"raster:bands": bands})
+def _named(file: str | Path) -> PurePosixPath:
+    """A product's file name, whether ``file`` is a path or a link (its query left out)."""
+    return PurePosixPath(urlsplit(str(file)).path if "://" in str(file) else str(file))
 
 
-def build_item(task: dict[str, Any], files: list[Path], catalog: dict[str, Any],
+def build_item(task: dict[str, Any], files: Sequence[str | Path], catalog: dict[str, Any],
                sources: Iterable[str] = ()) -> pystac.Item | None:
-    """The item of one task's products (``files``; asset hrefs are their paths until the
-    catalog makes them relative); None if it made no raster. ``sources``: a reduction's
-    granules (its tiles')."""
-    rasters = [f for f in files if f.suffix.lower() in RASTERS]
+    """The item of one task's products (``files``: paths, or links rasterio reads over HTTP;
+    they are the asset hrefs, until a catalog makes them relative or an API signs them
+    anew); None if it made no raster. ``sources``: a reduction's granules (its tiles')."""
+    rasters = [str(f) for f in files if _named(f).suffix.lower() in RASTERS]
     if not rasters:
         return None
     start, end = period(task["product"], task["date"], task.get("last") or None)
     stage_versions = set()
     assets: dict[str, pystac.Asset] = {}
-    for path in rasters:
-        with rasterio.open(path) as src:
+    for href in rasters:
+        with rasterio.open(href) as src:
             tags = src.tags()
-        key = tags.get("LAYER") if task["stage"] != "reduce" and tags.get("LAYER") else path.stem
+            bands = get_raster_info(src, max_size=1024)
+        key = tags.get("LAYER") if task["stage"] != "reduce" and tags.get("LAYER") else _named(href).stem
         if tags.get("BAGPIPE_STAGE"):
             stage_versions.add(tags["BAGPIPE_STAGE"])
-        assets[key] = _raster_asset(path, str(path), key)
-    for path in files:
-        if path.suffix.lower() in PICTURES:
-            key = path.stem if path.stem not in assets else f"{path.stem}-overview"
-            assets[key] = pystac.Asset(str(path), title=path.stem, media_type=PICTURES[path.suffix.lower()],
+        assets[key] = pystac.Asset(href, title=key, media_type=COG, roles=["data"],
+                                   extra_fields={"raster:bands": bands})
+    for file in files:
+        name = _named(file)
+        if name.suffix.lower() in PICTURES:
+            key = name.stem if name.stem not in assets else f"{name.stem}-overview"
+            assets[key] = pystac.Asset(str(file), title=name.stem, media_type=PICTURES[name.suffix.lower()],
                                        roles=["overview"])
     own = granule_ids(task)
     properties = _provenance(task, catalog, own or sources) | {
@@ -155,7 +159,6 @@ def build_collection(manifest: dict[str, Any], items: list[pystac.Item]) -> pyst
         extra_fields={f"{PREFIX}:job": manifest["job"],  # the request without its owner's address
                       f"{PREFIX}:request": {k: v for k, v in request.items() if k != "email"},
                       f"{PREFIX}:version": bagpipe_version()})
-    collection.add_items(items)
     return collection
 
 
@@ -182,7 +185,7 @@ def write_catalog(out: Path, manifest: dict[str, Any]) -> Path:
         if not files:
             continue
         folder = files[0].parent
-        deps = _deps(task, by_key)
+        deps = dependencies(task, by_key)
         sources = [g for dep in deps for g in granule_ids(dep)]
         item = build_item(task, files, catalog, sources)
         if item is None:
@@ -196,6 +199,7 @@ def write_catalog(out: Path, manifest: dict[str, Any]) -> Path:
         items.append(item)
     items += region_items(out, manifest, made, catalog, paths)
     collection = build_collection(manifest, items)
+    collection.add_items(items)
     collection.set_self_href(str(out / COLLECTION_FILE))
     for item in items:
         item.set_self_href(str(paths[item.id]))
@@ -205,7 +209,7 @@ def write_catalog(out: Path, manifest: dict[str, Any]) -> Path:
     return out / COLLECTION_FILE
 
 
-def _deps(task: dict[str, Any], by_key: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def dependencies(task: dict[str, Any], by_key: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """A reduction's tile tasks (the manifest's rows ``deps`` names), in order."""
     if task["stage"] != "reduce" or not task.get("deps"):
         return []
@@ -224,9 +228,10 @@ def region_items(out: Path, manifest: dict[str, Any], made: dict[str, pystac.Ite
     found = []
     for (product, first, last), entries in sorted(groups.items()):
         tasks = [made[t] for entry in entries for t in entry["tasks"] if t in made]
-        reducer = {by_key[t].get("reducer", "") for entry in entries for t in entry["tasks"]} - {""}
-        task = {"stage": "mosaic", "product": product, "tile": "region", "date": first, "last": last,
-                "reducer": min(reducer, default="")}
+        reduced = [by_key[t] for entry in entries for t in entry["tasks"] if by_key[t].get("reducer")]
+        program = {key: reduced[0][key] for key in ("reducer", "bundle", "digest", "args") if key in reduced[0]} \
+            if reduced else {}
+        task = {"stage": "mosaic", "product": product, "tile": "region", "date": first, "last": last, **program}
         files = [out / entry["file"] for entry in entries]
         item = build_item(task, files, catalog, [g for i in tasks for g in i.properties[f"{PREFIX}:sources"]])
         if item is None:

@@ -238,15 +238,28 @@ function overviewPanel(overviews, show) {
     h("p", {}, choice, " ", link), legend);
 }
 
-/** How to open the job's products as STAC: the catalog ``bagpipe results`` writes, and one line of Python. */
+/** How to open the job's products as STAC: where it lives (the API's collection, with one line of
+ * Python that loads it), and the catalog ``bagpipe results`` writes beside the files. */
 function stacPanel(id, results) {
   const band = results.tasks.find((t) => t.stage !== "reduce" && t.layers)?.layers.split(",")[0];
+  const bands = band ? `, bands=['${band}']` : "";
+  const api = `${location.origin}/api/stac`;
+  const tiles = "if i.properties['bagpipe:stage'] == 'modis'";
+  const remote = `python -c "import os, odc.stac, pystac_client; ` +
+    `api = pystac_client.Client.open('${api}', headers={'Authorization': 'Bearer ' + os.environ['BAGPIPE_TOKEN']}); ` +
+    `items = [i for i in api.search(collections=['${id}']).items() ${tiles}]; ` +
+    `print(odc.stac.load(items${bands}))"`;
   const load = `bagpipe results ${id} --out ${id} && python -c "import odc.stac, pystac; ` +
-    `items = [i for i in pystac.Collection.from_file('${id}/collection.json').get_items() if i.properties['bagpipe:stage'] == 'modis']; ` +
-    `print(odc.stac.load(items${band ? `, bands=['${band}']` : ""}))"`;
+    `items = [i for i in pystac.Collection.from_file('${id}/collection.json').get_items() ${tiles}]; ` +
+    `print(odc.stac.load(items${bands}))"`;
   return h("section", { class: "stac" }, h("h3", {}, "Open it as STAC"),
-    h("p", {}, "The results folder is a STAC collection (", h("code", {}, `${id}/collection.json`),
-      "), an item per product with relative links: QGIS's STAC plugin, pystac and odc.stac open it as it is."),
+    h("p", {}, "Where it is: the STAC collection ",
+      h("a", { id: "stac-link", href: `${api}/collections/${id}` }, `${api}/collections/${id}`),
+      ", in bagpipe's STAC API. pystac-client opens it with your API token (",
+      h("code", {}, "BAGPIPE_TOKEN"), "), and odc.stac loads its items over short-lived signed links:"),
+    h("pre", { id: "stac-api-snippet" }, remote),
+    h("p", {}, "Or downloaded: the results folder is a STAC collection too (", h("code", {}, `${id}/collection.json`),
+      "), with the region's mosaics, every link relative: QGIS's STAC plugin, pystac and odc.stac open it as it is."),
     h("pre", { id: "stac-snippet" }, load));
 }
 

@@ -7,8 +7,11 @@ Screenshots of each page are kept in ``out/portal/``."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -149,6 +152,16 @@ def test_submit_on_the_map_watch_it_finish_and_open_a_quicklook(page: Page, stac
     expect(page.locator("#stac-snippet")).to_contain_text(f"bagpipe results {job} --out {job}")
     expect(page.locator("#stac-snippet")).to_contain_text(f"{job}/collection.json")
     expect(page.locator("#stac-snippet")).to_contain_text("odc.stac.load(items, bands=['Maximum_Snow_Extent'])")
+    # where it lives: the API's collection, and the line that loads it from there, run as a scientist would
+    link = page.locator("#stac-link").get_attribute("href") or ""
+    served = httpx.get(link, headers={"Authorization": f"Bearer {stack.token}"}).json()
+    assert served["id"] == job and any(lk["rel"] == "items" for lk in served["links"])
+    line = page.locator("#stac-api-snippet").inner_text()
+    assert line.startswith('python -c "') and line.endswith('"')
+    ran = subprocess.run([sys.executable, "-c", line.removeprefix('python -c "').removesuffix('"')],
+                         env=os.environ | {"BAGPIPE_TOKEN": stack.token}, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    assert "Maximum_Snow_Extent" in ran.stdout and "time: 1" in ran.stdout, ran.stdout
     loaded = page.locator(".quicklook-thumb").first.evaluate("img => img.complete && img.naturalWidth")
     assert loaded > 0
     png = httpx.get(page.locator(".quicklook-thumb").first.get_attribute("src") or "")

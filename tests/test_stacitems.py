@@ -1,6 +1,7 @@
 """A finished job's results folder is a STAC catalog: it validates (offline), names the
 granules its products were made of, is the same after an all-CACHED rerun, and loads with
-``odc.stac`` into arrays equal to the files."""
+``odc.stac`` into arrays equal to the files. The API serves the same items as a STAC API,
+opened with ``pystac_client`` and loaded over signed links, to their owner only."""
 
 from __future__ import annotations
 
@@ -10,25 +11,32 @@ from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import numpy as np
 import odc.stac
 import pystac
+import pystac_client
 import pytest
 import rasterio
 from PIL import Image
 from pystac.validation import JsonSchemaSTACValidator, set_validator
 from pystac.validation.local_validator import get_local_schema_cache
+from pystac_client.conformance import ConformanceClasses
 
 from bagpipe import modis_world as world
 from bagpipe.azurite import Azurite
 from bagpipe.client import Api, download_results
 from bagpipe.stack import LocalStack
+from pipeline import names, reducers
+from pipeline.bundles import digest_of
+from pipeline.clients import clients_for
 from pipeline.products import CATALOG
 from pipeline.quicklook import SNOW_CLASSES
+from pipeline.settings import Settings
 from pipeline.stac import StacCatalog
-from tests.conftest import wait_for
+from tests.conftest import make_user, wait_for
 
 SCHEMAS = Path(__file__).parent / "fixtures" / "stac-schemas"
 BOX = [-110.5, 34.2, -108.6, 34.8]
@@ -43,6 +51,11 @@ class Finished:
     again: Path  # the rerun's (every tile CACHED)
     granules: list[str]  # what the catalog lists for the region and span
     email: str  # the first job's notification, as text
+    job: str  # the first job's id
+    api_url: str  # the stack's API, up while the module's tests run
+    token: str  # its owner's token
+    stranger: str  # another scientist's token
+    settings: Settings  # the stack's
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +79,9 @@ def finished(azurite: Azurite, tmp_path_factory: pytest.TempPathFactory) -> Iter
         email = wait_for(lambda: [m for _, m in stack.mail.messages() if first in str(m["Subject"])], 30, "the email")
         found = StacCatalog(stack.planetary.stac_url).search(CATALOG["MOD10A2"], tuple(BOX),  # type: ignore[arg-type]
                                                              date(2022, 2, 2), date(2022, 2, 17))
-    yield Finished(tmp / "first", tmp / "again", sorted(g.id for g in found),
-                   email[0].get_body().get_content())  # type: ignore[index]
+        yield Finished(tmp / "first", tmp / "again", sorted(g.id for g in found),
+                       email[0].get_body().get_content(), first, stack.api_url, stack.token,  # type: ignore[index]
+                       make_user(clients_for(stack.settings), "stranger"), stack.settings)
 
 
 @pytest.fixture
@@ -136,6 +150,8 @@ def test_items_describe_the_rasters_and_name_their_granules(finished: Finished) 
     assert len(reductions) == 3
     for reduction in reductions:
         assert reduction.properties["bagpipe:reducer"]["name"] == "snow_fraction"
+        assert reduction.properties["bagpipe:reducer"]["installed"] is True  # shipped in reducers/, named by digest
+        assert reduction.properties["bagpipe:reducer"]["digest"] == digest_of(reducers.BUILTIN_DIR / "snow_fraction")
         made_of = [link.resolve_stac_object().target for link in reduction.links if link.rel == "derived_from"]
         assert len(made_of) == 2 and all(i.properties["bagpipe:tile"] == reduction.properties["bagpipe:tile"]
                                          for i in made_of)
@@ -219,3 +235,70 @@ def test_the_overview_shows_the_region_in_the_class_colours_and_the_email_links_
                             assert tuple(image[row, col]) == colours[value], (lon, lat, value)
                             seen.add(value)
     assert {25, 200} <= seen  # snow and bare ground both appear, each in its colour
+
+
+def opened(finished: Finished, token: str) -> pystac_client.Client:
+    return pystac_client.Client.open(f"{finished.api_url}/api/stac", headers={"Authorization": f"Bearer {token}"})
+
+
+def test_the_api_serves_the_job_as_a_stac_collection_that_loads_over_signed_links(
+        finished: Finished, offline_validator: None) -> None:
+    client = opened(finished, finished.token)
+    assert client.conforms_to(ConformanceClasses.ITEM_SEARCH) and client.conforms_to(ConformanceClasses.COLLECTIONS)
+    collection = client.get_collection(finished.job)
+    assert collection.id == finished.job
+    assert {finished.job} < {c.id for c in client.get_collections()}  # the rerun's too
+    served = {item.id: item for item in collection.get_items()}
+    in_folder = {i.id: i for i in items_of(finished.first).values() if i.properties["bagpipe:stage"] != "mosaic"}
+    assert sorted(served) == sorted(in_folder) and len(served) == 6 + 3  # the region mosaics are made by results
+    for item_id, item in served.items():
+        assert item.validate()
+        assert item.properties == in_folder[item_id].properties  # the same provenance, period, stage
+        assert item.geometry == in_folder[item_id].geometry and item.bbox == in_folder[item_id].bbox
+        for asset in item.assets.values():
+            query = parse_qs(urlsplit(asset.href).query)
+            assert query["sp"] == ["r"] and query["sig"] and query["se"]  # a short-lived read-only link
+    reductions = [i for i in served.values() if i.properties["bagpipe:stage"] == "reduce"]
+    assert all(len([link for link in i.links if link.rel == "derived_from"]) == 2 for i in reductions)
+    tiles = [i for i in served.values() if i.properties["bagpipe:stage"] == "modis"]
+    loaded = odc.stac.load(tiles, bands=["Maximum_Snow_Extent"], groupby="time")["Maximum_Snow_Extent"]
+    local = odc.stac.load([in_folder[i.id] for i in tiles], bands=["Maximum_Snow_Extent"], groupby="time")
+    np.testing.assert_array_equal(loaded.values, local["Maximum_Snow_Extent"].values)
+    # what is kept names blobs, never a signature
+    kept = clients_for(finished.settings).products.download_blob(names.stac_blob(finished.job)).readall()
+    assert b"sig=" not in kept and b"tiles:" in kept
+
+
+def test_the_stac_search_finds_by_box_time_and_id_a_page_at_a_time(finished: Finished) -> None:
+    client = opened(finished, finished.token)
+    everything = list(client.search(collections=[finished.job], max_items=None).items())
+    assert len(everything) == 9
+    paged = client.search(collections=[finished.job], limit=4)
+    assert [len(page.items) for page in paged.pages()] == [4, 4, 1]
+    first = min(everything, key=lambda i: i.bbox[0])  # type: ignore[index]
+    west, south = first.bbox[:2]  # type: ignore[index]
+    corner = [west + 0.1, south + 0.1, west + 0.2, south + 0.2]  # inside the westernmost tile only
+    inside = list(client.search(collections=[finished.job], bbox=corner).items())
+    assert {i.properties["bagpipe:tile"] for i in inside} == {first.properties["bagpipe:tile"]}
+    assert len(inside) == 3  # its two periods and its reduction
+    early = [i.id for i in client.search(collections=[finished.job], datetime="2022-02-02/2022-02-05").items()]
+    assert sorted(early) == sorted(i.id for i in everything if i.properties["start_datetime"] <= "2022-02-05")
+    assert 0 < len(early) < 9
+    assert [i.id for i in client.search(ids=[first.id], collections=[finished.job]).items()] == [first.id]
+    headers = {"Authorization": f"Bearer {finished.token}"}
+    wrong = httpx.get(f"{finished.api_url}/api/stac/search", params={"bbox": "1,2,x,4"}, headers=headers)
+    assert wrong.status_code == 400 and "bbox" in wrong.json()["detail"]
+    wrong = httpx.get(f"{finished.api_url}/api/stac/search", params={"datetime": "2022-02-09/2022-02-01"},
+                      headers=headers)
+    assert wrong.status_code == 400 and "datetime" in wrong.json()["detail"]
+
+
+def test_another_scientist_sees_none_of_it(finished: Finished) -> None:
+    headers = {"Authorization": f"Bearer {finished.stranger}"}
+    for path in (f"collections/{finished.job}", f"collections/{finished.job}/items",
+                 f"search?collections={finished.job}"):
+        answer = httpx.get(f"{finished.api_url}/api/stac/{path}", headers=headers)
+        assert answer.status_code == 404, path
+    assert httpx.get(f"{finished.api_url}/api/stac/collections", headers=headers).json()["collections"] == []
+    assert list(opened(finished, finished.stranger).search(max_items=None).items()) == []
+    assert httpx.get(f"{finished.api_url}/api/stac/collections/{finished.job}").status_code == 401
