@@ -25,12 +25,12 @@ from tests.functions_index import index_app, user_function
 def app_env(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     for key, value in settings.to_env().items():
         monkeypatch.setenv(key, value)
-    from functions import runtime
+    from triggers import host
 
-    for cached in (runtime.settings, runtime.mailer, runtime.asgi):
+    for cached in (host.settings, host.mailer, host.asgi):
         cached.cache_clear()
     yield index_app()[0]
-    for cached in (runtime.settings, runtime.mailer, runtime.asgi):
+    for cached in (host.settings, host.mailer, host.asgi):
         cached.cache_clear()
 
 

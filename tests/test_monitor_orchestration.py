@@ -13,8 +13,8 @@ from typing import Any
 import azure.durable_functions as df
 from azure.durable_functions.testing import orchestrator_generator_wrapper
 
-from functions.monitor import MONITOR_INSTANCE, SWEEP_ACTIVITY, ensure_monitor
 from tests.functions_index import index_app, user_function
+from triggers.orchestration import MONITOR_INSTANCE, SWEEP_ACTIVITY, ensure_monitor
 
 T0 = datetime(2026, 11, 22, 7, 0, 0, tzinfo=UTC)
 CALL_ACTIVITY, CREATE_TIMER, CONTINUE_AS_NEW = 0, 5, 4

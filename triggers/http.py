@@ -6,7 +6,7 @@ not signed in (``pipeline.auth``). A function key would add nothing a user could
 
 import azure.functions as func
 
-from functions import runtime
+from triggers import host
 
 bp = func.Blueprint()
 
@@ -17,9 +17,9 @@ bp = func.Blueprint()
     auth_level=func.AuthLevel.ANONYMOUS,
 )
 async def api(req: func.HttpRequest, context: func.Context) -> func.HttpResponse:
-    return await runtime.asgi().handle_async(req, context)
+    return await host.asgi().handle_async(req, context)
 
 
 @bp.route(route="portal/{*path}", methods=["GET"], auth_level=func.AuthLevel.ANONYMOUS)
 async def portal(req: func.HttpRequest, context: func.Context) -> func.HttpResponse:
-    return await runtime.asgi().handle_async(req, context)
+    return await host.asgi().handle_async(req, context)

@@ -11,8 +11,8 @@ from typing import Any
 import azure.durable_functions as df
 import azure.functions as func
 
-from functions import runtime
 from pipeline import sweep
+from triggers import host
 
 bp = df.Blueprint()
 
@@ -31,7 +31,7 @@ def monitor(context: df.DurableOrchestrationContext) -> Any:
 
 @bp.activity_trigger(input_name="payload")
 def monitor_sweep(payload: None) -> dict[str, Any]:
-    return sweep.sweep(runtime.clients()) | {"interval": runtime.settings().monitor_interval_s}
+    return sweep.sweep(host.clients()) | {"interval": host.settings().monitor_interval_s}
 
 
 async def ensure_monitor(client: df.DurableOrchestrationClient, restart: bool = False) -> str:
