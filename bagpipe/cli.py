@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -55,7 +55,7 @@ def _logging(verbose: bool = False) -> None:
     protect_logging()
 
 
-def _fail(exc: Exception) -> None:
+def _fail(exc: Exception) -> NoReturn:
     console.print(f"[red]error:[/red] {exc}")
     raise typer.Exit(1)
 
@@ -311,12 +311,12 @@ def _reproject(inputs: list[Path], out: Path, dst_crs: str, res: float,
         (x for x in CATALOG[product].layers if x.name == layer), None)
     if spec is None:
         _fail(ValueError(f"--layer: one of {', '.join(CATALOG[product].layer_names)}"))
-    resampling = resampling or spec.resampling  # type: ignore[union-attr]
+    resampling = resampling or spec.resampling
     if resampling not in Resampling.__members__:
         _fail(ValueError(f"unknown resampling {resampling!r}"))
-    sources = [Source(p.name, {HDF if p.suffix == ".hdf" else spec.name: p}) for p in inputs]  # type: ignore[union-attr]
+    sources = [Source(p.name, {HDF if p.suffix == ".hdf" else spec.name: p}) for p in inputs]
     try:
-        data = warp(sources, CATALOG[product], spec.name, Target(dst_crs, bounds, res, resampling),  # type: ignore[arg-type,union-attr]
+        data = warp(sources, CATALOG[product], spec.name, Target(dst_crs, bounds, res, resampling),
                     masks=all(p.suffix == ".hdf" for p in inputs))
     except Exception as exc:  # a scientist's command line: say what went wrong
         _fail(exc)
@@ -333,7 +333,7 @@ def _reduce(inputs: list[Path], out: Path, name: str | None, path: str, args: di
     known = reducers.catalog(path)
     if name not in known:
         _fail(ValueError(f"--reducer: one of {', '.join(sorted(known))}"))
-    program = known[name]  # type: ignore[index]
+    program = known[name]
     with tempfile.TemporaryDirectory(prefix="bagpipe-run-") as top:
         run = run_program(program, [(p.stem, p) for p in inputs], Path(top), {"args": args, "missing_dates": []})
         for stream in ("stdout.txt", "stderr.txt"):

@@ -25,7 +25,7 @@ class _Store:
         with self.lock:
             self.count += 1
             path = self.folder / f"{self.count:05d}.eml"
-        path.write_bytes(envelope.original_content or envelope.content)  # type: ignore[arg-type]
+        path.write_bytes(envelope.original_content or envelope.content)  # type: ignore[arg-type]  # bytes: aiosmtpd decodes nothing by default
         return "250 Message accepted for delivery"
 
 
@@ -50,5 +50,5 @@ class MailServer:
         found = []
         for path in sorted(self.folder.glob("*.eml")):
             parsed = email.message_from_bytes(path.read_bytes(), policy=email.policy.default)
-            found.append((path, parsed))  # type: ignore[arg-type]
+            found.append((path, parsed))  # type: ignore[arg-type]  # policy.default parses into EmailMessage
         return found

@@ -77,7 +77,7 @@ class Clients:
         """A new asynchronous blob client (bound to the event loop that uses it), for many
         small blobs at once; closed, with its credential, on leaving the block."""
         retry = AsyncExponentialRetry(  # its hints say int; it sleeps any number of seconds
-            initial_backoff=0.5, increment_base=2, retry_total=5, random_jitter_range=0.5)  # type: ignore[arg-type]
+            initial_backoff=0.5, increment_base=2, retry_total=5, random_jitter_range=0.5)  # type: ignore[arg-type]  # annotated int, takes seconds as a float
         if self.settings.storage_connection:
             async with AsyncBlobServiceClient.from_connection_string(self.settings.storage_connection,
                                                                      retry_policy=retry, **HOOKS) as service:

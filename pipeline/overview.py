@@ -70,7 +70,7 @@ def render(clients: Clients, job: str, key: Group, members: list[tuple[dict[str,
     shape = quicklook.canvas_shape(bounds, LONGEST)
     transform = from_bounds(*bounds, shape[1], shape[0])
     canvas: np.ndarray | None = None
-    nodata, scale, offset = None, 1.0, 0.0
+    nodata, scale, offset = 0.0, 1.0, 0.0  # the first raster read sets them
     for _, output in members:
         container, blob = results.locate(clients, output)
         data, _ = clients.transfers.download(
@@ -78,7 +78,8 @@ def render(clients: Clients, job: str, key: Group, members: list[tuple[dict[str,
         try:
             with MemoryFile(data) as memory, memory.open() as src:
                 if canvas is None:
-                    nodata = src.nodata if src.nodata is not None else (np.nan if src.dtypes[0][0] == "f" else 0)
+                    fill = np.nan if src.dtypes[0][0] == "f" else 0.0
+                    nodata = float(src.nodata) if src.nodata is not None else fill
                     canvas = np.full(shape, nodata, dtype=src.dtypes[0])
                     scale, offset = src.scales[0], src.offsets[0]
                 part = np.full(shape, nodata, dtype=canvas.dtype)
@@ -87,12 +88,12 @@ def render(clients: Clients, job: str, key: Group, members: list[tuple[dict[str,
         except RasterioError as exc:
             log.warning("job %s: %s left out of its overview: %s", job, output, exc)
             continue
-        empty = np.isnan(canvas) if np.isnan(nodata) else canvas == nodata  # type: ignore[arg-type]
+        empty = np.isnan(canvas) if np.isnan(nodata) else canvas == nodata
         canvas[empty] = part[empty]
     if canvas is None:
         raise RasterioError(f"no raster of {product} {name} could be read")
     layer = _layer(product, name)
-    valid = canvas[~(np.isnan(canvas) if np.isnan(nodata) else canvas == nodata)]  # type: ignore[arg-type]
+    valid = canvas[~(np.isnan(canvas) if np.isnan(nodata) else canvas == nodata)]
     style = quicklook.style_for(layer, valid.astype("float64") * scale + offset, name)
     rgba = quicklook.colorize(canvas, style, nodata, scale, offset)
     span = f"{first}_{last}" if last else first

@@ -19,9 +19,9 @@ from typing import Any
 
 from azure.core.exceptions import ResourceNotFoundError
 
-from pipeline import catalogs, dispatch, jobs, names, stages, tasks, transitions
+from pipeline import catalogs, dispatch, jobs, names, tasks, transitions
 from pipeline.clients import Clients
-from pipeline.request import RequestError, expand
+from pipeline.request import TILE_STAGE, RequestError, expand
 from pipeline.status import JobState, TaskStatus
 from pipeline.tasks import TerminalCounter
 
@@ -55,7 +55,7 @@ def plan(clients: Clients, job: str) -> None:
             if not tasks.is_conflict(exc):
                 raise
             return plan(clients, job)  # moved meanwhile (cancelled, another planner): look again
-        specs = catalogs.resolve(settings, specs, stages.TILE_STAGE)
+        specs = catalogs.resolve(settings, specs, TILE_STAGE)
     while planned < len(specs):
         batch = [
             tasks.task_entity(job, seq, specs[seq], settings.shards)

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, EmailStr, Field, field_validator, mo
 from pyproj import CRS
 from pyproj.exceptions import CRSError
 
-from pipeline import reducers, stages
+from pipeline import reducers
 from pipeline.granules import Granule, as_param
 from pipeline.grid import Tile
 from pipeline.products import CATALOG, period_count, periods
@@ -20,6 +20,7 @@ from pipeline.reducers import Program
 from pipeline.targets import MAX_TILE_PIXELS, GridSpec, TargetTile
 from pipeline.targets import NATIVE as NATIVE_CRS
 
+TILE_STAGE = "modis"  # the stage a tile task runs (pipeline.tilestage): collection, then reprojection
 REDUCE_STAGE = "reduce"  # registered by worker.reduction
 
 Lon = Annotated[float, Field(ge=-180, le=180, allow_inf_nan=False)]
@@ -208,7 +209,7 @@ def targets_of(request: JobRequest) -> list[TargetTile]:
     return (request.grid or Grid()).spec().tiles_for_lonlat_box(*region.bbox)  # type: ignore[misc]  # tiles or bbox
 
 
-def expand(request: JobRequest, max_tasks: int, tile_stage: str = stages.TILE_STAGE,
+def expand(request: JobRequest, max_tasks: int, tile_stage: str = TILE_STAGE,
            program: Program | None = None) -> list[TaskSpec]:
     """The tasks of a request, in release order — each target tile's dates together, so
     that its reduction (if any) can run early — then the reductions; or a RequestError.

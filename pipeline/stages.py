@@ -61,7 +61,6 @@ def stage(name: str) -> Callable[[Stage], Stage]:
     return register
 
 
-TILE_STAGE = "modis"  # registered by pipeline.tilestage
 SOURCE_BYTES = 64 * 1024
 
 

@@ -21,6 +21,7 @@ from pipeline.failures import FailureClass, StageFailure
 from pipeline.granules import HDF, Granule, from_param
 from pipeline.grid import TILE_SIZE
 from pipeline.products import CATALOG, Product
+from pipeline.request import TILE_STAGE
 from pipeline.stages import StageContext
 from pipeline.targets import NATIVE, SINUSOIDAL_PROJ4
 
@@ -54,7 +55,7 @@ def files_for(granule: Granule, product: Product, layer: str) -> dict[str, list[
     raise StageFailure(FailureClass.BAD_SOURCE, f"{granule.id}: the catalog lists no file holding {layer}")
 
 
-@stages.stage("modis")
+@stages.stage(TILE_STAGE)
 def modis(ctx: StageContext) -> None:
     params = ctx.params
     product = CATALOG[params["product"]]

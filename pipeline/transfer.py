@@ -96,7 +96,7 @@ def retry_policy(total: int = 5) -> ExponentialRetry:
     rather than the SDK's 15, 18, 24 s): a reset or stalled connection is retried on a new
     one, each block or range on its own; what outlasts it fails the attempt, classified."""
     return ExponentialRetry(  # its hints say int; it sleeps any number of seconds
-        initial_backoff=0.5, increment_base=2, retry_total=total, random_jitter_range=0.5)  # type: ignore[arg-type]
+        initial_backoff=0.5, increment_base=2, retry_total=total, random_jitter_range=0.5)  # type: ignore[arg-type]  # annotated int, takes seconds as a float
 
 
 class Transfers:

@@ -110,3 +110,11 @@ def test_bagpipe_up_hands_the_environments_settings_to_its_planner_and_workers(t
     assert status["state"] == "FAILED" and status["counts"]["DEAD"] == 1 and status["counts"]["SUCCEEDED"] == 7
     (failed,) = status["failed_attempts"]  # one attempt, as the environment allows
     assert failed["stage"] == "explode_one" and failed["attempt"] == 1 and "divided by zero" in failed["error"]
+
+
+def test_the_tile_stage_setting_defaults_to_the_stage_tile_tasks_are_planned_for() -> None:
+    """The planner searches granules for the tasks of ``request.TILE_STAGE``; a deployment
+    that sets nothing runs exactly those (the setting cannot import the request model)."""
+    from pipeline import request
+
+    assert Settings(storage_connection="UseDevelopmentStorage=true").tile_stage == request.TILE_STAGE
