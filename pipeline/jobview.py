@@ -10,7 +10,7 @@ from collections import Counter
 from datetime import datetime
 from typing import Any
 
-from pipeline import attempts, jobs, monitor, names, results, runtimes, tasks
+from pipeline import attempts, jobs, names, policy, results, runtimes, tasks
 from pipeline.clients import Clients
 from pipeline.status import ENDED_WELL, JobState, TaskStatus
 from pipeline.targets import lonlat_bounds
@@ -100,7 +100,7 @@ def view(clients: Clients, job: str) -> dict[str, Any]:
         params = next(p for s, p in stage_of.values() if s == stage)
         history = runtimes.read(clients.runtimes, stage, runtimes.history_key(params))
         work = runtimes.work_of(params)  # a job's tasks of one stage share its grid: one size
-        threshold = monitor.kill_after(monitor.limits_for(clients.settings, stage), history, work=work)
+        threshold = policy.kill_after(policy.limits_for(clients.settings, stage), history, work=work)
         left = sum(1 for row in rows if row["Stage"] == stage and not TaskStatus(row["Status"]).terminal)
         remaining_s += left * (history.mean * work if history.count else threshold / clients.settings.kill_factor)
         stages[stage] = {"mean_s": history.mean * work, "runs": history.count, "left": left,

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from pipeline import jobs, monitor, runtimes, tasks
+from pipeline import jobs, policy, runtimes, tasks
 from pipeline.clients import Clients
 from pipeline.request import JobRequest, expand
 from pipeline.settings import Settings
@@ -45,16 +45,16 @@ def test_kill_threshold_follows_the_attempts_size(clients: Clients, settings: Se
     per_mpx = 2.0 / NATIVE_MPX  # native tiles took 2 s each
     runtimes.merge(table, "digest", "MOD10A2", runtimes.Runtime(50, per_mpx, 0.0))
     history = runtimes.read(table, "digest", "MOD10A2")
-    limits = monitor.limits_for(settings.with_(kill_floor_s=0.01), "digest")
+    limits = policy.limits_for(settings.with_(kill_floor_s=0.01), "digest")
     big = runtimes.work_of(expand(small_request(), 1000)[0].params())
     small = runtimes.work_of(expand(request(region={"bbox": [-109.5, 36.5, -108.5, 37.5]}), 1000)[0].params())
-    assert monitor.kill_after(limits, history, work=big) == pytest.approx(4 * 2.0)
-    assert monitor.kill_after(limits, history, work=small) == pytest.approx(4 * 2.0 * 0.04 / NATIVE_MPX)
+    assert policy.kill_after(limits, history, work=big) == pytest.approx(4 * 2.0)
+    assert policy.kill_after(limits, history, work=small) == pytest.approx(4 * 2.0 * 0.04 / NATIVE_MPX)
     # the floor and the cold-start ceiling stay seconds, whatever the size
-    floored = monitor.limits_for(settings.with_(kill_floor_s=1.0), "digest")
-    assert monitor.kill_after(floored, history, work=small) == 1.0
+    floored = policy.limits_for(settings.with_(kill_floor_s=1.0), "digest")
+    assert policy.kill_after(floored, history, work=small) == 1.0
     cold = runtimes.Runtime(limits.min_samples - 1, per_mpx, 0.0)
-    assert monitor.kill_after(limits, cold, work=small) == monitor.kill_after(limits, cold, work=big)
+    assert policy.kill_after(limits, cold, work=small) == policy.kill_after(limits, cold, work=big)
 
 
 def test_a_history_kept_per_task_is_not_read_as_work(clients: Clients) -> None:

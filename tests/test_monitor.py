@@ -21,7 +21,7 @@ from azure.core.exceptions import ServiceResponseError
 from azure.data.tables import TableClient, UpdateMode
 
 from bagpipe.azurite import Azurite, free_port
-from pipeline import attempts, jobs, monitor, names, runtimes, sweep, tasks, transitions
+from pipeline import attempts, jobs, names, policy, runtimes, sweep, tasks, transitions
 from pipeline.clients import Clients
 from pipeline.failures import FailureClass
 from pipeline.request import expand
@@ -115,43 +115,43 @@ def test_workers_books_merge_into_an_exact_history_and_keep_samples_storage_refu
 
 
 def test_kill_rule_ceiling_then_factor_times_mean_with_a_floor(settings: Settings) -> None:
-    limits = monitor.limits_for(settings.with_(kill_floor_s=2.0, kill_ceiling_s=600.0, min_samples=5), "digest")
-    assert monitor.kill_after(limits, runtimes.Runtime(4, 30.0, 0.0)) == 600.0  # cold: the ceiling
-    assert monitor.kill_after(limits, runtimes.Runtime(5, 30.0, 0.0)) == 120.0  # 4 × mean
-    assert monitor.kill_after(limits, runtimes.Runtime(50, 0.1, 0.0)) == 2.0  # the floor
+    limits = policy.limits_for(settings.with_(kill_floor_s=2.0, kill_ceiling_s=600.0, min_samples=5), "digest")
+    assert policy.kill_after(limits, runtimes.Runtime(4, 30.0, 0.0)) == 600.0  # cold: the ceiling
+    assert policy.kill_after(limits, runtimes.Runtime(5, 30.0, 0.0)) == 120.0  # 4 × mean
+    assert policy.kill_after(limits, runtimes.Runtime(50, 0.1, 0.0)) == 2.0  # the floor
     tuned = settings.with_(stage_limits=json.dumps({"digest": {"factor": 3, "max_attempts": 7}}), min_samples=1)
-    assert monitor.kill_after(monitor.limits_for(tuned, "digest"), runtimes.Runtime(5, 30.0, 0.0)) == 90.0
-    assert monitor.limits_for(tuned, "digest").max_attempts == 7
+    assert policy.kill_after(policy.limits_for(tuned, "digest"), runtimes.Runtime(5, 30.0, 0.0)) == 90.0
+    assert policy.limits_for(tuned, "digest").max_attempts == 7
     # a lost worker or a kill is the platform's doing: it spends the larger budget
-    assert monitor.limits_for(tuned, "digest").budget(FailureClass.USER_CODE) == 7
-    assert monitor.limits_for(tuned, "digest").budget(FailureClass.HEARTBEAT_LOST) == settings.max_transient_attempts
-    assert monitor.limits_for(tuned, "other").factor == settings.kill_factor
+    assert policy.limits_for(tuned, "digest").budget(FailureClass.USER_CODE) == 7
+    assert policy.limits_for(tuned, "digest").budget(FailureClass.HEARTBEAT_LOST) == settings.max_transient_attempts
+    assert policy.limits_for(tuned, "other").factor == settings.kill_factor
     with pytest.raises(ValueError, match="unknown limit"):
-        monitor.limits_for(settings.with_(stage_limits='{"digest": {"factr": 3}}'), "digest")
+        policy.limits_for(settings.with_(stage_limits='{"digest": {"factr": 3}}'), "digest")
 
 
 def test_each_revocation_for_time_gives_the_next_attempts_longer_up_to_the_ceiling(settings: Settings) -> None:
-    limits = monitor.limits_for(settings.with_(kill_floor_s=2.0, kill_ceiling_s=600.0, min_samples=5), "digest")
+    limits = policy.limits_for(settings.with_(kill_floor_s=2.0, kill_ceiling_s=600.0, min_samples=5), "digest")
     known = runtimes.Runtime(5, 30.0, 0.0)
-    assert [monitor.kill_after(limits, known, n) for n in (0, 1, 2, 3, 4, 5)] == [120, 240, 480, 600, 600, 600]
-    assert monitor.kill_after(limits, runtimes.Runtime(50, 0.1, 0.0), 2) == 8.0  # from the floor
-    assert monitor.kill_after(limits, runtimes.Runtime(4, 30.0, 0.0), 2) == 600.0  # cold: the ceiling
-    flat = monitor.limits_for(settings.with_(stage_limits='{"digest": {"backoff": 1}}', min_samples=5), "digest")
-    assert monitor.kill_after(flat, known, 8) == 120.0
+    assert [policy.kill_after(limits, known, n) for n in (0, 1, 2, 3, 4, 5)] == [120, 240, 480, 600, 600, 600]
+    assert policy.kill_after(limits, runtimes.Runtime(50, 0.1, 0.0), 2) == 8.0  # from the floor
+    assert policy.kill_after(limits, runtimes.Runtime(4, 30.0, 0.0), 2) == 600.0  # cold: the ceiling
+    flat = policy.limits_for(settings.with_(stage_limits='{"digest": {"backoff": 1}}', min_samples=5), "digest")
+    assert policy.kill_after(flat, known, 8) == 120.0
     # a limit above the ceiling (a long stage) is never cut down to it
-    assert monitor.kill_after(limits, runtimes.Runtime(5, 300.0, 0.0), 1) == 1200.0
+    assert policy.kill_after(limits, runtimes.Runtime(5, 300.0, 0.0), 1) == 1200.0
 
 
 def test_quantile_rule_revokes_at_mean_plus_sigmas_when_that_is_earlier(settings: Settings) -> None:
-    limits = monitor.limits_for(settings.with_(kill_floor_s=1.0, min_samples=5, kill_sigmas=4.0), "digest")
+    limits = policy.limits_for(settings.with_(kill_floor_s=1.0, min_samples=5, kill_sigmas=4.0), "digest")
     history = runtimes.Runtime()
     for seconds in (9.0, 10.0, 11.0, 10.0, 9.5, 10.5):
         history = history.add(seconds)
-    assert monitor.kill_after(limits, history) == pytest.approx(10.0 + 4 * history.stdev)  # < 40 s
+    assert policy.kill_after(limits, history) == pytest.approx(10.0 + 4 * history.stdev)  # < 40 s
     noisy = runtimes.Runtime(50, 10.0, 49 * 25.0)  # stdev 5: mean + 4σ = 30 s, 4 × mean = 40 s
-    assert monitor.kill_after(limits, noisy) == pytest.approx(30.0)
+    assert policy.kill_after(limits, noisy) == pytest.approx(30.0)
     wild = runtimes.Runtime(50, 10.0, 49 * 400.0)  # stdev 20: 4 × mean comes first
-    assert monitor.kill_after(limits, wild) == pytest.approx(40.0)
+    assert policy.kill_after(limits, wild) == pytest.approx(40.0)
 
 
 def marked_task(clients: Clients, job: str) -> dict:

@@ -34,7 +34,7 @@ from typing import Any
 
 from azure.storage.queue import QueueClient, QueueMessage
 
-from pipeline import health, jobs, monitor, names, planner, runtimes, tasks, telemetry, transitions
+from pipeline import health, jobs, names, planner, policy, runtimes, tasks, telemetry, transitions
 from pipeline.clients import Clients, clients_for
 from pipeline.completion import all_terminal
 from pipeline.failures import FailureClass
@@ -49,7 +49,6 @@ log = logging.getLogger(__name__)
 
 JOB_CHECK_S = 1.0  # while a job still has tasks to release, look at its window this often
 FORGET_JOBS_AFTER = 1000  # jobs whose last look this worker remembers
-RETRY_BACKOFF_S = (2, 10, 30)  # visibility delay before attempt 2, 3, 4+
 MAX_RECEIVE = 32  # messages one receive may return (the service's limit)
 AHEAD_BELOW_S = 1.0  # receive ahead of free slots while attempts take less than this (moving mean)
 AHEAD_HOLD_S = 2.0  # a message received ahead that waits this long is handed back
@@ -284,7 +283,7 @@ class Worker:
 
         def kill_time(current: tasks.TaskRef, stage: str, params: dict[str, str], timeouts: int) -> datetime:
             history = self.history.read(stage, runtimes.history_key(params))
-            return monitor.kill_time(self.settings, stage, history, timeouts, tasks.now(), runtimes.work_of(params))
+            return policy.kill_time(self.settings, stage, history, timeouts, tasks.now(), runtimes.work_of(params))
 
         held = transitions.claim(self.clients, ref, self.id, kill_time)
         if held is None:  # stale or duplicate: the row does not want this message to run
@@ -342,20 +341,15 @@ class Worker:
                 self.after_terminal(held)
             return
         failure = outcome.failure or FailureClass.UNKNOWN
-        limits = monitor.limits_for(self.settings, held.stage)
-        budget = limits.budget(failure)
-        if not failure.transient and held.last_failure == failure.value:
-            budget = held.ref.attempt  # the same input failed the same way twice: give up
-        backoff = 0 if failure is FailureClass.WORKER_SLOW else (
-            RETRY_BACKOFF_S[min(held.ref.attempt, len(RETRY_BACKOFF_S)) - 1])
-        after = transitions.fail(self.clients, slot.counter, held, failure, outcome.error, budget, backoff)
+        retry = policy.retry(self.settings, held.stage, failure, held.ref.attempt, held.last_failure)
+        after = transitions.fail(self.clients, slot.counter, held, failure, outcome.error, retry.budget, retry.delay_s)
         log.info("%s failed (%s): %s -> %s", held.ref, failure.value, redact(outcome.error[:200]), after)
         telemetry.attempt_ended(held.stage, failure.value, (tasks.now() - held.started).total_seconds())
         if after is TaskStatus.QUEUED:
             # The same message now names the next attempt, visible again after the backoff
             # (lost, it is resent by the reconciler: the requeue wrote its dispatch entry).
-            retry = tasks.TaskRef(held.ref.job, held.ref.task, held.ref.attempt + 1)
-            lease.hand_back(content=retry.encode(), visibility=backoff)
+            following = tasks.TaskRef(held.ref.job, held.ref.task, held.ref.attempt + 1)
+            lease.hand_back(content=following.encode(), visibility=retry.delay_s)
         else:
             lease.delete()
             if after is TaskStatus.DEAD:
