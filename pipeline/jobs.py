@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-from collections import Counter
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -28,7 +27,7 @@ from azure.core.exceptions import (
 )
 from azure.data.tables import UpdateMode
 
-from pipeline import attempts, names, tasks, transitions
+from pipeline import names, rollups, tasks, transitions
 from pipeline.clients import Clients
 from pipeline.identity import User
 from pipeline.redact import redact
@@ -242,22 +241,15 @@ def cancel(clients: Clients, job: str, owner: str) -> dict[str, Any]:
     return row
 
 
-def status(clients: Clients, job: str, task_rows: list[dict[str, Any]] | None = None,
-           attempt_rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def status(clients: Clients, job: str, rollup: rollups.Rollup | None = None) -> dict[str, Any]:
     """What ``GET /api/jobs/{id}`` shows: state, counts per task status and per failure
-    class, progress and timestamps (from the rows given, if the caller has read them)."""
+    class, progress and timestamps. From the job row and its rollups (``rollup``, if the
+    caller has read them): a few rows, whatever the job's size."""
     row = get(clients, job)
-    if task_rows is None:
-        task_rows = tasks.list_tasks(clients.tasks, job)
-    if attempt_rows is None:
-        attempt_rows = attempts.list_attempts(clients.tasks, job, select=["FailureClass", "RevokedBy"])
-    counts: Counter[str] = Counter(task["Status"] for task in task_rows)
-    failures: Counter[str] = Counter()
-    kills = 0
-    for attempt in attempt_rows:
-        if attempt.get("FailureClass"):
-            failures[attempt["FailureClass"]] += 1
-        kills += attempt.get("RevokedBy") == "monitor"
+    if rollup is None:
+        rollup = rollups.read(clients.tasks, job, tiles=False)
+    counts = {s.value: rollup.counts.get(s.value, 0) for s in TaskStatus}
+    counts[TaskStatus.PENDING.value] = max(0, int(row.get("Planned", 0)) - sum(counts.values()))
     total = int(row["Total"])
     done = sum(counts[s.value] for s in TaskStatus if s.terminal)
     return {
@@ -266,9 +258,9 @@ def status(clients: Clients, job: str, task_rows: list[dict[str, Any]] | None = 
         "label": row.get("Label", ""),
         "error": row.get("Error") or None,
         "total": total,
-        "counts": {s.value: counts.get(s.value, 0) for s in TaskStatus},
-        "failures": dict(failures),
-        "monitor_kills": kills,
+        "counts": counts,
+        "failures": dict(rollup.failures),
+        "monitor_kills": rollup.kills,
         "progress": done / total if total else 1.0,
         "created": row["CreatedAt"].isoformat(),
         "updated": row["UpdatedAt"].isoformat(),

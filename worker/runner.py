@@ -242,7 +242,7 @@ class Worker:
             history = self.history.read(stage, runtimes.history_key(params))
             return monitor.kill_time(self.settings, stage, history, timeouts, tasks.now())
 
-        held = transitions.claim(self.clients, ref, self.id, kill_time)
+        held = transitions.claim(self.clients, ref, self.id, kill_time, slot.counter)
         if held is None:  # stale or duplicate: the row does not want this message to run
             queue.delete_message(message)
             return
@@ -317,8 +317,9 @@ class Worker:
                 return Outcome(failure=FailureClass.EXECUTION_TIMEOUT, error="revoked")
 
     def after_terminal(self, held: transitions.Claim) -> None:
-        """A task ended: release the reduction waiting for it if it was the last it waited
-        for, top up the window, and announce completion if it was the job's last.
+        """A task ended: top up the window, and announce completion if it was the job's
+        last (a reduction waiting for it was counted off, and released if it was the last,
+        by the transition that ended it).
 
         While the job still has tile tasks to release, none can be its last, and the window
         needs a look only now and then (it is topped up a quarter at a time): this worker
@@ -326,8 +327,6 @@ class Worker:
         released, the counters after every task (the row it last read has all it needs
         then). The sweep tops up and completes jobs too."""
         job = held.ref.job
-        if "reduction" in held.params:
-            planner.release_ready(self.clients, job, int(held.params["reduction"]))
         with self._pool_lock:
             looked_at, known = self._looked.get(job, (-JOB_CHECK_S, None))
             all_released = known is not None and int(known["Released"]) >= int(known.get("Tiles", known["Total"]))
