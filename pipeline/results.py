@@ -3,15 +3,33 @@
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+import threading
+import weakref
+from datetime import datetime, timedelta
 from typing import Any
 
 from azure.core.exceptions import ResourceNotFoundError
-from azure.storage.blob import BlobSasPermissions, generate_blob_sas
+from azure.storage.blob import BlobSasPermissions, BlobServiceClient, UserDelegationKey, generate_blob_sas
 
 from pipeline import names
 from pipeline.clients import Clients
 from pipeline.tasks import now
+
+KEY_HOURS = 1.0  # a user delegation key outlasts the first link it signs by this (Azure allows seven days)
+_keys: weakref.WeakKeyDictionary[BlobServiceClient, UserDelegationKey] = weakref.WeakKeyDictionary()
+_keys_lock = threading.Lock()
+
+
+def delegation_key(service: BlobServiceClient, until: datetime) -> UserDelegationKey:
+    """A user delegation key that signs links valid until ``until``: the one this process
+    holds for ``service`` while it lasts that long, else a new one (for an hour longer).
+    One key serves every link of a request, and every request until it nears its expiry."""
+    with _keys_lock:
+        key = _keys.get(service)
+        if key is None or datetime.fromisoformat(str(key.signed_expiry)) < until:
+            key = service.get_user_delegation_key(now() - timedelta(minutes=5), until + timedelta(hours=KEY_HOURS))
+            _keys[service] = key
+        return key
 
 
 def sas_url(clients: Clients, container: str, blob: str) -> str:
@@ -22,9 +40,7 @@ def sas_url(clients: Clients, container: str, blob: str) -> str:
     start, expiry = now() - timedelta(minutes=5), now() + timedelta(minutes=clients.settings.sas_minutes)
     credential = service.credential
     key = getattr(credential, "account_key", None)
-    kwargs: dict[str, Any] = {"account_key": key} if key else {
-        "user_delegation_key": service.get_user_delegation_key(start, expiry)
-    }
+    kwargs: dict[str, Any] = {"account_key": key} if key else {"user_delegation_key": delegation_key(service, expiry)}
     token = generate_blob_sas(
         account_name=service.account_name,
         container_name=container,
