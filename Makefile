@@ -56,15 +56,18 @@ up: setup
 
 test: setup $(CHROMIUM)
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
-# `make bench` runs every benchmark module in bench/; `make bench NAME=x` runs bench/x.py.
+# `make bench` runs every benchmark in bench/ (the modules that run as a program; the others are
+# their parts); `make bench NAME=x` runs bench/x.py.
 bench: setup
 	@if [ -n "$(NAME)" ]; then $(BIN)/python -m bench.$(NAME); \
-	else for f in $$(ls bench/*.py | grep -v "/_"); do m=$$(basename $$f .py); echo "== bench.$$m"; \
+	else for f in $$(grep -l '^if __name__ == "__main__":' bench/*.py); do m=$$(basename $$f .py); echo "== bench.$$m"; \
 	$(BIN)/python -m bench.$$m || exit 1; done; fi
 
 clean:

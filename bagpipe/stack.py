@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from bagpipe.planetary import Planetary
 from pipeline import identity, names
 from pipeline.api import create_app
 from pipeline.clients import clients_for
-from pipeline.settings import Settings
+from pipeline.settings import Settings, env_name
 
 log = logging.getLogger(__name__)
 
@@ -37,25 +38,23 @@ PORTS_FILE = "ports.json"  # the ports whose URLs task rows keep, the same at ev
 READY = re.compile(r"worker \S+ ready")  # what a worker logs once its slots are warm
 
 
-
-
-
 @dataclass
 class LocalStack:
-    """Everything ``bagpipe up`` runs. ``connection`` reuses a running Azurite (tests);
-    ``catalog``: where the planner searches granules (``stac``: the Planetary Computer
-    imitation, as ``make demo`` does; ``cmr``: the NASA one)."""
+    """Everything ``bagpipe up`` runs, with the settings of ``env`` (the process's environment,
+    read as every entry point reads it: :meth:`Settings.from_env`) and ``overrides`` (any
+    Settings field, by name) over them. The stack sets only what is its own: the storage
+    (``connection`` reuses a running Azurite, as tests do), the SMTP server, and the catalogs'
+    addresses — its imitations of Planetary Computer and NASA, unless the environment names a
+    STAC API or a CMR of its own."""
 
     home: Path
     workers: int = 2
     slots: int = 2
     connection: str = ""
     namespace: str = ""
-    window: int = 256
-    lease_seconds: int = 30
-    catalog: str = "stac"
     token_minutes: float = 60.0  # the life of the Planetary Computer imitation's SAS tokens
-    overrides: dict[str, object] = field(default_factory=dict)  # any other Settings field
+    overrides: dict[str, object] = field(default_factory=dict)  # any Settings field
+    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     settings: Settings = field(init=False)
     token: str = field(init=False, default="")  # the admin's personal API token
     api_url: str = field(init=False, default="")
@@ -81,14 +80,7 @@ class LocalStack:
         self.nasa = Earthdata(archive_port=kept.get("archive", 0)).start()
         (self.home / PORTS_FILE).write_text(json.dumps({"planetary_storage": self.planetary.storage.port,
                                                         "archive": self.nasa.archive.port}))
-        overrides = {"catalog": self.catalog, "stac_url": self.planetary.stac_url,
-                     "stac_sas_url": self.planetary.sas_url, "cmr_url": self.nasa.cmr_url,
-                     "earthdata_token": self.nasa.token, "earthdata_hosts": self.nasa.hosts} | self.overrides
-        self.settings = Settings(
-            storage_connection=self.connection, namespace=self.namespace, window=self.window,
-            lease_seconds=self.lease_seconds,
-            mail_mode="smtp", smtp_port=self.mail.port, **overrides,  # type: ignore[arg-type]
-        )
+        self.settings = self._settings()
         clients_for(self.settings).ensure_resources()
         self.token = identity.bootstrap_admin(clients_for(self.settings), token_in(self.home))
         path = self.home / TOKEN_FILE
@@ -108,6 +100,20 @@ class LocalStack:
              "logs": str(self.home / "logs")}
         ))
         return self
+
+    def _settings(self) -> Settings:
+        env = dict(self.env)
+        own: dict[str, object] = {"storage_connection": self.connection, "storage_account": "",
+                                  "mail_mode": "smtp", "smtp_host": "127.0.0.1", "smtp_port": self.mail.port}
+        if self.namespace:
+            own["namespace"] = self.namespace
+        if not env.get(env_name("stac_url")):
+            own |= {"stac_url": self.planetary.stac_url, "stac_sas_url": self.planetary.sas_url}
+        if not env.get(env_name("cmr_url")):
+            own |= {"cmr_url": self.nasa.cmr_url, "earthdata_token": self.nasa.token,
+                    "earthdata_hosts": self.nasa.hosts}
+        env[env_name("storage_connection")] = self.connection
+        return Settings.from_env(env).with_(**own, **self.overrides)
 
     def _kept_ports(self) -> dict[str, int]:
         """The ports of the imitations' storage and archive at the last start in this home:
@@ -137,7 +143,7 @@ class LocalStack:
         """A worker's environment: the deployment's settings, and none of the shell's secrets
         (nor the admin's token, which only the CLI reads, from its file)."""
         keep = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR")}
-        return keep | self.settings.to_env() | {names.SETTING_LOG_FORMAT: "json"}
+        return keep | self.settings.with_(log_format="json").to_env()
 
     def start_worker(self, index: int) -> subprocess.Popen[bytes]:
         log_file = open(self.home / "logs" / f"worker-{index}.log", "ab")

@@ -203,18 +203,18 @@ def run(tasks_wanted: int, workers: int, slots: int, kill_every: float, seed: in
             ports = {name: proxy.proxy(name, getattr(azurite, f"{name}_port")) for name in ("blob", "queue", "table")}
             proxied = (f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={ACCOUNT_KEY};"
                        + "".join(f"{n.capitalize()}Endpoint=http://127.0.0.1:{p}/{ACCOUNT};" for n, p in ports.items()))
-            common = {"workers": workers, "slots": slots, "lease_seconds": 10, "overrides": {"tile_stage": "modis"}}
+            overrides: dict[str, object] = {"tile_stage": "modis", "lease_seconds": 10}
 
-            with LocalStack(home / "clean", connection=azurite.connection_string, namespace="clean",
-                            **common) as stack:  # type: ignore[arg-type]
+            with LocalStack(home / "clean", workers, slots, connection=azurite.connection_string, namespace="clean",
+                            overrides=overrides) as stack:
                 clean_job, started = submit(stack, body)
                 clean_s = wait(stack, clean_job, started, timeout)
                 clean = storage_view(Clients(stack.settings), clean_job)
 
             chaos = Chaos()
             stop = threading.Event()
-            with LocalStack(home / "chaos", connection=proxied, namespace="chaos",
-                            **common) as stack:  # type: ignore[arg-type]
+            with LocalStack(home / "chaos", workers, slots, connection=proxied, namespace="chaos",
+                            overrides=overrides) as stack:
                 direct = Clients(stack.settings.with_(storage_connection=azurite.connection_string))
                 total = len(clean["rows"])
 

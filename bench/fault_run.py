@@ -38,7 +38,11 @@ from worker.runner import Worker
 KINDS = ("refuse", "drop", "crash")
 COMMITTED = {TaskStatus.SUCCEEDED.value, TaskStatus.CACHED.value, TaskStatus.NO_DATA.value}
 IDLE_S = 0.5  # a step that found nothing to do waits this long (as an idle worker does)
-STEP_S = 30.0  # a worker step that takes longer is a worker lost mid-attempt
+# A worker step is lost on purpose once, where the scripted attempt hangs; a step that takes
+# longer than this is lost as well (a stage stuck for good). It is long: on a loaded machine a
+# step may take tens of seconds, and a worker lost there, beyond the script, would make a run
+# that is not the one the clean run numbered.
+STEP_S = 300.0
 # where the scripted lost attempt says it hangs (stage processes inherit it from the fork server)
 # (the fork server imports this module again: it must find the parent's folder, not make one)
 HANGS = Path(os.environ.get(fault_stage.HANGS_ENV) or tempfile.mkdtemp(prefix="bagpipe-fault-hangs-"))

@@ -20,7 +20,11 @@ storage alone: every task terminal, one committed attempt per task, every job fi
 one manifest and one email (a resend after a crash must carry the same Message-ID), no index
 rows and no cache markers left.
 
-    python -m bench.faults [--kinds refuse,drop,crash] [--stride 1] [--limit N]
+    python -m bench.faults [--kinds refuse,drop,crash] [--stride 1] [--limit N] [--jobs N]
+
+Most of a run's time is waiting (leases expiring, components restarting), not CPU, so
+``--jobs N`` sweeps N shards side by side, each in a process of its own with its own Azurite
+(``--shard i/N``: every N-th point from the i-th), and adds their figures up.
 
 Last line: JSON with ``fault_points``, ``lost``, ``duplicates``, ``extra_emails``,
 ``stuck_jobs`` (and ``leftovers``, ``coverage``).
@@ -30,8 +34,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -73,7 +79,42 @@ def sweep_points(azurite: Azurite, workdir: Path, chosen: list[tuple[int, str]],
             "extra_emails": totals["extra_emails"], "stuck_jobs": totals["stuck_jobs"],
             "leftovers": totals["leftovers"], "failed_jobs": totals["failed_jobs"],
             "missing_emails": totals["missing_emails"],
-            "resent_emails": totals["resent_emails"], "coverage": len(covered), "failures": failures}
+            "resent_emails": totals["resent_emails"], "coverage": len(covered), "covered": sorted(covered),
+            "failures": failures}
+
+
+SUMMED = ("fault_points", "lost", "duplicates", "extra_emails", "stuck_jobs", "leftovers", "failed_jobs",
+          "missing_emails", "resent_emails")
+
+
+def sweep_shards(jobs: int, argv: list[str]) -> dict[str, Any]:
+    """Run ``jobs`` shards of the sweep as processes of their own, echo their lines, add up
+    their last-line figures."""
+    children = [subprocess.Popen([sys.executable, "-m", "bench.faults", *argv, "--shard", f"{i}/{jobs}"],
+                                 stdout=subprocess.PIPE, text=True) for i in range(jobs)]
+    lasts: list[str] = [""] * jobs
+
+    def echo(i: int, child: subprocess.Popen[str]) -> None:
+        assert child.stdout is not None
+        for line in child.stdout:
+            lasts[i] = line
+            if not line.startswith("{"):
+                print(f"[{i}] {line}", end="", flush=True)
+
+    threads = [threading.Thread(target=echo, args=(i, c)) for i, c in enumerate(children)]
+    for thread in threads:
+        thread.start()
+    for thread, child in zip(threads, children, strict=True):
+        thread.join()
+        if child.wait() != 0:
+            raise SystemExit(f"a shard of the sweep ended with {child.returncode}")
+    parts = [json.loads(last) for last in lasts]
+    summary: dict[str, Any] = {key: sum(part[key] for part in parts) for key in SUMMED}
+    covered = sorted(set().union(*(part["covered"] for part in parts)))
+    summary.update(coverage=len(covered), covered=covered,
+                   failures=[failure for part in parts for failure in part["failures"]],
+                   clean_calls=sorted({part["clean_calls"] for part in parts}))
+    return summary
 
 
 def main() -> None:
@@ -82,8 +123,19 @@ def main() -> None:
     parser.add_argument("--stride", type=int, default=1, help="fault every n-th call of the clean run")
     parser.add_argument("--distinct", action="store_true", help="only the first call of each operation")
     parser.add_argument("--limit", type=int, default=0, help="at most this many points")
+    parser.add_argument("--jobs", type=int, default=1, help="shards swept side by side")
+    parser.add_argument("--shard", default="0/1", help="i/N: this process sweeps every N-th point from the i-th")
     args = parser.parse_args()
     kinds = tuple(k for k in args.kinds.split(",") if k)
+    if args.jobs > 1:
+        started = time.monotonic()
+        own = ["--kinds", args.kinds, "--stride", str(args.stride), "--limit", str(args.limit)]
+        summary = sweep_shards(args.jobs, own + (["--distinct"] if args.distinct else []))
+        summary["seconds"] = round(time.monotonic() - started, 1)
+        summary["jobs"] = args.jobs
+        print(json.dumps({key: value for key, value in summary.items() if key != "covered"}))
+        sys.exit(0)
+    shard, shards = (int(part) for part in args.shard.split("/"))
     with tempfile.TemporaryDirectory(prefix="bagpipe-faults-") as top:
         azurite = Azurite(Path(top, "azurite")).start()
         try:
@@ -95,6 +147,7 @@ def main() -> None:
             chosen = points(clean["calls"], kinds, args.stride, args.distinct)
             if args.limit:
                 chosen = chosen[: args.limit]
+            chosen = chosen[shard::shards]
 
             def report(result: dict[str, Any]) -> None:
                 mark = "FAIL " + "; ".join(result["problems"][:3]) if result["problems"] else "ok"
@@ -106,6 +159,8 @@ def main() -> None:
             azurite.stop()
     summary["clean_calls"] = len(clean["calls"])
     summary["seconds"] = round(time.monotonic() - started, 1)
+    if shards == 1:
+        del summary["covered"]
     print(json.dumps(summary))
     sys.exit(0)
 

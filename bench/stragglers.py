@@ -38,7 +38,7 @@ NEVER = {"kill_factor": 1000.0, "kill_ceiling_s": 10_000.0}
 def run(azurite: Azurite, home: Path, namespace: str, stage: str, overrides: dict[str, Any],
         history: runtimes.Runtime | None) -> dict[str, Any]:
     with LocalStack(home, workers=2, slots=4, connection=azurite.connection_string, namespace=namespace,
-                    lease_seconds=3, overrides={**COMMON, **overrides, "tile_stage": stage}) as stack:
+                    overrides={**COMMON, **overrides, "lease_seconds": 3, "tile_stage": stage}) as stack:
         clients = Clients(stack.settings)
         table = clients.runtimes
         if history is not None:  # the history earlier requests left for this stage

@@ -108,7 +108,7 @@ def floor(connection: str, tasks: int, threads: int, window: int) -> dict:
 
 def bagpipe(azurite: Azurite, home: Path, body: dict, workers: int, slots: int, namespace: str, window: int) -> dict:
     with LocalStack(home, workers=workers, slots=slots, connection=azurite.connection_string, namespace=namespace,
-                    window=window, overrides={"tile_stage": "noop", "max_tasks": 100_000}) as stack:
+                    overrides={"window": window, "tile_stage": "noop", "max_tasks": 100_000}) as stack:
         stack.wait_for_workers()
         http = httpx.Client(base_url=stack.api_url, timeout=60, headers=stack.headers)
         started = time.monotonic()

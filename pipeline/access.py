@@ -35,10 +35,9 @@ import httpx
 from azure.core.exceptions import AzureError, HttpResponseError, ResourceNotFoundError
 from azure.storage.blob import BlobClient
 
-from pipeline import names
 from pipeline.failures import FailureClass, StageFailure
 from pipeline.redact import redact
-from pipeline.settings import Settings
+from pipeline.settings import Settings, env_name
 
 TIMEOUT_S = 120.0
 MAX_REDIRECTS = 10
@@ -124,8 +123,10 @@ class SasSigner:
     def forget(self, href: str) -> None:
         """Drop the container's token (storage refused it): the next sign fetches a new one."""
         container = blob_container(href)
+        if container is None:
+            return
         with self._lock:
-            self._tokens.pop(container, None)  # type: ignore[arg-type]
+            self._tokens.pop(container, None)
 
     def _fetch(self, account: str, container: str) -> tuple[str, float]:
         url = f"{self.endpoint}/{account}/{container}"
@@ -149,7 +150,7 @@ class Earthdata:
 
     def __init__(self, token: str, hosts: frozenset[str]) -> None:
         if token.startswith("@Microsoft.KeyVault("):
-            raise ValueError(f"{names.SETTING_EARTHDATA_TOKEN} is an unresolved Key Vault reference")
+            raise ValueError(f"{env_name('earthdata_token')} is an unresolved Key Vault reference")
         self._token = token
         self.hosts = hosts
 
@@ -201,7 +202,7 @@ class Access:
                     self.signer.forget(href)
                     continue
                 raise refused(href, exc.status_code or 0, f"storage answered HTTP {exc.status_code} "
-                              f"({exc.error_code or exc.reason})") from None
+                              f"({getattr(exc, 'error_code', None) or exc.reason})") from None
             except AzureError as exc:
                 raise StageFailure(FailureClass.CONNECTION, f"{redact(href)}: {type(exc).__name__}") from None
             md5 = downloader.properties.content_settings.content_md5
@@ -217,7 +218,7 @@ class Access:
             raise SourceMissing(href)
         if response.status_code in (401, 403):
             raise StageFailure(FailureClass.SOURCE_DOWNLOAD, f"{redact(href)}: HTTP {response.status_code}, access "
-                               f"refused (is {names.SETTING_EARTHDATA_TOKEN} set and valid?)")
+                               f"refused (is {env_name('earthdata_token')} set and valid?)")
         if response.status_code != 200:
             raise refused(href, response.status_code, f"HTTP {response.status_code}")
         length = response.headers.get("content-length")

@@ -212,4 +212,5 @@ def create_app(settings: Settings) -> FastAPI:
     add_portal(app, clients, signed_in)
     accounts.add_routes(app, clients, signed_in)
     uploads.add_routes(app, clients, signed_in)
-    return BodyLimit(app, MAX_BODY_BYTES, LARGE_BODIES)  # type: ignore[return-value]
+    # the ASGI app served is FastAPI behind its body limit; callers only serve it
+    return BodyLimit(app, MAX_BODY_BYTES, LARGE_BODIES)  # type: ignore[return-value]  # an ASGI app, as FastAPI is

@@ -57,7 +57,7 @@ def record(clients: Clients, job: str, task: str, attempt: int, **fields: Any) -
 
 def is_missing(exc: TableTransactionError) -> bool:
     """Whether a transaction failed on a row that does not exist (an update or delete)."""
-    return exc.status_code == 404 or exc.error_code == "ResourceNotFound"
+    return exc.status_code == 404 or getattr(exc, "error_code", None) == "ResourceNotFound"
 
 
 # --- the deadline index -------------------------------------------------------------------

@@ -73,7 +73,10 @@ def footprint(targets: Iterable[TargetTile], samples: int = 16) -> Box:
     west, east = float(unwrapped.min()), float(unwrapped.max())
     if east - west >= 359.0:
         west, east = -180.0, 180.0
-    wrap = lambda v: (v + 180.0) % 360.0 - 180.0 if not -180.0 <= v <= 180.0 else v  # noqa: E731
+
+    def wrap(v: float) -> float:
+        return (v + 180.0) % 360.0 - 180.0 if not -180.0 <= v <= 180.0 else v
+
     return (wrap(west), max(-90.0, float(lat.min())), wrap(east), min(90.0, float(lat.max())))
 
 

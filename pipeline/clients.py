@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from azure.core.credentials import TokenCredential
 from azure.core.exceptions import ResourceExistsError
 from azure.data.tables import TableClient, TableServiceClient
 from azure.storage.blob import BlobServiceClient, ContainerClient
@@ -39,7 +40,7 @@ class Clients:
 
     settings: Settings
 
-    def _credential(self) -> object:
+    def _credential(self) -> TokenCredential:
         from azure.identity import DefaultAzureCredential
 
         return DefaultAzureCredential()
@@ -75,7 +76,8 @@ class Clients:
     async def async_blob_service(self) -> AsyncIterator[AsyncBlobServiceClient]:
         """A new asynchronous blob client (bound to the event loop that uses it), for many
         small blobs at once; closed, with its credential, on leaving the block."""
-        retry = AsyncExponentialRetry(initial_backoff=0.5, increment_base=2, retry_total=5, random_jitter_range=0.5)
+        retry = AsyncExponentialRetry(  # its hints say int; it sleeps any number of seconds
+            initial_backoff=0.5, increment_base=2, retry_total=5, random_jitter_range=0.5)  # type: ignore[arg-type]
         if self.settings.storage_connection:
             async with AsyncBlobServiceClient.from_connection_string(self.settings.storage_connection,
                                                                      retry_policy=retry, **HOOKS) as service:

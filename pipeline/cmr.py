@@ -35,7 +35,7 @@ class CmrCatalog:
         self.timeout = timeout
 
     def search(self, product: Product, box: Box, start: date, end: date) -> list[Granule]:
-        params: list[tuple[str, str]] = [
+        params: list[tuple[str, str | int | float | bool | None]] = [
             ("short_name", product.name), ("version", product.cmr_version),
             ("temporal", f"{start.isoformat()}T00:00:00Z,{end.isoformat()}T23:59:59Z"),
             ("page_size", str(PAGE)), ("sort_key", "start_date"),

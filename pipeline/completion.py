@@ -58,7 +58,7 @@ def _lease(clients: Clients) -> timedelta:
 def _held_by_another(clients: Clients, row: dict[str, Any]) -> bool:
     until = row.get("FinisherUntil")
     if until is None:  # a row written before finishers held leases
-        return tasks.now() - row["UpdatedAt"] <= _lease(clients)
+        return bool(tasks.now() - row["UpdatedAt"] <= _lease(clients))
     return bool(until > tasks.now())
 
 

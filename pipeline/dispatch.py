@@ -29,7 +29,7 @@ from pipeline import names
 from pipeline.attempts import Op, unindex
 from pipeline.clients import Clients
 from pipeline.status import TaskStatus
-from pipeline.tasks import TaskRef, if_match, now
+from pipeline.tasks import TaskRef, etag_of, if_match, now
 
 log = logging.getLogger(__name__)
 SEND_THREADS = 8  # concurrent sends of one batch of messages
@@ -109,7 +109,7 @@ def redispatch_due(clients: Clients, job: str) -> int:
         change = {"PartitionKey": job, "RowKey": row["RowKey"], "Dispatch": key, "Resends": resends}
         try:
             clients.tasks.submit_transaction([
-                ("update", change, {"mode": UpdateMode.MERGE, **if_match(row.metadata["etag"])}),
+                ("update", change, {"mode": UpdateMode.MERGE, **if_match(etag_of(row))}),
                 remove_op(job, found["RowKey"]), write])
         except (TableTransactionError, HttpResponseError) as exc:
             log.info("task %s/%s moved on before its resend: %s", job, row["RowKey"], exc)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from affine import Affine
@@ -85,7 +86,8 @@ class Granule:
         raise KeyError(f"the granule has no layer {layer!r}")
 
     def dtype(self, layer: str) -> np.dtype:
-        return self._select(layer).get(start=(0, 0), count=(1, 1)).dtype
+        found: np.dtype[Any] = self._select(layer).get(start=(0, 0), count=(1, 1)).dtype
+        return found
 
     def scale(self, layer: str) -> float | None:
         """The SDS's own ``scale_factor`` attribute, if it has one."""
@@ -100,7 +102,7 @@ class Granule:
         row, col, rows, cols = window
         return np.asarray(sds.get(start=(row, col), count=(rows, cols)))
 
-    def _select(self, layer: str):  # type: ignore[no-untyped-def]
+    def _select(self, layer: str) -> Any:  # pyhdf's SDS: untyped
         self.grid_of(layer)
         try:
             return self._sd.select(layer)

@@ -162,7 +162,7 @@ def deactivate(clients: Clients, job: str, unless_younger_than: timedelta | None
     try:
         if unless_younger_than is not None:
             written = clients.jobs.get_entity(ACTIVE, job).metadata["timestamp"]
-            if now() - written < unless_younger_than:
+            if written is not None and now() - written < unless_younger_than:
                 return
         clients.jobs.delete_entity(ACTIVE, job)
     except ResourceNotFoundError:

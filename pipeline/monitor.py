@@ -23,11 +23,11 @@ from typing import Any
 
 from azure.core.exceptions import ResourceNotFoundError
 
-from pipeline import attempts, jobs, names, runtimes, transitions
+from pipeline import attempts, jobs, runtimes, transitions
 from pipeline.clients import Clients
 from pipeline.completion import all_terminal
 from pipeline.failures import FailureClass
-from pipeline.settings import Settings
+from pipeline.settings import Settings, env_name
 from pipeline.status import TaskStatus
 from pipeline.tasks import TaskRef, TerminalCounter, now
 
@@ -57,7 +57,7 @@ def limits_for(settings: Settings, stage: str) -> StageLimits:
     unknown = set(overrides) - {"factor", "sigmas", "floor", "ceiling", "min_samples", "max_attempts",
                                 "max_transient_attempts", "backoff"}
     if unknown:
-        raise ValueError(f"{names.SETTING_STAGE_LIMITS}: unknown limit(s) {sorted(unknown)} for {stage}")
+        raise ValueError(f"{env_name('stage_limits')}: unknown limit(s) {sorted(unknown)} for {stage}")
     return StageLimits(
         factor=float(overrides.get("factor", settings.kill_factor)),
         sigmas=float(overrides.get("sigmas", settings.kill_sigmas)),

@@ -1,8 +1,10 @@
-"""Every name bagpipe gives to something in Azure Storage or in the app settings.
+"""Every name bagpipe gives to something in Azure Storage, and the headers and variables its
+clients use.
 
-One module owns them (as arq keeps its keys in ``constants.py``); ``infra/bicep/`` declares the
-same names and a test cross-checks the two. A *namespace* prefix lets several deployments (or
-test cases) share one storage account without seeing each other's data; in Azure it is empty.
+One module owns them (as arq keeps its keys in ``constants.py``); ``infra/bicep/`` loads the
+same names from ``names.json`` (written by ``python -m pipeline.deployment``, checked by a
+test). A *namespace* prefix lets several deployments (or test cases) share one storage account
+without seeing each other's data; in Azure it is empty.
 """
 
 from __future__ import annotations
@@ -10,49 +12,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-# --- app settings (environment variables) -----------------------------------------------
-# The storage connection: a connection string locally; in Azure the identity-based form
-# ``BagpipeStorage__accountName`` (the Functions host resolves bindings from the same prefix).
-SETTING_STORAGE = "BagpipeStorage"
-SETTING_STORAGE_ACCOUNT = "BagpipeStorage__accountName"
-SETTING_NAMESPACE = "BAGPIPE_NAMESPACE"
-SETTING_SHARDS = "BAGPIPE_SHARDS"
-SETTING_WINDOW = "BAGPIPE_WINDOW"
-SETTING_MAX_TASKS = "BAGPIPE_MAX_TASKS"
-SETTING_MAX_ATTEMPTS = "BAGPIPE_MAX_ATTEMPTS"
-SETTING_MAX_TRANSIENT_ATTEMPTS = "BAGPIPE_MAX_TRANSIENT_ATTEMPTS"
-SETTING_LEASE_SECONDS = "BAGPIPE_LEASE_SECONDS"
-SETTING_ENTRA_ISSUER = "BAGPIPE_ENTRA_ISSUER"
-SETTING_ENTRA_CLIENT_ID = "BAGPIPE_ENTRA_CLIENT_ID"
-SETTING_ADMIN_EMAILS = "BAGPIPE_ADMIN_EMAILS"
-SETTING_BUNDLE_CACHE = "BAGPIPE_BUNDLE_CACHE"
-SETTING_SAS_MINUTES = "BAGPIPE_SAS_MINUTES"
-SETTING_MAIL_MODE = "BAGPIPE_MAIL_MODE"
-SETTING_MAIL_SENDER = "BAGPIPE_MAIL_SENDER"
-SETTING_SMTP_HOST = "BAGPIPE_SMTP_HOST"
-SETTING_SMTP_PORT = "BAGPIPE_SMTP_PORT"
-SETTING_ACS_ENDPOINT = "BAGPIPE_ACS_ENDPOINT"
-SETTING_KILL_FACTOR = "BAGPIPE_KILL_FACTOR"
-SETTING_KILL_SIGMAS = "BAGPIPE_KILL_SIGMAS"
-SETTING_KILL_FLOOR = "BAGPIPE_KILL_FLOOR_S"
-SETTING_KILL_CEILING = "BAGPIPE_KILL_CEILING_S"
-SETTING_KILL_BACKOFF = "BAGPIPE_KILL_BACKOFF"
-SETTING_MIN_SAMPLES = "BAGPIPE_MIN_SAMPLES"
-SETTING_KILL_GRACE = "BAGPIPE_KILL_GRACE_S"
-SETTING_MONITOR_INTERVAL = "BAGPIPE_MONITOR_INTERVAL_S"
-SETTING_STAGE_LIMITS = "BAGPIPE_STAGE_LIMITS"
-SETTING_STAGE_MODULES = "BAGPIPE_STAGE_MODULES"
-SETTING_TILE_STAGE = "BAGPIPE_TILE_STAGE"
-SETTING_CATALOG = "BAGPIPE_CATALOG"
-SETTING_STAC_URL = "BAGPIPE_STAC_URL"
-SETTING_STAC_SAS_URL = "BAGPIPE_STAC_SAS_URL"
-SETTING_CMR_URL = "BAGPIPE_CMR_URL"
-SETTING_EARTHDATA_TOKEN = "BAGPIPE_EARTHDATA_TOKEN"  # a secret: a Key Vault reference in Azure
-SETTING_EARTHDATA_HOSTS = "BAGPIPE_EARTHDATA_HOSTS"
-SETTING_REDUCERS_PATH = "BAGPIPE_REDUCERS_PATH"
-SETTING_LOG_FORMAT = "BAGPIPE_LOG_FORMAT"
-# Application Insights (read by azure-monitor-opentelemetry under this standard name)
-SETTING_APPINSIGHTS = "APPLICATIONINSIGHTS_CONNECTION_STRING"
+# The connection name the Functions bindings use; the host reads ``BagpipeStorage`` (a
+# connection string) or ``BagpipeStorage__accountName`` (the managed identity) from it, and so
+# do bagpipe's settings (pipeline/settings.py declares every app setting).
+BINDING_CONNECTION = "BagpipeStorage"
 
 # What the command line reads (the client's environment, not the service's settings).
 CLI_API_URL = "BAGPIPE_API_URL"
@@ -65,9 +28,6 @@ TOKEN_HEADER = "X-Bagpipe-Token"
 CLIENT_HEADER = "X-Requested-With"
 # Set by App Service Authentication: the signed-in user's Entra ID token (token store on).
 PLATFORM_ID_TOKEN = "X-MS-TOKEN-AAD-ID-TOKEN"
-
-# The connection name the Functions bindings use: the host reads SETTING_STORAGE* from it.
-BINDING_CONNECTION = SETTING_STORAGE
 
 # --- base names (Bicep declares these, with an empty namespace) -------------------------
 JOBS_TABLE = "jobs"
@@ -235,45 +195,3 @@ class StorageNames:
         base += [self.shard_queue(i) for i in range(shards)]
         return base + [self.poison_queue(q) for q in base]
 
-
-# Settings the Azure deployment leaves unset: the local stack's connection string (Azure
-# uses the identity-based SETTING_STORAGE_ACCOUNT), namespaces (one deployment per account),
-# the local SMTP server (ACS sends) and the workers' bundle cache (its default serves).
-LOCAL_ONLY_SETTINGS = (SETTING_STORAGE, SETTING_NAMESPACE, SETTING_SMTP_HOST, SETTING_SMTP_PORT, SETTING_BUNDLE_CACHE)
-
-
-def deployed_settings() -> dict[str, str]:
-    """Every app setting the code reads that the deployment sets, by a Bicep-friendly key
-    (``BAGPIPE_KILL_FLOOR_S`` → ``killFloorS``)."""
-    found = {}
-    for name, value in globals().items():
-        if name.startswith("SETTING_") and value not in LOCAL_ONLY_SETTINGS:
-            words = name.removeprefix("SETTING_").lower().split("_")
-            found[words[0] + "".join(w.title() for w in words[1:])] = value
-    return dict(sorted(found.items()))
-
-
-def deployment_names(shards: int) -> dict[str, object]:
-    """The names ``infra/bicep`` needs, as it loads them (``names.json``): written by
-    ``python -m pipeline.names`` and checked by a test, so Bicep never retypes a name."""
-    deployed = StorageNames()
-    return {
-        "tables": [deployed.table(t) for t in TABLES],
-        "queues": deployed.all_queues(shards),
-        "taskQueues": [deployed.shard_queue(i) for i in range(shards)],
-        "shards": shards,
-        "containers": [deployed.container(c) for c in CONTAINERS],
-        "expiringContainers": [deployed.container(c) for c in EXPIRING_CONTAINERS],
-        "settings": deployed_settings(),
-        "bindingConnection": BINDING_CONNECTION,
-    }
-
-
-DEPLOYED_SHARDS = 4  # the shard count infra/bicep deploys (BAGPIPE_SHARDS there)
-
-if __name__ == "__main__":
-    import json
-    import sys
-
-    json.dump(deployment_names(DEPLOYED_SHARDS), sys.stdout, indent=2)
-    sys.stdout.write("\n")

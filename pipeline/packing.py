@@ -19,6 +19,7 @@ import base64
 import hashlib
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.storage.blob import BlobBlock, ContentSettings
@@ -70,7 +71,7 @@ async def _read_small(service: AsyncBlobServiceClient, outputs: list[Output]) ->
             except ResourceNotFoundError:
                 return output.name, None
             except HttpResponseError as exc:
-                if exc.error_code != "InvalidRange":
+                if getattr(exc, "error_code", None) != "InvalidRange":
                     raise
                 return output.name, b""  # an empty blob has no byte 0 to range over
         if downloader.properties.size > MEMBER_MAX:
@@ -224,5 +225,5 @@ def read_members(clients: Clients, wanted: dict[str, Member]) -> dict[str, bytes
     return found
 
 
-def member_of(entry: dict[str, object]) -> Member:
-    return Member(**entry)  # type: ignore[arg-type]
+def member_of(entry: dict[str, Any]) -> Member:
+    return Member(**entry)

@@ -95,9 +95,9 @@ def usable(layer: str, codes: np.ndarray) -> np.ndarray:
     """
     found = decode(layer, codes)
     if "rank" in found:
-        return (codes == 0) | (codes == 1)
+        return np.asarray((codes == 0) | (codes == 1))
     if "lst_error" in found:
         return (found["mandatory_qa"] <= 1) & (found["lst_error"] <= 1)
     if layer.startswith("BRDF_Albedo"):
-        return codes == 0
+        return np.asarray(codes == 0)
     raise KeyError(f"no masking rule for {layer}")

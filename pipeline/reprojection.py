@@ -100,7 +100,7 @@ def _opened(source: Source, layer: str) -> Iterator[_Raster]:
     if layer in source.files:
         with rasterio.open(source.files[layer]) as raster:
             def read(row: int, col: int, rows: int, cols: int) -> np.ndarray:
-                return raster.read(1, window=Window(col, row, cols, rows))
+                return np.asarray(raster.read(1, window=Window(col, row, cols, rows)))
             yield _Raster(raster.transform, raster.crs, raster.width, raster.height, raster.dtypes[0],
                           raster.scales[0], read)
     elif HDF in source.files:
@@ -208,7 +208,7 @@ def warp(sources: Sequence[Source], product: Product, layer: str, target: Target
         with raw.open() as src, MemoryFile() as cog:  # GDAL's COG driver keeps the unit, which rio-cogeo drops
             rasterio.shutil.copy(src, cog.name, driver="COG", compress="DEFLATE", blocksize=512,
                                  overview_resampling="nearest" if target.resampling == "nearest" else "average")
-            return cog.read()
+            return bytes(cog.read())
 
 
 def cache_key(target: Target, product: str, layer: str, input_digests: Sequence[str], masks: bool = True) -> str:

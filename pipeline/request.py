@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import date
+from datetime import date as Day  # where a field named ``date`` hides the type
 from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, EmailStr, Field, field_validator, model_validator
@@ -141,7 +142,7 @@ class TaskSpec:
     reducer: Reducer | None = None  # a reduction: the program asked for, its args, its failure rule
     program: Program | None = None  # a reduction: the program it resolved to
     deps: tuple[int, int] = (0, 0)
-    last: date | None = None  # a reduction: the first day of the span's last period
+    last: Day | None = None  # a reduction: the first day of the span's last period
     layers: tuple[str, ...] = ()  # the product's layers to make (first: the reduction's inputs)
     # a tile task's granules, once the planner has searched the catalog (None: not searched)
     granules: tuple[Granule, ...] | None = field(default=None, compare=False)
@@ -187,7 +188,7 @@ def target_count(request: JobRequest) -> int:
             raise RequestError(400, "grid", "a region given as MODIS tiles is processed on their own "
                                "grid; give region.bbox to choose a target grid")
         return len(set(region.tiles))
-    west, south, east, north = region.bbox  # type: ignore[misc]
+    west, south, east, north = region.bbox  # type: ignore[misc]  # a region has tiles or a bbox
     if west == east or south >= north:
         raise RequestError(400, "region.bbox", "the region is empty: need west != east (west > east crosses "
                            "±180°) and south < north")
@@ -204,7 +205,7 @@ def targets_of(request: JobRequest) -> list[TargetTile]:
     if region.tiles is not None:
         native = GridSpec(NATIVE_CRS, 0.0, 0.0)
         return [native.native_tile(t) for t in sorted({Tile.parse(t) for t in region.tiles})]
-    return (request.grid or Grid()).spec().tiles_for_lonlat_box(*region.bbox)  # type: ignore[misc]
+    return (request.grid or Grid()).spec().tiles_for_lonlat_box(*region.bbox)  # type: ignore[misc]  # tiles or bbox
 
 
 def expand(request: JobRequest, max_tasks: int, tile_stage: str = stages.TILE_STAGE,

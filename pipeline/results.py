@@ -42,7 +42,7 @@ def sas_url(clients: Clients, container: str, blob: str) -> str:
     key = getattr(credential, "account_key", None)
     kwargs: dict[str, Any] = {"account_key": key} if key else {"user_delegation_key": delegation_key(service, expiry)}
     token = generate_blob_sas(
-        account_name=service.account_name,
+        account_name=str(service.account_name),
         container_name=container,
         blob_name=blob,
         permission=BlobSasPermissions(read=True),
@@ -59,7 +59,8 @@ def manifest(clients: Clients, job: str) -> dict[str, Any] | None:
         data, _ = clients.transfers.download(clients.products, names.manifest_blob(job))
     except ResourceNotFoundError:
         return None
-    return json.loads(data)
+    manifest: dict[str, Any] = json.loads(data)
+    return manifest
 
 
 def locate(clients: Clients, output: str) -> tuple[str, str]:

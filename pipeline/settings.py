@@ -1,13 +1,20 @@
-"""bagpipe's settings: one frozen dataclass built from the environment.
+"""bagpipe's settings: one frozen dataclass, every field declared once.
 
-Every field names its app setting (see :mod:`pipeline.names`) and its default beside it.
+Each field carries its environment name, its default and its documentation (:func:`setting`);
+everything else is derived from that one declaration: :meth:`Settings.from_env` (every entry
+point — the local stack, the workers, the Functions app — builds its settings this way),
+:meth:`Settings.to_env` (what a worker process is started with), the settings table of
+``docs/operations.md`` (:func:`markdown_table`, ``python -m pipeline.settings``) and the app
+settings Bicep deploys (:func:`deployed_settings`, in ``infra/bicep/names.json``). Tests keep
+the table and the Bicep file equal to the declarations.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import Field, dataclass, field, fields, replace
+from typing import Any
 
 from pipeline import names
 
@@ -16,246 +23,207 @@ PLANETARY_COMPUTER_SAS = "https://planetarycomputer.microsoft.com/api/sas/v1/tok
 NASA_CMR = "https://cmr.earthdata.nasa.gov/search/"
 EARTHDATA_HOSTS = ("urs.earthdata.nasa.gov,data.nsidc.earthdatacloud.nasa.gov,n5eil01u.ecs.nsidc.org,"
                    "data.lpdaac.earthdatacloud.nasa.gov,e4ftl01.cr.usgs.gov")
-
-def _float(env: Mapping[str, str], key: str, default: float, minimum: float = 0.0) -> float:
-    raw = env.get(key)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"setting {key}={raw!r} is not a number") from None
-    if not value >= minimum:
-        raise ValueError(f"setting {key}={value} is below its minimum {minimum}")
-    return value
+OFF = "none"  # the word that sets a setting with a non-empty default to empty
 
 
-def _int(env: Mapping[str, str], key: str, default: int, minimum: int = 1) -> int:
-    raw = env.get(key)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"setting {key}={raw!r} is not a whole number") from None
-    if value < minimum:
-        raise ValueError(f"setting {key}={value} is below its minimum {minimum}")
-    return value
+def setting(env: str, default: Any, doc: str, *, minimum: float | None = None, choices: tuple[str, ...] = (),
+            secret: bool = False, local: bool = False, off: bool = False) -> Any:
+    """Declare a setting: its environment name, its default, what it does.
 
-
-def _unless_none(value: str) -> str:
-    return "" if value == "none" else value
+    ``minimum``: the least a number may be; ``choices``: the words a text may be; ``secret``:
+    kept out of ``repr`` (and so out of logs); ``local``: the Azure deployment leaves it unset;
+    ``off``: the word ``none`` makes it empty (its default is not)."""
+    return field(default=default, repr=not secret, metadata={
+        "env": env, "doc": doc, "minimum": minimum, "choices": choices, "secret": secret, "local": local,
+        "off": off})
 
 
 @dataclass(frozen=True)
 class Settings:
     """How one bagpipe process reaches storage and behaves."""
 
-    # BagpipeStorage: a connection string (local stack, Azurite). Empty in Azure.
-    storage_connection: str = field(default="", repr=False)  # it holds the account key
-    # BagpipeStorage__accountName: the account reached with DefaultAzureCredential (Azure).
-    storage_account: str = ""
-    # BAGPIPE_NAMESPACE: prefix of every table/queue/container name; "" in Azure.
-    namespace: str = ""
-    # BAGPIPE_SHARDS: number of task queues the tasks are spread over (default 4).
-    shards: int = 4
-    # BAGPIPE_WINDOW: most tasks of one job released to the queues and not yet finished
-    # (default 256): Azurite slows sharply with queue depth, fairness lives here.
-    window: int = 256
-    # BAGPIPE_MAX_TASKS: a request that would make more tasks is refused with 413 (50,000).
-    max_tasks: int = 50_000
-    # BAGPIPE_MAX_ATTEMPTS: attempts a task gets before it is DEAD (default 3).
-    max_attempts: int = 3
-    # BAGPIPE_MAX_TRANSIENT_ATTEMPTS: attempts a task gets while its failures are the
-    # platform's (a lost worker, a stall, a connection, a monitor kill), not its own (10).
-    max_transient_attempts: int = 10
-    # BAGPIPE_LEASE_SECONDS: message visibility a worker holds and renews (default 30 s);
-    # it renews and heartbeats every third of it.
-    lease_seconds: int = 30
-    # BAGPIPE_ENTRA_ISSUER / BAGPIPE_ENTRA_CLIENT_ID: the Microsoft Entra ID issuer (e.g.
-    # https://login.microsoftonline.com/<tenant>/v2.0) and the app registration whose ID
-    # tokens sign users in, as App Service Authentication forwards them (set by Bicep).
-    # Empty (the local stack): personal API tokens only.
-    entra_issuer: str = ""
-    entra_client_id: str = ""
-    # BAGPIPE_ADMIN_EMAILS: e-mail addresses (comma-separated) whose Entra sign-in makes
-    # them admins at once, so that a new deployment has its first admin (default none).
-    admin_emails: str = ""
-    # BAGPIPE_BUNDLE_CACHE: where a worker keeps the reducer bundles it fetched (default: a
-    # folder of its own under the system's temporary folder).
-    bundle_cache: str = ""
-    # BAGPIPE_SAS_MINUTES: lifetime of the download links in a job's results (default 60).
-    sas_minutes: int = 60
-    # BAGPIPE_MAIL_MODE: "smtp" (local stack), "acs" (Azure Communication Services) or
-    # "none" (no email; the completion is still recorded).
-    mail_mode: str = "none"
-    # BAGPIPE_MAIL_SENDER: the From address (default bagpipe@localhost).
-    mail_sender: str = "bagpipe@localhost"
-    # BAGPIPE_SMTP_HOST / BAGPIPE_SMTP_PORT: the SMTP server for mail_mode "smtp".
-    smtp_host: str = "127.0.0.1"
-    smtp_port: int = 8025
-    # BAGPIPE_ACS_ENDPOINT: the Communication Services endpoint for mail_mode "acs".
-    acs_endpoint: str = ""
-    # BAGPIPE_KILL_FACTOR: an attempt running past factor × its (stage, product) mean is
-    # revoked and retried (default 4, the ModisAzure rule).
-    kill_factor: float = 4.0
-    # BAGPIPE_KILL_SIGMAS: if > 0, revoke earlier, past mean + sigmas × standard deviation
-    # (a high quantile of the history) when that comes before factor × mean (default 0: off).
-    kill_sigmas: float = 0.0
-    # BAGPIPE_KILL_FLOOR_S: never revoke for time before this many seconds (default 10),
-    # so that noise on very short stages kills nothing.
-    kill_floor_s: float = 10.0
-    # BAGPIPE_KILL_CEILING_S: the limit while a stage has too little history (default 1800).
-    kill_ceiling_s: float = 1800.0
-    # BAGPIPE_KILL_BACKOFF: each time a task is revoked for time, its later attempts may run
-    # this many times longer, up to the ceiling (default 2; 1 keeps one limit for all).
-    kill_backoff: float = 2.0
-    # BAGPIPE_MIN_SAMPLES: runs of a (stage, product) before its mean is trusted (default 5).
-    min_samples: int = 5
-    # BAGPIPE_KILL_GRACE_S: between SIGTERM and SIGKILL of a revoked stage (default 5).
-    kill_grace_s: float = 5.0
-    # BAGPIPE_MONITOR_INTERVAL_S: how often the monitor sweeps (default 5).
-    monitor_interval_s: float = 5.0
-    # BAGPIPE_STAGE_LIMITS: per-stage overrides as JSON, e.g.
-    # {"digest": {"factor": 3, "floor": 2, "ceiling": 60, "max_attempts": 5}} (default none).
-    stage_limits: str = ""
-    # BAGPIPE_STAGE_MODULES: modules (comma-separated) whose import registers more stages.
-    stage_modules: str = ""
-    # BAGPIPE_TILE_STAGE: the stage a tile task runs (default "modis": collection then
-    # reprojection; "digest" is a light stand-in that needs no catalog).
-    tile_stage: str = "modis"
-    # BAGPIPE_CATALOG: where granules are searched (pipeline/catalogs.py): "stac" (a STAC API,
-    # default) or "cmr" (NASA's Common Metadata Repository).
-    catalog: str = "stac"
-    # BAGPIPE_STAC_URL: the STAC API (default Microsoft's Planetary Computer).
-    stac_url: str = PLANETARY_COMPUTER_STAC
-    # BAGPIPE_STAC_SAS_URL: the token endpoint that signs the STAC assets' Blob hrefs
-    # ({url}/{account}/{container}; default Planetary Computer's); "none": the hrefs are public.
-    stac_sas_url: str = PLANETARY_COMPUTER_SAS
-    # BAGPIPE_CMR_URL: NASA CMR's search API (default https://cmr.earthdata.nasa.gov/search/).
-    cmr_url: str = NASA_CMR
-    # BAGPIPE_EARTHDATA_TOKEN: an Earthdata Login bearer token, for files from NASA's DAACs
-    # (catalog "cmr"); a Key Vault reference in Azure. Never logged.
-    earthdata_token: str = field(default="", repr=False)
-    # BAGPIPE_EARTHDATA_HOSTS: the hosts the token may go to (comma-separated; default the
-    # login host and the NSIDC and LP DAAC data hosts). No other host ever sees it.
-    earthdata_hosts: str = EARTHDATA_HOSTS
-    # BAGPIPE_REDUCERS_PATH: folders (":"-separated) of scientists' reducer manifests, on top
-    # of the shipped reducers/ (default none).
-    reducers_path: str = ""
-    # BAGPIPE_LOG_FORMAT: "text" (default) or "json" (one object per line, with the job,
-    # task, attempt and stage of the record).
-    log_format: str = "text"
-    # APPLICATIONINSIGHTS_CONNECTION_STRING: where OpenTelemetry traces, logs and metrics go
-    # (Azure Monitor); default none: telemetry stays in the logs.
-    appinsights_connection: str = ""
+    storage_connection: str = setting(
+        names.BINDING_CONNECTION, "", "A storage connection string (the local stack's Azurite). Empty in Azure.",
+        secret=True, local=True)
+    storage_account: str = setting(
+        f"{names.BINDING_CONNECTION}__accountName", "",
+        "The storage account reached with the managed identity (Azure; the Functions host reads its "
+        "bindings' connection from the same prefix).")
+    namespace: str = setting(
+        "BAGPIPE_NAMESPACE", "", "Prefix of every table, queue and container name, so that deployments "
+        "or tests share an account; empty in Azure.", local=True)
+    shards: int = setting("BAGPIPE_SHARDS", 4, "Task queues the tasks are spread over.", minimum=1)
+    window: int = setting(
+        "BAGPIPE_WINDOW", 256, "Most tasks of one job released to the queues and not yet finished: "
+        "fairness between jobs lives here.", minimum=1)
+    max_tasks: int = setting("BAGPIPE_MAX_TASKS", 50_000, "A request that would make more tasks is refused (413).",
+                             minimum=1)
+    max_attempts: int = setting("BAGPIPE_MAX_ATTEMPTS", 3, "Attempts a task gets before it is DEAD.", minimum=1)
+    max_transient_attempts: int = setting(
+        "BAGPIPE_MAX_TRANSIENT_ATTEMPTS", 10, "Attempts a task gets while its failures are the platform's "
+        "(a lost worker, a stall, a connection, a monitor kill), not its own.", minimum=1)
+    lease_seconds: int = setting(
+        "BAGPIPE_LEASE_SECONDS", 30, "Message visibility a worker holds and renews, every third of it, "
+        "with a heartbeat.", minimum=3)
+    entra_issuer: str = setting(
+        "BAGPIPE_ENTRA_ISSUER", "", "The Microsoft Entra ID issuer whose ID tokens (as App Service "
+        "Authentication forwards them) sign users in; with `BAGPIPE_ENTRA_CLIENT_ID`. Empty: personal "
+        "API tokens only (the local stack).")
+    entra_client_id: str = setting("BAGPIPE_ENTRA_CLIENT_ID", "", "The app registration of those ID tokens.")
+    admin_emails: str = setting(
+        "BAGPIPE_ADMIN_EMAILS", "", "E-mail addresses (comma-separated) whose Entra sign-in makes them "
+        "admins at once: a new deployment's first admin.")
+    bundle_cache: str = setting(
+        "BAGPIPE_BUNDLE_CACHE", "", "Where a worker keeps the reducer bundles it fetched (empty: a folder "
+        "of its own in the system's temporary folder).", local=True)
+    sas_minutes: int = setting("BAGPIPE_SAS_MINUTES", 60, "Lifetime of the download links in a job's results.",
+                               minimum=1)
+    mail_mode: str = setting(
+        "BAGPIPE_MAIL_MODE", "none", "`smtp` (the local stack), `acs` (Azure Communication Services) or "
+        "`none` (no email; the completion is still recorded).", choices=("smtp", "acs", "none"))
+    mail_sender: str = setting("BAGPIPE_MAIL_SENDER", "bagpipe@localhost", "The From address.")
+    smtp_host: str = setting("BAGPIPE_SMTP_HOST", "127.0.0.1", "The SMTP server of mail mode `smtp`.", local=True)
+    smtp_port: int = setting("BAGPIPE_SMTP_PORT", 8025, "Its port.", minimum=1, local=True)
+    acs_endpoint: str = setting("BAGPIPE_ACS_ENDPOINT", "", "The Communication Services endpoint of mail mode `acs`.")
+    kill_factor: float = setting(
+        "BAGPIPE_KILL_FACTOR", 4.0, "An attempt running past this many times its (stage, product) mean is "
+        "revoked and retried (the ModisAzure rule).", minimum=1.0)
+    kill_sigmas: float = setting(
+        "BAGPIPE_KILL_SIGMAS", 0.0, "If above 0, revoke earlier, past mean + this many standard deviations, "
+        "when that comes before the factor's limit.", minimum=0.0)
+    kill_floor_s: float = setting(
+        "BAGPIPE_KILL_FLOOR_S", 10.0, "Never revoke for time before this many seconds, so that noise on very "
+        "short stages kills nothing.", minimum=0.0)
+    kill_ceiling_s: float = setting(
+        "BAGPIPE_KILL_CEILING_S", 1800.0, "The limit while a stage has too little history.", minimum=1.0)
+    kill_backoff: float = setting(
+        "BAGPIPE_KILL_BACKOFF", 2.0, "Each revocation for time lets a task's later attempts run this many "
+        "times longer, up to the ceiling (1: one limit for all).", minimum=1.0)
+    min_samples: int = setting("BAGPIPE_MIN_SAMPLES", 5, "Runs of a (stage, product) before its mean is trusted.",
+                               minimum=1)
+    kill_grace_s: float = setting("BAGPIPE_KILL_GRACE_S", 5.0, "Between SIGTERM and SIGKILL of a revoked stage.",
+                                  minimum=0.0)
+    monitor_interval_s: float = setting("BAGPIPE_MONITOR_INTERVAL_S", 5.0, "How often the monitor sweeps.",
+                                        minimum=0.1)
+    stage_limits: str = setting(
+        "BAGPIPE_STAGE_LIMITS", "", "Per-stage overrides as JSON, e.g. `{\"digest\": {\"factor\": 3, "
+        "\"floor\": 2, \"ceiling\": 60, \"max_attempts\": 5}}`.")
+    stage_modules: str = setting("BAGPIPE_STAGE_MODULES", "",
+                                 "Modules (comma-separated) whose import registers more stages.")
+    tile_stage: str = setting(
+        "BAGPIPE_TILE_STAGE", "modis", "The stage a tile task runs: `modis` (collection, then reprojection) "
+        "or `digest`, a light stand-in with no rasters that lifecycle tests and benchmarks use.")
+    catalog: str = setting("BAGPIPE_CATALOG", "stac", "Where granules are searched: `stac` (a STAC API) or "
+                           "`cmr` (NASA's Common Metadata Repository).", choices=("stac", "cmr"))
+    stac_url: str = setting("BAGPIPE_STAC_URL", PLANETARY_COMPUTER_STAC, "The STAC API (Planetary Computer's).")
+    stac_sas_url: str = setting(
+        "BAGPIPE_STAC_SAS_URL", PLANETARY_COMPUTER_SAS, "The token endpoint that signs the STAC assets' Blob "
+        "hrefs (`{url}/{account}/{container}`); `none`: the hrefs are public.", off=True)
+    cmr_url: str = setting("BAGPIPE_CMR_URL", NASA_CMR, "NASA CMR's search API.")
+    earthdata_token: str = setting(
+        "BAGPIPE_EARTHDATA_TOKEN", "", "An Earthdata Login bearer token, for files from NASA's archives "
+        "(catalog `cmr`); a Key Vault reference in Azure. Never logged.", secret=True)
+    earthdata_hosts: str = setting(
+        "BAGPIPE_EARTHDATA_HOSTS", EARTHDATA_HOSTS, "The hosts the token may go to (comma-separated): the "
+        "login host and NASA's data hosts. No other host ever sees it.")
+    reducers_path: str = setting(
+        "BAGPIPE_REDUCERS_PATH", "", "Folders (`:`-separated) of reducer manifests, on top of the shipped "
+        "`reducers/`.")
+    log_format: str = setting(
+        "BAGPIPE_LOG_FORMAT", "text", "`text` or `json` (one object per line, with the job, task, attempt "
+        "and stage of the record).", choices=("text", "json"))
+    appinsights_connection: str = setting(
+        "APPLICATIONINSIGHTS_CONNECTION_STRING", "", "Where OpenTelemetry traces, logs and metrics go (Azure "
+        "Monitor); empty: telemetry stays in the logs.", secret=True)
     names: names.StorageNames = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.storage_connection and not self.storage_account:
-            raise ValueError(
-                f"no storage configured: set {names.SETTING_STORAGE} (a connection string) "
-                f"or {names.SETTING_STORAGE_ACCOUNT}"
-            )
-        if self.log_format not in ("text", "json"):
-            raise ValueError(f"{names.SETTING_LOG_FORMAT}={self.log_format!r}: text or json")
-        if self.catalog not in ("stac", "cmr"):
-            raise ValueError(f"{names.SETTING_CATALOG}={self.catalog!r}: stac or cmr")
-        if self.mail_mode not in ("smtp", "acs", "none"):
-            raise ValueError(f"{names.SETTING_MAIL_MODE}={self.mail_mode!r}: smtp, acs or none")
+            raise ValueError(f"no storage configured: set {env_name('storage_connection')} (a connection "
+                             f"string) or {env_name('storage_account')}")
+        for declared in declared_fields():
+            value, choices = getattr(self, declared.name), declared.metadata["choices"]
+            if choices and value not in choices:
+                raise ValueError(f"setting {declared.metadata['env']}={value!r}: one of {', '.join(choices)}")
         if bool(self.entra_issuer) != bool(self.entra_client_id):
-            raise ValueError(f"{names.SETTING_ENTRA_ISSUER} and {names.SETTING_ENTRA_CLIENT_ID} go together")
+            raise ValueError(f"{env_name('entra_issuer')} and {env_name('entra_client_id')} go together")
         object.__setattr__(self, "names", names.StorageNames(self.namespace))
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """The settings an environment names; a setting unset or empty keeps its default, a
+        number below its minimum is refused (code may go lower: tests do)."""
         env = os.environ if env is None else env
-        return cls(
-            storage_connection=env.get(names.SETTING_STORAGE, ""),
-            storage_account=env.get(names.SETTING_STORAGE_ACCOUNT, ""),
-            namespace=env.get(names.SETTING_NAMESPACE, ""),
-            shards=_int(env, names.SETTING_SHARDS, 4),
-            window=_int(env, names.SETTING_WINDOW, 256),
-            max_tasks=_int(env, names.SETTING_MAX_TASKS, 50_000),
-            max_attempts=_int(env, names.SETTING_MAX_ATTEMPTS, 3),
-            max_transient_attempts=_int(env, names.SETTING_MAX_TRANSIENT_ATTEMPTS, 10),
-            lease_seconds=_int(env, names.SETTING_LEASE_SECONDS, 30, minimum=3),
-            entra_issuer=env.get(names.SETTING_ENTRA_ISSUER, ""),
-            entra_client_id=env.get(names.SETTING_ENTRA_CLIENT_ID, ""),
-            admin_emails=env.get(names.SETTING_ADMIN_EMAILS, ""),
-            bundle_cache=env.get(names.SETTING_BUNDLE_CACHE, ""),
-            sas_minutes=_int(env, names.SETTING_SAS_MINUTES, 60),
-            mail_mode=env.get(names.SETTING_MAIL_MODE) or "none",
-            mail_sender=env.get(names.SETTING_MAIL_SENDER) or "bagpipe@localhost",
-            smtp_host=env.get(names.SETTING_SMTP_HOST) or "127.0.0.1",
-            smtp_port=_int(env, names.SETTING_SMTP_PORT, 8025),
-            acs_endpoint=env.get(names.SETTING_ACS_ENDPOINT, ""),
-            kill_factor=_float(env, names.SETTING_KILL_FACTOR, 4.0, minimum=1.0),
-            kill_sigmas=_float(env, names.SETTING_KILL_SIGMAS, 0.0),
-            kill_floor_s=_float(env, names.SETTING_KILL_FLOOR, 10.0),
-            kill_ceiling_s=_float(env, names.SETTING_KILL_CEILING, 1800.0, minimum=1.0),
-            kill_backoff=_float(env, names.SETTING_KILL_BACKOFF, 2.0, minimum=1.0),
-            min_samples=_int(env, names.SETTING_MIN_SAMPLES, 5),
-            kill_grace_s=_float(env, names.SETTING_KILL_GRACE, 5.0),
-            monitor_interval_s=_float(env, names.SETTING_MONITOR_INTERVAL, 5.0, minimum=0.1),
-            stage_limits=env.get(names.SETTING_STAGE_LIMITS, ""),
-            stage_modules=env.get(names.SETTING_STAGE_MODULES, ""),
-            tile_stage=env.get(names.SETTING_TILE_STAGE) or "modis",
-            catalog=env.get(names.SETTING_CATALOG) or "stac",
-            stac_url=env.get(names.SETTING_STAC_URL) or PLANETARY_COMPUTER_STAC,
-            stac_sas_url=_unless_none(env.get(names.SETTING_STAC_SAS_URL) or PLANETARY_COMPUTER_SAS),
-            cmr_url=env.get(names.SETTING_CMR_URL) or NASA_CMR,
-            earthdata_token=env.get(names.SETTING_EARTHDATA_TOKEN, ""),
-            earthdata_hosts=env.get(names.SETTING_EARTHDATA_HOSTS) or EARTHDATA_HOSTS,
-            reducers_path=env.get(names.SETTING_REDUCERS_PATH, ""),
-            log_format=env.get(names.SETTING_LOG_FORMAT) or "text",
-            appinsights_connection=env.get(names.SETTING_APPINSIGHTS, ""),
-        )
+        values: dict[str, Any] = {}
+        for declared in declared_fields():
+            raw = env.get(declared.metadata["env"], "")
+            if raw != "":
+                values[declared.name] = _parse(declared, raw)
+        return cls(**values)
 
     def to_env(self) -> dict[str, str]:
-        """The app settings that rebuild these settings in another process (a worker)."""
-        env = {
-            names.SETTING_STORAGE: self.storage_connection,
-            names.SETTING_STORAGE_ACCOUNT: self.storage_account,
-            names.SETTING_NAMESPACE: self.namespace,
-            names.SETTING_SHARDS: str(self.shards),
-            names.SETTING_WINDOW: str(self.window),
-            names.SETTING_MAX_TASKS: str(self.max_tasks),
-            names.SETTING_MAX_ATTEMPTS: str(self.max_attempts),
-            names.SETTING_MAX_TRANSIENT_ATTEMPTS: str(self.max_transient_attempts),
-            names.SETTING_LEASE_SECONDS: str(self.lease_seconds),
-            names.SETTING_ENTRA_ISSUER: self.entra_issuer,
-            names.SETTING_ENTRA_CLIENT_ID: self.entra_client_id,
-            names.SETTING_ADMIN_EMAILS: self.admin_emails,
-            names.SETTING_BUNDLE_CACHE: self.bundle_cache,
-            names.SETTING_SAS_MINUTES: str(self.sas_minutes),
-            names.SETTING_MAIL_MODE: self.mail_mode,
-            names.SETTING_MAIL_SENDER: self.mail_sender,
-            names.SETTING_SMTP_HOST: self.smtp_host,
-            names.SETTING_SMTP_PORT: str(self.smtp_port),
-            names.SETTING_ACS_ENDPOINT: self.acs_endpoint,
-            names.SETTING_KILL_FACTOR: repr(self.kill_factor),
-            names.SETTING_KILL_SIGMAS: repr(self.kill_sigmas),
-            names.SETTING_KILL_FLOOR: repr(self.kill_floor_s),
-            names.SETTING_KILL_CEILING: repr(self.kill_ceiling_s),
-            names.SETTING_KILL_BACKOFF: repr(self.kill_backoff),
-            names.SETTING_MIN_SAMPLES: str(self.min_samples),
-            names.SETTING_KILL_GRACE: repr(self.kill_grace_s),
-            names.SETTING_MONITOR_INTERVAL: repr(self.monitor_interval_s),
-            names.SETTING_STAGE_LIMITS: self.stage_limits,
-            names.SETTING_STAGE_MODULES: self.stage_modules,
-            names.SETTING_TILE_STAGE: self.tile_stage,
-            names.SETTING_CATALOG: self.catalog,
-            names.SETTING_STAC_URL: self.stac_url,
-            names.SETTING_STAC_SAS_URL: self.stac_sas_url or "none",
-            names.SETTING_CMR_URL: self.cmr_url,
-            names.SETTING_EARTHDATA_TOKEN: self.earthdata_token,
-            names.SETTING_EARTHDATA_HOSTS: self.earthdata_hosts,
-            names.SETTING_REDUCERS_PATH: self.reducers_path,
-            names.SETTING_LOG_FORMAT: self.log_format,
-            names.SETTING_APPINSIGHTS: self.appinsights_connection,
-        }
-        return {k: v for k, v in env.items() if v}
+        """The environment that rebuilds these settings in another process (a worker)."""
+        env = {}
+        for declared in declared_fields():
+            value = getattr(self, declared.name)
+            if value == "" and declared.metadata["off"]:
+                env[declared.metadata["env"]] = OFF
+            elif value != "":
+                env[declared.metadata["env"]] = repr(value) if isinstance(value, float) else str(value)
+        return env
 
     def with_(self, **changes: object) -> Settings:
-        return replace(self, **changes)
+        return replace(self, **changes)  # type: ignore[arg-type]  # checked by the dataclass itself
+
+
+def declared_fields() -> list[Field[Any]]:
+    """The fields declared with :func:`setting`, in their order."""
+    return [f for f in fields(Settings) if "env" in f.metadata]
+
+
+def env_name(field_name: str) -> str:
+    """The environment name of a setting, for messages that tell a user what to set."""
+    return str(next(f.metadata["env"] for f in declared_fields() if f.name == field_name))
+
+
+def _parse(declared: Field[Any], raw: str) -> Any:
+    key, minimum = declared.metadata["env"], declared.metadata["minimum"]
+    kind: type[int | float | str] = type(declared.default)  # type: ignore[assignment]  # every setting has one
+    if kind is str:
+        return "" if declared.metadata["off"] and raw == OFF else raw
+    try:
+        value = kind(raw)
+    except ValueError:
+        what = "a whole number" if kind is int else "a number"
+        raise ValueError(f"setting {key}={raw!r} is not {what}") from None
+    if minimum is not None and not value >= minimum:
+        raise ValueError(f"setting {key}={value} is below its minimum {minimum}")
+    return value
+
+
+def bicep_key(field_name: str) -> str:
+    """A setting's key in ``names.json`` (``kill_floor_s`` → ``killFloorS``)."""
+    first, *rest = field_name.split("_")
+    return first + "".join(word.title() for word in rest)
+
+
+def deployed_settings() -> dict[str, str]:
+    """Every setting the Azure deployment sets, by its key in ``names.json``: all but the
+    local stack's own (its connection string, namespaces, SMTP server, bundle cache)."""
+    return {bicep_key(f.name): f.metadata["env"] for f in declared_fields() if not f.metadata["local"]}
+
+
+def markdown_table() -> str:
+    """The settings table of ``docs/operations.md``."""
+    rows = ["| setting | default | what it does |", "| --- | --- | --- |"]
+    for declared in declared_fields():
+        default = declared.default
+        shown = f"`{default}`" if default != "" else "(empty)"
+        notes = " Secret." if declared.metadata["secret"] else ""
+        notes += " Local stack only." if declared.metadata["local"] else ""
+        rows.append(f"| `{declared.metadata['env']}` | {shown} | {declared.metadata['doc']}{notes} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown_table(), end="")

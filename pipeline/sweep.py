@@ -80,7 +80,8 @@ def job_of_message(body: bytes | str) -> str:
         raise BadMessage(f"not JSON: {exc}") from None
     if not isinstance(found, dict) or not isinstance(found.get("job"), str):
         raise BadMessage("a plan/done message is {\"job\": id}")
-    return found["job"]
+    job: str = found["job"]
+    return job
 
 
 def handle_plan(clients: Clients, body: bytes | str) -> None:

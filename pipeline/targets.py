@@ -8,8 +8,10 @@ processed on the native grid: each target tile is a MODIS tile and its own singl
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache, lru_cache
+from typing import Any
 
 import numpy as np
 from affine import Affine
@@ -28,10 +30,10 @@ def sinusoidal() -> CRS:
     return CRS.from_proj4(SINUSOIDAL_PROJ4)
 
 
-def is_modis_sinusoidal(params: dict[str, object]) -> bool:
+def is_modis_sinusoidal(params: Mapping[str, Any]) -> bool:
     """Whether PROJ parameters (``rasterio.crs.CRS.to_dict()``) are the MODIS grid's."""
-    return (params.get("proj") == "sinu" and float(params.get("R", 0)) == RADIUS  # type: ignore[arg-type]
-            and all(float(params.get(k, 0)) == 0 for k in ("lon_0", "x_0", "y_0")))  # type: ignore[arg-type]
+    return (params.get("proj") == "sinu" and float(params.get("R", 0)) == RADIUS
+            and all(float(params.get(k, 0)) == 0 for k in ("lon_0", "x_0", "y_0")))
 
 
 @lru_cache(maxsize=64)

@@ -24,7 +24,7 @@ from azure.core.exceptions import (
     ResourceExistsError,
     ResourceNotFoundError,
 )
-from azure.data.tables import TableClient, TableTransactionError, UpdateMode
+from azure.data.tables import TableClient, TableEntity, TableTransactionError, UpdateMode
 
 from pipeline import names, rollups
 from pipeline.request import TaskSpec
@@ -39,6 +39,20 @@ def now() -> datetime:
 
 def if_match(etag: str) -> dict[str, Any]:
     return {"etag": etag, "match_condition": MatchConditions.IfNotModified}
+
+
+def etag_of(row: TableEntity) -> str:
+    """The ETag a row was read with: the condition of the next write to it."""
+    etag = row.metadata["etag"]
+    if etag is None:
+        raise ValueError(f"row {row.get('RowKey')} was not read from storage: it has no ETag")
+    return etag
+
+
+def error_code(exc: Exception) -> str | None:
+    """The storage error code of a failed call (``x-ms-error-code``), if it has one."""
+    code = getattr(exc, "error_code", None)
+    return str(code) if code is not None else None
 
 
 def is_conflict(exc: Exception) -> bool:
@@ -112,7 +126,7 @@ def create_batch(tasks: TableClient, entities: list[dict[str, Any]]) -> int:
         tasks.submit_transaction([("create", e) for e in entities])
         return len(entities)
     except TableTransactionError as exc:
-        if exc.error_code != "EntityAlreadyExists":
+        if error_code(exc) != "EntityAlreadyExists":
             raise
     created = 0
     for entity in entities:
@@ -159,7 +173,7 @@ class TerminalCounter:
             etag, props = self._rows[job]
             changed = rollups.apply(props, moves)
             if not changed:
-                return list(tasks.submit_transaction(changes)) if changes else []
+                return [dict(answer) for answer in tasks.submit_transaction(changes)] if changes else []
             key = {"PartitionKey": job, "RowKey": names.counter_key(self.owner)}
             op = ("create", key | props | changed) if etag is None else (
                 "update", key | changed, {"mode": UpdateMode.MERGE, **if_match(etag)}
@@ -170,7 +184,7 @@ class TerminalCounter:
                 del self._rows[job]  # reload next time: the row may be what failed, or
                 raise  # the transaction may have been applied before the connection broke
             self._rows[job] = (result[-1]["etag"], props | changed)
-            return list(result[:-1])
+            return [dict(answer) for answer in result[:-1]]
 
 
 def terminal_counts(tasks: TableClient, job: str) -> dict[str, int]:
@@ -187,7 +201,7 @@ def terminal_counts(tasks: TableClient, job: str) -> dict[str, int]:
     return totals
 
 
-def list_tasks(tasks: TableClient, job: str, first: int = 0, count: int | None = None) -> list[dict[str, Any]]:
+def list_tasks(tasks: TableClient, job: str, first: int = 0, count: int | None = None) -> list[TableEntity]:
     """Task rows of a job in sequence order, from ``first`` (``count`` of them, or all)."""
     high = names.task_key(first + count) if count is not None else names.TASK_KEYS_END
     rows = tasks.query_entities(

@@ -35,7 +35,7 @@ attempt_seconds = meter.create_histogram("bagpipe.attempt.duration", unit="s",
 @contextmanager
 def attempt_scope(job: str, task: str, attempt: int, stage: str) -> Iterator[trace.Span]:
     """Everything logged or traced inside belongs to this attempt."""
-    fields = {"job": job, "task": task, "attempt": attempt, "stage": stage}
+    fields: dict[str, str | int] = {"job": job, "task": task, "attempt": attempt, "stage": stage}
     token = _scope.set(fields)
     try:
         with tracer.start_as_current_span(f"attempt {stage}", attributes={f"bagpipe.{k}": v
@@ -88,7 +88,7 @@ def setup(settings: Settings, verbose: bool = False) -> None:
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
     if not any(getattr(h, "_bagpipe", False) for h in root.handlers):
         handler = logging.StreamHandler()
-        handler._bagpipe = True  # type: ignore[attr-defined]
+        handler._bagpipe = True  # type: ignore[attr-defined]  # our mark: set up once per process
         handler.setFormatter(JsonFormatter() if settings.log_format == "json" else logging.Formatter(TEXT))
         root.addHandler(handler)
     for noisy in ("azure", "mail.log", "opentelemetry", "urllib3"):
@@ -100,7 +100,7 @@ def setup(settings: Settings, verbose: bool = False) -> None:
         # would drop most of a busy worker's)
         configure_azure_monitor(connection_string=settings.appinsights_connection,
                                 enable_live_metrics=False, sampling_ratio=1.0)
-    for handler in root.handlers:  # every handler, the exporter's too, sees the fields
-        if not any(isinstance(f, ScopeFilter) for f in handler.filters):
-            handler.addFilter(ScopeFilter())
+    for each in root.handlers:  # every handler, the exporter's too, sees the fields
+        if not any(isinstance(f, ScopeFilter) for f in each.filters):
+            each.addFilter(ScopeFilter())
     protect_logging()  # and none writes a credential

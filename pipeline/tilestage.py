@@ -29,10 +29,11 @@ def target_of(params: dict[str, str], layer: str | None = None) -> reprojection.
     """The warp target a tile task's parameters describe (resampled as ``layer`` wants)."""
     product = CATALOG[params["product"]]
     spec = product.layer(layer) if layer else product.default
-    bounds = tuple(float(b) for b in params["bounds"].split(","))
+    west, south, east, north = (float(b) for b in params["bounds"].split(","))
+    bounds = (west, south, east, north)
     if params["crs"] == NATIVE:
-        return reprojection.Target(SINUSOIDAL_PROJ4, bounds, TILE_SIZE / product.pixels, spec.resampling)  # type: ignore[arg-type]
-    return reprojection.Target(params["crs"], bounds, float(params["res"]), spec.resampling)  # type: ignore[arg-type]
+        return reprojection.Target(SINUSOIDAL_PROJ4, bounds, TILE_SIZE / product.pixels, spec.resampling)
+    return reprojection.Target(params["crs"], bounds, float(params["res"]), spec.resampling)
 
 
 def layers_of(params: dict[str, str]) -> list[str]:
@@ -105,7 +106,7 @@ def modis(ctx: StageContext) -> None:
             name = names.tile_blob(key, product.name, layer, params["tile"], params["date"])
             made = cache.ensure(
                 ctx.clients.transfers, ctx.clients.tiles, name,
-                lambda layer=layer, target=target: reprojection.warp(  # type: ignore[misc]
+                lambda layer=layer, target=target: reprojection.warp(  # type: ignore[misc]  # bound defaults
                     sources(layer), product, layer, target,
                     tags={"DATE": params["date"], "TARGET_TILE": params["tile"]}),
                 "image/tiff", want_data=False, owner=owner, tidy=ctx.attempt > 1)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from azure.core.exceptions import (
@@ -70,14 +71,15 @@ def _failure(status: int, headers: dict[str, str], body: str) -> TableTransactio
         code, message = headers.get("x-ms-error-code", ""), body
     error_type = RequestTooLargeError if status == 413 else TableTransactionError
     error = error_type(message=message)
-    error.status_code, error.error_code = status, code or headers.get("x-ms-error-code")
+    error.status_code = status
+    error.error_code = code or headers.get("x-ms-error-code")  # type: ignore[attr-defined]  # azure-core reads it if set
     return error
 
 
 class TransactionTable(TableClient):
     """A ``TableClient`` whose ``submit_transaction`` costs the client a third as much."""
 
-    def _batch_send(self, table_name: str, *reqs: HttpRequest, **kwargs: Any) -> list[dict[str, Any]]:
+    def _batch_send(self, table_name: str, *reqs: HttpRequest, **kwargs: Any) -> list[Mapping[str, Any]]:
         batch = f"batch_{uuid.uuid4()}"
         request = HttpRequest(
             "POST", f"{self.scheme}://{self._primary_hostname}/$batch",

@@ -53,46 +53,25 @@ class Link:
     rate: float = math.inf  # bytes/s one connection carries (measured for far storage only)
 
 
-READ_CHUNK = MiB  # bytes per socket read of a response body (the SDK's default, 4 KiB,
-# made a 256 MiB download cost 65,536 reads and 4 s of CPU)
+READ_CHUNK = MiB  # bytes per socket read of a response body (the SDK's 4 KiB: docs/performance.md)
 POOL = 64  # connections kept per host: two far transfers' worth of blocks in flight
 NEAR_S = 0.020  # storage whose round trip is shorter is near (the same host or datacenter)
 WIDE_RATE = 25e6  # bytes/s: far storage one connection reaches faster is on a wide link
-# (bench.transfer's WANs measured 10.5-10.7 MB/s with 100 Mbit/s per connection, 61-63 MB/s
-# uncapped, where the proxy and the CPU set the rate: this is their geometric mean)
 PROBE = MiB  # bytes of the block a process stages to measure a far link's rate
 
-# From bench.transfer, two full runs (2 cores shared with Azurite and Toxiproxy; a figure
-# is the median of 5 round trips, up and down, of 9 up to 10 MiB; the second run's figures,
-# the first's where they differ in order). Where the best few plans lie within a tenth of
-# each other they trade places from run to run; the tables name one that was the best, or
-# within 0.9 of it, in both.
-# Near storage (loopback): a request costs more than the wait for it, so requests are few
-# and large: at 10 MiB one request (0.112 s; 4 MiB × 3 0.123 s, 8 MiB × 2 0.130 s), at
-# 100 MiB 8 MiB blocks (× 4 0.79 s, × 13 0.82 s; 4 MiB × 16 0.96 s), at 256 MiB 8 MiB × 16
-# (2.23 s; × 4 2.26 s, × 32 2.36 s, 4 MiB × 16 2.65 s, 16 MiB × 16 2.70 s).
+# The plans: docs/performance.md#transfers says which runs of bench.transfer chose them and why.
 NEAR: Plans = (
     (16 * MiB, Plan(16 * MiB, 1)),
     (2**62, Plan(8 * MiB, 16)),
 )
-# Far storage on a narrow link (30 ms each way, 100 Mbit/s per connection): latency and
-# the rate of one connection rule, so every block is in flight at once, the smallest
-# blocks that let 32 carry the object: 1 MiB × 10 at 10 MiB (0.62 s against 1.85 s for one
-# stream; 256 KiB × 32 0.64 s), at 100 MiB 1 MiB × 32 and 4 MiB × 25 (1.91 and 2.07 s, the
-# first run 2.93 and 2.52 s, against 21.5 s; 8 MiB × 13 3.02 s), 8 MiB × 32 at 256 MiB
-# (3.92 s against 56.1 s; 4 MiB × 32 4.07 s, 8 MiB × 16 5.22 s).
+# far storage, a link that shapes each connection (a WAN): every block in flight at once
 FAR_NARROW: Plans = (
     (4 * MiB, Plan(4 * MiB, 1)),
     (32 * MiB, Plan(1 * MiB, 32)),
     (128 * MiB, Plan(4 * MiB, 32)),
     (2**62, Plan(8 * MiB, 32)),
 )
-# Far storage on a wide link (30 ms each way, no cap): a request's round trip costs more
-# than its bytes, so requests are few, large and all in flight: at 10 MiB one request
-# (0.227 s; 8 MiB × 2 0.373 s, 1 MiB × 10 0.40 s), at 100 MiB 4 MiB × 16 and 8 MiB × 13
-# (1.36 and 1.50 s, the first run 1.36 and 1.10 s, against 4.7 s for one stream), at
-# 256 MiB 8 MiB × 16 and 16 MiB × 16 (2.39 and 2.43 s, the first run 16 MiB × 16 2.77 s,
-# 8 MiB × 32 3.12 s; one stream 14.1 s).
+# far storage, a wide link: few large requests, all in flight
 FAR_WIDE: Plans = (
     (16 * MiB, Plan(16 * MiB, 1)),
     (128 * MiB, Plan(8 * MiB, 16)),
@@ -116,7 +95,8 @@ def retry_policy(total: int = 5) -> ExponentialRetry:
     """The SDK's storage retry, with waits sized for a worker (about 0.5, 2.5, 4.5, 8.5… s
     rather than the SDK's 15, 18, 24 s): a reset or stalled connection is retried on a new
     one, each block or range on its own; what outlasts it fails the attempt, classified."""
-    return ExponentialRetry(initial_backoff=0.5, increment_base=2, retry_total=total, random_jitter_range=0.5)
+    return ExponentialRetry(  # its hints say int; it sleeps any number of seconds
+        initial_backoff=0.5, increment_base=2, retry_total=total, random_jitter_range=0.5)  # type: ignore[arg-type]
 
 
 class Transfers:

@@ -42,7 +42,7 @@ from pipeline.failures import FailureClass
 from pipeline.redact import redact
 from pipeline.rollups import Moves
 from pipeline.status import TaskStatus, after_failure, transition
-from pipeline.tasks import TaskRef, TerminalCounter, if_match, is_conflict, now
+from pipeline.tasks import TaskRef, TerminalCounter, error_code, etag_of, if_match, is_conflict, now
 
 ERROR_CHARS = 2000  # an error message kept on a row is cut to this
 # the most characters of output names a task row holds (a string property is 64 KiB of UTF-16)
@@ -133,7 +133,7 @@ def claim(clients: Clients, ref: TaskRef, worker: str,
     kill_at = kill_time(current, row["Stage"], params, int(row.get("Timeouts", 0)))
     started = now()
     index, index_write = attempts.index_op(clients, ref.job, ref.task, current.attempt, kill_at, worker, started)
-    ops = [_update(ref.job, ref.task, row.metadata["etag"], Worker=worker, StartedAt=started, Dispatch="",
+    ops = [_update(ref.job, ref.task, etag_of(row), Worker=worker, StartedAt=started, Dispatch="",
                    Status=transition(row["Status"], TaskStatus.RUNNING).value),
            attempts.attempt_op(ref.job, ref.task, current.attempt, Worker=worker, StartedAt=started,
                                Heartbeat=started, Outcome=TaskStatus.RUNNING.value),
@@ -145,7 +145,7 @@ def claim(clients: Clients, ref: TaskRef, worker: str,
     try:
         result = counter.write(clients.tasks, ref.job, ops, moves)
     except TableTransactionError as exc:
-        if is_conflict(exc) or exc.error_code == "UpdateConditionNotSatisfied":
+        if is_conflict(exc) or error_code(exc) == "UpdateConditionNotSatisfied":
             return None  # another worker claimed it first
         if attempts.is_missing(exc) and len(ops) == 4:  # an entry older than the rules: claim without it
             result = counter.write(clients.tasks, ref.job, ops[:3], moves)
@@ -247,7 +247,7 @@ def _counted_off(clients: Clients, job: str, key: str) -> tuple[list[Op], Moves,
         ops.append(write)
         moves.move(row["Stage"], _tile(row["Params"]), row["Status"], transition(row["Status"], TaskStatus.QUEUED))
         message = (int(row["Shard"]), TaskRef(job, key, int(row["Attempt"])))
-    return [_update(job, key, row.metadata["etag"], **fields), *ops], moves, message, row.metadata["etag"]
+    return [_update(job, key, etag_of(row), **fields), *ops], moves, message, etag_of(row)
 
 
 def _read_back(clients: Clients, job: str, task: str) -> Any:
@@ -352,7 +352,7 @@ def cancel(clients: Clients, job: str, counter: TerminalCounter) -> None:
         chunk: list[Op] = []
         moves = Moves()
         for row in pending:
-            ops = [_update(job, row["RowKey"], row.metadata["etag"], EndedAt=now(), Dispatch="",
+            ops = [_update(job, row["RowKey"], etag_of(row), EndedAt=now(), Dispatch="",
                            Status=transition(row["Status"], TaskStatus.CANCELLED).value)]
             if row.get("Dispatch"):
                 ops.append(dispatch.remove_op(job, row["Dispatch"]))

@@ -71,8 +71,9 @@ def add_routes(app: FastAPI, clients: Clients, signed_in: Callable[..., Caller])
     @app.post(UPLOAD_PATH + "/{owner}/{name}/share")
     def share(owner: str, name: str, body: Sharing, caller: Caller = Depends(signed_in)) -> dict[str, Any]:
         """Who besides me may run it: named users, or everyone (its owner, or an admin)."""
-        return _changing(lambda: registry.share(clients, caller.user, owner, name, body.users, body.everyone),
-                         owner, name)
+        shared: dict[str, Any] = _changing(
+            lambda: registry.share(clients, caller.user, owner, name, body.users, body.everyone), owner, name)
+        return shared
 
     @app.delete(UPLOAD_PATH + "/{owner}/{name}")
     def delete_all(owner: str, name: str, caller: Caller = Depends(signed_in)) -> dict[str, Any]:

@@ -109,3 +109,16 @@ def many_outputs(ctx: StageContext) -> None:
         ctx.outputs.extend(f"{ctx.output_prefix}part-{i:05d}-{'x' * 40}.bin" for i in range(1000))
         return
     digest(ctx)
+
+
+@stages.stage("slow_maker")
+def slow_maker(ctx: StageContext) -> None:
+    """Makes a tile that takes a minute: it holds the tile's cache marker all the while."""
+    from pipeline import cache
+
+    def make() -> bytes:
+        time.sleep(60)
+        return b"never"
+
+    cache.ensure(ctx.clients.transfers, ctx.clients.tiles, ctx.params["name"], make, "image/tiff",
+                 owner=f"{ctx.job}/{ctx.task}")

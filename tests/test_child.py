@@ -4,9 +4,13 @@ fails, when it is killed and when its service is over."""
 from __future__ import annotations
 
 import os
+import uuid
 
+from pipeline import cache
+from pipeline.clients import Clients
 from pipeline.failures import FailureClass
 from pipeline.settings import Settings
+from tests.conftest import wait_for
 from worker.child import Outcome, StageProcess
 from worker.runner import Slot
 
@@ -54,3 +58,20 @@ def test_a_killed_stage_process_takes_its_group_with_it(settings: Settings) -> N
     except ProcessLookupError:
         group_left = False
     assert not group_left
+
+
+def test_a_stopped_stage_unwinds_and_leaves_no_cache_marker(settings: Settings, clients: Clients) -> None:
+    """A revoked or cancelled attempt is stopped with SIGTERM: the stage unwinds in its grace
+    period, so the marker of the tile it was making goes with it (a cancelled task has no
+    retry to tidy it up)."""
+    settings = settings.with_(stage_modules="tests.stages_for_tests")
+    name = f"00/{uuid.uuid4().hex}/MOD10A2.x.tif"
+    marker = clients.tiles.get_blob_client(name + cache.MARKER_SUFFIX)
+    process = StageProcess(settings)
+    process.start("slow_maker", {"job": "j", "task": "000000001", "attempt": 1, "params": {"name": name},
+                                 "output_prefix": "j/tasks/000000001/a001/"})
+    wait_for(marker.exists, 30, "the stage to take the tile's marker")
+    process.kill(grace=10.0)
+    assert process.process.exitcode == 0, "it unwound and ended on its own: not by a signal"
+    assert not marker.exists()
+    assert not clients.tiles.get_blob_client(name).exists()

@@ -26,7 +26,8 @@ import tree_sitter_bicep
 from pipeline import auth as auth_module
 from pipeline import jobs, names, sweep
 from pipeline.clients import Clients
-from pipeline.settings import Settings
+from pipeline.deployment import deployment_names
+from pipeline.settings import Settings, declared_fields
 from tests.conftest import small_request, wait_for
 from tests.functions_index import index_app
 
@@ -84,14 +85,14 @@ def test_every_bicep_file_parses_without_error_nodes() -> None:
 
 
 def test_the_deployment_sets_every_setting_the_code_reads() -> None:
-    assert DEPLOYED == names.deployment_names(names.DEPLOYED_SHARDS)  # names.json is the code's
+    assert DEPLOYED == deployment_names()  # names.json is the code's
     settings = _declaration(BICEP / "main.bicep", "variable_declaration", "settings")
     keys = set(re.findall(r"names\.settings\.(\w+)", _text(settings)))
     assert keys == set(DEPLOYED["settings"])
     # what the code reads, minus what only the local stack sets, is exactly that
-    read = set(Settings(storage_connection="x").to_env()) | {
-        getattr(names, n) for n in dir(names) if n.startswith("SETTING_")}
-    assert {DEPLOYED["settings"][k] for k in keys} == read - set(names.LOCAL_ONLY_SETTINGS)
+    read = {f.metadata["env"] for f in declared_fields()}
+    local = {f.metadata["env"] for f in declared_fields() if f.metadata["local"]}
+    assert local and {DEPLOYED["settings"][k] for k in keys} == read - local
     # both the Function App and the workers get them all
     for module in ("functions", "workers"):
         declared = _text(_declaration(BICEP / "main.bicep", "module_declaration", module))
@@ -184,10 +185,11 @@ def test_the_worker_image_command_runs_a_job_and_exits_when_idle(settings: Setti
     row = jobs.submit(clients, small_request())
     job = row["PartitionKey"]
     sweep.handle_plan(clients, json.dumps({"job": job}).encode())
-    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")} | settings.to_env() | {
-        names.SETTING_LOG_FORMAT: "json", "PYTHONPATH": str(REPO),
-        names.SETTING_APPINSIGHTS: "InstrumentationKey=00000000-0000-0000-0000-000000000000;"
-                                   f"IngestionEndpoint=http://127.0.0.1:{ingestion.server_port}/"}
+    telemetry = settings.with_(log_format="json", appinsights_connection=(
+        "InstrumentationKey=00000000-0000-0000-0000-000000000000;"
+        f"IngestionEndpoint=http://127.0.0.1:{ingestion.server_port}/"))
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")} | telemetry.to_env() | {
+        "PYTHONPATH": str(REPO)}
     try:
         worker = subprocess.run([sys.executable, *command[1:]], env=env, cwd=REPO, capture_output=True,
                                 text=True, timeout=240)

@@ -15,7 +15,7 @@ import pytest
 from bagpipe.mailserver import MailServer
 from pipeline import jobs, names, tasks
 from pipeline.clients import Clients
-from pipeline.settings import Settings
+from pipeline.settings import Settings, env_name
 from pipeline.status import JobState
 from tests.conftest import signed, small_request
 from tests.functions_index import index_app, user_function
@@ -48,7 +48,7 @@ def test_functions_triggers_and_connections() -> None:
         (trigger,) = functions[name]["bindings"]
         assert trigger["type"] == "queueTrigger" and trigger["direction"].lower() == "in"
         assert trigger["queueName"] == queue
-        assert trigger["connection"] == names.BINDING_CONNECTION == names.SETTING_STORAGE
+        assert trigger["connection"] == names.BINDING_CONNECTION == env_name("storage_connection")
     assert [b["type"] for b in functions["monitor"]["bindings"]] == ["orchestrationTrigger"]
     assert [b["type"] for b in functions["monitor_sweep"]["bindings"]] == ["activityTrigger"]
     keeper = {b["type"]: b for b in functions["monitor_keeper"]["bindings"]}

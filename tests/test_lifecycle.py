@@ -40,7 +40,7 @@ REQUEST = {
 
 def test_submit_run_complete_notify_download(azurite: Azurite, settings: Settings, tmp_path: Path) -> None:
     with LocalStack(tmp_path / "stack", workers=2, slots=2, connection=azurite.connection_string,
-                    namespace=settings.namespace, window=8, overrides={"tile_stage": "digest"}) as stack:
+                    namespace=settings.namespace, overrides={"window": 8, "tile_stage": "digest"}) as stack:
         key = stack.token
         http = httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {key}"}, timeout=30)
         created = http.post("/api/jobs", json=REQUEST)
@@ -157,11 +157,13 @@ def test_a_granule_found_before_a_restart_of_the_stack_is_read_after_it(
     """A planned task keeps its granules' hrefs: after a restart in the same home, the
     imitations of Planetary Computer's storage and NASA's archive still serve them."""
     home, box, day = tmp_path / "stack", (-108.0, 35.0, -107.5, 35.5), date(2022, 2, 2)
-    common = {"workers": 0, "connection": azurite.connection_string, "namespace": settings.namespace}
-    with LocalStack(home, **common) as stack:  # type: ignore[arg-type]
+    def stack_in(home: Path) -> LocalStack:
+        return LocalStack(home, workers=0, connection=azurite.connection_string, namespace=settings.namespace)
+
+    with stack_in(home) as stack:
         (from_stac,) = StacCatalog(stack.planetary.stac_url).search(CATALOG["MOD10A2"], box, day, day)
         (from_cmr,) = CmrCatalog(stack.nasa.cmr_url).search(CATALOG["MOD10A2"], box, day, day)
-    with LocalStack(home, **common) as again:  # type: ignore[arg-type]
+    with stack_in(home) as again:
         signed = Access(again.settings.stac_sas_url, "", "").fetch(from_stac.href("Maximum_Snow_Extent"))
         assert signed.data == (world.REAL_DATA / f"{from_stac.id}_Maximum_Snow_Extent.tif").read_bytes()
         logged_in = Access("", again.nasa.token, again.nasa.hosts).fetch(from_cmr.href("hdf"))

@@ -75,7 +75,8 @@ def test_a_reduction_whose_message_is_lost_is_sent_again(settings: Settings, mai
         wait_for(lambda: finished(clients, job), 90, "the job to finish")
     assert dropped, "a reduction's message was lost"
     row = clients.tasks.get_entity(job, dropped[0])
-    assert row["Stage"] == "reduce" and row["Status"] == "SUCCEEDED" and row["Resends"] >= 1, (row.get("LastFailure"), row.get("LastError"))
+    why = (row.get("LastFailure"), row.get("LastError"))
+    assert row["Stage"] == "reduce" and row["Status"] == "SUCCEEDED" and row["Resends"] >= 1, why
     assert jobs.get(clients, job)["State"] == "SUCCEEDED"
     assert len(emails_for(mail, job)) == 1 and index_left(clients, job) == []
 

@@ -85,6 +85,13 @@ def _die_with_worker(conn: Connection) -> None:
     threading.Thread(target=watch, name="worker-watch", daemon=True).start()
 
 
+def _unwind(signum: int, _frame: object) -> None:
+    """SIGTERM (a revoked or cancelled attempt, a worker stopping) unwinds the stage, so that
+    its ``finally`` blocks tidy up in the grace period — a cache marker of a tile it was
+    making is removed, not left for a retry that may never come; SIGKILL follows the grace."""
+    raise SystemExit(128 + signum)
+
+
 def _serve(settings: Settings, conn: Connection, tasks: int) -> None:
     """The stage process: run the stages the worker sends, one at a time, up to ``tasks``
     of them; stop at the first that fails, so that a failure never leaves its state to the
@@ -94,7 +101,7 @@ def _serve(settings: Settings, conn: Connection, tasks: int) -> None:
     protect_logging()  # a stage's log lines reach the worker's log as they are
     _die_with_parent()
     _die_with_worker(conn)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, _unwind)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     clients: Clients | None = None
     for _ in range(tasks):

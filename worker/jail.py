@@ -32,6 +32,7 @@ import os
 import resource
 import signal
 import sys
+from typing import Any
 
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 0x4000, 0x40000
@@ -66,7 +67,7 @@ class _PathBeneath(ctypes.Structure):
 
 def landlock_abi() -> int:
     """The kernel's Landlock ABI version, 0 if it has none."""
-    return max(0, libc.syscall(LANDLOCK[0], None, 0, 1))
+    return max(0, int(libc.syscall(LANDLOCK[0], None, 0, 1)))
 
 
 def landlock(readable: list[str], writable: list[str], network: bool) -> None:
@@ -125,7 +126,7 @@ def _drop_capabilities() -> None:
     _check(libc.capset(ctypes.byref(header), ctypes.byref(data)), "capset")
 
 
-def _exec(config: dict) -> None:
+def _exec(config: dict[str, Any]) -> None:
     """Become the program: limits, confinement, then execve (never returns)."""
     limits = config["limits"]
     if config.get("nproc"):
@@ -178,7 +179,7 @@ def _enter_namespaces(network: bool) -> bool:
     return True
 
 
-def _init(config: dict, status_fd: int, life: int) -> None:
+def _init(config: dict[str, Any], status_fd: int, life: int) -> None:
     """Pid 1 of the cell: a fresh /proc, then the program as its child; forward SIGTERM,
     reap, and report the program's wait status when it ends (the kernel then kills all
     that is left in the cell)."""

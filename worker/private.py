@@ -21,7 +21,7 @@ def make_private() -> None:
 
 
 def is_private() -> bool:
-    return _libc.prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) == 0
+    return bool(_libc.prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) == 0)
 
 
 make_private()  # on import: the fork server's only hook is the modules it preloads

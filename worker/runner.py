@@ -335,7 +335,7 @@ class Worker:
             self._looked[job] = (time.monotonic(), known)
         row = known if all_released else jobs.get(self.clients, job)
         done = sum(tasks.terminal_counts(self.clients.tasks, job).values())
-        if all_terminal(self.clients, row, done):
+        if row is not None and all_terminal(self.clients, row, done):
             jobs.announce_done(self.clients, job)
             with self._pool_lock:
                 self._looked.pop(job, None)

@@ -101,7 +101,8 @@ def run(argv: list[str], *, cwd: Path, writable: list[Path], stdout: Path, stder
         why = f"could not start {argv[0]!r}"
     if not why and code < 0:
         why = {signal.SIGXCPU: "used up its CPU time limit", signal.SIGXFSZ: "wrote past its file size limit",
-               signal.SIGKILL: "was killed (CPU or memory limit)"}.get(-code, f"killed by {signal.Signals(-code).name}")
+               signal.SIGKILL: "was killed (CPU or memory limit)"}.get(signal.Signals(-code),
+                                                                         f"killed by {signal.Signals(-code).name}")
     return Result(code, why, time.monotonic() - started)
 
 

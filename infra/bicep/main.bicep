@@ -1,7 +1,7 @@
 // bagpipe on Azure, from one command (docs/deploy.md):
 //   az deployment group create -g RG -f infra/bicep/main.bicep -p prefix=bagpipe
 // Storage (the queues, tables and containers the code names, loaded from names.json, which
-// `python -m pipeline.names` writes from the code's one names module), the Function App
+// `python -m pipeline.deployment` writes from the code's names and settings), the Function App
 // (API and portal, planner, completion, monitor), the workers (a Container Apps Job scaled
 // from zero on the task queues), email (Communication Services), monitoring (Application
 // Insights on Log Analytics). Everything reaches storage by managed identity.
@@ -111,12 +111,12 @@ var settings = {
   '${names.settings.acsEndpoint}': email ? mail.outputs.endpoint : ''
   '${names.settings.killFactor}': contains(tuning, 'killFactor') ? tuning.killFactor : ''
   '${names.settings.killSigmas}': contains(tuning, 'killSigmas') ? tuning.killSigmas : ''
-  '${names.settings.killFloor}': contains(tuning, 'killFloor') ? tuning.killFloor : ''
-  '${names.settings.killCeiling}': contains(tuning, 'killCeiling') ? tuning.killCeiling : ''
+  '${names.settings.killFloorS}': contains(tuning, 'killFloorS') ? tuning.killFloorS : ''
+  '${names.settings.killCeilingS}': contains(tuning, 'killCeilingS') ? tuning.killCeilingS : ''
   '${names.settings.killBackoff}': contains(tuning, 'killBackoff') ? tuning.killBackoff : ''
   '${names.settings.minSamples}': contains(tuning, 'minSamples') ? tuning.minSamples : ''
-  '${names.settings.killGrace}': contains(tuning, 'killGrace') ? tuning.killGrace : ''
-  '${names.settings.monitorInterval}': contains(tuning, 'monitorInterval') ? tuning.monitorInterval : ''
+  '${names.settings.killGraceS}': contains(tuning, 'killGraceS') ? tuning.killGraceS : ''
+  '${names.settings.monitorIntervalS}': contains(tuning, 'monitorIntervalS') ? tuning.monitorIntervalS : ''
   '${names.settings.stageLimits}': contains(tuning, 'stageLimits') ? tuning.stageLimits : ''
   '${names.settings.stageModules}': contains(tuning, 'stageModules') ? tuning.stageModules : ''
   '${names.settings.tileStage}': contains(tuning, 'tileStage') ? tuning.tileStage : ''
@@ -131,7 +131,7 @@ var settings = {
   '${names.settings.entraClientId}': entraClientId
   '${names.settings.adminEmails}': adminEmails
   '${names.settings.logFormat}': 'json'
-  '${names.settings.appinsights}': monitoring.outputs.connectionString
+  '${names.settings.appinsightsConnection}': monitoring.outputs.connectionString
 }
 
 module functions 'modules/functions.bicep' = {

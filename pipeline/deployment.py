@@ -1,0 +1,37 @@
+"""What ``infra/bicep`` loads as ``names.json``: the storage names of :mod:`pipeline.names` and
+the app settings of :mod:`pipeline.settings`, so that Bicep never retypes a name.
+
+    python -m pipeline.deployment > infra/bicep/names.json
+
+A test keeps the file equal to this module's answer.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from pipeline import names
+from pipeline.settings import deployed_settings
+
+DEPLOYED_SHARDS = 4  # the shard count infra/bicep deploys (BAGPIPE_SHARDS there)
+
+
+def deployment_names(shards: int = DEPLOYED_SHARDS) -> dict[str, object]:
+    """The names of one deployment (an empty namespace), as ``names.json`` holds them."""
+    deployed = names.StorageNames()
+    return {
+        "tables": [deployed.table(t) for t in names.TABLES],
+        "queues": deployed.all_queues(shards),
+        "taskQueues": [deployed.shard_queue(i) for i in range(shards)],
+        "shards": shards,
+        "containers": [deployed.container(c) for c in names.CONTAINERS],
+        "expiringContainers": [deployed.container(c) for c in names.EXPIRING_CONTAINERS],
+        "settings": dict(sorted(deployed_settings().items())),
+        "bindingConnection": names.BINDING_CONNECTION,
+    }
+
+
+if __name__ == "__main__":
+    json.dump(deployment_names(), sys.stdout, indent=2)
+    sys.stdout.write("\n")
