@@ -97,6 +97,10 @@ def worker(slots: Annotated[int, typer.Option(min=1, help="Tasks run at once.")]
     signal.signal(signal.SIGINT, lambda *_: runner.stopping.set())
     logging.getLogger(__name__).info("worker %s started with %d slots", runner.id, slots)
     runner.run()
+    if runner.draining.is_set():
+        from pipeline.health import REPLACE_EXIT
+
+        raise typer.Exit(REPLACE_EXIT)
 
 
 @app.command()
@@ -144,7 +148,7 @@ def submit(
 @app.command()
 def status(job: str, as_json: Annotated[bool, typer.Option("--json")] = False,
            api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFAULT_HOME) -> None:
-    """Show a job's state, task counts and failure classes."""
+    """Show a job's state, task counts, failure classes and the workers that ran it."""
     try:
         found = Api.resolve(api, key, home).status(job)
     except (ApiError, RuntimeError) as exc:
@@ -163,6 +167,16 @@ def status(job: str, as_json: Annotated[bool, typer.Option("--json")] = False,
     if found["monitor_kills"]:
         table.add_row("[yellow]killed by the monitor[/yellow]", str(found["monitor_kills"]))
     console.print(table)
+    if found.get("workers"):
+        workers = Table(title="workers")
+        for column in ("worker", "attempts", "committed", "runtime / history", "state"):
+            workers.add_column(column, justify="left" if column in ("worker", "state") else "right")
+        for worker in found["workers"]:
+            ratio = worker["median_ratio"]
+            workers.add_row(worker["worker"], str(worker["attempts"]), str(worker["committed"]),
+                            "—" if ratio is None else f"{ratio:.2f}×",
+                            worker["state"] if worker["state"] == "healthy" else f"[red]{worker['state']}[/red]")
+        console.print(workers)
 
 
 def watch_job(client: Api, job: str, interval: float = 1.0,

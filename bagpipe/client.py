@@ -12,11 +12,12 @@ from typing import Any
 
 import httpx
 
-from pipeline import names, packing
+from pipeline import mosaic, names, packing, stacitems
 
 DEFAULT_HOME = Path(".bagpipe")
 STATE_FILE = "stack.json"  # where a running local stack says where its API is
 TOKEN_FILE = "api-key"  # the local stack's admin's personal API token
+OVERVIEWS = "overview"  # the results folder's overview pictures
 
 
 def token_in(home: Path) -> str | None:
@@ -105,8 +106,9 @@ def _local_path(task: dict[str, Any], blob: str) -> Path:
 
 
 def download_results(api: Api, job: str, out: Path, parallel: int = 8) -> tuple[Path, int]:
-    """Download every product of a finished job into ``out`` (as product/tile/date/name)
-    and write ``manifest.json`` naming the local files. Small outputs come out of the job's
+    """Download every product of a finished job into ``out`` (as product/tile/date/name),
+    write its STAC catalog beside them (``collection.json``, an item per product) and
+    ``manifest.json`` naming the local files and the catalog. Small outputs come out of the job's
     packs by ranged reads (a few requests for thousands of files, each file checked against
     its MD5), the others one download each, ``parallel`` at a time. Returns (manifest
     path, files)."""
@@ -152,6 +154,16 @@ def download_results(api: Api, job: str, out: Path, parallel: int = 8) -> tuple[
         list(pool.map(fetch_span, packing.spans(wanted)))
         list(pool.map(fetch_one, links))
     found.pop("manifest_url", None)
+    for image in found.get("overviews", []):  # the region's pictures, with their legends
+        image["file"] = f"{OVERVIEWS}/{image['picture'].rsplit('/', 1)[-1]}"
+        if not _SEGMENT.match(image["file"].split("/")[1]):
+            raise RuntimeError(f"the manifest names an overview outside the results folder: {image['file']!r}")
+        (out / OVERVIEWS).mkdir(exist_ok=True)
+        response = httpx.get(image.pop("links")["picture"], timeout=api.timeout)
+        response.raise_for_status()
+        (out / image["file"]).write_bytes(response.content)
+    found["regions"] = mosaic.write_regions(out, found)  # the region as one layer per product and date
+    stacitems.write_catalog(out, found)  # the job as a STAC collection beside its files
     manifest = out / "manifest.json"
     manifest.write_text(json.dumps(found, indent=1))
     return manifest, len(targets)

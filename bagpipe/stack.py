@@ -30,6 +30,7 @@ from bagpipe.planetary import Planetary
 from pipeline import identity, names
 from pipeline.api import create_app
 from pipeline.clients import clients_for
+from pipeline.health import REPLACE_EXIT
 from pipeline.settings import Settings, env_name
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,8 @@ class LocalStack:
     _stop: threading.Event = field(init=False, default_factory=threading.Event)
     _threads: list[threading.Thread] = field(init=False, default_factory=list)
     _workers: list[subprocess.Popen[bytes]] = field(init=False, default_factory=list)
+    _supervising: threading.Event = field(init=False, default_factory=threading.Event)
+    replaced: int = field(init=False, default=0)  # workers that exited and were started again
     _server: uvicorn.Server | None = field(init=False, default=None)
 
     def start(self) -> LocalStack:
@@ -94,6 +97,10 @@ class LocalStack:
         self._threads.append(thread)
         for i in range(self.workers):
             self.start_worker(i)
+        self._supervising.set()
+        supervisor = threading.Thread(target=self._supervise, name="supervisor", daemon=True)
+        supervisor.start()
+        self._threads.append(supervisor)
         (self.home / STATE_FILE).write_text(json.dumps(
             {"api": self.api_url, "pid": os.getpid(), "mail": str(self.mail.folder),
              "stac": self.planetary.stac_url, "cmr": self.nasa.cmr_url,
@@ -103,8 +110,9 @@ class LocalStack:
 
     def _settings(self) -> Settings:
         env = dict(self.env)
-        own: dict[str, object] = {"storage_connection": self.connection, "storage_account": "",
-                                  "mail_mode": "smtp", "smtp_host": "127.0.0.1", "smtp_port": self.mail.port}
+        env[env_name("storage_connection")] = self.connection
+        own: dict[str, object] = {"storage_account": "", "mail_mode": "smtp", "smtp_host": "127.0.0.1",
+                                  "smtp_port": self.mail.port}
         if self.namespace:
             own["namespace"] = self.namespace
         if not env.get(env_name("stac_url")):
@@ -112,7 +120,6 @@ class LocalStack:
         if not env.get(env_name("cmr_url")):
             own |= {"cmr_url": self.nasa.cmr_url, "earthdata_token": self.nasa.token,
                     "earthdata_hosts": self.nasa.hosts}
-        env[env_name("storage_connection")] = self.connection
         return Settings.from_env(env).with_(**own, **self.overrides)
 
     def _kept_ports(self) -> dict[str, int]:
@@ -159,6 +166,17 @@ class LocalStack:
             self._workers.append(process)
         return process
 
+    def _supervise(self) -> None:
+        """Start a fresh worker for one that exits asking to be replaced (found slow, it
+        drained: its machine is the problem, as a VM would be)."""
+        while self._supervising.is_set():
+            for index, process in enumerate(list(self._workers)):
+                if process.poll() == REPLACE_EXIT and self._supervising.is_set():
+                    log.info("worker %d exited (%s): starting a fresh one", index, process.returncode)
+                    self.start_worker(index)
+                    self.replaced += 1
+            time.sleep(0.5)
+
     def wait_for_workers(self, timeout: float = 120) -> None:
         """Wait until every worker has its slots' stage processes running (its log says it
         is ready): a benchmark then measures tasks, not start-up."""
@@ -182,6 +200,7 @@ class LocalStack:
     def stop(self) -> None:
         """Stop workers (SIGTERM: they finish what they hold), the loops, SMTP, Azurite."""
         started = time.monotonic()
+        self._supervising.clear()
         for process in self._workers:
             if process.poll() is None:
                 process.terminate()

@@ -6,7 +6,7 @@ and restarted twice, and the proxy injects latency spikes and resets a share of
 connections. The tasks do real work: MODIS granules found through the local Planetary Computer, collected,
 cached and reprojected to 1° tiles. Then, from storage alone: every task terminal and
 succeeded, one committed attempt per task, each output byte-identical to the clean run's,
-no blob that no task names (nor a ``.making`` marker left behind), one completion email.
+no blob that no task names (nor a cache marker left behind), one completion email.
 Last line: one JSON object.
 
 Azurite is stopped with SIGTERM, as a service restarts: SIGKILL would lose the emulator's
@@ -39,7 +39,7 @@ import httpx
 from bagpipe.azurite import ACCOUNT, ACCOUNT_KEY, Azurite
 from bagpipe.stack import LocalStack
 from bagpipe.toxiproxy import Toxiproxy
-from pipeline import attempts, cache, names, tasks
+from pipeline import attempts, names, tasks
 from pipeline.clients import Clients
 from pipeline.status import TaskStatus
 
@@ -183,12 +183,12 @@ def storage_view(clients: Clients, job: str) -> dict[str, Any]:
             named.add((container.container_name, blob))
             found.append(hashlib.md5(container.download_blob(blob).readall(), usedforsecurity=False).hexdigest())
         digests[row["RowKey"]] = found
-    keep = (names.manifest_blob(job), f"{job}/packs/")
+    keep = (names.manifest_blob(job), f"{job}/packs/", names.overview_blob(job, ""))  # the job's own, not a task's
     unnamed = [f"{c.container_name}/{b.name}" for c in (clients.tiles, clients.products)
                for b in c.list_blobs() if (c.container_name, b.name) not in named
-               and not b.name.startswith(keep) and not b.name.endswith(cache.MARKER_SUFFIX)]
+               and not b.name.startswith(keep) and not b.name.startswith(names.MARKER_PREFIX)]
     markers = [f"{c.container_name}/{b.name}" for c in (clients.tiles, clients.sources) for b in c.list_blobs()
-               if b.name.endswith(cache.MARKER_SUFFIX)]
+               if b.name.startswith(names.MARKER_PREFIX)]
     return {"rows": rows, "committed": committed, "digests": digests, "unnamed": unnamed, "markers": markers}
 
 

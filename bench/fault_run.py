@@ -38,11 +38,10 @@ from worker.runner import Worker
 KINDS = ("refuse", "drop", "crash")
 COMMITTED = {TaskStatus.SUCCEEDED.value, TaskStatus.CACHED.value, TaskStatus.NO_DATA.value}
 IDLE_S = 0.5  # a step that found nothing to do waits this long (as an idle worker does)
-# A worker step is lost on purpose once, where the scripted attempt hangs; a step that takes
-# longer than this is lost as well (a stage stuck for good). It is long: on a loaded machine a
-# step may take tens of seconds, and a worker lost there, beyond the script, would make a run
-# that is not the one the clean run numbered.
-STEP_S = 300.0
+# A worker step that takes longer is a worker lost mid-attempt: the scripted hang, or on a
+# loaded machine any slow step (a loss beyond the script, which the run must survive as well;
+# the drive's time limit leaves no room for steps much longer than this).
+STEP_S = 30.0
 # where the scripted lost attempt says it hangs (stage processes inherit it from the fork server)
 # (the fork server imports this module again: it must find the parent's folder, not make one)
 HANGS = Path(os.environ.get(fault_stage.HANGS_ENV) or tempfile.mkdtemp(prefix="bagpipe-fault-hangs-"))
@@ -65,6 +64,9 @@ class Plan:
 
     k: int = 0  # the call to fault (0: none)
     kind: str = ""
+    # or the first call of this operation, wherever it comes (calls made in parallel, as the
+    # finisher's reads are, do not come in the same order in every run)
+    operation: str = ""
     component: str = "driver"  # who is calling now (the driver runs one component at a time)
     calls: list[str] = field(default_factory=list)  # what each call was, in order
     hit: str = ""  # the call faulted
@@ -82,6 +84,8 @@ class Plan:
         with self.lock:
             self.calls.append(f"{self.component} {describe(request.http_request)}")
             number = len(self.calls)
+            if self.operation and not self.k and self.calls[-1].endswith(self.operation):
+                self.k = number
         request.context["bagpipe_call"] = number
         if number == self.k and self.kind == "refuse":
             self.hit = self.calls[-1]
@@ -250,10 +254,17 @@ class Run:
                 self.api_cancel(self.jobs[1])
                 cancelled = True
             busy += self.worker("w1") + self.worker("w2")
-            if self.finished():
+            if self.finished() and self.settled():
                 return
             if not busy:
                 time.sleep(IDLE_S)
+
+    def settled(self) -> bool:
+        """The sweep goes on after the jobs end, as it does in production: one pass of it that
+        runs whole, for what only it tidies (the marker of a maker that died, its task cancelled)."""
+        clients = self._clients_of("control")
+        report = self._as("control", lambda: sweep.sweep(clients))
+        return report is not None and report["errors"] == 0
 
     def finished(self) -> bool:
         with self.quiet():
@@ -325,8 +336,8 @@ class Run:
             if job in jobs.active_jobs(clients) and JobState(row["State"]).finished:
                 problems.append(f"{job} finished but still active")
                 found["leftovers"] += 1
-        markers = [b.name for c in (clients.tiles, clients.sources) for b in c.list_blobs()
-                   if b.name.endswith(".making")]
+        markers = [b.name for c in (clients.tiles, clients.sources)
+                   for b in c.list_blobs(name_starts_with=names.MARKER_PREFIX)]
         found["leftovers"] += len(markers)
         problems += [f"marker left: {m}" for m in markers]
         return {"counts": dict(found), "problems": problems}
@@ -352,9 +363,10 @@ def _ignore_crashes(args: threading.ExceptHookArgs) -> None:
         threading.__excepthook__(args)
 
 
-def run_one(azurite: Azurite, workdir: Path, k: int, kind: str) -> dict[str, Any]:
-    """One run with the fault at call ``k`` (0: a clean run); its verdict and its calls."""
-    plan = Plan(k=k, kind=kind)
+def run_one(azurite: Azurite, workdir: Path, k: int, kind: str, operation: str = "") -> dict[str, Any]:
+    """One run with the fault at call ``k`` (0: a clean run), or at the first call of
+    ``operation`` (then ``k`` only names the run); its verdict and its calls."""
+    plan = Plan(k=0 if operation else k, kind=kind, operation=operation)
     threading.excepthook = _ignore_crashes
     with hooked(plan):
         run = Run(azurite, workdir / f"mail-{k}-{kind}", plan)
@@ -363,5 +375,5 @@ def run_one(azurite: Azurite, workdir: Path, k: int, kind: str) -> dict[str, Any
         finally:
             run.close()
         verdict = run.check()
-    return {"k": k, "kind": kind, "hit": plan.hit, "calls": plan.calls, "restarts": run.fresh,
+    return {"k": plan.k or k, "kind": kind, "hit": plan.hit, "calls": plan.calls, "restarts": run.fresh,
             "steps": run.steps} | verdict

@@ -62,6 +62,12 @@ def points(clean_calls: list[str], kinds: tuple[str, ...], stride: int = 1,
     return [(k, kind) for k in numbers for kind in kinds]
 
 
+# what every run's check counts, added up over the sweep (and over its shards, with the points)
+COUNTS = ("lost", "duplicates", "extra_emails", "stuck_jobs", "leftovers", "failed_jobs", "missing_emails",
+          "resent_emails")
+SUMMED = ("fault_points", *COUNTS)
+
+
 def sweep_points(azurite: Azurite, workdir: Path, chosen: list[tuple[int, str]],
                  report: Callable[[dict[str, Any]], None] = lambda r: None) -> dict[str, Any]:
     totals: Counter[str] = Counter()
@@ -75,16 +81,8 @@ def sweep_points(azurite: Azurite, workdir: Path, chosen: list[tuple[int, str]],
         totals.update(result["counts"])
         if result["problems"]:
             failures.append({"k": k, "kind": kind, "hit": result["hit"], "problems": result["problems"][:5]})
-    return {"fault_points": len(chosen), "lost": totals["lost"], "duplicates": totals["duplicates"],
-            "extra_emails": totals["extra_emails"], "stuck_jobs": totals["stuck_jobs"],
-            "leftovers": totals["leftovers"], "failed_jobs": totals["failed_jobs"],
-            "missing_emails": totals["missing_emails"],
-            "resent_emails": totals["resent_emails"], "coverage": len(covered), "covered": sorted(covered),
-            "failures": failures}
-
-
-SUMMED = ("fault_points", "lost", "duplicates", "extra_emails", "stuck_jobs", "leftovers", "failed_jobs",
-          "missing_emails", "resent_emails")
+    return {"fault_points": len(chosen), **{key: totals[key] for key in COUNTS},
+            "coverage": len(covered), "covered": sorted(covered), "failures": failures}
 
 
 def sweep_shards(jobs: int, argv: list[str]) -> dict[str, Any]:

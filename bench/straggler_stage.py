@@ -1,6 +1,13 @@
 """Stages with a known runtime distribution, for ``bench.stragglers``.
 
-Every task sleeps 1.0–1.8 s (fixed by its tile and date): long enough that the run is
+Per-machine model (``bench_work``): every task is 5–9 s of work (fixed by its tile and
+date) done in steps of 20 ms, each counting the time it took up to 30 ms, so that work
+advances only while its process runs: a worker whose process tree the benchmark
+duty-cycles with SIGSTOP/SIGCONT is a slow machine, and the task cannot tell (a plain
+sleep would go on ticking while the process is stopped). A wake-up late by less than
+10 ms, as on a loaded machine, still counts whole.
+
+Per-task model: every task sleeps 1.0–1.8 s (fixed by its tile and date): long enough that the run is
 bound by the slots, as a real job's compute is, not by the local storage emulator. In ``bench_straggle`` 16% of
 the tasks (also fixed by tile and date) run 4–10× slower on their first attempt, as the
 ModisAzure paper saw VMs do; a retry runs at normal speed.
@@ -15,6 +22,8 @@ from pipeline import stages
 from pipeline.stages import StageContext
 
 SLOW_SHARE = 0.16
+STEP_S = 0.02
+STEP_COUNTS_AT_MOST_S = 0.03
 
 
 def _draw(ctx: StageContext, salt: str) -> float:
@@ -42,4 +51,19 @@ def clean(ctx: StageContext) -> None:
 @stages.stage("bench_straggle")
 def straggle(ctx: StageContext) -> None:
     time.sleep(base_seconds(ctx) * slowdown(ctx))
+    ctx.write_output("done.txt", b"ok", "text/plain")
+
+
+def work_seconds(ctx: StageContext) -> float:
+    return 5.0 + 4.0 * _draw(ctx, "work")
+
+
+@stages.stage("bench_work")
+def work(ctx: StageContext) -> None:
+    last, left = time.monotonic(), work_seconds(ctx)
+    while left > 0:
+        time.sleep(STEP_S)
+        now = time.monotonic()
+        left -= min(now - last, STEP_COUNTS_AT_MOST_S)
+        last = now
     ctx.write_output("done.txt", b"ok", "text/plain")

@@ -106,20 +106,26 @@ def floor(connection: str, tasks: int, threads: int, window: int) -> dict:
             "tasks_per_s": round(tasks / seconds, 1)}
 
 
+def submit_and_wait(http: httpx.Client, body: dict) -> tuple[int, str, float]:
+    """Submit a job and poll until it ends: its task count, final state, and seconds from
+    submit to its end. It polls the job list, not the job's status, which would weigh on
+    the run."""
+    started = time.monotonic()
+    created = http.post("/api/jobs", json=body)
+    created.raise_for_status()
+    job, total = created.json()["job"], created.json()["total"]
+    while (state := next(j["state"] for j in http.get("/api/jobs").json() if j["job"] == job)) not in (
+            "SUCCEEDED", "FAILED", "CANCELLED"):
+        time.sleep(0.2)
+    return total, state, time.monotonic() - started
+
+
 def bagpipe(azurite: Azurite, home: Path, body: dict, workers: int, slots: int, namespace: str, window: int) -> dict:
     with LocalStack(home, workers=workers, slots=slots, connection=azurite.connection_string, namespace=namespace,
                     overrides={"window": window, "tile_stage": "noop", "max_tasks": 100_000}) as stack:
         stack.wait_for_workers()
         http = httpx.Client(base_url=stack.api_url, timeout=60, headers=stack.headers)
-        started = time.monotonic()
-        created = http.post("/api/jobs", json=body)
-        created.raise_for_status()
-        job, total = created.json()["job"], created.json()["total"]
-        # the job list, not the job's status: that reads every task row, and would weigh on the run
-        while (state := next(j["state"] for j in http.get("/api/jobs").json() if j["job"] == job)) not in (
-                "SUCCEEDED", "FAILED", "CANCELLED"):
-            time.sleep(0.2)
-        seconds = time.monotonic() - started
+        total, state, seconds = submit_and_wait(http, body)
     return {"tasks": total, "workers": workers, "slots": slots, "state": state,
             "seconds": round(seconds, 2), "tasks_per_s": round(total / seconds, 1),
             "slot_ms_per_task": round(1000 * seconds * workers * slots / total, 1)}

@@ -35,7 +35,7 @@ import httpx
 from azure.core.exceptions import AzureError, HttpResponseError, ResourceNotFoundError
 from azure.storage.blob import BlobClient
 
-from pipeline.failures import FailureClass, StageFailure
+from pipeline.failures import FailureClass, StageFailure, error_code
 from pipeline.redact import redact
 from pipeline.settings import Settings, env_name
 
@@ -202,7 +202,7 @@ class Access:
                     self.signer.forget(href)
                     continue
                 raise refused(href, exc.status_code or 0, f"storage answered HTTP {exc.status_code} "
-                              f"({getattr(exc, 'error_code', None) or exc.reason})") from None
+                              f"({error_code(exc) or exc.reason})") from None
             except AzureError as exc:
                 raise StageFailure(FailureClass.CONNECTION, f"{redact(href)}: {type(exc).__name__}") from None
             md5 = downloader.properties.content_settings.content_md5

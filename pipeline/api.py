@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from pipeline import accounts, audit, auth, bundles, jobs, registry, results, uploads
+from pipeline import accounts, audit, auth, bundles, jobs, registry, results, stacapi, uploads
 from pipeline.clients import clients_for
 from pipeline.identity import Caller, IdentityError
 from pipeline.portal import add_portal
@@ -211,6 +211,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     add_portal(app, clients, signed_in)
     accounts.add_routes(app, clients, signed_in)
+    stacapi.add_routes(app, clients, signed_in)
     uploads.add_routes(app, clients, signed_in)
     # the ASGI app served is FastAPI behind its body limit; callers only serve it
     return BodyLimit(app, MAX_BODY_BYTES, LARGE_BODIES)  # type: ignore[return-value]  # an ASGI app, as FastAPI is

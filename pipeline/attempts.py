@@ -24,6 +24,7 @@ from azure.data.tables import TableClient, TableTransactionError, UpdateMode
 
 from pipeline import names
 from pipeline.clients import Clients
+from pipeline.failures import error_code
 
 Op = tuple[Any, ...]  # one operation of an entity-group transaction
 
@@ -57,7 +58,7 @@ def record(clients: Clients, job: str, task: str, attempt: int, **fields: Any) -
 
 def is_missing(exc: TableTransactionError) -> bool:
     """Whether a transaction failed on a row that does not exist (an update or delete)."""
-    return exc.status_code == 404 or getattr(exc, "error_code", None) == "ResourceNotFound"
+    return exc.status_code == 404 or error_code(exc) == "ResourceNotFound"
 
 
 # --- the deadline index -------------------------------------------------------------------

@@ -1,9 +1,11 @@
 """Blobs made once: a cached source or reprojected tile is read back (and checked against its
 stored MD5); a missing one is made by exactly one of the tasks that want it at the same
-time — the one that creates its ``.making`` marker (create-if-absent) — while the others
-wait for it. The maker touches its marker every :data:`TOUCH_S` while it works, so a
-marker untouched for :data:`STALE_S` is a maker that died (a killed worker): it is taken
-over, and the tasks waiting on it are held up by seconds, not minutes.
+time — the one that creates its marker (create-if-absent, under ``names.MARKER_PREFIX``)
+— while the others wait for it. The maker touches its marker every :data:`TOUCH_S` while it
+works, so a marker untouched for :data:`STALE_S` is a maker that died (a killed worker): it
+is taken over, and the tasks waiting on it are held up by seconds, not minutes. A dead
+maker's marker that no task comes back for (its task was cancelled) is removed by the
+sweep (:func:`sweep_markers`): the markers share one prefix, so it lists only them.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -20,6 +22,7 @@ from azure.core import MatchConditions
 from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
 from azure.storage.blob import BlobClient, ContainerClient
 
+from pipeline import names
 from pipeline.failures import FailureClass, StageFailure
 from pipeline.transfer import Transfers, md5_of
 
@@ -27,7 +30,6 @@ TOUCH_S = 5.0  # a live maker refreshes its marker this often
 STALE_S = 30.0  # a marker untouched this long belongs to a maker that died
 WAIT_S = 900.0  # the longest a task waits for another's maker
 POLL_S = 0.5
-MARKER_SUFFIX = ".making"
 log = logging.getLogger(__name__)
 
 
@@ -59,7 +61,7 @@ def ensure(transfers: Transfers, container: ContainerClient, name: str, make: Ca
     marker is then taken over at once, not after :data:`STALE_S` (were it alive after all,
     both make the same content-addressed blob, and the second upload stands down); and a
     marker beside a blob that exists — a maker that died after its upload — is removed."""
-    marker = container.get_blob_client(name + MARKER_SUFFIX)
+    marker = container.get_blob_client(names.marker_blob(name))
     give_up = time.monotonic() + WAIT_S
     while time.monotonic() < give_up:
         found = _read(transfers, container, name, want_data)
@@ -137,3 +139,23 @@ def _take_over_if_stale(marker: BlobClient, dead_owner: str = "") -> None:
             marker.delete_blob(etag=props.etag, match_condition=MatchConditions.IfNotModified)
         except (ResourceNotFoundError, ResourceModifiedError):
             pass
+
+
+def sweep_markers(containers: Iterable[ContainerClient], ended: Callable[[str], bool]) -> int:
+    """Remove the markers whose maker is gone — untouched for :data:`STALE_S`, or held by an
+    owner for which ``ended`` (its task is terminal) — so that none outlives its task when
+    no other task comes to take it over. Safe even were the maker alive after all: a second
+    maker makes the same content-addressed blob, and its upload stands down. Returns how
+    many were removed."""
+    removed = 0
+    for container in containers:
+        for blob in container.list_blobs(name_starts_with=names.MARKER_PREFIX, include=["metadata"]):
+            owner = (blob.metadata or {}).get("owner", "")
+            stale = (datetime.now(UTC) - blob.last_modified).total_seconds() > STALE_S
+            if stale or (owner and ended(owner)):
+                try:
+                    container.delete_blob(blob.name, etag=blob.etag, match_condition=MatchConditions.IfNotModified)
+                    removed += 1
+                except (ResourceNotFoundError, ResourceModifiedError):
+                    pass
+    return removed

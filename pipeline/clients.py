@@ -111,6 +111,10 @@ class Clients:
         return self.table(self.settings.names.table(names.RUNTIMES_TABLE))
 
     @cached_property
+    def workers(self) -> TableClient:
+        return self.table(self.settings.names.table(names.WORKERS_TABLE))
+
+    @cached_property
     def sources_table(self) -> TableClient:
         return self.table(self.settings.names.table(names.SOURCES_TABLE))
 

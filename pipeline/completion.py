@@ -25,9 +25,11 @@ from typing import Any
 
 from azure.core.exceptions import HttpResponseError
 
-from pipeline import attempts, jobs, names, packing, results, tasks
+from pipeline import attempts, bundles, jobs, names, overview, packing, reducers, results, tasks
 from pipeline.clients import Clients
 from pipeline.notify import Mailer
+from pipeline.redact import redact
+from pipeline.settings import Settings
 from pipeline.status import JobState, TaskStatus
 
 log = logging.getLogger(__name__)
@@ -200,6 +202,7 @@ def write_manifest(clients: Clients, row: dict[str, Any], final: JobState) -> di
                 "failure": task.get("LastFailure") or None,
             }
         )
+    name_installed_reducers(clients.settings, entries)
     found = {
         "job": job,
         "state": final.value,
@@ -209,6 +212,8 @@ def write_manifest(clients: Clients, row: dict[str, Any], final: JobState) -> di
         "created": row["CreatedAt"].isoformat(),
         "total": int(row["Total"]),
         "counts": counts,
+        "catalog": catalog_of(clients.settings),
+        "overviews": overview.build(clients, job, entries) if final is not JobState.CANCELLED else [],
         "tasks": entries,
         "packed": packing.as_manifest(packing.pack(clients, job, (
             packing.Output(output, *results.locate(clients, output)) for entry in entries for output in entry["outputs"]
@@ -217,6 +222,26 @@ def write_manifest(clients: Clients, row: dict[str, Any], final: JobState) -> di
     clients.transfers.upload(clients.products, names.manifest_blob(job), json.dumps(found, indent=1).encode(),
                              "application/json")
     return found
+
+
+def name_installed_reducers(settings: Settings, entries: list[dict[str, Any]]) -> None:
+    """Give each reduction that ran a reducer installed on the workers its ``digest``, as a
+    bundle's is named (the same canonical SHA-256 of its folder): its products' provenance."""
+    installed = reducers.catalog(settings.reducers_path)
+    digests: dict[str, str] = {}
+    for entry in entries:
+        name = entry.get("reducer")
+        if name and not entry.get("bundle") and name in installed:
+            if name not in digests:
+                digests[name] = bundles.digest_of(installed[name].here)
+            entry["digest"] = digests[name]
+
+
+def catalog_of(settings: Settings) -> dict[str, str]:
+    """Where the job's granules were searched (the provenance its STAC items name): the
+    catalog's kind and its URL (secrets redacted)."""
+    url = settings.stac_url if settings.catalog == "stac" else settings.cmr_url
+    return {"kind": settings.catalog, "url": redact(url)}
 
 
 def one_line(text: str) -> str:
@@ -242,6 +267,17 @@ def completion_email(clients: Clients, row: dict[str, Any], final: JobState, fou
         f"Tasks: {found['total']} ({counts}).\n\n"
         f"Manifest with every product (link valid for {clients.settings.sas_minutes} minutes):\n"
         f"{link}\n\n"
+        f"{_overview_line(clients, found)}"
         f"Fresh download links at any time: bagpipe results {job} --out DIR\n"
     )
     return message
+
+
+def _overview_line(clients: Clients, found: dict[str, Any]) -> str:
+    """The email's link to the job's first overview (its region, coloured, with a legend)."""
+    if not found.get("overviews"):
+        return ""
+    first = found["overviews"][0]
+    link = results.sas_url(clients, clients.products.container_name, first["picture"])
+    span = f"{first['date']} to {first['last']}" if first.get("last") else first["date"]
+    return f"Overview of the region ({first['product']} {first['layer']}, {span}):\n{link}\n\n"

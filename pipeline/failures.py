@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import errno
 import socket
-from enum import StrEnum
+from enum import Enum, StrEnum
 
 from azure.core.exceptions import (
     HttpResponseError,
@@ -28,6 +28,7 @@ class FailureClass(StrEnum):
     OPERATION_TIMEOUT = "operation_timeout"  # a storage call timed out
     EXECUTION_TIMEOUT = "execution_timeout"  # the monitor revoked an overdue attempt
     HEARTBEAT_LOST = "heartbeat_lost"  # the attempt's worker stopped heartbeating
+    WORKER_SLOW = "worker_slow"  # its worker was found slow and gave the attempt up to another
     USER_CODE = "user_code_error"  # a stage or reduction program failed on its own
     DEPENDENCY_FAILED = "dependency_failed"  # a reduction's tile tasks did not all succeed
     OUT_OF_DISK = "out_of_disk_space"  # the worker's disk is full
@@ -47,6 +48,7 @@ TRANSIENT = frozenset(
         FailureClass.CORRUPT_BLOB,
         FailureClass.EXECUTION_TIMEOUT,
         FailureClass.HEARTBEAT_LOST,
+        FailureClass.WORKER_SLOW,
         FailureClass.BLOB_READ,
     }
 )
@@ -58,6 +60,15 @@ class StageFailure(Exception):
     def __init__(self, failure: FailureClass, message: str) -> None:
         super().__init__(message)
         self.failure = failure
+
+
+def error_code(exc: BaseException) -> str | None:
+    """The storage error code of a failed call (``x-ms-error-code``), if it has one: the
+    storage SDKs set it on the exceptions they raise, azure-core does not declare it."""
+    code = getattr(exc, "error_code", None)
+    if isinstance(code, Enum):  # the blob and table SDKs' error code enums: their wire value
+        code = code.value
+    return str(code) if code is not None else None
 
 
 def classify(exc: BaseException) -> FailureClass:

@@ -27,7 +27,7 @@ from azure.core.exceptions import (
 )
 from azure.data.tables import UpdateMode
 
-from pipeline import names, rollups, tasks, transitions
+from pipeline import health, names, rollups, tasks, transitions
 from pipeline.clients import Clients
 from pipeline.identity import User
 from pipeline.redact import redact
@@ -261,6 +261,7 @@ def status(clients: Clients, job: str, rollup: rollups.Rollup | None = None) -> 
         "counts": counts,
         "failures": dict(rollup.failures),
         "monitor_kills": rollup.kills,
+        "workers": health.worker_table(clients, rollup.writers),
         "progress": done / total if total else 1.0,
         "created": row["CreatedAt"].isoformat(),
         "updated": row["UpdatedAt"].isoformat(),

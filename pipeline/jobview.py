@@ -9,34 +9,18 @@ its task or attempt rows."""
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from datetime import datetime
-from functools import lru_cache
 from typing import Any
-
-from rasterio.warp import transform_bounds
 
 from pipeline import jobs, monitor, names, results, rollups, runtimes
 from pipeline.clients import Clients
 from pipeline.status import ENDED_WELL, JobState, TaskStatus
-from pipeline.targets import NATIVE, SINUSOIDAL_PROJ4
+from pipeline.targets import lonlat_bounds
 
 BINS = 20  # histogram bars
 FAILURES_SHOWN = 100  # newest failed attempts listed
 LOG_FILES = ("stdout.txt", "stderr.txt")  # what a reduction attempt leaves in logs
-
-
-@lru_cache(maxsize=4096)
-def lonlat_bounds(crs: str, bounds: str) -> tuple[float, float, float, float]:
-    """A target tile's bounds (``west,south,east,north`` in its CRS) in degrees."""
-    west, south, east, north = (float(v) for v in bounds.split(","))
-    if crs.upper() in ("EPSG:4326", "OGC:CRS84"):
-        return west, south, east, north
-    source = SINUSOIDAL_PROJ4 if crs == NATIVE else crs  # a job asked as MODIS tiles: their own grid
-    w, s, e, n = transform_bounds(source, "EPSG:4326", west, south, east, north, densify_pts=21)
-    return (math.floor(w * 1e6) / 1e6, math.floor(s * 1e6) / 1e6,  # rounded outwards
-            math.ceil(e * 1e6) / 1e6, math.ceil(n * 1e6) / 1e6)
 
 
 def tile_state(counts: Counter[str]) -> str:
@@ -106,14 +90,14 @@ def view(clients: Clients, job: str) -> dict[str, Any]:
 
     stages: dict[str, Any] = {}
     remaining_s = 0.0
-    for stage, (total, key) in sorted(plan.stages.items() if plan else ()):
+    for stage, (total, key, work) in sorted(plan.stages.items() if plan else ()):
         history = runtimes.read(clients.runtimes, stage, key)
-        threshold = monitor.kill_after(monitor.limits_for(clients.settings, stage), history)
+        threshold = monitor.kill_after(monitor.limits_for(clients.settings, stage), history, work=work)
         ended = sum(n for s, n in rollup.stages.get(stage, Counter()).items() if TaskStatus(s).terminal)
         left = max(0, total - ended)
-        remaining_s += left * (history.mean if history.count else threshold / clients.settings.kill_factor)
+        remaining_s += left * (history.mean * work if history.count else threshold / clients.settings.kill_factor)
         ran = Counter({rollups.bin_seconds(b): n for b, n in rollup.runtimes.get(stage, Counter()).items()})
-        stages[stage] = {"mean_s": history.mean, "runs": history.count, "left": left,
+        stages[stage] = {"mean_s": history.mean * work, "runs": history.count, "left": left,
                          "histogram": histogram(ran, threshold)}
     running = status["counts"][TaskStatus.RUNNING.value]
     finished = JobState(status["state"]).finished
@@ -127,15 +111,23 @@ def view(clients: Clients, job: str) -> dict[str, Any]:
 
 
 def quicklooks(clients: Clients, job: str) -> list[dict[str, Any]]:
-    """The PNG outputs of a finished job with links and where they go on the map."""
+    """A finished job's pictures with links and where they go on the map: its overviews
+    (``kind`` "overview": the region per layer and date, with legend) and the PNG outputs of
+    its tasks (``kind`` "output")."""
     found = results.manifest(clients, job)
     if found is None:
         return []
-    shown = []
+    container = clients.products.container_name
+    shown = [{"kind": "overview", "tile": "region", "product": o["product"], "layer": o["layer"],
+              "date": o["date"], "last": o["last"], "bounds": o["bounds"], "legend": o["legend"], "unit": o["unit"],
+              "name": f"{o['product']} {o['layer']} {o['date']}{'…' + o['last'] if o['last'] else ''}",
+              "url": results.sas_url(clients, container, o["map"]),
+              "picture": results.sas_url(clients, container, o["picture"])} for o in found.get("overviews", [])]
     for task in found["tasks"]:
         for output in task["outputs"]:
             if output.endswith(".png"):
-                shown.append({"tile": task["tile"], "task": task["task"], "name": output.rsplit("/", 1)[-1],
+                shown.append({"kind": "output", "tile": task["tile"], "task": task["task"],
+                              "name": output.rsplit("/", 1)[-1],
                               "bounds": lonlat_bounds(task["crs"], task["bounds"]),
                               "url": results.sas_url(clients, *results.locate(clients, output))})
     return shown

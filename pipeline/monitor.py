@@ -70,17 +70,18 @@ def limits_for(settings: Settings, stage: str) -> StageLimits:
     )
 
 
-def kill_after(limits: StageLimits, history: runtimes.Runtime, timeouts: int = 0) -> float:
-    """Seconds an attempt may run: factor × mean once the history is trusted (or the high
-    quantile mean + sigmas × stdev, if asked for and earlier), else the cold-start ceiling;
-    never under the floor. After ``timeouts`` earlier revocations for time, backoff^timeouts
-    times that, up to the ceiling."""
+def kill_after(limits: StageLimits, history: runtimes.Runtime, timeouts: int = 0, work: float = 1.0) -> float:
+    """Seconds an attempt of ``work`` units (``runtimes.work_of``) may run: factor × the
+    mean time of that much work once the history is trusted (or the high quantile mean +
+    sigmas × stdev, if asked for and earlier), else the cold-start ceiling; never under the
+    floor. After ``timeouts`` earlier revocations for time, backoff^timeouts times that, up
+    to the ceiling."""
     if history.count < limits.min_samples:
         return max(limits.floor_s, limits.ceiling_s)
     limit = limits.factor * history.mean
     if limits.sigmas > 0:
         limit = min(limit, history.mean + limits.sigmas * history.stdev)
-    limit = max(limits.floor_s, limit)
+    limit = max(limits.floor_s, limit * work)
     return max(limit, min(limit * limits.backoff**timeouts, limits.ceiling_s))
 
 
@@ -115,7 +116,8 @@ def revoke_overdue(clients: Clients, job: str, report: SweepReport) -> None:
 
 
 def kill_time(settings: Settings, stage: str, history: runtimes.Runtime, timeouts: int,
-              started: datetime) -> datetime:
-    """When an attempt of a task of ``stage`` with this runtime history, started at
-    ``started``, is to be revoked (``timeouts``: earlier revocations of the task for time)."""
-    return started + timedelta(seconds=kill_after(limits_for(settings, stage), history, timeouts))
+              started: datetime, work: float = 1.0) -> datetime:
+    """When an attempt of ``work`` units of a task of ``stage`` with this runtime history,
+    started at ``started``, is to be revoked (``timeouts``: earlier revocations of the task
+    for time)."""
+    return started + timedelta(seconds=kill_after(limits_for(settings, stage), history, timeouts, work))

@@ -37,7 +37,9 @@ SOURCES_TABLE = "sources"
 USERS_TABLE = "users"  # users, their personal API tokens, their Entra sign-ins
 AUDIT_TABLE = "audit"  # who did what when
 REDUCERS_TABLE = "reducers"  # uploaded reducer bundles: versions, sharing, the jobs that used them
-TABLES = (JOBS_TABLE, TASKS_TABLE, RUNTIMES_TABLE, SOURCES_TABLE, USERS_TABLE, AUDIT_TABLE, REDUCERS_TABLE)
+WORKERS_TABLE = "workerhealth"  # each worker's recent runtime ratios and health (pipeline.health)
+TABLES = (JOBS_TABLE, TASKS_TABLE, RUNTIMES_TABLE, SOURCES_TABLE, USERS_TABLE, AUDIT_TABLE, REDUCERS_TABLE,
+          WORKERS_TABLE)
 
 PLAN_QUEUE = "plan"
 DONE_QUEUE = "done"
@@ -114,6 +116,12 @@ def source_blob(product: str, granule: str, file_name: str) -> str:
 
 
 TILE_OUTPUT_PREFIX = "tiles:"  # an output name in the tiles container, not in products
+MARKER_PREFIX = ".making/"  # tiles, sources: a blob's maker at work (the cache's marker), listed by the sweep
+
+
+def marker_blob(name: str) -> str:
+    """The marker a task holds while it makes the cached blob ``name`` (in the same container)."""
+    return f"{MARKER_PREFIX}{name}"
 
 
 def tile_blob(key: str, product: str, layer: str, tile: str, day: str) -> str:
@@ -124,6 +132,16 @@ def tile_blob(key: str, product: str, layer: str, tile: str, day: str) -> str:
 def manifest_blob(job: str) -> str:
     """The job's manifest in ``products``."""
     return f"{job}/manifest.json"
+
+
+def stac_blob(job: str) -> str:
+    """The job's STAC items as the API serves them (made at the first ask), in ``products``."""
+    return f"{job}/stac.json"
+
+
+def overview_blob(job: str, name: str) -> str:
+    """One of the job's overview images (its region, per layer and date) in ``products``."""
+    return f"{job}/overview/{name}"
 
 
 def pack_blob(job: str, number: int) -> str:

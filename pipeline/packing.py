@@ -27,7 +27,7 @@ from azure.storage.blob.aio import BlobServiceClient as AsyncBlobServiceClient
 
 from pipeline import names
 from pipeline.clients import Clients
-from pipeline.failures import FailureClass, StageFailure
+from pipeline.failures import FailureClass, StageFailure, error_code
 from pipeline.transfer import MiB, md5_of
 
 MEMBER_MAX = 1 * MiB  # outputs up to this size are packed
@@ -71,7 +71,7 @@ async def _read_small(service: AsyncBlobServiceClient, outputs: list[Output]) ->
             except ResourceNotFoundError:
                 return output.name, None
             except HttpResponseError as exc:
-                if getattr(exc, "error_code", None) != "InvalidRange":
+                if error_code(exc) != "InvalidRange":
                     raise
                 return output.name, b""  # an empty blob has no byte 0 to range over
         if downloader.properties.size > MEMBER_MAX:

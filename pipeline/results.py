@@ -72,12 +72,14 @@ def locate(clients: Clients, output: str) -> tuple[str, str]:
 
 
 def with_links(clients: Clients, job: str, found: dict[str, Any]) -> dict[str, Any]:
-    """The manifest with a SAS link beside each output, to each pack of small outputs and to
-    the manifest itself."""
+    """The manifest with a SAS link beside each output, to each pack of small outputs, to
+    each overview image and to the manifest itself."""
     container = clients.products.container_name
     for task in found["tasks"]:
         task["links"] = {blob: sas_url(clients, *locate(clients, blob)) for blob in task["outputs"]}
     packs = {member["pack"] for member in found.get("packed", {}).values()}
     found["pack_links"] = {pack: sas_url(clients, container, pack) for pack in sorted(packs)}
+    for image in found.get("overviews", []):
+        image["links"] = {kind: sas_url(clients, container, image[kind]) for kind in ("picture", "map")}
     found["manifest_url"] = sas_url(clients, container, names.manifest_blob(job))
     return found

@@ -35,7 +35,7 @@ from azure.data.tables import TableClient, UpdateMode
 
 from pipeline import names
 from pipeline.request import TaskSpec
-from pipeline.runtimes import history_key
+from pipeline.runtimes import history_key, work_of
 from pipeline.status import TaskStatus
 
 UNCOUNTED = frozenset({TaskStatus.PENDING, TaskStatus.FAILED, TaskStatus.TIMED_OUT})
@@ -160,6 +160,7 @@ class Rollup:
     failures: Counter[str] = field(default_factory=Counter)
     kills: int = 0
     rows: int = 0  # rollup rows read (one per writer)
+    writers: dict[str, Counter[str]] = field(default_factory=dict)  # per writer: its net moves, FAILED: its failures
 
 
 def read(tasks: TableClient, job: str, tiles: bool = True) -> Rollup:
@@ -167,14 +168,17 @@ def read(tasks: TableClient, job: str, tiles: bool = True) -> Rollup:
     per tile, which grow with the job's area; without, a few hundred bytes a row)."""
     low, high = names.COUNTER_PREFIX, names.COUNTER_PREFIX + "\U0010ffff"
     found = Rollup()
-    select = None if tiles else [*(s.value for s in TaskStatus), KILLS, DETAIL]
+    select = None if tiles else ["RowKey", *(s.value for s in TaskStatus), KILLS, DETAIL]
     for row in tasks.query_entities("PartitionKey eq @pk and RowKey ge @lo and RowKey lt @hi",
                                     parameters={"pk": job, "lo": low, "hi": high}, select=select):
         found.rows += 1
+        own = found.writers.setdefault(row["RowKey"].removeprefix(names.COUNTER_PREFIX), Counter())
         for status in TaskStatus:
+            own[status.value] += int(row.get(status.value) or 0)
             found.counts[status.value] += int(row.get(status.value) or 0)
         found.kills += int(row.get(KILLS) or 0)
         detail = json.loads(row.get(DETAIL) or "{}")
+        own[TaskStatus.FAILED.value] = sum(detail.get("failures", {}).values())
         for stage, counts in detail.get("stages", {}).items():
             found.stages.setdefault(stage, Counter()).update(counts)
         for stage, bins in detail.get("runtimes", {}).items():
@@ -191,10 +195,11 @@ def read(tasks: TableClient, job: str, tiles: bool = True) -> Rollup:
 @dataclass
 class Plan:
     """What a job was planned as: per target tile its grid, bounds and task count; per
-    stage its task count and the key of its runtime history."""
+    stage its task count, the key of its runtime history and each task's work (the unit
+    its history is kept in: ``runtimes.work_of``)."""
 
     tiles: dict[str, tuple[str, str, int]]
-    stages: dict[str, tuple[int, str]]
+    stages: dict[str, tuple[int, str, float]]  # count, runtime history key, work per task
 
 
 def plan_row(job: str, specs: list[TaskSpec]) -> dict[str, Any]:
@@ -207,8 +212,8 @@ def plan_row(job: str, specs: list[TaskSpec]) -> dict[str, Any]:
             params = spec.params()
             tiles[spec.tile] = [params["crs"], params["bounds"], 0]
         tiles[spec.tile][2] += 1
-        if spec.stage not in stages:
-            stages[spec.stage] = [0, history_key(spec.params())]
+        if spec.stage not in stages:  # a job's tasks of one stage share its grid: one size of work
+            stages[spec.stage] = [0, history_key(spec.params()), work_of(spec.params())]
         stages[spec.stage][0] += 1
     text = _compact({"tiles": tiles, "stages": stages})
     if len(text) > PART_CHARS * PLAN_PARTS:
@@ -228,7 +233,7 @@ def read_plan(tasks: TableClient, job: str) -> Plan | None:
     except ValueError:
         return None  # cut short: more tiles than any job has
     return Plan({t: (crs, bounds, int(n)) for t, (crs, bounds, n) in found["tiles"].items()},
-                {s: (int(n), key) for s, (n, key) in found["stages"].items()})
+                {s: (int(v[0]), v[1], float(v[2]) if len(v) > 2 else 1.0) for s, v in found["stages"].items()})
 
 
 # --- the failure index -----------------------------------------------------------------------

@@ -1,6 +1,13 @@
 """Runtime history per (stage, product[, reducer]) across all requests: count, mean and
 M2 (Welford), updated with conditional writes so concurrent updates are never lost.
 
+The history measures work, not tasks: each sample is an attempt's seconds per megapixel of
+its work (:func:`work_of`: the target tile's pixels per layer made, and for a reduction the
+pixels of all its inputs), so that jobs on different grids share one history and each
+attempt's kill threshold follows its own size. Only computed outputs are samples: a task
+that ended CACHED or NO_DATA did no work worth the name, and a mostly cached rerun would
+otherwise drag the mean to the floor and get real computations killed.
+
 A worker keeps a :class:`RuntimeBook`: it adds its samples locally and merges them into the
 table every few seconds (one conditional write per key, where a write per sample would cost
 two storage calls per task), and serves the history it last read or merged. A worker that
@@ -12,13 +19,20 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from azure.core import MatchConditions
 from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
 from azure.data.tables import TableClient, UpdateMode
 
+from pipeline.products import CATALOG
+from pipeline.targets import NATIVE
+
 log = logging.getLogger(__name__)
+
+UNIT = "s/Mpx"  # what a history row's samples measure; a row without it (per task) is not read
 
 
 @dataclass(frozen=True)
@@ -57,12 +71,37 @@ def history_key(params: dict[str, str]) -> str:
     return f"{key}~{params['reducer']}" if params.get("reducer") else key
 
 
+def work_of(params: dict[str, str]) -> float:
+    """The attempt's work in megapixels: the target tile's pixels times the layers it makes,
+    times the dates a reduction reads (its inputs' size: bytes in, at a fixed pixel type).
+    1.0 for a task whose parameters name no grid (its history is then per task)."""
+    try:
+        product = CATALOG[params["product"]]
+        if params["crs"] == NATIVE:
+            pixels = float(product.pixels) ** 2
+        else:
+            west, south, east, north = (float(b) for b in params["bounds"].split(","))
+            res = float(params["res"])
+            pixels = round(abs(east - west) / res) * round(abs(north - south) / res)
+    except (KeyError, ValueError, ZeroDivisionError):
+        return 1.0
+    layers = max(1, len([name for name in params.get("layers", "").split(",") if name]))
+    dates = int(params["deps"].split(",")[1]) if params.get("deps") else 1
+    return max(pixels * layers * max(dates, 1) / 1e6, 1e-6)
+
+
+def _of(row: Mapping[str, Any]) -> Runtime:
+    if row.get("Unit") != UNIT:
+        return Runtime()  # kept per task before the history measured work: not comparable
+    return Runtime(int(row["Count"]), float(row["Mean"]), float(row["M2"]))
+
+
 def read(table: TableClient, stage: str, key: str) -> Runtime:
     try:
         row = table.get_entity(stage, key)
     except ResourceNotFoundError:
         return Runtime()
-    return Runtime(int(row["Count"]), float(row["Mean"]), float(row["M2"]))
+    return _of(row)
 
 
 def merge(table: TableClient, stage: str, key: str, samples: Runtime, tries: int = 50) -> Runtime:
@@ -75,14 +114,15 @@ def merge(table: TableClient, stage: str, key: str, samples: Runtime, tries: int
             new = samples
             try:
                 table.create_entity({"PartitionKey": stage, "RowKey": key, "Count": new.count,
-                                     "Mean": new.mean, "M2": new.m2})
+                                     "Mean": new.mean, "M2": new.m2, "Unit": UNIT})
                 return new
             except ResourceExistsError:
                 continue
-        new = Runtime(int(row["Count"]), float(row["Mean"]), float(row["M2"])).merge(samples)
+        new = _of(row).merge(samples)
         try:
             table.update_entity(
-                {"PartitionKey": stage, "RowKey": key, "Count": new.count, "Mean": new.mean, "M2": new.m2},
+                {"PartitionKey": stage, "RowKey": key, "Count": new.count, "Mean": new.mean, "M2": new.m2,
+                 "Unit": UNIT},
                 mode=UpdateMode.REPLACE, etag=row.metadata["etag"], match_condition=MatchConditions.IfNotModified,
             )
             return new

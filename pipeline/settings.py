@@ -103,6 +103,9 @@ class Settings:
                                minimum=1)
     kill_grace_s: float = setting("BAGPIPE_KILL_GRACE_S", 5.0, "Between SIGTERM and SIGKILL of a revoked stage.",
                                   minimum=0.0)
+    slow_ratio: float = setting(
+        "BAGPIPE_SLOW_RATIO", 2.0, "A worker whose recent attempts run this many times their history (and this "
+        "many times as long as the others' do) is slow: drained and replaced (0: off).", minimum=0.0)
     monitor_interval_s: float = setting("BAGPIPE_MONITOR_INTERVAL_S", 5.0, "How often the monitor sweeps.",
                                         minimum=0.1)
     stage_limits: str = setting(

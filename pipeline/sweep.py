@@ -4,7 +4,8 @@ For each job it revokes the attempts past their deadline, sends again the messag
 task QUEUED too long without being taken (a message lost, or poisoned), plans again a job
 left ACCEPTED (its plan message lost), tops up the release window, goes on with a
 cancellation, and announces a completion nobody made (a worker that died between its commit
-and its announcement, a finisher that died) — it never finishes a job itself, so a long
+and its announcement, a finisher that died), and removes the cache markers of makers that
+died with no task left to take them over — it never finishes a job itself, so a long
 completion never holds up revocations. One job's
 failure is logged and the pass goes on with the others. Locally it runs in a loop; in Azure
 as a Durable Functions eternal orchestration. Cheap: key-range queries and a few key reads
@@ -19,10 +20,12 @@ import uuid
 from collections import Counter
 from datetime import timedelta
 
-from pipeline import completion, dispatch, jobs, monitor, planner, transitions
+from azure.core.exceptions import ResourceNotFoundError
+
+from pipeline import cache, completion, dispatch, health, jobs, monitor, planner, transitions
 from pipeline.clients import Clients
 from pipeline.notify import Mailer
-from pipeline.status import JobState
+from pipeline.status import JobState, TaskStatus
 from pipeline.tasks import TerminalCounter, message_bytes
 
 log = logging.getLogger(__name__)
@@ -44,8 +47,28 @@ def sweep(clients: Clients) -> dict[str, int]:
         except Exception:
             log.exception("sweep of job %s failed; the next pass tries again", job)
             done["errors"] += 1
+    try:
+        done["slow"] = len(health.find_slow(clients, clients.settings.slow_ratio))
+    except Exception:
+        log.exception("worker health not checked; the next pass tries again")
+        done["errors"] += 1
+    try:
+        done["markers"] = cache.sweep_markers((clients.tiles, clients.sources), lambda owner: _ended(clients, owner))
+    except Exception:
+        log.exception("cache markers not swept; the next pass tries again")
+        done["errors"] += 1
     return {"revoked": len(report.revoked), "stale": report.stale, "resent": done["resent"],
-            "replanned": done["replanned"], "announced": done["announced"], "errors": done["errors"]}
+            "replanned": done["replanned"], "announced": done["announced"], "slow_workers": done["slow"],
+            "markers": done["markers"], "errors": done["errors"]}
+
+
+def _ended(clients: Clients, owner: str) -> bool:
+    """Whether the task a cache marker names (``job/task``) is terminal, or gone with its job."""
+    job, _, task = owner.partition("/")
+    try:
+        return TaskStatus(clients.tasks.get_entity(job, task)["Status"]).terminal
+    except ResourceNotFoundError:
+        return True
 
 
 def _sweep_job(clients: Clients, job: str, report: monitor.SweepReport, done: Counter[str]) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from affine import Affine
 from pyproj import CRS, Transformer
+from rasterio.warp import transform_bounds
 
 from pipeline.grid import RADIUS, TILE_SIZE, TILES_H, TILES_V, X_MIN, Y_MAX, Tile
 
@@ -23,6 +24,18 @@ SINUSOIDAL_PROJ4 = f"+proj=sinu +lon_0=0 +x_0=0 +y_0=0 +R={RADIUS} +units=m +no_
 NATIVE = "MODIS"  # the grid name of the MODIS sinusoidal tiles themselves
 MAX_TILE_PIXELS = 4096  # per side of a target tile
 EDGE_SAMPLES = 64  # points per edge (and per interior line) when finding source tiles
+
+
+@lru_cache(maxsize=4096)
+def lonlat_bounds(crs: str, bounds: str) -> tuple[float, float, float, float]:
+    """A target tile's bounds (``west,south,east,north`` in its CRS) in degrees."""
+    west, south, east, north = (float(v) for v in bounds.split(","))
+    if crs.upper() in ("EPSG:4326", "OGC:CRS84"):
+        return west, south, east, north
+    source = SINUSOIDAL_PROJ4 if crs == NATIVE else crs  # a job asked as MODIS tiles: their own grid
+    w, s, e, n = transform_bounds(source, "EPSG:4326", west, south, east, north, densify_pts=21)
+    return (math.floor(w * 1e6) / 1e6, math.floor(s * 1e6) / 1e6,  # rounded outwards
+            math.ceil(e * 1e6) / 1e6, math.ceil(n * 1e6) / 1e6)
 
 
 @cache

@@ -27,6 +27,7 @@ from azure.core.exceptions import (
 from azure.data.tables import TableClient, TableEntity, TableTransactionError, UpdateMode
 
 from pipeline import names, rollups
+from pipeline.failures import error_code
 from pipeline.request import TaskSpec
 from pipeline.status import TERMINAL, TaskStatus
 
@@ -47,12 +48,6 @@ def etag_of(row: TableEntity) -> str:
     if etag is None:
         raise ValueError(f"row {row.get('RowKey')} was not read from storage: it has no ETag")
     return etag
-
-
-def error_code(exc: Exception) -> str | None:
-    """The storage error code of a failed call (``x-ms-error-code``), if it has one."""
-    code = getattr(exc, "error_code", None)
-    return str(code) if code is not None else None
 
 
 def is_conflict(exc: Exception) -> bool:

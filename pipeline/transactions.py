@@ -72,7 +72,7 @@ def _failure(status: int, headers: dict[str, str], body: str) -> TableTransactio
     error_type = RequestTooLargeError if status == 413 else TableTransactionError
     error = error_type(message=message)
     error.status_code = status
-    error.error_code = code or headers.get("x-ms-error-code")  # type: ignore[attr-defined]  # azure-core reads it if set
+    error.error_code = code or headers.get("x-ms-error-code")  # type: ignore[attr-defined]  # as the SDK sets it (failures.error_code)
     return error
 
 

@@ -38,11 +38,11 @@ from azure.data.tables import TableTransactionError, UpdateMode
 from pipeline import attempts, dispatch, names, rollups, tasks
 from pipeline.attempts import Op
 from pipeline.clients import Clients
-from pipeline.failures import FailureClass
+from pipeline.failures import FailureClass, error_code
 from pipeline.redact import redact
 from pipeline.rollups import Moves
 from pipeline.status import TaskStatus, after_failure, transition
-from pipeline.tasks import TaskRef, TerminalCounter, error_code, etag_of, if_match, is_conflict, now
+from pipeline.tasks import TaskRef, TerminalCounter, etag_of, if_match, is_conflict, now
 
 ERROR_CHARS = 2000  # an error message kept on a row is cut to this
 # the most characters of output names a task row holds (a string property is 64 KiB of UTF-16)
@@ -77,7 +77,7 @@ def queue(clients: Clients, job: str, rows: list[Any]) -> list[Any]:
                 if row["Status"] == TaskStatus.PENDING.value:
                     fields, write = dispatch.queued(clients, job, row["RowKey"])
                     transition(row["Status"], TaskStatus.QUEUED)
-                    ops += [_update(job, row["RowKey"], row.metadata["etag"], **fields), write]
+                    ops += [_update(job, row["RowKey"], etag_of(row), **fields), write]
                     moves.move(row["Stage"], _tile(row["Params"]), TaskStatus.PENDING, TaskStatus.QUEUED)
             try:
                 if ops:
@@ -332,7 +332,7 @@ def revoke(clients: Clients, counter: TerminalCounter, row: Any, ref: TaskRef, i
     indexed = rollups.failure_op(ref.job, ref.task, ref.attempt, row["Stage"], why.value, change["LastError"],
                                  row.get("StartedAt"), change["EndedAt"], revoked_by="monitor")
     moves = Moves().move(row["Stage"], _tile(row["Params"]), TaskStatus.RUNNING, after).failed(why.value, True)
-    if not _fenced(clients, ref.job, ref.task, row.metadata["etag"], change, [ended_as, indexed, *ops], index,
+    if not _fenced(clients, ref.job, ref.task, etag_of(row), change, [ended_as, indexed, *ops], index,
                    counter, moves, _waiting(json.loads(row["Params"]), after)):
         return None  # it committed or failed meanwhile
     if after is TaskStatus.QUEUED:

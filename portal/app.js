@@ -246,6 +246,50 @@ function histogramSvg(stage, info) {
   return svg;
 }
 
+/** The job's overviews: a choice of layer and date, the chosen one on the map (``show``), its legend. */
+function overviewPanel(overviews, show) {
+  const legend = h("ul", { class: "overview-legend", "aria-label": "Legend" });
+  const link = h("a", { target: "_blank", rel: "noopener", id: "overview-picture" }, "picture with legend");
+  const choice = h("select", { id: "overview-choice", "aria-label": "Layer and date shown on the map" },
+    ...overviews.map((o, i) => h("option", { value: String(i) }, o.name)));
+  const pick = () => {
+    const chosen = overviews[Number(choice.value)];
+    show(chosen);
+    link.href = chosen.picture;
+    legend.replaceChildren(...chosen.legend.map((entry) =>
+      h("li", {}, h("span", { class: "swatch", style: `background:${entry.colour}` }), entry.label)));
+  };
+  choice.addEventListener("change", pick);
+  pick();
+  return h("section", { class: "overview" }, h("h3", {}, "Overview of the region"),
+    h("p", {}, choice, " ", link), legend);
+}
+
+/** How to open the job's products as STAC: where it lives (the API's collection, with one line of
+ * Python that loads it), and the catalog ``bagpipe results`` writes beside the files. */
+function stacPanel(id, results) {
+  const band = results.tasks.find((t) => t.stage !== "reduce" && t.layers)?.layers.split(",")[0];
+  const bands = band ? `, bands=['${band}']` : "";
+  const api = `${location.origin}/api/stac`;
+  const tiles = "if i.properties['bagpipe:stage'] == 'modis'";
+  const remote = `python -c "import os, odc.stac, pystac_client; ` +
+    `api = pystac_client.Client.open('${api}', headers={'Authorization': 'Bearer ' + os.environ['BAGPIPE_TOKEN']}); ` +
+    `items = [i for i in api.search(collections=['${id}']).items() ${tiles}]; ` +
+    `print(odc.stac.load(items${bands}))"`;
+  const load = `bagpipe results ${id} --out ${id} && python -c "import odc.stac, pystac; ` +
+    `items = [i for i in pystac.Collection.from_file('${id}/collection.json').get_items() ${tiles}]; ` +
+    `print(odc.stac.load(items${bands}))"`;
+  return h("section", { class: "stac" }, h("h3", {}, "Open it as STAC"),
+    h("p", {}, "Where it is: the STAC collection ",
+      h("a", { id: "stac-link", href: `${api}/collections/${id}` }, `${api}/collections/${id}`),
+      ", in bagpipe's STAC API. pystac-client opens it with your API token (",
+      h("code", {}, "BAGPIPE_TOKEN"), "), and odc.stac loads its items over short-lived signed links:"),
+    h("pre", { id: "stac-api-snippet" }, remote),
+    h("p", {}, "Or downloaded: the results folder is a STAC collection too (", h("code", {}, `${id}/collection.json`),
+      "), with the region's mosaics, every link relative: QGIS's STAC plugin, pystac and odc.stac open it as it is."),
+    h("pre", { id: "stac-snippet" }, load));
+}
+
 async function jobPage(id) {
   const title = h("h1", {}, `Job ${id}`);
   const summary = h("div", { class: "summary" });
@@ -322,18 +366,22 @@ async function jobPage(id) {
   }
 
   async function showProducts() {
-    const [results, looks] = await Promise.all([
+    const [results, pictures] = await Promise.all([
       api("GET", `/api/jobs/${id}/results`).catch(() => null), api("GET", `/api/jobs/${id}/quicklooks`)]);
-    mapView.showImages(looks);
+    const looks = pictures.filter((q) => q.kind !== "overview");
+    const overviews = pictures.filter((q) => q.kind === "overview");
+    const overview = overviews.length ? overviewPanel(overviews, (chosen) => mapView.showImages([chosen], "overview")) : "";
+    if (!overviews.length) mapView.showImages(looks);
     if (!results) {
       products.replaceChildren(h("p", {}, "No manifest."));
       return;
     }
     const items = results.tasks.flatMap((t) => Object.entries(t.links || {}).map(([blob, url]) =>
       h("li", {}, h("a", { href: url }, `${t.product} ${t.tile} ${t.date}${t.last ? "…" + t.last : ""}: ${blob.split("/").pop()}`))));
-    products.replaceChildren(
+    products.replaceChildren(overview,
       h("p", {}, h("a", { href: results.manifest_url, id: "manifest-link" }, "manifest.json"),
         ` · links valid for a limited time · or: bagpipe results ${id} --out DIR`),
+      stacPanel(id, results),
       h("div", { class: "quicklooks" }, ...looks.map((q) => h("figure", {},
         h("a", { href: q.url, target: "_blank", rel: "noopener" }, h("img", { src: q.url, alt: `quick-look of ${q.tile}`, class: "quicklook-thumb" })),
         h("figcaption", {}, `${q.tile}: ${q.name}`)))),

@@ -227,13 +227,13 @@ export class WorldMap {
     }
   }
 
-  /** Quick-look images laid on their tiles: [{url, bounds, name}]. */
-  showImages(images) {
+  /** Images laid on their lon/lat bounds: [{url, bounds, name}] (``kind``: their class). */
+  showImages(images, kind = "quicklook") {
     for (const node of [...this.overlay.children]) node.remove();
     for (const image of images) {
       const [w, s, e, n] = image.bounds;
       const node = el("image", { href: image.url, x: x(w), y: y(n), width: e - w, height: n - s,
-        preserveAspectRatio: "none", class: "quicklook" }, this.overlay);
+        preserveAspectRatio: "none", class: kind }, this.overlay);
       el("title", {}, node).textContent = image.name;
     }
   }

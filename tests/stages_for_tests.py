@@ -122,3 +122,22 @@ def slow_maker(ctx: StageContext) -> None:
 
     cache.ensure(ctx.clients.transfers, ctx.clients.tiles, ctx.params["name"], make, "image/tiff",
                  owner=f"{ctx.job}/{ctx.task}")
+
+
+@stages.stage("half_cached")
+def half_cached(ctx: StageContext) -> None:
+    """Finds its output already made (a cache hit, at once) for the first two dates, and
+    computes the others (0.4 s)."""
+    if ctx.params["date"] in ("2022-01-01", "2022-01-09"):
+        ctx.cached = True
+    else:
+        time.sleep(0.4)
+    digest(ctx)
+
+
+@stages.stage("slow_machine")
+def slow_machine(ctx: StageContext) -> None:
+    """0.3 s, or 100× that in a worker started with BAGPIPE_TEST_SLOW_MACHINE set: a slow
+    VM, whatever task it runs (found slow long before it would end)."""
+    time.sleep(30.0 if os.environ.get("BAGPIPE_TEST_SLOW_MACHINE") else 0.3)
+    digest(ctx)

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from pipeline import cache
+from pipeline import cache, names
 from pipeline.clients import Clients
 
 
@@ -43,7 +43,7 @@ def test_a_slow_live_maker_is_not_taken_over(clients: Clients) -> None:
 
 
 def test_the_marker_of_a_dead_maker_is_taken_over(clients: Clients) -> None:
-    clients.tiles.upload_blob("dead.tif" + cache.MARKER_SUFFIX, b"")  # a maker killed mid-way
+    clients.tiles.upload_blob(names.marker_blob("dead.tif"), b"")  # a maker killed mid-way
     started = time.monotonic()
     found = cache.ensure(clients.transfers, clients.tiles, "dead.tif", lambda: b"made again", "image/tiff")
     waited = time.monotonic() - started
@@ -54,24 +54,38 @@ def test_the_marker_of_a_dead_maker_is_taken_over(clients: Clients) -> None:
 
 def test_a_retry_removes_the_marker_a_maker_killed_after_its_upload_left(clients: Clients) -> None:
     clients.tiles.upload_blob("left.tif", b"made")  # the maker uploaded, then died
-    clients.tiles.upload_blob("left.tif" + cache.MARKER_SUFFIX, b"")
+    clients.tiles.upload_blob(names.marker_blob("left.tif"), b"")
     first = cache.ensure(clients.transfers, clients.tiles, "left.tif", lambda: b"never", "image/tiff")
     assert first.data == b"made" and not first.made
-    assert len(list(clients.tiles.list_blobs(name_starts_with="left.tif"))) == 2  # a first attempt cannot know
+    marker = clients.tiles.get_blob_client(names.marker_blob("left.tif"))
+    assert marker.exists()  # a first attempt cannot know
     again = cache.ensure(clients.transfers, clients.tiles, "left.tif", lambda: b"never", "image/tiff", tidy=True)
     assert again.data == b"made" and not again.made
-    assert [b.name for b in clients.tiles.list_blobs(name_starts_with="left.tif")] == ["left.tif"]
+    assert [b.name for b in clients.tiles.list_blobs()] == ["left.tif"]
 
 
 def test_a_retry_takes_over_its_own_dead_attempts_marker_at_once(clients: Clients) -> None:
-    clients.tiles.upload_blob("mine.tif" + cache.MARKER_SUFFIX, b"", metadata={"owner": "j1/000000007"})
+    clients.tiles.upload_blob(names.marker_blob("mine.tif"), b"", metadata={"owner": "j1/000000007"})
     started = time.monotonic()
     found = cache.ensure(clients.transfers, clients.tiles, "mine.tif", lambda: b"made by the retry", "image/tiff",
                          owner="j1/000000007", tidy=True)
     assert found.made and found.data == b"made by the retry"
-    assert time.monotonic() - started < cache.STALE_S / 3  # not held up for a stale marker's time
-    assert [b.name for b in clients.tiles.list_blobs(name_starts_with="mine.tif")] == ["mine.tif"]
+    assert time.monotonic() - started < cache.STALE_S / 2  # not held up for a stale marker's time (30 s)
+    assert [b.name for b in clients.tiles.list_blobs()] == ["mine.tif"]
     # another task's fresh marker is not its to take: it waits for that maker
-    clients.tiles.upload_blob("theirs.tif" + cache.MARKER_SUFFIX, b"", metadata={"owner": "j1/000000008"})
-    cache._take_over_if_stale(clients.tiles.get_blob_client("theirs.tif" + cache.MARKER_SUFFIX), "j1/000000007")
-    assert clients.tiles.get_blob_client("theirs.tif" + cache.MARKER_SUFFIX).exists()
+    clients.tiles.upload_blob(names.marker_blob("theirs.tif"), b"", metadata={"owner": "j1/000000008"})
+    cache._take_over_if_stale(clients.tiles.get_blob_client(names.marker_blob("theirs.tif")), "j1/000000007")
+    assert clients.tiles.get_blob_client(names.marker_blob("theirs.tif")).exists()
+
+
+def test_the_sweep_removes_the_markers_of_makers_that_are_gone(clients: Clients) -> None:
+    """A marker no task comes back for (its maker died, its task was cancelled) is the sweep's
+    to remove: once untouched for STALE_S, or at once when its owner's task has ended."""
+    clients.tiles.upload_blob(names.marker_blob("old.tif"), b"")  # a maker that died long ago
+    time.sleep(cache.STALE_S + 1.5)
+    clients.tiles.upload_blob(names.marker_blob("ended.tif"), b"", metadata={"owner": "j1/000000001"})
+    clients.tiles.upload_blob(names.marker_blob("live.tif"), b"", metadata={"owner": "j1/000000002"})
+    clients.tiles.upload_blob("kept.tif", b"a tile")
+    ended = {"j1/000000001": True, "j1/000000002": False}
+    assert cache.sweep_markers([clients.tiles, clients.sources], ended.__getitem__) == 2
+    assert sorted(b.name for b in clients.tiles.list_blobs()) == [names.marker_blob("live.tif"), "kept.tif"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import uuid
 
-from pipeline import cache
+from pipeline import names
 from pipeline.clients import Clients
 from pipeline.failures import FailureClass
 from pipeline.settings import Settings
@@ -66,7 +66,7 @@ def test_a_stopped_stage_unwinds_and_leaves_no_cache_marker(settings: Settings, 
     retry to tidy it up)."""
     settings = settings.with_(stage_modules="tests.stages_for_tests")
     name = f"00/{uuid.uuid4().hex}/MOD10A2.x.tif"
-    marker = clients.tiles.get_blob_client(name + cache.MARKER_SUFFIX)
+    marker = clients.tiles.get_blob_client(names.marker_blob(name))
     process = StageProcess(settings)
     process.start("slow_maker", {"job": "j", "task": "000000001", "attempt": 1, "params": {"name": name},
                                  "output_prefix": "j/tasks/000000001/a001/"})

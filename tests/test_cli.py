@@ -79,6 +79,12 @@ def test_up_submit_watch_stop_and_restart(tmp_path: Path) -> None:
         assert shown.returncode == 0, shown.stdout
         status = json.loads(shown.stdout)
         assert status["state"] == "SUCCEEDED" and status["counts"]["SUCCEEDED"] == 2 * 3
+        shown = subprocess.run([*CLI, "status", job, "--home", str(home)], capture_output=True, text=True, env=env,
+                               timeout=60)
+        assert shown.returncode == 0 and "workers" in shown.stdout, shown.stdout  # who ran it, and how
+        assert sum(w["attempts"] for w in status["workers"]) == 2 * 3
+        assert {w["state"] for w in status["workers"]} == {"healthy"} and all(
+            w["worker"][:40] in shown.stdout for w in status["workers"])
     finally:
         stop_up(again, home)
 

@@ -42,7 +42,7 @@ def test_a_fault_at_this_call_loses_nothing_and_doubles_nothing(
         clean: tuple[Azurite, Path, list[str]], kind: str, operation: str) -> None:
     azurite, workdir, calls = clean
     k = next(number for number, call in enumerate(calls, 1) if call.endswith(operation))
-    result: dict[str, Any] = fault_run.run_one(azurite, workdir, k, kind)
+    result: dict[str, Any] = fault_run.run_one(azurite, workdir, k, kind, operation=operation)
     assert result["hit"].endswith(operation), f"the fault landed on {result['hit']!r}"
     assert result["problems"] == [], result["problems"]
     assert result["counts"].get("missing_emails", 0) == 0

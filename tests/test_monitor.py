@@ -24,6 +24,7 @@ from bagpipe.azurite import Azurite, free_port
 from pipeline import attempts, jobs, monitor, names, runtimes, sweep, tasks, transitions
 from pipeline.clients import Clients
 from pipeline.failures import FailureClass
+from pipeline.request import expand
 from pipeline.settings import Settings
 from pipeline.status import JobState, TaskStatus
 from tests.conftest import PIDS, in_an_hour, running_control, running_workers, small_request, wait_for, with_stage
@@ -176,7 +177,9 @@ def test_straggler_is_revoked_at_about_4x_and_succeeds_on_retry(settings: Settin
     clients.ensure_resources()
     mean = 0.8  # what a 0.5 s sleep costs end to end here, seeded as history: fifty samples,
     # so that the job's own tasks, slow on a loaded machine, cannot lift 4× the mean past 5 s
-    runtimes.merge(runtimes_table(clients), "straggler", "MOD10A2", runtimes.Runtime(50, mean, 50 * 0.1**2))
+    work = runtimes.work_of(expand(small_request(), 100)[0].params())  # the history is per megapixel
+    runtimes.merge(runtimes_table(clients), "straggler", "MOD10A2",
+                   runtimes.Runtime(50, mean / work, 50 * (0.1 / work) ** 2))
     with running_control(settings), running_workers(settings, slots=2):
         job = jobs.submit(clients, small_request())["PartitionKey"]
         wait_for(lambda: JobState(jobs.get(clients, job)["State"]).finished, 120, "the job to finish")
@@ -187,7 +190,7 @@ def test_straggler_is_revoked_at_about_4x_and_succeeds_on_retry(settings: Settin
     assert first["FailureClass"] == "execution_timeout" and first["RevokedBy"] == "monitor"
     ran_for = (first["EndedAt"] - first["StartedAt"]).total_seconds()
     history = runtimes.read(runtimes_table(clients), "straggler", "MOD10A2")
-    assert 3.0 * mean <= ran_for <= 4 * history.mean + 2.0, ran_for  # revoked at about 4× the mean
+    assert 3.0 * mean <= ran_for <= 4 * history.mean * work + 2.0, ran_for  # revoked at about 4× the mean
     assert second["Outcome"] == "SUCCEEDED"
     # the revoked stage process is dead, and only the retry's output is published
     pid = int((PIDS / f"{job}-{task['RowKey']}-1.pid").read_text())

@@ -76,9 +76,13 @@ def test_release_never_puts_more_than_the_window_in_the_queues(
     wait_for(lambda: jobs.get(clients, job)["State"] == JobState.SUCCEEDED.value, 180, "the job")
     stop.set()
     sampler.join()
-    assert max(depths) <= settings.window
+    # each resend of a message still waiting in a queue (the reconciler's, on a slow
+    # machine) adds one message beyond the window's, and nothing else may
+    rows = task_rows(clients, job)
+    resends = sum(int(r.get("Resends") or 0) for r in rows)
+    assert max(depths) <= settings.window + resends, (max(depths), resends)
     assert max(depths) >= settings.window // 2, "the window was used"
-    counts = Counter(r["Status"] for r in task_rows(clients, job))
+    counts = Counter(r["Status"] for r in rows)
     assert counts == {"SUCCEEDED": total}
     # and the counters agree with the rows
     assert tasks.terminal_counts(clients.tasks, job)["SUCCEEDED"] == total

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -135,7 +138,32 @@ def test_submit_on_the_map_watch_it_finish_and_open_a_quicklook(page: Page, stac
     expect(page.locator("progress")).to_have_attribute("value", "1")
     expect(page.locator(".histogram .threshold")).to_have_count(2)  # tile stage and reductions
     expect(page.locator(".quicklook-thumb")).to_have_count(2)
-    expect(page.locator(".map image.quicklook")).to_have_count(2)
+    # the region's overview on the map, a choice of its layers and dates, the chosen one's legend
+    expect(page.locator(".map image.overview")).to_have_count(1)
+    options = page.locator("#overview-choice option")
+    expect(options).to_have_count(2)  # the reductions' snow fraction, and the snow classes of 2 February
+    first = page.locator(".map image.overview").get_attribute("href")
+    page.select_option("#overview-choice", label="MOD10A2 Maximum_Snow_Extent 2022-02-02")
+    expect(page.locator(".overview-legend")).to_contain_text("200 snow")
+    shown = page.locator(".map image.overview").get_attribute("href") or ""
+    assert shown != first and "Maximum_Snow_Extent" in shown
+    assert httpx.get(shown).content.startswith(b"\x89PNG")
+    picture = httpx.get(page.locator("#overview-picture").get_attribute("href") or "")
+    assert picture.status_code == 200 and picture.content.startswith(b"\x89PNG")
+    # how to open it as STAC, in one line
+    expect(page.locator("#stac-snippet")).to_contain_text(f"bagpipe results {job} --out {job}")
+    expect(page.locator("#stac-snippet")).to_contain_text(f"{job}/collection.json")
+    expect(page.locator("#stac-snippet")).to_contain_text("odc.stac.load(items, bands=['Maximum_Snow_Extent'])")
+    # where it lives: the API's collection, and the line that loads it from there, run as a scientist would
+    link = page.locator("#stac-link").get_attribute("href") or ""
+    served = httpx.get(link, headers={"Authorization": f"Bearer {stack.token}"}).json()
+    assert served["id"] == job and any(lk["rel"] == "items" for lk in served["links"])
+    line = page.locator("#stac-api-snippet").inner_text()
+    assert line.startswith('python -c "') and line.endswith('"')
+    ran = subprocess.run([sys.executable, "-c", line.removeprefix('python -c "').removesuffix('"')],
+                         env=os.environ | {"BAGPIPE_TOKEN": stack.token}, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    assert "Maximum_Snow_Extent" in ran.stdout and "time: 1" in ran.stdout, ran.stdout
     loaded = page.locator(".quicklook-thumb").first.evaluate("img => img.complete && img.naturalWidth")
     assert loaded > 0
     png = httpx.get(page.locator(".quicklook-thumb").first.get_attribute("src") or "")
@@ -297,3 +325,26 @@ def test_the_job_page_polls_one_request_at_a_time_and_backs_off_while_nothing_ch
     gaps = [b - a for a, b in itertools.pairwise(asked)]
     assert 3 <= len(asked) <= 6, asked  # every 1.5 s without back-off: 9 or more
     assert gaps[-1] > 2 * gaps[0], gaps
+
+
+@pytest.mark.parametrize("request_body", [
+    {"region": {"tiles": ["h09v05"]}},  # as the portal's "Click MODIS tiles" sends it: the tiles' own grid
+    {"region": {"bbox": [-110.5, 34.2, -109.6, 34.8]}, "grid": {"crs": "EPSG:5070"}},  # a projected CRS
+], ids=["modis-tiles", "projected"])
+def test_the_job_page_renders_whatever_the_grid(page: Page, stack: LocalStack, request_body: dict) -> None:
+    api = stack.headers
+    created = httpx.post(stack.api_url + "/api/jobs", headers=api, json=request_body | {
+        "start": "2022-02-02", "end": "2022-02-09", "products": ["MOD10A2"], "label": "any grid"})
+    assert created.status_code == 202, created.text
+    job = created.json()["job"]
+    try:
+        assert httpx.get(f"{stack.api_url}/api/jobs/{job}/view", headers=api).status_code == 200
+        page.goto(f"{stack.api_url}/#/jobs/{job}")
+        _enter_key(page, stack.token)
+        expect(page.locator("h1 .badge")).to_be_visible()
+        expect(page.locator(".map .tile").first).to_be_visible()
+        box = page.locator(".map .tile").first.bounding_box()
+        assert box is not None and box["width"] > 0 and box["height"] > 0  # drawn at its lon/lat place
+        expect(page.locator("dd[data-state]").first).to_be_visible()
+    finally:
+        httpx.post(f"{stack.api_url}/api/jobs/{job}/cancel", headers=api)

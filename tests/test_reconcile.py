@@ -137,6 +137,22 @@ def test_a_job_whose_plan_message_was_not_sent_is_planned_by_the_sweep(
     assert len(emails_for(mail, job)) == 1
 
 
+def test_the_cache_marker_of_a_maker_that_died_with_its_task_cancelled_is_swept(
+        settings: Settings, clients: Clients) -> None:
+    """A worker killed while making a tile leaves the tile's marker; when its task is then
+    cancelled no retry comes back to tidy it, and no other task need ever want that tile."""
+    job = planned_job(clients)
+    task = tasks.list_tasks(clients.tasks, job)[0]["RowKey"]
+    marker = clients.tiles.get_blob_client(names.marker_blob(f"00/{job}/MOD10A2.x.tif"))
+    marker.upload_blob(b"", metadata={"owner": f"{job}/{task}"})
+    sweep.sweep(clients)
+    assert marker.exists(), "its task is still queued: a retry of it takes the marker over"
+    jobs.cancel(clients, job, owner="test-cancel")
+    # well within STALE_S (30 s), after which any marker goes: it is the cancelled owner that counts
+    wait_for(lambda: sweep.sweep(clients)["markers"] == 1 or not marker.exists(), 10, "the sweep to remove it")
+    assert not marker.exists()
+
+
 def test_a_job_that_no_longer_fits_the_deployment_fails_saying_why(
         settings: Settings, mail: MailServer, monkeypatch: pytest.MonkeyPatch) -> None:
     """Between its submit and its planning the deployment stopped serving its product (a new

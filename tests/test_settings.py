@@ -10,7 +10,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -103,13 +102,11 @@ def test_bagpipe_up_hands_the_environments_settings_to_its_planner_and_workers(t
         assert up.poll() is None, up.stdout.read() if up.stdout else ""
         api = Api(json.loads((home / STATE_FILE).read_text())["api"], (home / TOKEN_FILE).read_text())
         job = api.submit(small_request().model_dump(mode="json", exclude_none=True))["job"]
-        started = time.monotonic()
         wait_for(lambda: api.status(job)["state"] in ("SUCCEEDED", "FAILED"), 120, "the job to finish")
         status = api.get(f"/api/jobs/{job}/view")
     finally:
         up.send_signal(signal.SIGINT)
         up.wait(90)
-    assert time.monotonic() - started < 120
     assert status["state"] == "FAILED" and status["counts"]["DEAD"] == 1 and status["counts"]["SUCCEEDED"] == 7
     (failed,) = status["failed_attempts"]  # one attempt, as the environment allows
     assert failed["stage"] == "explode_one" and failed["attempt"] == 1 and "divided by zero" in failed["error"]

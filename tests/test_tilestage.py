@@ -97,7 +97,8 @@ def test_concurrent_tasks_fetch_each_source_once_and_make_the_tile_once(
     assert len(list(clients.sources.list_blobs())) == 2  # each granule's layer fetched and cached once
     with MemoryFile(tile_of(clients, results[0].outputs[0])) as memory, memory.open() as tile:
         assert not (tile.read(1) == 255).any()  # both sources: no gap at the border
-    leftovers = [b.name for c in (clients.sources, clients.tiles) for b in c.list_blobs() if b.name.endswith(".making")]
+    leftovers = [b.name for c in (clients.sources, clients.tiles)
+                 for b in c.list_blobs(name_starts_with=names.MARKER_PREFIX)]
     assert leftovers == []
 
 

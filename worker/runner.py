@@ -9,6 +9,11 @@ A message that cannot be decoded goes to its shard's poison queue with a record.
 is settled through its task's row, however often it was delivered: the claim runs it if the
 row wants it (the row's retry budget bounds how often), else it is deleted. SIGTERM stops
 receiving; the attempts in hand finish (or fail and are requeued) before the process exits.
+
+While it holds attempts, a worker reports how they compare with their history
+(``pipeline.health``); once the monitor finds it slow, it drains: it takes nothing more,
+gives up the attempts it holds (each requeued at once for a healthy worker) and exits, for
+a fresh one to replace it.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from typing import Any
 
 from azure.storage.queue import QueueClient, QueueMessage
 
-from pipeline import jobs, monitor, names, planner, runtimes, tasks, telemetry, transitions
+from pipeline import health, jobs, monitor, names, planner, runtimes, tasks, telemetry, transitions
 from pipeline.clients import Clients, clients_for
 from pipeline.completion import all_terminal
 from pipeline.failures import FailureClass
@@ -84,12 +89,13 @@ class Worker:
         # event-driven execution in Azure Container Apps ends when the work is done)
         self.exit_when_idle = exit_when_idle
         self.stopping = threading.Event()
+        self.draining = threading.Event()  # found slow: give up what is in hand, then exit
         self.history = runtimes.RuntimeBook(self.clients.runtimes)
         # per job: when this worker last read its row and counters, and the row it read
         # (once it says every tile task is released, every task may be the job's last)
         self._looked: dict[str, tuple[float, dict[str, Any] | None]] = {}
         self._free = threading.Semaphore(slots)
-        self._slots = [Slot(tasks.TerminalCounter(f"{self.id}-{i}")) for i in range(slots)]
+        self._slots = [Slot(tasks.TerminalCounter(health.slot_writer(self.id, i))) for i in range(slots)]
         self._slot_pool: list[Slot] = list(self._slots)
         self._pool_lock = threading.Lock()
         # messages received and not yet handed to a slot: (queue, message, when received)
@@ -98,6 +104,11 @@ class Worker:
         self._turn = 0  # the shard run_once receives from next
         self.handled = 0  # messages that named an attempt this worker claimed
         self.handed_back = 0  # messages received ahead that went back to the queue unrun
+        # health: ratios of ended attempts to their history, the running ones' (start, expected s)
+        self._ratios: deque[float] = deque(maxlen=health.RECENT)
+        self._running: dict[tasks.TaskRef, tuple[float, float]] = {}
+        self._reported = -health.REPORT_EVERY_S
+        self._attempts_run = 0
 
     def run(self) -> None:
         """Pull and run tasks until :attr:`stopping` is set; then finish what is in hand.
@@ -112,6 +123,7 @@ class Worker:
         with ThreadPoolExecutor(self.slots, thread_name_prefix="slot") as pool:
             while not self.stopping.is_set():
                 self._hand_back_waiting(AHEAD_HOLD_S)
+                self._report_health()
                 free = 0
                 while free < self.slots and (
                     self._free.acquire(blocking=False) if free else self._free.acquire(timeout=0.2)
@@ -144,6 +156,9 @@ class Worker:
                     self.stopping.wait(self.idle_sleep)
                     idle = 0
             self._hand_back_waiting(0)
+        if self.draining.is_set():
+            health.left(self.clients, self.id, "replaced")
+            log.warning("worker %s found slow: drained, exiting to be replaced", self.id)
         self.close()
 
     def run_once(self) -> int:
@@ -210,6 +225,35 @@ class Worker:
             except Exception as exc:  # it comes back when its visibility times out all the same
                 log.info("message %s not handed back: %s", message.id, exc)
 
+    def _report_health(self) -> None:
+        """Every REPORT_EVERY_S while attempts are in hand: report their ratios to their
+        history (the ended ones', then the running ones' so far); if the monitor has found
+        this worker slow, drain."""
+        if (self.settings.slow_ratio <= 0 or time.monotonic() - self._reported < health.REPORT_EVERY_S
+                or not self._busy()):
+            return
+        self._reported = time.monotonic()
+        with self._pool_lock:
+            ended = list(self._ratios)
+            running = [(self._reported - start) / expected for start, expected in self._running.values()]
+            count = self._attempts_run
+        try:
+            state = health.report(self.clients, self.id, ended, running, self.slots, count)
+        except Exception as exc:  # statistics: the next report tries again
+            log.info("health report of %s failed: %s", self.id, exc)
+            return
+        if state == health.SLOW and not self.draining.is_set():
+            log.warning("worker %s found slow by the monitor: draining", self.id)
+            self.draining.set()
+            self.stopping.set()
+
+    def _expected_s(self, held: transitions.Claim) -> float | None:
+        """The attempt's expected seconds from its history (None while it is not trusted)."""
+        history = self.history.read(held.stage, runtimes.history_key(held.params))
+        if history.count < self.settings.min_samples:
+            return None
+        return history.mean * runtimes.work_of(held.params) or None
+
     def _busy(self) -> bool:
         with self._pool_lock:
             return len(self._slot_pool) < self.slots  # a slot holds a task
@@ -240,7 +284,7 @@ class Worker:
 
         def kill_time(current: tasks.TaskRef, stage: str, params: dict[str, str], timeouts: int) -> datetime:
             history = self.history.read(stage, runtimes.history_key(params))
-            return monitor.kill_time(self.settings, stage, history, timeouts, tasks.now())
+            return monitor.kill_time(self.settings, stage, history, timeouts, tasks.now(), runtimes.work_of(params))
 
         held = transitions.claim(self.clients, ref, self.id, kill_time, slot.counter)
         if held is None:  # stale or duplicate: the row does not want this message to run
@@ -255,9 +299,21 @@ class Worker:
         leaves the monitor's index in the same write that moves its task row on: a worker
         that dies while it commits (storage slow or restarting) leaves its entry behind for
         the monitor, never a task RUNNING with nothing to revoke it."""
-        with Lease(self.clients, queue, message, held) as lease:
-            outcome = self.run_stage(held, lease, slot)
+        expected = self._expected_s(held)
+        with self._pool_lock:
+            self._attempts_run += 1
+            if expected:
+                self._running[held.ref] = (time.monotonic(), expected)
+        try:
+            with Lease(self.clients, queue, message, held) as lease:
+                outcome = self.run_stage(held, lease, slot)
+        finally:
+            with self._pool_lock:
+                self._running.pop(held.ref, None)
         if lease.revoked.is_set():
+            if expected:  # revoked for time (or lost): it ran at least this slow
+                with self._pool_lock:
+                    self._ratios.append((tasks.now() - held.started).total_seconds() / expected)
             # The task went on without this attempt (a new message names the next one):
             # nothing it made is published. Its message may stand in for the next attempt.
             transitions.discard(self.clients, held)
@@ -277,7 +333,12 @@ class Worker:
             seconds = (tasks.now() - held.started).total_seconds()
             telemetry.attempt_ended(held.stage, status.value if committed else "DISCARDED", seconds)
             if committed:
-                self.history.add(held.stage, runtimes.history_key(held.params), seconds)
+                if status is TaskStatus.SUCCEEDED:  # computed: a cache hit or no data measures nothing
+                    self.history.add(held.stage, runtimes.history_key(held.params),
+                                     seconds / runtimes.work_of(held.params))
+                    if expected:
+                        with self._pool_lock:
+                            self._ratios.append(seconds / expected)
                 self.after_terminal(held)
             return
         failure = outcome.failure or FailureClass.UNKNOWN
@@ -285,7 +346,8 @@ class Worker:
         budget = limits.budget(failure)
         if not failure.transient and held.last_failure == failure.value:
             budget = held.ref.attempt  # the same input failed the same way twice: give up
-        backoff = RETRY_BACKOFF_S[min(held.ref.attempt, len(RETRY_BACKOFF_S)) - 1]
+        backoff = 0 if failure is FailureClass.WORKER_SLOW else (
+            RETRY_BACKOFF_S[min(held.ref.attempt, len(RETRY_BACKOFF_S)) - 1])
         after = transitions.fail(self.clients, slot.counter, held, failure, outcome.error, budget, backoff)
         log.info("%s failed (%s): %s -> %s", held.ref, failure.value, redact(outcome.error[:200]), after)
         telemetry.attempt_ended(held.stage, failure.value, (tasks.now() - held.started).total_seconds())
@@ -315,6 +377,9 @@ class Worker:
             if lease.revoked.is_set():
                 process.kill(self.settings.kill_grace_s)
                 return Outcome(failure=FailureClass.EXECUTION_TIMEOUT, error="revoked")
+            if self.draining.is_set():  # found slow: a healthy worker runs it sooner
+                process.kill(self.settings.kill_grace_s)
+                return Outcome(failure=FailureClass.WORKER_SLOW, error=f"worker {self.id} found slow: given up")
 
     def after_terminal(self, held: transitions.Claim) -> None:
         """A task ended: top up the window, and announce completion if it was the job's

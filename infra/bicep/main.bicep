@@ -115,6 +115,7 @@ var settings = {
   '${names.settings.killCeilingS}': contains(tuning, 'killCeilingS') ? tuning.killCeilingS : ''
   '${names.settings.killBackoff}': contains(tuning, 'killBackoff') ? tuning.killBackoff : ''
   '${names.settings.minSamples}': contains(tuning, 'minSamples') ? tuning.minSamples : ''
+  '${names.settings.slowRatio}': contains(tuning, 'slowRatio') ? tuning.slowRatio : ''
   '${names.settings.killGraceS}': contains(tuning, 'killGraceS') ? tuning.killGraceS : ''
   '${names.settings.monitorIntervalS}': contains(tuning, 'monitorIntervalS') ? tuning.monitorIntervalS : ''
   '${names.settings.stageLimits}': contains(tuning, 'stageLimits') ? tuning.stageLimits : ''

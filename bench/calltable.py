@@ -1,0 +1,131 @@
+"""The storage calls bagpipe makes, as the scale model's table (``bench.simcore.Call`` rows).
+
+``TODAY`` is the code as it stands (worker/runner.py, worker/lease.py, pipeline/
+transitions.py, dispatch.py, planner.py, completion.py, sweep.py, tasks.py, runtimes.py):
+cut a call there, cut its row here, and ``make bench NAME=scale`` predicts the difference.
+``PLANNED`` is the planned layout as a what-if (partitions per job, counters and rollups read
+at constant cost, dependencies as counters, claims and commits grouped, deletes batched):
+a prediction of what it buys, not a description of code.
+
+Cost kinds (measured on the local stack by ``bench.scale_calibrate``): ``get`` (a point
+read), ``query`` (a key-range read, per entity too), ``txn`` (an entity-group transaction,
+per entity too), ``update`` (a conditional update), ``send``, ``receive`` (per message
+too), ``delete`` (a message), ``renew`` (a message's visibility), ``blob`` (counted and
+priced only: a stage's transfers are inside its runtime).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from bench.simcore import (
+    ALL,
+    BEAT,
+    BLOB,
+    CLAIM,
+    END,
+    FETCH,
+    FINISH,
+    JOB,
+    LOOK,
+    PLAN,
+    QUEUE,
+    RELEASE,
+    RUNTIMES,
+    SWEEP,
+    TASK,
+    Call,
+)
+
+Q = Mapping[str, float]
+RUNTIME_FLUSH_S = 5.0  # pipeline.runtimes.RuntimeBook: reads and merges at most this often per worker
+
+
+def _per_book(q: Q) -> float:
+    """A worker reads (and merges) a runtime history at most every 5 s: per task, the
+    smaller of 1 and 1 / (5 s × the worker's tasks per second)."""
+    return min(1.0, 1.0 / (RUNTIME_FLUSH_S * q["worker_tasks_per_s"]))
+
+
+def _if_reductions(q: Q) -> float:
+    return 1.0 if q["reductions"] else 0.0
+
+
+TILE_KINDS = ("reprojection",)  # kinds whose stage moves blobs (the no-op stage moves none)
+TODAY: tuple[Call, ...] = (
+    # the planner (pipeline.planner.plan): rows 100 to a transaction, the cursor on the job row
+    Call("plan: create task rows", "txn", TASK, PLAN, 1 / 100, 100),
+    Call("plan: job row cursor", "update", JOB, PLAN, 1 / 100),
+    # a release (planner.release), 64 tasks a chunk: its lease and cursor on the job row, the
+    # PENDING rows read, moved to QUEUED with their dispatch entries 50 to a transaction, sent
+    # by 8 threads, and the counters read again before the next chunk
+    Call("release: job row lease and cursor", "update", JOB, RELEASE, 3 / 64),
+    Call("release: read PENDING rows", "query", TASK, RELEASE, 1 / 64, 64),
+    Call("release: QUEUED + dispatch entries", "txn", TASK, RELEASE, 1 / 50, 100),
+    Call("release: counter rows", "query", ALL, RELEASE, 1 / 64, lambda q: q["writers"]),
+    Call("release: send message", "send", QUEUE, RELEASE, 1, 1, lanes=8),
+    # a worker's receive (up to 32 messages)
+    Call("receive messages", "receive", QUEUE, FETCH, 1, 32),
+    # a slot's attempt (Worker.handle, transitions.claim / commit, Lease.delete)
+    Call("runtime history read", "get", RUNTIMES, CLAIM, _per_book),
+    Call("claim: read task row", "get", TASK, CLAIM),
+    Call("claim: task row, attempt, deadline entry, dispatch entry", "txn", TASK, CLAIM, 1, 4),
+    Call("stage: cache check, sources read", "blob", BLOB, CLAIM, 9, kinds=TILE_KINDS),
+    Call("stage: output written", "blob", BLOB, END, 6, kinds=TILE_KINDS),
+    Call("reduction: tiles read", "blob", BLOB, CLAIM, lambda q: q["tiles_per_reduction"], kinds=("reduction",)),
+    Call("reduction: products and logs written", "blob", BLOB, END, 3, kinds=("reduction",)),
+    Call("commit: task row, attempt, deadline entry, counter", "txn", TASK, END, 1, 4),
+    Call("delete message", "delete", QUEUE, END),
+    Call("runtime history merge: read", "get", RUNTIMES, END, _per_book),
+    Call("runtime history merge: write", "update", RUNTIMES, END, _per_book),
+    Call("reduction release: its row", "get", TASK, END, _if_reductions, kinds=TILE_KINDS),
+    Call("reduction release: its tile rows", "query", TASK, END, _if_reductions,
+         lambda q: q["tiles_per_reduction"], kinds=TILE_KINDS),
+    # Worker.after_terminal's look at the job: its row, and every writer's counter row
+    Call("look: job row", "get", JOB, LOOK),
+    Call("look: counter rows", "query", ALL, LOOK, 1, lambda q: q["writers"]),
+    # the lease every third of it (Lease._run): renew, still held?, move the deadline entry
+    Call("heartbeat: renew message", "renew", QUEUE, BEAT),
+    Call("heartbeat: read task row", "get", TASK, BEAT),
+    Call("heartbeat: move deadline entry", "txn", TASK, BEAT, 1, 3),
+    # the sweep, per job per pass (sweep._sweep_job): job row (three times), overdue and due
+    # entries, counters (release), every reduction row, and per PENDING reduction its row and
+    # its tile rows (planner.release_reductions → release_ready)
+    Call("sweep: job row", "get", JOB, SWEEP, 3),
+    Call("sweep: overdue deadline entries", "query", ALL, SWEEP),
+    Call("sweep: due dispatch entries", "query", ALL, SWEEP),
+    Call("sweep: counter rows", "query", ALL, SWEEP, 1, lambda q: q["writers"]),
+    Call("sweep: reduction rows", "query", ALL, SWEEP, lambda q: q["reductions"] / 1000, 1000),
+    Call("sweep: PENDING reduction's row", "get", TASK, SWEEP, lambda q: q["pending_reductions"]),
+    Call("sweep: PENDING reduction's tile rows", "query", TASK, SWEEP, lambda q: q["pending_reductions"],
+         lambda q: q["tiles_per_reduction"]),
+    # the finisher (completion.write_manifest): every task row, pages of 1,000
+    Call("completion: list task rows", "query", ALL, FINISH, 1 / 1000, 1000),
+    Call("completion: manifest written", "blob", BLOB, FINISH, 1 / 1000),
+)
+
+_CUT = {
+    "release: counter rows", "look: counter rows", "sweep: counter rows",  # counts from a bounded rollup
+    "sweep: reduction rows", "sweep: PENDING reduction's row", "sweep: PENDING reduction's tile rows",
+    "reduction release: its row", "reduction release: its tile rows",  # dependencies as counters
+    "claim: read task row", "claim: task row, attempt, deadline entry, dispatch entry",
+    "commit: task row, attempt, deadline entry, counter",  # grouped per worker
+}
+
+
+def _per_group(q: Q) -> float:
+    return 1.0 / q["slots"]
+
+
+PLANNED: tuple[Call, ...] = (
+    *(c for c in TODAY if c.op not in _CUT),
+    Call("claim (grouped): read task rows", "query", TASK, CLAIM, _per_group, lambda q: q["slots"]),
+    Call("claim (grouped): task rows, attempts, deadline and dispatch entries", "txn", TASK, CLAIM, _per_group,
+         lambda q: 4 * q["slots"]),
+    Call("commit (grouped): task rows, attempts, deadline entries, counter", "txn", TASK, END, _per_group,
+         lambda q: 3 * q["slots"] + 1),
+    Call("look: rollup row per partition", "query", ALL, LOOK, 1, lambda q: q["partitions"]),
+    Call("release: rollup row per partition", "query", ALL, RELEASE, 1 / 64, lambda q: q["partitions"]),
+    Call("sweep: rollup row per partition", "query", ALL, SWEEP, 1, lambda q: q["partitions"]),
+    Call("reduction release: decrement its counter", "txn", TASK, END, _if_reductions, 1, kinds=TILE_KINDS),
+)

@@ -1,0 +1,122 @@
+"""Worker health against Azurite: the monitor marks slow the worker whose attempts run far
+past their history while the others' do not; a real worker process found slow drains (its
+attempts finish elsewhere), exits to be replaced, and the job's status shows it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from pipeline import attempts, health, jobs, runtimes, sweep, tasks
+from pipeline.clients import Clients
+from pipeline.request import expand
+from pipeline.settings import Settings
+from pipeline.status import JobState
+from tests.conftest import running_control, running_workers, small_request, wait_for, with_stage
+
+
+def reported(clients: Clients, ratios: dict[str, list[float]], running: dict[str, list[float]] | None = None,
+             slots: int = 2) -> dict[str, str]:
+    """Each worker's report: its ended attempts' ratios (and its running ones')."""
+    return {worker: health.report(clients, worker, values, (running or {}).get(worker, []), slots, len(values))
+            for worker, values in ratios.items()}
+
+
+def test_the_worker_running_far_past_its_history_is_marked_slow(clients: Clients) -> None:
+    healthy = {f"w{i}": [1.0, 0.9, 1.2, 1.1] for i in range(5)}
+    # its first attempts were fine; the two it runs now have run past 3× already
+    reported(clients, healthy | {"vm": [1.0, 0.8, 1.1]}, {"vm": [1.5, 1.6], "w0": [1.5, 0.2]})
+    assert health.find_slow(clients, 2.0) == []
+    reported(clients, healthy | {"vm": [1.0, 0.8, 1.1]}, {"vm": [3.2, 3.6]})
+    assert health.find_slow(clients, 2.0) == ["vm"]
+    assert reported(clients, healthy | {"vm": [1.0, 0.8, 1.1, 3.8]}, {"vm": [4.6]}) == {
+        **{w: health.HEALTHY for w in healthy}, "vm": health.SLOW}
+    assert health.find_slow(clients, 2.0) == []  # marked once
+
+
+def test_a_slow_worker_stays_slow_while_its_new_attempts_are_young() -> None:
+    assert health.recent_ratio([1.0, 5.6, 5.7], [0.1, 0.2], 2) == 5.65
+    assert health.recent_ratio([1.0, 1.1], [3.0, 3.4], 2) == 3.0
+    assert health.recent_ratio([1.0, 1.1, 0.9, 1.0], [6.0, 5.0, 0.3, 0.2], 4) == 1.0  # two slow tasks, not a machine
+    assert health.recent_ratio([1.0], [0.5], 2) is None
+
+
+def test_nobody_is_marked_when_everyone_is_slow_or_the_rule_is_off(clients: Clients) -> None:
+    reported(clients, {f"w{i}": [2.5, 2.8] for i in range(3)} | {"vm": [4.0, 4.5]})  # not 2 × 2.65
+    assert health.find_slow(clients, 2.0) == []  # the others are slow too: storage, not a VM
+    reported(clients, {f"w{i}": [1.0, 1.0] for i in range(3)})
+    assert health.find_slow(clients, 0.0) == []  # off
+    assert health.find_slow(clients, 2.0) == ["vm"]
+
+
+def test_at_most_a_third_of_the_workers_are_slow_at_once(clients: Clients) -> None:
+    reported(clients, {"a": [1.0, 1.0], "b": [1.0, 1.1], "c": [0.9, 1.0], "d": [5.0, 6.0], "e": [4.0, 4.5],
+                       "f": [3.0, 3.0]})
+    assert health.find_slow(clients, 2.0) == ["d", "e"]  # the slowest first, two of six
+    assert health.find_slow(clients, 2.0) == []  # f stays: two of six are already slow
+
+
+def test_one_of_two_workers_may_be_slow(clients: Clients) -> None:
+    reported(clients, {"w0": [1.0, 1.0], "vm": [4.0, 4.0]})
+    assert health.find_slow(clients, 2.0) == ["vm"]
+
+
+def test_a_worker_not_heard_from_lately_is_not_compared(clients: Clients) -> None:
+    reported(clients, {"w0": [1.0, 1.0], "vm": [4.0, 4.0]})
+    later = tasks.now() + health.HEARD_WITHIN + timedelta(seconds=1)
+    assert health.find_slow(clients, 2.0, at=later) == []
+    health.left(clients, "w0", "replaced")  # gone: not an "other" any more
+    assert health.find_slow(clients, 2.0) == []
+    assert sweep.sweep(clients)["slow_workers"] == 0
+
+
+def test_a_slow_worker_drains_exits_to_be_replaced_and_its_tasks_finish_elsewhere(settings: Settings,
+                                                                                  tmp_path: Path) -> None:
+    # the kill rule out of the way: health alone acts
+    settings = with_stage(settings, "slow_machine", slow_ratio=3.0, min_samples=3, monitor_interval_s=0.5,
+                          kill_factor=100.0)
+    clients = Clients(settings)
+    clients.ensure_resources()
+    request = small_request(end="2022-03-05")  # 2 tiles × 8 periods
+    work = runtimes.work_of(expand(request, 100)[0].params())
+    runtimes.merge(clients.runtimes, "slow_machine", "MOD10A2", runtimes.Runtime(20, 1.0 / work, 0.0))  # 1 s a task
+    log = tmp_path / "slow-worker.log"
+    with open(log, "wb") as out:
+        slow = subprocess.Popen([sys.executable, "-m", "bagpipe.cli", "worker", "--slots", "2"],
+                                env={**os.environ, **settings.to_env(), "BAGPIPE_TEST_SLOW_MACHINE": "1"},
+                                stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: "ready" in log.read_text(errors="replace"), 120, "the slow worker to start")
+        with running_control(settings):
+            job = jobs.submit(clients, request)["PartitionKey"]
+            wait_for(lambda: any(f"-{slow.pid}-" in (row.get("Worker") or "")
+                                 for row in tasks.list_tasks(clients.tasks, job)), 60, "the slow worker to claim")
+            with running_workers(settings, slots=2):
+                assert slow.wait(120) == health.REPLACE_EXIT, log.read_text(errors="replace")[-2000:]
+                wait_for(lambda: JobState(jobs.get(clients, job)["State"]).finished, 120, "the job to finish")
+    finally:
+        if slow.poll() is None:
+            slow.kill()
+            slow.wait()
+    status = jobs.status(clients, job)
+    assert status["state"] == "SUCCEEDED" and status["counts"]["SUCCEEDED"] == 16
+    by_worker = {w["worker"]: w for w in status["workers"]}
+    (vm,) = [w for w in by_worker if f"-{slow.pid}-" in w]
+    assert by_worker[vm]["state"] == "replaced" and by_worker[vm]["median_ratio"] >= 3.0
+    others = [w for name, w in by_worker.items() if name != vm]
+    assert others and all(w["state"] == health.HEALTHY and w["median_ratio"] < by_worker[vm]["median_ratio"] / 2
+                          for w in others)
+    assert status["failures"].get("worker_slow", 0) >= 1 and status["monitor_kills"] == 0
+    given_up = {a["Task"] for a in attempts.list_attempts(clients.tasks, job) if a.get("FailureClass") == "worker_slow"}
+    assert given_up and all(f"-{slow.pid}-" in a["Worker"] for a in attempts.list_attempts(clients.tasks, job)
+                            if a["Task"] in given_up and a.get("FailureClass"))
+    for task in given_up:  # each finished on a healthy worker, its output published
+        row = clients.tasks.get_entity(job, task)
+        assert row["Status"] == "SUCCEEDED" and f"-{slow.pid}-" not in row["Worker"] and json.loads(row["Outputs"])
+    started = time.monotonic()
+    assert sweep.sweep(clients)["slow_workers"] == 0 and time.monotonic() - started < 30

@@ -1,0 +1,85 @@
+"""Quick-looks: each layer's colour map and legend match its encoding, and a job's overview
+lays its tiles on one image of its region, with the classes' colours where they are."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import rasterio
+from affine import Affine
+from PIL import Image
+from rasterio.io import MemoryFile
+
+from pipeline import names, overview, quicklook
+from pipeline.clients import Clients
+from pipeline.products import CATALOG
+
+SNOW = CATALOG["MOD10A2"].layer("Maximum_Snow_Extent")
+COLOURS = {value: colour for value, _, colour in quicklook.SNOW_CLASSES}
+
+
+def decoded(png: bytes) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(png)).convert("RGBA"))
+
+
+def test_snow_classes_get_their_colours_and_the_legend_names_them() -> None:
+    stored = np.array([[25, 200], [50, 255]], dtype="uint8")
+    style = quicklook.style_for(SNOW)
+    rgba = quicklook.colorize(stored, style, SNOW.nodata)
+    assert tuple(rgba[0, 1]) == (*COLOURS[200], 255) and tuple(rgba[0, 0]) == (*COLOURS[25], 255)
+    assert tuple(rgba[1, 0]) == (*COLOURS[50], 255) and rgba[1, 1, 3] == 0  # fill: transparent
+    legend = {entry["label"]: entry["colour"] for entry in quicklook.legend_json(style)}
+    assert legend["200 snow"] == "#{:02x}{:02x}{:02x}".format(*COLOURS[200])
+    assert legend["25 no snow"] == "#{:02x}{:02x}{:02x}".format(*COLOURS[25]) and "255 fill" not in legend
+    picture = decoded(quicklook.picture(np.repeat(np.repeat(rgba, 50, 0), 50, 1), style, "snow"))
+    assert tuple(picture[10, 60]) == (*COLOURS[200], 255)  # the image on top, the legend below it
+    below = {tuple(p) for p in picture[100:].reshape(-1, 4)}
+    assert all((*COLOURS[v], 255) in below for v in (25, 50, 200))  # every class's swatch is drawn
+
+
+def test_ndvi_is_on_a_vegetation_ramp_and_temperature_in_celsius() -> None:
+    ndvi = CATALOG["MOD13A1"].layer("500m_16_days_NDVI")
+    style = quicklook.style_for(ndvi)
+    rgba = quicklook.colorize(np.array([[8000, -3000]], dtype="int16"), style, ndvi.nodata, ndvi.scale)
+    assert tuple(rgba[0, 0, :3]) == dict(quicklook.VEGETATION)[0.8] and rgba[0, 1, 3] == 0
+    lst = CATALOG["MOD11A1"].layer("LST_Day_1km")
+    style = quicklook.style_for(lst)
+    assert style.unit == "°C" and "45 °C" in [line for line, _ in style.legend()]
+    kelvin_30c = round((30 + 273.15) / lst.scale)  # stored value of 30 °C
+    rgba = quicklook.colorize(np.array([[kelvin_30c]], dtype="uint16"), style, lst.nodata, lst.scale)
+    assert np.abs(rgba[0, 0, :3].astype(int) - dict(quicklook.TEMPERATURE_C)[30.0]).max() <= 2
+
+
+def tile_cog(west: float, values: np.ndarray) -> bytes:
+    profile = {"driver": "GTiff", "width": 100, "height": 100, "count": 1, "dtype": "uint8", "crs": "EPSG:4326",
+               "transform": Affine(0.01, 0, west, 0, -0.01, 35.0), "nodata": 255}
+    with MemoryFile() as memory:
+        with memory.open(**profile) as dst:
+            dst.write(values, 1)
+        return memory.read()
+
+
+def test_a_jobs_overview_shows_its_region_with_the_class_colours(clients: Clients) -> None:
+    job = "j-overview"
+    entries = []
+    for i, (west, value) in enumerate([(-110.0, 200), (-109.0, 25)]):  # snow west, bare ground east
+        values = np.full((100, 100), value, dtype="uint8")
+        values[:10, :10] = 255  # a corner without data
+        blob = names.tile_blob(f"{i:02d}" * 32, "MOD10A2", "Maximum_Snow_Extent", "2022-02-02", f"t{i}")
+        clients.transfers.upload(clients.tiles, blob, tile_cog(west, values), "image/tiff")
+        entries.append({"task": f"{i:09d}", "stage": "modis", "product": "MOD10A2", "date": "2022-02-02",
+                        "crs": "EPSG:4326", "bounds": f"{west},34.0,{west + 1},35.0",
+                        "outputs": [names.TILE_OUTPUT_PREFIX + blob]})
+    (made,) = overview.build(clients, job, entries)
+    assert made["bounds"] == (-110.0, 34.0, -108.0, 35.0) and made["tiles"] == 2
+    assert {"label": "200 snow", "colour": "#f5faff"} in made["legend"]
+    bare = decoded(clients.transfers.download(clients.products, made["map"])[0])
+    assert bare.shape == (512, 1024, 4)  # 2° × 1°, the longer side 1024 px
+    assert tuple(bare[256, 256]) == (*COLOURS[200], 255)  # a pixel of the snow tile
+    assert tuple(bare[256, 768]) == (*COLOURS[25], 255)  # and of the snow-free one
+    assert bare[5, 5, 3] == 0 and bare[5, 517, 3] == 0  # nodata: transparent
+    picture = decoded(clients.transfers.download(clients.products, made["picture"])[0])
+    assert picture.shape[0] > 512 and tuple(picture[256, 256]) == (*COLOURS[200], 255)
+    with rasterio.open(io.BytesIO(clients.transfers.download(clients.tiles, entries[0]["outputs"][0][6:])[0])) as t:
+        assert t.read(1)[50, 50] == 200  # the class whose colour the overview shows there
