@@ -38,7 +38,9 @@ class Toxiproxy:
     def __init__(self) -> None:
         self.api_port = free_port()
         self._process: subprocess.Popen[bytes] | None = None
-        self.api = httpx.Client(base_url=f"http://127.0.0.1:{self.api_port}", timeout=10)
+        # removing a toxic waits for its links to hand over what they hold (a slow bandwidth
+        # toxic's chunk), which on a loaded machine can take well over ten seconds
+        self.api = httpx.Client(base_url=f"http://127.0.0.1:{self.api_port}", timeout=60)
 
     def start(self) -> Toxiproxy:
         self._process = subprocess.Popen([str(install()), "-host", "127.0.0.1", "-port", str(self.api_port)],

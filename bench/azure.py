@@ -6,19 +6,9 @@ comes from (and whether a stored page confirmed it), and the ModisAzure workload
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from bench.simcore import Cost, Limits, LogNormal, Result, ScaleOut, TaskKind
-
-
-@dataclass(frozen=True)
-class Figure:
-    what: str
-    value: float
-    unit: str
-    source: str
-    confirmed: bool = True  # read on a stored page (False: derived or assumed, said how)
-
+from pipeline.costs import PRICES, REPLICA_GIB, REPLICA_VCPU, SLOTS, Figure
 
 TABLE_TARGETS = ("'Scalability and performance targets for Table storage', "
                  "https://learn.microsoft.com/en-us/azure/storage/tables/scalability-targets")
@@ -35,9 +25,8 @@ TARGETS = (
 )
 LIMITS = Limits(partition=2_000, queue=2_000, account=20_000)
 
-# The platform (infra/bicep): a worker execution has 2 vCPU, 4 GiB and 2 slots; KEDA polls the
-# shards every 10 s with a queue length of one execution's slots. Start-up is assumed.
-REPLICA_VCPU, REPLICA_GIB, SLOTS = 2.0, 4.0, 2
+# The platform (infra/bicep): a worker execution (pipeline.costs: its vCPU, GiB and slots); KEDA
+# polls the shards every 10 s with a queue length of one execution's slots. Start-up is assumed.
 FUNCTION_GB = 2.0  # Flex Consumption's default instance memory (2,048 MB)
 SCALE_OUT = ScaleOut(polling_s=10.0, queue_length=SLOTS, max_executions=1_000, start=LogNormal(30.0, 0.3),
                      idle_s=60.0)
@@ -61,31 +50,7 @@ def azure_costs(local: dict[str, Cost]) -> dict[str, Cost]:
             for kind, c in local.items()}
 
 
-# --- public prices (USD, pay-as-you-go) ------------------------------------------------------
-# The price list: Azure's pay-as-you-go retail prices (the Azure Retail Prices API, which the
-# azure.microsoft.com pricing pages render), USD, East US, as of August 2026. This machine cannot reach
-# Azure; each rate was read in a dated public copy of that list, named with it.
-PRICE_LIST = "Azure pay-as-you-go retail prices (Azure Retail Prices API), USD, East US, as of 2026-08"
-RETAIL_API = "Azure Retail Prices API, East US, read 2026-08-04 (a public cost estimate quoting its meters)"
-PRICES = {
-    "table": Figure("Table Storage transactions (LRS, every operation type)", 0.00036, "USD per 10,000",
-                    "Azure retail rate for reads, writes, lists, scans and deletes, checked 2026-07-21 (a public "
-                    "repository's cost notes); the same East US LRS rate in several others"),
-    "queue": Figure("Queue Storage operations (GPv2 LRS, class 1 and class 2)", 0.004, "USD per 10,000",
-                    "derived, not read: Azure pricing-calculator exports in public repositories (East US: 1 GB, "
-                    "1,000 × 10,000 class-1 and class-2 operations = $8.05 = $0.045/GB + 2,000 × $0.004)", False),
-    "blob_write": Figure("Blob Storage write operations (hot, LRS)", 0.05, "USD per 10,000", RETAIL_API),
-    "blob_read": Figure("Blob Storage read operations (hot, LRS)", 0.004, "USD per 10,000", RETAIL_API),
-    "vcpu": Figure("Container Apps consumption, active vCPU", 0.000024, "USD per vCPU-second",
-                   "azure.microsoft.com/pricing/details/container-apps (pay-as-you-go, active usage), as quoted "
-                   "in public cost notes of 2026"),
-    "memory": Figure("Container Apps consumption, memory", 0.000003, "USD per GiB-second",
-                     "azure.microsoft.com/pricing/details/container-apps, as quoted in public cost notes of 2026"),
-    "flex_gbs": Figure("Functions Flex Consumption, on-demand execution time", 0.000026, "USD per GB-second",
-                       "Modal, 'Azure Functions pricing: Consumption vs. Flex Consumption', 2025-05-22 (East US)"),
-    "flex_exec": Figure("Functions Flex Consumption, on-demand executions", 0.40, "USD per million",
-                        "the same guide, 2025-05-22"),
-}
+# --- public prices (USD, pay-as-you-go): pipeline.costs, which the job estimates use too ---------
 FREE_GRANTS = Figure("Container Apps free grant per subscription and month: 180,000 vCPU-s, 360,000 GiB-s, "
                      "2 million requests (not deducted below)", 0, "",
                      "https://learn.microsoft.com/en-us/azure/container-apps/billing")

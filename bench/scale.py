@@ -10,6 +10,9 @@ of ``docs/scale.md``:
   1 M-task job) on Azure's documented targets: where each saturates first, the partitions,
   shards and storage accounts it needs, the throughput curves, and what a million tasks
   cost in storage transactions and compute at public prices.
+- ``retention``: a cached source's and a cached tile's size and the time to make each again,
+  measured on the real granule, and how long the deployment's lifecycle rule keeps each
+  after its last use.
 
 With every part run it writes docs/scale.md and its plots (``--no-write``: not; with only
 some parts run it writes nothing unless ``--write``). Last line: one JSON object of every
@@ -28,7 +31,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import scale_azure, scale_local
+from bench import scale_azure, scale_local, scale_retention
 from bench.scale_report import Context, Part
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,6 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 PARTS: dict[str, Callable[[Context], Part]] = {
     "calibration": scale_local.part,
     "azure": scale_azure.part,
+    "retention": scale_retention.part,
 }
 INTRO = """# bagpipe at scale: the plan past one machine, simulated
 

@@ -11,12 +11,14 @@ from dataclasses import replace
 from typing import Any
 
 from bench import azure
-from bench.azure import LIMITS, MODIS_JOB_TASKS, MODIS_KINDS, SCALE_OUT, SLOTS, TILES_PER_REDUCTION
+from bench.azure import LIMITS, MODIS_JOB_TASKS, MODIS_KINDS, SCALE_OUT, TILES_PER_REDUCTION
 from bench.calltable import PLANNED, TODAY
 from bench.scale_local import local_costs
 from bench.scale_report import Context, Part, hours, plt, save, table
 from bench.sim import simulate
 from bench.simcore import ALL, TASK, Call, Cost, LogNormal, Result, Scenario, TaskKind
+from pipeline import costs
+from pipeline.costs import SLOTS
 
 HEADROOM = 0.5  # size targets so that none runs above half its rate at the job's steady rate
 SIMULATED = 12_000  # tasks simulated of a long job (at least 4 a worker); the rest extrapolated
@@ -111,7 +113,7 @@ tasks here: a tile task (collection + reprojection) lognormal, median 4.5 min (m
 {MODIS_KINDS[0].runtime.mean / 60:.1f} min); a reduction median 2.75 min (mean
 {MODIS_KINDS[1].runtime.mean / 60:.1f} min: see the sources below), depending on
 {TILES_PER_REDUCTION:.2f} tile tasks (Table 2's ratio). A worker is a slot: a Container Apps
-Job execution of {azure.REPLICA_VCPU:g} vCPU and {azure.REPLICA_GIB:g} GiB runs {SLOTS} (the
+Job execution of {costs.REPLICA_VCPU:g} vCPU and {costs.REPLICA_GIB:g} GiB runs {SLOTS} (the
 deployment's defaults), started by KEDA (polling every {SCALE_OUT.polling_s:g} s, one execution per
 {SCALE_OUT.queue_length} visible messages, up to the scenario's workers), each up in a median
 {SCALE_OUT.start.median:g} s (assumed). ModisAzure's job is the continental US over ten years:
@@ -228,14 +230,14 @@ a transaction billed per entity, or per request (see the sources):
 {table(("item", "USD (transactions per entity)", "USD (per request)"), rows)}
 
 Compute is almost all of it: {MODIS_KINDS[0].runtime.mean / 60:.1f} minutes of a slot per tile task
-is {azure.REPLICA_VCPU / SLOTS:g} vCPU and {azure.REPLICA_GIB / SLOTS:g} GiB for that long; the
+is {costs.REPLICA_VCPU / SLOTS:g} vCPU and {costs.REPLICA_GIB / SLOTS:g} GiB for that long; the
 storage transactions of a task cost a small fraction of a cent. Not counted: blob capacity
 (GB-months of sources and tiles), egress, the free grants."""
     return md, total
 
 
 def sources() -> str:
-    figures = [*azure.TARGETS, *azure.ASSUMED, *azure.PRICES.values(), azure.FREE_GRANTS, azure.EGT_BILLING,
+    figures = [*azure.TARGETS, *azure.ASSUMED, *costs.PRICES.values(), azure.FREE_GRANTS, azure.EGT_BILLING,
                *azure.MODIS]
     rows = [[f.what, f"{f.value:,g} {f.unit}".strip() if f.value else "", f.source,
              "yes" if f.confirmed else "**no**"] for f in figures]
@@ -243,7 +245,7 @@ def sources() -> str:
 
 {table(("figure", "value", "source", "confirmed on a stored page"), rows)}
 
-Price list: {azure.PRICE_LIST}. This machine cannot reach Azure, so each rate was read in a
+Price list: {costs.PRICE_LIST}. This machine cannot reach Azure, so each rate was read in a
 dated public copy of that list (named above); the queue price is derived from
 pricing-calculator exports, not read; whether an
 entity-group transaction is billed once or per entity is not confirmed on a Microsoft page."""

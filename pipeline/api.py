@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from pipeline import accounts, audit, auth, bundles, jobs, registry, results, stacapi, uploads
+from pipeline import accounts, audit, auth, bundles, costs, jobs, registry, results, stacapi, uploads
 from pipeline.clients import clients_for
 from pipeline.identity import Caller, IdentityError
 from pipeline.portal import add_portal
@@ -166,10 +166,11 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.post("/api/estimate")
     def estimate(request: JobRequest, caller: Caller = Depends(signed_in)) -> dict[str, Any]:
-        """How many tasks a request would make, without submitting it."""
+        """How many tasks a request would make, their compute time (from the runtime history)
+        and what they would cost at Azure's public prices, without submitting it."""
         program = registry.resolve(clients, caller.user, request.reducer.name) if request.reducer else None
         specs = expand(request, settings.max_tasks, program=program)
-        return {"tasks": len(specs), "limit": settings.max_tasks}
+        return costs.estimate(clients.runtimes, specs, settings.min_samples) | {"limit": settings.max_tasks}
 
     @app.get("/api/jobs")
     def list_jobs(limit: int = 50, all: bool = False, caller: Caller = Depends(signed_in)) -> list[dict[str, Any]]:

@@ -42,9 +42,13 @@ class Cached:
 
 
 def _read(transfers: Transfers, container: ContainerClient, name: str, want_data: bool) -> Cached | None:
+    """The cached blob, or None. Asked only whether it is there, it reads its first byte:
+    a read is what storage records as an access (a look at its properties is not), and the
+    retention rule keeps a cached blob by when it was last used (``costs.keep_days``); the
+    answer carries the whole blob's MD5 all the same."""
     try:
         if not want_data:
-            props = container.get_blob_client(name).get_blob_properties()
+            props = container.get_blob_client(name).download_blob(offset=0, length=1).properties
             return Cached(name, bytes(props.content_settings.content_md5 or b""), None, False)
         data, md5 = transfers.download(container, name)
     except ResourceNotFoundError:

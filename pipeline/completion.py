@@ -25,7 +25,7 @@ from typing import Any
 
 from azure.core.exceptions import HttpResponseError
 
-from pipeline import attempts, bundles, jobs, names, overview, packing, reducers, results, tasks
+from pipeline import attempts, bundles, costs, jobs, names, overview, packing, reducers, results, tasks
 from pipeline.clients import Clients
 from pipeline.notify import Mailer
 from pipeline.redact import redact
@@ -179,7 +179,8 @@ def _finish(clients: Clients, mailer: Mailer, hold: Finishing) -> None:
         mailer.send(completion_email(clients, hold.row, final, found, recipient, message_id))
         hold.update(NotifiedAt=tasks.now())
     attempts.clear_indexes(clients, row["PartitionKey"])
-    hold.update(State=final.value, FinishedAt=tasks.now(), Manifest=names.manifest_blob(row["PartitionKey"]))
+    hold.update(State=final.value, FinishedAt=tasks.now(), Manifest=names.manifest_blob(row["PartitionKey"]),
+                ComputeS=found["cost"]["compute_s"], CostUSD=found["cost"]["usd"])
 
 
 def write_manifest(clients: Clients, row: dict[str, Any], final: JobState) -> dict[str, Any]:
@@ -213,6 +214,7 @@ def write_manifest(clients: Clients, row: dict[str, Any], final: JobState) -> di
         "total": int(row["Total"]),
         "counts": counts,
         "catalog": catalog_of(clients.settings),
+        "cost": costs.measured(_attempt_seconds(clients, job), len(entries)),
         "overviews": overview.build(clients, job, entries) if final is not JobState.CANCELLED else [],
         "tasks": entries,
         "packed": packing.as_manifest(packing.pack(clients, job, (
@@ -221,6 +223,17 @@ def write_manifest(clients: Clients, row: dict[str, Any], final: JobState) -> di
     }
     clients.transfers.upload(clients.products, names.manifest_blob(job), json.dumps(found, indent=1).encode(),
                              "application/json")
+    return found
+
+
+def _attempt_seconds(clients: Clients, job: str) -> list[float]:
+    """How long each of the job's attempts ran (one revoked or lost: until it ended)."""
+    found = []
+    for attempt in attempts.list_attempts(clients.tasks, job, select=["RuntimeS", "StartedAt", "EndedAt"]):
+        if attempt.get("RuntimeS") is not None:
+            found.append(float(attempt["RuntimeS"]))
+        elif attempt.get("StartedAt") and attempt.get("EndedAt"):
+            found.append((attempt["EndedAt"] - attempt["StartedAt"]).total_seconds())
     return found
 
 
@@ -264,7 +277,9 @@ def completion_email(clients: Clients, row: dict[str, Any], final: JobState, fou
     message["Message-ID"] = message_id
     message.set_content(
         f"Your bagpipe job {job}{label} has finished: {final.value}.\n\n{why}"
-        f"Tasks: {found['total']} ({counts}).\n\n"
+        f"Tasks: {found['total']} ({counts}).\n"
+        f"Compute: {found['cost']['compute_s'] / 3600:.2f} slot-hours over {found['cost']['attempts']} attempts, "
+        f"about ${found['cost']['usd']:.2f} at Azure's pay-as-you-go prices.\n\n"
         f"Manifest with every product (link valid for {clients.settings.sas_minutes} minutes):\n"
         f"{link}\n\n"
         f"{_overview_line(clients, found)}"

@@ -1,5 +1,6 @@
-"""What ``infra/bicep`` loads as ``names.json``: the storage names of :mod:`pipeline.names` and
-the app settings of :mod:`pipeline.settings`, so that Bicep never retypes a name.
+"""What ``infra/bicep`` loads as ``names.json``: the storage names of :mod:`pipeline.names`,
+the app settings of :mod:`pipeline.settings` and the cache containers' retention
+(:func:`pipeline.costs.keep_days`), so that Bicep never retypes a name or a figure.
 
     python -m pipeline.deployment > infra/bicep/names.json
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 
-from pipeline import names
+from pipeline import costs, names
 from pipeline.settings import deployed_settings
 
 DEPLOYED_SHARDS = 4  # the shard count infra/bicep deploys (BAGPIPE_SHARDS there)
@@ -27,9 +28,15 @@ def deployment_names(shards: int = DEPLOYED_SHARDS) -> dict[str, object]:
         "shards": shards,
         "containers": [deployed.container(c) for c in names.CONTAINERS],
         "expiringContainers": [deployed.container(c) for c in names.EXPIRING_CONTAINERS],
+        "cacheRetention": [{"container": deployed.container(c), "days": keep_days(c)} for c in names.CACHE_CONTAINERS],
         "settings": dict(sorted(deployed_settings().items())),
         "bindingConnection": names.BINDING_CONNECTION,
     }
+
+
+def keep_days(container: str) -> int:
+    """How long the cache ``container`` keeps a blob after its last use (whole days, one at least)."""
+    return max(1, round(costs.keep_days(*costs.CACHED[container])))
 
 
 if __name__ == "__main__":

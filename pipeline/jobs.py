@@ -27,7 +27,7 @@ from azure.core.exceptions import (
 )
 from azure.data.tables import UpdateMode
 
-from pipeline import health, names, rollups, tasks, transitions
+from pipeline import costs, health, names, rollups, tasks, transitions
 from pipeline.clients import Clients
 from pipeline.identity import User
 from pipeline.redact import redact
@@ -266,6 +266,8 @@ def status(clients: Clients, job: str, rollup: rollups.Rollup | None = None) -> 
         "created": row["CreatedAt"].isoformat(),
         "updated": row["UpdatedAt"].isoformat(),
         "finished": row["FinishedAt"].isoformat() if row.get("FinishedAt") else None,
+        "cost": {"compute_s": row["ComputeS"], "usd": row["CostUSD"], "prices": costs.PRICE_LIST}
+        if row.get("ComputeS") is not None else None,  # measured at completion
         "request": json.loads(row["Request"]),
         "owner": row.get("Owner", ""),
         "program": json.loads(row["Program"]) if row.get("Program") else None,

@@ -53,7 +53,8 @@ LOGS_CONTAINER = "logs"
 BUNDLES_CONTAINER = "bundles"  # reducer bundles, content-addressed; kept as long as a job may name them
 CONTAINERS = (SOURCES_CONTAINER, TILES_CONTAINER, PRODUCTS_CONTAINER, LOGS_CONTAINER, BUNDLES_CONTAINER)
 # the containers whose blobs the deployment's retention deletes (a bundle is kept for its jobs)
-EXPIRING_CONTAINERS = (SOURCES_CONTAINER, TILES_CONTAINER, PRODUCTS_CONTAINER, LOGS_CONTAINER)
+EXPIRING_CONTAINERS = (PRODUCTS_CONTAINER, LOGS_CONTAINER)  # deleted a set time after they were written
+CACHE_CONTAINERS = (SOURCES_CONTAINER, TILES_CONTAINER)  # kept by their last use (pipeline.costs.keep_days)
 
 # --- row keys inside the tables ----------------------------------------------------------
 JOB_ROW = "job"  # jobs: PK = job id, RK = JOB_ROW

@@ -137,8 +137,12 @@ async function submitPage() {
       clearErrors();
       try {
         const found = await api("POST", "/api/estimate", request());
-        estimate.textContent = `This request makes ${found.tasks.toLocaleString()} tasks.`;
+        estimate.textContent = `This request makes ${found.tasks.toLocaleString()} tasks` + (found.known
+          ? `: about ${duration(found.compute_s)} of compute, $${found.usd.toFixed(2)} at Azure's prices ` +
+            "(at most: tiles already made cost almost nothing)."
+          : ` (compute time not known yet: too few runs of its stages so far; storage calls $${found.usd.toFixed(2)}).`);
         estimate.dataset.tasks = found.tasks;
+        estimate.title = found.prices;
       } catch (err) {
         estimate.textContent = "This request cannot run yet: see the fields marked.";
         delete estimate.dataset.tasks;

@@ -131,6 +131,19 @@ def test_keda_scales_the_workers_on_the_real_shard_queues() -> None:
     assert "minExecutions: 0" in job and "triggerType: 'Event'" in job
 
 
+def test_the_caches_are_kept_by_last_use_and_the_results_by_age() -> None:
+    storage = BICEP / "modules/storage.bicep"
+    service = _text(_declaration(storage, "resource_declaration", "blobService"))
+    assert re.search(r"lastAccessTimeTrackingPolicy: \{ enable: true", service), "a read must record the blob's use"
+    caches = _text(_declaration(storage, "variable_declaration", "cacheRules"))
+    assert "names.cacheRetention" in caches and "daysAfterLastAccessTimeGreaterThan: c.days" in caches
+    results = _text(_declaration(storage, "variable_declaration", "resultRules"))
+    assert "names.expiringContainers" in results and "daysAfterModificationGreaterThan: retentionDays" in results
+    rules = _text(_declaration(storage, "resource_declaration", "retention"))
+    assert "concat(cacheRules, resultRules)" in rules
+    assert {e["container"] for e in DEPLOYED["cacheRetention"]}.isdisjoint(DEPLOYED["expiringContainers"])
+
+
 def test_role_assignments_cover_every_data_plane_for_both_identities() -> None:
     main = (BICEP / "main.bicep").read_text()
     role_ids = dict(re.findall(r"(\w+): '([0-9a-f-]{36})'", _text(_declaration(BICEP / "main.bicep",

@@ -127,7 +127,7 @@ def test_submit_on_the_map_watch_it_finish_and_open_a_quicklook(page: Page, stac
 
     _fill_small_request(page)
     # 2 target tiles x 1 period + 2 reductions, counted before submitting
-    expect(page.locator("#estimate")).to_have_text(re.compile("makes 4 tasks"))
+    expect(page.locator("#estimate")).to_have_text(re.compile(r"makes 4 tasks.*\$\d+\.\d\d"))  # and their cost
     _shot(page, "submit")
     page.click("#submit-form button[type=submit]")
     expect(page).to_have_url(re.compile(r"#/jobs/[\w-]+$"))
@@ -183,7 +183,7 @@ def test_an_invalid_request_shows_the_error_beside_its_field(page: Page, stack: 
     page.goto(stack.api_url + "/")
     _enter_key(page, stack.token)
     _fill_small_request(page)
-    expect(page.locator("#estimate")).to_have_text(re.compile("makes 4 tasks"))
+    expect(page.locator("#estimate")).to_have_text(re.compile(r"makes 4 tasks.*\$\d+\.\d\d"))  # and their cost
     page.fill("#crs", "EPSG:999999")
     crs_error = page.locator("[data-field='grid.crs'] .error")
     expect(crs_error).to_contain_text("unknown CRS")
@@ -192,7 +192,7 @@ def test_an_invalid_request_shows_the_error_beside_its_field(page: Page, stack: 
     expect(crs_error).to_be_empty()
     page.fill("#bbox-west", "179.5")  # west of east no more: the box crosses ±180°, drawn as its two halves
     page.fill("#bbox-east", "-179.5")
-    expect(page.locator("#estimate")).to_have_text(re.compile("makes 4 tasks"))
+    expect(page.locator("#estimate")).to_have_text(re.compile(r"makes 4 tasks.*\$\d+\.\d\d"))  # and their cost
     expect(page.locator(".map rect.bbox")).to_have_count(2)
     page.fill("#bbox-south", "35")  # south of north no more: an empty region
     expect(page.locator("[data-field=region] > .error")).to_contain_text("empty")
@@ -266,7 +266,7 @@ def test_a_scientist_signs_in_uploads_a_reducer_runs_a_job_with_it_and_sees_only
     _fill_small_request(page)
     page.select_option("#reducer", "mean")
     page.fill("#label", "with my reducer")
-    expect(page.locator("#estimate")).to_have_text(re.compile("makes 4 tasks"))
+    expect(page.locator("#estimate")).to_have_text(re.compile(r"makes 4 tasks.*\$\d+\.\d\d"))  # and their cost
     page.click("#submit-form button[type=submit]")
     expect(page).to_have_url(re.compile(r"#/jobs/[\w-]+$"))
     job = page.url.rsplit("/", 1)[-1]

@@ -1,9 +1,11 @@
 // The storage account: every queue, table and container the code names (names.json), no
-// shared keys (identities only), and a retention rule on the data containers.
+// shared keys (identities only), and the retention rules: the caches (sources, tiles) keep a
+// blob while keeping it costs less than making it again (names.json's cacheRetention, by
+// last access: tracking is on), the products and logs for retentionDays after they were written.
 
 param name string
 param location string
-@description('Days after which blobs in the data containers are deleted (0: kept).')
+@description('Days after which products and logs are deleted (0: kept).')
 param retentionDays int
 
 var names = loadJsonContent('../names.json')
@@ -24,6 +26,10 @@ resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' = {
 resource blobService 'Microsoft.Storage/storageAccounts/blobServices@2023-05-01' = {
   parent: storage
   name: 'default'
+  properties: {
+    // a read or a write records the blob's last access (the first of each day): the caches' rules use it
+    lastAccessTimeTrackingPolicy: { enable: true, name: 'AccessTimeTracking', trackingGranularityInDays: 1, blobType: [ 'blockBlob' ] }
+  }
 }
 
 resource containers 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' = [for c in names.containers: {
@@ -57,24 +63,32 @@ resource tables 'Microsoft.Storage/storageAccounts/tableServices/tables@2023-05-
   name: t
 }]
 
-resource retention 'Microsoft.Storage/storageAccounts/managementPolicies@2023-05-01' = if (retentionDays > 0) {
-  parent: storage
-  name: 'default'
-  properties: {
-    policy: {
-      rules: [
-        {
-          name: 'expire-data'
-          enabled: true
-          type: 'Lifecycle'
-          definition: {
-            filters: { blobTypes: [ 'blockBlob' ], prefixMatch: [for c in names.expiringContainers: '${c}/'] }
-            actions: { baseBlob: { delete: { daysAfterModificationGreaterThan: retentionDays } } }
-          }
-        }
-      ]
+var cacheRules = [for c in names.cacheRetention: {
+  name: 'keep-${c.container}-while-worth-it'
+  enabled: true
+  type: 'Lifecycle'
+  definition: {
+    filters: { blobTypes: [ 'blockBlob' ], prefixMatch: [ '${c.container}/' ] }
+    actions: { baseBlob: { delete: { daysAfterLastAccessTimeGreaterThan: c.days } } }
+  }
+}]
+var resultRules = retentionDays > 0 ? [
+  {
+    name: 'expire-results'
+    enabled: true
+    type: 'Lifecycle'
+    definition: {
+      filters: { blobTypes: [ 'blockBlob' ], prefixMatch: [for c in names.expiringContainers: '${c}/'] }
+      actions: { baseBlob: { delete: { daysAfterModificationGreaterThan: retentionDays } } }
     }
   }
+] : []
+
+resource retention 'Microsoft.Storage/storageAccounts/managementPolicies@2023-05-01' = {
+  parent: storage
+  name: 'default'
+  properties: { policy: { rules: concat(cacheRules, resultRules) } }
+  dependsOn: [ blobService ]
 }
 
 output name string = storage.name
