@@ -26,14 +26,12 @@ from __future__ import annotations
 import json
 import logging
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from azure.core.exceptions import ResourceNotFoundError
 from azure.data.tables import UpdateMode
 
-from pipeline import runtimes
 from pipeline.clients import Clients
 from pipeline.tasks import now
 
@@ -50,6 +48,7 @@ MAX_SLOW_SHARE = 1 / 3  # of the workers heard from, at most this many slow at o
 # worker; a Container Apps job retries the replica (replicaRetryLimit), a new one
 REPLACE_EXIT = 75
 SLOWNESS = ("execution_timeout", "worker_slow")  # attempts ended for being slow
+SLOT_MARK = "~"  # between a worker's name and its slot's number, in the name its slot writes under
 
 
 def recent_ratio(ended: list[float], running: list[float], slots: int) -> float | None:
@@ -130,45 +129,37 @@ def find_slow(clients: Clients, slow_ratio: float, at: datetime | None = None) -
     return marked
 
 
-def worker_table(clients: Clients, task_rows: Sequence[Mapping[str, Any]],
-                 attempt_rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The job's workers: attempts run, the median ratio of their attempts' runtimes to the
-    history (attempts that computed; a running one, or one ended for being slow, with the
-    time it ran), and
-    each worker's state (healthy, slow, or how it left)."""
-    mean_of: dict[tuple[str, str], float] = {}
-    expected: dict[str, float] = {}
-    for row in task_rows:
-        params = json.loads(row["Params"])
-        key = (row["Stage"], runtimes.history_key(params))
-        if key not in mean_of:
-            history = runtimes.read(clients.runtimes, *key)
-            mean_of[key] = history.mean if history.count >= clients.settings.min_samples else 0.0
-        expected[row["RowKey"]] = mean_of[key] * runtimes.work_of(params)
-    at = now()
+def slot_writer(worker: str, slot: int) -> str:
+    """The name a worker's slot writes its rollup row under (the job's worker table reads
+    the worker back from it)."""
+    return f"{worker}{SLOT_MARK}{slot}"
+
+
+def worker_table(clients: Clients, writers: Mapping[str, Mapping[str, int]]) -> list[dict[str, Any]]:
+    """The job's workers, from its rollup rows (``writers``: each writer's net moves, and
+    its failures as ``FAILED``) and the workers' health rows — a row per worker, whatever
+    the job's size: the attempts it ran for the job and how many it committed, its recent
+    ratio of runtimes to their history (the median of its latest attempts, any job's, or of
+    the ones it runs: what the monitor compares), and its state (healthy, slow, or how it
+    left)."""
     found: dict[str, dict[str, Any]] = {}
-    ratios: dict[str, list[float]] = {}
-    for attempt in attempt_rows:
-        worker = attempt.get("Worker")
-        if not worker:
+    for writer, counts in writers.items():
+        worker, mark, slot = writer.rpartition(SLOT_MARK)
+        if not mark or not slot.isdigit():
+            continue  # the monitor, the sweep, a releaser, a canceller
+        committed = sum(counts.get(status, 0) for status in ("SUCCEEDED", "CACHED", "NO_DATA"))
+        entry = found.setdefault(worker, {"worker": worker, "attempts": 0, "committed": 0})
+        # claims: each ended in a commit, a failure, or is RUNNING still (or was revoked by the monitor)
+        entry["attempts"] += max(0, counts.get("RUNNING", 0)) + committed + counts.get("FAILED", 0)
+        entry["committed"] += committed
+    for entry in found.values():
+        entry |= {"median_ratio": None, "state": "unknown"}  # until its health row says (one query: the fleet's)
+    for row in clients.workers.query_entities("PartitionKey eq @p", parameters={"p": PARTITION},
+                                              select=["RowKey", "Ratios", "Running", "Slots", "State", "Left"]) \
+            if found else ():
+        if row["RowKey"] not in found:
             continue
-        found.setdefault(worker, {"worker": worker, "attempts": 0, "committed": 0})
-        found[worker]["attempts"] += 1
-        outcome = attempt.get("Outcome")
-        found[worker]["committed"] += outcome in ("SUCCEEDED", "CACHED", "NO_DATA")
-        mean = expected.get(attempt["Task"], 0.0)
-        if not mean or not attempt.get("StartedAt"):
-            continue
-        if outcome == "SUCCEEDED" and attempt.get("RuntimeS") is not None:
-            ratios.setdefault(worker, []).append(float(attempt["RuntimeS"]) / mean)
-        elif outcome == "RUNNING" or attempt.get("FailureClass") in SLOWNESS:  # at least this slow
-            ended = attempt.get("EndedAt") or at
-            ratios.setdefault(worker, []).append((ended - attempt["StartedAt"]).total_seconds() / mean)
-    for worker, entry in found.items():
-        entry["median_ratio"] = round(statistics.median(ratios[worker]), 2) if worker in ratios else None
-        try:
-            row = clients.workers.get_entity(PARTITION, worker)
-            entry["state"] = row.get("Left") or row.get("State") or HEALTHY
-        except ResourceNotFoundError:
-            entry["state"] = "unknown"
+        ratio = _ratio_of(row)  # as the monitor compares it: its ended attempts, or the ones it runs
+        found[row["RowKey"]] |= {"median_ratio": round(ratio, 2) if ratio is not None else None,
+                                 "state": row.get("Left") or row.get("State") or HEALTHY}
     return sorted(found.values(), key=lambda e: e["worker"])

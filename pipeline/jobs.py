@@ -14,8 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-from collections import Counter
-from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -29,7 +27,7 @@ from azure.core.exceptions import (
 )
 from azure.data.tables import UpdateMode
 
-from pipeline import attempts, costs, health, names, tasks, transitions
+from pipeline import costs, health, names, rollups, tasks, transitions
 from pipeline.clients import Clients
 from pipeline.identity import User
 from pipeline.redact import redact
@@ -243,23 +241,15 @@ def cancel(clients: Clients, job: str, owner: str) -> dict[str, Any]:
     return row
 
 
-def status(clients: Clients, job: str, task_rows: Sequence[Mapping[str, Any]] | None = None,
-           attempt_rows: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
+def status(clients: Clients, job: str, rollup: rollups.Rollup | None = None) -> dict[str, Any]:
     """What ``GET /api/jobs/{id}`` shows: state, counts per task status and per failure
-    class, progress and timestamps (from the rows given, if the caller has read them)."""
+    class, progress and timestamps. From the job row and its rollups (``rollup``, if the
+    caller has read them): a few rows, whatever the job's size."""
     row = get(clients, job)
-    if task_rows is None:
-        task_rows = tasks.list_tasks(clients.tasks, job)
-    if attempt_rows is None:
-        attempt_rows = attempts.list_attempts(clients.tasks, job, select=[
-            "FailureClass", "RevokedBy", "Task", "Worker", "Outcome", "RuntimeS", "StartedAt", "EndedAt"])
-    counts: Counter[str] = Counter(task["Status"] for task in task_rows)
-    failures: Counter[str] = Counter()
-    kills = 0
-    for attempt in attempt_rows:
-        if attempt.get("FailureClass"):
-            failures[attempt["FailureClass"]] += 1
-        kills += attempt.get("RevokedBy") == "monitor"
+    if rollup is None:
+        rollup = rollups.read(clients.tasks, job, tiles=False)
+    counts = {s.value: rollup.counts.get(s.value, 0) for s in TaskStatus}
+    counts[TaskStatus.PENDING.value] = max(0, int(row.get("Planned", 0)) - sum(counts.values()))
     total = int(row["Total"])
     done = sum(counts[s.value] for s in TaskStatus if s.terminal)
     return {
@@ -268,10 +258,10 @@ def status(clients: Clients, job: str, task_rows: Sequence[Mapping[str, Any]] | 
         "label": row.get("Label", ""),
         "error": row.get("Error") or None,
         "total": total,
-        "counts": {s.value: counts.get(s.value, 0) for s in TaskStatus},
-        "failures": dict(failures),
-        "monitor_kills": kills,
-        "workers": health.worker_table(clients, task_rows, attempt_rows),
+        "counts": counts,
+        "failures": dict(rollup.failures),
+        "monitor_kills": rollup.kills,
+        "workers": health.worker_table(clients, rollup.writers),
         "progress": done / total if total else 1.0,
         "created": row["CreatedAt"].isoformat(),
         "updated": row["UpdatedAt"].isoformat(),

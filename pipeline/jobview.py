@@ -1,16 +1,19 @@
-"""What the portal's job page shows, in one read of the job's tasks and attempts: the
-target tiles with their lon/lat bounds and task states, a histogram of task runtimes with
-the monitor's kill threshold, the failed and revoked attempts with links to their logs, an
-estimate of the time left from the runtime history, and (once finished) the quick-looks."""
+"""What the portal's job page shows: the target tiles with their lon/lat bounds and task
+states, a histogram of task runtimes with the monitor's kill threshold, the newest failed
+and revoked attempts with links to their logs, an estimate of the time left from the
+runtime history, and (once finished) the quick-looks.
+
+All of it from the job's rollups, its plan row and one page of its failure index
+(``pipeline.rollups``): a bounded number of rows whatever the job's size, never a read of
+its task or attempt rows."""
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from datetime import datetime
 from typing import Any
 
-from pipeline import attempts, jobs, names, policy, results, runtimes, tasks
+from pipeline import jobs, names, policy, results, rollups, runtimes
 from pipeline.clients import Clients
 from pipeline.status import ENDED_WELL, JobState, TaskStatus
 from pipeline.targets import lonlat_bounds
@@ -38,17 +41,19 @@ def tile_state(counts: Counter[str]) -> str:
     return "waiting"
 
 
-def histogram(seconds: list[float], threshold: float | None) -> dict[str, Any]:
+def histogram(seconds: list[float] | Counter[float], threshold: float | None) -> dict[str, Any]:
     """Bars of equal width from 0 to past the longest runtime; the threshold is on the axis
-    when it is near (else ``threshold_beyond``: drawn at the edge, so the bars stay readable)."""
-    longest = max(seconds, default=0.0)
+    when it is near (else ``threshold_beyond``: drawn at the edge, so the bars stay readable).
+    ``seconds``: the runtimes, or how many ran for each duration."""
+    runs = seconds if isinstance(seconds, Counter) else Counter(seconds)
+    longest = max(runs, default=0.0)
     beyond = threshold is not None and longest > 0 and threshold > 3 * longest
     top = max(longest * 1.25 if beyond or threshold is None else max(longest, threshold) * 1.05, 1e-3)
     width = top / BINS
     bars = [0] * BINS
-    for s in seconds:
-        bars[min(BINS - 1, int(s / width))] += 1
-    return {"width_s": width, "bars": bars, "count": len(seconds), "threshold_s": threshold,
+    for s, n in runs.items():
+        bars[min(BINS - 1, int(s / width))] += n
+    return {"width_s": width, "bars": bars, "count": sum(runs.values()), "threshold_s": threshold,
             "threshold_beyond": beyond}
 
 
@@ -58,59 +63,48 @@ def _seconds(start: datetime | None, end: datetime | None) -> float | None:
 
 def view(clients: Clients, job: str) -> dict[str, Any]:
     """The job's status with its tiles, runtimes, failures and time left."""
-    rows = tasks.list_tasks(clients.tasks, job)
-    attempt_rows = attempts.list_attempts(clients.tasks, job)
-    status = jobs.status(clients, job, rows, attempt_rows)
-    tiles: dict[str, dict[str, Any]] = {}
-    by_tile: dict[str, Counter[str]] = {}
-    stage_of: dict[str, tuple[str, dict[str, str]]] = {}
-    for row in rows:
-        params = json.loads(row["Params"])
-        stage_of[row["RowKey"]] = (row["Stage"], params)
-        tile = params.get("tile", "")
-        if tile not in tiles:
-            tiles[tile] = {"tile": tile, "bounds": lonlat_bounds(params["crs"], params["bounds"])}
-            by_tile[tile] = Counter()
-        by_tile[tile][row["Status"]] += 1
-    for tile, counts in by_tile.items():
-        tiles[tile] |= {"state": tile_state(counts), "counts": dict(counts)}
+    rollup = rollups.read(clients.tasks, job)
+    status = jobs.status(clients, job, rollup)
+    plan = rollups.read_plan(clients.tasks, job)
+    tiles = []
+    for tile, (crs, bounds, total) in (plan.tiles.items() if plan else ()):
+        counts = +rollup.tiles.get(tile, Counter())
+        pending = total - sum(counts.values())
+        if pending > 0:
+            counts[TaskStatus.PENDING.value] = pending
+        tiles.append({"tile": tile, "bounds": lonlat_bounds(crs, bounds) if bounds else None,
+                      "state": tile_state(counts), "counts": dict(counts)})
 
-    durations: dict[str, list[float]] = {}
     failures = []
-    for attempt in attempt_rows:
-        task, number = attempt["Task"], attempt["Attempt"]
-        stage = stage_of.get(task, ("", {}))[0]
-        if attempt.get("RuntimeS") is not None:
-            durations.setdefault(stage, []).append(float(attempt["RuntimeS"]))
-        if attempt.get("FailureClass"):
-            failures.append({
-                "task": task, "attempt": int(number), "stage": stage, "class": attempt["FailureClass"],
-                "revoked_by": attempt.get("RevokedBy") or None, "error": attempt.get("Error") or "",
-                "ended": attempt["EndedAt"].isoformat() if attempt.get("EndedAt") else None,
-                "runtime_s": _seconds(attempt.get("StartedAt"), attempt.get("EndedAt")),
-                "logs": {name: results.sas_url(clients, clients.logs.container_name,
-                                               names.log_prefix(job, task, int(number)) + name)
-                         for name in LOG_FILES} if stage == "reduce" else {},
-            })
-    failures.sort(key=lambda f: f["ended"] or "", reverse=True)
+    for attempt in rollups.newest_failures(clients.tasks, job, FAILURES_SHOWN):  # links for these only
+        task, number, stage = attempt["Task"], int(attempt["Attempt"]), attempt.get("Stage", "")
+        failures.append({
+            "task": task, "attempt": number, "stage": stage, "class": attempt["FailureClass"],
+            "revoked_by": attempt.get("RevokedBy") or None, "error": attempt.get("Error") or "",
+            "ended": attempt["EndedAt"].isoformat() if attempt.get("EndedAt") else None,
+            "runtime_s": _seconds(attempt.get("StartedAt"), attempt.get("EndedAt")),
+            "logs": {name: results.sas_url(clients, clients.logs.container_name,
+                                           names.log_prefix(job, task, number) + name)
+                     for name in LOG_FILES} if stage == "reduce" else {},
+        })
 
     stages: dict[str, Any] = {}
     remaining_s = 0.0
-    for stage in sorted({s for s, _ in stage_of.values()}):
-        params = next(p for s, p in stage_of.values() if s == stage)
-        history = runtimes.read(clients.runtimes, stage, runtimes.history_key(params))
-        work = runtimes.work_of(params)  # a job's tasks of one stage share its grid: one size
+    for stage, (total, key, work) in sorted(plan.stages.items() if plan else ()):
+        history = runtimes.read(clients.runtimes, stage, key)
         threshold = policy.kill_after(policy.limits_for(clients.settings, stage), history, work=work)
-        left = sum(1 for row in rows if row["Stage"] == stage and not TaskStatus(row["Status"]).terminal)
+        ended = sum(n for s, n in rollup.stages.get(stage, Counter()).items() if TaskStatus(s).terminal)
+        left = max(0, total - ended)
         remaining_s += left * (history.mean * work if history.count else threshold / clients.settings.kill_factor)
+        ran = Counter({rollups.bin_seconds(b): n for b, n in rollup.runtimes.get(stage, Counter()).items()})
         stages[stage] = {"mean_s": history.mean * work, "runs": history.count, "left": left,
-                         "histogram": histogram(durations.get(stage, []), threshold)}
+                         "histogram": histogram(ran, threshold)}
     running = status["counts"][TaskStatus.RUNNING.value]
     finished = JobState(status["state"]).finished
     return status | {
-        "tiles": list(tiles.values()),
+        "tiles": tiles,
         "stages": stages,
-        "failed_attempts": failures[:FAILURES_SHOWN],
+        "failed_attempts": failures,
         # the work left (runtime history) spread over the slots busy now
         "eta_s": None if finished or not remaining_s else remaining_s / max(1, running),
     }

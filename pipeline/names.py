@@ -62,7 +62,9 @@ JOB_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")  # jobs: PK; anything else is refus
 TASK_KEY_WIDTH = 9  # tasks: RK = zero-padded sequence, so a release cursor is a key range
 TASK_KEYS_END = ":"  # tasks: past every task key (digits), before the rows below
 ATTEMPT_PREFIX = "~attempt~"  # tasks: one row per attempt, in its job's partition
-COUNTER_PREFIX = "~count~"  # tasks: per-writer terminal counters
+COUNTER_PREFIX = "~count~"  # tasks: per-writer rollups (counts per state and tile, runtimes, failures)
+FAILURE_PREFIX = "~failure~"  # tasks: failed and revoked attempts, newest first
+TILES_ROW = "~tiles"  # tasks: the job's target tiles and task totals, written at planning
 DEADLINE_PREFIX = "~deadline~"  # tasks: the monitor's index of running attempts by deadline
 DISPATCH_PREFIX = "~dispatch~"  # tasks: the reconciler's index of queued tasks by when to check their message
 
@@ -77,6 +79,12 @@ def task_key(seq: int) -> str:
 def counter_key(owner: str) -> str:
     """Row key of the terminal-state counter kept by one writer (worker slot, canceller)."""
     return f"{COUNTER_PREFIX}{owner}"
+
+
+def failure_key(ended_ms: int, task: str, attempt: int) -> str:
+    """Row key in a job's failure index: inverted epoch milliseconds first, so the newest
+    failures are the first rows of one key range."""
+    return f"{FAILURE_PREFIX}{10**15 - ended_ms:015d}-{task}-{attempt:03d}"
 
 
 def attempt_key(task: str, attempt: int) -> str:

@@ -4,8 +4,8 @@ A job of thousands of tiles has thousands of small outputs (a 1° tile at 0.005�
 tens of KiB); fetching them one request each is what makes a download across a WAN slow
 (bench.transfer: packed is 28× faster on loopback, over 100× through a 30 ms WAN). At
 completion the job's outputs of at most :data:`MEMBER_MAX` bytes are read concurrently with
-the asynchronous blob client (many requests in flight on one event loop) and written
-together into packs of up to :data:`PACK_MAX` bytes, ``products/{job}/packs/NNNN.pack``; the
+the asynchronous blob client (many requests in flight on one event loop), a round at a time,
+and each round staged as a block of a pack of up to :data:`PACK_MAX` bytes, ``products/{job}/packs/NNNN.pack``; the
 manifest names each member's pack, offset, length and MD5. The originals stay where they
 are (the tile cache serves other jobs, links to them keep working): packing only changes how
 many requests a reader needs. Readers fetch the members they want by coalesced byte ranges
@@ -15,11 +15,14 @@ and check each member's MD5 — ``bagpipe results`` does it, so unpacking is inv
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
+from azure.storage.blob import BlobBlock, ContentSettings
 from azure.storage.blob.aio import BlobServiceClient as AsyncBlobServiceClient
 
 from pipeline import names
@@ -29,8 +32,8 @@ from pipeline.transfer import MiB, md5_of
 
 MEMBER_MAX = 1 * MiB  # outputs up to this size are packed
 PACK_MAX = 64 * MiB  # a pack is closed once it reaches this size
-IN_FLIGHT = 64  # concurrent reads of small blobs on the event loop
-READ_BATCH = 1024  # outputs read per round (bounds the memory held)
+IN_FLIGHT = 32  # concurrent reads of small blobs on the event loop
+READ_BATCH = 32  # outputs read per round: packing holds at most this many members at once
 RANGE_GAP = 64 * 1024  # members closer than this are read in one range
 RANGE_MAX = 8 * MiB  # the largest range read at once
 
@@ -93,35 +96,66 @@ def read_small(clients: Clients, outputs: list[Output]) -> dict[str, bytes]:
     return asyncio.run(run())
 
 
+class _PackWriter:
+    """One pack after another, written as they are read: each round's members staged as a
+    block of the current pack, the pack committed (with its MD5) when the next would pass
+    :data:`PACK_MAX`. Block ids are the rounds' numbers, so writing again writes the same."""
+
+    def __init__(self, clients: Clients, job: str) -> None:
+        self.clients, self.job = clients, job
+        self.number = self.offset = 0
+        self.blocks: list[str] = []
+        self.md5 = hashlib.md5(usedforsecurity=False)
+
+    @property
+    def name(self) -> str:
+        return names.pack_blob(self.job, self.number)
+
+    def stage(self, parts: list[bytes]) -> None:
+        data = b"".join(parts)
+        if data:
+            block = base64.b64encode(f"{len(self.blocks):08d}".encode()).decode()
+            self.clients.products.get_blob_client(self.name).stage_block(block, data, validate_content=True)
+            self.blocks.append(block)
+            self.md5.update(data)
+
+    def close(self) -> None:
+        """Commit the current pack (if it holds any member) and start the next."""
+        if self.offset or self.blocks:
+            self.clients.products.get_blob_client(self.name).commit_block_list(
+                [BlobBlock(b) for b in self.blocks], content_settings=ContentSettings(
+                    content_type="application/octet-stream", content_md5=bytearray(self.md5.digest())))
+            self.number, self.offset, self.blocks = self.number + 1, 0, []
+            self.md5 = hashlib.md5(usedforsecurity=False)
+
+
 def pack(clients: Clients, job: str, outputs: Iterable[Output]) -> dict[str, Member]:
     """Write the job's small outputs into its packs; returns where each member is.
-    Deterministic (same outputs, same packs), so a completion retried after a crash rewrites
-    the same blobs."""
+    Streamed: :data:`READ_BATCH` members are read at a time and staged at once as a block of
+    their pack, so packing holds one round (at most :data:`READ_BATCH` × :data:`MEMBER_MAX`
+    bytes) whatever the job's size. Deterministic (same outputs, same packs), so a
+    completion retried after a crash rewrites the same blobs."""
     ordered = sorted({o.name: o for o in outputs}.values(), key=lambda o: o.name)
     members: dict[str, Member] = {}
-    parts: list[bytes] = []
-    offset = number = 0
-
-    def flush() -> None:
-        nonlocal parts, offset, number
-        if parts:
-            clients.transfers.upload(clients.products, names.pack_blob(job, number), b"".join(parts),
-                                     "application/octet-stream")
-            parts, offset, number = [], 0, number + 1
-
+    writer = _PackWriter(clients, job)
     for first in range(0, len(ordered), READ_BATCH):
         batch = ordered[first:first + READ_BATCH]
         found = read_small(clients, batch)
+        parts: list[bytes] = []
         for output in batch:
-            data = found.get(output.name)
+            data = found.pop(output.name, None)
             if data is None:
                 continue
-            if offset + len(data) > PACK_MAX:
-                flush()
-            members[output.name] = Member(names.pack_blob(job, number), offset, len(data), md5_of(data).hex())
+            if writer.offset + len(data) > PACK_MAX:
+                writer.stage(parts)
+                writer.close()
+                parts = []
+            members[output.name] = Member(writer.name, writer.offset, len(data), md5_of(data).hex())
             parts.append(data)
-            offset += len(data)
-    flush()
+            writer.offset += len(data)
+        writer.stage(parts)
+        del found, parts
+    writer.close()
     return members
 
 

@@ -12,17 +12,14 @@ dies resends at worst (duplicates, which workers drop).
 
 from __future__ import annotations
 
-import json
 import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from azure.core.exceptions import ResourceNotFoundError
-
-from pipeline import catalogs, dispatch, jobs, names, tasks, transitions
+from pipeline import catalogs, dispatch, jobs, rollups, tasks, transitions
 from pipeline.clients import Clients
 from pipeline.request import TILE_STAGE, RequestError, expand
-from pipeline.status import JobState, TaskStatus
+from pipeline.status import JobState
 from pipeline.tasks import TerminalCounter
 
 log = logging.getLogger(__name__)
@@ -56,6 +53,7 @@ def plan(clients: Clients, job: str) -> None:
                 raise
             return plan(clients, job)  # moved meanwhile (cancelled, another planner): look again
         specs = catalogs.resolve(settings, specs, TILE_STAGE)
+        clients.tasks.upsert_entity(rollups.plan_row(job, specs))  # its tiles and totals, for its status
     while planned < len(specs):
         batch = [
             tasks.task_entity(job, seq, specs[seq], settings.shards)
@@ -140,29 +138,3 @@ def release(clients: Clients, job: str, *, min_room: float = 0.0, row: dict[str,
             if not tasks.is_conflict(exc):
                 raise
     return total_released
-
-
-# --- reductions: released when their tile tasks have all ended -----------------------------
-def release_ready(clients: Clients, job: str, seq: int) -> bool:
-    """Release the reduction ``seq`` if it is PENDING and every tile task it depends on has
-    ended. Safe from anywhere, any number of times: the move to QUEUED is conditional, and
-    a message lost after it is resent by the reconciler (its dispatch entry)."""
-    try:
-        row = clients.tasks.get_entity(job, names.task_key(seq))
-    except ResourceNotFoundError:
-        return False
-    if row["Status"] != TaskStatus.PENDING.value:
-        return False
-    first, count = (int(v) for v in json.loads(row["Params"])["deps"].split(","))
-    deps = tasks.list_tasks(clients.tasks, job, first, count)
-    if len(deps) < count or not all(TaskStatus(d["Status"]).terminal for d in deps):
-        return False
-    return transitions.release_reduction(clients, job, row)
-
-
-def release_reductions(clients: Clients, row: dict[str, Any]) -> int:
-    """The sweep's pass over a job's reductions (``row``: the job row it read): release the
-    ready ones."""
-    job, first = row["PartitionKey"], int(row.get("Tiles", row["Total"]))
-    waiting = [r for r in tasks.list_tasks(clients.tasks, job, first) if r["Status"] == TaskStatus.PENDING.value]
-    return sum(release_ready(clients, job, int(r["Seq"])) for r in waiting)

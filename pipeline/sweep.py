@@ -2,11 +2,11 @@
 
 For each job it revokes the attempts past their deadline, sends again the message of every
 task QUEUED too long without being taken (a message lost, or poisoned), plans again a job
-left ACCEPTED (its plan message lost), tops up the release window, releases the reductions
-whose tiles have ended, goes on with a cancellation, and announces a completion nobody made
-(a worker that died between its commit and its announcement, a finisher that died), and
-removes the cache markers of makers that died with no task left to take them over — it
-never finishes a job itself, so a long completion never holds up revocations. One job's
+left ACCEPTED (its plan message lost), tops up the release window, goes on with a
+cancellation, and announces a completion nobody made (a worker that died between its commit
+and its announcement, a finisher that died), and removes the cache markers of makers that
+died with no task left to take them over — it never finishes a job itself, so a long
+completion never holds up revocations. One job's
 failure is logged and the pass goes on with the others. Locally it runs in a loop; in Azure
 as a Durable Functions eternal orchestration. Cheap: key-range queries and a few key reads
 per job.
@@ -87,8 +87,7 @@ def _sweep_job(clients: Clients, job: str, report: monitor.SweepReport, done: Co
         done["replanned"] += jobs.replan_stale(clients, row)
         return
     if state is JobState.RUNNING:
-        planner.release(clients, job)
-        planner.release_reductions(clients, row)
+        planner.release(clients, job)  # (a reduction is released by its last tile task's end)
     elif state is JobState.CANCELLING:
         transitions.cancel(clients, job, _counter)
     if completion.due(clients, jobs.get(clients, job)):

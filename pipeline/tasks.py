@@ -14,6 +14,7 @@ import base64
 import binascii
 import json
 import threading
+from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -25,7 +26,7 @@ from azure.core.exceptions import (
 )
 from azure.data.tables import TableClient, TableEntity, TableTransactionError, UpdateMode
 
-from pipeline import names
+from pipeline import names, rollups
 from pipeline.failures import error_code
 from pipeline.request import TaskSpec
 from pipeline.status import TERMINAL, TaskStatus
@@ -107,6 +108,8 @@ def task_entity(job: str, seq: int, spec: TaskSpec, shards: int) -> dict[str, An
         "Params": json.dumps(spec.params()),
         "Status": TaskStatus.PENDING.value,
         "Attempt": 1,
+        # a reduction: its tile tasks not yet ended (counted off as each ends; released at zero)
+        **({"Deps": spec.deps[1]} if spec.reducer is not None else {}),
     }
 
 
@@ -130,48 +133,52 @@ def create_batch(tasks: TableClient, entities: list[dict[str, Any]]) -> int:
     return created
 
 
-# --- terminal counters -------------------------------------------------------------------
+# --- terminal counters and rollups ---------------------------------------------------------
 class TerminalCounter:
-    """One writer's count of the tasks it moved into a terminal state, per job.
+    """One writer's rollup row per job: the tasks it moved into and out of each state (per
+    tile and stage too), the runtimes it committed, the failures it recorded
+    (``pipeline.rollups``).
 
-    Each writer (a worker slot, a canceller) owns its own row, so the rows never contend;
-    their sum is the job's terminal count. The row is updated in the same transaction as
-    the task rows it counts.
+    Each writer (a worker slot, a releaser, a canceller) owns its own row, so the rows never
+    contend; their sum is the job's. The row is updated in the same transaction as the task
+    rows it counts.
     """
 
     def __init__(self, owner: str) -> None:
         self.owner = owner
-        self._etags: dict[str, tuple[str | None, dict[str, int]]] = {}
+        self._rows: dict[str, tuple[str | None, dict[str, Any]]] = {}
         self._lock = threading.Lock()
 
-    def _load(self, tasks: TableClient, job: str) -> tuple[str | None, dict[str, int]]:
+    def _load(self, tasks: TableClient, job: str) -> tuple[str | None, dict[str, Any]]:
         try:
             row = tasks.get_entity(job, names.counter_key(self.owner))
         except ResourceNotFoundError:
             return None, {}
-        return row.metadata["etag"], {s.value: int(row.get(s.value, 0)) for s in TERMINAL}
+        return row.metadata["etag"], {k: v for k, v in row.items() if k not in ("PartitionKey", "RowKey")}
 
     def write(self, tasks: TableClient, job: str, changes: list[tuple[str, dict[str, Any], dict[str, Any]]],
-              added: dict[str, int]) -> list[dict[str, Any]]:
-        """Submit task-row ``changes`` with this writer's counter raised by ``added``, in one
-        transaction. Raises TableTransactionError if any task row changed meanwhile."""
+              added: dict[str, int] | rollups.Moves) -> list[dict[str, Any]]:
+        """Submit task-row ``changes`` with this writer's row moved by ``added`` (terminal
+        counts, or a transition's moves), in one transaction. Raises TableTransactionError
+        if any task row changed meanwhile."""
+        moves = added if isinstance(added, rollups.Moves) else rollups.Moves(counts=Counter(added))
         with self._lock:
-            if job not in self._etags:
-                self._etags[job] = self._load(tasks, job)
-            etag, counts = self._etags[job]
-            new_counts = dict(counts)
-            for status, n in added.items():
-                new_counts[status] = new_counts.get(status, 0) + n
-            row = {"PartitionKey": job, "RowKey": names.counter_key(self.owner), **new_counts}
-            op = ("create", row) if etag is None else (
-                "update", row, {"mode": UpdateMode.REPLACE, **if_match(etag)}
+            if job not in self._rows:
+                self._rows[job] = self._load(tasks, job)
+            etag, props = self._rows[job]
+            changed = rollups.apply(props, moves)
+            if not changed:
+                return [dict(answer) for answer in tasks.submit_transaction(changes)] if changes else []
+            key = {"PartitionKey": job, "RowKey": names.counter_key(self.owner)}
+            op = ("create", key | props | changed) if etag is None else (
+                "update", key | changed, {"mode": UpdateMode.MERGE, **if_match(etag)}
             )
             try:
                 result = tasks.submit_transaction([*changes, op])
             except Exception:
-                del self._etags[job]  # reload next time: the counter may be what failed, or
+                del self._rows[job]  # reload next time: the row may be what failed, or
                 raise  # the transaction may have been applied before the connection broke
-            self._etags[job] = (result[-1]["etag"], new_counts)
+            self._rows[job] = (result[-1]["etag"], props | changed)
             return [dict(answer) for answer in result[:-1]]
 
 

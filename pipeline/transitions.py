@@ -5,9 +5,10 @@ committing or failing it, the monitor revoking it, a canceller — calls one of 
 other module writes a task row's state. Each is one entity-group transaction in the task's
 partition, fenced on the row's ETag, holding everything that must change with it: the
 attempt's row, its entry in the monitor's deadline index (``pipeline.attempts``), its entry
-in the dispatch index while it is QUEUED (``pipeline.dispatch``) and, for a move into a
-terminal state, the writer's counter row. The state machine (``pipeline.status``) checks
-each move.
+in the dispatch index while it is QUEUED (``pipeline.dispatch``), a failed attempt's entry in
+the failure index, and the writer's rollup row (``pipeline.rollups``: what the move changes
+in the job's counts per state, tile and stage, its runtimes and failures). The state
+machine (``pipeline.status``) checks each move.
 
 A write whose answer was lost (a connection cut, storage restarting) is settled by reading
 the row back — never by guessing, and never by retrying blindly into a 412 that would make
@@ -17,6 +18,7 @@ an applied write look like a lost race.
 from __future__ import annotations
 
 import json
+import random
 import time
 import uuid
 from collections.abc import Callable
@@ -33,17 +35,25 @@ from azure.core.exceptions import (
 )
 from azure.data.tables import TableTransactionError, UpdateMode
 
-from pipeline import attempts, dispatch, tasks
+from pipeline import attempts, dispatch, names, rollups, tasks
 from pipeline.attempts import Op
 from pipeline.clients import Clients
 from pipeline.failures import FailureClass, error_code
 from pipeline.redact import redact
+from pipeline.rollups import Moves
 from pipeline.status import TaskStatus, after_failure, transition
 from pipeline.tasks import TaskRef, TerminalCounter, etag_of, if_match, is_conflict, now
 
 ERROR_CHARS = 2000  # an error message kept on a row is cut to this
 # the most characters of output names a task row holds (a string property is 64 KiB of UTF-16)
 OUTPUTS_CHARS = 30_000
+DEPS_CONFLICTS = 50  # writes retried because another tile task of the same reduction ended at once
+# the rollup row of this process's moves made without a writer of their own (releases)
+_mover = TerminalCounter(f"mover-{uuid.uuid4().hex[:12]}")
+
+
+def _tile(params: str | dict[str, str]) -> str:
+    return str((json.loads(params) if isinstance(params, str) else params).get("tile", ""))
 
 
 def _update(job: str, task: str, etag: str, **fields: Any) -> Op:
@@ -53,21 +63,25 @@ def _update(job: str, task: str, etag: str, **fields: Any) -> Op:
 # --- PENDING -> QUEUED -------------------------------------------------------------------
 def queue(clients: Clients, job: str, rows: list[Any]) -> list[Any]:
     """Move the PENDING ``rows`` (read just before) of one job to QUEUED, with their
-    dispatch entries, 50 to a transaction; a row that moved meanwhile is read again.
-    Returns every row of ``rows`` that is QUEUED now: the ones whose messages to send."""
+    dispatch entries, 49 to a transaction (with the releaser's rollup); a row that moved
+    meanwhile is read again. Returns every row of ``rows`` that is QUEUED now: the ones
+    whose messages to send."""
     found: list[Any] = []
-    for start in range(0, len(rows), tasks.BATCH // 2):
-        chunk = rows[start : start + tasks.BATCH // 2]
+    size = tasks.BATCH // 2 - 1
+    for start in range(0, len(rows), size):
+        chunk = rows[start : start + size]
         while True:
             ops: list[Op] = []
+            moves = Moves()
             for row in chunk:
                 if row["Status"] == TaskStatus.PENDING.value:
                     fields, write = dispatch.queued(clients, job, row["RowKey"])
                     transition(row["Status"], TaskStatus.QUEUED)
                     ops += [_update(job, row["RowKey"], etag_of(row), **fields), write]
+                    moves.move(row["Stage"], _tile(row["Params"]), TaskStatus.PENDING, TaskStatus.QUEUED)
             try:
                 if ops:
-                    clients.tasks.submit_transaction(ops)
+                    _mover.write(clients.tasks, job, ops, moves)
             except TableTransactionError:  # a row moved meanwhile (cancelled, another releaser)
                 first = int(chunk[0]["RowKey"])
                 chunk = tasks.list_tasks(clients.tasks, job, first, int(chunk[-1]["RowKey"]) - first + 1)
@@ -78,20 +92,6 @@ def queue(clients: Clients, job: str, rows: list[Any]) -> list[Any]:
             found += [r for r in chunk if r["Status"] == TaskStatus.QUEUED.value]
             break
     return found
-
-
-def release_reduction(clients: Clients, job: str, row: Any) -> bool:
-    """Move a PENDING reduction (its ``row``, read just before) to QUEUED and send its
-    message; False if it had moved meanwhile (another releaser, a canceller)."""
-    fields, write = dispatch.queued(clients, job, row["RowKey"])
-    transition(row["Status"], TaskStatus.QUEUED)
-    try:
-        clients.tasks.submit_transaction([_update(job, row["RowKey"], etag_of(row), **fields), write])
-    except TableTransactionError:
-        return False
-    row["Attempt"] = int(row["Attempt"])
-    dispatch.send(clients, [dispatch.ref_of(row)])
-    return True
 
 
 # --- QUEUED -> RUNNING: the claim ------------------------------------------------------------
@@ -111,14 +111,16 @@ class Claim:
 
 
 def claim(clients: Clients, ref: TaskRef, worker: str,
-          kill_time: Callable[[TaskRef, str, dict[str, str], int], datetime]) -> Claim | None:
+          kill_time: Callable[[TaskRef, str, dict[str, str], int], datetime],
+          counter: TerminalCounter | None = None) -> Claim | None:
     """Move the task to RUNNING for the attempt its row names, if the message may still run
     it: the row is QUEUED and the message is not from a later attempt. None otherwise (the
     message is stale or a duplicate, and is deleted). ``kill_time`` says when the monitor is
     to revoke the attempt, from its stage, parameters and how many earlier attempts were
     revoked for time. One transaction writes the task row, the attempt's row and its
     deadline entry, and removes its dispatch entry: no attempt is ever RUNNING without a
-    deadline, none QUEUED without a dispatch entry."""
+    deadline, none QUEUED without a dispatch entry; and moves the rollup of ``counter``
+    (the claiming slot's; this process's own if None)."""
     try:
         row = clients.tasks.get_entity(ref.job, ref.task)
     except ResourceNotFoundError:
@@ -138,13 +140,15 @@ def claim(clients: Clients, ref: TaskRef, worker: str,
            index_write]
     if row.get("Dispatch"):
         ops.append(dispatch.remove_op(ref.job, row["Dispatch"]))
+    counter = counter or _mover
+    moves = Moves().move(row["Stage"], params.get("tile", ""), TaskStatus.QUEUED, TaskStatus.RUNNING)
     try:
-        result = clients.tasks.submit_transaction(ops)
+        result = counter.write(clients.tasks, ref.job, ops, moves)
     except TableTransactionError as exc:
         if is_conflict(exc) or error_code(exc) == "UpdateConditionNotSatisfied":
             return None  # another worker claimed it first
         if attempts.is_missing(exc) and len(ops) == 4:  # an entry older than the rules: claim without it
-            result = clients.tasks.submit_transaction(ops[:3])
+            result = counter.write(clients.tasks, ref.job, ops[:3], moves)
         else:
             raise
     return Claim(current, result[0]["etag"], row["Stage"], params, started, row.get("LastFailure") or "", worker,
@@ -172,20 +176,21 @@ def discard(clients: Clients, held: Claim) -> None:
 
 # --- RUNNING -> terminal, or back to QUEUED: fenced on the attempt ----------------------------
 def _fenced(clients: Clients, job: str, task: str, etag: str, change: dict[str, Any], ops: list[Op],
-            index: str, counter: TerminalCounter | None, terminal: TaskStatus | None, tries: int = 5) -> bool:
+            index: str, counter: TerminalCounter, moves: Moves, waiting: str = "", tries: int = 5) -> bool:
     """Apply ``change`` to the task row if its ETag is still ``etag``, with ``ops`` and the
-    removal of the deadline entry ``index`` in the same transaction (and the writer's
-    ``counter`` raised, for a move into ``terminal``). True if applied, False if the row had
-    moved on. A write whose answer was lost is settled by reading the row back. The
+    removal of the deadline entry ``index`` in the same transaction, the writer's rollup
+    (``counter``) moved by ``moves``, and (a tile task ending) the count of the reduction
+    ``waiting`` for it taken down by one — released at zero. True if applied, False if the
+    row had moved on. A write whose answer was lost is settled by reading the row back. The
     deadline entry goes either way."""
     change = change | {"LastWrite": uuid.uuid4().hex}  # to recognise this write when read back
-    batch = [_update(job, task, etag, **change), *ops, attempts.unindex_op(job, index)]
-    for attempt in range(tries):
+    with_index, attempt, conflicts = True, 0, 0
+    while attempt < tries:
+        counted, more, message, version = _counted_off(clients, job, waiting)
+        batch = [_update(job, task, etag, **change), *ops, *counted,
+                 *([attempts.unindex_op(job, index)] if with_index else [])]
         try:
-            if counter is not None and terminal is not None:
-                counter.write(clients.tasks, job, batch, {terminal.value: 1})
-            else:
-                clients.tasks.submit_transaction(batch)
+            counter.write(clients.tasks, job, batch, moves.merged(more))
             applied: bool | None = True
         except (TableTransactionError, ResourceModifiedError):
             applied = None  # the task row, the counter or the deadline entry had moved on: see which
@@ -200,13 +205,49 @@ def _fenced(clients: Clients, job: str, task: str, etag: str, change: dict[str, 
         if applied is None:
             row = _read_back(clients, job, task)
             if row.metadata["etag"] == etag:
-                batch = [b for b in batch if b[0] != "delete" or b[1]["RowKey"] != index]
+                if version and conflicts < DEPS_CONFLICTS and _counted_off(clients, job, waiting)[3] != version:
+                    conflicts += 1  # another task of the reduction ended meanwhile: count off again
+                    time.sleep(random.uniform(0, 0.05))
+                    continue
+                with_index, attempt = False, attempt + 1
                 continue  # untouched: write again, the deadline entry (may be what failed) on its own
             applied = row.get("LastWrite") == change["LastWrite"]  # applied, or moved on meanwhile
-        if not applied or not any(b[0] == "delete" and b[1]["RowKey"] == index for b in batch):
+        if applied and message is not None:
+            dispatch.send(clients, [message])  # lost, it is resent by the reconciler (its dispatch entry)
+        if not applied or not with_index:
             attempts.unindex(clients, job, index)
         return bool(applied)
     raise RuntimeError(f"task {job}/{task} could not be written after {tries} tries")
+
+
+def _waiting(params: dict[str, str], status: TaskStatus) -> str:
+    """The row key of the reduction a tile task moving into ``status`` is to be counted off."""
+    return names.task_key(int(params["reduction"])) if status.terminal and params.get("reduction") else ""
+
+
+def _counted_off(clients: Clients, job: str, key: str) -> tuple[list[Op], Moves, tuple[int, TaskRef] | None, str]:
+    """What counts one ended tile task off the PENDING reduction ``key``: the update of its
+    count of unfinished tile tasks (fenced on the row's ETag, read now) and, if that was the
+    last, its move to QUEUED with its dispatch entry; the moves of that for the rollup; the
+    message to send once written; and the ETag it read ("" if nothing is to be counted)."""
+    if not key:
+        return [], Moves(), None, ""
+    try:
+        row = clients.tasks.get_entity(job, key)
+    except ResourceNotFoundError:
+        return [], Moves(), None, ""
+    if row["Status"] != TaskStatus.PENDING.value or row.get("Deps") is None:
+        return [], Moves(), None, ""  # cancelled, or planned before reductions counted
+    fields: dict[str, Any] = {"Deps": int(row["Deps"]) - 1}
+    ops: list[Op] = []
+    moves, message = Moves(), None
+    if fields["Deps"] <= 0:
+        queued, write = dispatch.queued(clients, job, key)
+        fields |= queued
+        ops.append(write)
+        moves.move(row["Stage"], _tile(row["Params"]), row["Status"], transition(row["Status"], TaskStatus.QUEUED))
+        message = (int(row["Shard"]), TaskRef(job, key, int(row["Attempt"])))
+    return [_update(job, key, etag_of(row), **fields), *ops], moves, message, etag_of(row)
 
 
 def _read_back(clients: Clients, job: str, task: str) -> Any:
@@ -228,7 +269,9 @@ def commit(clients: Clients, counter: TerminalCounter, held: Claim, status: Task
     change = {"Status": transition(TaskStatus.RUNNING, status).value, "EndedAt": ended, "RuntimeS": runtime,
               "Outputs": json.dumps(outputs)}
     ended_as = attempts.attempt_op(job, task, attempt, EndedAt=ended, Outcome=status.value, RuntimeS=runtime)
-    if _fenced(clients, job, task, held.etag, change, [ended_as], held.index, counter, status):
+    moves = Moves().move(held.stage, _tile(held.params), TaskStatus.RUNNING, status).ran(held.stage, runtime)
+    if _fenced(clients, job, task, held.etag, change, [ended_as], held.index, counter, moves,
+               _waiting(held.params, status)):
         return True
     attempts.record(clients, job, task, attempt, EndedAt=ended, Outcome="DISCARDED")
     return False
@@ -258,8 +301,11 @@ def fail(clients: Clients, counter: TerminalCounter, held: Claim, failure: Failu
     after, change, ops = _ended(clients, attempt, TaskStatus.FAILED, budget, failure, error, delay_s, job, task)
     ended_as = attempts.attempt_op(job, task, attempt, EndedAt=change["EndedAt"], Outcome=TaskStatus.FAILED.value,
                                    FailureClass=failure.value, Error=change["LastError"])
-    if _fenced(clients, job, task, held.etag, change, [ended_as, *ops], held.index, counter,
-               after if after is TaskStatus.DEAD else None):
+    indexed = rollups.failure_op(job, task, attempt, held.stage, failure.value, change["LastError"], held.started,
+                                 change["EndedAt"])
+    moves = Moves().move(held.stage, _tile(held.params), TaskStatus.RUNNING, after).failed(failure.value)
+    if _fenced(clients, job, task, held.etag, change, [ended_as, indexed, *ops], held.index, counter, moves,
+               _waiting(held.params, after)):
         return after
     attempts.record(clients, job, task, attempt, EndedAt=change["EndedAt"], Outcome="DISCARDED",
                     FailureClass=failure.value)
@@ -283,8 +329,11 @@ def revoke(clients: Clients, counter: TerminalCounter, row: Any, ref: TaskRef, i
         change["Timeouts"] = int(row.get("Timeouts", 0)) + 1
     ended_as = attempts.attempt_op(ref.job, ref.task, ref.attempt, Outcome=TaskStatus.TIMED_OUT.value,
                                    FailureClass=why.value, EndedAt=change["EndedAt"], RevokedBy="monitor")
-    if not _fenced(clients, ref.job, ref.task, etag_of(row), change, [ended_as, *ops], index, counter,
-                   after if after is TaskStatus.DEAD else None):
+    indexed = rollups.failure_op(ref.job, ref.task, ref.attempt, row["Stage"], why.value, change["LastError"],
+                                 row.get("StartedAt"), change["EndedAt"], revoked_by="monitor")
+    moves = Moves().move(row["Stage"], _tile(row["Params"]), TaskStatus.RUNNING, after).failed(why.value, True)
+    if not _fenced(clients, ref.job, ref.task, etag_of(row), change, [ended_as, indexed, *ops], index,
+                   counter, moves, _waiting(json.loads(row["Params"]), after)):
         return None  # it committed or failed meanwhile
     if after is TaskStatus.QUEUED:
         dispatch.send(clients, [(int(row["Shard"]), TaskRef(ref.job, ref.task, ref.attempt + 1))])
@@ -301,22 +350,22 @@ def cancel(clients: Clients, job: str, counter: TerminalCounter) -> None:
         if not pending:
             return
         chunk: list[Op] = []
-        count = 0
+        moves = Moves()
         for row in pending:
             ops = [_update(job, row["RowKey"], etag_of(row), EndedAt=now(), Dispatch="",
                            Status=transition(row["Status"], TaskStatus.CANCELLED).value)]
             if row.get("Dispatch"):
                 ops.append(dispatch.remove_op(job, row["Dispatch"]))
             if len(chunk) + len(ops) > tasks.BATCH - 1:  # the counter's write makes a hundred
-                _cancelled(clients, counter, job, chunk, count)
-                chunk, count = [], 0
+                _cancelled(clients, counter, job, chunk, moves)
+                chunk, moves = [], Moves()
             chunk += ops
-            count += 1
-        _cancelled(clients, counter, job, chunk, count)
+            moves.move(row["Stage"], _tile(row["Params"]), row["Status"], TaskStatus.CANCELLED)
+        _cancelled(clients, counter, job, chunk, moves)
 
 
-def _cancelled(clients: Clients, counter: TerminalCounter, job: str, ops: list[Op], count: int) -> None:
+def _cancelled(clients: Clients, counter: TerminalCounter, job: str, ops: list[Op], moves: Moves) -> None:
     try:
-        counter.write(clients.tasks, job, ops, {TaskStatus.CANCELLED.value: count})
+        counter.write(clients.tasks, job, ops, moves)
     except TableTransactionError:
         pass  # a row moved meanwhile; the next pass reads it again

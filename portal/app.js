@@ -175,6 +175,33 @@ class FieldError extends Error {
   }
 }
 
+// Calls `step` again once its answer is in (never two requests in flight): after `fast`
+// ms while what it returns changes, twice as long each time it returns the same (or fails),
+// up to `slow`; stops when it returns null. Returns what stops it (on leaving the page).
+function poll(step, fast, slow) {
+  let delay = fast;
+  let last;
+  let timer = null;
+  let stopped = false;
+  const run = async () => {
+    let seen;
+    try {
+      seen = await step();
+    } catch {
+      seen = undefined;
+    }
+    if (stopped || seen === null) return;
+    delay = seen === undefined || seen === last ? Math.min(delay * 2, slow) : fast;
+    last = seen;
+    timer = setTimeout(run, delay);
+  };
+  timer = setTimeout(run, fast);
+  return () => {
+    stopped = true;
+    clearTimeout(timer);
+  };
+}
+
 // ---- the jobs list -------------------------------------------------------------------
 async function jobsPage() {
   const me = await whoami();
@@ -193,10 +220,10 @@ async function jobsPage() {
       h("td", {}, stateBadge(j.state)), h("td", { class: "num" }, String(j.total)),
       h("td", { title: j.created }, age(j.created)))));
     if (!jobs.length) body.append(h("tr", {}, h("td", { colspan: 6 }, "No jobs yet.")));
+    return JSON.stringify(jobs);
   };
   await refresh();
-  const every = setInterval(refresh, 5000);
-  leave = () => clearInterval(every);
+  leave = poll(refresh, 5000, 30000);
 }
 
 // ---- one job -------------------------------------------------------------------------
@@ -366,12 +393,13 @@ async function jobPage(id) {
   }
 
   const first = await refresh();
-  const every = setInterval(async () => {
-    const view = await refresh();
-    if (view && FINISHED.has(view.state)) clearInterval(every);
-  }, 1500);
-  if (first && FINISHED.has(first.state)) clearInterval(every);
-  leave = () => clearInterval(every);
+  if (!first || !FINISHED.has(first.state)) {
+    leave = poll(async () => {
+      const view = await refresh();
+      if (view && FINISHED.has(view.state)) return null;
+      return view ? JSON.stringify(view) : undefined;
+    }, 1500, 15000);
+  }
 }
 
 // ---- routing -------------------------------------------------------------------------

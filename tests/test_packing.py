@@ -4,6 +4,7 @@ few requests; large and missing outputs stay out; corruption on either side is c
 from __future__ import annotations
 
 import os
+import tracemalloc
 
 import pytest
 from azure.storage.blob import ContentSettings
@@ -84,3 +85,22 @@ def test_a_corrupt_member_is_refused_when_packing_and_when_unpacking(clients: Cl
     assert caught.value.failure is FailureClass.CORRUPT_BLOB
     with pytest.raises(StageFailure):
         packing.unpack(span, data[:-1])  # a short range read
+
+
+def test_packing_holds_one_round_of_members_not_the_pack(clients: Clients, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Members are staged into their pack a round at a time: the memory packing takes is
+    a round's, far below the pack's 24 MiB."""
+    monkeypatch.setattr(packing, "READ_BATCH", 4)
+    stored = {f"jobm/{i:02d}.bin": os.urandom(packing.MEMBER_MAX - i) for i in range(24)}
+    outputs = [_put(clients, name, data) for name, data in stored.items()]
+    tracemalloc.start()
+    try:
+        members = packing.pack(clients, "jobm", outputs)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert {m.pack for m in members.values()} == {names.pack_blob("jobm", 0)}
+    assert peak < 6 * packing.READ_BATCH * packing.MEMBER_MAX // 2, peak / packing.MiB  # 12 MiB of 24
+    assert packing.read_members(clients, members) == stored
+    data, _ = clients.transfers.download(clients.products, names.pack_blob("jobm", 0))  # its MD5 checked
+    assert len(data) == sum(len(d) for d in stored.values())

@@ -7,12 +7,13 @@ import threading
 import time
 from collections import Counter
 
-from pipeline import jobs, names, planner, sweep, tasks
+from pipeline import jobs, names, planner, sweep, tasks, transitions
 from pipeline.clients import Clients
+from pipeline.failures import FailureClass
 from pipeline.request import expand
 from pipeline.settings import Settings
-from pipeline.status import JobState
-from tests.conftest import WorkerThreads, queue_depth, small_request, wait_for
+from pipeline.status import JobState, TaskStatus
+from tests.conftest import WorkerThreads, in_an_hour, queue_depth, small_request, wait_for
 
 
 def task_rows(clients: Clients, job: str) -> list[dict]:
@@ -113,7 +114,10 @@ def test_a_release_slower_than_the_lease_still_sends_each_task_once(settings: Se
     assert queue_depth(fast) == settings.window
 
 
-def test_a_reduction_is_released_once_when_its_tiles_have_ended(clients: Clients) -> None:
+def test_a_reduction_counts_its_tile_tasks_off_and_is_released_once_at_zero(clients: Clients) -> None:
+    """Each tile task's end (committed, dead) takes its reduction's count down in its own
+    transaction; the last releases it (QUEUED, its dispatch entry, one message), also when
+    the last few end at once; nothing lists the reduction's tile tasks."""
     body = small_request(start="2022-01-01", end="2022-01-20", reducer={"name": "snow_fraction"})
     job = jobs.submit(clients, body)["PartitionKey"]  # 2 tiles × 3 periods + 2 reductions
     planner.plan(clients, job)
@@ -121,26 +125,35 @@ def test_a_reduction_is_released_once_when_its_tiles_have_ended(clients: Clients
     reductions = [r for r in rows if r["Stage"] == "reduce"]
     assert [r["Seq"] for r in reductions] == [6, 7] and int(jobs.get(clients, job)["Tiles"]) == 6
     assert int(jobs.get(clients, job)["Released"]) == 6  # the cursor stops before the reductions
-    first = reductions[0]
-    assert json.loads(first["Params"])["deps"] == "0,3"
+    assert json.loads(reductions[0]["Params"])["deps"] == "0,3" and reductions[0]["Deps"] == 3
 
-    def end(seq: int) -> None:
-        clients.tasks.update_entity({"PartitionKey": job, "RowKey": names.task_key(seq), "Status": "SUCCEEDED"})
+    def claimed(seq: int) -> transitions.Claim:
+        held = transitions.claim(clients, tasks.TaskRef(job, names.task_key(seq), 1), f"w{seq}", in_an_hour)
+        assert held is not None
+        return held
 
-    end(0)
-    end(1)
-    assert not planner.release_ready(clients, job, 6)  # one of its tiles still runs
-    end(2)
+    def reduction(seq: int) -> dict:
+        return clients.tasks.get_entity(job, names.task_key(seq))
+
+    counter = tasks.TerminalCounter("test")
+    assert transitions.commit(clients, counter, claimed(0), TaskStatus.SUCCEEDED, [])
+    assert transitions.commit(clients, counter, claimed(1), TaskStatus.NO_DATA, [])
+    assert reduction(6)["Status"] == "PENDING" and reduction(6)["Deps"] == 1  # one of its tiles still runs
     before = queue_depth(clients)
-    assert planner.release_ready(clients, job, 6)
-    assert not planner.release_ready(clients, job, 6)  # once
-    assert queue_depth(clients) == before + 1
-    row = clients.tasks.get_entity(job, names.task_key(6))
-    assert row["Status"] == "QUEUED" and row["Dispatch"].startswith(names.DISPATCH_PREFIX)
+    assert transitions.fail(clients, counter, claimed(2), FailureClass.USER_CODE, "no", budget=1) is TaskStatus.DEAD
+    row = reduction(6)
+    assert row["Status"] == "QUEUED" and row["Deps"] == 0 and row["Dispatch"].startswith(names.DISPATCH_PREFIX)
     assert clients.tasks.get_entity(job, row["Dispatch"])["Task"] == row["RowKey"], "its dispatch entry"
-    # the sweep releases a ready reduction nobody released (its last tile's worker died first)
-    for seq in (3, 4, 5):
-        end(seq)
-    assert planner.release_reductions(clients, jobs.get(clients, job)) == 1
+    assert queue_depth(clients) == before + 1
+    # the last three end together: their writes race on the reduction's row, each counts once
+    held = [claimed(seq) for seq in (3, 4, 5)]
+    ends = [threading.Thread(target=transitions.commit, args=(clients, tasks.TerminalCounter(f"t{h.ref.task}"), h,
+                                                              TaskStatus.SUCCEEDED, [])) for h in held]
+    for end in ends:
+        end.start()
+    for end in ends:
+        end.join()
+    assert reduction(7)["Status"] == "QUEUED" and reduction(7)["Deps"] == 0
     assert queue_depth(clients) == before + 2
-    assert planner.release_reductions(clients, jobs.get(clients, job)) == 0
+    status = jobs.status(clients, job)["counts"]
+    assert (status["QUEUED"], status["SUCCEEDED"], status["NO_DATA"], status["DEAD"]) == (2, 4, 1, 1)

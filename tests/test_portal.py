@@ -6,18 +6,20 @@ Screenshots of each page are kept in ``out/portal/``."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, Route, expect, sync_playwright
 
 from bagpipe.azurite import Azurite
 from bagpipe.stack import LocalStack
@@ -290,6 +292,39 @@ def test_a_scientist_signs_in_uploads_a_reducer_runs_a_job_with_it_and_sees_only
     page.click("table.tokens button.danger")
     expect(page.locator("#key-message")).to_contain_text("refused")
     assert httpx.get(stack.api_url + "/api/me", headers={"X-Bagpipe-Token": token}).status_code == 401
+
+
+def test_the_job_page_polls_one_request_at_a_time_and_backs_off_while_nothing_changes(
+        page: Page, stack: LocalStack) -> None:
+    """Each poll waits for the last answer (a slow API never has two in flight), and the
+    wait doubles while the job's view is unchanged. The API's answers are held for a
+    second each, and are a running job's real view that does not change."""
+    api = stack.headers
+    created = httpx.post(stack.api_url + "/api/jobs", headers=api, json={
+        "region": {"bbox": [-110.5, 34.2, -110.1, 34.8]}, "grid": {"resolution": 0.01},
+        "start": "2022-02-02", "end": "2022-02-09", "products": ["MOD10A2"], "label": "still"}).json()
+    view = httpx.get(f"{stack.api_url}/api/jobs/{created['job']}/view", headers=api).json() | {"state": "RUNNING"}
+    held: list[tuple[float, Route]] = []
+    asked: list[float] = []
+
+    def hold(route: Route) -> None:
+        asked.append(time.monotonic())
+        held.append((time.monotonic(), route))
+
+    page.route(f"**/api/jobs/{created['job']}/view", hold)
+    page.goto(f"{stack.api_url}/#/jobs/{created['job']}")
+    _enter_key(page, stack.token)
+    most = 0
+    start = time.monotonic()
+    while time.monotonic() - start < 20:
+        page.wait_for_timeout(100)
+        most = max(most, len(held))
+        while held and time.monotonic() - held[0][0] >= 1.0:
+            held.pop(0)[1].fulfill(status=200, content_type="application/json", body=json.dumps(view))
+    assert most == 1, "two requests in flight"
+    gaps = [b - a for a, b in itertools.pairwise(asked)]
+    assert 3 <= len(asked) <= 6, asked  # every 1.5 s without back-off: 9 or more
+    assert gaps[-1] > 2 * gaps[0], gaps
 
 
 @pytest.mark.parametrize("request_body", [

@@ -94,7 +94,7 @@ class Worker:
         # (once it says every tile task is released, every task may be the job's last)
         self._looked: dict[str, tuple[float, dict[str, Any] | None]] = {}
         self._free = threading.Semaphore(slots)
-        self._slots = [Slot(tasks.TerminalCounter(f"{self.id}-{i}")) for i in range(slots)]
+        self._slots = [Slot(tasks.TerminalCounter(health.slot_writer(self.id, i))) for i in range(slots)]
         self._slot_pool: list[Slot] = list(self._slots)
         self._pool_lock = threading.Lock()
         # messages received and not yet handed to a slot: (queue, message, when received)
@@ -285,7 +285,7 @@ class Worker:
             history = self.history.read(stage, runtimes.history_key(params))
             return policy.kill_time(self.settings, stage, history, timeouts, tasks.now(), runtimes.work_of(params))
 
-        held = transitions.claim(self.clients, ref, self.id, kill_time)
+        held = transitions.claim(self.clients, ref, self.id, kill_time, slot.counter)
         if held is None:  # stale or duplicate: the row does not want this message to run
             queue.delete_message(message)
             return
@@ -376,8 +376,9 @@ class Worker:
                 return Outcome(failure=FailureClass.WORKER_SLOW, error=f"worker {self.id} found slow: given up")
 
     def after_terminal(self, held: transitions.Claim) -> None:
-        """A task ended: release the reduction waiting for it if it was the last it waited
-        for, top up the window, and announce completion if it was the job's last.
+        """A task ended: top up the window, and announce completion if it was the job's
+        last (a reduction waiting for it was counted off, and released if it was the last,
+        by the transition that ended it).
 
         While the job still has tile tasks to release, none can be its last, and the window
         needs a look only now and then (it is topped up a quarter at a time): this worker
@@ -385,8 +386,6 @@ class Worker:
         released, the counters after every task (the row it last read has all it needs
         then). The sweep tops up and completes jobs too."""
         job = held.ref.job
-        if "reduction" in held.params:
-            planner.release_ready(self.clients, job, int(held.params["reduction"]))
         with self._pool_lock:
             looked_at, known = self._looked.get(job, (-JOB_CHECK_S, None))
             all_released = known is not None and int(known["Released"]) >= int(known.get("Tiles", known["Total"]))

@@ -1,0 +1,175 @@
+"""What a job's status costs as the job grows: latency and entities read by ``GET
+/api/jobs/{id}`` (``jobs.status``) and the portal's job view (``jobview.view``) for no-op
+jobs of 100, 10,000 and 100,000 tasks.
+
+Each job is built by writing its rows directly, as the planner and the transitions would
+have left them once every task ran (running 100,000 no-op tasks on this machine takes the
+better part of an hour): its job row, its task rows (``tasks.task_entity``, SUCCEEDED), an
+attempt row per task, the plan row (``rollups.plan_row``), the rollup rows of one releaser
+and eight worker slots (``rollups.apply`` of the moves each made: queued, claimed,
+committed with a runtime) and, for the few tasks that died, their entries in the failure
+index. Beside them, the latency of a key-range query that matches no row: Azurite (not
+Azure, whose key ranges are indexed) filters every row of a table for every query, so its
+queries slow as the table grows whatever they return. Entities are counted through the
+SDK's per-request hooks (``pipeline.clients.HOOKS``): a point read is one, a query as many
+as its pages hold. Each size on an Azurite of its own.
+Last line: JSON with every figure and ``status_ratio_100k_to_100`` (status latency at
+100,000 tasks ÷ at 100).
+
+    python -m bench.status_scale [--sizes 100 10000 100000] [--repeat 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from bagpipe.azurite import Azurite
+from pipeline import attempts, jobs, jobview, names, rollups, tasks
+from pipeline import clients as clients_module
+from pipeline.clients import Clients
+from pipeline.request import JobRequest, expand
+from pipeline.settings import Settings
+from pipeline.status import TaskStatus
+
+WRITERS = 8  # worker slots that ran the job
+DIED = 5  # tasks that ended DEAD, with a failure each
+
+
+def request_for(size: int) -> JobRequest:
+    """A MOD10A2 request over 1° tiles of the western US (300 of them) with at least
+    ``size`` tasks: as many years from 2001 as that takes (46 periods a year)."""
+    years = max(1, -(-size // (300 * 46)))
+    return JobRequest.model_validate({
+        "region": {"bbox": [-125, 30, -105, 45]}, "grid": {"resolution": 0.05}, "products": ["MOD10A2"],
+        "start": "2001-01-01", "end": f"{2000 + years}-12-31"})
+
+
+def build(clients: Clients, size: int) -> str:
+    """A finished-looking no-op job of ``size`` tasks, written row by row."""
+    request = request_for(size)
+    specs = expand(request, 10**7)[:size]
+    job = jobs.new_job_id(tasks.now())
+    created = tasks.now() - timedelta(hours=1)
+    clients.jobs.create_entity({
+        "PartitionKey": job, "RowKey": names.JOB_ROW, "Request": request.model_dump_json(), "State": "RUNNING",
+        "Total": size, "Tiles": size, "Planned": size, "Released": size, "CreatedAt": created,
+        "UpdatedAt": created, "Label": f"{size} no-op tasks", "Owner": "bench", "Program": ""})
+    clients.tasks.upsert_entity(rollups.plan_row(job, specs))
+    dead = set(random.Random(size).sample(range(size), min(DIED, size)))
+    release = rollups.Moves()
+    slots = [rollups.Moves() for _ in range(WRITERS)]
+    rows: list[dict[str, Any]] = []
+    ended = tasks.now()
+    for seq, spec in enumerate(specs):
+        entity = tasks.task_entity(job, seq, spec, clients.settings.shards)
+        status = TaskStatus.DEAD if seq in dead else TaskStatus.SUCCEEDED
+        runtime = random.Random(seq).uniform(0.02, 0.2)
+        entity |= {"Status": status.value, "EndedAt": ended, "RuntimeS": runtime, "Outputs": "[]"}
+        rows += [entity, attempts.attempt_row(job, entity["RowKey"], 1, Outcome=status.value, RuntimeS=runtime,
+                                              EndedAt=ended, **({"FailureClass": "user_code_error"}
+                                                                if status is TaskStatus.DEAD else {}))]
+        release.move(spec.stage, spec.tile, TaskStatus.PENDING, TaskStatus.QUEUED)
+        slot = slots[seq % WRITERS].move(spec.stage, spec.tile, TaskStatus.QUEUED, TaskStatus.RUNNING)
+        slot.move(spec.stage, spec.tile, TaskStatus.RUNNING, status)
+        if status is TaskStatus.DEAD:
+            slot.failed("user_code_error")
+            rows.append(rollups.failure_op(job, entity["RowKey"], 1, spec.stage, "user_code_error", "exit 4",
+                                           ended - timedelta(seconds=runtime), ended)[1])
+        else:
+            slot.ran(spec.stage, runtime)
+    with ThreadPoolExecutor(4) as pool:  # a few transactions in flight keep Azurite busy
+        list(pool.map(lambda start: clients.tasks.submit_transaction(
+            [("upsert", r) for r in rows[start:start + tasks.BATCH]]), range(0, len(rows), tasks.BATCH)))
+    for name, moves in [("release", release), *((f"slot-{i}", m) for i, m in enumerate(slots))]:
+        clients.tasks.create_entity({"PartitionKey": job, "RowKey": names.counter_key(name),
+                                     **rollups.apply({}, moves)})
+    return job
+
+
+def measured(settings: Settings, call: Callable[[Clients], object], repeat: int) -> tuple[float, int]:
+    """The median seconds of ``call`` and the entities it read."""
+    reads: list[int] = []
+
+    def hook(response: Any) -> None:
+        if response.http_request.method == "GET":
+            try:
+                body = json.loads(response.http_response.text())
+            except ValueError:
+                return
+            if isinstance(body, dict):
+                reads.append(len(body["value"]) if "value" in body else int("PartitionKey" in body))
+
+    clients_module.HOOKS["raw_response_hook"] = hook
+    try:
+        fresh = Clients(settings)
+        call(fresh)  # warm: connections, caches
+        seconds = []
+        for _ in range(repeat):
+            reads.clear()
+            started = time.perf_counter()
+            call(fresh)
+            seconds.append(time.perf_counter() - started)
+        fresh.close()
+    finally:
+        clients_module.HOOKS.pop("raw_response_hook", None)
+    return statistics.median(seconds), sum(reads)
+
+
+def empty_query(clients: Clients, job: str) -> list[Any]:
+    """A key-range query of the job's partition that matches no row: what any query costs
+    here before it reads a row (Azurite filters every row of a table for every query)."""
+    return list(clients.tasks.query_entities("PartitionKey eq @pk and RowKey ge @lo and RowKey lt @hi",
+                                             parameters={"pk": job, "lo": "~none~", "hi": "~none~~"}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 10_000, 100_000])
+    parser.add_argument("--repeat", type=int, default=7)
+    args = parser.parse_args()
+    figures: dict[str, Any] = {"sizes": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for size in args.sizes:
+            azurite = Azurite(Path(tmp) / f"azurite{size}").start()
+            try:
+                settings = Settings(storage_connection=azurite.connection_string, namespace=f"s{size}")
+                clients = Clients(settings)
+                clients.ensure_resources()
+                started = time.monotonic()
+                job = build(clients, size)
+                built_s = time.monotonic() - started
+                status_s, status_reads = measured(settings, lambda c, j=job: jobs.status(c, j), args.repeat)
+                view_s, view_reads = measured(settings, lambda c, j=job: jobview.view(c, j), args.repeat)
+                scan_s, _ = measured(settings, lambda c, j=job: empty_query(c, j), args.repeat)
+                shown = jobs.status(clients, job)["counts"]
+                assert shown["SUCCEEDED"] + shown["DEAD"] == size, shown
+            finally:
+                azurite.stop()
+            found = {"status_s": round(status_s, 4), "status_entities": status_reads,
+                     "view_s": round(view_s, 4), "view_entities": view_reads,
+                     "empty_query_s": round(scan_s, 4), "rows_of_the_job": 2 * size,
+                     "built_s": round(built_s, 1)}
+            figures["sizes"][str(size)] = found
+            print(f"{size:>7} tasks: status {status_s * 1000:7.1f} ms, {status_reads:3d} entities; "
+                  f"view {view_s * 1000:7.1f} ms, {view_reads:3d} entities; a query of no row "
+                  f"{scan_s * 1000:6.1f} ms (the job has {2 * size} task and attempt rows; built in {built_s:.0f} s)",
+                  flush=True)
+    sizes = figures["sizes"]
+    if "100" in sizes and "100000" in sizes:
+        figures["status_ratio_100k_to_100"] = round(sizes["100000"]["status_s"] / sizes["100"]["status_s"], 2)
+        figures["view_ratio_100k_to_100"] = round(sizes["100000"]["view_s"] / sizes["100"]["view_s"], 2)
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
