@@ -4,7 +4,7 @@
 transitions.py, dispatch.py, planner.py, completion.py, sweep.py, tasks.py, runtimes.py):
 cut a call there, cut its row here, and ``make bench NAME=scale`` predicts the difference.
 ``PLANNED`` is the planned layout as a what-if (partitions per job, counters and rollups read
-at constant cost, dependencies as counters, claims and commits grouped, deletes batched):
+at constant cost, claims and commits grouped, deletes batched):
 a prediction of what it buys, not a description of code.
 
 Cost kinds (measured on the local stack by ``bench.scale_calibrate``): ``get`` (a point
@@ -74,13 +74,15 @@ TODAY: tuple[Call, ...] = (
     Call("stage: output written", "blob", BLOB, END, 6, kinds=TILE_KINDS),
     Call("reduction: tiles read", "blob", BLOB, CLAIM, lambda q: q["tiles_per_reduction"], kinds=("reduction",)),
     Call("reduction: products and logs written", "blob", BLOB, END, 3, kinds=("reduction",)),
-    Call("commit: task row, attempt, deadline entry, counter", "txn", TASK, END, 1, 4),
+    # the commit's transaction counts the task off its reduction's row too (rollups, counters)
+    Call("commit: task row, attempt, deadline entry, counter", "txn", TASK, END, 1,
+         lambda q: 4 + _if_reductions(q)),
     Call("delete message", "delete", QUEUE, END),
     Call("runtime history merge: read", "get", RUNTIMES, END, _per_book),
     Call("runtime history merge: write", "update", RUNTIMES, END, _per_book),
-    Call("reduction release: its row", "get", TASK, END, _if_reductions, kinds=TILE_KINDS),
-    Call("reduction release: its tile rows", "query", TASK, END, _if_reductions,
-         lambda q: q["tiles_per_reduction"], kinds=TILE_KINDS),
+    # the tile task whose commit counts its reduction's last tile off sends the reduction's message
+    Call("reduction release: send message", "send", QUEUE, END,
+         lambda q: _if_reductions(q) / max(1.0, q["tiles_per_reduction"]), kinds=TILE_KINDS),
     # Worker.after_terminal's look at the job: its row, and every writer's counter row
     Call("look: job row", "get", JOB, LOOK),
     Call("look: counter rows", "query", ALL, LOOK, 1, lambda q: q["writers"]),
@@ -89,16 +91,11 @@ TODAY: tuple[Call, ...] = (
     Call("heartbeat: read task row", "get", TASK, BEAT),
     Call("heartbeat: move deadline entry", "txn", TASK, BEAT, 1, 3),
     # the sweep, per job per pass (sweep._sweep_job): job row (three times), overdue and due
-    # entries, counters (release), every reduction row, and per PENDING reduction its row and
-    # its tile rows (planner.release_reductions → release_ready)
+    # entries, counters (release); reductions are released by their last tile's commit
     Call("sweep: job row", "get", JOB, SWEEP, 3),
     Call("sweep: overdue deadline entries", "query", ALL, SWEEP),
     Call("sweep: due dispatch entries", "query", ALL, SWEEP),
     Call("sweep: counter rows", "query", ALL, SWEEP, 1, lambda q: q["writers"]),
-    Call("sweep: reduction rows", "query", ALL, SWEEP, lambda q: q["reductions"] / 1000, 1000),
-    Call("sweep: PENDING reduction's row", "get", TASK, SWEEP, lambda q: q["pending_reductions"]),
-    Call("sweep: PENDING reduction's tile rows", "query", TASK, SWEEP, lambda q: q["pending_reductions"],
-         lambda q: q["tiles_per_reduction"]),
     # the finisher (completion.write_manifest): every task row, pages of 1,000
     Call("completion: list task rows", "query", ALL, FINISH, 1 / 1000, 1000),
     Call("completion: manifest written", "blob", BLOB, FINISH, 1 / 1000),
@@ -106,8 +103,6 @@ TODAY: tuple[Call, ...] = (
 
 _CUT = {
     "release: counter rows", "look: counter rows", "sweep: counter rows",  # counts from a bounded rollup
-    "sweep: reduction rows", "sweep: PENDING reduction's row", "sweep: PENDING reduction's tile rows",
-    "reduction release: its row", "reduction release: its tile rows",  # dependencies as counters
     "claim: read task row", "claim: task row, attempt, deadline entry, dispatch entry",
     "commit: task row, attempt, deadline entry, counter",  # grouped per worker
 }
@@ -127,5 +122,4 @@ PLANNED: tuple[Call, ...] = (
     Call("look: rollup row per partition", "query", ALL, LOOK, 1, lambda q: q["partitions"]),
     Call("release: rollup row per partition", "query", ALL, RELEASE, 1 / 64, lambda q: q["partitions"]),
     Call("sweep: rollup row per partition", "query", ALL, SWEEP, 1, lambda q: q["partitions"]),
-    Call("reduction release: decrement its counter", "txn", TASK, END, _if_reductions, 1, kinds=TILE_KINDS),
 )
