@@ -209,9 +209,11 @@ def watch(job: str, api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFA
         found = watch_job(Api.resolve(api, key, home), job)
     except (ApiError, RuntimeError) as exc:
         _fail(exc)
+    from pipeline.costs import dollars
+
     cost = found.get("cost")
     console.print(f"{job}: {found['state']}" + (f", {cost['compute_s'] / 3600:.2f} slot-hours of compute, "
-                                                 f"about ${cost['usd']:.2f}" if cost else ""))
+                                                 f"about {dollars(cost['usd'])}" if cost else ""))
 
 
 @app.command()

@@ -279,7 +279,7 @@ def completion_email(clients: Clients, row: dict[str, Any], final: JobState, fou
         f"Your bagpipe job {job}{label} has finished: {final.value}.\n\n{why}"
         f"Tasks: {found['total']} ({counts}).\n"
         f"Compute: {found['cost']['compute_s'] / 3600:.2f} slot-hours over {found['cost']['attempts']} attempts, "
-        f"about ${found['cost']['usd']:.2f} at Azure's pay-as-you-go prices.\n\n"
+        f"about {costs.dollars(found['cost']['usd'])} at Azure's pay-as-you-go prices.\n\n"
         f"Manifest with every product (link valid for {clients.settings.sas_minutes} minutes):\n"
         f"{link}\n\n"
         f"{_overview_line(clients, found)}"

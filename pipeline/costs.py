@@ -72,6 +72,11 @@ DAYS_PER_MONTH = 30.44
 CACHED = {names.SOURCES_CONTAINER: (1_100_995, 0.22), names.TILES_CONTAINER: (3_867, 0.27)}
 
 
+def dollars(amount: float) -> str:
+    """An amount as people read it: cents, or four decimals below a cent (a small job)."""
+    return f"${amount:,.2f}" if amount >= 0.01 or amount == 0 else f"${amount:.4f}"
+
+
 def usd(compute_s: float, tasks: int) -> float:
     """What ``compute_s`` slot-seconds and ``tasks`` tasks' storage calls cost."""
     return compute_s * SLOT_USD_PER_S + tasks * STORAGE_CALLS_PER_TASK * STORAGE_USD_PER_CALL

@@ -5,7 +5,7 @@ import { accountPage } from "./account.js";
 import { WorldMap } from "./map.js";
 import { reducersPage } from "./reducers.js";
 import { api, signOut, whoami } from "./session.js";
-import { age, duration, h, stateBadge } from "./util.js";
+import { age, dollars, duration, h, stateBadge } from "./util.js";
 
 const main = document.getElementById("main");
 const FINISHED = new Set(["SUCCEEDED", "FAILED", "CANCELLED"]);
@@ -138,9 +138,9 @@ async function submitPage() {
       try {
         const found = await api("POST", "/api/estimate", request());
         estimate.textContent = `This request makes ${found.tasks.toLocaleString()} tasks` + (found.known
-          ? `: about ${duration(found.compute_s)} of compute, $${found.usd.toFixed(2)} at Azure's prices ` +
+          ? `: about ${duration(found.compute_s)} of compute, ${dollars(found.usd)} at Azure's prices ` +
             "(at most: tiles already made cost almost nothing)."
-          : ` (compute time not known yet: too few runs of its stages so far; storage calls $${found.usd.toFixed(2)}).`);
+          : ` (compute time not known yet: too few runs of its stages so far; storage calls ${dollars(found.usd)}).`);
         estimate.dataset.tasks = found.tasks;
         estimate.title = found.prices;
       } catch (err) {

@@ -26,6 +26,11 @@ export function duration(s) {
   return `${(s / 3600).toFixed(1)} h`;
 }
 
+/** An amount in USD as people read it: cents, or four decimals below a cent (a small job). */
+export function dollars(usd) {
+  return usd >= 0.01 || usd === 0 ? `$${usd.toFixed(2)}` : `$${usd.toFixed(4)}`;
+}
+
 export function bytes(n) {
   if (n < 1024) return `${n} B`;
   if (n < 1024 * 1024) return `${(n / 1024).toFixed(1)} KiB`;

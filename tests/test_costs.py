@@ -54,7 +54,7 @@ def test_a_finished_job_reports_the_compute_it_used_in_its_status_and_email(
     (email,) = wait_for(lambda: [m for _, m in mail.messages() if job in str(m["Subject"])], 30, "the email")
     text = email.get_body().get_content()  # type: ignore[union-attr]
     assert f"{sum(ran) / 3600:.2f} slot-hours over {len(ran)} attempts" in text
-    assert f"${found['usd']:.2f}" in text
+    assert f"about {costs.dollars(found['usd'])} at" in text and costs.dollars(0.0031) == "$0.0031"
 
 
 def test_a_blob_is_kept_until_storing_it_has_cost_one_remake() -> None:
