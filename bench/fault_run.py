@@ -232,7 +232,7 @@ class Run:
             thread.join(0.05)
         if thread.is_alive():
             for hang in HANGS.iterdir():
-                hang.unlink()
+                hang.unlink(missing_ok=True)
             self.plan.dead.add(name)
             worker.kill()
             thread.join(60)

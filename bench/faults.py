@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -45,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from bagpipe.azurite import Azurite
+from bench import fault_stage
 from bench.fault_run import KINDS, run_one, warm_fork_server
 
 
@@ -88,8 +90,10 @@ def sweep_points(azurite: Azurite, workdir: Path, chosen: list[tuple[int, str]],
 def sweep_shards(jobs: int, argv: list[str]) -> dict[str, Any]:
     """Run ``jobs`` shards of the sweep as processes of their own, echo their lines, add up
     their last-line figures."""
+    # each shard its own folder of scripted hangs (one shard's must never look like another's)
+    env = {k: v for k, v in os.environ.items() if k != fault_stage.HANGS_ENV}
     children = [subprocess.Popen([sys.executable, "-m", "bench.faults", *argv, "--shard", f"{i}/{jobs}"],
-                                 stdout=subprocess.PIPE, text=True) for i in range(jobs)]
+                                 stdout=subprocess.PIPE, text=True, env=env) for i in range(jobs)]
     lasts: list[str] = [""] * jobs
 
     def echo(i: int, child: subprocess.Popen[str]) -> None:
