@@ -27,8 +27,9 @@ import random
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -96,21 +97,32 @@ def build(clients: Clients, size: int) -> str:
     return job
 
 
-def measured(settings: Settings, call: Callable[[Clients], object], repeat: int) -> tuple[float, int]:
-    """The median seconds of ``call`` and the entities it read."""
+@contextmanager
+def counting_reads() -> Iterator[list[int]]:
+    """Entities the storage answers while the block runs, counted through the SDK's
+    per-request hooks: a point read is one, a query as many as its pages hold."""
     reads: list[int] = []
 
     def hook(response: Any) -> None:
-        if response.http_request.method == "GET":
-            try:
-                body = json.loads(response.http_response.text())
-            except ValueError:
-                return
-            if isinstance(body, dict):
-                reads.append(len(body["value"]) if "value" in body else int("PartitionKey" in body))
+        if response.http_request.method != "GET":
+            return
+        try:
+            body = json.loads(response.http_response.text())
+        except ValueError:
+            return
+        if isinstance(body, dict):
+            reads.append(len(body["value"]) if "value" in body else int("PartitionKey" in body))
 
     clients_module.HOOKS["raw_response_hook"] = hook
     try:
+        yield reads
+    finally:
+        clients_module.HOOKS.pop("raw_response_hook", None)
+
+
+def measured(settings: Settings, call: Callable[[Clients], object], repeat: int) -> tuple[float, int]:
+    """The median seconds of ``call`` and the entities it read."""
+    with counting_reads() as reads:
         fresh = Clients(settings)
         call(fresh)  # warm: connections, caches
         seconds = []
@@ -120,8 +132,6 @@ def measured(settings: Settings, call: Callable[[Clients], object], repeat: int)
             call(fresh)
             seconds.append(time.perf_counter() - started)
         fresh.close()
-    finally:
-        clients_module.HOOKS.pop("raw_response_hook", None)
     return statistics.median(seconds), sum(reads)
 
 

@@ -5,40 +5,16 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
-from pipeline import clients as clients_module
+from bench.status_scale import counting_reads
 from pipeline import jobs, jobview, planner, rollups, tasks, transitions
 from pipeline.clients import Clients
 from pipeline.failures import FailureClass
 from pipeline.settings import Settings
 from pipeline.status import TaskStatus
 from tests.conftest import in_an_hour, small_request, with_stage
-
-
-@contextmanager
-def counting_reads() -> Iterator[list[int]]:
-    """Entities the storage answers while the block runs, counted through the SDK's
-    per-request hooks: a point read is one, a query as many as its pages hold."""
-    reads: list[int] = []
-
-    def hook(response: Any) -> None:
-        if response.http_request.method != "GET":
-            return
-        try:
-            body = json.loads(response.http_response.text())
-        except ValueError:
-            return
-        if isinstance(body, dict):
-            reads.append(len(body["value"]) if "value" in body else int("PartitionKey" in body))
-
-    clients_module.HOOKS["raw_response_hook"] = hook
-    try:
-        yield reads
-    finally:
-        clients_module.HOOKS.pop("raw_response_hook", None)
 
 
 def run_some(clients: Clients, job: str, commits: int) -> None:
