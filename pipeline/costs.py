@@ -109,7 +109,7 @@ def estimate(history: TableClient, specs: Iterable[TaskSpec], min_samples: int) 
 def measured(runtimes_s: Iterable[float], tasks: int) -> dict[str, Any]:
     """After: the seconds the job's attempts ran (every attempt: failed and killed ones were
     paid for too), and their cost."""
-    seconds = [s for s in runtimes_s]
+    seconds = list(runtimes_s)
     compute_s = sum(seconds)
     return {"attempts": len(seconds), "compute_s": round(compute_s, 1), "usd": round(usd(compute_s, tasks), 4),
             "prices": PRICE_LIST}

@@ -67,10 +67,10 @@ def make(clients: Clients, job: str, manifest: dict[str, Any]) -> dict[str, Any]
     """Read each product's header through a link and describe the job as STAC."""
     catalog = manifest.get("catalog") or {}
     by_key = {task["task"]: task for task in manifest["tasks"]}
+    sign = _signer(clients)
 
     def item_of(task: dict[str, Any]) -> dict[str, Any] | None:
-        links = {results.sas_url(clients, *results.locate(clients, output)): output
-                 for output in task.get("outputs", [])}
+        links = {sign(output): output for output in task.get("outputs", [])}
         deps = stacitems.dependencies(task, by_key)
         with rasterio.Env(**GDAL_OPTIONS):
             item = stacitems.build_item(task, list(links), catalog,
@@ -166,8 +166,9 @@ def _span(text: str | None) -> tuple[datetime | None, datetime | None]:
     return (ends[0], ends[0]) if len(ends) == 1 else (ends[0], ends[1])
 
 
-def matches(item: dict[str, Any], search: Search) -> bool:
-    """Whether an item is among what ``search`` asks for (ids, box, time)."""
+def matches(item: dict[str, Any], search: Search, span: tuple[datetime | None, datetime | None]) -> bool:
+    """Whether an item is among what ``search`` asks for (ids, box, and ``span``: its
+    ``datetime`` read once by ``_span``)."""
     if search.ids is not None and item["id"] not in search.ids:
         return False
     if search.bbox is not None:
@@ -175,7 +176,7 @@ def matches(item: dict[str, Any], search: Search) -> bool:
         box = item.get("bbox") or []
         if not box or box[0] > east or box[2] < west or box[1] > north or box[3] < south:
             return False
-    start, end = _span(search.datetime)
+    start, end = span
     props = item["properties"]
     first = pystac.utils.str_to_datetime(props.get("start_datetime") or props["datetime"])
     last = pystac.utils.str_to_datetime(props.get("end_datetime") or props["datetime"])
@@ -233,8 +234,9 @@ def add_routes(app: FastAPI, clients: Clients, signed_in: Callable[..., Caller])
               datetime: str | None = None, caller: Caller = Depends(signed_in)) -> dict[str, Any]:
         """The job's items, a page at a time."""
         search = _search(collections=[job], limit=limit, token=token, bbox=bbox, datetime=datetime)
+        span = _span(search.datetime)  # a bad one is a 400 before anything is read
         base, stored = base_of(request), finished(job, caller)
-        chosen = [item for item in stored["items"] if matches(item, search)]
+        chosen = [item for item in stored["items"] if matches(item, search, span)]
         return _page(base, chosen, search.token, search.limit, _signer(clients), lambda after: {
             "rel": "next", "type": GEOJSON,
             "href": str(request.url.replace_query_params(**dict(request.query_params), token=after))})
@@ -248,9 +250,9 @@ def add_routes(app: FastAPI, clients: Clients, signed_in: Callable[..., Caller])
 
     def run_search(search: Search, request: Request, caller: Caller,
                    next_link: Callable[[int], dict[str, Any]]) -> dict[str, Any]:
-        base = base_of(request)
+        base, span = base_of(request), _span(search.datetime)
         chosen = [item for job in (search.collections or list(own_finished(caller)))
-                  for item in finished(job, caller)["items"] if matches(item, search)]
+                  for item in finished(job, caller)["items"] if matches(item, search, span)]
         return _page(base, chosen, search.token, search.limit, _signer(clients), next_link)
 
     @app.get("/api/stac/search")
@@ -267,7 +269,6 @@ def add_routes(app: FastAPI, clients: Clients, signed_in: Callable[..., Caller])
     @app.post("/api/stac/search")
     def search_post(search: Search, request: Request, caller: Caller = Depends(signed_in)) -> dict[str, Any]:
         """The same search with a JSON body, as pystac-client sends it."""
-        _span(search.datetime)
         return run_search(search, request, caller, lambda after: {
             "rel": "next", "type": GEOJSON, "method": "POST", "merge": True, "href": str(request.url),
             "body": {"token": after}})
@@ -284,5 +285,4 @@ def _search(bbox: str | None = None, **fields: Any) -> Search:
     except ValidationError as exc:
         raise HTTPException(400, "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
                                            for e in exc.errors())) from None
-    _span(search.datetime)
     return search
