@@ -38,6 +38,7 @@ class Toxiproxy:
     def __init__(self) -> None:
         self.api_port = free_port()
         self._process: subprocess.Popen[bytes] | None = None
+        self._proxies: dict[str, dict[str, str]] = {}
         # removing a toxic waits for its links to hand over what they hold (a slow bandwidth
         # toxic's chunk), which on a loaded machine can take well over ten seconds
         self.api = httpx.Client(base_url=f"http://127.0.0.1:{self.api_port}", timeout=60)
@@ -71,9 +72,20 @@ class Toxiproxy:
     def proxy(self, name: str, upstream_port: int) -> int:
         """A proxy to ``127.0.0.1:upstream_port``; returns the port that reaches it."""
         listen = free_port()
-        self.api.post("/proxies", json={"name": name, "listen": f"127.0.0.1:{listen}",
-                                        "upstream": f"127.0.0.1:{upstream_port}"}).raise_for_status()
+        self._proxies[name] = {"name": name, "listen": f"127.0.0.1:{listen}",
+                               "upstream": f"127.0.0.1:{upstream_port}"}
+        self.api.post("/proxies", json=self._proxies[name]).raise_for_status()
         return listen
+
+    def heal(self, proxy: str) -> None:
+        """The link as new, on the same port: every connection through it closed, no toxic left.
+
+        Removing a toxic waits for each connection that holds it to hand over what it holds,
+        and a connection stalled mid-transfer may never do so (the server gives up after 25 s
+        with a 503); replacing the proxy closes those connections instead of waiting on them.
+        """
+        self.api.delete(f"/proxies/{proxy}").raise_for_status()
+        self.api.post("/proxies", json=self._proxies[proxy]).raise_for_status()
 
     def toxic(self, proxy: str, kind: str, stream: str = "downstream", toxicity: float = 1.0,
               name: str | None = None, **attributes: Any) -> str:

@@ -30,10 +30,20 @@ def proxy(azurite: Azurite) -> Iterator[tuple[Toxiproxy, int]]:
     many blocks in flight."""
     with Toxiproxy() as toxiproxy:
         port = toxiproxy.proxy("blob", azurite.blob_port)
-        for stream in ("upstream", "downstream"):
-            toxiproxy.toxic("blob", "latency", stream, latency=15)
-            toxiproxy.toxic("blob", "bandwidth", stream, rate=12_500)
+        _wan(toxiproxy)
         yield toxiproxy, port
+
+
+def _wan(toxiproxy: Toxiproxy) -> None:
+    for stream in ("upstream", "downstream"):
+        toxiproxy.toxic("blob", "latency", stream, latency=15)
+        toxiproxy.toxic("blob", "bandwidth", stream, rate=12_500)
+
+
+def _heal(toxiproxy: Toxiproxy) -> None:
+    """The narrow WAN again, without the faults, and without the connections they stalled."""
+    toxiproxy.heal("blob")
+    _wan(toxiproxy)
 
 
 def _service(port: int) -> BlobServiceClient:
@@ -97,8 +107,7 @@ def test_connections_cut_mid_transfer_are_retried_to_a_byte_exact_result(
     assert back == data and md5 == md5_of(data)
 
     # connections reset by the peer at random (a third of them, 50 ms in)
-    toxiproxy.remove("blob", "limit_data_upstream")
-    toxiproxy.remove("blob", "limit_data_downstream")
+    _heal(toxiproxy)
     toxiproxy.toxic("blob", "reset_peer", "upstream", toxicity=0.33, timeout=50)
     again = os.urandom(SIZE)
     transfers.upload(clients.products, "faults/reset.bin", again, "application/octet-stream")
@@ -128,8 +137,7 @@ def test_a_fault_that_outlasts_the_retries_is_classified_and_leaves_nothing_part
     assert clients.transfers.download(clients.products, "faults/x.bin", SIZE)[0] == old
 
     # a download that stalls mid-way hands back nothing
-    toxiproxy.remove("blob", "timeout_upstream")
-    toxiproxy.remove("blob", "slow")
+    _heal(toxiproxy)
     toxiproxy.toxic("blob", "limit_data", "downstream", bytes=3 * MiB // 2)
     toxiproxy.toxic("blob", "reset_peer", "downstream", toxicity=1.0, timeout=200)
     with pytest.raises(Exception) as caught:
@@ -137,8 +145,7 @@ def test_a_fault_that_outlasts_the_retries_is_classified_and_leaves_nothing_part
     assert classify(caught.value) in (FailureClass.OPERATION_TIMEOUT, FailureClass.CONNECTION)
 
     # once the network heals, the same call (the task's retry) succeeds
-    toxiproxy.remove("blob", "limit_data_downstream")
-    toxiproxy.remove("blob", "reset_peer_downstream")
+    _heal(toxiproxy)
     transfers.upload(clients.products, "faults/x.bin", new, "application/octet-stream")
     assert clients.transfers.download(clients.products, "faults/x.bin", SIZE)[0] == new
     transfers.close()
