@@ -5,7 +5,7 @@ built of the Blueprints in ``triggers/``.
 - ``triggers.http``: the request API and the portal (the same FastAPI app as the local stack's);
 - ``triggers.queues``: the planner (plan messages) and completion (done messages);
 - ``triggers.orchestration``: the monitor, an eternal Durable Functions orchestration running
-  ``pipeline.sweep``, its keeper (a timer) and an admin restart.
+  ``pipeline.lifecycle.sweep``, its keeper (a timer) and an admin restart.
 """
 
 import azure.durable_functions as df

@@ -98,7 +98,7 @@ def worker(slots: Annotated[int, typer.Option(min=1, help="Tasks run at once.")]
     logging.getLogger(__name__).info("worker %s started with %d slots", runner.id, slots)
     runner.run()
     if runner.draining.is_set():
-        from pipeline.health import REPLACE_EXIT
+        from pipeline.lifecycle.health import REPLACE_EXIT
 
         raise typer.Exit(REPLACE_EXIT)
 
@@ -209,7 +209,7 @@ def watch(job: str, api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFA
         found = watch_job(Api.resolve(api, key, home), job)
     except (ApiError, RuntimeError) as exc:
         _fail(exc)
-    from pipeline.costs import dollars
+    from pipeline.lifecycle.costs import dollars
 
     cost = found.get("cost")
     console.print(f"{job}: {found['state']}" + (f", {cost['compute_s'] / 3600:.2f} slot-hours of compute, "
@@ -301,9 +301,9 @@ def _reproject(inputs: list[Path], out: Path, dst_crs: str, res: float,
     a single layer's GeoTIFF is warped as it is (its quality layer is another file)."""
     from rasterio.enums import Resampling
 
-    from pipeline.granules import HDF
-    from pipeline.products import CATALOG
-    from pipeline.reprojection import Source, Target, warp
+    from pipeline.modis.granules import HDF
+    from pipeline.modis.products import CATALOG
+    from pipeline.modis.reprojection import Source, Target, warp
 
     if bounds is None:
         _fail(ValueError("--bounds west south east north is required"))
@@ -329,8 +329,8 @@ def _reproject(inputs: list[Path], out: Path, dst_crs: str, res: float,
 def _reduce(inputs: list[Path], out: Path, name: str | None, path: str, args: dict[str, str]) -> None:
     import tempfile
 
-    from pipeline import reducers
-    from worker.reduction import run_program
+    from pipeline.reduction import reducers
+    from pipeline.reduction.stage import run_program
 
     known = reducers.catalog(path)
     if name not in known:

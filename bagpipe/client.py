@@ -12,7 +12,8 @@ from typing import Any
 
 import httpx
 
-from pipeline import mosaic, names, packing, stacitems
+from pipeline.modis import mosaic, stacitems
+from pipeline.storage import names, packing
 
 DEFAULT_HOME = Path(".bagpipe")
 STATE_FILE = "stack.json"  # where a running local stack says where its API is

@@ -11,10 +11,10 @@ from collections.abc import Callable
 
 from azure.storage.queue import QueueClient
 
-from pipeline import sweep
-from pipeline.clients import Clients, clients_for
-from pipeline.notify import mailer_for
+from pipeline.lifecycle import sweep
+from pipeline.lifecycle.notify import mailer_for
 from pipeline.settings import Settings
+from pipeline.storage.clients import Clients, clients_for
 
 log = logging.getLogger(__name__)
 

@@ -32,9 +32,9 @@ from fastapi.responses import RedirectResponse
 
 from bagpipe import modis_world as world
 from bagpipe.planetary import footprint
-from pipeline.cmr import DATA_REL, SEARCH_AFTER
-from pipeline.grid import Tile, tiles_for_bbox
-from pipeline.products import CATALOG, Product, periods
+from pipeline.modis.cmr import DATA_REL, SEARCH_AFTER
+from pipeline.modis.grid import Tile, tiles_for_bbox
+from pipeline.modis.products import CATALOG, Product, periods
 
 SNOW_DAACS = {"MOD": "MOST", "MYD": "MOSA"}
 

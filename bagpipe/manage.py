@@ -70,9 +70,9 @@ def users_bootstrap(name: str, email: Annotated[str, typer.Option(help="Their e-
     """Make an admin and a token of theirs straight in storage (settings from the environment:
     BagpipeStorage, or BagpipeStorage__accountName and an Azure sign-in with table data
     access): the first admin of a deployment that has no Entra sign-in."""
-    from pipeline import identity
-    from pipeline.clients import clients_for
     from pipeline.settings import Settings
+    from pipeline.storage.clients import clients_for
+    from pipeline.web import identity
 
     try:
         clients = clients_for(Settings.from_env())

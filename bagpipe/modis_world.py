@@ -27,9 +27,9 @@ from rasterio import features
 from rasterio.io import MemoryFile
 from rasterio.transform import from_origin
 
-from pipeline.grid import RADIUS, TILES_H, TILES_V, Tile
-from pipeline.products import CATALOG, Layer, Product
-from pipeline.targets import native_transform, sinusoidal
+from pipeline.modis.grid import RADIUS, TILES_H, TILES_V, Tile
+from pipeline.modis.products import CATALOG, Layer, Product
+from pipeline.modis.targets import native_transform, sinusoidal
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL_DATA = ROOT / "data" / "modis"

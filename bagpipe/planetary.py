@@ -38,10 +38,10 @@ from fastapi import FastAPI, HTTPException, Request, Response
 from bagpipe import modis_world as world
 from bagpipe.azurite import ACCOUNT, ACCOUNT_KEY
 from bagpipe.serving import Served
-from pipeline.granules import Granule
-from pipeline.grid import RADIUS, Tile, tiles_for_bbox
-from pipeline.products import CATALOG, Product, periods
-from pipeline.transfer import md5_of
+from pipeline.modis.granules import Granule
+from pipeline.modis.grid import RADIUS, Tile, tiles_for_bbox
+from pipeline.modis.products import CATALOG, Product, periods
+from pipeline.storage.transfer import md5_of
 
 STAC = "/api/stac/v1"
 SAS = "/api/sas/v1/token"

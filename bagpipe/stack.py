@@ -27,11 +27,12 @@ from bagpipe.client import STATE_FILE, TOKEN_FILE, token_in
 from bagpipe.earthdata import Earthdata
 from bagpipe.mailserver import MailServer
 from bagpipe.planetary import Planetary
-from pipeline import identity, names
-from pipeline.api import create_app
-from pipeline.clients import clients_for
-from pipeline.health import REPLACE_EXIT
+from pipeline.lifecycle.health import REPLACE_EXIT
 from pipeline.settings import Settings, env_name
+from pipeline.storage import names
+from pipeline.storage.clients import clients_for
+from pipeline.web import identity
+from pipeline.web.api import create_app
 
 log = logging.getLogger(__name__)
 

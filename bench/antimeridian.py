@@ -1,7 +1,7 @@
 """Peak memory of reprojecting one target tile that touches MODIS tiles h00 and h35 (the
 antimeridian, in a Pacific-centred CRS): the mosaic of the sources' bounding box
 (``rasterio.merge``, as bagpipe did before) against each source warped into the target's own
-array (``pipeline.reprojection``, now). Each way runs in a fresh process; its peak resident
+array (``pipeline.modis.reprojection``, now). Each way runs in a fresh process; its peak resident
 memory above what the process held once its inputs were read is the figure.
 
     python -m bench.antimeridian [--pixels 1000]
@@ -21,7 +21,7 @@ from datetime import date
 from pathlib import Path
 
 # A 100 km tile of EPSG:3832 (WGS 84 / PDC Mercator) over Fiji, across ±180°: its sources
-# are h00v10 and h35v10 (see pipeline/targets.py).
+# are h00v10 and h35v10 (see pipeline/modis/targets.py).
 CRS = "EPSG:3832"
 BOUNDS = (3_300_000.0, -2_100_000.0, 3_400_000.0, -2_000_000.0)
 TILES = ("h00v10", "h35v10")
@@ -30,7 +30,7 @@ TILES = ("h00v10", "h35v10")
 def sources(folder: Path) -> list[Path]:
     """The two synthesized MOD10A2 layers, written as Planetary Computer keeps them."""
     from bagpipe import modis_world as world
-    from pipeline.products import CATALOG
+    from pipeline.modis.products import CATALOG
 
     paths = []
     for tile in TILES:
@@ -60,8 +60,8 @@ def run_one(way: str, paths: list[Path], pixels: int) -> dict[str, float]:
     from rasterio.merge import merge
     from rasterio.warp import reproject
 
-    from pipeline.products import CATALOG
-    from pipeline.reprojection import Source, Target, warp_array
+    from pipeline.modis.products import CATALOG
+    from pipeline.modis.reprojection import Source, Target, warp_array
 
     target = Target(CRS, BOUNDS, (BOUNDS[2] - BOUNDS[0]) / pixels, "nearest")
     before = _peak_mb()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from bench.simcore import Cost, Limits, LogNormal, Result, ScaleOut, TaskKind
-from pipeline.costs import PRICES, REPLICA_GIB, REPLICA_VCPU, SLOTS, Figure
+from pipeline.lifecycle.costs import PRICES, REPLICA_GIB, REPLICA_VCPU, SLOTS, Figure
 
 TABLE_TARGETS = ("'Scalability and performance targets for Table storage', "
                  "https://learn.microsoft.com/en-us/azure/storage/tables/scalability-targets")
@@ -25,7 +25,7 @@ TARGETS = (
 )
 LIMITS = Limits(partition=2_000, queue=2_000, account=20_000)
 
-# The platform (infra/bicep): a worker execution (pipeline.costs: its vCPU, GiB and slots); KEDA
+# The platform (infra/bicep): a worker execution (pipeline.lifecycle.costs: its vCPU, GiB and slots); KEDA
 # polls the shards every 10 s with a queue length of one execution's slots. Start-up is assumed.
 FUNCTION_GB = 2.0  # Flex Consumption's default instance memory (2,048 MB)
 SCALE_OUT = ScaleOut(polling_s=10.0, queue_length=SLOTS, max_executions=1_000, start=LogNormal(30.0, 0.3),
@@ -50,7 +50,7 @@ def azure_costs(local: dict[str, Cost]) -> dict[str, Cost]:
             for kind, c in local.items()}
 
 
-# --- public prices (USD, pay-as-you-go): pipeline.costs, which the job estimates use too ---------
+# --- public prices (USD, pay-as-you-go): pipeline.lifecycle.costs, which the job estimates use too ---------
 FREE_GRANTS = Figure("Container Apps free grant per subscription and month: 180,000 vCPU-s, 360,000 GiB-s, "
                      "2 million requests (not deducted below)", 0, "",
                      "https://learn.microsoft.com/en-us/azure/container-apps/billing")

@@ -38,7 +38,7 @@ from bench.simcore import (
 )
 
 Q = Mapping[str, float]
-RUNTIME_FLUSH_S = 5.0  # pipeline.runtimes.RuntimeBook: reads and merges at most this often per worker
+RUNTIME_FLUSH_S = 5.0  # pipeline.lifecycle.runtimes.RuntimeBook: reads and merges at most this often per worker
 
 
 def _per_book(q: Q) -> float:
@@ -53,7 +53,7 @@ def _if_reductions(q: Q) -> float:
 
 TILE_KINDS = ("reprojection",)  # kinds whose stage moves blobs (the no-op stage moves none)
 TODAY: tuple[Call, ...] = (
-    # the planner (pipeline.planner.plan): rows 100 to a transaction, the cursor on the job row
+    # the planner (pipeline.lifecycle.planner.plan): rows 100 to a transaction, the cursor on the job row
     Call("plan: create task rows", "txn", TASK, PLAN, 1 / 100, 100),
     Call("plan: job row cursor", "update", JOB, PLAN, 1 / 100),
     # a release (planner.release), 64 tasks a chunk: its lease and cursor on the job row, the

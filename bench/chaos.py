@@ -39,9 +39,10 @@ import httpx
 from bagpipe.azurite import ACCOUNT, ACCOUNT_KEY, Azurite
 from bagpipe.stack import LocalStack
 from bagpipe.toxiproxy import Toxiproxy
-from pipeline import attempts, names, tasks
-from pipeline.clients import Clients
-from pipeline.status import TaskStatus
+from pipeline.lifecycle import attempts, tasks
+from pipeline.lifecycle.status import TaskStatus
+from pipeline.storage import names
+from pipeline.storage.clients import Clients
 
 FINISHED = ("SUCCEEDED", "FAILED", "CANCELLED")
 COMMITTED = {TaskStatus.SUCCEEDED.value, TaskStatus.CACHED.value}

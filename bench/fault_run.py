@@ -25,13 +25,14 @@ from bagpipe import control
 from bagpipe.azurite import Azurite
 from bagpipe.mailserver import MailServer
 from bench import fault_stage
-from pipeline import clients as clients_module
-from pipeline import jobs, monitor, names, sweep, tasks
-from pipeline.clients import Clients
-from pipeline.notify import mailer_for
-from pipeline.request import JobRequest
+from pipeline.lifecycle import jobs, monitor, sweep, tasks
+from pipeline.lifecycle.notify import mailer_for
+from pipeline.lifecycle.request import JobRequest
+from pipeline.lifecycle.status import TERMINAL, JobState, TaskStatus
 from pipeline.settings import Settings
-from pipeline.status import TERMINAL, JobState, TaskStatus
+from pipeline.storage import clients as clients_module
+from pipeline.storage import names
+from pipeline.storage.clients import Clients
 from worker.child import StageProcess
 from worker.runner import Worker
 

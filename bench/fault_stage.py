@@ -15,8 +15,9 @@ import numpy as np
 from affine import Affine
 from rasterio.io import MemoryFile
 
-from pipeline import cache, names, stages
+from pipeline import stages
 from pipeline.stages import StageContext
+from pipeline.storage import cache, names
 
 LOST_TILE = "x-0108y+0035"
 HANGS_ENV = "BAGPIPE_FAULT_HANGS"  # the folder where the lost attempt says it hangs

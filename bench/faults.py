@@ -1,7 +1,7 @@
 """Systematic fault injection: every storage call of a small run failed in turn, three ways.
 
 The SDK's own per-request hooks (``raw_request_hook``/``raw_response_hook``, installed through
-``pipeline.clients.HOOKS``) number every storage request the run's components make — the
+``pipeline.storage.clients.HOOKS``) number every storage request the run's components make — the
 API's, the planner's, the workers', the monitor's and the finisher's alike — and at call
 ``k`` do one of:
 

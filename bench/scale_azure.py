@@ -17,8 +17,8 @@ from bench.scale_local import local_costs
 from bench.scale_report import Context, Part, hours, plt, save, table
 from bench.sim import simulate
 from bench.simcore import ALL, TASK, Call, Cost, LogNormal, Result, Scenario, TaskKind
-from pipeline import costs
-from pipeline.costs import SLOTS
+from pipeline.lifecycle import costs
+from pipeline.lifecycle.costs import SLOTS
 
 HEADROOM = 0.5  # size targets so that none runs above half its rate at the job's steady rate
 SIMULATED = 12_000  # tasks simulated of a long job (at least 4 a worker); the rest extrapolated

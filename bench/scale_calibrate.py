@@ -36,11 +36,11 @@ from azure.data.tables import UpdateMode
 from bagpipe.stack import LocalStack
 from bench.simcore import Cost, LogNormal
 from bench.throughput import fresh_azurite, request_of, submit_and_wait
-from pipeline import clients as clients_module
-from pipeline import jobs, planner
-from pipeline.clients import clients_for
-from pipeline.request import JobRequest
+from pipeline.lifecycle import jobs, planner
+from pipeline.lifecycle.request import JobRequest
 from pipeline.settings import Settings
+from pipeline.storage import clients as clients_module
+from pipeline.storage.clients import clients_for
 
 TICK = os.sysconf("SC_CLK_TCK")
 PART = "calibration"

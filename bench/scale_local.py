@@ -103,8 +103,8 @@ def part(ctx: Context) -> Part:
 ## Calibration: the local stack, predicted
 
 Each kind of storage call the code makes, made {found['get'].calls} times one after another
-against an Azurite of its own (the SDK clients of `pipeline.clients`; transactions on the
-lean wire format of `pipeline.transactions`): wall time, the caller's CPU, Azurite's CPU
+against an Azurite of its own (the SDK clients of `pipeline.storage.clients`; transactions on the
+lean wire format of `pipeline.storage.transactions`): wall time, the caller's CPU, Azurite's CPU
 (from `/proc`), and the rest of the round trip — taken from the quickest tenth of the calls
 (their 10th-percentile wall time less the CPU), because on this shared machine the slower
 calls also waited for a core, and the model makes that wait itself from the cores, their

@@ -1,7 +1,7 @@
 """The retention part of ``bench.scale``: what keeping each kind of intermediate costs against
 making it again, and so how long the deployment's lifecycle rule keeps it after its last
-use (``pipeline.costs.keep_days``, written into infra/bicep/names.json by
-``python -m pipeline.deployment`` from ``pipeline.costs.CACHED``).
+use (``pipeline.lifecycle.costs.keep_days``, written into infra/bicep/names.json by
+``python -m pipeline.storage.deployment`` from ``pipeline.lifecycle.costs.CACHED``).
 
 Measured here on the real granule in data/modis: its HDF4 file (a cached source), and one
 1° tile at 0.005° warped from it (a cached tile: its COG's size, and the warp's time, the
@@ -16,9 +16,11 @@ import time
 from pathlib import Path
 
 from bench.scale_report import Context, Part, table
-from pipeline import costs, names, reprojection
-from pipeline.granules import HDF
-from pipeline.products import CATALOG
+from pipeline.lifecycle import costs
+from pipeline.modis import reprojection
+from pipeline.modis.granules import HDF
+from pipeline.modis.products import CATALOG
+from pipeline.storage import names
 
 REAL = Path(__file__).resolve().parents[1] / "data" / "modis" / "MOD10A2.A2022033.h09v05.061.2022042050729.hdf"
 TILE = (-108.0, 34.0, -107.0, 35.0)  # a 1° tile inside h09v05
@@ -57,9 +59,9 @@ def part(ctx: Context) -> Part:
     markdown = f"""## Retention: what the cache keeps, and for how long
 
 An intermediate is kept while keeping it costs less than making it again: after its last use
-(storage records a read as an access; `pipeline/cache.py` reads a cached blob's first byte
+(storage records a read as an access; `pipeline/storage/cache.py` reads a cached blob's first byte
 when it only asks whether it is there, so a cache hit counts), a blob stays until storing it
-has cost what one remake would (`pipeline.costs.keep_days`). It is the ModisAzure paper's
+has cost what one remake would (`pipeline.lifecycle.costs.keep_days`). It is the ModisAzure paper's
 reasoning (1 GB-month weighed against a small VM's hour) as a rent-or-buy rule: whatever
 the future asks for, it spends at most twice what knowing the future would. Compute is a
 worker slot's share of a {costs.REPLICA_VCPU:g} vCPU, {costs.REPLICA_GIB:g} GiB Container Apps
@@ -74,7 +76,7 @@ its first byte):
 {table(["container", "typical blob", "made again in", "remake costs", "a month stored costs",
         "keep after last use (days)", "deployed rule (days)"], rows)}
 
-The deployed rule (`infra/bicep/modules/storage.bicep`, from `pipeline.costs.CACHED` through
+The deployed rule (`infra/bicep/modules/storage.bicep`, from `pipeline.lifecycle.costs.CACHED` through
 `names.json`) deletes a cached source or tile once it has gone unread that long; last-access
 tracking is on for the account. A reprojected tile is small and costs a warp to make again:
 it is worth keeping for years, so in practice the tile cache only grows with what is asked

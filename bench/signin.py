@@ -25,8 +25,8 @@ import numpy as np
 
 from bagpipe.stack import LocalStack
 from bench.throughput import fresh_azurite
-from pipeline.clients import Clients
-from worker import bundlecache
+from pipeline.reduction import bundlecache
+from pipeline.storage.clients import Clients
 
 
 def _timed(call: object, times: int) -> float:

@@ -11,7 +11,7 @@ committed with a runtime) and, for the few tasks that died, their entries in the
 index. Beside them, the latency of a key-range query that matches no row: Azurite (not
 Azure, whose key ranges are indexed) filters every row of a table for every query, so its
 queries slow as the table grows whatever they return. Entities are counted through the
-SDK's per-request hooks (``pipeline.clients.HOOKS``): a point read is one, a query as many
+SDK's per-request hooks (``pipeline.storage.clients.HOOKS``): a point read is one, a query as many
 as its pages hold. Each size on an Azurite of its own.
 Last line: JSON with every figure and ``status_ratio_100k_to_100`` (status latency at
 100,000 tasks ÷ at 100).
@@ -35,12 +35,14 @@ from pathlib import Path
 from typing import Any
 
 from bagpipe.azurite import Azurite
-from pipeline import attempts, jobs, jobview, names, rollups, tasks
-from pipeline import clients as clients_module
-from pipeline.clients import Clients
-from pipeline.request import JobRequest, expand
+from pipeline.lifecycle import attempts, jobs, rollups, tasks
+from pipeline.lifecycle.request import JobRequest, expand
+from pipeline.lifecycle.status import TaskStatus
 from pipeline.settings import Settings
-from pipeline.status import TaskStatus
+from pipeline.storage import clients as clients_module
+from pipeline.storage import names
+from pipeline.storage.clients import Clients
+from pipeline.web import jobview
 
 WRITERS = 8  # worker slots that ran the job
 DIED = 5  # tasks that ended DEAD, with a failure each

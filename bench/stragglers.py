@@ -36,8 +36,8 @@ import httpx
 
 from bagpipe.azurite import Azurite
 from bagpipe.stack import LocalStack
-from pipeline import attempts, jobs, runtimes, tasks
-from pipeline.clients import Clients
+from pipeline.lifecycle import attempts, jobs, runtimes, tasks
+from pipeline.storage.clients import Clients
 
 TILES = ["h07v05", "h08v04", "h08v05", "h09v04", "h09v05", "h10v04", "h10v05"]
 COMMON = {"stage_modules": "bench.straggler_stage", "monitor_interval_s": 0.5, "kill_floor_s": 1.0,

@@ -32,7 +32,7 @@ from azure.storage.queue import QueueServiceClient
 
 from bagpipe.azurite import Azurite
 from bagpipe.stack import LocalStack
-from pipeline.request import JobRequest, expand
+from pipeline.lifecycle.request import JobRequest, expand
 
 FLOOR_RUNS = 3  # the floor is the fastest of these: one run of ten seconds varies by a third
 

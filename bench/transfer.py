@@ -1,4 +1,4 @@
-"""Blob transfer speed: the SDK's defaults single-threaded, bagpipe's pick (``pipeline.transfer``)
+"""Blob transfer speed: the SDK's defaults single-threaded, bagpipe's pick (``pipeline.storage.transfer``)
 and a sweep of block size (256 KiB-16 MiB) × concurrency (1-32), on loopback and through a
 WAN made with Toxiproxy (30 ms each way, 100 Mbit/s per connection; and 30 ms uncapped);
 then 4,096 small objects, one request each (sync, async) vs packed into one blob, written
@@ -35,8 +35,8 @@ from azure.storage.blob.aio import BlobServiceClient as AsyncBlobServiceClient
 from bagpipe.azurite import ACCOUNT, ACCOUNT_KEY
 from bagpipe.toxiproxy import Toxiproxy
 from bench.throughput import fresh_azurite
-from pipeline import packing
-from pipeline.transfer import Link, MiB, Plan, Transfers
+from pipeline.storage import packing
+from pipeline.storage.transfer import Link, MiB, Plan, Transfers
 
 BLOCKS = (256 * 1024, 1 * MiB, 4 * MiB, 8 * MiB, 16 * MiB)
 CONCURRENCY = (1, 4, 16, 32)

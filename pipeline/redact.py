@@ -30,7 +30,7 @@ _PAIRS = re.compile(
     r"\s*[=:]\s*['\"]?)[^;,\s'\"]+",
     re.IGNORECASE,
 )
-# a personal API token anywhere (pipeline.identity): its id is kept, its secret is not
+# a personal API token anywhere (pipeline.web.identity): its id is kept, its secret is not
 _TOKEN = re.compile(r"\b(?P<name>bgp_[0-9a-f]{16}_)[A-Za-z0-9_-]{43}")
 
 

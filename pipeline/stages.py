@@ -2,7 +2,7 @@
 
 A stage is a plain function of a :class:`StageContext`; workers look it up by the name the
 task row carries. Scientists' programs are not stages: they are declared by manifests
-(``pipeline.reducers``) and run by the ``reduce`` stage in a sandbox (``worker.reduction``).
+(``pipeline.reduction.reducers``) and run by the ``reduce`` stage in a sandbox (``pipeline.reduction.stage``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 from azure.storage.blob import ContainerClient
 
-from pipeline.clients import Clients
+from pipeline.storage.clients import Clients
 
 
 @dataclass

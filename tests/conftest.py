@@ -20,9 +20,9 @@ from bagpipe.azurite import Azurite
 from bagpipe.earthdata import Earthdata
 from bagpipe.mailserver import MailServer
 from bagpipe.planetary import Planetary
-from pipeline.clients import Clients
-from pipeline.request import JobRequest
+from pipeline.lifecycle.request import JobRequest
 from pipeline.settings import Settings
+from pipeline.storage.clients import Clients
 from worker.runner import Worker
 
 # Where test stages leave their pid files. Set before any worker or fork server starts, as
@@ -96,7 +96,7 @@ def clients(settings: Settings) -> Clients:
 
 def make_user(clients: Clients, name: str, role: str = "scientist") -> str:
     """A user of that name and role, and a personal API token of theirs."""
-    from pipeline import identity
+    from pipeline.web import identity
 
     user = identity.add_user(clients, name, f"{name}@example.org", role, by="test")  # type: ignore[arg-type]
     return identity.create_token(clients, user, "test", by="test")[0]
@@ -110,7 +110,7 @@ def admin_token(clients: Clients) -> str:
 
 def signed(token: str) -> dict[str, str]:
     """The headers that sign a request in with a personal API token."""
-    from pipeline import names
+    from pipeline.storage import names
 
     return {names.TOKEN_HEADER: token}
 

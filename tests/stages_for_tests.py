@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from pipeline import stages
-from pipeline.failures import FailureClass, StageFailure
+from pipeline.lifecycle.failures import FailureClass, StageFailure
 from pipeline.stages import StageContext, digest
 
 
@@ -114,7 +114,7 @@ def many_outputs(ctx: StageContext) -> None:
 @stages.stage("slow_maker")
 def slow_maker(ctx: StageContext) -> None:
     """Makes a tile that takes a minute: it holds the tile's cache marker all the while."""
-    from pipeline import cache
+    from pipeline.storage import cache
 
     def make() -> bytes:
         time.sleep(60)

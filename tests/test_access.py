@@ -18,14 +18,14 @@ import respx
 from bagpipe.azurite import Azurite
 from bagpipe.earthdata import Earthdata
 from bagpipe.planetary import Planetary
-from pipeline.access import Access, SasSigner, blob_container
-from pipeline.access import Earthdata as EarthdataClient
-from pipeline.cmr import CmrCatalog
-from pipeline.failures import FailureClass, StageFailure
-from pipeline.granules import Granule
-from pipeline.products import CATALOG
+from pipeline.lifecycle.failures import FailureClass, StageFailure
+from pipeline.modis.access import Access, SasSigner, blob_container
+from pipeline.modis.access import Earthdata as EarthdataClient
+from pipeline.modis.cmr import CmrCatalog
+from pipeline.modis.granules import Granule
+from pipeline.modis.products import CATALOG
+from pipeline.modis.stac import StacCatalog
 from pipeline.redact import RedactingFilter
-from pipeline.stac import StacCatalog
 
 DAY = date(2022, 2, 2)
 BOX = (-108.0, 35.0, -107.5, 35.5)  # inside h09v05

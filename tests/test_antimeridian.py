@@ -13,9 +13,9 @@ from rasterio.enums import Resampling
 from rasterio.warp import reproject
 
 from bench import antimeridian
-from pipeline.products import CATALOG
-from pipeline.reprojection import Source, Target, warp_array
-from pipeline.request import JobRequest, RequestError, expand
+from pipeline.lifecycle.request import JobRequest, RequestError, expand
+from pipeline.modis.products import CATALOG
+from pipeline.modis.reprojection import Source, Target, warp_array
 
 
 def request(bbox: list[float], grid: dict | None = None) -> JobRequest:

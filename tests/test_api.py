@@ -11,10 +11,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from bagpipe.azurite import ACCOUNT, ACCOUNT_KEY, free_port
-from pipeline import names
-from pipeline.api import create_app
-from pipeline.clients import Clients
 from pipeline.settings import Settings
+from pipeline.storage import names
+from pipeline.storage.clients import Clients
+from pipeline.web.api import create_app
 from tests.conftest import signed
 
 GOOD: dict[str, Any] = {

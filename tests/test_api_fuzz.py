@@ -10,9 +10,9 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis.errors import Unsatisfiable
 
-from pipeline.api import create_app
-from pipeline.clients import Clients
 from pipeline.settings import Settings
+from pipeline.storage.clients import Clients
+from pipeline.web.api import create_app
 from tests.conftest import signed
 
 EXAMPLES = 25  # per operation and generation mode

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from pipeline import cache, names
-from pipeline.clients import Clients
+from pipeline.storage import cache, names
+from pipeline.storage.clients import Clients
 
 
 @pytest.fixture(autouse=True)

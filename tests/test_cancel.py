@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections import Counter
 
 from bagpipe.mailserver import MailServer
-from pipeline import attempts, jobs, tasks
-from pipeline.clients import Clients
+from pipeline.lifecycle import attempts, jobs, tasks
+from pipeline.lifecycle.status import JobState
 from pipeline.settings import Settings
-from pipeline.status import JobState
+from pipeline.storage.clients import Clients
 from tests.conftest import running_control, running_workers, small_request, wait_for, with_stage
 
 

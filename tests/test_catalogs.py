@@ -18,14 +18,15 @@ import respx
 from bagpipe import modis_world as world
 from bagpipe.earthdata import Earthdata
 from bagpipe.planetary import Planetary
-from pipeline import catalogs, names
-from pipeline.cmr import CmrCatalog
-from pipeline.granules import Granule, pick
-from pipeline.products import CATALOG
-from pipeline.request import expand
+from pipeline.lifecycle.request import expand
+from pipeline.modis import catalogs
+from pipeline.modis.cmr import CmrCatalog
+from pipeline.modis.granules import Granule, pick
+from pipeline.modis.products import CATALOG
+from pipeline.modis.stac import StacCatalog
+from pipeline.modis.targets import GridSpec
 from pipeline.settings import NASA_CMR, PLANETARY_COMPUTER_STAC, Settings
-from pipeline.stac import StacCatalog
-from pipeline.targets import GridSpec
+from pipeline.storage import names
 from tests.conftest import small_request
 
 ITEM = json.loads((world.STAC_DATA / "MOD10A2.A2022033.h09v05.061.json").read_text())
@@ -87,7 +88,7 @@ def test_cmr_search_on_recorded_answers_pages_with_search_after(monkeypatch: pyt
     pages = [httpx.Response(200, json={"feed": {"entry": [real]}}, headers={"CMR-Search-After": "a1"}),
              httpx.Response(200, json={"feed": {"entry": [other]}})]
     route = respx.get(url).mock(side_effect=pages)
-    monkeypatch.setattr("pipeline.cmr.PAGE", 1)  # one granule a page: the second page is asked for
+    monkeypatch.setattr("pipeline.modis.cmr.PAGE", 1)  # one granule a page: the second page is asked for
     found = CmrCatalog(NASA_CMR).search(CATALOG["MOD10A2"], (170.0, -20.0, -170.0, -10.0), date(2022, 2, 2),
                                         date(2022, 2, 9))
     assert [g.id for g in found] == [NAME, other["producer_granule_id"].removesuffix(".hdf")]

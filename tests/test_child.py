@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 import uuid
 
-from pipeline import names
-from pipeline.clients import Clients
-from pipeline.failures import FailureClass
+from pipeline.lifecycle.failures import FailureClass
 from pipeline.settings import Settings
+from pipeline.storage import names
+from pipeline.storage.clients import Clients
 from tests.conftest import wait_for
 from worker.child import Outcome, StageProcess
 from worker.runner import Slot

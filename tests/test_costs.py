@@ -13,11 +13,12 @@ from azure.storage.blob import ContainerClient
 from fastapi.testclient import TestClient
 
 from bagpipe.mailserver import MailServer
-from pipeline import attempts, cache, costs, jobs, names, runtimes
-from pipeline.api import create_app
-from pipeline.clients import Clients
-from pipeline.request import expand
+from pipeline.lifecycle import attempts, costs, jobs, runtimes
+from pipeline.lifecycle.request import expand
 from pipeline.settings import Settings
+from pipeline.storage import cache, names
+from pipeline.storage.clients import Clients
+from pipeline.web.api import create_app
 from tests.conftest import running_control, running_workers, signed, small_request, wait_for, with_stage
 
 

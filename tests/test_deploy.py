@@ -23,11 +23,12 @@ import pytest
 import tree_sitter
 import tree_sitter_bicep
 
-from pipeline import auth as auth_module
-from pipeline import jobs, names, sweep
-from pipeline.clients import Clients
-from pipeline.deployment import deployment_names
+from pipeline.lifecycle import jobs, sweep
 from pipeline.settings import Settings, declared_fields
+from pipeline.storage import names
+from pipeline.storage.clients import Clients
+from pipeline.storage.deployment import deployment_names
+from pipeline.web import auth as auth_module
 from tests.conftest import small_request, wait_for
 from tests.functions_index import index_app
 

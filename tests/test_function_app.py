@@ -13,10 +13,11 @@ import azure.functions as func
 import pytest
 
 from bagpipe.mailserver import MailServer
-from pipeline import jobs, names, tasks
-from pipeline.clients import Clients
+from pipeline.lifecycle import jobs, tasks
+from pipeline.lifecycle.status import JobState
 from pipeline.settings import Settings, env_name
-from pipeline.status import JobState
+from pipeline.storage import names
+from pipeline.storage.clients import Clients
 from tests.conftest import signed, small_request
 from tests.functions_index import index_app, user_function
 

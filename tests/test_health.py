@@ -12,11 +12,11 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from pipeline import attempts, health, jobs, runtimes, sweep, tasks
-from pipeline.clients import Clients
-from pipeline.request import expand
+from pipeline.lifecycle import attempts, health, jobs, runtimes, sweep, tasks
+from pipeline.lifecycle.request import expand
+from pipeline.lifecycle.status import JobState
 from pipeline.settings import Settings
-from pipeline.status import JobState
+from pipeline.storage.clients import Clients
 from tests.conftest import running_control, running_workers, small_request, wait_for, with_stage
 
 

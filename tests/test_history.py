@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from pipeline import jobs, policy, runtimes, tasks
-from pipeline.clients import Clients
-from pipeline.request import JobRequest, expand
+from pipeline.lifecycle import jobs, policy, runtimes, tasks
+from pipeline.lifecycle.request import JobRequest, expand
+from pipeline.lifecycle.status import JobState
 from pipeline.settings import Settings
-from pipeline.status import JobState
+from pipeline.storage.clients import Clients
 from tests.conftest import running_control, running_workers, small_request, wait_for, with_stage
 
 NATIVE_MPX = 2400 * 2400 / 1e6  # a MOD10A2 tile on its own grid

@@ -20,19 +20,21 @@ from bagpipe.azurite import Azurite
 from bagpipe.mailserver import MailServer
 from bagpipe.modis_world import REAL_DATA
 from bagpipe.planetary import Planetary
-from pipeline import attempts, jobs, names, reducers, tasks
-from pipeline.clients import Clients
-from pipeline.failures import FailureClass, StageFailure
-from pipeline.granules import from_param
-from pipeline.products import CATALOG
-from pipeline.reprojection import Source, Target, warp
+from pipeline.lifecycle import attempts, jobs, tasks
+from pipeline.lifecycle.failures import FailureClass, StageFailure
+from pipeline.lifecycle.status import JobState, TaskStatus
+from pipeline.modis.granules import from_param
+from pipeline.modis.products import CATALOG
+from pipeline.modis.reprojection import Source, Target, warp
+from pipeline.reduction import reducers
+from pipeline.reduction.stage import run_program
 from pipeline.settings import Settings
-from pipeline.status import JobState, TaskStatus
-from pipeline.transfer import md5_of
+from pipeline.storage import names
+from pipeline.storage.clients import Clients
+from pipeline.storage.transfer import md5_of
 from tests.conftest import on_stac, queue_depth, running_control, running_workers, wait_for
 from tests.test_tilestage import params_for, run
 from tests.test_worker import planned_job
-from worker.reduction import run_program
 
 SNOW = REAL_DATA / "MOD10A2.A2022033.h09v05.061.2022042050729_Maximum_Snow_Extent.tif"
 

@@ -25,14 +25,14 @@ import pytest
 from fastapi.testclient import TestClient
 
 from bagpipe.manage import pack
-from pipeline import bundles, jobs, tasks
-from pipeline.api import create_app
-from pipeline.clients import Clients
+from pipeline.lifecycle import jobs, tasks
+from pipeline.reduction import bundles, sandbox
 from pipeline.settings import Settings
+from pipeline.storage.clients import Clients
+from pipeline.web.api import create_app
 from tests.conftest import make_user, running_control, signed, wait_for
 from tests.test_bundles import GZIP
 from tests.test_reduction import GRID, SPAN
-from worker import sandbox
 
 IDENTITY_HEADER = "identity-header-secret-0123456789"
 SLEEPER_WEST = -108.0  # the target tile whose program sleeps past its revocation

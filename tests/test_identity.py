@@ -18,10 +18,11 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 from fastapi.testclient import TestClient
 
-from pipeline import identity, names
-from pipeline.api import create_app
-from pipeline.clients import Clients
 from pipeline.settings import Settings
+from pipeline.storage import names
+from pipeline.storage.clients import Clients
+from pipeline.web import identity
+from pipeline.web.api import create_app
 from tests.conftest import make_user, signed, small_request
 
 CLIENT_ID = "11111111-2222-3333-4444-555555555555"

@@ -8,9 +8,9 @@ from collections import Counter
 import pytest
 from pyproj import Transformer
 
-from pipeline import jobview
-from pipeline.grid import Tile
-from pipeline.targets import NATIVE
+from pipeline.modis.grid import Tile
+from pipeline.modis.targets import NATIVE
+from pipeline.web import jobview
 
 
 def test_histogram_counts_every_runtime_and_places_the_threshold() -> None:

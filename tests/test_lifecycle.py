@@ -18,13 +18,13 @@ from bagpipe import modis_world as world
 from bagpipe.azurite import Azurite
 from bagpipe.client import Api, download_results
 from bagpipe.stack import LocalStack
-from pipeline import names
-from pipeline.access import Access
-from pipeline.clients import Clients, clients_for
-from pipeline.cmr import CmrCatalog
-from pipeline.products import CATALOG
+from pipeline.modis.access import Access
+from pipeline.modis.cmr import CmrCatalog
+from pipeline.modis.products import CATALOG
+from pipeline.modis.stac import StacCatalog
 from pipeline.settings import Settings
-from pipeline.stac import StacCatalog
+from pipeline.storage import names
+from pipeline.storage.clients import Clients, clients_for
 from tests.conftest import wait_for
 
 REQUEST = {

@@ -12,8 +12,8 @@ import pytest
 from azure.core.credentials import AccessToken
 from azure.storage.blob import BlobServiceClient, UserDelegationKey
 
-from pipeline import results
-from pipeline.clients import Clients
+from pipeline.lifecycle import results
+from pipeline.storage.clients import Clients
 
 
 class EntraToken:

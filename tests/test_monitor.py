@@ -21,12 +21,13 @@ from azure.core.exceptions import ServiceResponseError
 from azure.data.tables import TableClient, UpdateMode
 
 from bagpipe.azurite import Azurite, free_port
-from pipeline import attempts, jobs, names, policy, runtimes, sweep, tasks, transitions
-from pipeline.clients import Clients
-from pipeline.failures import FailureClass
-from pipeline.request import expand
+from pipeline.lifecycle import attempts, jobs, policy, runtimes, sweep, tasks, transitions
+from pipeline.lifecycle.failures import FailureClass
+from pipeline.lifecycle.request import expand
+from pipeline.lifecycle.status import JobState, TaskStatus
 from pipeline.settings import Settings
-from pipeline.status import JobState, TaskStatus
+from pipeline.storage import names
+from pipeline.storage.clients import Clients
 from tests.conftest import PIDS, in_an_hour, running_control, running_workers, small_request, wait_for, with_stage
 from worker.lease import Lease
 

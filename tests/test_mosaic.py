@@ -11,7 +11,7 @@ import rasterio
 from affine import Affine
 from rasterio.windows import from_bounds
 
-from pipeline import mosaic
+from pipeline.modis import mosaic
 
 RES = 0.01
 NODATA = 255

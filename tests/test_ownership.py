@@ -13,10 +13,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from bagpipe.manage import pack
-from pipeline import jobs
-from pipeline.api import create_app
-from pipeline.clients import Clients
+from pipeline.lifecycle import jobs
 from pipeline.settings import Settings
+from pipeline.storage.clients import Clients
+from pipeline.web.api import create_app
 from tests.conftest import make_user, running_control, running_workers, signed, small_request, wait_for
 from tests.test_bundles import GZIP, python_reducer
 

@@ -9,10 +9,10 @@ import tracemalloc
 import pytest
 from azure.storage.blob import ContentSettings
 
-from pipeline import names, packing
-from pipeline.clients import Clients
-from pipeline.failures import FailureClass, StageFailure
-from pipeline.transfer import md5_of
+from pipeline.lifecycle.failures import FailureClass, StageFailure
+from pipeline.storage import names, packing
+from pipeline.storage.clients import Clients
+from pipeline.storage.transfer import md5_of
 
 
 def _put(clients: Clients, name: str, data: bytes) -> packing.Output:

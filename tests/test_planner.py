@@ -7,12 +7,13 @@ import threading
 import time
 from collections import Counter
 
-from pipeline import jobs, names, planner, sweep, tasks, transitions
-from pipeline.clients import Clients
-from pipeline.failures import FailureClass
-from pipeline.request import expand
+from pipeline.lifecycle import jobs, planner, sweep, tasks, transitions
+from pipeline.lifecycle.failures import FailureClass
+from pipeline.lifecycle.request import expand
+from pipeline.lifecycle.status import JobState, TaskStatus
 from pipeline.settings import Settings
-from pipeline.status import JobState, TaskStatus
+from pipeline.storage import names
+from pipeline.storage.clients import Clients
 from tests.conftest import WorkerThreads, in_an_hour, queue_depth, small_request, wait_for
 
 

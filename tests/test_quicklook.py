@@ -11,9 +11,10 @@ from affine import Affine
 from PIL import Image
 from rasterio.io import MemoryFile
 
-from pipeline import names, overview, quicklook
-from pipeline.clients import Clients
-from pipeline.products import CATALOG
+from pipeline.modis import overview, quicklook
+from pipeline.modis.products import CATALOG
+from pipeline.storage import names
+from pipeline.storage.clients import Clients
 
 SNOW = CATALOG["MOD10A2"].layer("Maximum_Snow_Extent")
 COLOURS = {value: colour for value, _, colour in quicklook.SNOW_CLASSES}

@@ -18,15 +18,15 @@ from rasterio.io import MemoryFile
 from rio_cogeo.cogeo import cog_validate
 
 from bagpipe import modis_world as world
-from pipeline import quality, tilestage
-from pipeline.access import Fetched
-from pipeline.collection import verify
-from pipeline.failures import FailureClass, StageFailure
-from pipeline.granules import HDF
-from pipeline.hdf import Granule
-from pipeline.products import CATALOG
-from pipeline.reprojection import EncodingMismatch, Source, Target, cache_key, warp
-from pipeline.transfer import md5_of
+from pipeline.lifecycle.failures import FailureClass, StageFailure
+from pipeline.modis import quality, tilestage
+from pipeline.modis.access import Fetched
+from pipeline.modis.collection import verify
+from pipeline.modis.granules import HDF
+from pipeline.modis.hdf import Granule
+from pipeline.modis.products import CATALOG
+from pipeline.modis.reprojection import EncodingMismatch, Source, Target, cache_key, warp
+from pipeline.storage.transfer import md5_of
 
 REAL = world.REAL_DATA
 NAME = "MOD10A2.A2022033.h09v05.061.2022042050729"

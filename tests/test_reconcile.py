@@ -16,17 +16,20 @@ import pytest
 from azure.core.exceptions import ServiceRequestError
 
 from bagpipe.mailserver import MailServer
-from pipeline import completion, dispatch, jobs, jobview, names, reducers, sweep, tasks, transitions
-from pipeline.clients import Clients
-from pipeline.failures import FailureClass
-from pipeline.notify import mailer_for
-from pipeline.products import CATALOG
+from pipeline.lifecycle import completion, dispatch, jobs, sweep, tasks, transitions
+from pipeline.lifecycle.failures import FailureClass
+from pipeline.lifecycle.notify import mailer_for
+from pipeline.lifecycle.status import JobState
+from pipeline.modis.products import CATALOG
+from pipeline.reduction import reducers
+from pipeline.reduction.stage import MAX_OUTPUTS, run_program
 from pipeline.settings import Settings
-from pipeline.status import JobState
+from pipeline.storage import names
+from pipeline.storage.clients import Clients
+from pipeline.web import jobview
 from tests.conftest import PIDS, running_control, running_workers, small_request, wait_for, with_stage
 from tests.test_monitor import alive
 from tests.test_worker import planned_job, receive_one
-from worker.reduction import MAX_OUTPUTS, run_program
 
 
 def fast(settings: Settings, **changes: Any) -> tuple[Settings, Clients]:

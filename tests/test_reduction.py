@@ -17,10 +17,12 @@ from rasterio.io import MemoryFile
 
 from bagpipe.azurite import Azurite
 from bagpipe.planetary import Planetary
-from pipeline import jobs, names, reducers, tasks
-from pipeline.clients import Clients
-from pipeline.request import JobRequest
+from pipeline.lifecycle import jobs, tasks
+from pipeline.lifecycle.request import JobRequest
+from pipeline.reduction import reducers
 from pipeline.settings import Settings
+from pipeline.storage import names
+from pipeline.storage.clients import Clients
 from tests.conftest import on_stac, running_control, running_workers, wait_for
 
 SPAN = {"start": "2022-01-25", "end": "2022-02-12"}  # 3 eight-day periods, 2 February the real one

@@ -9,9 +9,9 @@ from datetime import date, timedelta
 import pytest
 from pydantic import ValidationError
 
-from pipeline.grid import RADIUS, TILE_SIZE, X_MIN, Y_MAX, Tile, tiles_for_bbox
-from pipeline.products import CATALOG, period_count, periods
-from pipeline.request import JobRequest, RequestError, expand
+from pipeline.lifecycle.request import JobRequest, RequestError, expand
+from pipeline.modis.grid import RADIUS, TILE_SIZE, X_MIN, Y_MAX, Tile, tiles_for_bbox
+from pipeline.modis.products import CATALOG, period_count, periods
 from tests.conftest import small_request
 
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.reducers import Limits
+from pipeline.reduction import sandbox
+from pipeline.reduction.reducers import Limits
 from tests.conftest import wait_for
-from worker import sandbox
 
 LIMITS = Limits(cpu_s=20, memory_mb=400, file_mb=1, open_files=64, processes=16)
 
@@ -229,8 +229,8 @@ def test_a_program_dies_with_the_stage_that_runs_it(tmp_path: Path) -> None:
     in a session of its own are gone within a second or two."""
     stage = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, pathlib
-        from pipeline.reducers import Limits
-        from worker import sandbox
+        from pipeline.reduction.reducers import Limits
+        from pipeline.reduction import sandbox
         top = pathlib.Path({str(tmp_path)!r})
         for name in ("work", "out", "tmp"):
             (top / name).mkdir()

@@ -29,13 +29,14 @@ from bagpipe import modis_world as world
 from bagpipe.azurite import Azurite
 from bagpipe.client import Api, download_results
 from bagpipe.stack import LocalStack
-from pipeline import names, reducers
-from pipeline.bundles import digest_of
-from pipeline.clients import clients_for
-from pipeline.products import CATALOG
-from pipeline.quicklook import SNOW_CLASSES
+from pipeline.modis.products import CATALOG
+from pipeline.modis.quicklook import SNOW_CLASSES
+from pipeline.modis.stac import StacCatalog
+from pipeline.reduction import reducers
+from pipeline.reduction.bundles import digest_of
 from pipeline.settings import Settings
-from pipeline.stac import StacCatalog
+from pipeline.storage import names
+from pipeline.storage.clients import clients_for
 from tests.conftest import make_user, wait_for
 
 SCHEMAS = Path(__file__).parent / "fixtures" / "stac-schemas"

@@ -9,11 +9,12 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.status_scale import counting_reads
-from pipeline import jobs, jobview, planner, rollups, tasks, transitions
-from pipeline.clients import Clients
-from pipeline.failures import FailureClass
+from pipeline.lifecycle import jobs, planner, rollups, tasks, transitions
+from pipeline.lifecycle.failures import FailureClass
+from pipeline.lifecycle.status import TaskStatus
 from pipeline.settings import Settings
-from pipeline.status import TaskStatus
+from pipeline.storage.clients import Clients
+from pipeline.web import jobview
 from tests.conftest import in_an_hour, small_request, with_stage
 
 

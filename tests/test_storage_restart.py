@@ -9,10 +9,10 @@ from pathlib import Path
 
 from bagpipe.azurite import Azurite
 from bagpipe.mailserver import MailServer
-from pipeline import jobs, tasks
-from pipeline.clients import Clients
+from pipeline.lifecycle import jobs, tasks
+from pipeline.lifecycle.status import JobState
 from pipeline.settings import Settings
-from pipeline.status import JobState
+from pipeline.storage.clients import Clients
 from tests.conftest import running_control, running_workers, small_request, wait_for, with_stage
 
 

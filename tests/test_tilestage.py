@@ -17,16 +17,18 @@ from rasterio.io import MemoryFile
 from bagpipe import modis_world as world
 from bagpipe.earthdata import Earthdata
 from bagpipe.planetary import Planetary
-from pipeline import catalogs, names, stages, tilestage
-from pipeline.clients import Clients
-from pipeline.failures import FailureClass, StageFailure
-from pipeline.granules import from_param
-from pipeline.products import CATALOG
-from pipeline.reprojection import Source, warp
-from pipeline.request import TaskSpec
+from pipeline import stages
+from pipeline.lifecycle.failures import FailureClass, StageFailure
+from pipeline.lifecycle.request import TaskSpec
+from pipeline.modis import catalogs, tilestage
+from pipeline.modis.granules import from_param
+from pipeline.modis.products import CATALOG
+from pipeline.modis.reprojection import Source, warp
+from pipeline.modis.targets import GridSpec
 from pipeline.settings import Settings
 from pipeline.stages import StageContext
-from pipeline.targets import GridSpec
+from pipeline.storage import names
+from pipeline.storage.clients import Clients
 from tests.conftest import on_cmr, on_stac
 
 SNOW = world.REAL_DATA / "MOD10A2.A2022033.h09v05.061.2022042050729_Maximum_Snow_Extent.tif"

@@ -11,7 +11,7 @@ from azure.core import MatchConditions
 from azure.data.tables import TableClient, TableServiceClient, TableTransactionError, UpdateMode
 
 from bagpipe.azurite import Azurite
-from pipeline.transactions import TransactionTable
+from pipeline.storage.transactions import TransactionTable
 
 
 @pytest.fixture

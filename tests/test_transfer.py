@@ -8,10 +8,10 @@ import os
 import pytest
 from azure.storage.blob import ContentSettings
 
-from pipeline import cache
-from pipeline.clients import Clients
-from pipeline.failures import FailureClass, StageFailure
-from pipeline.transfer import MiB, md5_of, plan_for
+from pipeline.lifecycle.failures import FailureClass, StageFailure
+from pipeline.storage import cache
+from pipeline.storage.clients import Clients
+from pipeline.storage.transfer import MiB, md5_of, plan_for
 
 SINGLE = plan_for(1).block  # near the storage, objects up to this size go in one request
 BLOCK = plan_for(SINGLE + 1).block  # and larger ones in blocks of this size

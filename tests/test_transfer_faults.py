@@ -15,10 +15,10 @@ from azure.storage.blob import BlobServiceClient
 
 from bagpipe.azurite import ACCOUNT, ACCOUNT_KEY, Azurite
 from bagpipe.toxiproxy import Toxiproxy
-from pipeline import names
-from pipeline.clients import Clients
-from pipeline.failures import FailureClass, classify
-from pipeline.transfer import NEAR_S, WIDE_RATE, MiB, Transfers, md5_of
+from pipeline.lifecycle.failures import FailureClass, classify
+from pipeline.storage import names
+from pipeline.storage.clients import Clients
+from pipeline.storage.transfer import NEAR_S, WIDE_RATE, MiB, Transfers, md5_of
 
 SIZE = 10 * MiB + 12345  # through a narrow WAN, 1 MiB blocks and ranges, all in flight
 

@@ -16,11 +16,12 @@ import pytest
 from azure.storage.queue import QueueClient, QueueMessage
 
 from bagpipe.mailserver import MailServer
-from pipeline import attempts, completion, jobs, names, planner, sweep, tasks, transitions
-from pipeline.clients import Clients
-from pipeline.notify import mailer_for
+from pipeline.lifecycle import attempts, completion, jobs, planner, sweep, tasks, transitions
+from pipeline.lifecycle.notify import mailer_for
+from pipeline.lifecycle.status import JobState, TaskStatus
 from pipeline.settings import Settings
-from pipeline.status import JobState, TaskStatus
+from pipeline.storage import names
+from pipeline.storage.clients import Clients
 from tests.conftest import (
     WorkerThreads,
     in_an_hour,

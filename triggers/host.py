@@ -7,10 +7,10 @@ from functools import cache
 import azure.functions as func
 
 from pipeline import telemetry
-from pipeline.api import create_app
-from pipeline.clients import Clients, clients_for
-from pipeline.notify import Mailer, mailer_for
+from pipeline.lifecycle.notify import Mailer, mailer_for
 from pipeline.settings import Settings
+from pipeline.storage.clients import Clients, clients_for
+from pipeline.web.api import create_app
 
 
 @cache

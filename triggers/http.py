@@ -2,7 +2,7 @@
 and static files. Both routes are anonymous to the Functions host: App Service
 Authentication in front signs browsers in with Entra ID but lets every request through
 (scripts come with personal API tokens), and the app itself refuses any API request that is
-not signed in (``pipeline.auth``). A function key would add nothing a user could hold."""
+not signed in (``pipeline.web.auth``). A function key would add nothing a user could hold."""
 
 import azure.functions as func
 

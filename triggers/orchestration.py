@@ -2,7 +2,7 @@
 ``continue_as_new``), kept alive as a singleton by a timer and restartable by an admin call.
 
 The orchestrator is deterministic: its only clock is ``current_utc_datetime`` and its only
-I/O the activity, which runs ``pipeline.sweep`` (the same pass the local stack loops on).
+I/O the activity, which runs ``pipeline.lifecycle.sweep`` (the same pass the local stack loops on).
 """
 
 from datetime import timedelta
@@ -11,7 +11,7 @@ from typing import Any
 import azure.durable_functions as df
 import azure.functions as func
 
-from pipeline import sweep
+from pipeline.lifecycle import sweep
 from triggers import host
 
 bp = df.Blueprint()

@@ -2,7 +2,8 @@
 
 import azure.functions as func
 
-from pipeline import names, sweep
+from pipeline.lifecycle import sweep
+from pipeline.storage import names
 from triggers import host
 
 bp = func.Blueprint()

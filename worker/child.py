@@ -23,18 +23,19 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from pipeline import stages
-from pipeline.clients import Clients
-from pipeline.failures import FailureClass, classify
+from pipeline.lifecycle.failures import FailureClass, classify
 from pipeline.redact import protect_logging
 from pipeline.settings import Settings
+from pipeline.storage.clients import Clients
 from worker import private
 
 _PR_SET_PDEATHSIG = 1
 _context = multiprocessing.get_context("forkserver")
 # bagpipe.cli too: a child re-runs the main module (the CLI, for `bagpipe worker`), cheap
 # once its imports are already in the server.
-_context.set_forkserver_preload(["worker.private", "pipeline.stages", "pipeline.tilestage", "worker.reduction",
-                                 "pipeline.clients", "worker.child", "bagpipe.cli"])
+_context.set_forkserver_preload(["worker.private", "pipeline.stages", "pipeline.modis.tilestage",
+                                 "pipeline.reduction.stage", "pipeline.storage.clients", "worker.child",
+                                 "bagpipe.cli"])
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class Outcome:
     no_data: bool = False  # none of the sources exist: nothing to make, not a failure
 
 
-BUILTIN_STAGE_MODULES = "pipeline.tilestage,worker.reduction"
+BUILTIN_STAGE_MODULES = "pipeline.modis.tilestage,pipeline.reduction.stage"
 TASKS_PER_PROCESS = 200  # attempts a stage process runs before it is replaced
 
 

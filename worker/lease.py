@@ -10,8 +10,8 @@ import threading
 from azure.core.exceptions import ResourceNotFoundError
 from azure.storage.queue import QueueClient, QueueMessage
 
-from pipeline import attempts, transitions
-from pipeline.clients import Clients
+from pipeline.lifecycle import attempts, transitions
+from pipeline.storage.clients import Clients
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@ same user can read their environment or memory through ``/proc`` (or attach a de
 
 The worker, its fork server (which imports this module first, see ``worker.child``) and its
 stage processes hold the storage identity; a scientist's program runs in a cell of its own
-(``worker.jail``) that cannot see them at all where the kernel gives namespaces, and where it
+(``pipeline.reduction.jail``) that cannot see them at all where the kernel gives namespaces, and where it
 does not, this is what keeps the worker's secrets from it.
 """
 

@@ -11,7 +11,7 @@ row wants it (the row's retry budget bounds how often), else it is deleted. SIGT
 receiving; the attempts in hand finish (or fail and are requeued) before the process exits.
 
 While it holds attempts, a worker reports how they compare with their history
-(``pipeline.health``); once the monitor finds it slow, it drains: it takes nothing more,
+(``pipeline.lifecycle.health``); once the monitor finds it slow, it drains: it takes nothing more,
 gives up the attempts it holds (each requeued at once for a healthy worker) and exits, for
 a fresh one to replace it.
 """
@@ -34,13 +34,15 @@ from typing import Any
 
 from azure.storage.queue import QueueClient, QueueMessage
 
-from pipeline import health, jobs, names, planner, policy, runtimes, tasks, telemetry, transitions
-from pipeline.clients import Clients, clients_for
-from pipeline.completion import all_terminal
-from pipeline.failures import FailureClass
+from pipeline import telemetry
+from pipeline.lifecycle import health, jobs, planner, policy, runtimes, tasks, transitions
+from pipeline.lifecycle.completion import all_terminal
+from pipeline.lifecycle.failures import FailureClass
+from pipeline.lifecycle.status import TaskStatus
 from pipeline.redact import redact
 from pipeline.settings import Settings
-from pipeline.status import TaskStatus
+from pipeline.storage import names
+from pipeline.storage.clients import Clients, clients_for
 from worker import private
 from worker.child import Outcome, StageProcess
 from worker.lease import Lease

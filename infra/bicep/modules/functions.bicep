@@ -61,7 +61,7 @@ resource app 'Microsoft.Web/sites@2024-04-01' = {
 // App Service Authentication (Easy Auth) with Microsoft Entra ID in front of the app. It signs
 // browsers in (/.auth/login/aad) and forwards each signed-in request's ID token
 // (X-MS-TOKEN-AAD-ID-TOKEN: the token store must be on), which the app verifies itself
-// (pipeline/entra.py). Unauthenticated requests go through to the app (AllowAnonymous): scripts
+// (pipeline/web/entra.py). Unauthenticated requests go through to the app (AllowAnonymous): scripts
 // come with personal API tokens, and the app refuses whatever is signed in neither way.
 resource auth 'Microsoft.Web/sites/config@2024-04-01' = if (signIn) {
   parent: app

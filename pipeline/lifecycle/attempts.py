@@ -1,0 +1,141 @@
+"""Attempt rows and the monitor's deadline index, kept in their job's partition of the
+tasks table beside the task rows.
+
+In one partition, an attempt's bookkeeping goes into the same entity-group transaction as
+the task row it belongs to: the claim writes the task row (RUNNING), the attempt row and
+its index row at once, and the commit writes the task row, the writer's counter, the
+attempt's end and the index row's removal at once. So no attempt is ever RUNNING without
+an index row, none leaves one behind once its task has moved on, and a task costs two
+writes where separate tables cost six.
+
+- attempt rows: RK ``~attempt~{task}-{attempt}`` (worker, start, end, outcome, failure class);
+- index rows: RK ``~deadline~{deadline ms}-{task}-{attempt}``, so "overdue in this job" is
+  one key-range query. The deadline is the earlier of the kill time and the heartbeat's
+  expiry; a heartbeat moves the row.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from azure.core.exceptions import ResourceNotFoundError
+from azure.data.tables import TableClient, TableTransactionError, UpdateMode
+
+from pipeline.lifecycle.failures import error_code
+from pipeline.storage import names
+from pipeline.storage.clients import Clients
+
+Op = tuple[Any, ...]  # one operation of an entity-group transaction
+
+
+def _range(prefix: str, high: str | None = None) -> tuple[str, dict[str, str]]:
+    return "RowKey ge @lo and RowKey lt @hi", {"lo": prefix, "hi": high or prefix + "\U0010ffff"}
+
+
+# --- attempt rows -------------------------------------------------------------------------
+def attempt_row(job: str, task: str, attempt: int, **fields: Any) -> dict[str, Any]:
+    return {"PartitionKey": job, "RowKey": names.attempt_key(task, attempt), "Task": task, "Attempt": attempt,
+            **fields}
+
+
+def attempt_op(job: str, task: str, attempt: int, **fields: Any) -> Op:
+    """Merge ``fields`` into the attempt's row (creating it if need be)."""
+    return ("upsert", attempt_row(job, task, attempt, **fields), {"mode": UpdateMode.MERGE})
+
+
+def list_attempts(tasks: TableClient, job: str, select: list[str] | None = None) -> list[dict[str, Any]]:
+    """Every attempt of a job, in task order."""
+    where, params = _range(names.ATTEMPT_PREFIX)
+    return list(tasks.query_entities(f"PartitionKey eq @pk and {where}", parameters={"pk": job, **params},
+                                     select=select))
+
+
+def record(clients: Clients, job: str, task: str, attempt: int, **fields: Any) -> None:
+    """Merge ``fields`` into an attempt's row, on its own (when no task row changes with it)."""
+    clients.tasks.upsert_entity(attempt_row(job, task, attempt, **fields), mode=UpdateMode.MERGE)
+
+
+def is_missing(exc: TableTransactionError) -> bool:
+    """Whether a transaction failed on a row that does not exist (an update or delete)."""
+    return exc.status_code == 404 or error_code(exc) == "ResourceNotFound"
+
+
+# --- the deadline index -------------------------------------------------------------------
+def _ms(at: datetime) -> int:
+    return int(at.timestamp() * 1000)
+
+
+def index_op(clients: Clients, job: str, task: str, attempt: int, kill_at: datetime, worker: str,
+             at: datetime) -> tuple[str, Op]:
+    """The index row of ``worker``'s attempt, due at min(kill time, heartbeat expiry from
+    ``at``): its row key and the operation that writes it."""
+    heartbeat_until = at + timedelta(seconds=clients.settings.lease_seconds)
+    key = names.deadline_key(_ms(min(kill_at, heartbeat_until)), task, attempt)
+    row = {"PartitionKey": job, "RowKey": key, "Task": task, "Attempt": attempt, "Worker": worker,
+           "KillAt": kill_at, "HeartbeatUntil": heartbeat_until}
+    return key, ("upsert", row, {"mode": UpdateMode.REPLACE})
+
+
+def unindex_op(job: str, key: str) -> Op:
+    return ("delete", {"PartitionKey": job, "RowKey": key})
+
+
+def overdue(clients: Clients, job: str, at: datetime) -> list[dict[str, Any]]:
+    """The job's index rows due before ``at``."""
+    where, params = _range(names.DEADLINE_PREFIX, f"{names.DEADLINE_PREFIX}{_ms(at):015d}")
+    return list(clients.tasks.query_entities(f"PartitionKey eq @pk and {where}",
+                                             parameters={"pk": job, **params}))
+
+
+def move(clients: Clients, job: str, task: str, attempt: int, kill_at: datetime, worker: str,
+         previous: str) -> str:
+    """Heartbeat: move the attempt's index row to its new deadline and note the beat on its
+    attempt row, in one transaction. Returns the new row key. If ``previous`` is gone (a
+    beat applied whose answer was lost moved it already), the row is written all the same
+    and every other row of this attempt by ``worker`` is dropped."""
+    at = datetime.now(UTC)
+    key, write = index_op(clients, job, task, attempt, kill_at, worker, at)
+    beat = attempt_op(job, task, attempt, Heartbeat=at)
+    ops = [write, beat] + ([unindex_op(job, previous)] if previous != key else [])
+    try:
+        clients.tasks.submit_transaction(ops)
+    except TableTransactionError as exc:
+        if not is_missing(exc):
+            raise
+        clients.tasks.submit_transaction([write, beat])
+        clear_others(clients, job, task, attempt, worker, keep=key)
+    return key
+
+
+def clear_others(clients: Clients, job: str, task: str, attempt: int, worker: str, keep: str) -> None:
+    """Drop every index row ``worker`` wrote for this attempt but ``keep``: a write applied
+    but answered with an error leaves a row its worker does not know of, which would
+    otherwise revoke the live attempt when it falls due."""
+    where, params = _range(names.DEADLINE_PREFIX)
+    rows = clients.tasks.query_entities(
+        f"PartitionKey eq @pk and {where} and Task eq @task and Attempt eq @attempt and Worker eq @worker",
+        parameters={"pk": job, **params, "task": task, "attempt": attempt, "worker": worker}, select=["RowKey"])
+    for row in list(rows):
+        if row["RowKey"] != keep:
+            unindex(clients, job, row["RowKey"])
+
+
+def unindex(clients: Clients, job: str, key: str) -> None:
+    try:
+        clients.tasks.delete_entity(job, key)
+    except ResourceNotFoundError:
+        pass
+
+
+def clear_indexes(clients: Clients, job: str) -> int:
+    """Remove every deadline and dispatch entry a job still has; for a job whose tasks have
+    all ended, where any left is stale (an attempt whose claim's answer was lost and whose
+    task was then cancelled, say), and would otherwise stay once the sweep stops looking at
+    the job. Returns how many it removed."""
+    left = [row["RowKey"] for prefix in (names.DEADLINE_PREFIX, names.DISPATCH_PREFIX)
+            for row in clients.tasks.query_entities(f"PartitionKey eq @pk and {_range(prefix)[0]}",
+                                                    parameters={"pk": job, **_range(prefix)[1]}, select=["RowKey"])]
+    for key in left:
+        unindex(clients, job, key)
+    return len(left)

@@ -1,0 +1,301 @@
+"""Job completion: once every task is terminal, write the manifest and send one email.
+
+Exactly once, under any delay. The move to FINISHING is a conditional update only one
+process wins, and the winner holds the job by a lease on its row (``FinisherUntil``) that it
+renews while it works — packing a large job's outputs or waiting for the mail service takes
+as long as it takes. Only when a finisher stops renewing (it died) may another take over.
+Before it sends the email a finisher records the message's Message-ID on the row (a
+conditional write: a finisher that lost its lease cannot make it), and after it records
+that it sent it; one taking over from a finisher that died in between resends with the same
+Message-ID, so the mail system sees one message. The sweep never finishes a job itself: it
+announces one that nobody finished (a ``done`` message), so a long completion never holds
+up the monitor's revocations.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import uuid
+from datetime import UTC, datetime, timedelta
+from email.message import EmailMessage
+from email.utils import make_msgid
+from typing import Any
+
+from azure.core.exceptions import HttpResponseError
+
+from pipeline.lifecycle import attempts, costs, jobs, results, tasks
+from pipeline.lifecycle.notify import Mailer
+from pipeline.lifecycle.status import JobState, TaskStatus
+from pipeline.modis import overview
+from pipeline.redact import redact
+from pipeline.reduction import bundles, reducers
+from pipeline.settings import Settings
+from pipeline.storage import names, packing
+from pipeline.storage.clients import Clients
+
+log = logging.getLogger(__name__)
+RELEASED = datetime(1970, 1, 1, tzinfo=UTC)  # a finisher lease that has long expired
+
+
+def all_terminal(clients: Clients, row: dict[str, Any], done: int | None = None) -> bool:
+    """Whether every task of the job is terminal (``done``: its terminal count, if known).
+    A job cancelled while it was being planned has only the tasks planned so far (its
+    planner cancels any it makes after)."""
+    if done is None:
+        done = sum(tasks.terminal_counts(clients.tasks, row["PartitionKey"]).values())
+    cancelled = row["State"] == JobState.CANCELLING.value
+    return done >= (int(row["Planned"]) if cancelled else int(row["Total"]))
+
+
+def _final_state(clients: Clients, row: dict[str, Any]) -> JobState:
+    if row["State"] == JobState.CANCELLING.value:
+        return JobState.CANCELLED
+    counts = tasks.terminal_counts(clients.tasks, row["PartitionKey"])
+    return JobState.FAILED if counts[TaskStatus.DEAD.value] else JobState.SUCCEEDED
+
+
+def _lease(clients: Clients) -> timedelta:
+    return timedelta(seconds=2 * clients.settings.lease_seconds)
+
+
+def _held_by_another(clients: Clients, row: dict[str, Any]) -> bool:
+    until = row.get("FinisherUntil")
+    if until is None:  # a row written before finishers held leases
+        return bool(tasks.now() - row["UpdatedAt"] <= _lease(clients))
+    return bool(until > tasks.now())
+
+
+def due(clients: Clients, row: dict[str, Any]) -> bool:
+    """The sweep's test: whether nobody is finishing a job that is complete (its last task's
+    announcement lost, its finisher dead), so it must be announced again."""
+    state = JobState(row["State"])
+    if state is JobState.FINISHING:
+        return not _held_by_another(clients, row)
+    if state in (JobState.RUNNING, JobState.CANCELLING):
+        idle = tasks.now() - row["UpdatedAt"] > timedelta(seconds=clients.settings.lease_seconds)
+        return idle and all_terminal(clients, row)
+    return False
+
+
+class LeaseLost(RuntimeError):
+    """Another finisher took the job over: this one must stop before it writes or sends."""
+
+
+class Finishing:
+    """A finisher's hold on a job: its row, renewed in the background every third of the
+    lease; every change the finisher makes goes through :meth:`update`, fenced on the row."""
+
+    def __init__(self, clients: Clients, row: dict[str, Any]) -> None:
+        self.clients, self.row = clients, row
+        self.lost = False
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._renew, name=f"finishing-{row['PartitionKey']}", daemon=True)
+
+    def __enter__(self) -> Finishing:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def update(self, **changes: Any) -> dict[str, Any]:
+        """Change the job row, renewing the lease; LeaseLost if another finisher has it."""
+        with self._lock:
+            if self.lost:
+                raise LeaseLost(self.row["PartitionKey"])
+            try:
+                self.row = jobs.update(self.clients, self.row, FinisherUntil=tasks.now() + _lease(self.clients),
+                                       **changes)
+            except HttpResponseError as exc:
+                if tasks.is_conflict(exc):
+                    self.lost = True
+                    raise LeaseLost(self.row["PartitionKey"]) from None
+                raise
+            return self.row
+
+    def release(self) -> None:
+        """Give the lease up at once (this finisher failed: the next may start now)."""
+        try:
+            with self._lock:
+                if not self.lost:
+                    self.row = jobs.update(self.clients, self.row, FinisherUntil=RELEASED)
+        except Exception as exc:
+            log.info("lease of %s not given up (it runs out): %s", self.row["PartitionKey"], exc)
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.clients.settings.lease_seconds / 3):
+            try:
+                self.update()
+            except LeaseLost:
+                log.warning("job %s: another finisher took over", self.row["PartitionKey"])
+                return
+            except Exception as exc:  # storage briefly unreachable: the lease is long enough for a retry
+                log.warning("job %s: finisher lease not renewed: %s", self.row["PartitionKey"], exc)
+
+
+def complete(clients: Clients, mailer: Mailer, job: str) -> bool:
+    """Finish the job if it is complete and nobody else is finishing it; True if this call
+    finished it."""
+    row = jobs.get(clients, job)
+    state = JobState(row["State"])
+    if state.finished:
+        jobs.deactivate(clients, job)
+        return False
+    if state is JobState.ACCEPTED or (state is not JobState.FINISHING and not all_terminal(clients, row)):
+        return False
+    if state is JobState.FINISHING and _held_by_another(clients, row):
+        return False
+    changes: dict[str, Any] = {"Finisher": uuid.uuid4().hex, "FinisherUntil": tasks.now() + _lease(clients)}
+    if state is not JobState.FINISHING:
+        changes |= {"State": JobState.FINISHING.value, "Outcome": _final_state(clients, row).value}
+    try:
+        row = jobs.update(clients, row, **changes)
+    except HttpResponseError as exc:
+        if tasks.is_conflict(exc):
+            return False  # another process won the race
+        raise
+    with Finishing(clients, row) as hold:
+        try:
+            _finish(clients, mailer, hold)
+        except LeaseLost:
+            return False
+        except BaseException:
+            hold.release()
+            raise
+    jobs.deactivate(clients, job)
+    log.info("job %s finished: %s", job, hold.row["Outcome"])
+    return True
+
+
+def _finish(clients: Clients, mailer: Mailer, hold: Finishing) -> None:
+    row = hold.row
+    final = JobState(row["Outcome"])
+    found = write_manifest(clients, row, final)
+    recipient = jobs.request_of(row).email
+    if recipient and not row.get("NotifiedAt"):
+        message_id = row.get("MailId") or hold.update(MailId=make_msgid(idstring=row["PartitionKey"],
+                                                                        domain="bagpipe"))["MailId"]
+        mailer.send(completion_email(clients, hold.row, final, found, recipient, message_id))
+        hold.update(NotifiedAt=tasks.now())
+    attempts.clear_indexes(clients, row["PartitionKey"])
+    hold.update(State=final.value, FinishedAt=tasks.now(), Manifest=names.manifest_blob(row["PartitionKey"]),
+                ComputeS=found["cost"]["compute_s"], CostUSD=found["cost"]["usd"])
+
+
+def write_manifest(clients: Clients, row: dict[str, Any], final: JobState) -> dict[str, Any]:
+    """The manifest blob: every task's state and the outputs its committed attempt made, and
+    where the small ones are packed."""
+    job = row["PartitionKey"]
+    entries = []
+    counts: dict[str, int] = {}
+    for task in tasks.list_tasks(clients.tasks, job):
+        counts[task["Status"]] = counts.get(task["Status"], 0) + 1
+        entries.append(
+            {
+                "task": task["RowKey"],
+                "stage": task["Stage"],
+                **json.loads(task["Params"]),
+                "status": task["Status"],
+                "attempt": task["Attempt"],
+                "outputs": json.loads(task.get("Outputs") or "[]")
+                if task["Status"] in (TaskStatus.SUCCEEDED.value, TaskStatus.CACHED.value) else [],
+                "failure": task.get("LastFailure") or None,
+            }
+        )
+    name_installed_reducers(clients.settings, entries)
+    found = {
+        "job": job,
+        "state": final.value,
+        "label": row.get("Label", ""),
+        "error": row.get("Error") or None,
+        "request": json.loads(row["Request"]),
+        "created": row["CreatedAt"].isoformat(),
+        "total": int(row["Total"]),
+        "counts": counts,
+        "catalog": catalog_of(clients.settings),
+        "cost": costs.measured(_attempt_seconds(clients, job), len(entries)),
+        "overviews": overview.build(clients, job, entries) if final is not JobState.CANCELLED else [],
+        "tasks": entries,
+        "packed": packing.as_manifest(packing.pack(clients, job, (
+            packing.Output(output, *results.locate(clients, output)) for entry in entries for output in entry["outputs"]
+        ))),
+    }
+    clients.transfers.upload(clients.products, names.manifest_blob(job), json.dumps(found, indent=1).encode(),
+                             "application/json")
+    return found
+
+
+def _attempt_seconds(clients: Clients, job: str) -> list[float]:
+    """How long each of the job's attempts ran (one revoked or lost: until it ended)."""
+    found = []
+    for attempt in attempts.list_attempts(clients.tasks, job, select=["RuntimeS", "StartedAt", "EndedAt"]):
+        if attempt.get("RuntimeS") is not None:
+            found.append(float(attempt["RuntimeS"]))
+        elif attempt.get("StartedAt") and attempt.get("EndedAt"):
+            found.append((attempt["EndedAt"] - attempt["StartedAt"]).total_seconds())
+    return found
+
+
+def name_installed_reducers(settings: Settings, entries: list[dict[str, Any]]) -> None:
+    """Give each reduction that ran a reducer installed on the workers its ``digest``, as a
+    bundle's is named (the same canonical SHA-256 of its folder): its products' provenance."""
+    installed = reducers.catalog(settings.reducers_path)
+    digests: dict[str, str] = {}
+    for entry in entries:
+        name = entry.get("reducer")
+        if name and not entry.get("bundle") and name in installed:
+            if name not in digests:
+                digests[name] = bundles.digest_of(installed[name].here)
+            entry["digest"] = digests[name]
+
+
+def catalog_of(settings: Settings) -> dict[str, str]:
+    """Where the job's granules were searched (the provenance its STAC items name): the
+    catalog's kind and its URL (secrets redacted)."""
+    url = settings.stac_url if settings.catalog == "stac" else settings.cmr_url
+    return {"kind": settings.catalog, "url": redact(url)}
+
+
+def one_line(text: str) -> str:
+    """``text`` fit for a header: its whitespace runs (line breaks too) made one space, other
+    control characters dropped."""
+    return "".join(c for c in " ".join(text.split()) if c.isprintable())
+
+
+def completion_email(clients: Clients, row: dict[str, Any], final: JobState, found: dict[str, Any],
+                     recipient: str, message_id: str) -> EmailMessage:
+    job = row["PartitionKey"]
+    label = f" ({one_line(row['Label'])})" if row.get("Label") else ""
+    counts = ", ".join(f"{n} {s.lower()}" for s, n in sorted(found["counts"].items())) or "none"
+    link = results.sas_url(clients, clients.products.container_name, names.manifest_blob(job))
+    why = f"Why: {row['Error']}\n\n" if row.get("Error") else ""
+    message = EmailMessage()
+    message["From"] = clients.settings.mail_sender
+    message["To"] = recipient
+    message["Subject"] = f"bagpipe job {job}{label}: {final.value.lower()}"
+    message["Message-ID"] = message_id
+    message.set_content(
+        f"Your bagpipe job {job}{label} has finished: {final.value}.\n\n{why}"
+        f"Tasks: {found['total']} ({counts}).\n"
+        f"Compute: {found['cost']['compute_s'] / 3600:.2f} slot-hours over {found['cost']['attempts']} attempts, "
+        f"about {costs.dollars(found['cost']['usd'])} at Azure's pay-as-you-go prices.\n\n"
+        f"Manifest with every product (link valid for {clients.settings.sas_minutes} minutes):\n"
+        f"{link}\n\n"
+        f"{_overview_line(clients, found)}"
+        f"Fresh download links at any time: bagpipe results {job} --out DIR\n"
+    )
+    return message
+
+
+def _overview_line(clients: Clients, found: dict[str, Any]) -> str:
+    """The email's link to the job's first overview (its region, coloured, with a legend)."""
+    if not found.get("overviews"):
+        return ""
+    first = found["overviews"][0]
+    link = results.sas_url(clients, clients.products.container_name, first["picture"])
+    span = f"{first['date']} to {first['last']}" if first.get("last") else first["date"]
+    return f"Overview of the region ({first['product']} {first['layer']}, {span}):\n{link}\n\n"

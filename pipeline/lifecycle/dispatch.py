@@ -1,0 +1,120 @@
+"""How a QUEUED task gets its message, and keeps getting one until a worker takes it.
+
+The tasks table is the only truth; a queue message is a hint, which may be lost (a send that
+failed, a process that died before it sent, a receipt storage forgot), duplicated or
+poisoned. So every move of a task into QUEUED writes, in the same entity-group transaction
+as the task row, an entry in its job's *dispatch index*: RK ``~dispatch~{due ms}-{task}``,
+due when the task's message should long have been taken (the delay before it is visible,
+plus two leases). The task row names its entry (``Dispatch``), and the claim deletes it in
+the claim's own transaction: a task is QUEUED exactly while it has an entry.
+
+:func:`send` is the one path by which a task message is sent. The reconciler,
+:func:`redispatch_due` (part of the sweep: one key-range query per job), sends the message
+of every task still QUEUED under a due entry again and moves the entry later — twice as far
+each time, since a message may just be waiting behind others; the claim drops duplicates.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta
+from typing import Any
+
+from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
+from azure.data.tables import TableTransactionError, UpdateMode
+
+from pipeline.lifecycle.attempts import Op, unindex
+from pipeline.lifecycle.status import TaskStatus
+from pipeline.lifecycle.tasks import TaskRef, etag_of, if_match, now
+from pipeline.storage import names
+from pipeline.storage.clients import Clients
+
+log = logging.getLogger(__name__)
+SEND_THREADS = 8  # concurrent sends of one batch of messages
+MAX_DOUBLINGS = 5  # the wait between resends grows to 2^5 × its first length, then stays
+
+
+def _ms(at: datetime) -> int:
+    return int(at.timestamp() * 1000)
+
+
+def entry(clients: Clients, job: str, task: str, delay_s: float = 0.0, resends: int = 0) -> tuple[str, Op]:
+    """The dispatch-index entry of a task queued now whose message becomes visible after
+    ``delay_s``: its row key and the operation that writes it."""
+    wait = delay_s + 2 * clients.settings.lease_seconds * 2 ** min(resends, MAX_DOUBLINGS)
+    key = names.dispatch_key(_ms(now() + timedelta(seconds=wait)), task)
+    return key, ("upsert", {"PartitionKey": job, "RowKey": key, "Task": task}, {"mode": UpdateMode.REPLACE})
+
+
+def remove_op(job: str, key: str) -> Op:
+    return ("delete", {"PartitionKey": job, "RowKey": key})
+
+
+def queued(clients: Clients, job: str, task: str, delay_s: float = 0.0) -> tuple[dict[str, Any], Op]:
+    """What a move into QUEUED writes: the task row's fields, and its index entry's write."""
+    key, write = entry(clients, job, task, delay_s)
+    return {"Status": TaskStatus.QUEUED.value, "QueuedAt": now(), "Dispatch": key, "Resends": 0}, write
+
+
+def ref_of(row: Any) -> tuple[int, TaskRef]:
+    """The shard and message of a task row."""
+    return int(row["Shard"]), TaskRef(row["PartitionKey"], row["RowKey"], int(row["Attempt"]))
+
+
+def send(clients: Clients, messages: Iterable[tuple[int, TaskRef]], delay_s: int = 0) -> int:
+    """Send each task message to its shard (visible after ``delay_s``); returns how many
+    went. A send that fails is logged and left to the reconciler: the task's dispatch
+    entry falls due and its message is sent again."""
+    messages = list(messages)
+
+    def one(message: tuple[int, TaskRef]) -> bool:
+        shard, ref = message
+        try:
+            clients.shard_queues[shard].send_message(ref.encode(), visibility_timeout=delay_s or None)
+            return True
+        except Exception as exc:
+            log.warning("message of %s/%s not sent (the reconciler will resend it): %s", ref.job, ref.task, exc)
+            return False
+
+    if len(messages) <= 1:
+        return sum(map(one, messages))
+    with ThreadPoolExecutor(min(SEND_THREADS, len(messages))) as pool:
+        return sum(pool.map(one, messages))
+
+
+def due(clients: Clients, job: str, at: datetime) -> list[dict[str, Any]]:
+    """The job's dispatch entries due before ``at``."""
+    return list(clients.tasks.query_entities(
+        "PartitionKey eq @pk and RowKey ge @lo and RowKey lt @hi",
+        parameters={"pk": job, "lo": names.DISPATCH_PREFIX, "hi": f"{names.DISPATCH_PREFIX}{_ms(at):015d}"}))
+
+
+def redispatch_due(clients: Clients, job: str) -> int:
+    """The reconciler's pass over one job: send again the message of every task still
+    QUEUED under a due entry, moving its entry later. Returns how many it resent."""
+    resend: list[tuple[int, TaskRef]] = []
+    for found in due(clients, job, now()):
+        try:
+            row = clients.tasks.get_entity(job, found["Task"])
+        except ResourceNotFoundError:
+            unindex(clients, job, found["RowKey"])
+            continue
+        if row["Status"] != TaskStatus.QUEUED.value or row.get("Dispatch") != found["RowKey"]:
+            unindex(clients, job, found["RowKey"])  # left by a write older than the entries' rules
+            continue
+        resends = int(row.get("Resends", 0)) + 1
+        key, write = entry(clients, job, row["RowKey"], resends=resends)
+        change = {"PartitionKey": job, "RowKey": row["RowKey"], "Dispatch": key, "Resends": resends}
+        try:
+            clients.tasks.submit_transaction([
+                ("update", change, {"mode": UpdateMode.MERGE, **if_match(etag_of(row))}),
+                remove_op(job, found["RowKey"]), write])
+        except (TableTransactionError, HttpResponseError) as exc:
+            log.info("task %s/%s moved on before its resend: %s", job, row["RowKey"], exc)
+            continue  # claimed or cancelled meanwhile; or the next pass tries again
+        resend.append(ref_of(row))
+        log.warning("message of %s/%s (attempt %s) resent: not taken since %s", job, row["RowKey"],
+                    row["Attempt"], row.get("QueuedAt"))
+    return send(clients, resend)

@@ -1,0 +1,165 @@
+"""Worker health: find the slow machine, the ModisAzure paper's real straggler.
+
+A slow VM slows every task it runs; killing each of its attempts in turn at 4× the mean
+learns nothing from it. So each worker reports, every few seconds while it holds work, how
+its latest attempts compare with their history — the ratio of each attempt's seconds to
+the mean for its work (``runtimes``), a running attempt counting with the time it has run
+so far, one revoked for time with the time it ran — and the monitor's sweep compares the
+workers: one whose recent ratio (the median of its last few attempts) is at least
+``slow_ratio`` times the others' median (or times 1, if they run faster than their
+history) is marked slow. It then takes no more tasks, gives up the attempts it holds (each goes
+back to the queue at once, a transient ``worker_slow`` failure, for a healthy worker to
+run) and exits with REPLACE_EXIT, so that a fresh one replaces it: the local stack starts
+another; in Azure the Container Apps job retries the replica (a new one) and its event
+scaler starts new executions while the queues hold work.
+
+Marking is relative and bounded: never when the others are slow too (storage slowed down
+or the whole deployment overloaded is no machine's fault), and never more than a third
+of the workers heard from at once (one, if there are fewer than six).
+
+The ``workerhealth`` table holds one row per worker (PartitionKey ``w``): the worker writes its
+figures (a merge that never touches ``State``), the monitor writes ``State``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from azure.data.tables import UpdateMode
+
+from pipeline.lifecycle.tasks import now
+from pipeline.storage.clients import Clients
+
+log = logging.getLogger(__name__)
+
+PARTITION = "w"
+HEALTHY, SLOW = "healthy", "slow"
+REPORT_EVERY_S = 1.0  # a worker holding attempts reports this often
+RECENT = 6  # ratios of ended attempts a worker keeps
+HEARD_WITHIN = timedelta(seconds=30)  # a worker not heard from for this long is not compared
+FORGET_AFTER = timedelta(days=1)  # a worker row this old is deleted by the sweep
+MAX_SLOW_SHARE = 1 / 3  # of the workers heard from, at most this many slow at once
+# a drained worker's exit status (EX_TEMPFAIL): "replace me" — the local stack starts a fresh
+# worker; a Container Apps job retries the replica (replicaRetryLimit), a new one
+REPLACE_EXIT = 75
+SLOWNESS = ("execution_timeout", "worker_slow")  # attempts ended for being slow
+SLOT_MARK = "~"  # between a worker's name and its slot's number, in the name its slot writes under
+
+
+def recent_ratio(ended: list[float], running: list[float], slots: int) -> float | None:
+    """A worker's recent ratio: the median of its latest ``slots`` ended attempts, or the
+    least of the ones it runs now (each at least as slow as it has run so far) if that is
+    higher — so a machine that has just slowed down shows it as soon as all the attempts it
+    runs now do (one or two tasks slow by themselves do not make it slow), and a slow one
+    still shows it while its new attempts are young. Two attempts at least; None with
+    fewer."""
+    found = [statistics.median(ended[-max(2, slots):])] if len(ended[-max(2, slots):]) >= 2 else []
+    found += [min(running)] if len(running) >= 2 else []
+    return max(found) if found else None
+
+
+def report(clients: Clients, worker: str, ended: list[float], running: list[float], slots: int,
+           attempts: int) -> str:
+    """Write a worker's ratios (its latest ended attempts', oldest first, and its running
+    ones' so far) and how many attempts it has run; return its state as the monitor sees it."""
+    clients.workers.upsert_entity({
+        "PartitionKey": PARTITION, "RowKey": worker, "Ratios": json.dumps([round(r, 3) for r in ended]),
+        "Running": json.dumps([round(r, 3) for r in running]), "Slots": slots, "Attempts": attempts,
+        "SeenAt": now(),
+    }, mode=UpdateMode.MERGE)
+    row = clients.workers.get_entity(PARTITION, worker)
+    return str(row.get("State") or HEALTHY)
+
+
+def left(clients: Clients, worker: str, state: str) -> None:
+    """Record that a worker has gone (``state``: how it left)."""
+    try:
+        clients.workers.upsert_entity({"PartitionKey": PARTITION, "RowKey": worker, "Left": state, "SeenAt": now()},
+                                      mode=UpdateMode.MERGE)
+    except Exception as exc:  # statistics, never results
+        log.info("worker %s's departure not recorded: %s", worker, exc)
+
+
+def _ratio_of(row: Any) -> float | None:
+    try:
+        return recent_ratio(json.loads(row.get("Ratios") or "[]"), json.loads(row.get("Running") or "[]"),
+                            int(row.get("Slots") or 2))
+    except (ValueError, TypeError):
+        return None
+
+
+def find_slow(clients: Clients, slow_ratio: float, at: datetime | None = None) -> list[str]:
+    """Mark slow every worker that runs far past its history while the others do not;
+    return the ones marked now. Also forgets rows of workers long gone."""
+    if slow_ratio <= 0:
+        return []
+    at = at or now()
+    heard: dict[str, float] = {}
+    already = 0
+    for row in clients.workers.query_entities("PartitionKey eq @p", parameters={"p": PARTITION}):
+        seen = row.get("SeenAt")
+        if seen is None or at - seen > FORGET_AFTER:
+            clients.workers.delete_entity(PARTITION, row["RowKey"])
+            continue
+        if at - seen > HEARD_WITHIN or row.get("Left"):
+            continue
+        if row.get("State") == SLOW:
+            already += 1
+            continue
+        ratio = _ratio_of(row)
+        if ratio is not None:
+            heard[row["RowKey"]] = ratio
+    room = max(1, int((len(heard) + already) * MAX_SLOW_SHARE)) - already
+    marked = []
+    for worker, ratio in sorted(heard.items(), key=lambda item: -item[1]):
+        others = [r for w, r in heard.items() if w != worker and w not in marked]
+        if room <= 0 or not others or ratio < slow_ratio * max(1.0, statistics.median(others)):
+            break
+        clients.workers.upsert_entity({"PartitionKey": PARTITION, "RowKey": worker, "State": SLOW,
+                                       "MarkedAt": at, "MarkedRatio": ratio}, mode=UpdateMode.MERGE)
+        log.warning("worker %s is slow: its attempts run %.1f× their history, the others' %.1f×",
+                    worker, ratio, statistics.median(others))
+        marked.append(worker)
+        room -= 1
+    return marked
+
+
+def slot_writer(worker: str, slot: int) -> str:
+    """The name a worker's slot writes its rollup row under (the job's worker table reads
+    the worker back from it)."""
+    return f"{worker}{SLOT_MARK}{slot}"
+
+
+def worker_table(clients: Clients, writers: Mapping[str, Mapping[str, int]]) -> list[dict[str, Any]]:
+    """The job's workers, from its rollup rows (``writers``: each writer's net moves, and
+    its failures as ``FAILED``) and the workers' health rows — a row per worker, whatever
+    the job's size: the attempts it ran for the job and how many it committed, its recent
+    ratio of runtimes to their history (the median of its latest attempts, any job's, or of
+    the ones it runs: what the monitor compares), and its state (healthy, slow, or how it
+    left)."""
+    found: dict[str, dict[str, Any]] = {}
+    for writer, counts in writers.items():
+        worker, mark, slot = writer.rpartition(SLOT_MARK)
+        if not mark or not slot.isdigit():
+            continue  # the monitor, the sweep, a releaser, a canceller
+        committed = sum(counts.get(status, 0) for status in ("SUCCEEDED", "CACHED", "NO_DATA"))
+        entry = found.setdefault(worker, {"worker": worker, "attempts": 0, "committed": 0})
+        # claims: each ended in a commit, a failure, or is RUNNING still (or was revoked by the monitor)
+        entry["attempts"] += max(0, counts.get("RUNNING", 0)) + committed + counts.get("FAILED", 0)
+        entry["committed"] += committed
+    for entry in found.values():
+        entry |= {"median_ratio": None, "state": "unknown"}  # until its health row says (one query: the fleet's)
+    for row in clients.workers.query_entities("PartitionKey eq @p", parameters={"p": PARTITION},
+                                              select=["RowKey", "Ratios", "Running", "Slots", "State", "Left"]) \
+            if found else ():
+        if row["RowKey"] not in found:
+            continue
+        ratio = _ratio_of(row)  # as the monitor compares it: its ended attempts, or the ones it runs
+        found[row["RowKey"]] |= {"median_ratio": round(ratio, 2) if ratio is not None else None,
+                                 "state": row.get("Left") or row.get("State") or HEALTHY}
+    return sorted(found.values(), key=lambda e: e["worker"])

@@ -1,0 +1,141 @@
+"""The planner: expand a job into task rows, and release them to the shard queues through a
+bounded window.
+
+Planning is idempotent: rows are created in entity-group transactions from a cursor kept on
+the job row, so a plan message processed twice (or a planner that died midway) makes no
+duplicate. Release is safe to call from anywhere at any time (the planner, a worker that
+just finished a task, the sweep): every task it moves to QUEUED gets its dispatch entry in
+the same write, so a message it fails to send, or a releaser that dies before it sends, is
+made good by the reconciler; it advances the cursor after its sends, so a releaser that
+dies resends at worst (duplicates, which workers drop).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pipeline.lifecycle import dispatch, jobs, rollups, tasks, transitions
+from pipeline.lifecycle.request import TILE_STAGE, RequestError, expand
+from pipeline.lifecycle.status import JobState
+from pipeline.lifecycle.tasks import TerminalCounter
+from pipeline.modis import catalogs
+from pipeline.storage.clients import Clients
+
+log = logging.getLogger(__name__)
+NO_RELEASER = datetime(1970, 1, 1, tzinfo=UTC)  # a lease that has long expired
+RELEASE_CHUNK = 64  # tasks sent per move of the cursor: bounds the work done under one lease
+RELEASE_LEASE_S = 15.0  # a releaser's hold on the cursor, renewed at each move
+SEARCH_LEASE = timedelta(minutes=15)  # the longest a planner's catalog searches may take before the sweep plans again
+
+
+def plan(clients: Clients, job: str) -> None:
+    """Create the job's task rows (resuming where a previous run stopped), then start it."""
+    row = jobs.get(clients, job)
+    if row["State"] != JobState.ACCEPTED.value:
+        if row["State"] == JobState.RUNNING.value:
+            release(clients, job)
+        return
+    settings = clients.settings
+    try:
+        specs = expand(jobs.request_of(row), max(settings.max_tasks, int(row["Total"])), settings.tile_stage,
+                       jobs.program_of(row))
+    except RequestError as exc:  # it fitted the deployment when submitted, not any more
+        log.warning("job %s cannot be planned: %s", job, exc.message)
+        jobs.refuse(clients, row, f"the request cannot be planned: {exc.field}: {exc.message}")
+        return
+    planned = int(row["Planned"])
+    if planned < len(specs):  # the granules: one catalog search per product (again, if a planner died here)
+        try:  # however long the search, the sweep does not take the job for one whose plan was lost
+            row = jobs.update(clients, row, PlanningUntil=tasks.now() + SEARCH_LEASE)
+        except Exception as exc:
+            if not tasks.is_conflict(exc):
+                raise
+            return plan(clients, job)  # moved meanwhile (cancelled, another planner): look again
+        specs = catalogs.resolve(settings, specs, TILE_STAGE)
+        clients.tasks.upsert_entity(rollups.plan_row(job, specs))  # its tiles and totals, for its status
+    while planned < len(specs):
+        batch = [
+            tasks.task_entity(job, seq, specs[seq], settings.shards)
+            for seq in range(planned, min(planned + tasks.BATCH, len(specs)))
+        ]
+        tasks.create_batch(clients.tasks, batch)
+        planned += len(batch)
+        try:
+            row = jobs.update(clients, row, Planned=planned)
+        except Exception as exc:
+            if not tasks.is_conflict(exc):
+                raise
+            row = jobs.get(clients, job)  # cancelled meanwhile, or another planner
+            if row["State"] != JobState.ACCEPTED.value:
+                break
+            planned = max(planned, int(row["Planned"]))
+    if row["State"] == JobState.ACCEPTED.value:
+        try:
+            row = jobs.update(clients, row, State=JobState.RUNNING.value)
+        except Exception as exc:
+            if not tasks.is_conflict(exc):
+                raise
+            row = jobs.get(clients, job)
+    if row["State"] == JobState.RUNNING.value:
+        log.info("job %s planned: %d tasks", job, len(specs))
+        release(clients, job)
+    else:  # cancelled while it was being planned: nothing it planned may run
+        transitions.cancel(clients, job, TerminalCounter(f"planner-{job}"))
+        jobs.announce_done(clients, job)
+
+
+def release(clients: Clients, job: str, *, min_room: float = 0.0, row: dict[str, Any] | None = None,
+            done: int | None = None) -> int:
+    """Top up the job's window: release PENDING tasks to the shard queues until
+    ``released - terminal`` reaches the window. With ``min_room`` > 0 it does nothing
+    until that share of the window has drained (so it is cheap to call after every task).
+    Returns how many tasks it released.
+
+    One releaser at a time per job holds a short lease on the job row (``ReleaserUntil``),
+    so that the workers finishing tasks together do not all send the same messages. It moves
+    the cursor a chunk at a time and renews the lease with each move, so however slow the
+    storage, a live releaser keeps its lease and its sends count. A releaser that dies
+    leaves the lease to expire; its successor resends what it may not have sent
+    (duplicates, which workers drop). ``row`` and ``done`` (the job row and its terminal
+    count) spare the first reads when the caller has just made them."""
+    window = clients.settings.window
+    lease = timedelta(seconds=max(RELEASE_LEASE_S, clients.settings.lease_seconds))
+    total_released = 0
+    row = row if row is not None else jobs.get(clients, job)
+    holding = False
+    while True:
+        if row["State"] != JobState.RUNNING.value:
+            break
+        released, total = int(row["Released"]), int(row.get("Tiles", row["Total"]))
+        holder = row.get("ReleaserUntil")
+        if released >= total or (not holding and holder is not None and holder > tasks.now()):
+            break
+        if done is None:
+            done = sum(tasks.terminal_counts(clients.tasks, job).values())
+        room = window - (released - done)
+        if room <= 0 or room < window * min_room:
+            break
+        count = min(room, total - released, RELEASE_CHUNK)
+        try:
+            if not holding:
+                row = jobs.update(clients, row, ReleaserUntil=tasks.now() + lease)
+                holding = True
+            queued = transitions.queue(clients, job, tasks.list_tasks(clients.tasks, job, released, count))
+            dispatch.send(clients, map(dispatch.ref_of, queued))
+            # The cursor moves only after the sends, and renews the lease as it moves.
+            row = jobs.update(clients, row, Released=released + count, ReleaserUntil=tasks.now() + lease)
+        except Exception as exc:
+            if tasks.is_conflict(exc):
+                return total_released  # another releaser holds it now, or the job was cancelled
+            raise
+        total_released += count
+        min_room, done = 0.0, None
+    if holding:
+        try:
+            jobs.update(clients, row, ReleaserUntil=NO_RELEASER)
+        except Exception as exc:
+            if not tasks.is_conflict(exc):
+                raise
+    return total_released

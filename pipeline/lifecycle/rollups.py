@@ -1,0 +1,255 @@
+"""A job's status at constant cost: rollups the transitions keep beside the task rows.
+
+Reading a job's status must cost the same at 100 tasks and at a million, so nothing that
+shows it reads task or attempt rows. Every transition (``pipeline.lifecycle.transitions``) writes,
+in the entity-group transaction that moves its task row, what the move changes in its
+writer's own *rollup row* (RK ``~count~{writer}``; one per worker slot, releaser,
+monitor or canceller, so they never contend): the number of tasks in each state the
+writer moved them into or out of (net), per target tile and per stage as well, the
+runtimes of the attempts it committed as a histogram of logarithmic bins, and the
+failure classes of the attempts it failed or revoked. A failed or revoked attempt also
+gets an entry in the job's *failure index* (RK ``~failure~{inverted ms}-…``, newest
+first) in the same transaction. At planning, one row (``~tiles``) names the job's target
+tiles (their grid and bounds) and the tasks each has, and each stage's total.
+
+PENDING is never counted: it is what is planned and not yet moved. FAILED and TIMED_OUT
+are never stored (a failed attempt moves its task straight on, to QUEUED or DEAD). Being
+written in the same transactions as the rows they sum, the rollups are exact; their sum
+over writers is read with one key-range query (as many rows as writers, whatever the job's
+size), the failure index with one bounded query.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import zlib
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+from itertools import islice
+from typing import Any
+
+from azure.core.exceptions import ResourceNotFoundError
+from azure.data.tables import TableClient, UpdateMode
+
+from pipeline.lifecycle.request import TaskSpec
+from pipeline.lifecycle.runtimes import history_key, work_of
+from pipeline.lifecycle.status import TaskStatus
+from pipeline.storage import names
+
+UNCOUNTED = frozenset({TaskStatus.PENDING, TaskStatus.FAILED, TaskStatus.TIMED_OUT})
+DETAIL = "Detail"  # JSON: per stage its states, its runtimes' bins; the failure classes
+KILLS = "Kills"  # attempts revoked by the monitor
+TILE_SHARDS = 16  # per-tile counts are spread over this many properties (64 KiB each at most)
+PER_DECADE = 10  # runtime bins: ten per factor of ten (each 26% wide)
+SHORTEST_S = 0.01  # bin 0 holds every runtime below this
+LAST_BIN = 100  # 0.01 s × 10^10: nothing runs longer
+PART_CHARS = 30_000  # a string property holds 64 KiB of UTF-16
+PLAN_PARTS = 16  # the plan row's JSON, cut into parts: at most about 1 MiB in all
+
+
+def runtime_bin(seconds: float) -> int:
+    """The histogram bin of a runtime."""
+    if seconds < SHORTEST_S:
+        return 0
+    return min(LAST_BIN, 1 + int(PER_DECADE * math.log10(seconds / SHORTEST_S)))
+
+
+def bin_seconds(index: int) -> float:
+    """The runtime a bin stands for: its geometric middle."""
+    return SHORTEST_S / 2 if index == 0 else SHORTEST_S * 10 ** ((index - 0.5) / PER_DECADE)
+
+
+def tile_property(tile: str) -> str:
+    return f"Tiles{zlib.crc32(tile.encode()) % TILE_SHARDS:02d}"
+
+
+@dataclass
+class Moves:
+    """What one transaction changes in its writer's rollup row."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+    tiles: dict[str, Counter[str]] = field(default_factory=dict)
+    stages: dict[str, Counter[str]] = field(default_factory=dict)
+    runtimes: dict[str, Counter[str]] = field(default_factory=dict)
+    failures: Counter[str] = field(default_factory=Counter)
+    kills: int = 0
+
+    def move(self, stage: str, tile: str, old: TaskStatus | str, new: TaskStatus | str) -> Moves:
+        """One task of ``stage`` on ``tile`` went from ``old`` to ``new``."""
+        for status, delta in ((TaskStatus(old), -1), (TaskStatus(new), 1)):
+            if status not in UNCOUNTED:
+                self.counts[status.value] += delta
+                self.tiles.setdefault(tile, Counter())[status.value] += delta
+                self.stages.setdefault(stage, Counter())[status.value] += delta
+        return self
+
+    def ran(self, stage: str, seconds: float) -> Moves:
+        self.runtimes.setdefault(stage, Counter())[str(runtime_bin(seconds))] += 1
+        return self
+
+    def failed(self, failure: str, revoked: bool = False) -> Moves:
+        self.failures[failure] += 1
+        self.kills += revoked
+        return self
+
+    def merged(self, other: Moves) -> Moves:
+        """These moves and ``other``'s together (neither changed)."""
+        both = Moves(kills=self.kills + other.kills)  # (Counter's + would drop the negative counts)
+        for counts in (self.counts, other.counts):
+            both.counts.update(counts)
+        both.failures.update(self.failures)
+        both.failures.update(other.failures)
+        for part in ("tiles", "stages", "runtimes"):
+            into: dict[str, Counter[str]] = getattr(both, part)
+            for source in (getattr(self, part), getattr(other, part)):
+                for key, counts in source.items():
+                    into.setdefault(key, Counter()).update(counts)
+        return both
+
+
+def _add(into: dict[str, int], deltas: Counter[str]) -> None:
+    for key, delta in deltas.items():
+        value = into.get(key, 0) + delta
+        if value:
+            into[key] = value
+        else:
+            into.pop(key, None)
+
+
+def _compact(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+def apply(props: dict[str, Any], moves: Moves) -> dict[str, Any]:
+    """The properties of a rollup row (``props``) that ``moves`` change, with their new values."""
+    changed: dict[str, Any] = {}
+    for status, delta in moves.counts.items():
+        if delta:
+            changed[status] = int(props.get(status, 0)) + delta
+    if moves.kills:
+        changed[KILLS] = int(props.get(KILLS, 0)) + moves.kills
+    if moves.stages or moves.runtimes or moves.failures:
+        detail = json.loads(props.get(DETAIL) or "{}")
+        for part, deltas in (("stages", moves.stages), ("runtimes", moves.runtimes)):
+            for stage, counts in deltas.items():
+                _add(detail.setdefault(part, {}).setdefault(stage, {}), counts)
+        _add(detail.setdefault("failures", {}), moves.failures)
+        changed[DETAIL] = _compact(detail)
+    shards: dict[str, dict[str, dict[str, int]]] = {}
+    for tile, counts in moves.tiles.items():
+        name = tile_property(tile)
+        if name not in shards:
+            shards[name] = json.loads(props.get(name) or "{}")
+        _add(shards[name].setdefault(tile, {}), counts)
+        if not shards[name][tile]:
+            del shards[name][tile]
+    changed |= {name: _compact(tiles) for name, tiles in shards.items()}
+    return changed
+
+
+@dataclass
+class Rollup:
+    """A job's rollups summed over their writers."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+    tiles: dict[str, Counter[str]] = field(default_factory=dict)
+    stages: dict[str, Counter[str]] = field(default_factory=dict)
+    runtimes: dict[str, Counter[int]] = field(default_factory=dict)
+    failures: Counter[str] = field(default_factory=Counter)
+    kills: int = 0
+    rows: int = 0  # rollup rows read (one per writer)
+    writers: dict[str, Counter[str]] = field(default_factory=dict)  # per writer: its net moves, FAILED: its failures
+
+
+def read(tasks: TableClient, job: str, tiles: bool = True) -> Rollup:
+    """The job's rollups: one key-range query, a row per writer (``tiles``: with the counts
+    per tile, which grow with the job's area; without, a few hundred bytes a row)."""
+    low, high = names.COUNTER_PREFIX, names.COUNTER_PREFIX + "\U0010ffff"
+    found = Rollup()
+    select = None if tiles else ["RowKey", *(s.value for s in TaskStatus), KILLS, DETAIL]
+    for row in tasks.query_entities("PartitionKey eq @pk and RowKey ge @lo and RowKey lt @hi",
+                                    parameters={"pk": job, "lo": low, "hi": high}, select=select):
+        found.rows += 1
+        own = found.writers.setdefault(row["RowKey"].removeprefix(names.COUNTER_PREFIX), Counter())
+        for status in TaskStatus:
+            own[status.value] += int(row.get(status.value) or 0)
+            found.counts[status.value] += int(row.get(status.value) or 0)
+        found.kills += int(row.get(KILLS) or 0)
+        detail = json.loads(row.get(DETAIL) or "{}")
+        own[TaskStatus.FAILED.value] = sum(detail.get("failures", {}).values())
+        for stage, counts in detail.get("stages", {}).items():
+            found.stages.setdefault(stage, Counter()).update(counts)
+        for stage, bins in detail.get("runtimes", {}).items():
+            found.runtimes.setdefault(stage, Counter()).update({int(b): n for b, n in bins.items()})
+        found.failures.update(detail.get("failures", {}))
+        for shard in range(TILE_SHARDS):
+            for tile, counts in json.loads(row.get(f"Tiles{shard:02d}") or "{}").items():
+                found.tiles.setdefault(tile, Counter()).update(counts)
+    found.counts = +found.counts
+    return found
+
+
+# --- the plan: tiles and totals, written once ------------------------------------------------
+@dataclass
+class Plan:
+    """What a job was planned as: per target tile its grid, bounds and task count; per
+    stage its task count, the key of its runtime history and each task's work (the unit
+    its history is kept in: ``runtimes.work_of``)."""
+
+    tiles: dict[str, tuple[str, str, int]]
+    stages: dict[str, tuple[int, str, float]]  # count, runtime history key, work per task
+
+
+def plan_row(job: str, specs: list[TaskSpec]) -> dict[str, Any]:
+    """The ``~tiles`` row of a job planned as ``specs``. A job of more tiles than the row
+    holds keeps their totals only (no bounds: the map leaves them out)."""
+    tiles: dict[str, list[Any]] = {}
+    stages: dict[str, list[Any]] = {}
+    for spec in specs:
+        if spec.tile not in tiles:
+            params = spec.params()
+            tiles[spec.tile] = [params["crs"], params["bounds"], 0]
+        tiles[spec.tile][2] += 1
+        if spec.stage not in stages:  # a job's tasks of one stage share its grid: one size of work
+            stages[spec.stage] = [0, history_key(spec.params()), work_of(spec.params())]
+        stages[spec.stage][0] += 1
+    text = _compact({"tiles": tiles, "stages": stages})
+    if len(text) > PART_CHARS * PLAN_PARTS:
+        text = _compact({"tiles": {t: ["", "", v[2]] for t, v in tiles.items()}, "stages": stages})
+    parts = [text[i:i + PART_CHARS] for i in range(0, len(text), PART_CHARS)][:PLAN_PARTS]
+    return {"PartitionKey": job, "RowKey": names.TILES_ROW, **{f"Part{i:02d}": p for i, p in enumerate(parts)}}
+
+
+def read_plan(tasks: TableClient, job: str) -> Plan | None:
+    """The job's plan row, or None (a job planned before the rollups were kept)."""
+    try:
+        row = tasks.get_entity(job, names.TILES_ROW)
+    except ResourceNotFoundError:
+        return None
+    try:
+        found = json.loads("".join(row[f"Part{i:02d}"] for i in range(PLAN_PARTS) if f"Part{i:02d}" in row))
+    except ValueError:
+        return None  # cut short: more tiles than any job has
+    return Plan({t: (crs, bounds, int(n)) for t, (crs, bounds, n) in found["tiles"].items()},
+                {s: (int(v[0]), v[1], float(v[2]) if len(v) > 2 else 1.0) for s, v in found["stages"].items()})
+
+
+# --- the failure index -----------------------------------------------------------------------
+def failure_op(job: str, task: str, attempt: int, stage: str, failure: str, error: str,
+               started: datetime | None, ended: datetime, revoked_by: str = "") -> tuple[Any, ...]:
+    """The failure index's entry of one failed (or revoked) attempt."""
+    key = names.failure_key(int(ended.timestamp() * 1000), task, attempt)
+    row = {"PartitionKey": job, "RowKey": key, "Task": task, "Attempt": attempt, "Stage": stage,
+           "FailureClass": failure, "Error": error, "RevokedBy": revoked_by, "EndedAt": ended,
+           **({"StartedAt": started} if started else {})}
+    return ("upsert", row, {"mode": UpdateMode.REPLACE})
+
+
+def newest_failures(tasks: TableClient, job: str, limit: int) -> list[dict[str, Any]]:
+    """The job's ``limit`` newest failed or revoked attempts: one page of one key range."""
+    low, high = names.FAILURE_PREFIX, names.FAILURE_PREFIX + "\U0010ffff"
+    rows = tasks.query_entities("PartitionKey eq @pk and RowKey ge @lo and RowKey lt @hi",
+                                parameters={"pk": job, "lo": low, "hi": high}, results_per_page=limit)
+    return list(islice(rows, limit))

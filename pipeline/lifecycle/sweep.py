@@ -1,0 +1,126 @@
+"""The periodic sweep: the monitor and the reconciler, one pass over the unfinished jobs.
+
+For each job it revokes the attempts past their deadline, sends again the message of every
+task QUEUED too long without being taken (a message lost, or poisoned), plans again a job
+left ACCEPTED (its plan message lost), tops up the release window, goes on with a
+cancellation, and announces a completion nobody made (a worker that died between its commit
+and its announcement, a finisher that died), and removes the cache markers of makers that
+died with no task left to take them over — it never finishes a job itself, so a long
+completion never holds up revocations. One job's
+failure is logged and the pass goes on with the others. Locally it runs in a loop; in Azure
+as a Durable Functions eternal orchestration. Cheap: key-range queries and a few key reads
+per job.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections import Counter
+from datetime import timedelta
+
+from azure.core.exceptions import ResourceNotFoundError
+
+from pipeline.lifecycle import completion, dispatch, health, jobs, monitor, planner, transitions
+from pipeline.lifecycle.notify import Mailer
+from pipeline.lifecycle.status import JobState, TaskStatus
+from pipeline.lifecycle.tasks import TerminalCounter, message_bytes
+from pipeline.storage import cache
+from pipeline.storage.clients import Clients
+
+log = logging.getLogger(__name__)
+_counter = TerminalCounter(f"sweep-{uuid.uuid4().hex[:12]}")
+ORPHAN_AGE = timedelta(minutes=5)  # an active-index entry this old whose job row does not exist is dropped
+
+
+class BadMessage(ValueError):
+    """A plan or done message that can never be handled (it names no job)."""
+
+
+def sweep(clients: Clients) -> dict[str, int]:
+    """One pass over the active jobs. Returns what it did."""
+    report = monitor.SweepReport()
+    done: Counter[str] = Counter()
+    for job in jobs.active_jobs(clients):
+        try:
+            _sweep_job(clients, job, report, done)
+        except Exception:
+            log.exception("sweep of job %s failed; the next pass tries again", job)
+            done["errors"] += 1
+    try:
+        done["slow"] = len(health.find_slow(clients, clients.settings.slow_ratio))
+    except Exception:
+        log.exception("worker health not checked; the next pass tries again")
+        done["errors"] += 1
+    try:
+        done["markers"] = cache.sweep_markers((clients.tiles, clients.sources), lambda owner: _ended(clients, owner))
+    except Exception:
+        log.exception("cache markers not swept; the next pass tries again")
+        done["errors"] += 1
+    return {"revoked": len(report.revoked), "stale": report.stale, "resent": done["resent"],
+            "replanned": done["replanned"], "announced": done["announced"], "slow_workers": done["slow"],
+            "markers": done["markers"], "errors": done["errors"]}
+
+
+def _ended(clients: Clients, owner: str) -> bool:
+    """Whether the task a cache marker names (``job/task``) is terminal, or gone with its job."""
+    job, _, task = owner.partition("/")
+    try:
+        return TaskStatus(clients.tasks.get_entity(job, task)["Status"]).terminal
+    except ResourceNotFoundError:
+        return True
+
+
+def _sweep_job(clients: Clients, job: str, report: monitor.SweepReport, done: Counter[str]) -> None:
+    try:
+        row = jobs.get(clients, job)
+    except jobs.JobNotFound:
+        jobs.deactivate(clients, job, unless_younger_than=ORPHAN_AGE)
+        return
+    state = JobState(row["State"])
+    if state.finished:
+        jobs.deactivate(clients, job)
+        return
+    monitor.revoke_overdue(clients, job, report)
+    done["resent"] += dispatch.redispatch_due(clients, job)
+    if state is JobState.ACCEPTED:
+        done["replanned"] += jobs.replan_stale(clients, row)
+        return
+    if state is JobState.RUNNING:
+        planner.release(clients, job)  # (a reduction is released by its last tile task's end)
+    elif state is JobState.CANCELLING:
+        transitions.cancel(clients, job, _counter)
+    if completion.due(clients, jobs.get(clients, job)):
+        jobs.announce_done(clients, job)
+        done["announced"] += 1
+
+
+def job_of_message(body: bytes | str) -> str:
+    """The job id a plan or done message names; BadMessage if there is none."""
+    try:
+        found = json.loads(message_bytes(body))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadMessage(f"not JSON: {exc}") from None
+    if not isinstance(found, dict) or not isinstance(found.get("job"), str):
+        raise BadMessage("a plan/done message is {\"job\": id}")
+    job: str = found["job"]
+    return job
+
+
+def handle_plan(clients: Clients, body: bytes | str) -> None:
+    """The planner trigger: plan the job a ``plan`` message names."""
+    job = job_of_message(body)
+    try:
+        planner.plan(clients, job)
+    except jobs.JobNotFound:
+        log.warning("plan message for unknown job %r dropped", job)
+
+
+def handle_done(clients: Clients, mailer: Mailer, body: bytes | str) -> None:
+    """The completion trigger: finish the job a ``done`` message names, if complete."""
+    job = job_of_message(body)
+    try:
+        completion.complete(clients, mailer, job)
+    except jobs.JobNotFound:
+        log.warning("done message for unknown job %r dropped", job)

@@ -1,0 +1,207 @@
+"""Task rows and their messages: the queue message that names an attempt, the rows'
+creation, reading, and the terminal counters.
+
+The tasks table is the source of truth (PK = job id, RK = zero-padded sequence). Every
+change of a task's state is a conditional update on its ETag, made by one of the named
+operations of ``pipeline.lifecycle.transitions``; every move into a terminal state is written in one
+entity-group transaction with the writer's own counter row (:class:`TerminalCounter`), so
+"how many tasks are terminal" is exact and cheap.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from azure.core import MatchConditions
+from azure.core.exceptions import (
+    ResourceExistsError,
+    ResourceNotFoundError,
+)
+from azure.data.tables import TableClient, TableEntity, TableTransactionError, UpdateMode
+
+from pipeline.lifecycle import rollups
+from pipeline.lifecycle.failures import error_code
+from pipeline.lifecycle.request import TaskSpec
+from pipeline.lifecycle.status import TERMINAL, TaskStatus
+from pipeline.storage import names
+
+BATCH = 100  # entities per entity-group transaction (the service's limit)
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def if_match(etag: str) -> dict[str, Any]:
+    return {"etag": etag, "match_condition": MatchConditions.IfNotModified}
+
+
+def etag_of(row: TableEntity) -> str:
+    """The ETag a row was read with: the condition of the next write to it."""
+    etag = row.metadata["etag"]
+    if etag is None:
+        raise ValueError(f"row {row.get('RowKey')} was not read from storage: it has no ETag")
+    return etag
+
+
+def is_conflict(exc: Exception) -> bool:
+    """Whether a conditional write failed because the row had changed (HTTP 412)."""
+    return getattr(exc, "status_code", None) == 412
+
+
+# --- messages: references, never data --------------------------------------------------
+def message_bytes(content: bytes | str) -> bytes:
+    """The body of a received message (base64 on the wire); ValueError if it is not."""
+    if isinstance(content, bytes):
+        return content
+    try:
+        return base64.b64decode(content, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("message body is not base64") from None
+
+
+@dataclass(frozen=True)
+class TaskRef:
+    """What a task queue message says: which attempt of which task to run."""
+
+    job: str
+    task: str
+    attempt: int
+
+    def encode(self) -> bytes:
+        return json.dumps({"job": self.job, "task": self.task, "attempt": self.attempt}).encode()
+
+    @classmethod
+    def decode(cls, content: bytes | str) -> TaskRef:
+        """Parse a message body; ValueError for anything that is not a task reference."""
+        try:
+            body = json.loads(message_bytes(content))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"not JSON: {exc}") from None
+        if not isinstance(body, dict) or set(body) != {"job", "task", "attempt"}:
+            raise ValueError("a task message is {job, task, attempt}")
+        job, task, attempt = body["job"], body["task"], body["attempt"]
+        if not (isinstance(job, str) and isinstance(task, str) and type(attempt) is int):
+            raise ValueError("job and task are strings, attempt an integer")
+        if not (names.JOB_KEY.fullmatch(job) and len(task) == names.TASK_KEY_WIDTH
+                and task.isascii() and task.isdigit()):
+            raise ValueError("malformed job or task key")
+        if not 1 <= attempt <= 1000:
+            raise ValueError("attempt out of range")
+        return cls(job, task, attempt)
+
+
+# --- creation ----------------------------------------------------------------------------
+def task_entity(job: str, seq: int, spec: TaskSpec, shards: int) -> dict[str, Any]:
+    return {
+        "PartitionKey": job,
+        "RowKey": names.task_key(seq),
+        "Seq": seq,
+        "Shard": seq % shards,
+        "Stage": spec.stage,
+        "Params": json.dumps(spec.params()),
+        "Status": TaskStatus.PENDING.value,
+        "Attempt": 1,
+        # a reduction: its tile tasks not yet ended (counted off as each ends; released at zero)
+        **({"Deps": spec.deps[1]} if spec.reducer is not None else {}),
+    }
+
+
+def create_batch(tasks: TableClient, entities: list[dict[str, Any]]) -> int:
+    """Create up to BATCH task rows of one job, atomically when none exists yet; rows that
+    already exist (a plan message processed twice, a planner that died) are left as they
+    are. Returns how many rows this call created."""
+    try:
+        tasks.submit_transaction([("create", e) for e in entities])
+        return len(entities)
+    except TableTransactionError as exc:
+        if error_code(exc) != "EntityAlreadyExists":
+            raise
+    created = 0
+    for entity in entities:
+        try:
+            tasks.create_entity(entity)
+            created += 1
+        except ResourceExistsError:
+            pass
+    return created
+
+
+# --- terminal counters and rollups ---------------------------------------------------------
+class TerminalCounter:
+    """One writer's rollup row per job: the tasks it moved into and out of each state (per
+    tile and stage too), the runtimes it committed, the failures it recorded
+    (``pipeline.lifecycle.rollups``).
+
+    Each writer (a worker slot, a releaser, a canceller) owns its own row, so the rows never
+    contend; their sum is the job's. The row is updated in the same transaction as the task
+    rows it counts.
+    """
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+        self._rows: dict[str, tuple[str | None, dict[str, Any]]] = {}
+        self._lock = threading.Lock()
+
+    def _load(self, tasks: TableClient, job: str) -> tuple[str | None, dict[str, Any]]:
+        try:
+            row = tasks.get_entity(job, names.counter_key(self.owner))
+        except ResourceNotFoundError:
+            return None, {}
+        return row.metadata["etag"], {k: v for k, v in row.items() if k not in ("PartitionKey", "RowKey")}
+
+    def write(self, tasks: TableClient, job: str, changes: list[tuple[str, dict[str, Any], dict[str, Any]]],
+              added: dict[str, int] | rollups.Moves) -> list[dict[str, Any]]:
+        """Submit task-row ``changes`` with this writer's row moved by ``added`` (terminal
+        counts, or a transition's moves), in one transaction. Raises TableTransactionError
+        if any task row changed meanwhile."""
+        moves = added if isinstance(added, rollups.Moves) else rollups.Moves(counts=Counter(added))
+        with self._lock:
+            if job not in self._rows:
+                self._rows[job] = self._load(tasks, job)
+            etag, props = self._rows[job]
+            changed = rollups.apply(props, moves)
+            if not changed:
+                return [dict(answer) for answer in tasks.submit_transaction(changes)] if changes else []
+            key = {"PartitionKey": job, "RowKey": names.counter_key(self.owner)}
+            op = ("create", key | props | changed) if etag is None else (
+                "update", key | changed, {"mode": UpdateMode.MERGE, **if_match(etag)}
+            )
+            try:
+                result = tasks.submit_transaction([*changes, op])
+            except Exception:
+                del self._rows[job]  # reload next time: the row may be what failed, or
+                raise  # the transaction may have been applied before the connection broke
+            self._rows[job] = (result[-1]["etag"], props | changed)
+            return [dict(answer) for answer in result[:-1]]
+
+
+def terminal_counts(tasks: TableClient, job: str) -> dict[str, int]:
+    """How many of a job's tasks are in each terminal state (sum of the counter rows)."""
+    low, high = names.COUNTER_PREFIX, names.COUNTER_PREFIX + "\U0010ffff"
+    rows = tasks.query_entities(
+        "PartitionKey eq @pk and RowKey ge @lo and RowKey lt @hi",
+        parameters={"pk": job, "lo": low, "hi": high},
+    )
+    totals = {s.value: 0 for s in TERMINAL}
+    for row in rows:
+        for status in totals:
+            totals[status] += int(row.get(status, 0))
+    return totals
+
+
+def list_tasks(tasks: TableClient, job: str, first: int = 0, count: int | None = None) -> list[TableEntity]:
+    """Task rows of a job in sequence order, from ``first`` (``count`` of them, or all)."""
+    high = names.task_key(first + count) if count is not None else names.TASK_KEYS_END
+    rows = tasks.query_entities(
+        "PartitionKey eq @pk and RowKey ge @lo and RowKey lt @hi",
+        parameters={"pk": job, "lo": names.task_key(first), "hi": high},
+    )
+    return list(rows)

@@ -1,0 +1,372 @@
+"""Every change of a task's state, each a named operation and a conditional write.
+
+Whoever moves a task — the planner releasing it, a worker claiming, heartbeating,
+committing or failing it, the monitor revoking it, a canceller — calls one of these; no
+other module writes a task row's state. Each is one entity-group transaction in the task's
+partition, fenced on the row's ETag, holding everything that must change with it: the
+attempt's row, its entry in the monitor's deadline index (``pipeline.lifecycle.attempts``), its entry
+in the dispatch index while it is QUEUED (``pipeline.lifecycle.dispatch``), a failed attempt's entry in
+the failure index, and the writer's rollup row (``pipeline.lifecycle.rollups``: what the move changes
+in the job's counts per state, tile and stage, its runtimes and failures). The state
+machine (``pipeline.lifecycle.status``) checks each move.
+
+A write whose answer was lost (a connection cut, storage restarting) is settled by reading
+the row back — never by guessing, and never by retrying blindly into a 412 that would make
+an applied write look like a lost race.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from azure.core.exceptions import (
+    HttpResponseError,
+    ResourceModifiedError,
+    ResourceNotFoundError,
+    ServiceRequestError,
+    ServiceResponseError,
+)
+from azure.data.tables import TableTransactionError, UpdateMode
+
+from pipeline.lifecycle import attempts, dispatch, rollups, tasks
+from pipeline.lifecycle.attempts import Op
+from pipeline.lifecycle.failures import FailureClass, error_code
+from pipeline.lifecycle.rollups import Moves
+from pipeline.lifecycle.status import TaskStatus, after_failure, transition
+from pipeline.lifecycle.tasks import TaskRef, TerminalCounter, etag_of, if_match, is_conflict, now
+from pipeline.redact import redact
+from pipeline.storage import names
+from pipeline.storage.clients import Clients
+
+ERROR_CHARS = 2000  # an error message kept on a row is cut to this
+# the most characters of output names a task row holds (a string property is 64 KiB of UTF-16)
+OUTPUTS_CHARS = 30_000
+DEPS_CONFLICTS = 50  # writes retried because another tile task of the same reduction ended at once
+# the rollup row of this process's moves made without a writer of their own (releases)
+_mover = TerminalCounter(f"mover-{uuid.uuid4().hex[:12]}")
+
+
+def _tile(params: str | dict[str, str]) -> str:
+    return str((json.loads(params) if isinstance(params, str) else params).get("tile", ""))
+
+
+def _update(job: str, task: str, etag: str, **fields: Any) -> Op:
+    return ("update", {"PartitionKey": job, "RowKey": task, **fields}, {"mode": UpdateMode.MERGE, **if_match(etag)})
+
+
+# --- PENDING -> QUEUED -------------------------------------------------------------------
+def queue(clients: Clients, job: str, rows: list[Any]) -> list[Any]:
+    """Move the PENDING ``rows`` (read just before) of one job to QUEUED, with their
+    dispatch entries, 49 to a transaction (with the releaser's rollup); a row that moved
+    meanwhile is read again. Returns every row of ``rows`` that is QUEUED now: the ones
+    whose messages to send."""
+    found: list[Any] = []
+    size = tasks.BATCH // 2 - 1
+    for start in range(0, len(rows), size):
+        chunk = rows[start : start + size]
+        while True:
+            ops: list[Op] = []
+            moves = Moves()
+            for row in chunk:
+                if row["Status"] == TaskStatus.PENDING.value:
+                    fields, write = dispatch.queued(clients, job, row["RowKey"])
+                    transition(row["Status"], TaskStatus.QUEUED)
+                    ops += [_update(job, row["RowKey"], etag_of(row), **fields), write]
+                    moves.move(row["Stage"], _tile(row["Params"]), TaskStatus.PENDING, TaskStatus.QUEUED)
+            try:
+                if ops:
+                    _mover.write(clients.tasks, job, ops, moves)
+            except TableTransactionError:  # a row moved meanwhile (cancelled, another releaser)
+                first = int(chunk[0]["RowKey"])
+                chunk = tasks.list_tasks(clients.tasks, job, first, int(chunk[-1]["RowKey"]) - first + 1)
+                continue
+            for row in chunk:
+                if row["Status"] == TaskStatus.PENDING.value:
+                    row["Status"] = TaskStatus.QUEUED.value
+            found += [r for r in chunk if r["Status"] == TaskStatus.QUEUED.value]
+            break
+    return found
+
+
+# --- QUEUED -> RUNNING: the claim ------------------------------------------------------------
+@dataclass
+class Claim:
+    """A worker's hold on one attempt of a task."""
+
+    ref: TaskRef
+    etag: str  # the task row's ETag right after the claim: the commit's fence
+    stage: str
+    params: dict[str, str]
+    started: datetime
+    last_failure: str  # the failure class of the previous attempt, "" if none
+    worker: str  # who holds it
+    kill_at: datetime  # when the monitor revokes it
+    index: str  # the row key of its entry in the monitor's deadline index (moved by heartbeats)
+
+
+def claim(clients: Clients, ref: TaskRef, worker: str,
+          kill_time: Callable[[TaskRef, str, dict[str, str], int], datetime],
+          counter: TerminalCounter | None = None) -> Claim | None:
+    """Move the task to RUNNING for the attempt its row names, if the message may still run
+    it: the row is QUEUED and the message is not from a later attempt. None otherwise (the
+    message is stale or a duplicate, and is deleted). ``kill_time`` says when the monitor is
+    to revoke the attempt, from its stage, parameters and how many earlier attempts were
+    revoked for time. One transaction writes the task row, the attempt's row and its
+    deadline entry, and removes its dispatch entry: no attempt is ever RUNNING without a
+    deadline, none QUEUED without a dispatch entry; and moves the rollup of ``counter``
+    (the claiming slot's; this process's own if None)."""
+    try:
+        row = clients.tasks.get_entity(ref.job, ref.task)
+    except ResourceNotFoundError:
+        return None
+    if row["Status"] != TaskStatus.QUEUED.value or ref.attempt > row["Attempt"]:
+        return None
+    # An older message may stand in for the current attempt: the row is the truth.
+    current = TaskRef(ref.job, ref.task, row["Attempt"])
+    params = json.loads(row["Params"])
+    kill_at = kill_time(current, row["Stage"], params, int(row.get("Timeouts", 0)))
+    started = now()
+    index, index_write = attempts.index_op(clients, ref.job, ref.task, current.attempt, kill_at, worker, started)
+    ops = [_update(ref.job, ref.task, etag_of(row), Worker=worker, StartedAt=started, Dispatch="",
+                   Status=transition(row["Status"], TaskStatus.RUNNING).value),
+           attempts.attempt_op(ref.job, ref.task, current.attempt, Worker=worker, StartedAt=started,
+                               Heartbeat=started, Outcome=TaskStatus.RUNNING.value),
+           index_write]
+    if row.get("Dispatch"):
+        ops.append(dispatch.remove_op(ref.job, row["Dispatch"]))
+    counter = counter or _mover
+    moves = Moves().move(row["Stage"], params.get("tile", ""), TaskStatus.QUEUED, TaskStatus.RUNNING)
+    try:
+        result = counter.write(clients.tasks, ref.job, ops, moves)
+    except TableTransactionError as exc:
+        if is_conflict(exc) or error_code(exc) == "UpdateConditionNotSatisfied":
+            return None  # another worker claimed it first
+        if attempts.is_missing(exc) and len(ops) == 4:  # an entry older than the rules: claim without it
+            result = counter.write(clients.tasks, ref.job, ops[:3], moves)
+        else:
+            raise
+    return Claim(current, result[0]["etag"], row["Stage"], params, started, row.get("LastFailure") or "", worker,
+                 kill_at, index)
+
+
+def still_held(clients: Clients, held: Claim) -> bool:
+    """True while the task row still names this attempt as running (nobody revoked or
+    cancelled it)."""
+    row = clients.tasks.get_entity(held.ref.job, held.ref.task)
+    return bool(row.metadata["etag"] == held.etag)
+
+
+def heartbeat(clients: Clients, held: Claim) -> None:
+    """Move the attempt's deadline entry on (its heartbeat is now)."""
+    held.index = attempts.move(clients, held.ref.job, held.ref.task, held.ref.attempt, held.kill_at, held.worker,
+                               previous=held.index)
+
+
+def discard(clients: Clients, held: Claim) -> None:
+    """Record that a revoked attempt's work was thrown away; it leaves the deadline index."""
+    attempts.record(clients, held.ref.job, held.ref.task, held.ref.attempt, Discarded=True, DiscardedAt=now())
+    attempts.unindex(clients, held.ref.job, held.index)
+
+
+# --- RUNNING -> terminal, or back to QUEUED: fenced on the attempt ----------------------------
+def _fenced(clients: Clients, job: str, task: str, etag: str, change: dict[str, Any], ops: list[Op],
+            index: str, counter: TerminalCounter, moves: Moves, waiting: str = "", tries: int = 5) -> bool:
+    """Apply ``change`` to the task row if its ETag is still ``etag``, with ``ops`` and the
+    removal of the deadline entry ``index`` in the same transaction, the writer's rollup
+    (``counter``) moved by ``moves``, and (a tile task ending) the count of the reduction
+    ``waiting`` for it taken down by one — released at zero. True if applied, False if the
+    row had moved on. A write whose answer was lost is settled by reading the row back. The
+    deadline entry goes either way."""
+    change = change | {"LastWrite": uuid.uuid4().hex}  # to recognise this write when read back
+    with_index, attempt, conflicts = True, 0, 0
+    while attempt < tries:
+        counted, more, message, version = _counted_off(clients, job, waiting)
+        batch = [_update(job, task, etag, **change), *ops, *counted,
+                 *([attempts.unindex_op(job, index)] if with_index else [])]
+        try:
+            counter.write(clients.tasks, job, batch, moves.merged(more))
+            applied: bool | None = True
+        except (TableTransactionError, ResourceModifiedError):
+            applied = None  # the task row, the counter or the deadline entry had moved on: see which
+        except (ServiceRequestError, ServiceResponseError):
+            applied = None  # no answer: it may or may not have been applied
+            time.sleep(min(2**attempt, 10))
+        except HttpResponseError as exc:
+            if (exc.status_code or 0) < 500:
+                raise
+            applied = None
+            time.sleep(min(2**attempt, 10))
+        if applied is None:
+            row = _read_back(clients, job, task)
+            if row.metadata["etag"] == etag:
+                if version and conflicts < DEPS_CONFLICTS and _counted_off(clients, job, waiting)[3] != version:
+                    conflicts += 1  # another task of the reduction ended meanwhile: count off again
+                    time.sleep(random.uniform(0, 0.05))
+                    continue
+                with_index, attempt = False, attempt + 1
+                continue  # untouched: write again, the deadline entry (may be what failed) on its own
+            applied = row.get("LastWrite") == change["LastWrite"]  # applied, or moved on meanwhile
+        if applied and message is not None:
+            dispatch.send(clients, [message])  # lost, it is resent by the reconciler (its dispatch entry)
+        if not applied or not with_index:
+            attempts.unindex(clients, job, index)
+        return bool(applied)
+    raise RuntimeError(f"task {job}/{task} could not be written after {tries} tries")
+
+
+def _waiting(params: dict[str, str], status: TaskStatus) -> str:
+    """The row key of the reduction a tile task moving into ``status`` is to be counted off."""
+    return names.task_key(int(params["reduction"])) if status.terminal and params.get("reduction") else ""
+
+
+def _counted_off(clients: Clients, job: str, key: str) -> tuple[list[Op], Moves, tuple[int, TaskRef] | None, str]:
+    """What counts one ended tile task off the PENDING reduction ``key``: the update of its
+    count of unfinished tile tasks (fenced on the row's ETag, read now) and, if that was the
+    last, its move to QUEUED with its dispatch entry; the moves of that for the rollup; the
+    message to send once written; and the ETag it read ("" if nothing is to be counted)."""
+    if not key:
+        return [], Moves(), None, ""
+    try:
+        row = clients.tasks.get_entity(job, key)
+    except ResourceNotFoundError:
+        return [], Moves(), None, ""
+    if row["Status"] != TaskStatus.PENDING.value or row.get("Deps") is None:
+        return [], Moves(), None, ""  # cancelled, or planned before reductions counted
+    fields: dict[str, Any] = {"Deps": int(row["Deps"]) - 1}
+    ops: list[Op] = []
+    moves, message = Moves(), None
+    if fields["Deps"] <= 0:
+        queued, write = dispatch.queued(clients, job, key)
+        fields |= queued
+        ops.append(write)
+        moves.move(row["Stage"], _tile(row["Params"]), row["Status"], transition(row["Status"], TaskStatus.QUEUED))
+        message = (int(row["Shard"]), TaskRef(job, key, int(row["Attempt"])))
+    return [_update(job, key, etag_of(row), **fields), *ops], moves, message, etag_of(row)
+
+
+def _read_back(clients: Clients, job: str, task: str) -> Any:
+    for attempt in range(10):
+        try:
+            return clients.tasks.get_entity(job, task)
+        except (ServiceRequestError, ServiceResponseError):
+            time.sleep(min(2**attempt, 10))
+    return clients.tasks.get_entity(job, task)
+
+
+def commit(clients: Clients, counter: TerminalCounter, held: Claim, status: TaskStatus,
+           outputs: list[str]) -> bool:
+    """Publish the attempt's outputs on the task row, fenced on the claim's ETag: True if
+    this attempt committed, False if it had been revoked (its outputs are then never named)."""
+    ended = now()
+    runtime = (ended - held.started).total_seconds()
+    job, task, attempt = held.ref.job, held.ref.task, held.ref.attempt
+    change = {"Status": transition(TaskStatus.RUNNING, status).value, "EndedAt": ended, "RuntimeS": runtime,
+              "Outputs": json.dumps(outputs)}
+    ended_as = attempts.attempt_op(job, task, attempt, EndedAt=ended, Outcome=status.value, RuntimeS=runtime)
+    moves = Moves().move(held.stage, _tile(held.params), TaskStatus.RUNNING, status).ran(held.stage, runtime)
+    if _fenced(clients, job, task, held.etag, change, [ended_as], held.index, counter, moves,
+               _waiting(held.params, status)):
+        return True
+    attempts.record(clients, job, task, attempt, EndedAt=ended, Outcome="DISCARDED")
+    return False
+
+
+def _ended(clients: Clients, row_attempt: int, failed_as: TaskStatus, budget: int, failure: FailureClass,
+           error: str, delay_s: float, job: str, task: str) -> tuple[TaskStatus, dict[str, Any], list[Op]]:
+    """A failed attempt's end: where it leaves the task, the row's fields, and (if QUEUED
+    again) its dispatch entry's write."""
+    after = after_failure(TaskStatus.RUNNING, failed_as, row_attempt, budget)
+    change: dict[str, Any] = {"Status": after.value, "LastFailure": failure.value,
+                              "LastError": redact(error)[:ERROR_CHARS], "EndedAt": now()}
+    ops: list[Op] = []
+    if after is TaskStatus.QUEUED:
+        fields, write = dispatch.queued(clients, job, task, delay_s)
+        change |= fields | {"Attempt": row_attempt + 1}
+        ops.append(write)
+    return after, change, ops
+
+
+def fail(clients: Clients, counter: TerminalCounter, held: Claim, failure: FailureClass, error: str,
+         budget: int, delay_s: float = 0.0) -> TaskStatus | None:
+    """Record a failed attempt and move the task on: QUEUED with the next attempt number
+    (its message due after ``delay_s``: the caller sends it, by handing back its own) while
+    ``budget`` attempts are not spent, else DEAD. None if the attempt had been revoked."""
+    job, task, attempt = held.ref.job, held.ref.task, held.ref.attempt
+    after, change, ops = _ended(clients, attempt, TaskStatus.FAILED, budget, failure, error, delay_s, job, task)
+    ended_as = attempts.attempt_op(job, task, attempt, EndedAt=change["EndedAt"], Outcome=TaskStatus.FAILED.value,
+                                   FailureClass=failure.value, Error=change["LastError"])
+    indexed = rollups.failure_op(job, task, attempt, held.stage, failure.value, change["LastError"], held.started,
+                                 change["EndedAt"])
+    moves = Moves().move(held.stage, _tile(held.params), TaskStatus.RUNNING, after).failed(failure.value)
+    if _fenced(clients, job, task, held.etag, change, [ended_as, indexed, *ops], held.index, counter, moves,
+               _waiting(held.params, after)):
+        return after
+    attempts.record(clients, job, task, attempt, EndedAt=change["EndedAt"], Outcome="DISCARDED",
+                    FailureClass=failure.value)
+    return None
+
+
+def revoke(clients: Clients, counter: TerminalCounter, row: Any, ref: TaskRef, index: str, why: FailureClass,
+           budget: int, worker: str = "") -> TaskStatus | None:
+    """The monitor's move: take the task (its ``row``, just read) away from its running
+    attempt (``worker``'s, if given) whose deadline entry ``index`` fell due; next attempt
+    QUEUED (its message sent) or DEAD when ``budget`` is spent. None if that attempt is no
+    longer the running one (the entry is then only removed)."""
+    if row["Status"] != TaskStatus.RUNNING.value or int(row["Attempt"]) != ref.attempt or (
+            worker and row.get("Worker") != worker):  # another worker claimed it after the indexed one died
+        attempts.unindex(clients, ref.job, index)
+        return None
+    after, change, ops = _ended(clients, ref.attempt, TaskStatus.TIMED_OUT, budget, why,
+                                f"revoked by the monitor: {why.value}", 0.0, ref.job, ref.task)
+    change["Worker"] = ""
+    if why is FailureClass.EXECUTION_TIMEOUT:
+        change["Timeouts"] = int(row.get("Timeouts", 0)) + 1
+    ended_as = attempts.attempt_op(ref.job, ref.task, ref.attempt, Outcome=TaskStatus.TIMED_OUT.value,
+                                   FailureClass=why.value, EndedAt=change["EndedAt"], RevokedBy="monitor")
+    indexed = rollups.failure_op(ref.job, ref.task, ref.attempt, row["Stage"], why.value, change["LastError"],
+                                 row.get("StartedAt"), change["EndedAt"], revoked_by="monitor")
+    moves = Moves().move(row["Stage"], _tile(row["Params"]), TaskStatus.RUNNING, after).failed(why.value, True)
+    if not _fenced(clients, ref.job, ref.task, etag_of(row), change, [ended_as, indexed, *ops], index,
+                   counter, moves, _waiting(json.loads(row["Params"]), after)):
+        return None  # it committed or failed meanwhile
+    if after is TaskStatus.QUEUED:
+        dispatch.send(clients, [(int(row["Shard"]), TaskRef(ref.job, ref.task, ref.attempt + 1))])
+    return after
+
+
+# --- anything unfinished -> CANCELLED ----------------------------------------------------
+def cancel(clients: Clients, job: str, counter: TerminalCounter) -> None:
+    """Move every unfinished task of the job to CANCELLED (a queued one with its dispatch
+    entry), in transactions of up to a hundred writes; a running attempt finds its fence
+    gone and discards its work."""
+    while True:
+        pending = [r for r in tasks.list_tasks(clients.tasks, job) if not TaskStatus(r["Status"]).terminal]
+        if not pending:
+            return
+        chunk: list[Op] = []
+        moves = Moves()
+        for row in pending:
+            ops = [_update(job, row["RowKey"], etag_of(row), EndedAt=now(), Dispatch="",
+                           Status=transition(row["Status"], TaskStatus.CANCELLED).value)]
+            if row.get("Dispatch"):
+                ops.append(dispatch.remove_op(job, row["Dispatch"]))
+            if len(chunk) + len(ops) > tasks.BATCH - 1:  # the counter's write makes a hundred
+                _cancelled(clients, counter, job, chunk, moves)
+                chunk, moves = [], Moves()
+            chunk += ops
+            moves.move(row["Stage"], _tile(row["Params"]), row["Status"], TaskStatus.CANCELLED)
+        _cancelled(clients, counter, job, chunk, moves)
+
+
+def _cancelled(clients: Clients, counter: TerminalCounter, job: str, ops: list[Op], moves: Moves) -> None:
+    try:
+        counter.write(clients.tasks, job, ops, moves)
+    except TableTransactionError:
+        pass  # a row moved meanwhile; the next pass reads it again

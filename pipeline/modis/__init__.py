@@ -1,0 +1,3 @@
+"""The MODIS science: products and their layers, catalogs (STAC, CMR), the tile grid, and the
+stages of a tile task: collection, then reprojection; region mosaics, quick-looks and the
+products' STAC items."""

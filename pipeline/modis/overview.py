@@ -1,0 +1,121 @@
+"""A finished job's overview images: per layer and date of its tiles (the latest
+``MAX_DATES`` of each layer) and per raster its reductions left, every tile of the job laid
+on one lon/lat image of its whole region (nearest neighbour, at most ``LONGEST`` pixels a
+side), coloured for its layer (``pipeline.modis.quicklook``). Each is stored twice under
+``products/{job}/overview/``: the bare image the portal lays on its map (``*.map.png``),
+and the picture with its legend that the email links to (``*.png``).
+
+Made by the job's finisher, before the manifest that lists them; a finisher that takes
+over makes them again (same names, same content). A raster that cannot be read is left
+out of its overview (logged); a storage error fails the completion, which is retried.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import rasterio
+from rasterio.errors import RasterioError
+from rasterio.io import MemoryFile
+from rasterio.transform import from_bounds
+from rasterio.warp import Resampling, reproject
+
+from pipeline.lifecycle import results
+from pipeline.modis import quicklook
+from pipeline.modis.products import CATALOG
+from pipeline.modis.targets import lonlat_bounds
+from pipeline.storage import names
+from pipeline.storage.clients import Clients
+
+log = logging.getLogger(__name__)
+MAX_DATES = 12  # per layer: the latest dates get an overview (a decade of daily data would be thousands)
+LONGEST = 1024  # pixels on an overview's longer side
+Group = tuple[str, str, str, str]  # product, layer (or a reduction's file stem), first date, last date ("": a tile)
+
+
+def groups_of(clients: Clients, entries: list[dict[str, Any]]) -> dict[Group, list[tuple[dict[str, Any], str]]]:
+    """The job's rasters by what their overview shows (tiles by layer and date, a
+    reduction's by file and span), the latest ``MAX_DATES`` dates of each layer."""
+    found: dict[Group, list[tuple[dict[str, Any], str]]] = {}
+    for task in entries:
+        for output in task["outputs"]:
+            name = output.rsplit("/", 1)[-1]
+            if not name.endswith(".tif"):
+                continue
+            if task["stage"] == "reduce":
+                key = (task["product"], name.removesuffix(".tif"), task["date"], task.get("last") or "")
+            else:  # a reprojected tile: product.layer.date.tile.tif
+                key = (task["product"], name.split(".")[1], task["date"], "")
+            found.setdefault(key, []).append((task, output))
+    latest: dict[tuple[str, str], list[str]] = {}
+    for product, layer, first, last in found:
+        if not last:
+            latest.setdefault((product, layer), []).append(first)
+    keep = {(p, layer, d) for (p, layer), days in latest.items() for d in sorted(days)[-MAX_DATES:]}
+    return {k: v for k, v in sorted(found.items()) if k[3] or (k[0], k[1], k[2]) in keep}
+
+
+def _layer(product: str, name: str) -> Any:
+    try:
+        return CATALOG[product].layer(name)
+    except KeyError:
+        return None  # a reduction's own raster
+
+
+def render(clients: Clients, job: str, key: Group, members: list[tuple[dict[str, Any], str]]) -> dict[str, Any]:
+    """One overview: the group's rasters warped onto one lon/lat canvas, stored as images."""
+    product, name, first, last = key
+    boxes = [lonlat_bounds(task["crs"], task["bounds"]) for task, _ in members]
+    bounds = (min(b[0] for b in boxes), min(b[1] for b in boxes), max(b[2] for b in boxes), max(b[3] for b in boxes))
+    shape = quicklook.canvas_shape(bounds, LONGEST)
+    transform = from_bounds(*bounds, shape[1], shape[0])
+    canvas: np.ndarray | None = None
+    nodata, scale, offset = 0.0, 1.0, 0.0  # the first raster read sets them
+    for _, output in members:
+        container, blob = results.locate(clients, output)
+        data, _ = clients.transfers.download(
+            clients.tiles if container == clients.tiles.container_name else clients.products, blob)
+        try:
+            with MemoryFile(data) as memory, memory.open() as src:
+                if canvas is None:
+                    fill = np.nan if src.dtypes[0][0] == "f" else 0.0
+                    nodata = float(src.nodata) if src.nodata is not None else fill
+                    canvas = np.full(shape, nodata, dtype=src.dtypes[0])
+                    scale, offset = src.scales[0], src.offsets[0]
+                part = np.full(shape, nodata, dtype=canvas.dtype)
+                reproject(rasterio.band(src, 1), part, src_nodata=src.nodata, dst_transform=transform,
+                          dst_crs="EPSG:4326", dst_nodata=nodata, resampling=Resampling.nearest)
+        except RasterioError as exc:
+            log.warning("job %s: %s left out of its overview: %s", job, output, exc)
+            continue
+        empty = np.isnan(canvas) if np.isnan(nodata) else canvas == nodata
+        canvas[empty] = part[empty]
+    if canvas is None:
+        raise RasterioError(f"no raster of {product} {name} could be read")
+    layer = _layer(product, name)
+    valid = canvas[~(np.isnan(canvas) if np.isnan(nodata) else canvas == nodata)]
+    style = quicklook.style_for(layer, valid.astype("float64") * scale + offset, name)
+    rgba = quicklook.colorize(canvas, style, nodata, scale, offset)
+    span = f"{first}_{last}" if last else first
+    stem = f"{product}.{name}.{span}"
+    picture = names.overview_blob(job, f"{stem}.png")
+    bare = names.overview_blob(job, f"{stem}.map.png")
+    clients.transfers.upload(clients.products, picture,
+                             quicklook.picture(rgba, style, f"{product} {name} {span}"), "image/png")
+    clients.transfers.upload(clients.products, bare, quicklook.png(rgba), "image/png")
+    return {"product": product, "layer": name, "date": first, "last": last or None, "bounds": bounds,
+            "picture": picture, "map": bare, "unit": style.unit, "legend": quicklook.legend_json(style),
+            "tiles": len(members)}
+
+
+def build(clients: Clients, job: str, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The job's overviews (reductions first: a span's summary is the best first look)."""
+    made = []
+    for key, members in sorted(groups_of(clients, entries).items(), key=lambda kv: (not kv[0][3], kv[0])):
+        try:
+            made.append(render(clients, job, key, members))
+        except RasterioError as exc:
+            log.warning("job %s: no overview of %s: %s", job, key, exc)
+    return made

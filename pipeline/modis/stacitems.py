@@ -1,0 +1,243 @@
+"""A job's products as a static STAC catalog: the job is a collection, each product an item.
+
+A tile task's item holds one asset per layer it made (a reprojected COG); a reduction's item
+holds the rasters its program left (and a picture it left as the overview). ``rio-stac``
+reads each file for what it truly is: lon/lat geometry and bbox, the projection extension
+(CRS, transform, shape) and the raster extension (data type, nodata, scale, offset, unit per
+band). The period is ``start_datetime``/``end_datetime`` (``datetime``: its first day). The
+provenance is in ``bagpipe:*`` properties: the granules read (ids, as the catalog named them,
+and the catalog), the stage and its version, the reducer (name, version, digest) and
+bagpipe's version; a reduction's item links (``derived_from``) to the items it was made of.
+
+Item ids are made of what the product is (product, tile, period; a reduction's reducer), not
+of the job: a rerun that finds every tile ``CACHED`` writes the same items, in a collection
+of its own job. Every href is relative: the folder opens as it is (QGIS's STAC plugin,
+``pystac``, ``odc.stac``) wherever it is moved.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from datetime import UTC, date, datetime, time, timedelta
+from importlib import metadata
+from pathlib import Path, PurePosixPath
+from typing import Any
+from urllib.parse import urlsplit
+
+import pystac
+import rasterio
+from rio_stac import create_stac_item
+from rio_stac.stac import get_raster_info
+
+from pipeline.modis.granules import from_param
+from pipeline.modis.products import CATALOG
+from pipeline.modis.targets import lonlat_bounds
+from pipeline.storage import names
+
+COLLECTION_FILE = "collection.json"
+RASTERS = (".tif", ".tiff")
+PICTURES = {".png": pystac.MediaType.PNG, ".jpg": pystac.MediaType.JPEG}
+COG = pystac.MediaType.COG
+PREFIX = "bagpipe"
+RASTER_SCHEMA = "https://stac-extensions.github.io/raster/v1.1.0/schema.json"  # rio-stac's raster extension
+
+
+def bagpipe_version() -> str:
+    """The installed bagpipe's version (the package's metadata)."""
+    try:
+        return metadata.version("bagpipe")
+    except metadata.PackageNotFoundError:  # run from a checkout that is not installed
+        return "unknown"
+
+
+def period(product: str, first: str, last: str | None = None) -> tuple[datetime, datetime]:
+    """The first and last instant of the periods from ``first`` to ``last`` (their first days)."""
+    days = CATALOG[product].period_days
+    start = datetime.combine(date.fromisoformat(first), time(), UTC)
+    end_day = date.fromisoformat(last or first) + timedelta(days=days - 1)
+    return start, datetime.combine(end_day, time(23, 59, 59), UTC)
+
+
+def item_id(task: dict[str, Any]) -> str:
+    """What the product is, as an id: product.tile.date for a tile (tile "region": its
+    mosaic), with the span's last period and the reducer for a reduction."""
+    found = f"{task['product']}.{task['tile']}.{task['date']}" + (f"_{task['last']}" if task.get("last") else "")
+    return found + (f".{task['reducer'].replace('@', '-v')}" if task.get("reducer") else "")
+
+
+def granule_ids(task: dict[str, Any]) -> list[str]:
+    """The granules a tile task read, as its catalog named them (production time included)."""
+    return sorted(g.id for g in from_param(task["granules"])) if task.get("granules") else []
+
+
+def _provenance(task: dict[str, Any], catalog: dict[str, Any], sources: Iterable[str]) -> dict[str, Any]:
+    product = CATALOG[task["product"]]
+    found: dict[str, Any] = {
+        f"{PREFIX}:product": product.name, f"{PREFIX}:tile": task["tile"], f"{PREFIX}:stage": task["stage"],
+        f"{PREFIX}:sources": sorted(set(sources)),
+        f"{PREFIX}:catalog": catalog | {"collection": product.stac_collection if catalog.get("kind") == "stac"
+                                        else f"{product.name}.{product.cmr_version}"},
+        f"{PREFIX}:version": bagpipe_version(),
+        "platform": product.platform, "constellation": "modis",
+    }
+    if task.get("reducer"):
+        name, _, version = task["reducer"].partition("@")
+        found[f"{PREFIX}:reducer"] = {"name": name, "version": version or None, "installed": not task.get("bundle"),
+                                      "digest": task.get("bundle") or task.get("digest") or None,
+                                      "args": json.loads(task.get("args") or "{}")}
+    return found
+
+
+def _named(file: str | Path) -> PurePosixPath:
+    """A product's file name, whether ``file`` is a path or a link (its query left out)."""
+    return PurePosixPath(urlsplit(str(file)).path if "://" in str(file) else str(file))
+
+
+def build_item(task: dict[str, Any], files: Sequence[str | Path], catalog: dict[str, Any],
+               sources: Iterable[str] = ()) -> pystac.Item | None:
+    """The item of one task's products (``files``: paths, or links rasterio reads over HTTP;
+    they are the asset hrefs, until a catalog makes them relative or an API signs them
+    anew); None if it made no raster. ``sources``: a reduction's granules (its tiles')."""
+    rasters = [str(f) for f in files if _named(f).suffix.lower() in RASTERS]
+    if not rasters:
+        return None
+    start, end = period(task["product"], task["date"], task.get("last") or None)
+    stage_versions = set()
+    assets: dict[str, pystac.Asset] = {}
+    for href in rasters:
+        with rasterio.open(href) as src:
+            tags = src.tags()
+            bands = get_raster_info(src, max_size=1024)
+        key = tags.get("LAYER") if task["stage"] != "reduce" and tags.get("LAYER") else _named(href).stem
+        if tags.get("BAGPIPE_STAGE"):
+            stage_versions.add(tags["BAGPIPE_STAGE"])
+        assets[key] = pystac.Asset(href, title=key, media_type=COG, roles=["data"],
+                                   extra_fields={"raster:bands": bands})
+    for file in files:
+        name = _named(file)
+        if name.suffix.lower() in PICTURES:
+            key = name.stem if name.stem not in assets else f"{name.stem}-overview"
+            assets[key] = pystac.Asset(str(file), title=name.stem, media_type=PICTURES[name.suffix.lower()],
+                                       roles=["overview"])
+    own = granule_ids(task)
+    properties = _provenance(task, catalog, own or sources) | {
+        "start_datetime": pystac.utils.datetime_to_str(start), "end_datetime": pystac.utils.datetime_to_str(end)}
+    if stage_versions:
+        properties[f"{PREFIX}:stage_version"] = ",".join(sorted(stage_versions))
+    item = create_stac_item(rasters[0], input_datetime=start, properties=properties, id=item_id(task),
+                            assets=assets, with_proj=True, with_raster=False, geom_densify_pts=21,
+                            geom_precision=6)
+    item.stac_extensions.append(RASTER_SCHEMA)
+    return pystac.Item.from_dict(item.to_dict(), migrate=True)  # projection v2 (proj:code), as pystac writes it
+
+
+def build_collection(manifest: dict[str, Any], items: list[pystac.Item]) -> pystac.Collection:
+    """The job as a collection of its items: its region and span, and summaries of what it holds."""
+    request = manifest["request"]
+    boxes = [item.bbox for item in items if item.bbox] or [list(_request_box(manifest))]
+    starts = [pystac.utils.str_to_datetime(i.properties["start_datetime"]) for i in items]
+    ends = [pystac.utils.str_to_datetime(i.properties["end_datetime"]) for i in items]
+    span = [min(starts), max(ends)] if items else [datetime.combine(date.fromisoformat(request["start"]), time(), UTC),
+                                                   datetime.combine(date.fromisoformat(request["end"]), time(), UTC)]
+    extent = pystac.Extent(
+        pystac.SpatialExtent([[min(b[0] for b in boxes), min(b[1] for b in boxes),
+                               max(b[2] for b in boxes), max(b[3] for b in boxes)]]),
+        pystac.TemporalExtent([span]))
+    label = manifest.get("label") or ""
+    collection = pystac.Collection(
+        id=manifest["job"], title=label or f"bagpipe job {manifest['job']}", extent=extent, license="other",
+        description=f"The products of bagpipe job {manifest['job']}{f' ({label})' if label else ''}: "
+                    f"{', '.join(request['products'])} from {request['start']} to {request['end']}, "
+                    f"{manifest['state'].lower()}.",
+        summaries=pystac.Summaries({
+            f"{PREFIX}:product": sorted({i.properties[f"{PREFIX}:product"] for i in items}),
+            f"{PREFIX}:tile": sorted({i.properties[f"{PREFIX}:tile"] for i in items}),
+            f"{PREFIX}:stage": sorted({i.properties[f"{PREFIX}:stage"] for i in items}),
+            "platform": sorted({i.properties["platform"] for i in items}),
+        }),
+        extra_fields={f"{PREFIX}:job": manifest["job"],  # the request without its owner's address
+                      f"{PREFIX}:request": {k: v for k, v in request.items() if k != "email"},
+                      f"{PREFIX}:version": bagpipe_version()})
+    return collection
+
+
+def _request_box(manifest: dict[str, Any]) -> tuple[float, float, float, float]:
+    region = manifest["request"]["region"]
+    if region.get("bbox"):
+        west, south, east, north = (float(v) for v in region["bbox"])
+        return west, south, east, north
+    boxes = [lonlat_bounds(t["crs"], t["bounds"]) for t in manifest["tasks"]]
+    return (min(b[0] for b in boxes), min(b[1] for b in boxes), max(b[2] for b in boxes), max(b[3] for b in boxes))
+
+
+def write_catalog(out: Path, manifest: dict[str, Any]) -> Path:
+    """Write the job's STAC collection (``collection.json``) and an item beside each task's
+    files, every link relative; each manifest task gets ``item`` (its item's path), the
+    manifest ``stac``. Returns the collection's path."""
+    catalog = manifest.get("catalog") or {}
+    by_key = {task["task"]: task for task in manifest["tasks"]}
+    items: list[pystac.Item] = []
+    made: dict[str, pystac.Item] = {}
+    paths: dict[str, Path] = {}
+    for task in sorted(manifest["tasks"], key=lambda t: t["stage"] == "reduce"):  # tiles first
+        files = [out / name for name in task.get("files", [])]
+        if not files:
+            continue
+        folder = files[0].parent
+        deps = dependencies(task, by_key)
+        sources = [g for dep in deps for g in granule_ids(dep)]
+        item = build_item(task, files, catalog, sources)
+        if item is None:
+            continue
+        for dep in deps:
+            if dep["task"] in made:
+                item.add_link(pystac.Link("derived_from", made[dep["task"]], media_type=pystac.MediaType.GEOJSON))
+        made[task["task"]] = item
+        paths[item.id] = folder / f"{item.id}.json"
+        task["item"] = paths[item.id].relative_to(out).as_posix()
+        items.append(item)
+    items += region_items(out, manifest, made, catalog, paths)
+    collection = build_collection(manifest, items)
+    collection.add_items(items)
+    collection.set_self_href(str(out / COLLECTION_FILE))
+    for item in items:
+        item.set_self_href(str(paths[item.id]))
+    collection.make_all_asset_hrefs_relative()
+    collection.save(catalog_type=pystac.CatalogType.SELF_CONTAINED)
+    manifest["stac"] = COLLECTION_FILE
+    return out / COLLECTION_FILE
+
+
+def dependencies(task: dict[str, Any], by_key: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """A reduction's tile tasks (the manifest's rows ``deps`` names), in order."""
+    if task["stage"] != "reduce" or not task.get("deps"):
+        return []
+    first, count = (int(v) for v in task["deps"].split(","))
+    return [by_key[key] for seq in range(first, first + count) if (key := names.task_key(seq)) in by_key]
+
+
+def region_items(out: Path, manifest: dict[str, Any], made: dict[str, pystac.Item], catalog: dict[str, Any],
+                 paths: dict[str, Path]) -> list[pystac.Item]:
+    """An item per region mosaic of a product and period (tile ``region``, stage ``mosaic``),
+    ``derived_from`` the items it mosaics, naming all their granules."""
+    by_key = {task["task"]: task for task in manifest["tasks"]}
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for entry in manifest.get("regions", []):
+        groups.setdefault((entry["product"], entry["date"], entry.get("last") or ""), []).append(entry)
+    found = []
+    for (product, first, last), entries in sorted(groups.items()):
+        tasks = [made[t] for entry in entries for t in entry["tasks"] if t in made]
+        reduced = [by_key[t] for entry in entries for t in entry["tasks"] if by_key[t].get("reducer")]
+        program = {key: reduced[0][key] for key in ("reducer", "bundle", "digest", "args") if key in reduced[0]} \
+            if reduced else {}
+        task = {"stage": "mosaic", "product": product, "tile": "region", "date": first, "last": last, **program}
+        files = [out / entry["file"] for entry in entries]
+        item = build_item(task, files, catalog, [g for i in tasks for g in i.properties[f"{PREFIX}:sources"]])
+        if item is None:
+            continue
+        for source in {i.id: i for i in tasks}.values():
+            item.add_link(pystac.Link("derived_from", source, media_type=pystac.MediaType.GEOJSON))
+        paths[item.id] = files[0].parent / f"{item.id}.json"
+        found.append(item)
+    return found

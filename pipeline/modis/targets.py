@@ -1,0 +1,152 @@
+"""The output grid of a request: its target tiles, and which MODIS source tiles each needs.
+
+By default a request's region is cut into geographic lon/lat tiles (EPSG:4326) of a chosen
+size and resolution; any CRS pyproj knows may be asked for. A region given as MODIS tiles is
+processed on the native grid: each target tile is a MODIS tile and its own single source.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache, lru_cache
+from typing import Any
+
+import numpy as np
+from affine import Affine
+from pyproj import CRS, Transformer
+from rasterio.warp import transform_bounds
+
+from pipeline.modis.grid import RADIUS, TILE_SIZE, TILES_H, TILES_V, X_MIN, Y_MAX, Tile
+
+SINUSOIDAL_PROJ4 = f"+proj=sinu +lon_0=0 +x_0=0 +y_0=0 +R={RADIUS} +units=m +no_defs"
+NATIVE = "MODIS"  # the grid name of the MODIS sinusoidal tiles themselves
+MAX_TILE_PIXELS = 4096  # per side of a target tile
+EDGE_SAMPLES = 64  # points per edge (and per interior line) when finding source tiles
+
+
+@lru_cache(maxsize=4096)
+def lonlat_bounds(crs: str, bounds: str) -> tuple[float, float, float, float]:
+    """A target tile's bounds (``west,south,east,north`` in its CRS) in degrees."""
+    west, south, east, north = (float(v) for v in bounds.split(","))
+    if crs.upper() in ("EPSG:4326", "OGC:CRS84"):
+        return west, south, east, north
+    source = SINUSOIDAL_PROJ4 if crs == NATIVE else crs  # a job asked as MODIS tiles: their own grid
+    w, s, e, n = transform_bounds(source, "EPSG:4326", west, south, east, north, densify_pts=21)
+    return (math.floor(w * 1e6) / 1e6, math.floor(s * 1e6) / 1e6,  # rounded outwards
+            math.ceil(e * 1e6) / 1e6, math.ceil(n * 1e6) / 1e6)
+
+
+@cache
+def sinusoidal() -> CRS:
+    return CRS.from_proj4(SINUSOIDAL_PROJ4)
+
+
+def is_modis_sinusoidal(params: Mapping[str, Any]) -> bool:
+    """Whether PROJ parameters (``rasterio.crs.CRS.to_dict()``) are the MODIS grid's."""
+    return (params.get("proj") == "sinu" and float(params.get("R", 0)) == RADIUS
+            and all(float(params.get(k, 0)) == 0 for k in ("lon_0", "x_0", "y_0")))
+
+
+@lru_cache(maxsize=64)
+def _to_sinusoidal(crs: str) -> Transformer:
+    return Transformer.from_crs(CRS.from_user_input(crs), sinusoidal(), always_xy=True)
+
+
+@lru_cache(maxsize=64)
+def _from_lonlat(crs: str) -> Transformer:
+    return Transformer.from_crs(CRS.from_epsg(4326), CRS.from_user_input(crs), always_xy=True)
+
+
+@dataclass(frozen=True)
+class GridSpec:
+    """A target grid: square tiles of ``tile_size`` CRS units, aligned on the CRS origin,
+    of pixels ``resolution`` CRS units wide. ``crs`` NATIVE means the MODIS tiles."""
+
+    crs: str = "EPSG:4326"
+    tile_size: float = 1.0
+    resolution: float = 0.005
+
+    @property
+    def native(self) -> bool:
+        return self.crs == NATIVE
+
+    @property
+    def pixels(self) -> int:
+        return round(self.tile_size / self.resolution)
+
+    def _ranges(self, west: float, south: float, east: float, north: float) -> tuple[range, range]:
+        """The columns and rows of the target tiles that intersect a lon/lat box."""
+        xmin, ymin, xmax, ymax = _from_lonlat(self.crs).transform_bounds(west, south, east, north, densify_pts=21)
+        if not all(map(math.isfinite, (xmin, ymin, xmax, ymax))):
+            raise ValueError(f"the region cannot be expressed in {self.crs}")
+        s = self.tile_size
+        cols = range(math.floor(xmin / s), max(math.floor(xmin / s) + 1, math.ceil(xmax / s)))
+        rows = range(math.floor(ymin / s), max(math.floor(ymin / s) + 1, math.ceil(ymax / s)))
+        return cols, rows
+
+    def count_for_lonlat_box(self, west: float, south: float, east: float, north: float) -> int:
+        """How many target tiles intersect a lon/lat box, without making them (for a box
+        across ±180°, both halves': at most one column more than there are)."""
+        if west > east:
+            return self.count_for_lonlat_box(west, south, 180.0, north) + self.count_for_lonlat_box(
+                -180.0, south, east, north)
+        cols, rows = self._ranges(west, south, east, north)
+        return len(cols) * len(rows)
+
+    def tiles_for_lonlat_box(self, west: float, south: float, east: float, north: float) -> list[TargetTile]:
+        """The target tiles that intersect a lon/lat box; west > east: the box crosses ±180°,
+        and is cut there into its two halves."""
+        if west > east:
+            found = self.tiles_for_lonlat_box(west, south, 180.0, north)
+            seen = set(found)
+            return found + [t for t in self.tiles_for_lonlat_box(-180.0, south, east, north) if t not in seen]
+        cols, rows = self._ranges(west, south, east, north)
+        return [TargetTile(self, f"x{c:+05d}y{r:+05d}", c, r) for r in reversed(rows) for c in cols]
+
+    def native_tile(self, tile: Tile) -> TargetTile:
+        return TargetTile(self, tile.name, tile.h, tile.v)
+
+
+@dataclass(frozen=True)
+class TargetTile:
+    """One tile of a target grid: its name, bounds, transform, shape and MODIS sources."""
+
+    grid: GridSpec
+    name: str
+    col: int
+    row: int
+
+    def bounds(self) -> tuple[float, float, float, float]:
+        """(west, south, east, north) in the grid's CRS."""
+        if self.grid.native:
+            return Tile(self.col, self.row).bounds()
+        s = self.grid.tile_size
+        return (self.col * s, self.row * s, (self.col + 1) * s, (self.row + 1) * s)
+
+    def sources(self) -> list[Tile]:
+        """The MODIS tiles whose pixels this target tile needs (on land, in the grid)."""
+        if self.grid.native:
+            return [Tile(self.col, self.row)]
+        west, south, east, north = self.bounds()
+        line = np.linspace(0.0, 1.0, EDGE_SAMPLES)
+        u, v = np.meshgrid(line, line)  # the edges and a lattice inside
+        xs = west + (east - west) * u.ravel()
+        ys = south + (north - south) * v.ravel()
+        sx, sy = _to_sinusoidal(self.grid.crs).transform(xs, ys)
+        ok = np.isfinite(sx) & np.isfinite(sy)
+        h = np.floor((sx[ok] - X_MIN) / TILE_SIZE).astype(int)
+        v_ = np.floor((Y_MAX - sy[ok]) / TILE_SIZE).astype(int)
+        found = set()
+        for hh, vv in set(zip(h.tolist(), v_.tolist(), strict=True)):
+            if 0 <= hh < TILES_H and 0 <= vv < TILES_V and Tile(hh, vv).has_land_pixels():
+                found.add(Tile(hh, vv))
+        return sorted(found)
+
+
+def native_transform(tile: Tile, pixels: int) -> Affine:
+    """The geotransform of a MODIS tile at ``pixels`` per side (2400 at 500 m)."""
+    xmin, _, _, ymax = tile.bounds()
+    size = TILE_SIZE / pixels
+    return Affine(size, 0.0, xmin, 0.0, -size, ymax)

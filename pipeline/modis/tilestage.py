@@ -1,0 +1,118 @@
+"""The tile task's stage ("modis"): collection then reprojection of one (target tile, date,
+product), each step's output cached on its own, one output per requested layer.
+
+The planner has already found the granules (``granules`` param: by MODIS tile, the granule
+id and its files' hrefs). A task whose (tiles, date) the catalog does not have ends NO_DATA:
+missing data is data. The others collect their files in parallel (each fetched once from
+its archive, or read from the ``sources`` cache) — a COG per layer and per quality layer
+where the catalog has them, else the granule's HDF4 file — and warp each layer into a
+content-addressed blob in ``tiles``, so a tile some earlier request already made ends the
+task ``CACHED`` without touching a raster.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from pipeline import stages
+from pipeline.lifecycle.failures import FailureClass, StageFailure
+from pipeline.lifecycle.request import TILE_STAGE
+from pipeline.modis import collection, reprojection
+from pipeline.modis.granules import HDF, Granule, from_param
+from pipeline.modis.grid import TILE_SIZE
+from pipeline.modis.products import CATALOG, Product
+from pipeline.modis.targets import NATIVE, SINUSOIDAL_PROJ4
+from pipeline.stages import StageContext
+from pipeline.storage import cache, names
+
+
+def target_of(params: dict[str, str], layer: str | None = None) -> reprojection.Target:
+    """The warp target a tile task's parameters describe (resampled as ``layer`` wants)."""
+    product = CATALOG[params["product"]]
+    spec = product.layer(layer) if layer else product.default
+    west, south, east, north = (float(b) for b in params["bounds"].split(","))
+    bounds = (west, south, east, north)
+    if params["crs"] == NATIVE:
+        return reprojection.Target(SINUSOIDAL_PROJ4, bounds, TILE_SIZE / product.pixels, spec.resampling)
+    return reprojection.Target(params["crs"], bounds, float(params["res"]), spec.resampling)
+
+
+def layers_of(params: dict[str, str]) -> list[str]:
+    product = CATALOG[params["product"]]
+    return [name for name in params.get("layers", "").split(",") if name] or [product.default.name]
+
+
+def files_for(granule: Granule, product: Product, layer: str) -> dict[str, list[str]]:
+    """The granule's files a layer needs (key → the layers read from it): the layer's and its
+    quality layer's COGs if the catalog lists both, else the HDF4 file holding them."""
+    spec = product.layer(layer)
+    wanted = [layer] + ([spec.masked_by] if spec.masked_by else [])
+    listed = dict(granule.files)
+    if all(name in listed for name in wanted):
+        return {name: [name] for name in wanted}
+    if HDF in listed:
+        return {HDF: wanted}
+    raise StageFailure(FailureClass.BAD_SOURCE, f"{granule.id}: the catalog lists no file holding {layer}")
+
+
+@stages.stage(TILE_STAGE)
+def modis(ctx: StageContext) -> None:
+    params = ctx.params
+    product = CATALOG[params["product"]]
+    if "granules" not in params:
+        raise StageFailure(FailureClass.USER_CODE, "the task was planned without a catalog search")
+    granules = from_param(params["granules"])
+    if not granules:
+        ctx.no_data = True  # the catalog has none of its (tile, date)s: ocean, or an outage
+        return
+    layers = layers_of(params)
+    needs = {(g.id, layer): files_for(g, product, layer) for g in granules for layer in layers}
+    files: dict[tuple[str, str], list[str]] = {}  # (granule, key) -> every layer read from it
+    for (granule_id, _), keys in needs.items():
+        for key, read in keys.items():
+            files.setdefault((granule_id, key), [])
+            files[(granule_id, key)] += [name for name in read if name not in files[(granule_id, key)]]
+    by_id = {g.id: g for g in granules}
+    owner = f"{ctx.job}/{ctx.task}"
+
+    def collect(item: tuple[str, str], want_data: bool) -> cache.Cached:
+        granule_id, key = item
+        return collection.collect(ctx.clients, product, by_id[granule_id], key, files[item], want_data, owner,
+                                  retry=ctx.attempt > 1)
+
+    with ThreadPoolExecutor(len(files)) as pool:  # their digests name the outputs: no bytes needed yet
+        found = dict(zip(files, pool.map(lambda item: collect(item, False), files), strict=True))
+
+    with tempfile.TemporaryDirectory(prefix="bagpipe-") as tmp:
+        local: dict[tuple[str, str], Path] = {}
+
+        def sources(layer: str) -> list[reprojection.Source]:
+            """The layer's sources on local disk (fetched once per task, in parallel)."""
+            items = [(g.id, key) for g in granules for key in needs[(g.id, layer)] if (g.id, key) not in local]
+            with ThreadPoolExecutor(max(1, len(items))) as pool:  # those just fetched are in hand already
+                got = list(pool.map(lambda item: found[item] if found[item].data is not None else
+                                    collect(item, True), items))
+            for item, source in zip(items, got, strict=True):
+                path = Path(tmp, f"{len(local)}-{source.name.rsplit('/', 1)[-1]}")
+                path.write_bytes(source.data or b"")
+                local[item] = path
+            return [reprojection.Source(g.id, {key: local[(g.id, key)] for key in needs[(g.id, layer)]})
+                    for g in granules]
+
+        cached = True
+        for layer in layers:
+            target = target_of(params, layer)
+            digests = [found[(g.id, key)].md5.hex() for g in granules for key in needs[(g.id, layer)]]
+            key = reprojection.cache_key(target, product.name, layer, digests)
+            name = names.tile_blob(key, product.name, layer, params["tile"], params["date"])
+            made = cache.ensure(
+                ctx.clients.transfers, ctx.clients.tiles, name,
+                lambda layer=layer, target=target: reprojection.warp(  # type: ignore[misc]  # bound defaults
+                    sources(layer), product, layer, target,
+                    tags={"DATE": params["date"], "TARGET_TILE": params["tile"]}),
+                "image/tiff", want_data=False, owner=owner, tidy=ctx.attempt > 1)
+            cached = cached and not made.made
+            ctx.outputs.append(names.TILE_OUTPUT_PREFIX + name)
+        ctx.cached = cached

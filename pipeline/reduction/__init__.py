@@ -1,0 +1,2 @@
+"""Reduction: scientists' programs (declared or uploaded), and the ``reduce`` stage that runs
+one in a sandbox of its own (``sandbox``, ``jail``)."""

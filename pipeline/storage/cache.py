@@ -1,0 +1,165 @@
+"""Blobs made once: a cached source or reprojected tile is read back (and checked against its
+stored MD5); a missing one is made by exactly one of the tasks that want it at the same
+time — the one that creates its marker (create-if-absent, under ``names.MARKER_PREFIX``)
+— while the others wait for it. The maker touches its marker every :data:`TOUCH_S` while it
+works, so a marker untouched for :data:`STALE_S` is a maker that died (a killed worker): it
+is taken over, and the tasks waiting on it are held up by seconds, not minutes. A dead
+maker's marker that no task comes back for (its task was cancelled) is removed by the
+sweep (:func:`sweep_markers`): the markers share one prefix, so it lists only them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from azure.core import MatchConditions
+from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
+from azure.storage.blob import BlobClient, ContainerClient
+
+from pipeline.lifecycle.failures import FailureClass, StageFailure
+from pipeline.storage import names
+from pipeline.storage.transfer import Transfers, md5_of
+
+TOUCH_S = 5.0  # a live maker refreshes its marker this often
+STALE_S = 30.0  # a marker untouched this long belongs to a maker that died
+WAIT_S = 900.0  # the longest a task waits for another's maker
+POLL_S = 0.5
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Cached:
+    name: str
+    md5: bytes
+    data: bytes | None  # None when only its existence was asked for and it was already there
+    made: bool  # whether this call made it
+
+
+def _read(transfers: Transfers, container: ContainerClient, name: str, want_data: bool) -> Cached | None:
+    """The cached blob, or None. Asked only whether it is there, it reads its first byte:
+    a read is what storage records as an access (a look at its properties is not), and the
+    retention rule keeps a cached blob by when it was last used (``costs.keep_days``); the
+    answer carries the whole blob's MD5 all the same."""
+    try:
+        if not want_data:
+            props = container.get_blob_client(name).download_blob(offset=0, length=1).properties
+            return Cached(name, bytes(props.content_settings.content_md5 or b""), None, False)
+        data, md5 = transfers.download(container, name)
+    except ResourceNotFoundError:
+        return None
+    return Cached(name, md5, data, False)
+
+
+def ensure(transfers: Transfers, container: ContainerClient, name: str, make: Callable[[], bytes],
+           content_type: str, want_data: bool = True, owner: str = "", tidy: bool = False) -> Cached:
+    """The blob ``name``: read if it exists, else made by ``make`` — once, whoever asks.
+
+    ``owner`` (the task asking) is written on the marker. ``tidy``: the caller is a later
+    attempt of that task, so an earlier attempt may have died as this blob's maker. Its
+    marker is then taken over at once, not after :data:`STALE_S` (were it alive after all,
+    both make the same content-addressed blob, and the second upload stands down); and a
+    marker beside a blob that exists — a maker that died after its upload — is removed."""
+    marker = container.get_blob_client(names.marker_blob(name))
+    give_up = time.monotonic() + WAIT_S
+    while time.monotonic() < give_up:
+        found = _read(transfers, container, name, want_data)
+        if found is not None:
+            if tidy:
+                _remove(marker, tries=1)
+            return found
+        try:
+            marker.upload_blob(b"", overwrite=False, metadata={"owner": owner} if owner else None)
+        except ResourceExistsError:
+            _take_over_if_stale(marker, owner if tidy else "")
+            time.sleep(POLL_S)
+            continue
+        try:
+            if (found := _read(transfers, container, name, want_data)) is not None:
+                return found  # made between our read and our marker
+            with _touching(marker):
+                data = make()
+                try:
+                    md5 = transfers.upload(container, name, data, content_type, overwrite=False)
+                except ResourceExistsError:  # a maker we took for dead finished after all: same content address
+                    md5 = md5_of(data)
+            return Cached(name, md5, data, True)
+        finally:
+            _remove(marker)
+    raise StageFailure(FailureClass.OPERATION_TIMEOUT, f"waited {WAIT_S:.0f} s for {name} to be made")
+
+
+@contextmanager
+def _touching(marker: BlobClient) -> Iterator[None]:
+    """Keep the marker fresh (its Last-Modified) while the block runs."""
+    done = threading.Event()
+
+    def touch() -> None:
+        while not done.wait(TOUCH_S):
+            try:
+                marker.set_blob_metadata({"touched": f"{time.time():.0f}"})
+            except Exception as exc:  # a missed touch only risks a duplicate maker, never a wrong blob
+                log.warning("could not touch %s: %s", marker.blob_name, exc)
+
+    toucher = threading.Thread(target=touch, name="cache-marker", daemon=True)
+    toucher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        toucher.join()
+
+
+def _remove(marker: BlobClient, tries: int = 8) -> None:
+    """Delete our marker, waiting out a storage outage (a restart, a cut connection) rather
+    than leave it: a marker whose blob exists is never looked at again."""
+    for attempt in range(tries):
+        try:
+            marker.delete_blob()
+            return
+        except ResourceNotFoundError:
+            return
+        except Exception as exc:
+            if attempt == tries - 1:
+                log.warning("marker %s left behind: %s", marker.blob_name, exc)
+                return
+            time.sleep(min(2.0**attempt, 15.0))
+
+
+def _take_over_if_stale(marker: BlobClient, dead_owner: str = "") -> None:
+    """Remove the marker if its maker is dead: untouched for STALE_S, or ``dead_owner``'s."""
+    try:
+        props = marker.get_blob_properties()
+    except ResourceNotFoundError:
+        return
+    ours = bool(dead_owner) and (props.metadata or {}).get("owner") == dead_owner
+    if ours or (datetime.now(UTC) - props.last_modified).total_seconds() > STALE_S:
+        try:
+            marker.delete_blob(etag=props.etag, match_condition=MatchConditions.IfNotModified)
+        except (ResourceNotFoundError, ResourceModifiedError):
+            pass
+
+
+def sweep_markers(containers: Iterable[ContainerClient], ended: Callable[[str], bool]) -> int:
+    """Remove the markers whose maker is gone — untouched for :data:`STALE_S`, or held by an
+    owner for which ``ended`` (its task is terminal) — so that none outlives its task when
+    no other task comes to take it over. Safe even were the maker alive after all: a second
+    maker makes the same content-addressed blob, and its upload stands down. Returns how
+    many were removed."""
+    removed = 0
+    for container in containers:
+        for blob in container.list_blobs(name_starts_with=names.MARKER_PREFIX, include=["metadata"]):
+            owner = (blob.metadata or {}).get("owner", "")
+            stale = (datetime.now(UTC) - blob.last_modified).total_seconds() > STALE_S
+            if stale or (owner and ended(owner)):
+                try:
+                    container.delete_blob(blob.name, etag=blob.etag, match_condition=MatchConditions.IfNotModified)
+                    removed += 1
+                except (ResourceNotFoundError, ResourceModifiedError):
+                    pass
+    return removed

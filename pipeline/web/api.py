@@ -1,0 +1,220 @@
+"""The request API: one FastAPI app, served by uvicorn on the local stack and through the
+Functions ASGI middleware in Azure.
+
+Every ``/api`` endpoint but ``/api/auth`` wants a signed-in user (``pipeline.web.auth``: a
+personal API token, or in Azure an Entra sign-in); a job is its owner's (an admin's is
+every job), and another user's job is answered as one that does not exist. Users, tokens
+and the audit trail are in ``pipeline.web.accounts``; uploaded reducers in ``pipeline.web.uploads``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from azure.core.exceptions import ServiceRequestError, ServiceResponseError
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from pipeline.lifecycle import costs, jobs, results
+from pipeline.lifecycle.request import JobRequest, RequestError, expand
+from pipeline.lifecycle.status import JobState
+from pipeline.reduction import bundles, registry
+from pipeline.settings import Settings
+from pipeline.storage.clients import clients_for
+from pipeline.web import accounts, audit, auth, stacapi, uploads
+from pipeline.web.identity import Caller, IdentityError
+from pipeline.web.portal import add_portal
+
+MAX_BODY_BYTES = 64 * 1024
+# routes (method, path) whose body may be larger: a reducer bundle's upload
+LARGE_BODIES = {("POST", uploads.UPLOAD_PATH): bundles.MAX_UPLOAD}
+
+
+class FieldError(BaseModel):
+    field: str  # dotted path into the request body, e.g. "region.bbox.0"
+    message: str
+
+
+class ErrorBody(BaseModel):
+    """Every 4xx: what was wrong and, for a request body, which field. Some errors add
+    figures (a request over the task limit says how many tasks it would make)."""
+
+    model_config = ConfigDict(extra="allow")
+    detail: str
+    field: str | None = None
+    errors: list[FieldError] | None = None
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": why}
+    for code, why in ((400, "Bad parameter"), (401, "Not signed in: no valid API token or sign-in"),
+                      (403, "Signed in, but not allowed"), (404, "No such job (or not yours)"),
+                      (409, "Not in a state that allows it"), (413, "Request body too large"),
+                      (503, "Storage unavailable: retry after the Retry-After seconds"),
+                      (422, "Invalid request: the field and what is wrong with it"))
+}
+
+
+class BodyLimit:
+    """Refuse request bodies over a size with 413, before anything reads them whole: the
+    ``limit`` for every route but those ``larger`` names (method, path), which have their own."""
+
+    def __init__(self, app: ASGIApp, limit: int, larger: dict[tuple[str, str], int] | None = None) -> None:
+        self.app, self.limit, self.larger = app, limit, larger or {}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.larger.get((scope["method"], scope["path"]), self.limit)
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            await self._refuse(send, limit)
+            return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, counted, send)
+        except _TooLarge:
+            await self._refuse(send, limit)
+
+    async def _refuse(self, send: Send, limit: int) -> None:
+        response = JSONResponse({"detail": f"request body larger than {limit} bytes", "field": "body"}, 413)
+        await response({"type": "http"}, _no_receive, send)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _no_receive() -> Message:
+    return {"type": "http.disconnect"}
+
+
+def create_app(settings: Settings) -> FastAPI:
+    """The API for one deployment."""
+    clients = clients_for(settings)
+    signed_in = auth.authenticator(clients)
+
+    app = FastAPI(
+        title="bagpipe",
+        description="Bag-of-tasks processing of MODIS imagery on Azure.",
+        openapi_url="/api/openapi.json",
+        docs_url="/api/docs",
+        redoc_url=None,
+        responses=ERRORS,
+    )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        body = exc.detail if isinstance(exc.detail, dict) else {"detail": exc.detail}
+        return JSONResponse(body, exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(RequestError)
+    async def _request_error(_: Request, exc: RequestError) -> JSONResponse:
+        return JSONResponse({"detail": exc.message, "field": exc.field, **exc.extra}, exc.status)
+
+    @app.exception_handler(IdentityError)
+    async def _identity_error(_: Request, exc: IdentityError) -> JSONResponse:
+        return JSONResponse({"detail": exc.message, "field": exc.field}, exc.status)
+
+    @app.exception_handler(bundles.BundleError)
+    async def _bundle_error(_: Request, exc: bundles.BundleError) -> JSONResponse:
+        return JSONResponse({"detail": exc.message, "field": exc.field}, 422)
+
+    @app.exception_handler(ServiceRequestError)
+    @app.exception_handler(ServiceResponseError)
+    async def _storage_down(_: Request, exc: Exception) -> JSONResponse:
+        """Storage unreachable (restarting, a network fault): say so, and when to retry."""
+        return JSONResponse({"detail": f"storage is unavailable, retry shortly ({type(exc).__name__})"}, 503,
+                            headers={"Retry-After": "5"})
+
+    @app.exception_handler(jobs.JobNotFound)
+    async def _no_job(_: Request, exc: jobs.JobNotFound) -> JSONResponse:
+        return JSONResponse({"detail": f"no job {exc.args[0]!r}"}, 404)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {"field": ".".join(str(p) for p in e["loc"] if p != "body") or "body", "message": e["msg"]}
+            for e in exc.errors()
+        ]
+        detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
+        return JSONResponse({"detail": detail, "field": errors[0]["field"], "errors": errors}, 422)
+
+    @app.post("/api/jobs", status_code=202)
+    def submit(request: JobRequest, caller: Caller = Depends(signed_in)) -> dict[str, Any]:
+        """Submit a processing request; it is planned into tasks asynchronously."""
+        program = registry.resolve(clients, caller.user, request.reducer.name) if request.reducer else None
+        row = jobs.submit(clients, request, owner=caller.user.name, program=program)
+        job = row["PartitionKey"]
+        if program is not None:
+            registry.record_use(clients, program, job, caller.user.name)
+        audit.record(clients, caller.user.name, "job.submit", job, {"tasks": row["Total"]}
+                     | ({"reducer": program.label, "digest": program.digest} if program and program.digest else {}))
+        return {"job": job, "state": row["State"], "total": row["Total"]}
+
+    @app.post("/api/estimate")
+    def estimate(request: JobRequest, caller: Caller = Depends(signed_in)) -> dict[str, Any]:
+        """How many tasks a request would make, their compute time (from the runtime history)
+        and what they would cost at Azure's public prices, without submitting it."""
+        program = registry.resolve(clients, caller.user, request.reducer.name) if request.reducer else None
+        specs = expand(request, settings.max_tasks, program=program)
+        return costs.estimate(clients.runtimes, specs, settings.min_samples) | {"limit": settings.max_tasks}
+
+    @app.get("/api/jobs")
+    def list_jobs(limit: int = 50, all: bool = False, caller: Caller = Depends(signed_in)) -> list[dict[str, Any]]:
+        """My jobs, the newest first (an admin's ``all=true``: everyone's)."""
+        if not 1 <= limit <= 500:
+            raise HTTPException(400, "limit must be between 1 and 500")
+        if all and not caller.user.admin:
+            raise HTTPException(403, "only an admin may list every user's jobs")
+        return [
+            {"job": r["PartitionKey"], "state": r["State"], "label": r.get("Label", ""), "owner": r.get("Owner", ""),
+             "total": r["Total"], "created": r["CreatedAt"].isoformat()}
+            for r in jobs.list_jobs(clients, limit, owner=None if all else caller.user.name)
+        ]
+
+    @app.get("/api/jobs/{job_id}")
+    def job_status(job_id: str, caller: Caller = Depends(signed_in)) -> dict[str, Any]:
+        """State, task counts per status, failure classes, progress and timestamps."""
+        jobs.get_for(clients, job_id, caller.user)
+        return jobs.status(clients, job_id)
+
+    @app.post("/api/jobs/{job_id}/cancel", status_code=202)
+    def cancel(job_id: str, caller: Caller = Depends(signed_in)) -> dict[str, Any]:
+        """Cancel a job: no task starts after this; the job ends CANCELLED."""
+        row = jobs.get_for(clients, job_id, caller.user)
+        if JobState(row["State"]).finished:
+            raise HTTPException(409, f"job {job_id} already finished: {row['State']}")
+        row = jobs.cancel(clients, job_id, owner=f"api-cancel-{job_id}")
+        audit.record(clients, caller.user.name, "job.cancel", job_id)
+        return {"job": job_id, "state": row["State"]}
+
+    @app.get("/api/jobs/{job_id}/results")
+    def job_results(job_id: str, caller: Caller = Depends(signed_in)) -> dict[str, Any]:
+        """The manifest of a finished job, with short-lived download links."""
+        row = jobs.get_for(clients, job_id, caller.user)
+        found = results.manifest(clients, job_id)
+        if found is None or not JobState(row["State"]).finished:
+            raise HTTPException(409, f"job {job_id} has not finished: {row['State']}")
+        return results.with_links(clients, job_id, found)
+
+    add_portal(app, clients, signed_in)
+    accounts.add_routes(app, clients, signed_in)
+    stacapi.add_routes(app, clients, signed_in)
+    uploads.add_routes(app, clients, signed_in)
+    # the ASGI app served is FastAPI behind its body limit; callers only serve it
+    return BodyLimit(app, MAX_BODY_BYTES, LARGE_BODIES)  # type: ignore[return-value]  # an ASGI app, as FastAPI is

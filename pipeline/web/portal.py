@@ -1,0 +1,65 @@
+"""The web portal: its static page (``/``, ``/portal/…``) and the API routes only it needs
+(how to sign in, the catalog of products and reducers, a job's page data, its
+quick-looks), on the same app as the request API so it works wherever the API runs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fastapi import Depends, FastAPI
+from fastapi.responses import FileResponse
+from fastapi.staticfiles import StaticFiles
+
+from pipeline.lifecycle import jobs
+from pipeline.modis.products import CATALOG
+from pipeline.reduction import registry
+from pipeline.storage.clients import Clients
+from pipeline.web import auth, jobview
+from pipeline.web.identity import Caller
+
+STATIC = Path(__file__).resolve().parents[2] / "portal"
+
+
+def add_portal(app: FastAPI, clients: Clients, signed_in: Callable[..., Caller]) -> None:
+    @app.get("/", include_in_schema=False)
+    @app.get("/portal/", include_in_schema=False)  # in Azure: the anonymous route of the page
+    def index() -> FileResponse:
+        return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
+
+    app.mount("/portal", StaticFiles(directory=STATIC), name="portal")
+
+    @app.get("/api/auth")
+    def sign_in_methods() -> dict[str, Any]:
+        """How to sign in here: a personal API token, and in Azure the platform's Entra
+        sign-in (open to all: it holds no data)."""
+        return auth.methods(clients)
+
+    @app.get("/api/catalog")
+    def catalog(caller: Caller = Depends(signed_in)) -> dict[str, Any]:
+        """The products, and the reducers a request of mine may name: the installed ones,
+        my uploads and those shared with me (their latest versions)."""
+        found = registry.catalog_for(clients, caller.user)
+        uploaded = [{"name": r["name"] if r["owner"] == caller.user.name else f"{r['owner']}/{r['name']}",
+                     "description": r["description"], "version": r["version"], "digest": r["digest"]}
+                    for r in found["mine"] + found["shared"]]
+        return {
+            "products": [{"name": p.name, "title": p.title, "period_days": p.period_days}
+                         for p in CATALOG.values()],
+            "reducers": found["installed"] + uploaded,
+            "max_tasks": clients.settings.max_tasks,
+        }
+
+    @app.get("/api/jobs/{job_id}/view")
+    def job_view(job_id: str, caller: Caller = Depends(signed_in)) -> dict[str, Any]:
+        """The job page: status, tiles with their states, runtimes and the kill threshold,
+        failed attempts with log links, time left."""
+        jobs.get_for(clients, job_id, caller.user)  # 404 if there is no such job of mine
+        return jobview.view(clients, job_id)
+
+    @app.get("/api/jobs/{job_id}/quicklooks")
+    def job_quicklooks(job_id: str, caller: Caller = Depends(signed_in)) -> list[dict[str, Any]]:
+        """The finished job's PNG quick-looks, with links and their lon/lat bounds."""
+        jobs.get_for(clients, job_id, caller.user)
+        return jobview.quicklooks(clients, job_id)
