@@ -83,7 +83,7 @@ TODAY: tuple[Call, ...] = (
     # the tile task whose commit counts its reduction's last tile off sends the reduction's message
     Call("reduction release: send message", "send", QUEUE, END,
          lambda q: _if_reductions(q) / max(1.0, q["tiles_per_reduction"]), kinds=TILE_KINDS),
-    # Worker.after_terminal's look at the job: its row, and every writer's counter row
+    # progress.Watch.task_ended's look at the job: its row, and every writer's counter row
     Call("look: job row", "get", JOB, LOOK),
     Call("look: counter rows", "query", ALL, LOOK, 1, lambda q: q["writers"]),
     # the lease every third of it (Lease._run): renew, still held?, move the deadline entry

@@ -248,7 +248,7 @@ class Model:
             event.succeed()
 
     def ended(self, proc: Proc, task: int, kind: object) -> Generator[simpy.Event, None, None]:
-        """Worker.after_terminal: the task counted; its reduction released if it was the
+        """progress.Watch.task_ended: the task counted; its reduction released if it was the
         reduction's last tile; the job looked at (at most every second while it releases,
         after every task once all are released) and its window topped up."""
         self.done += 1

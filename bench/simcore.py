@@ -28,7 +28,8 @@ FETCH, CLAIM, END, LOOK, BEAT, RELEASE, SWEEP, PLAN, FINISH = (
 # targets: what a call loads
 TASK, ALL, JOB, RUNTIMES, QUEUE, BLOB = (
     "task partition", "every partition", "job row", "runtimes partition", "queue", "blob")
-# the code's own constants the model follows (worker.runner, pipeline.lifecycle.planner, pipeline.lifecycle.dispatch)
+# the code's own constants the model follows (pipeline.lifecycle.progress, worker.runner,
+# pipeline.lifecycle.planner, pipeline.lifecycle.dispatch)
 JOB_CHECK_S = 1.0  # a worker looks at its job at most this often while it still releases
 AHEAD_BELOW_S = 1.0  # receive ahead of free slots while attempts are shorter than this
 IDLE_SLEEP_S = 0.5  # every shard empty: a worker waits this long

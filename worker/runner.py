@@ -30,13 +30,11 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from azure.storage.queue import QueueClient, QueueMessage
 
 from pipeline import telemetry
-from pipeline.lifecycle import health, jobs, planner, policy, runtimes, tasks, transitions
-from pipeline.lifecycle.completion import all_terminal
+from pipeline.lifecycle import health, policy, progress, runtimes, tasks, transitions
 from pipeline.lifecycle.failures import FailureClass
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.redact import redact
@@ -49,8 +47,6 @@ from worker.lease import Lease
 
 log = logging.getLogger(__name__)
 
-JOB_CHECK_S = 1.0  # while a job still has tasks to release, look at its window this often
-FORGET_JOBS_AFTER = 1000  # jobs whose last look this worker remembers
 MAX_RECEIVE = 32  # messages one receive may return (the service's limit)
 AHEAD_BELOW_S = 1.0  # receive ahead of free slots while attempts take less than this (moving mean)
 AHEAD_HOLD_S = 2.0  # a message received ahead that waits this long is handed back
@@ -92,9 +88,7 @@ class Worker:
         self.stopping = threading.Event()
         self.draining = threading.Event()  # found slow: give up what is in hand, then exit
         self.history = runtimes.RuntimeBook(self.clients.runtimes)
-        # per job: when this worker last read its row and counters, and the row it read
-        # (once it says every tile task is released, every task may be the job's last)
-        self._looked: dict[str, tuple[float, dict[str, Any] | None]] = {}
+        self.progress = progress.Watch(self.clients)  # what follows for a job when a task ends here
         self._free = threading.Semaphore(slots)
         self._slots = [Slot(tasks.TerminalCounter(health.slot_writer(self.id, i))) for i in range(slots)]
         self._slot_pool: list[Slot] = list(self._slots)
@@ -340,7 +334,7 @@ class Worker:
                     if expected:
                         with self._pool_lock:
                             self._ratios.append(seconds / expected)
-                self.after_terminal(held)
+                self.progress.task_ended(held.ref.job)
             return
         failure = outcome.failure or FailureClass.UNKNOWN
         retry = policy.retry(self.settings, held.stage, failure, held.ref.attempt, held.last_failure)
@@ -355,7 +349,7 @@ class Worker:
         else:
             lease.delete()
             if after is TaskStatus.DEAD:
-                self.after_terminal(held)
+                self.progress.task_ended(held.ref.job)
 
     def run_stage(self, held: transitions.Claim, lease: Lease, slot: Slot) -> Outcome:
         """Run the attempt's stage in the slot's stage process (its own process group);
@@ -376,39 +370,6 @@ class Worker:
             if self.draining.is_set():  # found slow: a healthy worker runs it sooner
                 process.kill(self.settings.kill_grace_s)
                 return Outcome(failure=FailureClass.WORKER_SLOW, error=f"worker {self.id} found slow: given up")
-
-    def after_terminal(self, held: transitions.Claim) -> None:
-        """A task ended: top up the window, and announce completion if it was the job's
-        last (a reduction waiting for it was counted off, and released if it was the last,
-        by the transition that ended it).
-
-        While the job still has tile tasks to release, none can be its last, and the window
-        needs a look only now and then (it is topped up a quarter at a time): this worker
-        reads the job row and counters at most every JOB_CHECK_S then; once all are
-        released, the counters after every task (the row it last read has all it needs
-        then). The sweep tops up and completes jobs too."""
-        job = held.ref.job
-        with self._pool_lock:
-            looked_at, known = self._looked.get(job, (-JOB_CHECK_S, None))
-            all_released = known is not None and int(known["Released"]) >= int(known.get("Tiles", known["Total"]))
-            if not all_released and time.monotonic() - looked_at < JOB_CHECK_S:
-                return
-            self._looked[job] = (time.monotonic(), known)
-        row = known if all_released else jobs.get(self.clients, job)
-        done = sum(tasks.terminal_counts(self.clients.tasks, job).values())
-        if row is not None and all_terminal(self.clients, row, done):
-            jobs.announce_done(self.clients, job)
-            with self._pool_lock:
-                self._looked.pop(job, None)
-            return
-        if not all_released:
-            planner.release(self.clients, job, min_room=0.25, row=row, done=done)
-        with self._pool_lock:
-            self._looked[job] = (time.monotonic(), row)
-            if len(self._looked) > FORGET_JOBS_AFTER:  # jobs finished by other workers
-                oldest = sorted(self._looked, key=lambda j: self._looked[j][0])
-                for gone in oldest[: len(oldest) // 2]:
-                    del self._looked[gone]
 
     def poison(self, queue: QueueClient, message: QueueMessage, why: str) -> None:
         record = {

@@ -17,8 +17,7 @@ from typing import Any
 
 from azure.core.exceptions import ResourceNotFoundError
 
-from pipeline.lifecycle import attempts, jobs, policy, transitions
-from pipeline.lifecycle.completion import all_terminal
+from pipeline.lifecycle import attempts, policy, progress, transitions
 from pipeline.lifecycle.failures import FailureClass
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.lifecycle.tasks import TaskRef, TerminalCounter, now
@@ -54,5 +53,5 @@ def revoke_overdue(clients: Clients, job: str, report: SweepReport) -> None:
         report.revoked.append({"job": ref.job, "task": ref.task, "attempt": ref.attempt,
                                "why": why.value, "then": outcome.value})
         log.warning("revoked %s (%s): task now %s", ref, why.value, outcome.value)
-        if outcome is TaskStatus.DEAD and all_terminal(clients, jobs.get(clients, ref.job)):
-            jobs.announce_done(clients, ref.job)
+        if outcome is TaskStatus.DEAD:
+            progress.task_ended(clients, ref.job)

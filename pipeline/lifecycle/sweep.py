@@ -22,7 +22,7 @@ from datetime import timedelta
 
 from azure.core.exceptions import ResourceNotFoundError
 
-from pipeline.lifecycle import completion, dispatch, health, jobs, monitor, planner, transitions
+from pipeline.lifecycle import completion, dispatch, health, jobs, monitor, planner, progress
 from pipeline.lifecycle.notify import Mailer
 from pipeline.lifecycle.status import JobState, TaskStatus
 from pipeline.lifecycle.tasks import TerminalCounter, message_bytes
@@ -87,13 +87,7 @@ def _sweep_job(clients: Clients, job: str, report: monitor.SweepReport, done: Co
     if state is JobState.ACCEPTED:
         done["replanned"] += jobs.replan_stale(clients, row)
         return
-    if state is JobState.RUNNING:
-        planner.release(clients, job)  # (a reduction is released by its last tile task's end)
-    elif state is JobState.CANCELLING:
-        transitions.cancel(clients, job, _counter)
-    if completion.due(clients, jobs.get(clients, job)):
-        jobs.announce_done(clients, job)
-        done["announced"] += 1
+    done["announced"] += progress.follow_up(clients, _counter, job, row)
 
 
 def job_of_message(body: bytes | str) -> str:

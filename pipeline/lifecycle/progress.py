@@ -1,0 +1,105 @@
+"""A task ended: what follows for its job. One module for whoever sees it end — the worker
+that committed or failed it, the monitor that revoked it for good, the sweep's periodic pass.
+
+The transition that ended the task has already counted it off its job (its terminal
+counter) and released a reduction waiting on it (its dependency counter). What is left is
+the job's: top up its window of released tasks, and, once every task is terminal, announce
+the completion (one ``done`` message; the finisher it wakes sends the one email, under its
+lease). Announcing is idempotent and so is topping up: the worker, the monitor and the
+sweep may all do it for the same task, and a process that dies before it does leaves it to
+the sweep's next pass.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from pipeline.lifecycle import completion, jobs, planner, tasks, transitions
+from pipeline.lifecycle.status import JobState
+from pipeline.storage.clients import Clients
+
+JOB_CHECK_S = 1.0  # while a job still has tasks to release, a worker looks at its window this often
+FORGET_JOBS_AFTER = 1000  # jobs whose last look a worker remembers
+TOP_UP_SHARE = 0.25  # after a task's end, the window is topped up once this share of it has drained
+
+
+def all_released(row: dict[str, Any]) -> bool:
+    """Whether the planner has released every tile task of the job (reductions are released
+    by their dependencies, not by the window)."""
+    return int(row["Released"]) >= int(row.get("Tiles", row["Total"]))
+
+
+def task_ended(clients: Clients, job: str, row: dict[str, Any] | None = None, done: int | None = None) -> bool:
+    """One of ``job``'s tasks ended: announce the job done if that was its last, else top up
+    its window. ``row`` and ``done`` (the job row and its terminal count) spare the reads
+    when the caller has just made them. Returns whether it announced."""
+    return _follow(clients, job, row, done)[0]
+
+
+def _follow(clients: Clients, job: str, row: dict[str, Any] | None, done: int | None,
+            released: bool = False) -> tuple[bool, bool]:
+    """``task_ended``, and whether every tile task is released once it is done (``released``:
+    the caller knows they all were, though ``row`` was read before the last were)."""
+    row = row if row is not None else jobs.get(clients, job)
+    if done is None:
+        done = sum(tasks.terminal_counts(clients.tasks, job).values())
+    if completion.all_terminal(clients, row, done):
+        jobs.announce_done(clients, job)
+        return True, True
+    if released or all_released(row):
+        return False, True
+    count = planner.release(clients, job, min_room=TOP_UP_SHARE, row=row, done=done)
+    return False, int(row["Released"]) + count >= int(row.get("Tiles", row["Total"]))
+
+
+def follow_up(clients: Clients, counter: tasks.TerminalCounter, job: str, row: dict[str, Any]) -> bool:
+    """The sweep's pass over one unfinished, planned job: top up the window of a running job,
+    go on with a cancellation, and announce a completion nobody made (a worker that died
+    between its commit and its announcement, a finisher that died). ``counter`` counts the
+    tasks a cancellation ends. Returns whether it announced."""
+    state = JobState(row["State"])
+    if state is JobState.RUNNING:
+        planner.release(clients, job)
+    elif state is JobState.CANCELLING:
+        transitions.cancel(clients, job, counter)
+    if completion.due(clients, jobs.get(clients, job)):
+        jobs.announce_done(clients, job)
+        return True
+    return False
+
+
+class Watch:
+    """A worker's follow-up of the tasks it ends, at a small, bounded cost per task.
+
+    While a job still has tile tasks to release, none of its tasks can be its last, and the
+    window needs a look only now and then (it is topped up a quarter at a time): the worker
+    reads the job row and counters at most every ``JOB_CHECK_S`` then. Once it has seen all
+    released (or released the last itself), it reads the counters after every task, with the
+    row it last read (which has all that needs), so the job's last task is announced at once."""
+
+    def __init__(self, clients: Clients) -> None:
+        self.clients = clients
+        self._lock = threading.Lock()
+        # per job: when this worker last looked, the row it read, and whether all were released
+        self._looked: dict[str, tuple[float, dict[str, Any] | None, bool]] = {}
+
+    def task_ended(self, job: str) -> None:
+        with self._lock:
+            looked_at, known, released = self._looked.get(job, (-JOB_CHECK_S, None, False))
+            if not released and time.monotonic() - looked_at < JOB_CHECK_S:
+                return
+            self._looked[job] = (time.monotonic(), known, released)
+        row = known if released and known is not None else jobs.get(self.clients, job)
+        done = sum(tasks.terminal_counts(self.clients.tasks, job).values())
+        announced, released = _follow(self.clients, job, row, done, released)
+        with self._lock:
+            if announced:
+                self._looked.pop(job, None)
+                return
+            self._looked[job] = (time.monotonic(), row, released)
+            if len(self._looked) > FORGET_JOBS_AFTER:  # jobs finished by other workers
+                oldest = sorted(self._looked, key=lambda j: self._looked[j][0])
+                for gone in oldest[: len(oldest) // 2]:
+                    del self._looked[gone]

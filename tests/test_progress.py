@@ -1,0 +1,113 @@
+"""What follows for a job when one of its tasks ends (``pipeline.lifecycle.progress``), against
+a real Azurite: the window is topped up as tasks end, the last task's end announces the job
+once, a worker looks at a job's window at most every JOB_CHECK_S while it still releases but
+sees its last task at once, and the sweep goes on with a cancellation and announces it."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+
+from pipeline.lifecycle import jobs, progress, sweep, tasks, transitions
+from pipeline.lifecycle.status import JobState, TaskStatus
+from pipeline.settings import Settings
+from pipeline.storage.clients import Clients
+from tests.conftest import in_an_hour
+from tests.test_worker import planned_job, receive_one
+
+WINDOW = 2  # the job's 8 tasks go out two at a time
+
+
+@pytest.fixture
+def narrow(settings: Settings) -> Clients:
+    found = Clients(dataclasses.replace(settings, window=WINDOW, lease_seconds=1))
+    found.ensure_resources()
+    return found
+
+
+def _end_one(clients: Clients, counter: tasks.TerminalCounter, job: str) -> None:
+    """Take one of the job's released tasks, run nothing, and commit it (as a worker would);
+    messages of other jobs' cancelled tasks are settled on the way, as a worker settles them."""
+    while True:
+        queue, message = receive_one(clients)
+        ref = tasks.TaskRef.decode(message.content)
+        held = transitions.claim(clients, ref, "test", in_an_hour) if ref.job == job else None
+        if held is None:
+            queue.delete_message(message)
+            continue
+        assert transitions.commit(clients, counter, held, TaskStatus.SUCCEEDED, [])
+        queue.delete_message(message)
+        return
+
+
+def _announced(clients: Clients, job: str) -> int:
+    return sum(sweep.job_of_message(m.content) == job for m in clients.done_queue.peek_messages(max_messages=32))
+
+
+def _released(clients: Clients, job: str) -> int:
+    return int(jobs.get(clients, job)["Released"])
+
+
+def test_each_end_tops_up_the_window_and_only_the_last_announces(narrow: Clients) -> None:
+    job = planned_job(narrow)
+    total = int(jobs.get(narrow, job)["Total"])
+    assert total == 8 and _released(narrow, job) == WINDOW
+    counter = tasks.TerminalCounter("test")
+    for ended in range(1, total + 1):
+        _end_one(narrow, counter, job)
+        announced = progress.task_ended(narrow, job)
+        assert announced == (ended == total)
+        assert _released(narrow, job) == min(total, ended + WINDOW)  # the window is full again
+        assert _announced(narrow, job) == (ended == total)
+    assert sum(tasks.terminal_counts(narrow.tasks, job).values()) == total
+
+
+def test_a_worker_looks_at_a_releasing_job_now_and_then_and_at_its_last_task_at_once(
+    narrow: Clients, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(progress, "JOB_CHECK_S", 0.5)
+    job = planned_job(narrow)
+    watch = progress.Watch(narrow)
+    counter = tasks.TerminalCounter("test")
+    _end_one(narrow, counter, job)
+    watch.task_ended(job)  # the first look: one task ended, one more released
+    assert _released(narrow, job) == 3
+    _end_one(narrow, counter, job)
+    watch.task_ended(job)  # within JOB_CHECK_S of the last look: no look
+    assert _released(narrow, job) == 3
+    time.sleep(0.5)
+    watch.task_ended(job)  # the next look sees both ends
+    assert _released(narrow, job) == 4
+    ended = 2
+    while _released(narrow, job) < 8:  # the look that releases the last tile task knows it
+        time.sleep(0.5)
+        _end_one(narrow, counter, job)
+        ended += 1
+        watch.task_ended(job)
+    while ended < 8:  # from then on every end is looked at, however soon after the last
+        assert _announced(narrow, job) == 0
+        _end_one(narrow, counter, job)
+        ended += 1
+        watch.task_ended(job)
+    assert _announced(narrow, job) == 1
+
+
+def test_the_sweep_goes_on_with_a_cancellation_and_announces_it(narrow: Clients) -> None:
+    job = planned_job(narrow)
+    row = jobs.get(narrow, job)
+    row = jobs.update(narrow, row, State=JobState.CANCELLING.value)
+    swept = tasks.TerminalCounter("sweep-test")
+    # the first pass cancels every task; the job, just changed, may still be someone's to finish
+    assert not progress.follow_up(narrow, swept, job, row)
+    statuses = {r["Status"] for r in tasks.list_tasks(narrow.tasks, job)}
+    assert statuses == {TaskStatus.CANCELLED.value} and _announced(narrow, job) == 0
+    time.sleep(narrow.settings.lease_seconds + 0.5)  # nobody announced it: the next pass does
+    assert progress.follow_up(narrow, swept, job, jobs.get(narrow, job))
+    assert _announced(narrow, job) == 1
+    # a running job with room in its window is topped up, and not announced
+    other = planned_job(narrow)
+    _end_one(narrow, tasks.TerminalCounter("test"), other)
+    assert not progress.follow_up(narrow, swept, other, jobs.get(narrow, other))
+    assert _released(narrow, other) == WINDOW + 1 and _announced(narrow, other) == 0
