@@ -39,7 +39,7 @@ import httpx
 from bagpipe.azurite import ACCOUNT, ACCOUNT_KEY, Azurite
 from bagpipe.stack import LocalStack
 from bagpipe.toxiproxy import Toxiproxy
-from pipeline.lifecycle import attempts, tasks
+from pipeline.lifecycle import attempts, jobs, tasks
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
@@ -153,7 +153,7 @@ def _strike(stack: LocalStack, azurite: Azurite, proxy: Toxiproxy, progress: Cal
 
 def jobs_state(clients: Clients, job: str) -> str:
     try:
-        return str(clients.jobs.get_entity(job, names.JOB_ROW)["State"])
+        return jobs.get(clients, job).state.value
     except Exception as exc:
         return f"unreadable ({type(exc).__name__})"
 

@@ -195,7 +195,7 @@ class Run:
     def api_submit(self, body: dict[str, Any]) -> None:
         row = self._as("api", lambda: jobs.submit(self._clients_of("api"), JobRequest.model_validate(body)))
         if row is not None:
-            self.jobs.append(row["PartitionKey"])
+            self.jobs.append(row.job)
 
     def api_cancel(self, job: str) -> None:
         self._as("api", lambda: jobs.cancel(self._clients_of("api"), job, owner=f"api-cancel-{job}"))
@@ -271,7 +271,7 @@ class Run:
         with self.quiet():
             clients = Clients(self.settings)
             found = self.known_jobs(clients)
-            return bool(found) and all(JobState(jobs.get(clients, j)["State"]).finished for j in found)
+            return bool(found) and all(jobs.get(clients, j).state.finished for j in found)
 
     def known_jobs(self, clients: Clients) -> list[str]:
         """Every job storage holds (a submit that crashed may have made one)."""
@@ -300,12 +300,12 @@ class Run:
         mails = [m for _, m in self.mail.messages()]
         for job in self.known_jobs(clients):
             row = jobs.get(clients, job)
-            if not JobState(row["State"]).finished:
+            if not row.state.finished:
                 found["stuck_jobs"] += 1
-                problems.append(f"{job} {row['State']}")
-            elif row["State"] == JobState.FAILED.value:  # every fault is transient: retries must absorb it
+                problems.append(f"{job} {row.state.value}")
+            elif row.state is JobState.FAILED:  # every fault is transient: retries must absorb it
                 found["failed_jobs"] += 1
-                problems.append(f"{job} FAILED: {row.get('Error') or 'a task is DEAD'}")
+                problems.append(f"{job} FAILED: {row.error or 'a task is DEAD'}")
             rows = tasks.list_tasks(clients.tasks, job)
             tried = [r for r in clients.tasks.query_entities(
                 "PartitionKey eq @pk and RowKey ge @lo and RowKey lt @hi",
@@ -325,16 +325,16 @@ class Run:
                                     f"committed {[a['Attempt'] for a in committed]}")
             indexes = (names.DEADLINE_PREFIX, names.DISPATCH_PREFIX)
             left = [r["RowKey"] for r in tried if r["RowKey"].startswith(indexes)]
-            if left and JobState(row["State"]).finished:
+            if left and row.state.finished:
                 found["leftovers"] += len(left)
                 problems.append(f"{job} index rows left: {left[:3]}")
             ids = {m["Message-ID"] for m in mails if job in str(m["Subject"])}
-            if JobState(row["State"]).finished and not ids:
+            if row.state.finished and not ids:
                 found["missing_emails"] += 1
                 problems.append(f"{job}: no email")
             found["extra_emails"] += max(0, len(ids) - 1)
             found["resent_emails"] += max(0, sum(job in str(m["Subject"]) for m in mails) - len(ids))
-            if job in jobs.active_jobs(clients) and JobState(row["State"]).finished:
+            if job in jobs.active_jobs(clients) and row.state.finished:
                 problems.append(f"{job} finished but still active")
                 found["leftovers"] += 1
         markers = [b.name for c in (clients.tiles, clients.sources)

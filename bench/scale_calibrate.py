@@ -292,7 +292,7 @@ def worker_per_task(connection: str, server_pid: int, costs: dict[str, Cost], n:
         settings = settings_for(connection, "wrk")
         clients = clients_for(settings)
         clients.ensure_resources()
-        job = jobs.submit(clients, JobRequest.model_validate(request_of(n)))["PartitionKey"]
+        job = jobs.submit(clients, JobRequest.model_validate(request_of(n))).job
         planner.plan(clients, job)
         worker = Worker(settings, slots=1)
         worker.warm()

@@ -37,7 +37,7 @@ from typing import Any
 from bagpipe.azurite import Azurite
 from pipeline.lifecycle import attempts, jobs, rollups, tasks
 from pipeline.lifecycle.request import JobRequest, expand
-from pipeline.lifecycle.status import TaskStatus
+from pipeline.lifecycle.status import JobState, TaskStatus
 from pipeline.settings import Settings
 from pipeline.storage import clients as clients_module
 from pipeline.storage import names
@@ -63,10 +63,10 @@ def build(clients: Clients, size: int) -> str:
     specs = expand(request, 10**7)[:size]
     job = jobs.new_job_id(tasks.now())
     created = tasks.now() - timedelta(hours=1)
-    clients.jobs.create_entity({
-        "PartitionKey": job, "RowKey": names.JOB_ROW, "Request": request.model_dump_json(), "State": "RUNNING",
-        "Total": size, "Tiles": size, "Planned": size, "Released": size, "CreatedAt": created,
-        "UpdatedAt": created, "Label": f"{size} no-op tasks", "Owner": "bench", "Program": ""})
+    clients.jobs.create_entity(jobs.JobRow(
+        job=job, request=request.model_dump_json(), state=JobState.RUNNING, total=size, tiles=size, planned=size,
+        released=size, created_at=created, updated_at=created, label=f"{size} no-op tasks", owner="bench",
+    ).to_entity())
     clients.tasks.upsert_entity(rollups.plan_row(job, specs))
     dead = set(random.Random(size).sample(range(size), min(DIED, size)))
     release = rollups.Moves()

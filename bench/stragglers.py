@@ -145,7 +145,7 @@ def run(azurite: Azurite, home: Path, namespace: str, model: Model, stage: str, 
         try:
             # The job row alone (one read): a full status reads every task row and would load
             # the storage the run is measured against.
-            while jobs.get(clients, job)["State"] not in ("SUCCEEDED", "FAILED", "CANCELLED"):
+            while not jobs.get(clients, job).state.finished:
                 if slow is not None and not slow.is_alive() and time.monotonic() - started >= model.slow_after_s:
                     slow.start()
                 if time.monotonic() - shown > 15:

@@ -254,7 +254,7 @@ def test_a_c_and_a_python_reducer_uploaded_and_run_end_to_end(
                                     headers=signed(token)).json()["job"] for name in made}
         with running_control(mine), running_workers(mine, 1, slots=2):
             for job in submitted.values():
-                wait_for(lambda job=job: jobs.get(clients, job)["State"] in ("SUCCEEDED", "FAILED"), 240, "the job")
+                wait_for(lambda job=job: jobs.get(clients, job).state in ("SUCCEEDED", "FAILED"), 240, "the job")
         shown = api.get("/api/reducers/alice/count", headers=signed(token)).json()
     for name, job in submitted.items():
         status = jobs.status(clients, job)

@@ -6,7 +6,6 @@ from collections import Counter
 
 from bagpipe.mailserver import MailServer
 from pipeline.lifecycle import attempts, jobs, tasks
-from pipeline.lifecycle.status import JobState
 from pipeline.settings import Settings
 from pipeline.storage.clients import Clients
 from tests.conftest import running_control, running_workers, small_request, wait_for, with_stage
@@ -17,12 +16,12 @@ def test_cancel_stops_new_tasks_and_ends_cancelled(settings: Settings, mail: Mai
     clients = Clients(settings)
     clients.ensure_resources()
     with running_control(settings), running_workers(settings):
-        job = jobs.submit(clients, small_request(start="2022-01-01", end="2022-12-31"))["PartitionKey"]
+        job = jobs.submit(clients, small_request(start="2022-01-01", end="2022-12-31")).job
         wait_for(lambda: sum(tasks.terminal_counts(clients.tasks, job).values()) >= 5, 60, "some progress")
         jobs.cancel(clients, job, owner="test-cancel")
         cancelled_at = tasks.now()
-        wait_for(lambda: JobState(jobs.get(clients, job)["State"]).finished, 60, "the job to end")
-    assert jobs.get(clients, job)["State"] == "CANCELLED"
+        wait_for(lambda: jobs.get(clients, job).state.finished, 60, "the job to end")
+    assert jobs.get(clients, job).state == "CANCELLED"
     rows = tasks.list_tasks(clients.tasks, job)
     counts = Counter(r["Status"] for r in rows)
     assert set(counts) <= {"SUCCEEDED", "CANCELLED"} and counts["CANCELLED"] > 50
@@ -42,9 +41,9 @@ def test_cancel_stops_new_tasks_and_ends_cancelled(settings: Settings, mail: Mai
 def test_cancel_before_planning_plans_nothing_runnable(
     clients: Clients, control_loop: object, mail: MailServer
 ) -> None:
-    job = jobs.submit(clients, small_request())["PartitionKey"]
+    job = jobs.submit(clients, small_request()).job
     jobs.cancel(clients, job, owner="test-cancel")
-    wait_for(lambda: JobState(jobs.get(clients, job)["State"]).finished, 60, "the job to end")
-    assert jobs.get(clients, job)["State"] == "CANCELLED"
+    wait_for(lambda: jobs.get(clients, job).state.finished, 60, "the job to end")
+    assert jobs.get(clients, job).state == "CANCELLED"
     assert all(r["Status"] == "CANCELLED" for r in tasks.list_tasks(clients.tasks, job))
     assert sum(q.get_queue_properties().approximate_message_count for q in clients.shard_queues) == 0

@@ -44,9 +44,9 @@ def test_an_estimate_has_no_compute_figure_until_the_history_is_trusted_then_his
 def test_a_finished_job_reports_the_compute_it_used_in_its_status_and_email(
         settings: Settings, clients: Clients, mail: MailServer) -> None:
     settings = with_stage(settings, "slow")  # 0.2 s a task
-    job = jobs.submit(clients, small_request())["PartitionKey"]
+    job = jobs.submit(clients, small_request()).job
     with running_control(settings), running_workers(settings):
-        wait_for(lambda: jobs.get(clients, job)["State"] == "SUCCEEDED", 120, "the job")
+        wait_for(lambda: jobs.get(clients, job).state == "SUCCEEDED", 120, "the job")
     ran = [float(a["RuntimeS"]) for a in attempts.list_attempts(clients.tasks, job) if a.get("RuntimeS") is not None]
     assert len(ran) >= 8 and sum(ran) > 0
     found = jobs.status(clients, job)["cost"]

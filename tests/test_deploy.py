@@ -197,7 +197,7 @@ def test_the_worker_image_command_runs_a_job_and_exits_when_idle(settings: Setti
     command = _image_command()
     assert command[:3] == ["python", "-m", "bagpipe.cli"] and "--exit-when-idle" in command
     row = jobs.submit(clients, small_request())
-    job = row["PartitionKey"]
+    job = row.job
     sweep.handle_plan(clients, json.dumps({"job": job}).encode())
     telemetry = settings.with_(log_format="json", appinsights_connection=(
         "InstrumentationKey=00000000-0000-0000-0000-000000000000;"

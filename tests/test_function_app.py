@@ -87,13 +87,13 @@ def test_http_function_serves_the_api(app_env: Any, settings: Settings, clients:
 def test_planner_and_completion_functions_run_the_pipeline(
     app_env: Any, clients: Clients, mail: MailServer
 ) -> None:
-    job = jobs.submit(clients, small_request())["PartitionKey"]
+    job = jobs.submit(clients, small_request()).job
     user_function(app_env, "planner")(func.QueueMessage(body=json.dumps({"job": job}).encode()))
     assert len(tasks.list_tasks(clients.tasks, job)) == 8
-    assert jobs.get(clients, job)["State"] == JobState.RUNNING.value
+    assert jobs.get(clients, job).state == JobState.RUNNING.value
     jobs.cancel(clients, job, owner="test")
     user_function(app_env, "completion")(func.QueueMessage(body=json.dumps({"job": job}).encode()))
-    assert jobs.get(clients, job)["State"] == JobState.CANCELLED.value
+    assert jobs.get(clients, job).state == JobState.CANCELLED.value
     assert len([m for _, m in mail.messages() if job in str(m["Subject"])]) == 1
     # the monitor's sweep activity finds nothing left to do
     report = user_function(app_env, "monitor_sweep")(None)

@@ -14,7 +14,6 @@ from pathlib import Path
 
 from pipeline.lifecycle import attempts, health, jobs, runtimes, sweep, tasks
 from pipeline.lifecycle.request import expand
-from pipeline.lifecycle.status import JobState
 from pipeline.settings import Settings
 from pipeline.storage.clients import Clients
 from tests.conftest import running_control, running_workers, small_request, wait_for, with_stage
@@ -93,12 +92,12 @@ def test_a_slow_worker_drains_exits_to_be_replaced_and_its_tasks_finish_elsewher
     try:
         wait_for(lambda: "ready" in log.read_text(errors="replace"), 120, "the slow worker to start")
         with running_control(settings):
-            job = jobs.submit(clients, request)["PartitionKey"]
+            job = jobs.submit(clients, request).job
             wait_for(lambda: any(f"-{slow.pid}-" in (row.get("Worker") or "")
                                  for row in tasks.list_tasks(clients.tasks, job)), 60, "the slow worker to claim")
             with running_workers(settings, slots=2):
                 assert slow.wait(120) == health.REPLACE_EXIT, log.read_text(errors="replace")[-2000:]
-                wait_for(lambda: JobState(jobs.get(clients, job)["State"]).finished, 120, "the job to finish")
+                wait_for(lambda: jobs.get(clients, job).state.finished, 120, "the job to finish")
     finally:
         if slow.poll() is None:
             slow.kill()

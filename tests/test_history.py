@@ -10,7 +10,6 @@ import pytest
 
 from pipeline.lifecycle import jobs, policy, runtimes, tasks
 from pipeline.lifecycle.request import JobRequest, expand
-from pipeline.lifecycle.status import JobState
 from pipeline.settings import Settings
 from pipeline.storage.clients import Clients
 from tests.conftest import running_control, running_workers, small_request, wait_for, with_stage
@@ -72,8 +71,8 @@ def test_cache_hits_do_not_enter_the_history(settings: Settings) -> None:
     clients = Clients(settings)
     clients.ensure_resources()
     with running_control(settings), running_workers(settings, slots=2):
-        job = jobs.submit(clients, small_request())["PartitionKey"]
-        wait_for(lambda: JobState(jobs.get(clients, job)["State"]).finished, 120, "the job to finish")
+        job = jobs.submit(clients, small_request()).job
+        wait_for(lambda: jobs.get(clients, job).state.finished, 120, "the job to finish")
     rows = tasks.list_tasks(clients.tasks, job)
     computed = [r for r in rows if r["Status"] == "SUCCEEDED"]
     assert len(computed) == 4 and sum(r["Status"] == "CACHED" for r in rows) == 4

@@ -68,10 +68,10 @@ def test_hostile_messages_amid_a_job_lose_nothing_and_run_nothing_twice(
         queue.send_message(body)
 
     with running_control(settings), running_workers(settings, count=2):
-        wait_for(lambda: JobState(jobs.get(clients, job)["State"]).finished, 120, "the job to finish")
+        wait_for(lambda: jobs.get(clients, job).state.finished, 120, "the job to finish")
         wait_for(lambda: queue_depth(clients) == 0, 60, "every shard to empty")
 
-    assert jobs.get(clients, job)["State"] == JobState.SUCCEEDED.value
+    assert jobs.get(clients, job).state == JobState.SUCCEEDED.value
     rows = tasks.list_tasks(clients.tasks, job)
     assert len(rows) == 8 and {r["Status"] for r in rows} == {TaskStatus.SUCCEEDED.value}
     tried = attempts.list_attempts(clients.tasks, job)

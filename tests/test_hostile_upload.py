@@ -162,7 +162,7 @@ def run(azurite: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict
                      "the sleeper to run")
             seen["prober"] = reductions()["prober"]
             assert api.post(f"/api/jobs/{job}/cancel", headers=signed(token)).status_code == 202
-            wait_for(lambda: jobs.get(clients, job)["State"] == "CANCELLED", 60, "the cancellation")
+            wait_for(lambda: jobs.get(clients, job).state == "CANCELLED", 60, "the cancellation")
             revoked = time.monotonic()
             while time.monotonic() - revoked < 10 and running(mark):
                 time.sleep(0.2)

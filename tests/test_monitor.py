@@ -24,7 +24,7 @@ from bagpipe.azurite import Azurite, free_port
 from pipeline.lifecycle import attempts, jobs, policy, runtimes, sweep, tasks, transitions
 from pipeline.lifecycle.failures import FailureClass
 from pipeline.lifecycle.request import expand
-from pipeline.lifecycle.status import JobState, TaskStatus
+from pipeline.lifecycle.status import TaskStatus
 from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
@@ -182,9 +182,9 @@ def test_straggler_is_revoked_at_about_4x_and_succeeds_on_retry(settings: Settin
     runtimes.merge(runtimes_table(clients), "straggler", "MOD10A2",
                    runtimes.Runtime(50, mean / work, 50 * (0.1 / work) ** 2))
     with running_control(settings), running_workers(settings, slots=2):
-        job = jobs.submit(clients, small_request())["PartitionKey"]
-        wait_for(lambda: JobState(jobs.get(clients, job)["State"]).finished, 120, "the job to finish")
-    assert jobs.get(clients, job)["State"] == "SUCCEEDED"
+        job = jobs.submit(clients, small_request()).job
+        wait_for(lambda: jobs.get(clients, job).state.finished, 120, "the job to finish")
+    assert jobs.get(clients, job).state == "SUCCEEDED"
     task = marked_task(clients, job)
     assert task["Attempt"] == 2 and task["Status"] == "SUCCEEDED" and task["Timeouts"] == 1
     first, second = attempt_rows(clients, job, task["RowKey"])
@@ -209,13 +209,13 @@ def test_stage_that_ignores_sigterm_is_sigkilled_with_its_children(settings: Set
     clients = Clients(settings)
     clients.ensure_resources()
     with running_control(settings), running_workers(settings, slots=2):
-        job = jobs.submit(clients, small_request())["PartitionKey"]
+        job = jobs.submit(clients, small_request()).job
         pid_file = PIDS / f"{job}-stubborn.pid"
         pids = wait_for(lambda: pid_file.exists() and [int(p) for p in pid_file.read_text().split()],
                         60, "the stubborn stage")
         wait_for(lambda: not any(alive(p) for p in pids), 30, "the stage's process group to die")
-        wait_for(lambda: JobState(jobs.get(clients, job)["State"]).finished, 120, "the job to finish")
-    assert jobs.get(clients, job)["State"] == "SUCCEEDED"
+        wait_for(lambda: jobs.get(clients, job).state.finished, 120, "the job to finish")
+    assert jobs.get(clients, job).state == "SUCCEEDED"
     assert marked_task(clients, job)["Attempt"] == 2
 
 
@@ -226,10 +226,10 @@ def test_worker_killed_mid_stage_task_finishes_elsewhere(settings: Settings) -> 
     clients.ensure_resources()
     env = {**os.environ, **settings.to_env()}
     with running_control(settings):
-        job = jobs.submit(clients, small_request())["PartitionKey"]
+        job = jobs.submit(clients, small_request()).job
         doomed = subprocess.Popen([sys.executable, "-m", "bagpipe.cli", "worker", "--slots", "8"], env=env,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        marked = wait_for(lambda: jobs.get(clients, job)["State"] == "RUNNING" and marked_task(clients, job),
+        marked = wait_for(lambda: jobs.get(clients, job).state == "RUNNING" and marked_task(clients, job),
                           60, "planning")
         pid_file = PIDS / f"{job}-stubborn.pid"
         wait_for(lambda: pid_file.exists() and len(pid_file.read_text().split()) == 2, 60, "the marked task to start")
@@ -239,9 +239,9 @@ def test_worker_killed_mid_stage_task_finishes_elsewhere(settings: Settings) -> 
         wait_for(lambda: not any(alive(p) for p in stage_pids), 10, "the orphaned stage to die with its worker")
         killed_at = time.monotonic()
         with running_workers(settings, slots=2):
-            wait_for(lambda: JobState(jobs.get(clients, job)["State"]).finished, 120, "the job to finish")
+            wait_for(lambda: jobs.get(clients, job).state.finished, 120, "the job to finish")
         recovered_in = time.monotonic() - killed_at
-    assert jobs.get(clients, job)["State"] == "SUCCEEDED"
+    assert jobs.get(clients, job).state == "SUCCEEDED"
     row = clients.tasks.get_entity(job, marked["RowKey"])
     assert row["Attempt"] == 2 and row["LastFailure"] == "heartbeat_lost" and "Timeouts" not in row
     assert json.loads(row["Outputs"]) == [names.output_prefix(job, marked["RowKey"], 2) + "summary.json"]
@@ -249,7 +249,7 @@ def test_worker_killed_mid_stage_task_finishes_elsewhere(settings: Settings) -> 
 
 
 def test_sweep_activity_revokes_an_overdue_attempt(clients: Clients, settings: Settings) -> None:
-    job = jobs.submit(clients, small_request())["PartitionKey"]
+    job = jobs.submit(clients, small_request()).job
     sweep.handle_plan(clients, json.dumps({"job": job}).encode())
     queue = clients.shard_queues[0]
     message = next(iter(queue.receive_messages(max_messages=1, visibility_timeout=60)))
@@ -267,7 +267,7 @@ def test_sweep_activity_revokes_an_overdue_attempt(clients: Clients, settings: S
 
 
 def test_the_index_moves_with_the_task_row_in_one_write(clients: Clients) -> None:
-    job = jobs.submit(clients, small_request())["PartitionKey"]
+    job = jobs.submit(clients, small_request()).job
     sweep.handle_plan(clients, json.dumps({"job": job}).encode())
     ref = tasks.TaskRef(job, tasks.list_tasks(clients.tasks, job)[0]["RowKey"], 1)
 
@@ -298,7 +298,7 @@ def test_the_index_moves_with_the_task_row_in_one_write(clients: Clients) -> Non
 
 def test_a_heartbeat_written_but_answered_with_an_error_leaves_no_row_to_revoke_the_live_attempt(
         clients: Clients, monkeypatch: pytest.MonkeyPatch) -> None:
-    job = jobs.submit(clients, small_request())["PartitionKey"]
+    job = jobs.submit(clients, small_request()).job
     sweep.handle_plan(clients, json.dumps({"job": job}).encode())
     queue = clients.shard_queues[0]
     message = next(iter(queue.receive_messages(max_messages=1, visibility_timeout=60)))

@@ -46,7 +46,7 @@ def test_neither_scientist_sees_or_touches_the_other_s_jobs_and_an_admin_does(
     running = submit(api, bob, start="2021-01-01", end="2021-12-31", label="bob's long one")
     with running_control(settings), running_workers(settings, 1, slots=2):
         for job in (mine, theirs):
-            wait_for(lambda job=job: jobs.get(clients, job)["State"] == "SUCCEEDED", 120, "the job")
+            wait_for(lambda job=job: jobs.get(clients, job).state == "SUCCEEDED", 120, "the job")
 
     assert [j["job"] for j in api.get("/api/jobs", headers=signed(alice)).json()] == [mine]
     assert {j["job"] for j in api.get("/api/jobs", headers=signed(bob)).json()} == {theirs, running}
@@ -68,9 +68,9 @@ def test_neither_scientist_sees_or_touches_the_other_s_jobs_and_an_admin_does(
         results = api.get(f"/api/jobs/{theirs}/results", headers=signed(token))
         assert results.status_code == 200 and results.json()["manifest_url"].startswith("http")
         assert api.get(f"/api/jobs/{theirs}/view", headers=signed(token)).status_code == 200
-    assert jobs.get(clients, running)["State"] not in ("CANCELLING", "CANCELLED")  # alice's cancel did nothing
+    assert jobs.get(clients, running).state not in ("CANCELLING", "CANCELLED")  # alice's cancel did nothing
     assert api.post(f"/api/jobs/{running}/cancel", headers=signed(admin_token)).status_code == 202
-    assert jobs.get(clients, running)["State"] in ("CANCELLING", "CANCELLED")
+    assert jobs.get(clients, running).state in ("CANCELLING", "CANCELLED")
 
 
 def test_a_private_reducer_is_its_owner_s_until_shared(

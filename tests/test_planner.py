@@ -23,7 +23,7 @@ def task_rows(clients: Clients, job: str) -> list[dict]:
 
 def test_plan_message_twice_makes_no_duplicate(clients: Clients) -> None:
     request = small_request(start="2022-01-01", end="2022-12-31")  # 2 tiles × 46 = 92 tasks
-    job = jobs.submit(clients, request)["PartitionKey"]
+    job = jobs.submit(clients, request).job
     body = f'{{"job": "{job}"}}'.encode()
     threads = [threading.Thread(target=sweep.handle_plan, args=(clients, body)) for _ in range(3)]
     for t in threads:
@@ -35,7 +35,7 @@ def test_plan_message_twice_makes_no_duplicate(clients: Clients) -> None:
     assert len(rows) == 92
     specs = [(r["Params"], r["Stage"]) for r in rows]
     assert len(set(specs)) == 92
-    assert jobs.get(clients, job)["State"] == JobState.RUNNING.value
+    assert jobs.get(clients, job).state == JobState.RUNNING.value
     # every released task has a message; a task with two messages is harmless but the
     # release lease keeps concurrent planners from doubling the window
     assert queue_depth(clients) <= 2 * clients.settings.window
@@ -43,7 +43,7 @@ def test_plan_message_twice_makes_no_duplicate(clients: Clients) -> None:
 
 def test_plan_resumes_after_a_crash_midway(clients: Clients) -> None:
     request = small_request(start="2022-01-01", end="2022-12-31")
-    job = jobs.submit(clients, request)["PartitionKey"]
+    job = jobs.submit(clients, request).job
     specs = expand(request, 1000)
     # a planner that died after writing its first batch, before moving its cursor
     first = [tasks.task_entity(job, seq, specs[seq], clients.settings.shards) for seq in range(50)]
@@ -51,7 +51,7 @@ def test_plan_resumes_after_a_crash_midway(clients: Clients) -> None:
     planner.plan(clients, job)
     rows = task_rows(clients, job)
     assert [r["Seq"] for r in rows] == list(range(92))
-    assert int(jobs.get(clients, job)["Planned"]) == 92
+    assert jobs.get(clients, job).planned == 92
 
 
 def test_release_never_puts_more_than_the_window_in_the_queues(
@@ -60,7 +60,7 @@ def test_release_never_puts_more_than_the_window_in_the_queues(
     settings_small = settings  # window 64 (conftest)
     clients = Clients(settings_small)
     clients.ensure_resources()
-    job = jobs.submit(clients, small_request(start="2021-01-01", end="2022-12-31"))["PartitionKey"]
+    job = jobs.submit(clients, small_request(start="2021-01-01", end="2022-12-31")).job
     total = 2 * 2 * 46
     depths: list[int] = []
     stop = threading.Event()
@@ -72,9 +72,9 @@ def test_release_never_puts_more_than_the_window_in_the_queues(
 
     sampler = threading.Thread(target=sample)
     sampler.start()
-    wait_for(lambda: jobs.get(clients, job)["State"] == JobState.RUNNING.value, 30, "planning")
+    wait_for(lambda: jobs.get(clients, job).state == JobState.RUNNING.value, 30, "planning")
     workers.start(2, slots=2)
-    wait_for(lambda: jobs.get(clients, job)["State"] == JobState.SUCCEEDED.value, 180, "the job")
+    wait_for(lambda: jobs.get(clients, job).state == JobState.SUCCEEDED.value, 180, "the job")
     stop.set()
     sampler.join()
     # each resend of a message still waiting in a queue (the reconciler's, on a slow
@@ -104,14 +104,14 @@ def test_a_release_slower_than_the_lease_still_sends_each_task_once(settings: Se
         queue.send_message = slow_send  # type: ignore[method-assign]
     fast = Clients(settings.with_(lease_seconds=1))
     request = small_request(start="2021-01-01", end="2022-12-31")  # 184 tasks, window 64
-    job = jobs.submit(fast, request)["PartitionKey"]
+    job = jobs.submit(fast, request).job
     planned = threading.Thread(target=planner.plan, args=(slow, job))
     planned.start()
     while planned.is_alive():  # others (workers, the sweep) call release all the while
         planner.release(fast, job)
         time.sleep(0.05)
     planned.join()
-    assert int(jobs.get(fast, job)["Released"]) == settings.window
+    assert jobs.get(fast, job).released == settings.window
     assert queue_depth(fast) == settings.window
 
 
@@ -120,12 +120,12 @@ def test_a_reduction_counts_its_tile_tasks_off_and_is_released_once_at_zero(clie
     transaction; the last releases it (QUEUED, its dispatch entry, one message), also when
     the last few end at once; nothing lists the reduction's tile tasks."""
     body = small_request(start="2022-01-01", end="2022-01-20", reducer={"name": "snow_fraction"})
-    job = jobs.submit(clients, body)["PartitionKey"]  # 2 tiles × 3 periods + 2 reductions
+    job = jobs.submit(clients, body).job  # 2 tiles × 3 periods + 2 reductions
     planner.plan(clients, job)
     rows = task_rows(clients, job)
     reductions = [r for r in rows if r["Stage"] == "reduce"]
-    assert [r["Seq"] for r in reductions] == [6, 7] and int(jobs.get(clients, job)["Tiles"]) == 6
-    assert int(jobs.get(clients, job)["Released"]) == 6  # the cursor stops before the reductions
+    assert [r["Seq"] for r in reductions] == [6, 7] and jobs.get(clients, job).tiles == 6
+    assert jobs.get(clients, job).released == 6  # the cursor stops before the reductions
     assert json.loads(reductions[0]["Params"])["deps"] == "0,3" and reductions[0]["Deps"] == 3
 
     def claimed(seq: int) -> transitions.Claim:

@@ -47,12 +47,12 @@ def _announced(clients: Clients, job: str) -> int:
 
 
 def _released(clients: Clients, job: str) -> int:
-    return int(jobs.get(clients, job)["Released"])
+    return jobs.get(clients, job).released
 
 
 def test_each_end_tops_up_the_window_and_only_the_last_announces(narrow: Clients) -> None:
     job = planned_job(narrow)
-    total = int(jobs.get(narrow, job)["Total"])
+    total = jobs.get(narrow, job).total
     assert total == 8 and _released(narrow, job) == WINDOW
     counter = tasks.TerminalCounter("test")
     for ended in range(1, total + 1):
@@ -97,7 +97,7 @@ def test_a_worker_looks_at_a_releasing_job_now_and_then_and_at_its_last_task_at_
 def test_the_sweep_goes_on_with_a_cancellation_and_announces_it(narrow: Clients) -> None:
     job = planned_job(narrow)
     row = jobs.get(narrow, job)
-    row = jobs.update(narrow, row, State=JobState.CANCELLING.value)
+    row = jobs.update(narrow, row, state=JobState.CANCELLING)
     swept = tasks.TerminalCounter("sweep-test")
     # the first pass cancels every task; the job, just changed, may still be someone's to finish
     assert not progress.follow_up(narrow, swept, job, row)

@@ -19,7 +19,6 @@ from bagpipe.mailserver import MailServer
 from pipeline.lifecycle import completion, dispatch, jobs, sweep, tasks, transitions
 from pipeline.lifecycle.failures import FailureClass
 from pipeline.lifecycle.notify import mailer_for
-from pipeline.lifecycle.status import JobState
 from pipeline.modis.products import CATALOG
 from pipeline.reduction import reducers
 from pipeline.reduction.stage import MAX_OUTPUTS, run_program
@@ -41,7 +40,7 @@ def fast(settings: Settings, **changes: Any) -> tuple[Settings, Clients]:
 
 
 def finished(clients: Clients, job: str) -> bool:
-    return JobState(jobs.get(clients, job)["State"]).finished
+    return jobs.get(clients, job).state.finished
 
 
 def emails_for(mail: MailServer, job: str) -> list[EmailMessage]:
@@ -80,7 +79,7 @@ def test_a_reduction_whose_message_is_lost_is_sent_again(settings: Settings, mai
     row = clients.tasks.get_entity(job, dropped[0])
     why = (row.get("LastFailure"), row.get("LastError"))
     assert row["Stage"] == "reduce" and row["Status"] == "SUCCEEDED" and row["Resends"] >= 1, why
-    assert jobs.get(clients, job)["State"] == "SUCCEEDED"
+    assert jobs.get(clients, job).state == "SUCCEEDED"
     assert len(emails_for(mail, job)) == 1 and index_left(clients, job) == []
 
 
@@ -97,7 +96,7 @@ def test_a_message_delivered_many_times_is_settled_by_its_row_not_poisoned(
     queue.update_message(message.id, pop_receipt=message.pop_receipt, visibility_timeout=0)
     with running_control(settings), running_workers(settings):
         wait_for(lambda: finished(clients, job), 90, "the job to finish")
-    assert jobs.get(clients, job)["State"] == "SUCCEEDED"
+    assert jobs.get(clients, job).state == "SUCCEEDED"
     poison = clients.queue(settings.names.poison_queue(queue.queue_name))
     assert list(poison.peek_messages()) == []
 
@@ -130,13 +129,13 @@ def test_a_job_whose_plan_message_was_not_sent_is_planned_by_the_sweep(
         raise ServiceRequestError("queue service unreachable")
 
     monkeypatch.setattr(clients.plan_queue, "send_message", refused)
-    job = jobs.submit(clients, small_request())["PartitionKey"]  # accepted all the same
-    assert jobs.get(clients, job)["State"] == "ACCEPTED"
+    job = jobs.submit(clients, small_request()).job  # accepted all the same
+    assert jobs.get(clients, job).state == "ACCEPTED"
     monkeypatch.undo()
     with running_control(settings), running_workers(settings):
         wait_for(lambda: finished(clients, job), 90, "the job to finish")
     row = jobs.get(clients, job)
-    assert row["State"] == "SUCCEEDED" and row["PlanTries"] >= 1
+    assert row.state == "SUCCEEDED" and row.plan_tries >= 1
     assert len(emails_for(mail, job)) == 1
 
 
@@ -163,7 +162,7 @@ def test_a_job_that_no_longer_fits_the_deployment_fails_saying_why(
     in its status, its manifest and its one email (not a plan message poisoned and the job
     ACCEPTED for ever)."""
     settings, clients = fast(settings)
-    job = jobs.submit(clients, small_request())["PartitionKey"]
+    job = jobs.submit(clients, small_request()).job
     monkeypatch.delitem(CATALOG, "MOD10A2")
     with running_control(settings):
         wait_for(lambda: finished(clients, job), 60, "the job to end")
@@ -204,7 +203,7 @@ def test_a_finisher_slower_than_its_lease_is_not_overtaken(settings: Settings, m
         completion.complete(clients, others, job)
         time.sleep(0.5)
     first.join()
-    assert jobs.get(clients, job)["State"] == "SUCCEEDED"
+    assert jobs.get(clients, job).state == "SUCCEEDED"
     assert (slow.sent, others.sent) == (1, 0) and len(emails_for(mail, job)) == 1
 
 
@@ -222,11 +221,11 @@ def test_a_finisher_that_dies_after_recording_its_message_is_taken_over_with_the
 
     with pytest.raises(SystemExit):
         completion.complete(clients, Dies(settings, 0), job)
-    assert jobs.get(clients, job)["State"] == "FINISHING"
+    assert jobs.get(clients, job).state == "FINISHING"
     assert completion.complete(clients, mailer_for(settings), job)  # its lease was given up: at once
     sent = emails_for(mail, job)
     ids = {str(m["Message-ID"]).strip() for m in sent}
-    assert len(sent) == 2 and ids == {jobs.get(clients, job)["MailId"]}
+    assert len(sent) == 2 and ids == {jobs.get(clients, job).mail_id}
 
 
 def test_one_broken_job_does_not_stop_the_sweep_for_the_others(settings: Settings, clients: Clients) -> None:
@@ -265,7 +264,7 @@ def test_a_lost_message_receipt_does_not_hide_a_revocation(settings: Settings) -
         pid = int(pid_file.read_text())
         wait_for(lambda: not alive(pid), 3 * settings.lease_seconds, "the stage to be killed")
         wait_for(lambda: finished(clients, job), 30, "the job to end")
-    assert jobs.get(clients, job)["State"] == "CANCELLED"
+    assert jobs.get(clients, job).state == "CANCELLED"
 
 
 def test_credentials_in_an_error_never_reach_a_row_a_view_or_a_log(

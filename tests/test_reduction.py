@@ -33,9 +33,9 @@ GRID = {"tile_size": 1.0, "resolution": 0.01}
 def run_job(settings: Settings, body: dict, timeout: float = 180) -> tuple[Clients, str, dict]:
     clients = Clients(settings)
     clients.ensure_resources()
-    job = jobs.submit(clients, JobRequest.model_validate(body))["PartitionKey"]
+    job = jobs.submit(clients, JobRequest.model_validate(body)).job
     with running_control(settings), running_workers(settings, 1, slots=2):
-        wait_for(lambda: jobs.get(clients, job)["State"] in ("SUCCEEDED", "FAILED"), timeout, "the job")
+        wait_for(lambda: jobs.get(clients, job).state in ("SUCCEEDED", "FAILED"), timeout, "the job")
     return clients, job, jobs.status(clients, job)
 
 

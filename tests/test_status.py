@@ -42,7 +42,7 @@ def run_some(clients: Clients, job: str, commits: int) -> None:
 
 
 def job_of(clients: Clients, end: str, commits: int) -> str:
-    job = jobs.submit(clients, small_request(start="2022-01-01", end=end))["PartitionKey"]
+    job = jobs.submit(clients, small_request(start="2022-01-01", end=end)).job
     planner.plan(clients, job)
     run_some(clients, job, commits)
     return job

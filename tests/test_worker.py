@@ -18,7 +18,7 @@ from azure.storage.queue import QueueClient, QueueMessage
 from bagpipe.mailserver import MailServer
 from pipeline.lifecycle import attempts, completion, jobs, planner, sweep, tasks, transitions
 from pipeline.lifecycle.notify import mailer_for
-from pipeline.lifecycle.status import JobState, TaskStatus
+from pipeline.lifecycle.status import TaskStatus
 from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
@@ -35,7 +35,7 @@ from worker import runner
 
 
 def planned_job(clients: Clients, **request: object) -> str:
-    job = jobs.submit(clients, small_request(**request))["PartitionKey"]
+    job = jobs.submit(clients, small_request(**request)).job
     sweep.handle_plan(clients, json.dumps({"job": job}).encode())
     return job
 
@@ -57,7 +57,7 @@ def test_stale_message_is_deleted_without_running(clients: Clients, workers: Wor
     # a late duplicate of the same attempt, and one from an attempt long gone
     queue.send_message(ref.encode())
     workers.start(1, slots=1)
-    wait_for(lambda: jobs.get(clients, job)["State"] == "RUNNING" and
+    wait_for(lambda: jobs.get(clients, job).state == "RUNNING" and
              sum(tasks.terminal_counts(clients.tasks, job).values()) == 7, 60, "the other tasks")
     row = clients.tasks.get_entity(job, ref.task)
     assert row["Status"] == TaskStatus.RUNNING.value and row["Worker"] == "someone-else"
@@ -85,7 +85,7 @@ def test_failures_retry_then_dead_and_the_job_still_completes(settings: Settings
     clients.ensure_resources()
     with running_control(settings), running_workers(settings):
         job = planned_job(clients)
-        wait_for(lambda: JobState(jobs.get(clients, job)["State"]).finished, 120, "the job to finish")
+        wait_for(lambda: jobs.get(clients, job).state.finished, 120, "the job to finish")
     status = jobs.status(clients, job)
     assert status["state"] == "FAILED"
     assert status["counts"]["DEAD"] == 1 and status["counts"]["SUCCEEDED"] == 7
@@ -104,8 +104,8 @@ def test_transient_failure_succeeds_on_retry_and_only_that_attempt_is_published(
     clients.ensure_resources()
     with running_control(settings), running_workers(settings):
         job = planned_job(clients)
-        wait_for(lambda: JobState(jobs.get(clients, job)["State"]).finished, 120, "the job to finish")
-    assert jobs.get(clients, job)["State"] == "SUCCEEDED"
+        wait_for(lambda: jobs.get(clients, job).state.finished, 120, "the job to finish")
+    assert jobs.get(clients, job).state == "SUCCEEDED"
     manifest = json.loads(clients.products.download_blob(names.manifest_blob(job)).readall())
     retried = [t for t in manifest["tasks"] if t["attempt"] == 2]
     assert len(retried) == 1
@@ -153,8 +153,8 @@ def test_a_worker_lost_while_committing_leaves_its_attempt_to_the_monitor(
     monkeypatch.setattr(transitions, "commit", lost_on_first_commit)
     with running_control(settings), running_workers(settings):
         job = planned_job(clients)
-        wait_for(lambda: JobState(jobs.get(clients, job)["State"]).finished, 90, "the job to finish")
-    assert jobs.get(clients, job)["State"] == "SUCCEEDED"
+        wait_for(lambda: jobs.get(clients, job).state.finished, 90, "the job to finish")
+    assert jobs.get(clients, job).state == "SUCCEEDED"
     (ref,) = lost
     row = clients.tasks.get_entity(job, ref.task)
     assert row["Status"] == TaskStatus.SUCCEEDED.value and row["Attempt"] == ref.attempt + 1
@@ -186,7 +186,7 @@ def test_completion_happens_exactly_once_under_a_race(clients: Clients, settings
     for t in threads:
         t.join()
     assert won.count(True) == 1
-    assert jobs.get(clients, job)["State"] == "SUCCEEDED"
+    assert jobs.get(clients, job).state == "SUCCEEDED"
     assert len([m for _, m in mail.messages() if job in str(m["Subject"])]) == 1
     assert not completion.complete(clients, mailer, job), "a finished job is not finished again"
     assert job not in jobs.active_jobs(clients)
@@ -226,10 +226,10 @@ def test_short_attempts_are_received_ahead_and_a_long_wait_hands_them_back(
     clients.ensure_resources()
     with running_control(settings), running_workers(settings, slots=1) as pool:
         job = planned_job(clients)
-        wait_for(lambda: JobState(jobs.get(clients, job)["State"]).finished, 120, "the job to finish")
+        wait_for(lambda: jobs.get(clients, job).state.finished, 120, "the job to finish")
     (worker,) = pool.workers
     assert worker.handed_back >= 1
-    assert jobs.get(clients, job)["State"] == "SUCCEEDED"
+    assert jobs.get(clients, job).state == "SUCCEEDED"
     tried = attempts.list_attempts(clients.tasks, job)
     assert sorted(a["Task"] for a in tried) == sorted(t["RowKey"] for t in tasks.list_tasks(clients.tasks, job))
 

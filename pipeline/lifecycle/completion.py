@@ -26,6 +26,7 @@ from typing import Any
 from azure.core.exceptions import HttpResponseError
 
 from pipeline.lifecycle import attempts, costs, jobs, results, tasks
+from pipeline.lifecycle.jobs import JobRow
 from pipeline.lifecycle.notify import Mailer
 from pipeline.lifecycle.status import JobState, TaskStatus
 from pipeline.modis import overview
@@ -39,20 +40,20 @@ log = logging.getLogger(__name__)
 RELEASED = datetime(1970, 1, 1, tzinfo=UTC)  # a finisher lease that has long expired
 
 
-def all_terminal(clients: Clients, row: dict[str, Any], done: int | None = None) -> bool:
+def all_terminal(clients: Clients, row: JobRow, done: int | None = None) -> bool:
     """Whether every task of the job is terminal (``done``: its terminal count, if known).
     A job cancelled while it was being planned has only the tasks planned so far (its
     planner cancels any it makes after)."""
     if done is None:
-        done = sum(tasks.terminal_counts(clients.tasks, row["PartitionKey"]).values())
-    cancelled = row["State"] == JobState.CANCELLING.value
-    return done >= (int(row["Planned"]) if cancelled else int(row["Total"]))
+        done = sum(tasks.terminal_counts(clients.tasks, row.job).values())
+    cancelled = row.state is JobState.CANCELLING
+    return done >= (row.planned if cancelled else row.total)
 
 
-def _final_state(clients: Clients, row: dict[str, Any]) -> JobState:
-    if row["State"] == JobState.CANCELLING.value:
+def _final_state(clients: Clients, row: JobRow) -> JobState:
+    if row.state is JobState.CANCELLING:
         return JobState.CANCELLED
-    counts = tasks.terminal_counts(clients.tasks, row["PartitionKey"])
+    counts = tasks.terminal_counts(clients.tasks, row.job)
     return JobState.FAILED if counts[TaskStatus.DEAD.value] else JobState.SUCCEEDED
 
 
@@ -60,21 +61,21 @@ def _lease(clients: Clients) -> timedelta:
     return timedelta(seconds=2 * clients.settings.lease_seconds)
 
 
-def _held_by_another(clients: Clients, row: dict[str, Any]) -> bool:
-    until = row.get("FinisherUntil")
+def _held_by_another(clients: Clients, row: JobRow) -> bool:
+    until = row.finisher_until
     if until is None:  # a row written before finishers held leases
-        return bool(tasks.now() - row["UpdatedAt"] <= _lease(clients))
+        return bool(tasks.now() - row.updated_at <= _lease(clients))
     return bool(until > tasks.now())
 
 
-def due(clients: Clients, row: dict[str, Any]) -> bool:
+def due(clients: Clients, row: JobRow) -> bool:
     """The sweep's test: whether nobody is finishing a job that is complete (its last task's
     announcement lost, its finisher dead), so it must be announced again."""
-    state = JobState(row["State"])
+    state = row.state
     if state is JobState.FINISHING:
         return not _held_by_another(clients, row)
     if state in (JobState.RUNNING, JobState.CANCELLING):
-        idle = tasks.now() - row["UpdatedAt"] > timedelta(seconds=clients.settings.lease_seconds)
+        idle = tasks.now() - row.updated_at > timedelta(seconds=clients.settings.lease_seconds)
         return idle and all_terminal(clients, row)
     return False
 
@@ -87,12 +88,12 @@ class Finishing:
     """A finisher's hold on a job: its row, renewed in the background every third of the
     lease; every change the finisher makes goes through :meth:`update`, fenced on the row."""
 
-    def __init__(self, clients: Clients, row: dict[str, Any]) -> None:
+    def __init__(self, clients: Clients, row: JobRow) -> None:
         self.clients, self.row = clients, row
         self.lost = False
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._renew, name=f"finishing-{row['PartitionKey']}", daemon=True)
+        self._thread = threading.Thread(target=self._renew, name=f"finishing-{row.job}", daemon=True)
 
     def __enter__(self) -> Finishing:
         self._thread.start()
@@ -102,18 +103,18 @@ class Finishing:
         self._stop.set()
         self._thread.join()
 
-    def update(self, **changes: Any) -> dict[str, Any]:
+    def update(self, **changes: Any) -> JobRow:
         """Change the job row, renewing the lease; LeaseLost if another finisher has it."""
         with self._lock:
             if self.lost:
-                raise LeaseLost(self.row["PartitionKey"])
+                raise LeaseLost(self.row.job)
             try:
-                self.row = jobs.update(self.clients, self.row, FinisherUntil=tasks.now() + _lease(self.clients),
+                self.row = jobs.update(self.clients, self.row, finisher_until=tasks.now() + _lease(self.clients),
                                        **changes)
             except HttpResponseError as exc:
                 if tasks.is_conflict(exc):
                     self.lost = True
-                    raise LeaseLost(self.row["PartitionKey"]) from None
+                    raise LeaseLost(self.row.job) from None
                 raise
             return self.row
 
@@ -122,26 +123,26 @@ class Finishing:
         try:
             with self._lock:
                 if not self.lost:
-                    self.row = jobs.update(self.clients, self.row, FinisherUntil=RELEASED)
+                    self.row = jobs.update(self.clients, self.row, finisher_until=RELEASED)
         except Exception as exc:
-            log.info("lease of %s not given up (it runs out): %s", self.row["PartitionKey"], exc)
+            log.info("lease of %s not given up (it runs out): %s", self.row.job, exc)
 
     def _renew(self) -> None:
         while not self._stop.wait(self.clients.settings.lease_seconds / 3):
             try:
                 self.update()
             except LeaseLost:
-                log.warning("job %s: another finisher took over", self.row["PartitionKey"])
+                log.warning("job %s: another finisher took over", self.row.job)
                 return
             except Exception as exc:  # storage briefly unreachable: the lease is long enough for a retry
-                log.warning("job %s: finisher lease not renewed: %s", self.row["PartitionKey"], exc)
+                log.warning("job %s: finisher lease not renewed: %s", self.row.job, exc)
 
 
 def complete(clients: Clients, mailer: Mailer, job: str) -> bool:
     """Finish the job if it is complete and nobody else is finishing it; True if this call
     finished it."""
     row = jobs.get(clients, job)
-    state = JobState(row["State"])
+    state = row.state
     if state.finished:
         jobs.deactivate(clients, job)
         return False
@@ -149,9 +150,9 @@ def complete(clients: Clients, mailer: Mailer, job: str) -> bool:
         return False
     if state is JobState.FINISHING and _held_by_another(clients, row):
         return False
-    changes: dict[str, Any] = {"Finisher": uuid.uuid4().hex, "FinisherUntil": tasks.now() + _lease(clients)}
+    changes: dict[str, Any] = {"finisher": uuid.uuid4().hex, "finisher_until": tasks.now() + _lease(clients)}
     if state is not JobState.FINISHING:
-        changes |= {"State": JobState.FINISHING.value, "Outcome": _final_state(clients, row).value}
+        changes |= {"state": JobState.FINISHING, "outcome": _final_state(clients, row)}
     try:
         row = jobs.update(clients, row, **changes)
     except HttpResponseError as exc:
@@ -167,29 +168,29 @@ def complete(clients: Clients, mailer: Mailer, job: str) -> bool:
             hold.release()
             raise
     jobs.deactivate(clients, job)
-    log.info("job %s finished: %s", job, hold.row["Outcome"])
+    log.info("job %s finished: %s", job, hold.row.outcome)
     return True
 
 
 def _finish(clients: Clients, mailer: Mailer, hold: Finishing) -> None:
     row = hold.row
-    final = JobState(row["Outcome"])
+    final = row.outcome
+    assert final is not None, "a job goes FINISHING with its outcome"
     found = write_manifest(clients, row, final)
     recipient = jobs.request_of(row).email
-    if recipient and not row.get("NotifiedAt"):
-        message_id = row.get("MailId") or hold.update(MailId=make_msgid(idstring=row["PartitionKey"],
-                                                                        domain="bagpipe"))["MailId"]
+    if recipient and not row.notified_at:
+        message_id = row.mail_id or hold.update(mail_id=make_msgid(idstring=row.job, domain="bagpipe")).mail_id
         mailer.send(completion_email(clients, hold.row, final, found, recipient, message_id))
-        hold.update(NotifiedAt=tasks.now())
-    attempts.clear_indexes(clients, row["PartitionKey"])
-    hold.update(State=final.value, FinishedAt=tasks.now(), Manifest=names.manifest_blob(row["PartitionKey"]),
-                ComputeS=found["cost"]["compute_s"], CostUSD=found["cost"]["usd"])
+        hold.update(notified_at=tasks.now())
+    attempts.clear_indexes(clients, row.job)
+    hold.update(state=final, finished_at=tasks.now(), manifest=names.manifest_blob(row.job),
+                compute_s=found["cost"]["compute_s"], cost_usd=found["cost"]["usd"])
 
 
-def write_manifest(clients: Clients, row: dict[str, Any], final: JobState) -> dict[str, Any]:
+def write_manifest(clients: Clients, row: JobRow, final: JobState) -> dict[str, Any]:
     """The manifest blob: every task's state and the outputs its committed attempt made, and
     where the small ones are packed."""
-    job = row["PartitionKey"]
+    job = row.job
     entries = []
     counts: dict[str, int] = {}
     for task in tasks.list_tasks(clients.tasks, job):
@@ -210,11 +211,11 @@ def write_manifest(clients: Clients, row: dict[str, Any], final: JobState) -> di
     found = {
         "job": job,
         "state": final.value,
-        "label": row.get("Label", ""),
-        "error": row.get("Error") or None,
-        "request": json.loads(row["Request"]),
-        "created": row["CreatedAt"].isoformat(),
-        "total": int(row["Total"]),
+        "label": row.label,
+        "error": row.error or None,
+        "request": json.loads(row.request),
+        "created": row.created_at.isoformat(),
+        "total": row.total,
         "counts": counts,
         "catalog": catalog_of(clients.settings),
         "cost": costs.measured(_attempt_seconds(clients, job), len(entries)),
@@ -266,13 +267,13 @@ def one_line(text: str) -> str:
     return "".join(c for c in " ".join(text.split()) if c.isprintable())
 
 
-def completion_email(clients: Clients, row: dict[str, Any], final: JobState, found: dict[str, Any],
+def completion_email(clients: Clients, row: JobRow, final: JobState, found: dict[str, Any],
                      recipient: str, message_id: str) -> EmailMessage:
-    job = row["PartitionKey"]
-    label = f" ({one_line(row['Label'])})" if row.get("Label") else ""
+    job = row.job
+    label = f" ({one_line(row.label)})" if row.label else ""
     counts = ", ".join(f"{n} {s.lower()}" for s, n in sorted(found["counts"].items())) or "none"
     link = results.sas_url(clients, clients.products.container_name, names.manifest_blob(job))
-    why = f"Why: {row['Error']}\n\n" if row.get("Error") else ""
+    why = f"Why: {row.error}\n\n" if row.error else ""
     message = EmailMessage()
     message["From"] = clients.settings.mail_sender
     message["To"] = recipient

@@ -11,9 +11,11 @@ not exist (an admin's is every job).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import secrets
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -48,6 +50,79 @@ class JobNotFound(LookupError):
     pass
 
 
+def _wire(name: str) -> str:
+    return "".join(part.capitalize() for part in name.split("_"))
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """A job's row in the jobs table (PK = job id, RK = ``job``), with the ETag it was read
+    with: every conditional update of the job goes through :func:`update` with it. Fields
+    are stored under their CamelCase names (``released`` as ``Released``), except where a
+    field's metadata names another."""
+
+    job: str = field(metadata={"wire": "PartitionKey"})
+    request: str  # the JobRequest, as JSON
+    state: JobState
+    total: int  # every task, reductions included
+    tiles: int  # the tile tasks: the release cursor's end (reductions wait for their tiles)
+    created_at: datetime
+    updated_at: datetime
+    planned: int = 0  # task rows the planner has written
+    released: int = 0  # the release cursor: tile tasks sent to the queues
+    label: str = ""
+    owner: str = ""  # the user whose job it is ("" on a stack without sign-in)
+    program: str = ""  # the reduction resolved at submission (a Program, as JSON), or ""
+    error: str = ""  # why the job failed as a whole (its tasks' errors are on their rows)
+    plan_tries: int = 0  # plan messages the sweep has sent again
+    planning_until: datetime | None = None  # a planner is searching the catalogs until then
+    releaser_until: datetime | None = None  # the releaser's lease on the cursor
+    outcome: JobState | None = None  # the final state, decided when the job goes FINISHING
+    finisher: str = ""  # the finisher that holds the job, and its lease
+    finisher_until: datetime | None = None
+    mail_id: str = ""  # the completion email's Message-ID, fixed before it is sent
+    notified_at: datetime | None = None
+    finished_at: datetime | None = None
+    manifest: str = ""
+    compute_s: float | None = None  # measured at completion
+    cost_usd: float | None = field(default=None, metadata={"wire": "CostUSD"})
+    etag: str = field(default="", compare=False, metadata={"wire": ""})
+
+    @classmethod
+    def from_entity(cls, entity: dict[str, Any], etag: str = "") -> JobRow:
+        """The row as stored; a row written before ``Tiles`` was kept counts all its tasks."""
+        found: dict[str, Any] = {"etag": etag}
+        for f in _FIELDS:
+            value = entity.get(WIRE[f.name])
+            if value is not None and f.name != "etag":
+                found[f.name] = value
+        found.setdefault("tiles", found["total"])
+        found["state"] = JobState(found["state"])
+        if found.get("outcome"):
+            found["outcome"] = JobState(found["outcome"])
+        return cls(**found)
+
+    def to_entity(self, *names_: str) -> dict[str, Any]:
+        """The entity to write: every field, or only those named (and the keys)."""
+        chosen = names_ or tuple(f.name for f in _FIELDS if f.name not in ("job", "etag"))
+        entity: dict[str, Any] = {"PartitionKey": self.job, "RowKey": names.JOB_ROW}
+        for name in chosen:
+            value = getattr(self, name)
+            if value is not None:
+                entity[WIRE[name]] = value.value if isinstance(value, JobState) else value
+        return entity
+
+    @property
+    def all_released(self) -> bool:
+        """Whether the release cursor has reached its end (reductions are released by their
+        dependencies, not by the window)."""
+        return self.released >= self.tiles
+
+
+_FIELDS = dataclasses.fields(JobRow)
+WIRE = {f.name: f.metadata.get("wire", _wire(f.name)) for f in _FIELDS}
+
+
 def new_job_id(at: datetime) -> str:
     return f"j{at:%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
 
@@ -61,7 +136,7 @@ def listing(owner: str | None) -> str:
     return LISTING if owner is None else f"{LISTING}~{owner}"
 
 
-def submit(clients: Clients, request: JobRequest, owner: str = "", program: Program | None = None) -> dict[str, Any]:
+def submit(clients: Clients, request: JobRequest, owner: str = "", program: Program | None = None) -> JobRow:
     """Store a valid request as ``owner``'s job and enqueue its plan message; RequestError
     if it cannot run (then nothing is written). ``program`` is the reduction the request's
     reducer resolved to (an uploaded bundle's exact digest), kept on the row for the planner.
@@ -75,26 +150,16 @@ def submit(clients: Clients, request: JobRequest, owner: str = "", program: Prog
     specs = expand(request, clients.settings.max_tasks, program=program)
     created = now()
     job = new_job_id(created)
-    row = {
-        "PartitionKey": job,
-        "RowKey": names.JOB_ROW,
-        "Request": request.model_dump_json(),
-        "State": JobState.ACCEPTED.value,
-        "Total": len(specs),
-        "Tiles": sum(1 for s in specs if s.reducer is None),  # the release cursor's end: reductions wait
-        "Planned": 0,
-        "Released": 0,
-        "CreatedAt": created,
-        "UpdatedAt": created,
-        "Label": request.label,
-        "Owner": owner,
-        "Program": program.to_json() if program else "",
-    }
+    row = JobRow(
+        job=job, request=request.model_dump_json(), state=JobState.ACCEPTED, total=len(specs),
+        tiles=sum(1 for s in specs if s.reducer is None), created_at=created, updated_at=created,
+        label=request.label, owner=owner, program=program.to_json() if program else "",
+    )
     clients.jobs.upsert_entity({"PartitionKey": ACTIVE, "RowKey": job})
     for index in {listing(None), listing(owner or None)}:
         clients.jobs.upsert_entity({"PartitionKey": index, "RowKey": _listing_key(created, job), "Job": job})
     try:
-        clients.jobs.create_entity(row)
+        row = dataclasses.replace(row, etag=clients.jobs.create_entity(row.to_entity())["etag"])
     except ResourceExistsError:
         pass  # created by this very call, its answer lost and the request sent again by the SDK
     except (ServiceRequestError, ServiceResponseError):
@@ -114,43 +179,44 @@ def request_plan(clients: Clients, job: str) -> bool:
         return False
 
 
-def get(clients: Clients, job: str) -> dict[str, Any]:
+def get(clients: Clients, job: str) -> JobRow:
     if not names.JOB_KEY.fullmatch(job):  # no key the table would refuse, and none it could hold
         raise JobNotFound(job)
     try:
         entity = clients.jobs.get_entity(job, names.JOB_ROW)
     except ResourceNotFoundError:
         raise JobNotFound(job) from None
-    return dict(entity) | {"_etag": entity.metadata["etag"]}
+    return JobRow.from_entity(entity, str(entity.metadata["etag"]))
 
 
-def get_for(clients: Clients, job: str, user: User) -> dict[str, Any]:
+def get_for(clients: Clients, job: str, user: User) -> JobRow:
     """The job row if ``user`` may see it (its owner, or an admin); else JobNotFound, as
     for a job that does not exist, so that another user's job is not disclosed."""
     row = get(clients, job)
-    if not user.admin and row.get("Owner") != user.name:
+    if not user.admin and row.owner != user.name:
         raise JobNotFound(job)
     return row
 
 
-def request_of(row: dict[str, Any]) -> JobRequest:
-    return JobRequest.model_validate_json(row["Request"])
+def request_of(row: JobRow) -> JobRequest:
+    return JobRequest.model_validate_json(row.request)
 
 
-def program_of(row: dict[str, Any]) -> Program | None:
+def program_of(row: JobRow) -> Program | None:
     """The reduction the job runs, as resolved when it was submitted."""
-    return Program.from_json(row["Program"]) if row.get("Program") else None
+    return Program.from_json(row.program) if row.program else None
 
 
-def update(clients: Clients, row: dict[str, Any], **changes: Any) -> dict[str, Any]:
-    """Conditional update of a job row read with :func:`get`; raises HttpResponseError 412
-    if it changed meanwhile. A change of State is checked by the job state machine."""
-    if "State" in changes:
-        changes["State"] = job_transition(row["State"], changes["State"]).value
-    changes["UpdatedAt"] = now()
-    entity = {"PartitionKey": row["PartitionKey"], "RowKey": names.JOB_ROW, **changes}
-    meta = clients.jobs.update_entity(entity, mode=UpdateMode.MERGE, **if_match(row["_etag"]))
-    return row | changes | {"_etag": meta["etag"]}
+def update(clients: Clients, row: JobRow, **changes: Any) -> JobRow:
+    """Conditional update of a job row read with :func:`get` (``changes`` by field name);
+    raises HttpResponseError 412 if it changed meanwhile. A change of state is checked by
+    the job state machine."""
+    if "state" in changes:
+        changes["state"] = job_transition(row.state, changes["state"])
+    changes["updated_at"] = now()
+    changed = dataclasses.replace(row, **changes)
+    meta = clients.jobs.update_entity(changed.to_entity(*changes), mode=UpdateMode.MERGE, **if_match(row.etag))
+    return dataclasses.replace(changed, etag=meta["etag"])
 
 
 def active_jobs(clients: Clients) -> list[str]:
@@ -170,39 +236,38 @@ def deactivate(clients: Clients, job: str, unless_younger_than: timedelta | None
         pass
 
 
-def replan_stale(clients: Clients, row: dict[str, Any]) -> bool:
+def replan_stale(clients: Clients, row: JobRow) -> bool:
     """The sweep's look at an ACCEPTED job: if nothing has moved it for two leases (its plan
     message lost, poisoned, or its planner dead), send its plan message again — up to
     :data:`PLAN_TRIES` times, after which it fails, saying so. True if it acted."""
-    if row["State"] != JobState.ACCEPTED.value or now() - row["UpdatedAt"] < timedelta(
-            seconds=2 * clients.settings.lease_seconds) or row.get("PlanningUntil", now()) > now():
+    if row.state is not JobState.ACCEPTED or now() - row.updated_at < timedelta(
+            seconds=2 * clients.settings.lease_seconds) or (row.planning_until or now()) > now():
         return False  # moving, or a planner is searching the catalogs for it
-    tries = int(row.get("PlanTries", 0)) + 1
+    tries = row.plan_tries + 1
     try:
         if tries > PLAN_TRIES:
             refuse(clients, row, f"planning failed {PLAN_TRIES} times; the planner's log says why")
             return True
-        update(clients, row, PlanTries=tries)
+        update(clients, row, plan_tries=tries)
     except HttpResponseError as exc:
         if not tasks.is_conflict(exc):
             raise
         return False  # moved meanwhile: a planner is at work
-    log.warning("job %s not planned after %s: plan message sent again (%d)", row["PartitionKey"],
-                now() - row["UpdatedAt"], tries)
-    return request_plan(clients, row["PartitionKey"])
+    log.warning("job %s not planned after %s: plan message sent again (%d)", row.job,
+                now() - row.updated_at, tries)
+    return request_plan(clients, row.job)
 
 
-def refuse(clients: Clients, row: dict[str, Any], why: str) -> dict[str, Any]:
+def refuse(clients: Clients, row: JobRow, why: str) -> JobRow:
     """End an ACCEPTED job that cannot be planned (its request no longer fits this
     deployment: a reducer gone, a lower task limit): FAILED, saying why, through the one
     completion (a manifest, an email). Raises HttpResponseError 412 if it moved meanwhile."""
-    row = update(clients, row, State=JobState.FINISHING.value, Outcome=JobState.FAILED.value,
-                 Error=redact(why)[:2000])
-    announce_done(clients, row["PartitionKey"])
+    row = update(clients, row, state=JobState.FINISHING, outcome=JobState.FAILED, error=redact(why)[:2000])
+    announce_done(clients, row.job)
     return row
 
 
-def list_jobs(clients: Clients, limit: int = 50, owner: str | None = None) -> list[dict[str, Any]]:
+def list_jobs(clients: Clients, limit: int = 50, owner: str | None = None) -> list[JobRow]:
     """The newest jobs first: ``owner``'s, or everyone's (None)."""
     index = clients.jobs.query_entities(
         "PartitionKey eq @pk", parameters={"pk": listing(owner)}, results_per_page=limit
@@ -223,20 +288,18 @@ def announce_done(clients: Clients, job: str) -> None:
     clients.done_queue.send_message(json.dumps({"job": job}).encode())
 
 
-def cancel(clients: Clients, job: str, owner: str) -> dict[str, Any]:
+def cancel(clients: Clients, job: str, owner: str) -> JobRow:
     """Cancel a job: no task starts after this returns; running attempts are revoked (their
     commit fails); completion (manifest + email) follows through the done queue."""
     row = get(clients, job)
-    while not JobState(row["State"]).finished and row["State"] not in (
-        JobState.CANCELLING.value, JobState.FINISHING.value
-    ):
+    while not row.state.finished and row.state not in (JobState.CANCELLING, JobState.FINISHING):
         try:
-            row = update(clients, row, State=JobState.CANCELLING.value)
+            row = update(clients, row, state=JobState.CANCELLING)
         except Exception as exc:
             if not tasks.is_conflict(exc):
                 raise
             row = get(clients, job)
-    if row["State"] == JobState.CANCELLING.value:
+    if row.state is JobState.CANCELLING:
         transitions.cancel(clients, job, TerminalCounter(owner))
         announce_done(clients, job)
     return row
@@ -250,26 +313,26 @@ def status(clients: Clients, job: str, rollup: rollups.Rollup | None = None) -> 
     if rollup is None:
         rollup = rollups.read(clients.tasks, job, tiles=False)
     counts = {s.value: rollup.counts.get(s.value, 0) for s in TaskStatus}
-    counts[TaskStatus.PENDING.value] = max(0, int(row.get("Planned", 0)) - sum(counts.values()))
-    total = int(row["Total"])
+    counts[TaskStatus.PENDING.value] = max(0, row.planned - sum(counts.values()))
+    total = row.total
     done = sum(counts[s.value] for s in TaskStatus if s.terminal)
     return {
         "job": job,
-        "state": row["State"],
-        "label": row.get("Label", ""),
-        "error": row.get("Error") or None,
+        "state": row.state.value,
+        "label": row.label,
+        "error": row.error or None,
         "total": total,
         "counts": counts,
         "failures": dict(rollup.failures),
         "monitor_kills": rollup.kills,
         "workers": health.worker_table(clients, rollup.writers),
         "progress": done / total if total else 1.0,
-        "created": row["CreatedAt"].isoformat(),
-        "updated": row["UpdatedAt"].isoformat(),
-        "finished": row["FinishedAt"].isoformat() if row.get("FinishedAt") else None,
-        "cost": {"compute_s": row["ComputeS"], "usd": row["CostUSD"], "prices": costs.PRICE_LIST}
-        if row.get("ComputeS") is not None else None,  # measured at completion
-        "request": json.loads(row["Request"]),
-        "owner": row.get("Owner", ""),
-        "program": json.loads(row["Program"]) if row.get("Program") else None,
+        "created": row.created_at.isoformat(),
+        "updated": row.updated_at.isoformat(),
+        "finished": row.finished_at.isoformat() if row.finished_at else None,
+        "cost": {"compute_s": row.compute_s, "usd": row.cost_usd, "prices": costs.PRICE_LIST}
+        if row.compute_s is not None else None,  # measured at completion
+        "request": json.loads(row.request),
+        "owner": row.owner,
+        "program": json.loads(row.program) if row.program else None,
     }

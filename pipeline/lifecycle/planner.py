@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from pipeline.lifecycle import dispatch, jobs, rollups, tasks, transitions
 from pipeline.lifecycle.request import TILE_STAGE, RequestError, expand
@@ -33,22 +32,22 @@ SEARCH_LEASE = timedelta(minutes=15)  # the longest a planner's catalog searches
 def plan(clients: Clients, job: str) -> None:
     """Create the job's task rows (resuming where a previous run stopped), then start it."""
     row = jobs.get(clients, job)
-    if row["State"] != JobState.ACCEPTED.value:
-        if row["State"] == JobState.RUNNING.value:
+    if row.state is not JobState.ACCEPTED:
+        if row.state is JobState.RUNNING:
             release(clients, job)
         return
     settings = clients.settings
     try:
-        specs = expand(jobs.request_of(row), max(settings.max_tasks, int(row["Total"])), settings.tile_stage,
+        specs = expand(jobs.request_of(row), max(settings.max_tasks, row.total), settings.tile_stage,
                        jobs.program_of(row))
     except RequestError as exc:  # it fitted the deployment when submitted, not any more
         log.warning("job %s cannot be planned: %s", job, exc.message)
         jobs.refuse(clients, row, f"the request cannot be planned: {exc.field}: {exc.message}")
         return
-    planned = int(row["Planned"])
+    planned = row.planned
     if planned < len(specs):  # the granules: one catalog search per product (again, if a planner died here)
         try:  # however long the search, the sweep does not take the job for one whose plan was lost
-            row = jobs.update(clients, row, PlanningUntil=tasks.now() + SEARCH_LEASE)
+            row = jobs.update(clients, row, planning_until=tasks.now() + SEARCH_LEASE)
         except Exception as exc:
             if not tasks.is_conflict(exc):
                 raise
@@ -63,22 +62,22 @@ def plan(clients: Clients, job: str) -> None:
         tasks.create_batch(clients.tasks, batch)
         planned += len(batch)
         try:
-            row = jobs.update(clients, row, Planned=planned)
+            row = jobs.update(clients, row, planned=planned)
         except Exception as exc:
             if not tasks.is_conflict(exc):
                 raise
             row = jobs.get(clients, job)  # cancelled meanwhile, or another planner
-            if row["State"] != JobState.ACCEPTED.value:
+            if row.state is not JobState.ACCEPTED:
                 break
-            planned = max(planned, int(row["Planned"]))
-    if row["State"] == JobState.ACCEPTED.value:
+            planned = max(planned, row.planned)
+    if row.state is JobState.ACCEPTED:
         try:
-            row = jobs.update(clients, row, State=JobState.RUNNING.value)
+            row = jobs.update(clients, row, state=JobState.RUNNING)
         except Exception as exc:
             if not tasks.is_conflict(exc):
                 raise
             row = jobs.get(clients, job)
-    if row["State"] == JobState.RUNNING.value:
+    if row.state is JobState.RUNNING:
         log.info("job %s planned: %d tasks", job, len(specs))
         release(clients, job)
     else:  # cancelled while it was being planned: nothing it planned may run
@@ -86,7 +85,7 @@ def plan(clients: Clients, job: str) -> None:
         jobs.announce_done(clients, job)
 
 
-def release(clients: Clients, job: str, *, min_room: float = 0.0, row: dict[str, Any] | None = None,
+def release(clients: Clients, job: str, *, min_room: float = 0.0, row: jobs.JobRow | None = None,
             done: int | None = None) -> int:
     """Top up the job's window: release PENDING tasks to the shard queues until
     ``released - terminal`` reaches the window. With ``min_room`` > 0 it does nothing
@@ -106,10 +105,10 @@ def release(clients: Clients, job: str, *, min_room: float = 0.0, row: dict[str,
     row = row if row is not None else jobs.get(clients, job)
     holding = False
     while True:
-        if row["State"] != JobState.RUNNING.value:
+        if row.state is not JobState.RUNNING:
             break
-        released, total = int(row["Released"]), int(row.get("Tiles", row["Total"]))
-        holder = row.get("ReleaserUntil")
+        released, total = row.released, row.tiles
+        holder = row.releaser_until
         if released >= total or (not holding and holder is not None and holder > tasks.now()):
             break
         if done is None:
@@ -120,12 +119,12 @@ def release(clients: Clients, job: str, *, min_room: float = 0.0, row: dict[str,
         count = min(room, total - released, RELEASE_CHUNK)
         try:
             if not holding:
-                row = jobs.update(clients, row, ReleaserUntil=tasks.now() + lease)
+                row = jobs.update(clients, row, releaser_until=tasks.now() + lease)
                 holding = True
             queued = transitions.queue(clients, job, tasks.list_tasks(clients.tasks, job, released, count))
             dispatch.send(clients, map(dispatch.ref_of, queued))
             # The cursor moves only after the sends, and renews the lease as it moves.
-            row = jobs.update(clients, row, Released=released + count, ReleaserUntil=tasks.now() + lease)
+            row = jobs.update(clients, row, released=released + count, releaser_until=tasks.now() + lease)
         except Exception as exc:
             if tasks.is_conflict(exc):
                 return total_released  # another releaser holds it now, or the job was cancelled
@@ -134,7 +133,7 @@ def release(clients: Clients, job: str, *, min_room: float = 0.0, row: dict[str,
         min_room, done = 0.0, None
     if holding:
         try:
-            jobs.update(clients, row, ReleaserUntil=NO_RELEASER)
+            jobs.update(clients, row, releaser_until=NO_RELEASER)
         except Exception as exc:
             if not tasks.is_conflict(exc):
                 raise

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
 
 from pipeline.lifecycle import completion, jobs, planner, tasks, transitions
+from pipeline.lifecycle.jobs import JobRow
 from pipeline.lifecycle.status import JobState
 from pipeline.storage.clients import Clients
 
@@ -25,20 +25,14 @@ FORGET_JOBS_AFTER = 1000  # jobs whose last look a worker remembers
 TOP_UP_SHARE = 0.25  # after a task's end, the window is topped up once this share of it has drained
 
 
-def all_released(row: dict[str, Any]) -> bool:
-    """Whether the planner has released every tile task of the job (reductions are released
-    by their dependencies, not by the window)."""
-    return int(row["Released"]) >= int(row.get("Tiles", row["Total"]))
-
-
-def task_ended(clients: Clients, job: str, row: dict[str, Any] | None = None, done: int | None = None) -> bool:
+def task_ended(clients: Clients, job: str, row: JobRow | None = None, done: int | None = None) -> bool:
     """One of ``job``'s tasks ended: announce the job done if that was its last, else top up
     its window. ``row`` and ``done`` (the job row and its terminal count) spare the reads
     when the caller has just made them. Returns whether it announced."""
     return _follow(clients, job, row, done)[0]
 
 
-def _follow(clients: Clients, job: str, row: dict[str, Any] | None, done: int | None,
+def _follow(clients: Clients, job: str, row: JobRow | None, done: int | None,
             released: bool = False) -> tuple[bool, bool]:
     """``task_ended``, and whether every tile task is released once it is done (``released``:
     the caller knows they all were, though ``row`` was read before the last were)."""
@@ -48,21 +42,20 @@ def _follow(clients: Clients, job: str, row: dict[str, Any] | None, done: int | 
     if completion.all_terminal(clients, row, done):
         jobs.announce_done(clients, job)
         return True, True
-    if released or all_released(row):
+    if released or row.all_released:
         return False, True
     count = planner.release(clients, job, min_room=TOP_UP_SHARE, row=row, done=done)
-    return False, int(row["Released"]) + count >= int(row.get("Tiles", row["Total"]))
+    return False, row.released + count >= row.tiles
 
 
-def follow_up(clients: Clients, counter: tasks.TerminalCounter, job: str, row: dict[str, Any]) -> bool:
+def follow_up(clients: Clients, counter: tasks.TerminalCounter, job: str, row: JobRow) -> bool:
     """The sweep's pass over one unfinished, planned job: top up the window of a running job,
     go on with a cancellation, and announce a completion nobody made (a worker that died
     between its commit and its announcement, a finisher that died). ``counter`` counts the
     tasks a cancellation ends. Returns whether it announced."""
-    state = JobState(row["State"])
-    if state is JobState.RUNNING:
+    if row.state is JobState.RUNNING:
         planner.release(clients, job)
-    elif state is JobState.CANCELLING:
+    elif row.state is JobState.CANCELLING:
         transitions.cancel(clients, job, counter)
     if completion.due(clients, jobs.get(clients, job)):
         jobs.announce_done(clients, job)
@@ -83,7 +76,7 @@ class Watch:
         self.clients = clients
         self._lock = threading.Lock()
         # per job: when this worker last looked, the row it read, and whether all were released
-        self._looked: dict[str, tuple[float, dict[str, Any] | None, bool]] = {}
+        self._looked: dict[str, tuple[float, JobRow | None, bool]] = {}
 
     def task_ended(self, job: str) -> None:
         with self._lock:

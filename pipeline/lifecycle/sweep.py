@@ -78,7 +78,7 @@ def _sweep_job(clients: Clients, job: str, report: monitor.SweepReport, done: Co
     except jobs.JobNotFound:
         jobs.deactivate(clients, job, unless_younger_than=ORPHAN_AGE)
         return
-    state = JobState(row["State"])
+    state = row.state
     if state.finished:
         jobs.deactivate(clients, job)
         return

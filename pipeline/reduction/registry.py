@@ -28,7 +28,6 @@ from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 
 from pipeline.lifecycle import jobs
 from pipeline.lifecycle.request import RequestError
-from pipeline.lifecycle.status import JobState
 from pipeline.lifecycle.tasks import now
 from pipeline.reduction import reducers
 from pipeline.reduction.bundles import Bundle
@@ -250,7 +249,7 @@ def _running(clients: Clients, digest: str) -> bool:
         except jobs.JobNotFound:
             continue
         program = jobs.program_of(row)
-        if program and program.digest == digest and not JobState(row["State"]).finished:
+        if program and program.digest == digest and not row.state.finished:
             return True
     return False
 

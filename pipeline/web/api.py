@@ -21,7 +21,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pipeline.lifecycle import costs, jobs, results
 from pipeline.lifecycle.request import JobRequest, RequestError, expand
-from pipeline.lifecycle.status import JobState
 from pipeline.reduction import bundles, registry
 from pipeline.settings import Settings
 from pipeline.storage.clients import clients_for
@@ -159,12 +158,12 @@ def create_app(settings: Settings) -> FastAPI:
         """Submit a processing request; it is planned into tasks asynchronously."""
         program = registry.resolve(clients, caller.user, request.reducer.name) if request.reducer else None
         row = jobs.submit(clients, request, owner=caller.user.name, program=program)
-        job = row["PartitionKey"]
+        job = row.job
         if program is not None:
             registry.record_use(clients, program, job, caller.user.name)
-        audit.record(clients, caller.user.name, "job.submit", job, {"tasks": row["Total"]}
+        audit.record(clients, caller.user.name, "job.submit", job, {"tasks": row.total}
                      | ({"reducer": program.label, "digest": program.digest} if program and program.digest else {}))
-        return {"job": job, "state": row["State"], "total": row["Total"]}
+        return {"job": job, "state": row.state.value, "total": row.total}
 
     @app.post("/api/estimate")
     def estimate(request: JobRequest, caller: Caller = Depends(signed_in)) -> dict[str, Any]:
@@ -182,8 +181,8 @@ def create_app(settings: Settings) -> FastAPI:
         if all and not caller.user.admin:
             raise HTTPException(403, "only an admin may list every user's jobs")
         return [
-            {"job": r["PartitionKey"], "state": r["State"], "label": r.get("Label", ""), "owner": r.get("Owner", ""),
-             "total": r["Total"], "created": r["CreatedAt"].isoformat()}
+            {"job": r.job, "state": r.state.value, "label": r.label, "owner": r.owner,
+             "total": r.total, "created": r.created_at.isoformat()}
             for r in jobs.list_jobs(clients, limit, owner=None if all else caller.user.name)
         ]
 
@@ -197,19 +196,19 @@ def create_app(settings: Settings) -> FastAPI:
     def cancel(job_id: str, caller: Caller = Depends(signed_in)) -> dict[str, Any]:
         """Cancel a job: no task starts after this; the job ends CANCELLED."""
         row = jobs.get_for(clients, job_id, caller.user)
-        if JobState(row["State"]).finished:
-            raise HTTPException(409, f"job {job_id} already finished: {row['State']}")
+        if row.state.finished:
+            raise HTTPException(409, f"job {job_id} already finished: {row.state.value}")
         row = jobs.cancel(clients, job_id, owner=f"api-cancel-{job_id}")
         audit.record(clients, caller.user.name, "job.cancel", job_id)
-        return {"job": job_id, "state": row["State"]}
+        return {"job": job_id, "state": row.state.value}
 
     @app.get("/api/jobs/{job_id}/results")
     def job_results(job_id: str, caller: Caller = Depends(signed_in)) -> dict[str, Any]:
         """The manifest of a finished job, with short-lived download links."""
         row = jobs.get_for(clients, job_id, caller.user)
         found = results.manifest(clients, job_id)
-        if found is None or not JobState(row["State"]).finished:
-            raise HTTPException(409, f"job {job_id} has not finished: {row['State']}")
+        if found is None or not row.state.finished:
+            raise HTTPException(409, f"job {job_id} has not finished: {row.state.value}")
         return results.with_links(clients, job_id, found)
 
     add_portal(app, clients, signed_in)

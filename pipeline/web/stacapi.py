@@ -27,7 +27,6 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipeline.lifecycle import jobs, results
-from pipeline.lifecycle.status import JobState
 from pipeline.modis import stacitems
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
@@ -194,14 +193,14 @@ def add_routes(app: FastAPI, clients: Clients, signed_in: Callable[..., Caller])
     def finished(job: str, caller: Caller) -> dict[str, Any]:
         row = jobs.get_for(clients, job, caller.user)  # 404 for another's job, as for none
         manifest = results.manifest(clients, job)
-        if manifest is None or not JobState(row["State"]).finished:
-            raise HTTPException(404, f"job {job} has no products yet: {row['State']}")
+        if manifest is None or not row.state.finished:
+            raise HTTPException(404, f"job {job} has no products yet: {row.state.value}")
         return made(clients, job, manifest)
 
     def own_finished(caller: Caller) -> Iterator[str]:
         for row in jobs.list_jobs(clients, JOBS, owner=caller.user.name):
-            if JobState(row["State"]).finished:
-                yield row["PartitionKey"]
+            if row.state.finished:
+                yield row.job
 
     @app.get("/api/stac", name="stac_landing")
     def landing(request: Request, caller: Caller = Depends(signed_in)) -> dict[str, Any]:
