@@ -172,18 +172,18 @@ def storage_view(clients: Clients, job: str) -> dict[str, Any]:
     """What storage says of a finished job: per task its status and its outputs' MD5s;
     committed attempts per task; blobs no task names; leftover markers."""
     rows = tasks.list_tasks(clients.tasks, job)
-    committed = Counter(a["Task"] for a in attempts.list_attempts(clients.tasks, job)
-                        if a.get("Outcome") in COMMITTED)
+    committed = Counter(a.task for a in attempts.list_attempts(clients.tasks, job)
+                        if a.outcome in COMMITTED)
     digests: dict[str, list[str]] = {}
     named: set[tuple[str, str]] = set()
     for row in rows:
         found = []
-        for output in json.loads(row.get("Outputs") or "[]"):
+        for output in row.output_names():
             container, blob = ((clients.tiles, output.removeprefix(names.TILE_OUTPUT_PREFIX))
                                if output.startswith(names.TILE_OUTPUT_PREFIX) else (clients.products, output))
             named.add((container.container_name, blob))
             found.append(hashlib.md5(container.download_blob(blob).readall(), usedforsecurity=False).hexdigest())
-        digests[row["RowKey"]] = found
+        digests[row.task] = found
     keep = (names.manifest_blob(job), f"{job}/packs/", names.overview_blob(job, ""))  # the job's own, not a task's
     unnamed = [f"{c.container_name}/{b.name}" for c in (clients.tiles, clients.products)
                for b in c.list_blobs() if (c.container_name, b.name) not in named
@@ -233,7 +233,7 @@ def run(tasks_wanted: int, workers: int, slots: int, kill_every: float, seed: in
                     chaos_s = wait(stack, job, started, timeout)
                 except TimeoutError as exc:  # say where it stood: what storage holds, what was done
                     rows = tasks.list_tasks(direct.tasks, job)
-                    stuck = [(r["RowKey"], r["Status"], r["Attempt"]) for r in rows if r["Status"] not in COMMITTED]
+                    stuck = [(r.task, r.status.value, r.attempt) for r in rows if r.status.value not in COMMITTED]
                     raise TimeoutError(f"{exc}; storage up: {azurite.process is not None}; unfinished: "
                                        f"{stuck[:10]}; job: {jobs_state(direct, job)}; {chaos}") from None
                 finally:
@@ -246,7 +246,7 @@ def run(tasks_wanted: int, workers: int, slots: int, kill_every: float, seed: in
             proxy.stop()
             azurite.stop()
 
-    statuses = Counter(r["Status"] for r in seen["rows"])
+    statuses = Counter(r.status.value for r in seen["rows"])
     lost = (total - len(seen["rows"])) + sum(n for s, n in statuses.items() if s not in COMMITTED)
     duplicates = sum(n - 1 for n in seen["committed"].values() if n > 1)
     mismatched = sum(seen["digests"].get(k) != v for k, v in clean["digests"].items())

@@ -25,7 +25,7 @@ from bagpipe import control
 from bagpipe.azurite import Azurite
 from bagpipe.mailserver import MailServer
 from bench import fault_stage
-from pipeline.lifecycle import jobs, monitor, sweep, tasks
+from pipeline.lifecycle import attempts, jobs, monitor, sweep, tasks
 from pipeline.lifecycle.notify import mailer_for
 from pipeline.lifecycle.request import JobRequest
 from pipeline.lifecycle.status import TERMINAL, JobState, TaskStatus
@@ -310,19 +310,19 @@ class Run:
             tried = [r for r in clients.tasks.query_entities(
                 "PartitionKey eq @pk and RowKey ge @lo and RowKey lt @hi",
                 parameters={"pk": job, "lo": "~", "hi": "~~"})]
+            ran = [attempts.AttemptRow.from_entity(r) for r in tried if r["RowKey"].startswith(names.ATTEMPT_PREFIX)]
             for task in rows:
-                if TaskStatus(task["Status"]) not in TERMINAL:
+                if task.status not in TERMINAL:
                     found["lost"] += 1
-                    problems.append(f"{job}/{task['RowKey']} {task['Status']}")
-                committed = [a for a in tried if a["RowKey"].startswith(names.ATTEMPT_PREFIX)
-                             and a.get("Task") == task["RowKey"] and a.get("Outcome") in COMMITTED]
+                    problems.append(f"{job}/{task.task} {task.status.value}")
+                committed = [a for a in ran if a.task == task.task and a.outcome in COMMITTED]
                 if len(committed) > 1:
                     found["duplicates"] += 1
-                    problems.append(f"{job}/{task['RowKey']} committed {len(committed)} times")
-                if task["Status"] in COMMITTED and [int(a["Attempt"]) for a in committed] != [int(task["Attempt"])]:
+                    problems.append(f"{job}/{task.task} committed {len(committed)} times")
+                if task.status.value in COMMITTED and [a.attempt for a in committed] != [task.attempt]:
                     found["duplicates"] += 1
-                    problems.append(f"{job}/{task['RowKey']} row names attempt {task['Attempt']}, "
-                                    f"committed {[a['Attempt'] for a in committed]}")
+                    problems.append(f"{job}/{task.task} row names attempt {task.attempt}, "
+                                    f"committed {[a.attempt for a in committed]}")
             indexes = (names.DEADLINE_PREFIX, names.DISPATCH_PREFIX)
             left = [r["RowKey"] for r in tried if r["RowKey"].startswith(indexes)]
             if left and row.state.finished:

@@ -77,10 +77,10 @@ def build(clients: Clients, size: int) -> str:
         entity = tasks.task_entity(job, seq, spec, clients.settings.shards)
         status = TaskStatus.DEAD if seq in dead else TaskStatus.SUCCEEDED
         runtime = random.Random(seq).uniform(0.02, 0.2)
-        entity |= {"Status": status.value, "EndedAt": ended, "RuntimeS": runtime, "Outputs": "[]"}
-        rows += [entity, attempts.attempt_row(job, entity["RowKey"], 1, Outcome=status.value, RuntimeS=runtime,
-                                              EndedAt=ended, **({"FailureClass": "user_code_error"}
-                                                                if status is TaskStatus.DEAD else {}))]
+        entity |= tasks.TaskRow.as_stored(status=status, ended_at=ended, runtime_s=runtime, outputs="[]")
+        rows += [entity, attempts.attempt_row(job, entity["RowKey"], 1, outcome=status.value, runtime_s=runtime,
+                                              ended_at=ended, **({"failure_class": "user_code_error"}
+                                                                 if status is TaskStatus.DEAD else {}))]
         release.move(spec.stage, spec.tile, TaskStatus.PENDING, TaskStatus.QUEUED)
         slot = slots[seq % WRITERS].move(spec.stage, spec.tile, TaskStatus.QUEUED, TaskStatus.RUNNING)
         slot.move(spec.stage, spec.tile, TaskStatus.RUNNING, status)

@@ -121,10 +121,10 @@ class DutyCycle(threading.Thread):
 
 def wasted_seconds(clients: Clients, job: str) -> float:
     """Slot-seconds of the job's attempts that did not commit (revoked, given up, discarded)."""
-    return sum((a["EndedAt"] - a["StartedAt"]).total_seconds()
+    return sum((a.ended_at - a.started_at).total_seconds()
                for a in attempts.list_attempts(clients.tasks, job)
-               if a.get("EndedAt") and a.get("StartedAt")
-               and a.get("Outcome") not in ("SUCCEEDED", "CACHED", "NO_DATA"))
+               if a.ended_at and a.started_at
+               and a.outcome not in ("SUCCEEDED", "CACHED", "NO_DATA"))
 
 
 def run(azurite: Azurite, home: Path, namespace: str, model: Model, stage: str, overrides: dict[str, Any],
@@ -158,7 +158,7 @@ def run(azurite: Azurite, home: Path, namespace: str, model: Model, stage: str, 
             if slow is not None and slow.is_alive():
                 slow.end()
         status = http.get(f"/api/jobs/{job}").json()
-        busy = sum(float(t.get("RuntimeS", 0)) for t in tasks.list_tasks(clients.tasks, job))
+        busy = sum(t.runtime_s or 0.0 for t in tasks.list_tasks(clients.tasks, job))
         return {"tasks": status["total"], "state": status["state"], "makespan_s": round(makespan, 2),
                 "kills": status["monitor_kills"], "drained": status["failures"].get("worker_slow", 0),
                 "wasted_s": round(wasted_seconds(clients, job), 2), "busy_s": round(busy, 2),

@@ -261,7 +261,7 @@ def test_a_c_and_a_python_reducer_uploaded_and_run_end_to_end(
         assert status["state"] == "SUCCEEDED", status
         row = reduction_row(clients, job)
         # the job ran the exact bundle it resolved to, and says so
-        assert json.loads(row["Params"])["bundle"] == made[name]["digest"] == status["program"]["digest"]
+        assert row.parameters()["bundle"] == made[name]["digest"] == status["program"]["digest"]
     outputs = outputs_of(clients, reduction_row(clients, submitted["count"]))
     assert outputs["count.txt"].decode() == f"3 files, {3 * 100 * 100} bytes\n"
     summary = json.loads(outputs_of(clients, reduction_row(clients, submitted["mean"]))["summary.json"])

@@ -23,15 +23,15 @@ def test_cancel_stops_new_tasks_and_ends_cancelled(settings: Settings, mail: Mai
         wait_for(lambda: jobs.get(clients, job).state.finished, 60, "the job to end")
     assert jobs.get(clients, job).state == "CANCELLED"
     rows = tasks.list_tasks(clients.tasks, job)
-    counts = Counter(r["Status"] for r in rows)
+    counts = Counter(r.status for r in rows)
     assert set(counts) <= {"SUCCEEDED", "CANCELLED"} and counts["CANCELLED"] > 50
     assert sum(counts.values()) == 92
-    started = [a["StartedAt"] for a in attempts.list_attempts(clients.tasks, job)]
+    started = [a.started_at for a in attempts.list_attempts(clients.tasks, job)]
     assert started and max(started) < cancelled_at, "no attempt started after the cancel returned"
     # a task cancelled while it ran did not publish its output
     for row in rows:
-        if row["Status"] == "CANCELLED":
-            assert "Outputs" not in row
+        if row.status == "CANCELLED":
+            assert not row.outputs
     (message,) = [m for _, m in mail.messages() if job in str(m["Subject"])]
     assert "cancelled" in str(message["Subject"])
     status = jobs.status(clients, job)
@@ -45,5 +45,5 @@ def test_cancel_before_planning_plans_nothing_runnable(
     jobs.cancel(clients, job, owner="test-cancel")
     wait_for(lambda: jobs.get(clients, job).state.finished, 60, "the job to end")
     assert jobs.get(clients, job).state == "CANCELLED"
-    assert all(r["Status"] == "CANCELLED" for r in tasks.list_tasks(clients.tasks, job))
+    assert all(r.status == "CANCELLED" for r in tasks.list_tasks(clients.tasks, job))
     assert sum(q.get_queue_properties().approximate_message_count for q in clients.shard_queues) == 0

@@ -47,7 +47,7 @@ def test_a_finished_job_reports_the_compute_it_used_in_its_status_and_email(
     job = jobs.submit(clients, small_request()).job
     with running_control(settings), running_workers(settings):
         wait_for(lambda: jobs.get(clients, job).state == "SUCCEEDED", 120, "the job")
-    ran = [float(a["RuntimeS"]) for a in attempts.list_attempts(clients.tasks, job) if a.get("RuntimeS") is not None]
+    ran = [float(a.runtime_s) for a in attempts.list_attempts(clients.tasks, job) if a.runtime_s is not None]
     assert len(ran) >= 8 and sum(ran) > 0
     found = jobs.status(clients, job)["cost"]
     assert found["compute_s"] == pytest.approx(sum(ran), abs=0.1)

@@ -93,7 +93,7 @@ def test_a_slow_worker_drains_exits_to_be_replaced_and_its_tasks_finish_elsewher
         wait_for(lambda: "ready" in log.read_text(errors="replace"), 120, "the slow worker to start")
         with running_control(settings):
             job = jobs.submit(clients, request).job
-            wait_for(lambda: any(f"-{slow.pid}-" in (row.get("Worker") or "")
+            wait_for(lambda: any(f"-{slow.pid}-" in row.worker
                                  for row in tasks.list_tasks(clients.tasks, job)), 60, "the slow worker to claim")
             with running_workers(settings, slots=2):
                 assert slow.wait(120) == health.REPLACE_EXIT, log.read_text(errors="replace")[-2000:]
@@ -111,11 +111,11 @@ def test_a_slow_worker_drains_exits_to_be_replaced_and_its_tasks_finish_elsewher
     assert others and all(w["state"] == health.HEALTHY and w["median_ratio"] < by_worker[vm]["median_ratio"] / 2
                           for w in others)
     assert status["failures"].get("worker_slow", 0) >= 1 and status["monitor_kills"] == 0
-    given_up = {a["Task"] for a in attempts.list_attempts(clients.tasks, job) if a.get("FailureClass") == "worker_slow"}
-    assert given_up and all(f"-{slow.pid}-" in a["Worker"] for a in attempts.list_attempts(clients.tasks, job)
-                            if a["Task"] in given_up and a.get("FailureClass"))
+    given_up = {a.task for a in attempts.list_attempts(clients.tasks, job) if a.failure_class == "worker_slow"}
+    assert given_up and all(f"-{slow.pid}-" in a.worker for a in attempts.list_attempts(clients.tasks, job)
+                            if a.task in given_up and a.failure_class)
     for task in given_up:  # each finished on a healthy worker, its output published
-        row = clients.tasks.get_entity(job, task)
-        assert row["Status"] == "SUCCEEDED" and f"-{slow.pid}-" not in row["Worker"] and json.loads(row["Outputs"])
+        row = tasks.get_task(clients.tasks, job, task)
+        assert row.status == "SUCCEEDED" and f"-{slow.pid}-" not in row.worker and json.loads(row.outputs)
     started = time.monotonic()
     assert sweep.sweep(clients)["slow_workers"] == 0 and time.monotonic() - started < 30

@@ -4,8 +4,6 @@ real workers)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from pipeline.lifecycle import jobs, policy, runtimes, tasks
@@ -74,11 +72,11 @@ def test_cache_hits_do_not_enter_the_history(settings: Settings) -> None:
         job = jobs.submit(clients, small_request()).job
         wait_for(lambda: jobs.get(clients, job).state.finished, 120, "the job to finish")
     rows = tasks.list_tasks(clients.tasks, job)
-    computed = [r for r in rows if r["Status"] == "SUCCEEDED"]
-    assert len(computed) == 4 and sum(r["Status"] == "CACHED" for r in rows) == 4
+    computed = [r for r in rows if r.status == "SUCCEEDED"]
+    assert len(computed) == 4 and sum(r.status == "CACHED" for r in rows) == 4
     history = runtimes.read(clients.runtimes, "half_cached", "MOD10A2")
     assert history.count == len(computed)  # the workers merged every sample when they stopped
-    seconds = [float(r["RuntimeS"]) / runtimes.work_of(json.loads(r["Params"])) for r in computed]
+    seconds = [float(r.runtime_s) / runtimes.work_of(r.parameters()) for r in computed]
     # (a sample ends after the commit, the row's runtime at it: a little shorter)
     assert history.mean == pytest.approx(sum(seconds) / len(seconds), rel=0.5)
     assert history.mean >= 0.4 / NATIVE_MPX

@@ -43,7 +43,7 @@ def test_hostile_messages_amid_a_job_lose_nothing_and_run_nothing_twice(
     settings: Settings, clients: Clients, mail: MailServer
 ) -> None:
     job = planned_job(clients)
-    first = tasks.list_tasks(clients.tasks, job)[0]["RowKey"]
+    first = tasks.list_tasks(clients.tasks, job)[0].task
     undecodable = [
         b"\x00\xff\xfe binary",
         b"{not json",
@@ -73,9 +73,9 @@ def test_hostile_messages_amid_a_job_lose_nothing_and_run_nothing_twice(
 
     assert jobs.get(clients, job).state == JobState.SUCCEEDED.value
     rows = tasks.list_tasks(clients.tasks, job)
-    assert len(rows) == 8 and {r["Status"] for r in rows} == {TaskStatus.SUCCEEDED.value}
+    assert len(rows) == 8 and {r.status for r in rows} == {TaskStatus.SUCCEEDED.value}
     tried = attempts.list_attempts(clients.tasks, job)
-    assert sorted(a["RowKey"] for a in tried) == sorted(names.attempt_key(r["RowKey"], 1) for r in rows)
+    assert sorted(a.key for a in tried) == sorted(names.attempt_key(r.task, 1) for r in rows)
     poison = clients.queue(settings.names.poison_queue(queue.queue_name))
     records = [json.loads(tasks.message_bytes(m.content)) for m in poison.peek_messages(max_messages=32)]
     assert len(records) == len(undecodable)

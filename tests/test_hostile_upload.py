@@ -151,14 +151,14 @@ def run(azurite: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict
             job = api.post("/api/jobs", json=body, headers=signed(token)).json()["job"]
             seen["job"] = job
 
-            def reductions() -> dict[str, dict[str, Any]]:
-                rows = [r for r in tasks.list_tasks(clients.tasks, job) if r["Stage"] == "reduce"]
-                return {("sleeper" if float(json.loads(r["Params"])["bounds"].split(",")[0]) >= SLEEPER_WEST
+            def reductions() -> dict[str, tasks.TaskRow]:
+                rows = [r for r in tasks.list_tasks(clients.tasks, job) if r.stage == "reduce"]
+                return {("sleeper" if float(r.parameters()["bounds"].split(",")[0]) >= SLEEPER_WEST
                          else "prober"): r for r in rows}
 
-            wait_for(lambda: reductions().get("prober", {}).get("Status") in ("SUCCEEDED", "DEAD"), 240,
+            wait_for(lambda: "prober" in reductions() and reductions()["prober"].status in ("SUCCEEDED", "DEAD"), 240,
                      "the prober")
-            wait_for(lambda: running(mark) and reductions()["sleeper"]["Status"] == "RUNNING", 120,
+            wait_for(lambda: running(mark) and reductions()["sleeper"].status == "RUNNING", 120,
                      "the sleeper to run")
             seen["prober"] = reductions()["prober"]
             assert api.post(f"/api/jobs/{job}/cancel", headers=signed(token)).status_code == 202
@@ -167,7 +167,7 @@ def run(azurite: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict
             while time.monotonic() - revoked < 10 and running(mark):
                 time.sleep(0.2)
             seen["left"] = running(mark, "")
-            outputs = json.loads(seen["prober"].get("Outputs") or "[]")
+            outputs = seen["prober"].output_names()
             seen["report"] = json.loads(clients.products.download_blob(outputs[0]).readall()) if outputs else None
             seen["identity_calls"] = list(IdentityEndpoint.calls)
             seen["written"] = [b.name for b in clients.products.list_blobs()]

@@ -155,14 +155,14 @@ def test_quantile_rule_revokes_at_mean_plus_sigmas_when_that_is_earlier(settings
     assert policy.kill_after(limits, wild) == pytest.approx(40.0)
 
 
-def marked_task(clients: Clients, job: str) -> dict:
+def marked_task(clients: Clients, job: str) -> tasks.TaskRow:
     (row,) = [r for r in tasks.list_tasks(clients.tasks, job)
-              if json.loads(r["Params"])["tile"] == "h10v05" and json.loads(r["Params"])["date"] == "2022-01-09"]
+              if r.parameters()["tile"] == "h10v05" and r.parameters()["date"] == "2022-01-09"]
     return row
 
 
-def attempt_rows(clients: Clients, job: str, task: str) -> list[dict]:
-    return [a for a in attempts.list_attempts(clients.tasks, job) if a["Task"] == task]
+def attempt_rows(clients: Clients, job: str, task: str) -> list[attempts.AttemptRow]:
+    return [a for a in attempts.list_attempts(clients.tasks, job) if a.task == task]
 
 
 def index_rows(clients: Clients, job: str, task: str) -> list[str]:
@@ -186,17 +186,17 @@ def test_straggler_is_revoked_at_about_4x_and_succeeds_on_retry(settings: Settin
         wait_for(lambda: jobs.get(clients, job).state.finished, 120, "the job to finish")
     assert jobs.get(clients, job).state == "SUCCEEDED"
     task = marked_task(clients, job)
-    assert task["Attempt"] == 2 and task["Status"] == "SUCCEEDED" and task["Timeouts"] == 1
-    first, second = attempt_rows(clients, job, task["RowKey"])
-    assert first["FailureClass"] == "execution_timeout" and first["RevokedBy"] == "monitor"
-    ran_for = (first["EndedAt"] - first["StartedAt"]).total_seconds()
+    assert task.attempt == 2 and task.status == "SUCCEEDED" and task.timeouts == 1
+    first, second = attempt_rows(clients, job, task.task)
+    assert first.failure_class == "execution_timeout" and first.revoked_by == "monitor"
+    ran_for = (first.ended_at - first.started_at).total_seconds()
     history = runtimes.read(runtimes_table(clients), "straggler", "MOD10A2")
     assert 3.0 * mean <= ran_for <= 4 * history.mean * work + 2.0, ran_for  # revoked at about 4× the mean
-    assert second["Outcome"] == "SUCCEEDED"
+    assert second.outcome == "SUCCEEDED"
     # the revoked stage process is dead, and only the retry's output is published
-    pid = int((PIDS / f"{job}-{task['RowKey']}-1.pid").read_text())
+    pid = int((PIDS / f"{job}-{task.task}-1.pid").read_text())
     assert not alive(pid)
-    assert json.loads(task["Outputs"]) == [names.output_prefix(job, task["RowKey"], 2) + "summary.json"]
+    assert json.loads(task.outputs) == [names.output_prefix(job, task.task, 2) + "summary.json"]
     status = jobs.status(clients, job)
     # (on a loaded machine a normal 0.5 s task may pass 4 × 0.8 s too: it is revoked and retried
     # like the straggler, and the job still succeeds)
@@ -216,7 +216,7 @@ def test_stage_that_ignores_sigterm_is_sigkilled_with_its_children(settings: Set
         wait_for(lambda: not any(alive(p) for p in pids), 30, "the stage's process group to die")
         wait_for(lambda: jobs.get(clients, job).state.finished, 120, "the job to finish")
     assert jobs.get(clients, job).state == "SUCCEEDED"
-    assert marked_task(clients, job)["Attempt"] == 2
+    assert marked_task(clients, job).attempt == 2
 
 
 def test_worker_killed_mid_stage_task_finishes_elsewhere(settings: Settings) -> None:
@@ -242,9 +242,9 @@ def test_worker_killed_mid_stage_task_finishes_elsewhere(settings: Settings) -> 
             wait_for(lambda: jobs.get(clients, job).state.finished, 120, "the job to finish")
         recovered_in = time.monotonic() - killed_at
     assert jobs.get(clients, job).state == "SUCCEEDED"
-    row = clients.tasks.get_entity(job, marked["RowKey"])
-    assert row["Attempt"] == 2 and row["LastFailure"] == "heartbeat_lost" and "Timeouts" not in row
-    assert json.loads(row["Outputs"]) == [names.output_prefix(job, marked["RowKey"], 2) + "summary.json"]
+    row = tasks.get_task(clients.tasks, job, marked.task)
+    assert row.attempt == 2 and row.last_failure == "heartbeat_lost" and row.timeouts == 0
+    assert json.loads(row.outputs) == [names.output_prefix(job, marked.task, 2) + "summary.json"]
     assert recovered_in < settings.lease_seconds + 20
 
 
@@ -258,9 +258,9 @@ def test_sweep_activity_revokes_an_overdue_attempt(clients: Clients, settings: S
     assert held is not None
     report = sweep.sweep(clients)
     assert report["revoked"] == 1
-    row = clients.tasks.get_entity(job, held.ref.task)
-    assert row["Status"] == "QUEUED" and row["Attempt"] == 2 and row["LastFailure"] == "execution_timeout"
-    assert row["Timeouts"] == 1  # its next attempt may run backoff × longer
+    row = tasks.get_task(clients.tasks, job, held.ref.task)
+    assert row.status == "QUEUED" and row.attempt == 2 and row.last_failure == "execution_timeout"
+    assert row.timeouts == 1  # its next attempt may run backoff × longer
     assert not transitions.still_held(clients, held), "the old attempt's heartbeat is refused"
     assert index_rows(clients, job, held.ref.task) == []
     assert sweep.sweep(clients)["revoked"] == 0
@@ -269,7 +269,7 @@ def test_sweep_activity_revokes_an_overdue_attempt(clients: Clients, settings: S
 def test_the_index_moves_with_the_task_row_in_one_write(clients: Clients) -> None:
     job = jobs.submit(clients, small_request()).job
     sweep.handle_plan(clients, json.dumps({"job": job}).encode())
-    ref = tasks.TaskRef(job, tasks.list_tasks(clients.tasks, job)[0]["RowKey"], 1)
+    ref = tasks.TaskRef(job, tasks.list_tasks(clients.tasks, job)[0].task, 1)
 
     def overtaken(*_: object) -> datetime:  # another claim lands between the read and the write
         clients.tasks.update_entity({"PartitionKey": job, "RowKey": ref.task, "Worker": "other"}, mode=UpdateMode.MERGE)
@@ -281,13 +281,13 @@ def test_the_index_moves_with_the_task_row_in_one_write(clients: Clients) -> Non
     assert held is not None
     assert index_rows(clients, job, ref.task) == [held.index]
     (attempt,) = attempt_rows(clients, job, ref.task)
-    assert attempt["Worker"] == "winner" and attempt["Outcome"] == "RUNNING"
+    assert attempt.worker == "winner" and attempt.outcome == "RUNNING"
     assert transitions.commit(clients, tasks.TerminalCounter("t"), held, TaskStatus.SUCCEEDED, [])
     assert index_rows(clients, job, ref.task) == []
     (attempt,) = attempt_rows(clients, job, ref.task)
-    assert attempt["Outcome"] == "SUCCEEDED" and attempt["RuntimeS"] >= 0
+    assert attempt.outcome == "SUCCEEDED" and attempt.runtime_s >= 0
     # a commit whose index entry had already gone still commits, and leaves none
-    second = tasks.TaskRef(job, tasks.list_tasks(clients.tasks, job)[1]["RowKey"], 1)
+    second = tasks.TaskRef(job, tasks.list_tasks(clients.tasks, job)[1].task, 1)
     held = transitions.claim(clients, second, "w", in_an_hour)
     assert held is not None
     attempts.unindex(clients, job, held.index)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections import Counter
@@ -17,7 +16,7 @@ from pipeline.storage.clients import Clients
 from tests.conftest import WorkerThreads, in_an_hour, queue_depth, small_request, wait_for
 
 
-def task_rows(clients: Clients, job: str) -> list[dict]:
+def task_rows(clients: Clients, job: str) -> list[tasks.TaskRow]:
     return tasks.list_tasks(clients.tasks, job)
 
 
@@ -33,7 +32,7 @@ def test_plan_message_twice_makes_no_duplicate(clients: Clients) -> None:
     sweep.handle_plan(clients, body)
     rows = task_rows(clients, job)
     assert len(rows) == 92
-    specs = [(r["Params"], r["Stage"]) for r in rows]
+    specs = [(r.params, r.stage) for r in rows]
     assert len(set(specs)) == 92
     assert jobs.get(clients, job).state == JobState.RUNNING.value
     # every released task has a message; a task with two messages is harmless but the
@@ -50,7 +49,7 @@ def test_plan_resumes_after_a_crash_midway(clients: Clients) -> None:
     assert tasks.create_batch(clients.tasks, first) == 50
     planner.plan(clients, job)
     rows = task_rows(clients, job)
-    assert [r["Seq"] for r in rows] == list(range(92))
+    assert [r.seq for r in rows] == list(range(92))
     assert jobs.get(clients, job).planned == 92
 
 
@@ -80,10 +79,10 @@ def test_release_never_puts_more_than_the_window_in_the_queues(
     # each resend of a message still waiting in a queue (the reconciler's, on a slow
     # machine) adds one message beyond the window's, and nothing else may
     rows = task_rows(clients, job)
-    resends = sum(int(r.get("Resends") or 0) for r in rows)
+    resends = sum(r.resends for r in rows)
     assert max(depths) <= settings.window + resends, (max(depths), resends)
     assert max(depths) >= settings.window // 2, "the window was used"
-    counts = Counter(r["Status"] for r in rows)
+    counts = Counter(r.status for r in rows)
     assert counts == {"SUCCEEDED": total}
     # and the counters agree with the rows
     assert tasks.terminal_counts(clients.tasks, job)["SUCCEEDED"] == total
@@ -123,28 +122,28 @@ def test_a_reduction_counts_its_tile_tasks_off_and_is_released_once_at_zero(clie
     job = jobs.submit(clients, body).job  # 2 tiles × 3 periods + 2 reductions
     planner.plan(clients, job)
     rows = task_rows(clients, job)
-    reductions = [r for r in rows if r["Stage"] == "reduce"]
-    assert [r["Seq"] for r in reductions] == [6, 7] and jobs.get(clients, job).tiles == 6
+    reductions = [r for r in rows if r.stage == "reduce"]
+    assert [r.seq for r in reductions] == [6, 7] and jobs.get(clients, job).tiles == 6
     assert jobs.get(clients, job).released == 6  # the cursor stops before the reductions
-    assert json.loads(reductions[0]["Params"])["deps"] == "0,3" and reductions[0]["Deps"] == 3
+    assert reductions[0].parameters()["deps"] == "0,3" and reductions[0].deps == 3
 
     def claimed(seq: int) -> transitions.Claim:
         held = transitions.claim(clients, tasks.TaskRef(job, names.task_key(seq), 1), f"w{seq}", in_an_hour)
         assert held is not None
         return held
 
-    def reduction(seq: int) -> dict:
-        return clients.tasks.get_entity(job, names.task_key(seq))
+    def reduction(seq: int) -> tasks.TaskRow:
+        return tasks.get_task(clients.tasks, job, names.task_key(seq))
 
     counter = tasks.TerminalCounter("test")
     assert transitions.commit(clients, counter, claimed(0), TaskStatus.SUCCEEDED, [])
     assert transitions.commit(clients, counter, claimed(1), TaskStatus.NO_DATA, [])
-    assert reduction(6)["Status"] == "PENDING" and reduction(6)["Deps"] == 1  # one of its tiles still runs
+    assert reduction(6).status == "PENDING" and reduction(6).deps == 1  # one of its tiles still runs
     before = queue_depth(clients)
     assert transitions.fail(clients, counter, claimed(2), FailureClass.USER_CODE, "no", budget=1) is TaskStatus.DEAD
     row = reduction(6)
-    assert row["Status"] == "QUEUED" and row["Deps"] == 0 and row["Dispatch"].startswith(names.DISPATCH_PREFIX)
-    assert clients.tasks.get_entity(job, row["Dispatch"])["Task"] == row["RowKey"], "its dispatch entry"
+    assert row.status == "QUEUED" and row.deps == 0 and row.dispatch.startswith(names.DISPATCH_PREFIX)
+    assert clients.tasks.get_entity(job, row.dispatch)["Task"] == row.task, "its dispatch entry"
     assert queue_depth(clients) == before + 1
     # the last three end together: their writes race on the reduction's row, each counts once
     held = [claimed(seq) for seq in (3, 4, 5)]
@@ -154,7 +153,7 @@ def test_a_reduction_counts_its_tile_tasks_off_and_is_released_once_at_zero(clie
         end.start()
     for end in ends:
         end.join()
-    assert reduction(7)["Status"] == "QUEUED" and reduction(7)["Deps"] == 0
+    assert reduction(7).status == "QUEUED" and reduction(7).deps == 0
     assert queue_depth(clients) == before + 2
     status = jobs.status(clients, job)["counts"]
     assert (status["QUEUED"], status["SUCCEEDED"], status["NO_DATA"], status["DEAD"]) == (2, 4, 1, 1)

@@ -101,7 +101,7 @@ def test_the_sweep_goes_on_with_a_cancellation_and_announces_it(narrow: Clients)
     swept = tasks.TerminalCounter("sweep-test")
     # the first pass cancels every task; the job, just changed, may still be someone's to finish
     assert not progress.follow_up(narrow, swept, job, row)
-    statuses = {r["Status"] for r in tasks.list_tasks(narrow.tasks, job)}
+    statuses = {r.status for r in tasks.list_tasks(narrow.tasks, job)}
     assert statuses == {TaskStatus.CANCELLED.value} and _announced(narrow, job) == 0
     time.sleep(narrow.settings.lease_seconds + 0.5)  # nobody announced it: the next pass does
     assert progress.follow_up(narrow, swept, job, jobs.get(narrow, job))

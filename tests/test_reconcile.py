@@ -76,9 +76,9 @@ def test_a_reduction_whose_message_is_lost_is_sent_again(settings: Settings, mai
                           reducer={"name": "max_composite"})
         wait_for(lambda: finished(clients, job), 90, "the job to finish")
     assert dropped, "a reduction's message was lost"
-    row = clients.tasks.get_entity(job, dropped[0])
-    why = (row.get("LastFailure"), row.get("LastError"))
-    assert row["Stage"] == "reduce" and row["Status"] == "SUCCEEDED" and row["Resends"] >= 1, why
+    row = tasks.get_task(clients.tasks, job, dropped[0])
+    why = (row.last_failure, row.last_error)
+    assert row.stage == "reduce" and row.status == "SUCCEEDED" and row.resends >= 1, why
     assert jobs.get(clients, job).state == "SUCCEEDED"
     assert len(emails_for(mail, job)) == 1 and index_left(clients, job) == []
 
@@ -111,13 +111,13 @@ def test_a_revocation_whose_message_is_lost_is_sent_again(settings: Settings, ma
     queue.delete_message(message)
     monkeypatch.setattr(dispatch, "send", lambda *a, **k: 0)  # the requeue's message never goes out
     assert sweep.sweep(clients)["revoked"] == 1
-    row = clients.tasks.get_entity(job, held.ref.task)
-    assert row["Status"] == "QUEUED" and row["Attempt"] == 2 and row["Dispatch"]
+    row = tasks.get_task(clients.tasks, job, held.ref.task)
+    assert row.status == "QUEUED" and row.attempt == 2 and row.dispatch
     monkeypatch.undo()
     with running_control(settings), running_workers(settings):
         wait_for(lambda: finished(clients, job), 90, "the job to finish")
-    row = clients.tasks.get_entity(job, held.ref.task)
-    assert row["Status"] == "SUCCEEDED" and row["Attempt"] == 2 and row["Resends"] >= 1
+    row = tasks.get_task(clients.tasks, job, held.ref.task)
+    assert row.status == "SUCCEEDED" and row.attempt == 2 and row.resends >= 1
     assert len(emails_for(mail, job)) == 1 and index_left(clients, job) == []
 
 
@@ -144,7 +144,7 @@ def test_the_cache_marker_of_a_maker_that_died_with_its_task_cancelled_is_swept(
     """A worker killed while making a tile leaves the tile's marker; when its task is then
     cancelled no retry comes back to tidy it, and no other task need ever want that tile."""
     job = planned_job(clients)
-    task = tasks.list_tasks(clients.tasks, job)[0]["RowKey"]
+    task = tasks.list_tasks(clients.tasks, job)[0].task
     marker = clients.tiles.get_blob_client(names.marker_blob(f"00/{job}/MOD10A2.x.tif"))
     marker.upload_blob(b"", metadata={"owner": f"{job}/{task}"})
     sweep.sweep(clients)
@@ -306,6 +306,6 @@ def test_a_stage_whose_outputs_a_row_cannot_name_fails_as_its_own_error(settings
     with running_control(settings), running_workers(settings):
         job = planned_job(clients, region={"tiles": ["h10v05"]}, end="2022-01-10")
         wait_for(lambda: finished(clients, job), 90, "the job to finish")
-    (dead,) = [t for t in tasks.list_tasks(clients.tasks, job) if t["Status"] == "DEAD"]
-    assert dead["LastFailure"] == "user_code_error" and "characters a task row can name" in dead["LastError"]
-    assert dead["Attempt"] == 2  # the same error twice on the same input: dead at once
+    (dead,) = [t for t in tasks.list_tasks(clients.tasks, job) if t.status == "DEAD"]
+    assert dead.last_failure == "user_code_error" and "characters a task row can name" in dead.last_error
+    assert dead.attempt == 2  # the same error twice on the same input: dead at once

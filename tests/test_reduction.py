@@ -39,20 +39,20 @@ def run_job(settings: Settings, body: dict, timeout: float = 180) -> tuple[Clien
     return clients, job, jobs.status(clients, job)
 
 
-def reduction_row(clients: Clients, job: str) -> dict:
-    (row,) = [r for r in tasks.list_tasks(clients.tasks, job) if r["Stage"] == "reduce"]
+def reduction_row(clients: Clients, job: str) -> tasks.TaskRow:
+    (row,) = [r for r in tasks.list_tasks(clients.tasks, job) if r.stage == "reduce"]
     return row
 
 
 def outputs_of(clients: Clients, row: dict) -> dict[str, bytes]:
-    return {o.rsplit("/", 1)[-1]: clients.products.download_blob(o).readall() for o in json.loads(row["Outputs"])}
+    return {o.rsplit("/", 1)[-1]: clients.products.download_blob(o).readall() for o in json.loads(row.outputs)}
 
 
 def tiles_of(clients: Clients, job: str) -> list[np.ndarray]:
     found = []
     for row in tasks.list_tasks(clients.tasks, job):
-        if row["Stage"] == "modis" and row["Status"] in ("SUCCEEDED", "CACHED"):
-            (ref,) = json.loads(row["Outputs"])
+        if row.stage == "modis" and row.status in ("SUCCEEDED", "CACHED"):
+            (ref,) = json.loads(row.outputs)
             data = clients.tiles.download_blob(ref.removeprefix(names.TILE_OUTPUT_PREFIX)).readall()
             with MemoryFile(data) as memory, memory.open() as tile:
                 found.append(tile.read(1))
@@ -79,7 +79,7 @@ def test_python_reduction_over_the_span(settings: Settings, planetary: Planetary
     assert np.allclose(fraction, expected)
     with MemoryFile(made["snow_fraction.png"]) as memory, memory.open() as png:
         assert png.driver == "PNG" and png.count == 3
-    log = clients.logs.download_blob(names.log_prefix(job, row["RowKey"], 1) + "stdout.txt").readall()
+    log = clients.logs.download_blob(names.log_prefix(job, row.task, 1) + "stdout.txt").readall()
     assert b"3 periods" in log
 
 
@@ -118,9 +118,9 @@ def test_a_granule_the_archive_does_not_serve_fails_the_reduction_or_not_as_the_
     assert status["failures"]["source_download_failed"] >= 1
     row = reduction_row(clients, job)
     if rule == "fail":
-        assert row["Status"] == "DEAD" and row["LastFailure"] == "dependency_failed"
+        assert row.status == "DEAD" and row.last_failure == "dependency_failed"
     else:
-        assert row["Status"] == "SUCCEEDED"
+        assert row.status == "SUCCEEDED"
         with MemoryFile(outputs_of(clients, row)["snow_fraction.tif"]) as memory, memory.open() as result:
             assert result.tags().get("MISSING", "") == ""  # failed, not missing: the catalog has it
 
@@ -138,19 +138,19 @@ def test_a_coastal_request_with_a_missing_date_succeeds_with_no_data_tiles(
         clients, job, status = run_job(mine, body)
     assert status["state"] == "SUCCEEDED", status
     rows = tasks.list_tasks(clients.tasks, job)
-    tiles = {(json.loads(r["Params"])["tile"], json.loads(r["Params"])["date"]): r["Status"]
-             for r in rows if r["Stage"] == "modis"}
+    tiles = {(r.parameters()["tile"], r.parameters()["date"]): r.status
+             for r in rows if r.stage == "modis"}
     ocean = {"x-0066y+0018", "x-0065y+0018"}
     assert {t for (t, _), s in tiles.items() if s == "NO_DATA" and t in ocean} == ocean
     assert all(s == "NO_DATA" for (_, day), s in tiles.items() if day == "2016-02-18")  # the outage
     assert all(s == "SUCCEEDED" for (t, day), s in tiles.items() if day == "2016-02-10" and t not in ocean)
-    for row in (r for r in rows if r["Stage"] == "reduce"):
-        tile = json.loads(row["Params"])["tile"]
+    for row in (r for r in rows if r.stage == "reduce"):
+        tile = row.parameters()["tile"]
         if tile in ocean:
-            assert row["Status"] == "NO_DATA"
+            assert row.status == "NO_DATA"
             continue
-        assert row["Status"] == "SUCCEEDED", row
-        log = clients.logs.download_blob(names.log_prefix(job, row["RowKey"], 1) + "stdout.txt").readall()
+        assert row.status == "SUCCEEDED", row
+        log = clients.logs.download_blob(names.log_prefix(job, row.task, 1) + "stdout.txt").readall()
         assert b"1 periods" in log
         with MemoryFile(outputs_of(clients, row)["snow_fraction.tif"]) as memory, memory.open() as result:
             assert result.tags()["MISSING"] == "2016-02-18"
@@ -167,6 +167,6 @@ def test_a_crashing_program_is_a_user_code_failure(settings: Settings, planetary
     body = {"region": REGION, "grid": GRID, **SPAN, "products": ["MOD10A2"], "reducer": {"name": "crash"}}
     clients, job, status = run_job(mine, body)
     row = reduction_row(clients, job)
-    assert row["Status"] == "DEAD" and row["LastFailure"] == "user_code_error"
-    assert "exited with code 4" in row["LastError"] and "bad pixel" in row["LastError"]
+    assert row.status == "DEAD" and row.last_failure == "user_code_error"
+    assert "exited with code 4" in row.last_error and "bad pixel" in row.last_error
     assert status["counts"]["SUCCEEDED"] == 3  # the tiles are there all the same

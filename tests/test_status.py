@@ -21,18 +21,18 @@ from tests.conftest import in_an_hour, small_request, with_stage
 def run_some(clients: Clients, job: str, commits: int) -> None:
     """Claim and commit ``commits`` of the job's queued tasks (by three writers), fail one
     attempt for good and one to be retried, leave one running."""
-    queued = [r for r in tasks.list_tasks(clients.tasks, job) if r["Status"] == TaskStatus.QUEUED.value]
+    queued = [r for r in tasks.list_tasks(clients.tasks, job) if r.status is TaskStatus.QUEUED]
     counters = [tasks.TerminalCounter(f"slot-{i}") for i in range(3)]
 
     def claim(row: dict) -> transitions.Claim:
-        held = transitions.claim(clients, tasks.TaskRef(job, row["RowKey"], 1), "w", in_an_hour,
-                                 counters[int(row["Seq"]) % 3])
+        held = transitions.claim(clients, tasks.TaskRef(job, row.task, 1), "w", in_an_hour,
+                                 counters[row.seq % 3])
         assert held is not None
         return held
 
     for row in queued[:commits]:
-        status = TaskStatus.CACHED if int(row["Seq"]) % 5 == 0 else TaskStatus.SUCCEEDED
-        assert transitions.commit(clients, counters[int(row["Seq"]) % 3], claim(row), status, [])
+        status = TaskStatus.CACHED if row.seq % 5 == 0 else TaskStatus.SUCCEEDED
+        assert transitions.commit(clients, counters[row.seq % 3], claim(row), status, [])
     counter = counters[0]
     assert transitions.fail(clients, counter, claim(queued[commits]), FailureClass.USER_CODE, "bad", 1) \
         is TaskStatus.DEAD
@@ -66,17 +66,17 @@ def test_status_and_view_read_the_same_rows_at_any_size_and_show_the_rows(settin
     for job in (small, large):  # what they show is what the task rows say
         rows = tasks.list_tasks(clients.tasks, job)
         shown = jobs.status(clients, job)
-        assert {s: n for s, n in shown["counts"].items() if n} == dict(Counter(r["Status"] for r in rows))
+        assert {s: n for s, n in shown["counts"].items() if n} == dict(Counter(r.status for r in rows))
         assert shown["failures"] == {"user_code_error": 1, "connection_failure": 1}
         view = jobview.view(clients, job)
         for tile in view["tiles"]:
-            mine = Counter(r["Status"] for r in rows if json.loads(r["Params"])["tile"] == tile["tile"])
+            mine = Counter(r.status for r in rows if r.parameters()["tile"] == tile["tile"])
             assert tile["counts"] == dict(mine) and tile["state"] == jobview.tile_state(mine)
         assert sorted(t["tile"] for t in view["tiles"]) == ["h09v05", "h10v05"] and all(
             t["bounds"] for t in view["tiles"])
-        runs = sum(1 for r in rows if r["Status"] in ("SUCCEEDED", "CACHED"))
+        runs = sum(1 for r in rows if r.status in ("SUCCEEDED", "CACHED"))
         assert view["stages"]["noop"]["histogram"]["count"] == runs
-        assert view["stages"]["noop"]["left"] == sum(1 for r in rows if not TaskStatus(r["Status"]).terminal)
+        assert view["stages"]["noop"]["left"] == sum(1 for r in rows if not r.status.terminal)
         assert [(f["class"], f["attempt"]) for f in view["failed_attempts"]] == [
             ("connection_failure", 1), ("user_code_error", 1)]  # newest first
 

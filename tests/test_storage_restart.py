@@ -30,7 +30,7 @@ def test_job_survives_a_storage_restart(tmp_path: Path, settings: Settings, mail
                 storage.start()
             wait_for(lambda: jobs.get(clients, job).state.finished, 240, "the job to finish")
         rows = tasks.list_tasks(clients.tasks, job)
-        assert Counter(r["Status"] for r in rows) == {"SUCCEEDED": 46}
+        assert Counter(r.status for r in rows) == {"SUCCEEDED": 46}
         assert jobs.get(clients, job).state == "SUCCEEDED"
         assert sum(tasks.terminal_counts(clients.tasks, job).values()) == 46
         assert len([m for _, m in mail.messages() if job in str(m["Subject"])]) == 1

@@ -59,10 +59,10 @@ def test_stale_message_is_deleted_without_running(clients: Clients, workers: Wor
     workers.start(1, slots=1)
     wait_for(lambda: jobs.get(clients, job).state == "RUNNING" and
              sum(tasks.terminal_counts(clients.tasks, job).values()) == 7, 60, "the other tasks")
-    row = clients.tasks.get_entity(job, ref.task)
-    assert row["Status"] == TaskStatus.RUNNING.value and row["Worker"] == "someone-else"
-    tried = [a for a in attempts.list_attempts(clients.tasks, job) if a["Task"] == ref.task]
-    assert [a["Worker"] for a in tried] == ["someone-else"], "the duplicate did not run"
+    row = tasks.get_task(clients.tasks, job, ref.task)
+    assert row.status is TaskStatus.RUNNING and row.worker == "someone-else"
+    tried = [a for a in attempts.list_attempts(clients.tasks, job) if a.task == ref.task]
+    assert [a.worker for a in tried] == ["someone-else"], "the duplicate did not run"
 
 
 def test_undecodable_message_goes_to_poison_with_a_record(clients: Clients, workers: WorkerThreads) -> None:
@@ -91,9 +91,9 @@ def test_failures_retry_then_dead_and_the_job_still_completes(settings: Settings
     assert status["counts"]["DEAD"] == 1 and status["counts"]["SUCCEEDED"] == 7
     # a user program failing the same way on the same input twice does not burn the budget
     assert status["failures"] == {"user_code_error": 2}
-    dead = next(t for t in tasks.list_tasks(clients.tasks, job) if t["Status"] == "DEAD")
-    assert dead["Attempt"] == 2
-    assert "divided by zero" in dead["LastError"]
+    dead = next(t for t in tasks.list_tasks(clients.tasks, job) if t.status == "DEAD")
+    assert dead.attempt == 2
+    assert "divided by zero" in dead.last_error
     (mail_,) = [m for _, m in mail.messages() if job in str(m["Subject"])]
     assert "failed" in str(mail_["Subject"]) and "1 dead" in mail_.get_content()
 
@@ -119,14 +119,13 @@ def test_commit_is_fenced_on_the_attempt(clients: Clients) -> None:
     held = transitions.claim(clients, tasks.TaskRef.decode(message.content), "w1", in_an_hour)
     assert held is not None
     # the attempt is revoked (the monitor's move): the row names attempt 2 now
-    row = clients.tasks.get_entity(job, held.ref.task)
-    clients.tasks.update_entity({"PartitionKey": job, "RowKey": held.ref.task, "Status": "QUEUED",
-                                 "Attempt": 2}, **tasks.if_match(row.metadata["etag"]))
+    row = tasks.get_task(clients.tasks, job, held.ref.task)
+    clients.tasks.update_entity(row.stored_changes(status=TaskStatus.QUEUED, attempt=2), **tasks.if_match(row.etag))
     counter = tasks.TerminalCounter("w1-0")
     assert not transitions.commit(clients, counter, held, TaskStatus.SUCCEEDED, ["stale/output"])
     assert not transitions.still_held(clients, held)
-    row = clients.tasks.get_entity(job, held.ref.task)
-    assert row["Status"] == "QUEUED" and "Outputs" not in row
+    row = tasks.get_task(clients.tasks, job, held.ref.task)
+    assert row.status == "QUEUED" and not row.outputs
     assert sum(tasks.terminal_counts(clients.tasks, job).values()) == 0
     # the next attempt runs from the same old message and commits
     again = transitions.claim(clients, held.ref, "w2", in_an_hour)
@@ -156,8 +155,8 @@ def test_a_worker_lost_while_committing_leaves_its_attempt_to_the_monitor(
         wait_for(lambda: jobs.get(clients, job).state.finished, 90, "the job to finish")
     assert jobs.get(clients, job).state == "SUCCEEDED"
     (ref,) = lost
-    row = clients.tasks.get_entity(job, ref.task)
-    assert row["Status"] == TaskStatus.SUCCEEDED.value and row["Attempt"] == ref.attempt + 1
+    row = tasks.get_task(clients.tasks, job, ref.task)
+    assert row.status is TaskStatus.SUCCEEDED and row.attempt == ref.attempt + 1
     first = clients.tasks.get_entity(job, names.attempt_key(ref.task, ref.attempt))
     assert first["Outcome"] == TaskStatus.TIMED_OUT.value and first["FailureClass"] == "heartbeat_lost"
 
@@ -212,7 +211,7 @@ def held_back(clients: Clients, job: str) -> int:
     """Messages of ``job`` neither visible in a shard nor named by a task row that is
     running or ended: those a worker holds without running them."""
     visible = sum(len(list(q.peek_messages(max_messages=32))) for q in clients.shard_queues)
-    started = sum(1 for t in tasks.list_tasks(clients.tasks, job) if t["Status"] != TaskStatus.QUEUED.value)
+    started = sum(1 for t in tasks.list_tasks(clients.tasks, job) if t.status is not TaskStatus.QUEUED)
     return 8 - visible - started
 
 
@@ -231,7 +230,7 @@ def test_short_attempts_are_received_ahead_and_a_long_wait_hands_them_back(
     assert worker.handed_back >= 1
     assert jobs.get(clients, job).state == "SUCCEEDED"
     tried = attempts.list_attempts(clients.tasks, job)
-    assert sorted(a["Task"] for a in tried) == sorted(t["RowKey"] for t in tasks.list_tasks(clients.tasks, job))
+    assert sorted(a.task for a in tried) == sorted(t.task for t in tasks.list_tasks(clients.tasks, job))
 
 
 def test_a_stopping_worker_hands_back_what_it_received_ahead(

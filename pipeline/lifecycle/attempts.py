@@ -16,6 +16,7 @@ writes where separate tables cost six.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -25,6 +26,7 @@ from azure.data.tables import TableClient, TableTransactionError, UpdateMode
 from pipeline.lifecycle.failures import error_code
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
+from pipeline.storage.rows import Row, stored
 
 Op = tuple[Any, ...]  # one operation of an entity-group transaction
 
@@ -34,9 +36,42 @@ def _range(prefix: str, high: str | None = None) -> tuple[str, dict[str, str]]:
 
 
 # --- attempt rows -------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class AttemptRow(Row):
+    """One attempt of a task: who ran it, when, and how it ended. Written in pieces (the
+    claim, each heartbeat, the end), each a merge of the fields it knows."""
+
+    job: str = field(metadata=stored("PartitionKey"))
+    key: str = field(metadata=stored("RowKey"))  # ``~attempt~{task}-{attempt}``
+    task: str
+    attempt: int
+    stage: str = ""  # kept on its copy in the failure index (``pipeline.lifecycle.rollups``)
+    worker: str = ""
+    started_at: datetime | None = None
+    heartbeat: datetime | None = None  # its last
+    ended_at: datetime | None = None
+    outcome: str = ""  # RUNNING, then the status it ended the task in, or DISCARDED
+    runtime_s: float | None = None
+    failure_class: str = ""
+    error: str = ""
+    revoked_by: str = ""  # "monitor" when the monitor took the task away from it
+    discarded: bool = False  # revoked: its work thrown away
+    discarded_at: datetime | None = None
+    etag: str = field(default="", compare=False)
+
+    def seconds(self) -> float | None:
+        """How long it ran: its committed runtime, else from its start to its end."""
+        if self.runtime_s is not None:
+            return float(self.runtime_s)
+        if self.started_at and self.ended_at:
+            return (self.ended_at - self.started_at).total_seconds()
+        return None
+
+
 def attempt_row(job: str, task: str, attempt: int, **fields: Any) -> dict[str, Any]:
-    return {"PartitionKey": job, "RowKey": names.attempt_key(task, attempt), "Task": task, "Attempt": attempt,
-            **fields}
+    """The attempt's keys and ``fields`` (by AttemptRow field name), as a merge writes them."""
+    return AttemptRow.as_stored(job=job, key=names.attempt_key(task, attempt), task=task, attempt=attempt,
+                                **fields)
 
 
 def attempt_op(job: str, task: str, attempt: int, **fields: Any) -> Op:
@@ -44,11 +79,12 @@ def attempt_op(job: str, task: str, attempt: int, **fields: Any) -> Op:
     return ("upsert", attempt_row(job, task, attempt, **fields), {"mode": UpdateMode.MERGE})
 
 
-def list_attempts(tasks: TableClient, job: str, select: list[str] | None = None) -> list[dict[str, Any]]:
-    """Every attempt of a job, in task order."""
+def list_attempts(tasks: TableClient, job: str, *fields: str) -> list[AttemptRow]:
+    """Every attempt of a job, in task order (only ``fields`` of each, if named)."""
     where, params = _range(names.ATTEMPT_PREFIX)
-    return list(tasks.query_entities(f"PartitionKey eq @pk and {where}", parameters={"pk": job, **params},
-                                     select=select))
+    select = [AttemptRow.stored_names()[f] for f in ("job", "key", "task", "attempt", *fields)] if fields else None
+    return [AttemptRow.from_entity(row) for row in tasks.query_entities(
+        f"PartitionKey eq @pk and {where}", parameters={"pk": job, **params}, select=select)]
 
 
 def record(clients: Clients, job: str, task: str, attempt: int, **fields: Any) -> None:
@@ -66,26 +102,40 @@ def _ms(at: datetime) -> int:
     return int(at.timestamp() * 1000)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Deadline(Row):
+    """An attempt's entry in the monitor's deadline index: RK ``~deadline~{due ms}-{task}-{attempt}``."""
+
+    job: str = field(metadata=stored("PartitionKey"))
+    key: str = field(metadata=stored("RowKey"))
+    task: str
+    attempt: int
+    worker: str = ""
+    kill_at: datetime
+    heartbeat_until: datetime
+    etag: str = field(default="", compare=False)
+
+
 def index_op(clients: Clients, job: str, task: str, attempt: int, kill_at: datetime, worker: str,
              at: datetime) -> tuple[str, Op]:
     """The index row of ``worker``'s attempt, due at min(kill time, heartbeat expiry from
     ``at``): its row key and the operation that writes it."""
     heartbeat_until = at + timedelta(seconds=clients.settings.lease_seconds)
     key = names.deadline_key(_ms(min(kill_at, heartbeat_until)), task, attempt)
-    row = {"PartitionKey": job, "RowKey": key, "Task": task, "Attempt": attempt, "Worker": worker,
-           "KillAt": kill_at, "HeartbeatUntil": heartbeat_until}
-    return key, ("upsert", row, {"mode": UpdateMode.REPLACE})
+    row = Deadline(job=job, key=key, task=task, attempt=attempt, worker=worker, kill_at=kill_at,
+                   heartbeat_until=heartbeat_until)
+    return key, ("upsert", row.to_entity(), {"mode": UpdateMode.REPLACE})
 
 
 def unindex_op(job: str, key: str) -> Op:
     return ("delete", {"PartitionKey": job, "RowKey": key})
 
 
-def overdue(clients: Clients, job: str, at: datetime) -> list[dict[str, Any]]:
+def overdue(clients: Clients, job: str, at: datetime) -> list[Deadline]:
     """The job's index rows due before ``at``."""
     where, params = _range(names.DEADLINE_PREFIX, f"{names.DEADLINE_PREFIX}{_ms(at):015d}")
-    return list(clients.tasks.query_entities(f"PartitionKey eq @pk and {where}",
-                                             parameters={"pk": job, **params}))
+    return [Deadline.from_entity(row) for row in clients.tasks.query_entities(
+        f"PartitionKey eq @pk and {where}", parameters={"pk": job, **params})]
 
 
 def move(clients: Clients, job: str, task: str, attempt: int, kill_at: datetime, worker: str,
@@ -96,7 +146,7 @@ def move(clients: Clients, job: str, task: str, attempt: int, kill_at: datetime,
     and every other row of this attempt by ``worker`` is dropped."""
     at = datetime.now(UTC)
     key, write = index_op(clients, job, task, attempt, kill_at, worker, at)
-    beat = attempt_op(job, task, attempt, Heartbeat=at)
+    beat = attempt_op(job, task, attempt, heartbeat=at)
     ops = [write, beat] + ([unindex_op(job, previous)] if previous != key else [])
     try:
         clients.tasks.submit_transaction(ops)

@@ -191,20 +191,20 @@ def write_manifest(clients: Clients, row: JobRow, final: JobState) -> dict[str, 
     """The manifest blob: every task's state and the outputs its committed attempt made, and
     where the small ones are packed."""
     job = row.job
-    entries = []
+    entries: list[dict[str, Any]] = []
     counts: dict[str, int] = {}
     for task in tasks.list_tasks(clients.tasks, job):
-        counts[task["Status"]] = counts.get(task["Status"], 0) + 1
+        counts[task.status.value] = counts.get(task.status.value, 0) + 1
         entries.append(
             {
-                "task": task["RowKey"],
-                "stage": task["Stage"],
-                **json.loads(task["Params"]),
-                "status": task["Status"],
-                "attempt": task["Attempt"],
-                "outputs": json.loads(task.get("Outputs") or "[]")
-                if task["Status"] in (TaskStatus.SUCCEEDED.value, TaskStatus.CACHED.value) else [],
-                "failure": task.get("LastFailure") or None,
+                "task": task.task,
+                "stage": task.stage,
+                **task.parameters(),
+                "status": task.status.value,
+                "attempt": task.attempt,
+                "outputs": task.output_names()
+                if task.status in (TaskStatus.SUCCEEDED, TaskStatus.CACHED) else [],
+                "failure": task.last_failure or None,
             }
         )
     name_installed_reducers(clients.settings, entries)
@@ -232,13 +232,8 @@ def write_manifest(clients: Clients, row: JobRow, final: JobState) -> dict[str, 
 
 def _attempt_seconds(clients: Clients, job: str) -> list[float]:
     """How long each of the job's attempts ran (one revoked or lost: until it ended)."""
-    found = []
-    for attempt in attempts.list_attempts(clients.tasks, job, select=["RuntimeS", "StartedAt", "EndedAt"]):
-        if attempt.get("RuntimeS") is not None:
-            found.append(float(attempt["RuntimeS"]))
-        elif attempt.get("StartedAt") and attempt.get("EndedAt"):
-            found.append((attempt["EndedAt"] - attempt["StartedAt"]).total_seconds())
-    return found
+    ran = (a.seconds() for a in attempts.list_attempts(clients.tasks, job, "runtime_s", "started_at", "ended_at"))
+    return [seconds for seconds in ran if seconds is not None]
 
 
 def name_installed_reducers(settings: Settings, entries: list[dict[str, Any]]) -> None:

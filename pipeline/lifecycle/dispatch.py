@@ -27,7 +27,7 @@ from azure.data.tables import TableTransactionError, UpdateMode
 
 from pipeline.lifecycle.attempts import Op, unindex
 from pipeline.lifecycle.status import TaskStatus
-from pipeline.lifecycle.tasks import TaskRef, etag_of, if_match, now
+from pipeline.lifecycle.tasks import TaskRef, get_task, if_match, now
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
 
@@ -55,12 +55,12 @@ def remove_op(job: str, key: str) -> Op:
 def queued(clients: Clients, job: str, task: str, delay_s: float = 0.0) -> tuple[dict[str, Any], Op]:
     """What a move into QUEUED writes: the task row's fields, and its index entry's write."""
     key, write = entry(clients, job, task, delay_s)
-    return {"Status": TaskStatus.QUEUED.value, "QueuedAt": now(), "Dispatch": key, "Resends": 0}, write
+    return {"status": TaskStatus.QUEUED, "queued_at": now(), "dispatch": key, "resends": 0}, write
 
 
 def ref_of(row: Any) -> tuple[int, TaskRef]:
     """The shard and message of a task row."""
-    return int(row["Shard"]), TaskRef(row["PartitionKey"], row["RowKey"], int(row["Attempt"]))
+    return row.shard, TaskRef(row.job, row.task, row.attempt)
 
 
 def send(clients: Clients, messages: Iterable[tuple[int, TaskRef]], delay_s: int = 0) -> int:
@@ -97,24 +97,24 @@ def redispatch_due(clients: Clients, job: str) -> int:
     resend: list[tuple[int, TaskRef]] = []
     for found in due(clients, job, now()):
         try:
-            row = clients.tasks.get_entity(job, found["Task"])
+            row = get_task(clients.tasks, job, found["Task"])
         except ResourceNotFoundError:
             unindex(clients, job, found["RowKey"])
             continue
-        if row["Status"] != TaskStatus.QUEUED.value or row.get("Dispatch") != found["RowKey"]:
+        if row.status is not TaskStatus.QUEUED or row.dispatch != found["RowKey"]:
             unindex(clients, job, found["RowKey"])  # left by a write older than the entries' rules
             continue
-        resends = int(row.get("Resends", 0)) + 1
-        key, write = entry(clients, job, row["RowKey"], resends=resends)
-        change = {"PartitionKey": job, "RowKey": row["RowKey"], "Dispatch": key, "Resends": resends}
+        resends = row.resends + 1
+        key, write = entry(clients, job, row.task, resends=resends)
+        change = row.stored_changes(dispatch=key, resends=resends)
         try:
             clients.tasks.submit_transaction([
-                ("update", change, {"mode": UpdateMode.MERGE, **if_match(etag_of(row))}),
+                ("update", change, {"mode": UpdateMode.MERGE, **if_match(row.etag)}),
                 remove_op(job, found["RowKey"]), write])
         except (TableTransactionError, HttpResponseError) as exc:
-            log.info("task %s/%s moved on before its resend: %s", job, row["RowKey"], exc)
+            log.info("task %s/%s moved on before its resend: %s", job, row.task, exc)
             continue  # claimed or cancelled meanwhile; or the next pass tries again
         resend.append(ref_of(row))
-        log.warning("message of %s/%s (attempt %s) resent: not taken since %s", job, row["RowKey"],
-                    row["Attempt"], row.get("QueuedAt"))
+        log.warning("message of %s/%s (attempt %s) resent: not taken since %s", job, row.task,
+                    row.attempt, row.queued_at)
     return send(clients, resend)

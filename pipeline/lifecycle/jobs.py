@@ -37,6 +37,7 @@ from pipeline.redact import redact
 from pipeline.reduction.reducers import Program
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
+from pipeline.storage.rows import Row, stored
 from pipeline.web.identity import User
 
 log = logging.getLogger(__name__)
@@ -50,18 +51,12 @@ class JobNotFound(LookupError):
     pass
 
 
-def _wire(name: str) -> str:
-    return "".join(part.capitalize() for part in name.split("_"))
-
-
-@dataclass(frozen=True)
-class JobRow:
+@dataclass(frozen=True, kw_only=True)
+class JobRow(Row):
     """A job's row in the jobs table (PK = job id, RK = ``job``), with the ETag it was read
-    with: every conditional update of the job goes through :func:`update` with it. Fields
-    are stored under their CamelCase names (``released`` as ``Released``), except where a
-    field's metadata names another."""
+    with: every conditional update of the job goes through :func:`update` with it."""
 
-    job: str = field(metadata={"wire": "PartitionKey"})
+    job: str = field(metadata=stored("PartitionKey"))
     request: str  # the JobRequest, as JSON
     state: JobState
     total: int  # every task, reductions included
@@ -85,42 +80,20 @@ class JobRow:
     finished_at: datetime | None = None
     manifest: str = ""
     compute_s: float | None = None  # measured at completion
-    cost_usd: float | None = field(default=None, metadata={"wire": "CostUSD"})
-    etag: str = field(default="", compare=False, metadata={"wire": ""})
+    cost_usd: float | None = field(default=None, metadata=stored("CostUSD"))
+    key: str = field(default=names.JOB_ROW, metadata=stored("RowKey"))
+    etag: str = field(default="", compare=False)
 
     @classmethod
-    def from_entity(cls, entity: dict[str, Any], etag: str = "") -> JobRow:
-        """The row as stored; a row written before ``Tiles`` was kept counts all its tasks."""
-        found: dict[str, Any] = {"etag": etag}
-        for f in _FIELDS:
-            value = entity.get(WIRE[f.name])
-            if value is not None and f.name != "etag":
-                found[f.name] = value
-        found.setdefault("tiles", found["total"])
-        found["state"] = JobState(found["state"])
-        if found.get("outcome"):
-            found["outcome"] = JobState(found["outcome"])
-        return cls(**found)
-
-    def to_entity(self, *names_: str) -> dict[str, Any]:
-        """The entity to write: every field, or only those named (and the keys)."""
-        chosen = names_ or tuple(f.name for f in _FIELDS if f.name not in ("job", "etag"))
-        entity: dict[str, Any] = {"PartitionKey": self.job, "RowKey": names.JOB_ROW}
-        for name in chosen:
-            value = getattr(self, name)
-            if value is not None:
-                entity[WIRE[name]] = value.value if isinstance(value, JobState) else value
-        return entity
+    def completed(cls, found: dict[str, Any]) -> dict[str, Any]:
+        """A row written before ``Tiles`` was kept counts all its tasks as tiles."""
+        return {"tiles": found["total"]} | found
 
     @property
     def all_released(self) -> bool:
         """Whether the release cursor has reached its end (reductions are released by their
         dependencies, not by the window)."""
         return self.released >= self.tiles
-
-
-_FIELDS = dataclasses.fields(JobRow)
-WIRE = {f.name: f.metadata.get("wire", _wire(f.name)) for f in _FIELDS}
 
 
 def new_job_id(at: datetime) -> str:
@@ -186,7 +159,7 @@ def get(clients: Clients, job: str) -> JobRow:
         entity = clients.jobs.get_entity(job, names.JOB_ROW)
     except ResourceNotFoundError:
         raise JobNotFound(job) from None
-    return JobRow.from_entity(entity, str(entity.metadata["etag"]))
+    return JobRow.from_entity(entity)
 
 
 def get_for(clients: Clients, job: str, user: User) -> JobRow:
@@ -214,9 +187,8 @@ def update(clients: Clients, row: JobRow, **changes: Any) -> JobRow:
     if "state" in changes:
         changes["state"] = job_transition(row.state, changes["state"])
     changes["updated_at"] = now()
-    changed = dataclasses.replace(row, **changes)
-    meta = clients.jobs.update_entity(changed.to_entity(*changes), mode=UpdateMode.MERGE, **if_match(row.etag))
-    return dataclasses.replace(changed, etag=meta["etag"])
+    meta = clients.jobs.update_entity(row.stored_changes(**changes), mode=UpdateMode.MERGE, **if_match(row.etag))
+    return dataclasses.replace(row, **changes, etag=meta["etag"])
 
 
 def active_jobs(clients: Clients) -> list[str]:

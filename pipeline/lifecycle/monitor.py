@@ -20,7 +20,7 @@ from azure.core.exceptions import ResourceNotFoundError
 from pipeline.lifecycle import attempts, policy, progress, transitions
 from pipeline.lifecycle.failures import FailureClass
 from pipeline.lifecycle.status import TaskStatus
-from pipeline.lifecycle.tasks import TaskRef, TerminalCounter, now
+from pipeline.lifecycle.tasks import TaskRef, TerminalCounter, get_task, now
 from pipeline.storage.clients import Clients
 
 log = logging.getLogger(__name__)
@@ -36,17 +36,17 @@ class SweepReport:
 def revoke_overdue(clients: Clients, job: str, report: SweepReport) -> None:
     """Revoke every attempt of ``job`` whose deadline has passed (one key-range query)."""
     at = now()
-    for row in attempts.overdue(clients, job, at):
-        ref = TaskRef(job, row["Task"], int(row["Attempt"]))
-        why = FailureClass.EXECUTION_TIMEOUT if at >= row["KillAt"] else FailureClass.HEARTBEAT_LOST
+    for entry in attempts.overdue(clients, job, at):
+        ref = TaskRef(job, entry.task, entry.attempt)
+        why = FailureClass.EXECUTION_TIMEOUT if at >= entry.kill_at else FailureClass.HEARTBEAT_LOST
         try:
-            task = clients.tasks.get_entity(ref.job, ref.task)
+            task = get_task(clients.tasks, ref.job, ref.task)
         except ResourceNotFoundError:  # its job was deleted
-            attempts.unindex(clients, job, row["RowKey"])
+            attempts.unindex(clients, job, entry.key)
             report.stale += 1
             continue
-        budget = policy.limits_for(clients.settings, task["Stage"]).budget(why)
-        outcome = transitions.revoke(clients, _counter, task, ref, row["RowKey"], why, budget, row.get("Worker", ""))
+        budget = policy.limits_for(clients.settings, task.stage).budget(why)
+        outcome = transitions.revoke(clients, _counter, task, ref, entry.key, why, budget, entry.worker)
         if outcome is None:
             report.stale += 1
             continue

@@ -33,6 +33,7 @@ from typing import Any
 from azure.core.exceptions import ResourceNotFoundError
 from azure.data.tables import TableClient, UpdateMode
 
+from pipeline.lifecycle.attempts import AttemptRow
 from pipeline.lifecycle.request import TaskSpec
 from pipeline.lifecycle.runtimes import history_key, work_of
 from pipeline.lifecycle.status import TaskStatus
@@ -241,15 +242,15 @@ def failure_op(job: str, task: str, attempt: int, stage: str, failure: str, erro
                started: datetime | None, ended: datetime, revoked_by: str = "") -> tuple[Any, ...]:
     """The failure index's entry of one failed (or revoked) attempt."""
     key = names.failure_key(int(ended.timestamp() * 1000), task, attempt)
-    row = {"PartitionKey": job, "RowKey": key, "Task": task, "Attempt": attempt, "Stage": stage,
-           "FailureClass": failure, "Error": error, "RevokedBy": revoked_by, "EndedAt": ended,
-           **({"StartedAt": started} if started else {})}
-    return ("upsert", row, {"mode": UpdateMode.REPLACE})
+    row = AttemptRow(job=job, key=key, task=task, attempt=attempt, stage=stage, failure_class=failure, error=error,
+                     revoked_by=revoked_by, ended_at=ended, started_at=started)
+    return ("upsert", row.to_entity(), {"mode": UpdateMode.REPLACE})
 
 
-def newest_failures(tasks: TableClient, job: str, limit: int) -> list[dict[str, Any]]:
-    """The job's ``limit`` newest failed or revoked attempts: one page of one key range."""
+def newest_failures(tasks: TableClient, job: str, limit: int) -> list[AttemptRow]:
+    """The job's ``limit`` newest failed or revoked attempts (as their attempt rows were when
+    they ended): one page of one key range."""
     low, high = names.FAILURE_PREFIX, names.FAILURE_PREFIX + "\U0010ffff"
     rows = tasks.query_entities("PartitionKey eq @pk and RowKey ge @lo and RowKey lt @hi",
                                 parameters={"pk": job, "lo": low, "hi": high}, results_per_page=limit)
-    return list(islice(rows, limit))
+    return [AttemptRow.from_entity(row) for row in islice(rows, limit)]

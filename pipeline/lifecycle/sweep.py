@@ -22,9 +22,9 @@ from datetime import timedelta
 
 from azure.core.exceptions import ResourceNotFoundError
 
-from pipeline.lifecycle import completion, dispatch, health, jobs, monitor, planner, progress
+from pipeline.lifecycle import completion, dispatch, health, jobs, monitor, planner, progress, tasks
 from pipeline.lifecycle.notify import Mailer
-from pipeline.lifecycle.status import JobState, TaskStatus
+from pipeline.lifecycle.status import JobState
 from pipeline.lifecycle.tasks import TerminalCounter, message_bytes
 from pipeline.storage import cache
 from pipeline.storage.clients import Clients
@@ -67,7 +67,7 @@ def _ended(clients: Clients, owner: str) -> bool:
     """Whether the task a cache marker names (``job/task``) is terminal, or gone with its job."""
     job, _, task = owner.partition("/")
     try:
-        return TaskStatus(clients.tasks.get_entity(job, task)["Status"]).terminal
+        return tasks.get_task(clients.tasks, job, task).status.terminal
     except ResourceNotFoundError:
         return True
 

@@ -15,7 +15,7 @@ import binascii
 import json
 import threading
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -31,6 +31,7 @@ from pipeline.lifecycle.failures import error_code
 from pipeline.lifecycle.request import TaskSpec
 from pipeline.lifecycle.status import TERMINAL, TaskStatus
 from pipeline.storage import names
+from pipeline.storage.rows import Row, stored
 
 BATCH = 100  # entities per entity-group transaction (the service's limit)
 
@@ -98,20 +99,54 @@ class TaskRef:
         return cls(job, task, attempt)
 
 
+# --- the row --------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class TaskRow(Row):
+    """A task's row (PK = job id, RK = zero-padded sequence), with the ETag it was read with.
+    Its state changes only through ``pipeline.lifecycle.transitions``."""
+
+    job: str = field(metadata=stored("PartitionKey"))
+    task: str = field(metadata=stored("RowKey"))
+    seq: int = 0
+    shard: int = 0  # the queue its messages go to
+    stage: str = ""
+    params: str = "{}"  # the stage's parameters, as JSON
+    status: TaskStatus = TaskStatus.PENDING
+    attempt: int = 1  # the attempt the row names: the running one, or the next
+    deps: int | None = None  # a reduction: its tile tasks not yet ended (released at zero)
+    dispatch: str = ""  # while QUEUED: its entry in the dispatch index
+    queued_at: datetime | None = None
+    resends: int = 0  # messages the reconciler sent again for this attempt
+    worker: str = ""  # who runs the attempt
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    runtime_s: float | None = None  # the committed attempt's
+    outputs: str = ""  # the committed attempt's output names, as a JSON list
+    last_failure: str = ""  # the failure class of the last failed attempt
+    last_error: str = ""
+    timeouts: int = 0  # attempts revoked for time: the next kill threshold grows with them
+    last_write: str = ""  # a fenced write's mark, to recognise it when read back
+    etag: str = field(default="", compare=False)
+
+    @property
+    def ref(self) -> TaskRef:
+        """The message that names the attempt this row names."""
+        return TaskRef(self.job, self.task, self.attempt)
+
+    def parameters(self) -> dict[str, str]:
+        found: dict[str, str] = json.loads(self.params)
+        return found
+
+    def output_names(self) -> list[str]:
+        found: list[str] = json.loads(self.outputs or "[]")
+        return found
+
+
 # --- creation ----------------------------------------------------------------------------
 def task_entity(job: str, seq: int, spec: TaskSpec, shards: int) -> dict[str, Any]:
-    return {
-        "PartitionKey": job,
-        "RowKey": names.task_key(seq),
-        "Seq": seq,
-        "Shard": seq % shards,
-        "Stage": spec.stage,
-        "Params": json.dumps(spec.params()),
-        "Status": TaskStatus.PENDING.value,
-        "Attempt": 1,
-        # a reduction: its tile tasks not yet ended (counted off as each ends; released at zero)
-        **({"Deps": spec.deps[1]} if spec.reducer is not None else {}),
-    }
+    return TaskRow(job=job, task=names.task_key(seq), seq=seq, shard=seq % shards, stage=spec.stage,
+                   params=json.dumps(spec.params()),
+                   deps=spec.deps[1] if spec.reducer is not None else None).to_entity()
 
 
 def create_batch(tasks: TableClient, entities: list[dict[str, Any]]) -> int:
@@ -197,11 +232,16 @@ def terminal_counts(tasks: TableClient, job: str) -> dict[str, int]:
     return totals
 
 
-def list_tasks(tasks: TableClient, job: str, first: int = 0, count: int | None = None) -> list[TableEntity]:
+def get_task(tasks: TableClient, job: str, task: str) -> TaskRow:
+    """A task's row; ResourceNotFoundError if there is none."""
+    return TaskRow.from_entity(tasks.get_entity(job, task))
+
+
+def list_tasks(tasks: TableClient, job: str, first: int = 0, count: int | None = None) -> list[TaskRow]:
     """Task rows of a job in sequence order, from ``first`` (``count`` of them, or all)."""
     high = names.task_key(first + count) if count is not None else names.TASK_KEYS_END
     rows = tasks.query_entities(
         "PartitionKey eq @pk and RowKey ge @lo and RowKey lt @hi",
         parameters={"pk": job, "lo": names.task_key(first), "hi": high},
     )
-    return list(rows)
+    return [TaskRow.from_entity(row) for row in rows]

@@ -17,6 +17,7 @@ an applied write look like a lost race.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import time
@@ -40,7 +41,7 @@ from pipeline.lifecycle.attempts import Op
 from pipeline.lifecycle.failures import FailureClass, error_code
 from pipeline.lifecycle.rollups import Moves
 from pipeline.lifecycle.status import TaskStatus, after_failure, transition
-from pipeline.lifecycle.tasks import TaskRef, TerminalCounter, etag_of, if_match, is_conflict, now
+from pipeline.lifecycle.tasks import TaskRef, TaskRow, TerminalCounter, if_match, is_conflict, now
 from pipeline.redact import redact
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
@@ -58,16 +59,18 @@ def _tile(params: str | dict[str, str]) -> str:
 
 
 def _update(job: str, task: str, etag: str, **fields: Any) -> Op:
-    return ("update", {"PartitionKey": job, "RowKey": task, **fields}, {"mode": UpdateMode.MERGE, **if_match(etag)})
+    """A merge of ``fields`` (by TaskRow field name) into a task row, fenced on ``etag``."""
+    return ("update", {"PartitionKey": job, "RowKey": task, **TaskRow.as_stored(**fields)},
+            {"mode": UpdateMode.MERGE, **if_match(etag)})
 
 
 # --- PENDING -> QUEUED -------------------------------------------------------------------
-def queue(clients: Clients, job: str, rows: list[Any]) -> list[Any]:
+def queue(clients: Clients, job: str, rows: list[TaskRow]) -> list[TaskRow]:
     """Move the PENDING ``rows`` (read just before) of one job to QUEUED, with their
     dispatch entries, 49 to a transaction (with the releaser's rollup); a row that moved
     meanwhile is read again. Returns every row of ``rows`` that is QUEUED now: the ones
     whose messages to send."""
-    found: list[Any] = []
+    found: list[TaskRow] = []
     size = tasks.BATCH // 2 - 1
     for start in range(0, len(rows), size):
         chunk = rows[start : start + size]
@@ -75,22 +78,20 @@ def queue(clients: Clients, job: str, rows: list[Any]) -> list[Any]:
             ops: list[Op] = []
             moves = Moves()
             for row in chunk:
-                if row["Status"] == TaskStatus.PENDING.value:
-                    fields, write = dispatch.queued(clients, job, row["RowKey"])
-                    transition(row["Status"], TaskStatus.QUEUED)
-                    ops += [_update(job, row["RowKey"], etag_of(row), **fields), write]
-                    moves.move(row["Stage"], _tile(row["Params"]), TaskStatus.PENDING, TaskStatus.QUEUED)
+                if row.status is TaskStatus.PENDING:
+                    fields, write = dispatch.queued(clients, job, row.task)
+                    transition(row.status, TaskStatus.QUEUED)
+                    ops += [_update(job, row.task, row.etag, **fields), write]
+                    moves.move(row.stage, _tile(row.params), TaskStatus.PENDING, TaskStatus.QUEUED)
             try:
                 if ops:
                     _mover.write(clients.tasks, job, ops, moves)
             except TableTransactionError:  # a row moved meanwhile (cancelled, another releaser)
-                first = int(chunk[0]["RowKey"])
-                chunk = tasks.list_tasks(clients.tasks, job, first, int(chunk[-1]["RowKey"]) - first + 1)
+                first = chunk[0].seq
+                chunk = tasks.list_tasks(clients.tasks, job, first, chunk[-1].seq - first + 1)
                 continue
-            for row in chunk:
-                if row["Status"] == TaskStatus.PENDING.value:
-                    row["Status"] = TaskStatus.QUEUED.value
-            found += [r for r in chunk if r["Status"] == TaskStatus.QUEUED.value]
+            found += [dataclasses.replace(r, status=TaskStatus.QUEUED) if r.status is TaskStatus.PENDING else r
+                      for r in chunk if r.status in (TaskStatus.PENDING, TaskStatus.QUEUED)]
             break
     return found
 
@@ -123,26 +124,26 @@ def claim(clients: Clients, ref: TaskRef, worker: str,
     deadline, none QUEUED without a dispatch entry; and moves the rollup of ``counter``
     (the claiming slot's; this process's own if None)."""
     try:
-        row = clients.tasks.get_entity(ref.job, ref.task)
+        row = tasks.get_task(clients.tasks, ref.job, ref.task)
     except ResourceNotFoundError:
         return None
-    if row["Status"] != TaskStatus.QUEUED.value or ref.attempt > row["Attempt"]:
+    if row.status is not TaskStatus.QUEUED or ref.attempt > row.attempt:
         return None
     # An older message may stand in for the current attempt: the row is the truth.
-    current = TaskRef(ref.job, ref.task, row["Attempt"])
-    params = json.loads(row["Params"])
-    kill_at = kill_time(current, row["Stage"], params, int(row.get("Timeouts", 0)))
+    current = TaskRef(ref.job, ref.task, row.attempt)
+    params = row.parameters()
+    kill_at = kill_time(current, row.stage, params, row.timeouts)
     started = now()
     index, index_write = attempts.index_op(clients, ref.job, ref.task, current.attempt, kill_at, worker, started)
-    ops = [_update(ref.job, ref.task, etag_of(row), Worker=worker, StartedAt=started, Dispatch="",
-                   Status=transition(row["Status"], TaskStatus.RUNNING).value),
-           attempts.attempt_op(ref.job, ref.task, current.attempt, Worker=worker, StartedAt=started,
-                               Heartbeat=started, Outcome=TaskStatus.RUNNING.value),
+    ops = [_update(ref.job, ref.task, row.etag, worker=worker, started_at=started, dispatch="",
+                   status=transition(row.status, TaskStatus.RUNNING)),
+           attempts.attempt_op(ref.job, ref.task, current.attempt, worker=worker, started_at=started,
+                               heartbeat=started, outcome=TaskStatus.RUNNING.value),
            index_write]
-    if row.get("Dispatch"):
-        ops.append(dispatch.remove_op(ref.job, row["Dispatch"]))
+    if row.dispatch:
+        ops.append(dispatch.remove_op(ref.job, row.dispatch))
     counter = counter or _mover
-    moves = Moves().move(row["Stage"], params.get("tile", ""), TaskStatus.QUEUED, TaskStatus.RUNNING)
+    moves = Moves().move(row.stage, params.get("tile", ""), TaskStatus.QUEUED, TaskStatus.RUNNING)
     try:
         result = counter.write(clients.tasks, ref.job, ops, moves)
     except TableTransactionError as exc:
@@ -152,15 +153,14 @@ def claim(clients: Clients, ref: TaskRef, worker: str,
             result = counter.write(clients.tasks, ref.job, ops[:3], moves)
         else:
             raise
-    return Claim(current, result[0]["etag"], row["Stage"], params, started, row.get("LastFailure") or "", worker,
+    return Claim(current, result[0]["etag"], row.stage, params, started, row.last_failure, worker,
                  kill_at, index)
 
 
 def still_held(clients: Clients, held: Claim) -> bool:
     """True while the task row still names this attempt as running (nobody revoked or
     cancelled it)."""
-    row = clients.tasks.get_entity(held.ref.job, held.ref.task)
-    return bool(row.metadata["etag"] == held.etag)
+    return tasks.get_task(clients.tasks, held.ref.job, held.ref.task).etag == held.etag
 
 
 def heartbeat(clients: Clients, held: Claim) -> None:
@@ -171,7 +171,7 @@ def heartbeat(clients: Clients, held: Claim) -> None:
 
 def discard(clients: Clients, held: Claim) -> None:
     """Record that a revoked attempt's work was thrown away; it leaves the deadline index."""
-    attempts.record(clients, held.ref.job, held.ref.task, held.ref.attempt, Discarded=True, DiscardedAt=now())
+    attempts.record(clients, held.ref.job, held.ref.task, held.ref.attempt, discarded=True, discarded_at=now())
     attempts.unindex(clients, held.ref.job, held.index)
 
 
@@ -184,7 +184,7 @@ def _fenced(clients: Clients, job: str, task: str, etag: str, change: dict[str, 
     ``waiting`` for it taken down by one — released at zero. True if applied, False if the
     row had moved on. A write whose answer was lost is settled by reading the row back. The
     deadline entry goes either way."""
-    change = change | {"LastWrite": uuid.uuid4().hex}  # to recognise this write when read back
+    change = change | {"last_write": uuid.uuid4().hex}  # to recognise this write when read back
     with_index, attempt, conflicts = True, 0, 0
     while attempt < tries:
         counted, more, message, version = _counted_off(clients, job, waiting)
@@ -205,14 +205,14 @@ def _fenced(clients: Clients, job: str, task: str, etag: str, change: dict[str, 
             time.sleep(min(2**attempt, 10))
         if applied is None:
             row = _read_back(clients, job, task)
-            if row.metadata["etag"] == etag:
+            if row.etag == etag:
                 if version and conflicts < DEPS_CONFLICTS and _counted_off(clients, job, waiting)[3] != version:
                     conflicts += 1  # another task of the reduction ended meanwhile: count off again
                     time.sleep(random.uniform(0, 0.05))
                     continue
                 with_index, attempt = False, attempt + 1
                 continue  # untouched: write again, the deadline entry (may be what failed) on its own
-            applied = row.get("LastWrite") == change["LastWrite"]  # applied, or moved on meanwhile
+            applied = row.last_write == change["last_write"]  # applied, or moved on meanwhile
         if applied and message is not None:
             dispatch.send(clients, [message])  # lost, it is resent by the reconciler (its dispatch entry)
         if not applied or not with_index:
@@ -234,30 +234,30 @@ def _counted_off(clients: Clients, job: str, key: str) -> tuple[list[Op], Moves,
     if not key:
         return [], Moves(), None, ""
     try:
-        row = clients.tasks.get_entity(job, key)
+        row = tasks.get_task(clients.tasks, job, key)
     except ResourceNotFoundError:
         return [], Moves(), None, ""
-    if row["Status"] != TaskStatus.PENDING.value or row.get("Deps") is None:
+    if row.status is not TaskStatus.PENDING or row.deps is None:
         return [], Moves(), None, ""  # cancelled, or planned before reductions counted
-    fields: dict[str, Any] = {"Deps": int(row["Deps"]) - 1}
+    fields: dict[str, Any] = {"deps": row.deps - 1}
     ops: list[Op] = []
     moves, message = Moves(), None
-    if fields["Deps"] <= 0:
+    if fields["deps"] <= 0:
         queued, write = dispatch.queued(clients, job, key)
         fields |= queued
         ops.append(write)
-        moves.move(row["Stage"], _tile(row["Params"]), row["Status"], transition(row["Status"], TaskStatus.QUEUED))
-        message = (int(row["Shard"]), TaskRef(job, key, int(row["Attempt"])))
-    return [_update(job, key, etag_of(row), **fields), *ops], moves, message, etag_of(row)
+        moves.move(row.stage, _tile(row.params), row.status, transition(row.status, TaskStatus.QUEUED))
+        message = (row.shard, TaskRef(job, key, row.attempt))
+    return [_update(job, key, row.etag, **fields), *ops], moves, message, row.etag
 
 
-def _read_back(clients: Clients, job: str, task: str) -> Any:
+def _read_back(clients: Clients, job: str, task: str) -> TaskRow:
     for attempt in range(10):
         try:
-            return clients.tasks.get_entity(job, task)
+            return tasks.get_task(clients.tasks, job, task)
         except (ServiceRequestError, ServiceResponseError):
             time.sleep(min(2**attempt, 10))
-    return clients.tasks.get_entity(job, task)
+    return tasks.get_task(clients.tasks, job, task)
 
 
 def commit(clients: Clients, counter: TerminalCounter, held: Claim, status: TaskStatus,
@@ -267,14 +267,14 @@ def commit(clients: Clients, counter: TerminalCounter, held: Claim, status: Task
     ended = now()
     runtime = (ended - held.started).total_seconds()
     job, task, attempt = held.ref.job, held.ref.task, held.ref.attempt
-    change = {"Status": transition(TaskStatus.RUNNING, status).value, "EndedAt": ended, "RuntimeS": runtime,
-              "Outputs": json.dumps(outputs)}
-    ended_as = attempts.attempt_op(job, task, attempt, EndedAt=ended, Outcome=status.value, RuntimeS=runtime)
+    change = {"status": transition(TaskStatus.RUNNING, status), "ended_at": ended, "runtime_s": runtime,
+              "outputs": json.dumps(outputs)}
+    ended_as = attempts.attempt_op(job, task, attempt, ended_at=ended, outcome=status.value, runtime_s=runtime)
     moves = Moves().move(held.stage, _tile(held.params), TaskStatus.RUNNING, status).ran(held.stage, runtime)
     if _fenced(clients, job, task, held.etag, change, [ended_as], held.index, counter, moves,
                _waiting(held.params, status)):
         return True
-    attempts.record(clients, job, task, attempt, EndedAt=ended, Outcome="DISCARDED")
+    attempts.record(clients, job, task, attempt, ended_at=ended, outcome="DISCARDED")
     return False
 
 
@@ -283,12 +283,12 @@ def _ended(clients: Clients, row_attempt: int, failed_as: TaskStatus, budget: in
     """A failed attempt's end: where it leaves the task, the row's fields, and (if QUEUED
     again) its dispatch entry's write."""
     after = after_failure(TaskStatus.RUNNING, failed_as, row_attempt, budget)
-    change: dict[str, Any] = {"Status": after.value, "LastFailure": failure.value,
-                              "LastError": redact(error)[:ERROR_CHARS], "EndedAt": now()}
+    change: dict[str, Any] = {"status": after, "last_failure": failure.value,
+                              "last_error": redact(error)[:ERROR_CHARS], "ended_at": now()}
     ops: list[Op] = []
     if after is TaskStatus.QUEUED:
         fields, write = dispatch.queued(clients, job, task, delay_s)
-        change |= fields | {"Attempt": row_attempt + 1}
+        change |= fields | {"attempt": row_attempt + 1}
         ops.append(write)
     return after, change, ops
 
@@ -300,44 +300,44 @@ def fail(clients: Clients, counter: TerminalCounter, held: Claim, failure: Failu
     ``budget`` attempts are not spent, else DEAD. None if the attempt had been revoked."""
     job, task, attempt = held.ref.job, held.ref.task, held.ref.attempt
     after, change, ops = _ended(clients, attempt, TaskStatus.FAILED, budget, failure, error, delay_s, job, task)
-    ended_as = attempts.attempt_op(job, task, attempt, EndedAt=change["EndedAt"], Outcome=TaskStatus.FAILED.value,
-                                   FailureClass=failure.value, Error=change["LastError"])
-    indexed = rollups.failure_op(job, task, attempt, held.stage, failure.value, change["LastError"], held.started,
-                                 change["EndedAt"])
+    ended_as = attempts.attempt_op(job, task, attempt, ended_at=change["ended_at"], outcome=TaskStatus.FAILED.value,
+                                   failure_class=failure.value, error=change["last_error"])
+    indexed = rollups.failure_op(job, task, attempt, held.stage, failure.value, change["last_error"], held.started,
+                                 change["ended_at"])
     moves = Moves().move(held.stage, _tile(held.params), TaskStatus.RUNNING, after).failed(failure.value)
     if _fenced(clients, job, task, held.etag, change, [ended_as, indexed, *ops], held.index, counter, moves,
                _waiting(held.params, after)):
         return after
-    attempts.record(clients, job, task, attempt, EndedAt=change["EndedAt"], Outcome="DISCARDED",
-                    FailureClass=failure.value)
+    attempts.record(clients, job, task, attempt, ended_at=change["ended_at"], outcome="DISCARDED",
+                    failure_class=failure.value)
     return None
 
 
-def revoke(clients: Clients, counter: TerminalCounter, row: Any, ref: TaskRef, index: str, why: FailureClass,
+def revoke(clients: Clients, counter: TerminalCounter, row: TaskRow, ref: TaskRef, index: str, why: FailureClass,
            budget: int, worker: str = "") -> TaskStatus | None:
     """The monitor's move: take the task (its ``row``, just read) away from its running
     attempt (``worker``'s, if given) whose deadline entry ``index`` fell due; next attempt
     QUEUED (its message sent) or DEAD when ``budget`` is spent. None if that attempt is no
     longer the running one (the entry is then only removed)."""
-    if row["Status"] != TaskStatus.RUNNING.value or int(row["Attempt"]) != ref.attempt or (
-            worker and row.get("Worker") != worker):  # another worker claimed it after the indexed one died
+    if row.status is not TaskStatus.RUNNING or row.attempt != ref.attempt or (
+            worker and row.worker != worker):  # another worker claimed it after the indexed one died
         attempts.unindex(clients, ref.job, index)
         return None
     after, change, ops = _ended(clients, ref.attempt, TaskStatus.TIMED_OUT, budget, why,
                                 f"revoked by the monitor: {why.value}", 0.0, ref.job, ref.task)
-    change["Worker"] = ""
+    change["worker"] = ""
     if why is FailureClass.EXECUTION_TIMEOUT:
-        change["Timeouts"] = int(row.get("Timeouts", 0)) + 1
-    ended_as = attempts.attempt_op(ref.job, ref.task, ref.attempt, Outcome=TaskStatus.TIMED_OUT.value,
-                                   FailureClass=why.value, EndedAt=change["EndedAt"], RevokedBy="monitor")
-    indexed = rollups.failure_op(ref.job, ref.task, ref.attempt, row["Stage"], why.value, change["LastError"],
-                                 row.get("StartedAt"), change["EndedAt"], revoked_by="monitor")
-    moves = Moves().move(row["Stage"], _tile(row["Params"]), TaskStatus.RUNNING, after).failed(why.value, True)
-    if not _fenced(clients, ref.job, ref.task, etag_of(row), change, [ended_as, indexed, *ops], index,
-                   counter, moves, _waiting(json.loads(row["Params"]), after)):
+        change["timeouts"] = row.timeouts + 1
+    ended_as = attempts.attempt_op(ref.job, ref.task, ref.attempt, outcome=TaskStatus.TIMED_OUT.value,
+                                   failure_class=why.value, ended_at=change["ended_at"], revoked_by="monitor")
+    indexed = rollups.failure_op(ref.job, ref.task, ref.attempt, row.stage, why.value, change["last_error"],
+                                 row.started_at, change["ended_at"], revoked_by="monitor")
+    moves = Moves().move(row.stage, _tile(row.params), TaskStatus.RUNNING, after).failed(why.value, True)
+    if not _fenced(clients, ref.job, ref.task, row.etag, change, [ended_as, indexed, *ops], index,
+                   counter, moves, _waiting(row.parameters(), after)):
         return None  # it committed or failed meanwhile
     if after is TaskStatus.QUEUED:
-        dispatch.send(clients, [(int(row["Shard"]), TaskRef(ref.job, ref.task, ref.attempt + 1))])
+        dispatch.send(clients, [(row.shard, TaskRef(ref.job, ref.task, ref.attempt + 1))])
     return after
 
 
@@ -347,21 +347,21 @@ def cancel(clients: Clients, job: str, counter: TerminalCounter) -> None:
     entry), in transactions of up to a hundred writes; a running attempt finds its fence
     gone and discards its work."""
     while True:
-        pending = [r for r in tasks.list_tasks(clients.tasks, job) if not TaskStatus(r["Status"]).terminal]
+        pending = [r for r in tasks.list_tasks(clients.tasks, job) if not r.status.terminal]
         if not pending:
             return
         chunk: list[Op] = []
         moves = Moves()
         for row in pending:
-            ops = [_update(job, row["RowKey"], etag_of(row), EndedAt=now(), Dispatch="",
-                           Status=transition(row["Status"], TaskStatus.CANCELLED).value)]
-            if row.get("Dispatch"):
-                ops.append(dispatch.remove_op(job, row["Dispatch"]))
+            ops = [_update(job, row.task, row.etag, ended_at=now(), dispatch="",
+                           status=transition(row.status, TaskStatus.CANCELLED))]
+            if row.dispatch:
+                ops.append(dispatch.remove_op(job, row.dispatch))
             if len(chunk) + len(ops) > tasks.BATCH - 1:  # the counter's write makes a hundred
                 _cancelled(clients, counter, job, chunk, moves)
                 chunk, moves = [], Moves()
             chunk += ops
-            moves.move(row["Stage"], _tile(row["Params"]), row["Status"], TaskStatus.CANCELLED)
+            moves.move(row.stage, _tile(row.params), row.status, TaskStatus.CANCELLED)
         _cancelled(clients, counter, job, chunk, moves)
 
 

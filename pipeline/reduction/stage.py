@@ -45,11 +45,11 @@ def inputs_of(ctx: StageContext) -> tuple[list[dict[str, Any]], list[str], list[
     first, count = (int(v) for v in ctx.params["deps"].split(","))
     ready, missing, failed = [], [], []
     for row in tasks.list_tasks(ctx.clients.tasks, ctx.job, first, count):
-        day = json.loads(row["Params"])["date"]
-        outputs = json.loads(row.get("Outputs") or "[]")
-        if row["Status"] in GOOD and outputs:
+        day = row.parameters()["date"]
+        outputs = row.output_names()
+        if row.status in GOOD and outputs:
             ready.append({"date": day, "blobs": [o.removeprefix(names.TILE_OUTPUT_PREFIX) for o in outputs]})
-        elif row["Status"] == TaskStatus.NO_DATA.value:
+        elif row.status is TaskStatus.NO_DATA:
             missing.append(day)
         else:
             failed.append(day)

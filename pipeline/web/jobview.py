@@ -78,12 +78,12 @@ def view(clients: Clients, job: str) -> dict[str, Any]:
 
     failures = []
     for attempt in rollups.newest_failures(clients.tasks, job, FAILURES_SHOWN):  # links for these only
-        task, number, stage = attempt["Task"], int(attempt["Attempt"]), attempt.get("Stage", "")
+        task, number, stage = attempt.task, attempt.attempt, attempt.stage
         failures.append({
-            "task": task, "attempt": number, "stage": stage, "class": attempt["FailureClass"],
-            "revoked_by": attempt.get("RevokedBy") or None, "error": attempt.get("Error") or "",
-            "ended": attempt["EndedAt"].isoformat() if attempt.get("EndedAt") else None,
-            "runtime_s": _seconds(attempt.get("StartedAt"), attempt.get("EndedAt")),
+            "task": task, "attempt": number, "stage": stage, "class": attempt.failure_class,
+            "revoked_by": attempt.revoked_by or None, "error": attempt.error,
+            "ended": attempt.ended_at.isoformat() if attempt.ended_at else None,
+            "runtime_s": _seconds(attempt.started_at, attempt.ended_at),
             "logs": {name: results.sas_url(clients, clients.logs.container_name,
                                            names.log_prefix(job, task, number) + name)
                      for name in LOG_FILES} if stage == "reduce" else {},
