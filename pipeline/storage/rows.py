@@ -39,8 +39,8 @@ class Row:
     @functools.cache
     def stored_names(cls) -> dict[str, str]:
         """Field name → stored property name."""
-        return {f.name: f.metadata.get("stored", camel(f.name)) for f in dataclasses.fields(cls)  # type: ignore[arg-type]
-                if f.name != "etag"}  # (cls is a dataclass: every subclass is one)
+        every = dataclasses.fields(typing.cast(Any, cls))  # every subclass is a dataclass
+        return {f.name: f.metadata.get("stored", camel(f.name)) for f in every if f.name != "etag"}
 
     @classmethod
     @functools.cache
