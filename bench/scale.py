@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import scale_azure, scale_local, scale_retention
+from bench import scale_azure, scale_local, scale_retention, status_scale
 from bench.scale_report import Context, Part
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,6 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 PARTS: dict[str, Callable[[Context], Part]] = {
     "calibration": scale_local.part,
     "azure": scale_azure.part,
+    "status": status_scale.part,
     "retention": scale_retention.part,
 }
 INTRO = """# bagpipe at scale: the plan past one machine, simulated
@@ -58,6 +59,23 @@ process holds its GIL for its calls, Azurite is one thread.
 """
 
 
+def spliced(document: str, sections: list[str]) -> str:
+    """``document`` with each of ``sections`` in place of the section of the same heading
+    (``## …``), or added before the closing line if it has none: a run of some parts only
+    updates what those parts measured."""
+    chunks = [c.strip() for c in document.split("\n## ")]
+    head, found = chunks[0], {c.split("\n", 1)[0]: "## " + c for c in chunks[1:]}
+    closing = ""
+    if found:
+        last = next(reversed(found))
+        body, _, closing = found[last].partition("\n_The whole benchmark took")
+        found[last] = body.strip()
+        closing = f"_The whole benchmark took{closing}".strip() if closing else ""
+    for section in sections:
+        found[section.strip().split("\n", 1)[0].removeprefix("## ")] = section.strip()
+    return "\n\n".join([head, *found.values(), *([closing] if closing else [])]) + "\n"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", nargs="+", choices=list(PARTS), default=list(PARTS))
@@ -68,7 +86,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--local-runs", type=int, default=2, help="local no-op runs, each predicted")
     parser.add_argument("--docs", type=Path, default=REPO / "docs", help="where scale.md and its plots go")
     write = parser.add_mutually_exclusive_group()
-    write.add_argument("--write", action="store_true", help="write docs/scale.md even with some parts only")
+    write.add_argument("--write", action="store_true",
+                       help="with some parts only: update their sections of docs/scale.md")
     write.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
     started = time.monotonic()
@@ -83,10 +102,14 @@ def main(argv: list[str] | None = None) -> None:
             figures |= part.figures
             sections.append(part.markdown)
     complete = set(args.parts) == set(PARTS)
-    if (complete or args.write) and not args.no_write:
+    target = args.docs / "scale.md"
+    if complete and not args.no_write:
         sections.append(f"\n_The whole benchmark took {time.monotonic() - started:.0f} s on this machine._\n")
-        (args.docs / "scale.md").write_text("\n\n".join(s.strip() for s in sections) + "\n")
-        print(f"wrote {args.docs / 'scale.md'}", file=sys.stderr)
+        target.write_text("\n\n".join(s.strip() for s in sections) + "\n")
+        print(f"wrote {target}", file=sys.stderr)
+    elif args.write:
+        target.write_text(spliced(target.read_text(), sections[1:]))
+        print(f"updated {len(sections) - 1} section(s) of {target}", file=sys.stderr)
     print(json.dumps(figures))
 
 

@@ -9,6 +9,7 @@ import math
 
 import pytest
 
+from bench.scale import spliced
 from bench.scale_calibrate import Measured, fit
 from bench.sim import simulate
 from bench.simcore import (
@@ -104,3 +105,12 @@ def test_shared_cores_bound_the_local_stack() -> None:
     assert result.steady_tasks_per_s == pytest.approx(250, rel=0.05)
     assert result.bottleneck == "cpu cores"
 
+
+
+def test_a_run_of_some_parts_updates_only_their_sections_of_the_document() -> None:
+    document = "# Scale\n\nintro\n\n## A\n\nold a\n\n### A's detail\n\nkept\n\n## B\n\nold b\n\n" \
+               "_The whole benchmark took 5 s on this machine._\n"
+    updated = spliced(document, ["## A\n\nnew a\n", "## C\n\nnew c\n"])
+    assert "old a" not in updated and "kept" not in updated  # a section is replaced whole, subsections too
+    assert updated.index("new a") < updated.index("old b") < updated.index("new c")  # in place; new ones last
+    assert updated.startswith("# Scale\n\nintro") and updated.rstrip().endswith("on this machine._")
