@@ -34,6 +34,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from azure.core.exceptions import ServiceRequestError, ServiceResponseError
+
 from bagpipe.azurite import Azurite
 from bench.scale_report import Context, Part, table
 from pipeline.lifecycle import attempts, jobs, rollups, tasks
@@ -91,9 +93,20 @@ def build(clients: Clients, size: int) -> str:
                                            ended - timedelta(seconds=runtime), ended)[1])
         else:
             slot.ran(spec.stage, runtime)
+    def write(start: int) -> None:
+        """One transaction of upserts, sent again if its connection is reset (Azurite does,
+        under this load): an upsert written twice is written once."""
+        for attempt in range(6):
+            try:
+                clients.tasks.submit_transaction([("upsert", r) for r in rows[start:start + tasks.BATCH]])
+                return
+            except (ServiceRequestError, ServiceResponseError):
+                if attempt == 5:
+                    raise
+                time.sleep(2**attempt)
+
     with ThreadPoolExecutor(4) as pool:  # a few transactions in flight keep Azurite busy
-        list(pool.map(lambda start: clients.tasks.submit_transaction(
-            [("upsert", r) for r in rows[start:start + tasks.BATCH]]), range(0, len(rows), tasks.BATCH)))
+        list(pool.map(write, range(0, len(rows), tasks.BATCH)))
     for name, moves in [("release", release), *((f"slot-{i}", m) for i, m in enumerate(slots))]:
         clients.tasks.create_entity({"PartitionKey": job, "RowKey": names.counter_key(name),
                                      **rollups.apply({}, moves)})

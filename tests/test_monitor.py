@@ -243,7 +243,8 @@ def test_worker_killed_mid_stage_task_finishes_elsewhere(settings: Settings) -> 
         recovered_in = time.monotonic() - killed_at
     assert jobs.get(clients, job).state == "SUCCEEDED"
     row = tasks.get_task(clients.tasks, job, marked.task)
-    assert row.attempt == 2 and row.last_failure == "heartbeat_lost" and row.timeouts == 0
+    assert row.attempt == 2 and row.last_failure == "heartbeat_lost"
+    assert "Timeouts" not in clients.tasks.get_entity(job, marked.task)  # a lost heartbeat is not a timeout
     assert json.loads(row.outputs) == [names.output_prefix(job, marked.task, 2) + "summary.json"]
     assert recovered_in < settings.lease_seconds + 20
 

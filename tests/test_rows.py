@@ -60,6 +60,8 @@ def test_rows_an_older_version_wrote_read_with_what_they_lack(clients: Clients) 
     # a task row as the planner writes it, then a merge of a few fields by name
     entity = tasks.TaskRow(job="j1", task=names.task_key(3), seq=3, shard=1, stage="modis",
                            params='{"tile": "h09v05"}').to_entity()
+    assert set(entity) == {"PartitionKey", "RowKey", "Seq", "Shard", "Stage", "Params", "Status", "Attempt"}, \
+        "a new row holds what the planner says of it, and no field at its default it did not say"
     clients.tasks.create_entity(entity)
     row = tasks.get_task(clients.tasks, "j1", names.task_key(3))
     assert row.status is TaskStatus.PENDING and row.deps is None and row.parameters() == {"tile": "h09v05"}

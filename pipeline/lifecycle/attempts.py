@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 from azure.core.exceptions import ResourceNotFoundError
 from azure.data.tables import TableClient, TableTransactionError, UpdateMode
@@ -114,6 +114,7 @@ class Deadline(Row):
     kill_at: datetime
     heartbeat_until: datetime
     etag: str = field(default="", compare=False)
+    written: ClassVar[frozenset[str]] = frozenset({"worker"})
 
 
 def index_op(clients: Clients, job: str, task: str, attempt: int, kill_at: datetime, worker: str,

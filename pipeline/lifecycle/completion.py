@@ -175,7 +175,8 @@ def complete(clients: Clients, mailer: Mailer, job: str) -> bool:
 def _finish(clients: Clients, mailer: Mailer, hold: Finishing) -> None:
     row = hold.row
     final = row.outcome
-    assert final is not None, "a job goes FINISHING with its outcome"
+    if final is None:
+        raise ValueError(f"job {row.job} is finishing with no outcome")
     found = write_manifest(clients, row, final)
     recipient = jobs.request_of(row).email
     if recipient and not row.notified_at:

@@ -17,7 +17,7 @@ import logging
 import secrets
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 from azure.core.exceptions import (
     AzureError,
@@ -83,6 +83,8 @@ class JobRow(Row):
     cost_usd: float | None = field(default=None, metadata=stored("CostUSD"))
     key: str = field(default=names.JOB_ROW, metadata=stored("RowKey"))
     etag: str = field(default="", compare=False)
+    # what a submitted job's row has always said, if only that it is nothing yet
+    written: ClassVar[frozenset[str]] = frozenset({"planned", "released", "label", "owner", "program"})
 
     @classmethod
     def completed(cls, found: dict[str, Any]) -> dict[str, Any]:

@@ -242,9 +242,10 @@ def failure_op(job: str, task: str, attempt: int, stage: str, failure: str, erro
                started: datetime | None, ended: datetime, revoked_by: str = "") -> tuple[Any, ...]:
     """The failure index's entry of one failed (or revoked) attempt."""
     key = names.failure_key(int(ended.timestamp() * 1000), task, attempt)
-    row = AttemptRow(job=job, key=key, task=task, attempt=attempt, stage=stage, failure_class=failure, error=error,
-                     revoked_by=revoked_by, ended_at=ended, started_at=started)
-    return ("upsert", row.to_entity(), {"mode": UpdateMode.REPLACE})
+    row = AttemptRow.as_stored(job=job, key=key, task=task, attempt=attempt, stage=stage, failure_class=failure,
+                               error=error, revoked_by=revoked_by, ended_at=ended,
+                               **({"started_at": started} if started else {}))
+    return ("upsert", row, {"mode": UpdateMode.REPLACE})
 
 
 def newest_failures(tasks: TableClient, job: str, limit: int) -> list[AttemptRow]:

@@ -17,7 +17,7 @@ import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from azure.core import MatchConditions
 from azure.core.exceptions import (
@@ -107,10 +107,10 @@ class TaskRow(Row):
 
     job: str = field(metadata=stored("PartitionKey"))
     task: str = field(metadata=stored("RowKey"))
-    seq: int = 0
-    shard: int = 0  # the queue its messages go to
-    stage: str = ""
-    params: str = "{}"  # the stage's parameters, as JSON
+    seq: int
+    shard: int  # the queue its messages go to
+    stage: str
+    params: str  # the stage's parameters, as JSON
     status: TaskStatus = TaskStatus.PENDING
     attempt: int = 1  # the attempt the row names: the running one, or the next
     deps: int | None = None  # a reduction: its tile tasks not yet ended (released at zero)
@@ -127,6 +127,7 @@ class TaskRow(Row):
     timeouts: int = 0  # attempts revoked for time: the next kill threshold grows with them
     last_write: str = ""  # a fenced write's mark, to recognise it when read back
     etag: str = field(default="", compare=False)
+    written: ClassVar[frozenset[str]] = frozenset({"status", "attempt"})  # a new row says both
 
     @property
     def ref(self) -> TaskRef:

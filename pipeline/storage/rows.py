@@ -16,7 +16,7 @@ import types
 import typing
 from collections.abc import Mapping
 from enum import Enum
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
 
 def stored(name: str) -> dict[str, str]:
@@ -34,6 +34,7 @@ class Row:
     frozen, keyword-only dataclass with an ``etag`` field (never written)."""
 
     etag: str
+    written: ClassVar[frozenset[str]] = frozenset()  # fields written even at their default
 
     @classmethod
     @functools.cache
@@ -77,9 +78,18 @@ class Row:
                 if key in ("PartitionKey", "RowKey")}
 
     def to_entity(self) -> dict[str, Any]:
-        """The entity to write: every field that has a value."""
-        return self.keys() | self.as_stored(**{name: value for name in self.stored_names()
-                                                if (value := getattr(self, name)) is not None})
+        """The entity to write: every field that has a value, but not one still at its default
+        unless the type always writes it (``written``): a row holds what was said of it."""
+        defaults = self._defaults()
+        return self.keys() | self.as_stored(**{
+            name: value for name in self.stored_names() if (value := getattr(self, name)) is not None
+            and (name in self.written or name not in defaults or value != defaults[name])})
+
+    @classmethod
+    @functools.cache
+    def _defaults(cls) -> dict[str, Any]:
+        return {f.name: f.default for f in dataclasses.fields(typing.cast(Any, cls))
+                if f.default is not dataclasses.MISSING}
 
     @classmethod
     def as_stored(cls, **fields: Any) -> dict[str, Any]:
