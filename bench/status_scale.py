@@ -198,7 +198,8 @@ def part(ctx: Context) -> Part:
     """This benchmark as a section of docs/scale.md."""
     figures = measure([100, 10_000, 100_000], 7)
     rows = [(f"{int(size):,}", f"{f['status_s'] * 1000:.1f} ms", f["status_entities"], f"{f['view_s'] * 1000:.1f} ms",
-             f["view_entities"], f"{f['empty_query_s'] * 1000:.1f} ms", f"{f['rows_of_the_job']:,}")
+             f["view_entities"], f"{f['empty_query_s'] * 1000:.1f} ms",
+             f"{(f['status_s'] - f['empty_query_s']) * 1000:.1f} ms", f"{f['rows_of_the_job']:,}")
             for size, f in figures["sizes"].items()]
     markdown = f"""## Status at constant cost
 
@@ -210,13 +211,19 @@ failure index of the few that died), each on an Azurite of its own; the median o
 Entities are counted through the SDK's per-request hooks.
 
 {table(["tasks", "status", "entities read", "job view", "entities read", "a query of no row",
-        "rows in the job's partition"], rows)}
+        "status less that query", "rows in the job's partition"], rows)}
 
-Status reads the job row and the rollup rows, whatever the job's size: status at 100,000 tasks
-takes {figures.get("status_ratio_100k_to_100", "?")}× its time at 100, the job view
-{figures.get("view_ratio_100k_to_100", "?")}×. What still grows is Azurite's, not bagpipe's: Azurite
-filters every row of a table for every query (the last-but-one column: a key-range query that
-matches nothing), where Azure Table storage serves a key range from its index.
+Status reads the same 10 entities at every size, the job view 16: the job row, one rollup row
+per writer (one key-range query), the fleet's health rows, and for the view the plan row and a
+page of the failure index. Its time does not stay flat on Azurite: status at 100,000 tasks
+takes {figures.get("status_ratio_100k_to_100", "?")}× its time at 100 (`status_ratio_100k_to_100`;
+the goal was 1.5), the job view {figures.get("view_ratio_100k_to_100", "?")}×. The growth is the
+key-range query's: Azurite filters every row of the table for every query, so a query that
+matches no row at all (the sixth column) grows with the table as much; status less that one
+query is the seventh. Azure Table storage serves a key range from its index, where the
+rollup query costs what its few rows cost. Point reads of a registry of writers would make
+the figure flat here, at the price of one read per writer on Azure, where a job's writers are
+its workers' slots (hundreds): the key-range query stays.
 """
     return Part({k: v for k, v in figures.items() if k != "sizes"}, markdown)
 
