@@ -247,13 +247,16 @@ class Run:
         self.api_submit(JOB_A)
         self.api_submit(JOB_B)
         started = time.monotonic()
-        cancelled = False
+        cancelled = repeated = False
         while time.monotonic() - started < timeout:
             self.steps += 1
             busy = self.control(sweep_now=self.steps % 3 == 0)
             if not cancelled and len(self.jobs) > 1 and self.steps >= 3:
                 self.api_cancel(self.jobs[1])
                 cancelled = True
+            if not repeated and self.jobs and self.ended(self.jobs[0]):
+                self.api_submit(JOB_A)  # the same request again: its tiles are settled at planning
+                repeated = True
             busy += self.worker("w1") + self.worker("w2")
             if self.finished() and self.settled():
                 return
@@ -266,6 +269,10 @@ class Run:
         clients = self._clients_of("control")
         report = self._as("control", lambda: sweep.sweep(clients))
         return report is not None and report["errors"] == 0
+
+    def ended(self, job: str) -> bool:
+        with self.quiet():
+            return JobState(jobs.get(Clients(self.settings), job)["State"]).finished
 
     def finished(self) -> bool:
         with self.quiet():
@@ -319,10 +326,17 @@ class Run:
                 if len(committed) > 1:
                     found["duplicates"] += 1
                     problems.append(f"{job}/{task.task} committed {len(committed)} times")
-                if task.status.value in COMMITTED and [a.attempt for a in committed] != [task.attempt]:
+                # a task settled at planning has no attempt: it was never queued, nor run
+                expected = [] if task.settled_at else [task.attempt]
+                if task.status.value in COMMITTED and [a.attempt for a in committed] != expected:
                     found["duplicates"] += 1
                     problems.append(f"{job}/{task.task} row names attempt {task.attempt}, "
                                     f"committed {[a.attempt for a in committed]}")
+                if task.settled_at:
+                    found["settled"] += 1
+                    if [a for a in ran if a.task == task.task]:
+                        found["duplicates"] += 1
+                        problems.append(f"{job}/{task.task} settled at planning, yet claimed")
             indexes = (names.DEADLINE_PREFIX, names.DISPATCH_PREFIX)
             left = [r["RowKey"] for r in tried if r["RowKey"].startswith(indexes)]
             if left and row.state.finished:

@@ -1,6 +1,7 @@
 """The tile stage of ``bench.faults``: a small real GeoTIFF made once through the tile cache
 (content-addressed, with its ``.making`` marker), so that reductions have inputs and the
-harness can check that no marker is left. The first attempt of the tile named
+harness can check that no marker is left; a repeat of a job finds its tiles made at planning
+(:func:`made_already`) and is settled there. The first attempt of the tile named
 :data:`LOST_TILE` hangs: the harness loses its worker there, so that every run has a
 monitor revocation."""
 
@@ -10,14 +11,17 @@ import hashlib
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from affine import Affine
 from rasterio.io import MemoryFile
 
 from pipeline import stages
+from pipeline.lifecycle.status import TaskStatus
 from pipeline.stages import StageContext
 from pipeline.storage import cache, names
+from pipeline.storage.clients import Clients
 
 LOST_TILE = "x-0108y+0035"
 HANGS_ENV = "BAGPIPE_FAULT_HANGS"  # the folder where the lost attempt says it hangs
@@ -37,13 +41,27 @@ def _tile(ctx: StageContext) -> bytes:
         return memory.read()
 
 
+def _name(params: dict[str, str]) -> str:
+    """The tile's content-addressed name: what the task makes, or finds made."""
+    key = hashlib.sha256(f"fault_tile/{params['tile']}/{params['date']}".encode()).hexdigest()
+    return names.tile_blob(key, params["product"], "Maximum_Snow_Extent", params["tile"], params["date"])
+
+
+@stages.made_already("fault_tile")
+def made_already(clients: Clients, rows: list[Any]) -> dict[str, list[str]]:
+    """The planned tasks whose tile is in the cache (a repeat of a job): settled at planning."""
+    wanted = {r.task: _name(r.parameters()) for r in rows
+              if r.stage == "fault_tile" and r.status is TaskStatus.PENDING}
+    there = cache.present(clients.tiles, wanted.values())
+    return {task: [names.TILE_OUTPUT_PREFIX + name] for task, name in wanted.items() if name in there}
+
+
 @stages.stage("fault_tile")
 def fault_tile(ctx: StageContext) -> None:
     if ctx.params["tile"] == LOST_TILE and ctx.params["date"] == "2022-01-01" and ctx.attempt == 1:
         Path(os.environ[HANGS_ENV], f"{ctx.job}-{ctx.task}").touch()
         time.sleep(600)  # the harness loses this worker here
-    key = hashlib.sha256(f"fault_tile/{ctx.params['tile']}/{ctx.params['date']}".encode()).hexdigest()
-    name = names.tile_blob(key, ctx.params["product"], "Maximum_Snow_Extent", ctx.params["tile"], ctx.params["date"])
+    name = _name(ctx.params)
     made = cache.ensure(ctx.clients.transfers, ctx.clients.tiles, name, lambda: _tile(ctx), "image/tiff",
                         want_data=False, owner=f"{ctx.job}/{ctx.task}", tidy=ctx.attempt > 1)
     ctx.cached = not made.made

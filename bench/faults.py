@@ -20,7 +20,11 @@ storage alone: every task terminal, one committed attempt per task, every job fi
 one manifest and one email (a resend after a crash must carry the same Message-ID), no index
 rows and no cache markers left.
 
-    python -m bench.faults [--kinds refuse,drop,crash] [--stride 1] [--limit N] [--jobs N]
+    python -m bench.faults [--kinds refuse,drop,crash] [--stride 1] [--limit N] [--jobs N] [--operation OP]
+
+``--operation`` faults the first call of one operation wherever it comes, once per kind: a
+call whose place varies from run to run (the repeat's settle comes once its first job has
+ended) is missed by the numbered points.
 
 Most of a run's time is waiting (leases expiring, components restarting), not CPU, so
 ``--jobs N`` sweeps N shards side by side, each in a process of its own with its own Azurite
@@ -71,12 +75,12 @@ SUMMED = ("fault_points", *COUNTS)
 
 
 def sweep_points(azurite: Azurite, workdir: Path, chosen: list[tuple[int, str]],
-                 report: Callable[[dict[str, Any]], None] = lambda r: None) -> dict[str, Any]:
+                 report: Callable[[dict[str, Any]], None] = lambda r: None, operation: str = "") -> dict[str, Any]:
     totals: Counter[str] = Counter()
     covered: set[str] = set()
     failures = []
     for k, kind in chosen:
-        result = run_one(azurite, workdir, k, kind)
+        result = run_one(azurite, workdir, k, kind, operation)
         report(result)
         if result["hit"]:
             covered.add(f"{kind} {result['hit']}")
@@ -125,6 +129,8 @@ def main() -> None:
     parser.add_argument("--stride", type=int, default=1, help="fault every n-th call of the clean run")
     parser.add_argument("--distinct", action="store_true", help="only the first call of each operation")
     parser.add_argument("--limit", type=int, default=0, help="at most this many points")
+    parser.add_argument("--operation", default="", help="fault the first call of this operation (as the runs name "
+                        "it, e.g. 'POST $batch [CACHED,QUEUED]'), wherever it comes, once per kind")
     parser.add_argument("--jobs", type=int, default=1, help="shards swept side by side")
     parser.add_argument("--shard", default="0/1", help="i/N: this process sweeps every N-th point from the i-th")
     args = parser.parse_args()
@@ -145,8 +151,10 @@ def main() -> None:
             started = time.monotonic()
             clean = run_one(azurite, Path(top), 0, "")
             print(f"clean run: {len(clean['calls'])} storage calls, {clean['steps']} steps, "
-                  f"{time.monotonic() - started:.1f} s, problems: {clean['problems']}", flush=True)
-            chosen = points(clean["calls"], kinds, args.stride, args.distinct)
+                  f"{time.monotonic() - started:.1f} s, {clean['counts'].get('settled', 0)} tasks settled at planning, "
+                  f"problems: {clean['problems']}", flush=True)
+            chosen = [(k, kind) for k, kind in enumerate(kinds, 1)] if args.operation else \
+                points(clean["calls"], kinds, args.stride, args.distinct)
             if args.limit:
                 chosen = chosen[: args.limit]
             chosen = chosen[shard::shards]
@@ -156,7 +164,7 @@ def main() -> None:
                 print(f"k={result['k']:4d} {result['kind']:7s} {result['hit'] or '(not reached)':60.60s} "
                       f"restarts={result['restarts']} {mark}", flush=True)
 
-            summary = sweep_points(azurite, Path(top), chosen, report)
+            summary = sweep_points(azurite, Path(top), chosen, report, args.operation)
         finally:
             azurite.stop()
     summary["clean_calls"] = len(clean["calls"])

@@ -13,6 +13,8 @@ of ``docs/scale.md``:
 - ``retention``: a cached source's and a cached tile's size and the time to make each again,
   measured on the real granule, and how long the deployment's lifecycle rule keeps each
   after its last use.
+- ``repeat``: the demo's request run twice, the second time every tile cached: its tile
+  tasks settled at planning; ``repeat_speedup`` is the first run's time over the repeat's.
 
 With every part run it writes docs/scale.md and its plots (``--no-write``: not; with only
 some parts run it writes nothing unless ``--write``). Last line: one JSON object of every
@@ -31,7 +33,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import scale_azure, scale_local, scale_retention, status_scale
+from bench import scale_azure, scale_local, scale_repeat, scale_retention, status_scale
 from bench.scale_report import Context, Part
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,6 +43,7 @@ PARTS: dict[str, Callable[[Context], Part]] = {
     "azure": scale_azure.part,
     "status": status_scale.part,
     "retention": scale_retention.part,
+    "repeat": scale_repeat.part,
 }
 INTRO = """# bagpipe at scale: the plan past one machine, simulated
 

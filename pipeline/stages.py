@@ -8,15 +8,20 @@ task row carries. Scientists' programs are not stages: they are declared by mani
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 from azure.storage.blob import ContainerClient
 
 from pipeline.storage.clients import Clients
+
+if TYPE_CHECKING:
+    from pipeline.lifecycle.tasks import TaskRow
 
 
 @dataclass
@@ -59,6 +64,28 @@ def stage(name: str) -> Callable[[Stage], Stage]:
         return fn
 
     return register
+
+
+# A stage whose outputs are content-addressed by what its task row names may say, before it
+# runs, which of a job's planned tasks it would find made already: of the task rows given,
+# those whose every output is there, by row key, with their outputs named as it names them.
+# The planner settles those at planning (``transitions.settle``: no message, no worker).
+MadeAlready = Callable[[Clients, list["TaskRow"]], dict[str, list[str]]]
+MADE_ALREADY: dict[str, MadeAlready] = {}
+
+
+def made_already(name: str) -> Callable[[MadeAlready], MadeAlready]:
+    def register(fn: MadeAlready) -> MadeAlready:
+        MADE_ALREADY[name] = fn
+        return fn
+
+    return register
+
+
+def load(modules: str) -> None:
+    """Import the modules named (comma-separated): the stages and checks they register."""
+    for module in filter(None, (m.strip() for m in modules.split(","))):
+        importlib.import_module(module)
 
 
 SOURCE_BYTES = 64 * 1024

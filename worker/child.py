@@ -11,7 +11,6 @@ connection pools never leak into a stage.
 from __future__ import annotations
 
 import ctypes
-import importlib
 import multiprocessing
 import os
 import select
@@ -51,12 +50,6 @@ class Outcome:
 
 BUILTIN_STAGE_MODULES = "pipeline.modis.tilestage,pipeline.reduction.stage"
 TASKS_PER_PROCESS = 200  # attempts a stage process runs before it is replaced
-
-
-def load_stage_modules(modules: str) -> None:
-    """Import the built-in stage modules and those the settings name (comma-separated)."""
-    for module in filter(None, (m.strip() for m in f"{BUILTIN_STAGE_MODULES},{modules}".split(","))):
-        importlib.import_module(module)
 
 
 def _die_with_parent() -> None:
@@ -114,7 +107,7 @@ def _serve(settings: Settings, conn: Connection, tasks: int) -> None:
             return
         stage, context = request
         try:
-            load_stage_modules(settings.stage_modules)
+            stages.load(f"{BUILTIN_STAGE_MODULES},{settings.stage_modules}")
             clients = clients or Clients(settings)
             ctx = stages.StageContext(clients=clients, **context)
             stages.STAGES[stage](ctx)

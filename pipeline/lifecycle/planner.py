@@ -1,5 +1,5 @@
-"""The planner: expand a job into task rows, and release them to the shard queues through a
-bounded window.
+"""The planner: expand a job into task rows, settle those whose outputs the cache holds
+already, and release the others to the shard queues through a bounded window.
 
 Planning is idempotent: rows are created in entity-group transactions from a cursor kept on
 the job row, so a plan message processed twice (or a planner that died midway) makes no
@@ -7,15 +7,20 @@ duplicate. Release is safe to call from anywhere at any time (the planner, a wor
 just finished a task, the sweep): every task it moves to QUEUED gets its dispatch entry in
 the same write, so a message it fails to send, or a releaser that dies before it sends, is
 made good by the reconciler; it advances the cursor after its sends, so a releaser that
-dies resends at worst (duplicates, which workers drop).
+dies resends at worst (duplicates, which workers drop). Settling is as safe to repeat: it
+moves only PENDING rows, each chunk in one transaction with its counts.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 
-from pipeline.lifecycle import dispatch, jobs, rollups, tasks, transitions
+from azure.core.exceptions import AzureError
+
+from pipeline import stages
+from pipeline.lifecycle import completion, dispatch, jobs, rollups, tasks, transitions
 from pipeline.lifecycle.request import TILE_STAGE, RequestError, expand
 from pipeline.lifecycle.status import JobState
 from pipeline.lifecycle.tasks import TerminalCounter
@@ -26,6 +31,8 @@ log = logging.getLogger(__name__)
 NO_RELEASER = datetime(1970, 1, 1, tzinfo=UTC)  # a lease that has long expired
 RELEASE_CHUNK = 64  # tasks sent per move of the cursor: bounds the work done under one lease
 RELEASE_LEASE_S = 15.0  # a releaser's hold on the cursor, renewed at each move
+MADE_ALREADY_MODULES = "pipeline.modis.cachedtiles"  # the built-in stages' checks (stages.MADE_ALREADY)
+SETTLE_PAGE = 1000  # task rows looked at together for outputs the cache holds already
 SEARCH_LEASE = timedelta(minutes=15)  # the longest a planner's catalog searches may take before the sweep plans again
 
 
@@ -33,8 +40,8 @@ def plan(clients: Clients, job: str) -> None:
     """Create the job's task rows (resuming where a previous run stopped), then start it."""
     row = jobs.get(clients, job)
     if row.state is not JobState.ACCEPTED:
-        if row.state is JobState.RUNNING:
-            release(clients, job)
+        if row.state is JobState.RUNNING:  # planned already (a message handled twice, a planner died)
+            _start(clients, row)
         return
     settings = clients.settings
     try:
@@ -79,26 +86,59 @@ def plan(clients: Clients, job: str) -> None:
             row = jobs.get(clients, job)
     if row.state is JobState.RUNNING:
         log.info("job %s planned: %d tasks", job, len(specs))
-        release(clients, job)
+        _start(clients, row)
     else:  # cancelled while it was being planned: nothing it planned may run
         transitions.cancel(clients, job, TerminalCounter(f"planner-{job}"))
         jobs.announce_done(clients, job)
 
 
+def _start(clients: Clients, row: jobs.JobRow) -> None:
+    """Start a planned job: settle the tile tasks the cache has made already, release a
+    window of the others, and announce the job done if nothing is left to run."""
+    job = row.job
+    settle(clients, job, row.tiles)
+    release(clients, job)
+    if completion.all_terminal(clients, row):  # every task settled (before, if a planner died here)
+        jobs.announce_done(clients, job)
+
+
+def settle(clients: Clients, job: str, tiles: int) -> int:
+    """Settle at planning (``transitions.settle``: PENDING → CACHED, no message, no worker)
+    each of the job's ``tiles`` tile tasks whose every output the cache holds already (as
+    its stage says: ``stages.MADE_ALREADY``, ``cachedtiles`` for MODIS), a page at a time.
+    A storage error here only leaves the tasks to the ordinary way: the stage finds them
+    made. Returns how many."""
+    stages.load(f"{MADE_ALREADY_MODULES},{clients.settings.stage_modules}")
+    made_already = stages.MADE_ALREADY.get(clients.settings.tile_stage)
+    if made_already is None:
+        return 0
+    settled = 0
+    try:
+        for first in range(0, tiles, SETTLE_PAGE):
+            rows = tasks.list_tasks(clients.tasks, job, first, min(SETTLE_PAGE, tiles - first))
+            settled += transitions.settle(clients, job, rows, made_already(clients, rows))
+    except AzureError as exc:
+        log.warning("job %s: tasks left to run as they are (%d settled at planning): %s", job, settled, exc)
+    if settled:
+        log.info("job %s: %d tile tasks made already, settled at planning", job, settled)
+    return settled
+
+
 def release(clients: Clients, job: str, *, min_room: float = 0.0, row: jobs.JobRow | None = None,
-            done: int | None = None) -> int:
-    """Top up the job's window: release PENDING tasks to the shard queues until
-    ``released - terminal`` reaches the window. With ``min_room`` > 0 it does nothing
-    until that share of the window has drained (so it is cheap to call after every task).
-    Returns how many tasks it released.
+            counts: Counter[str] | None = None) -> int:
+    """Top up the job's window: release PENDING tasks to the shard queues until the tasks
+    QUEUED or RUNNING (``tasks.in_flight``) fill the window; the cursor passes over tasks
+    settled at planning (terminal, never queued), which take no place in it. With
+    ``min_room`` > 0 it does nothing until that share of the window has drained (so it is
+    cheap to call after every task). Returns how many tasks it released.
 
     One releaser at a time per job holds a short lease on the job row (``ReleaserUntil``),
     so that the workers finishing tasks together do not all send the same messages. It moves
     the cursor a chunk at a time and renews the lease with each move, so however slow the
     storage, a live releaser keeps its lease and its sends count. A releaser that dies
     leaves the lease to expire; its successor resends what it may not have sent
-    (duplicates, which workers drop). ``row`` and ``done`` (the job row and its terminal
-    count) spare the first reads when the caller has just made them."""
+    (duplicates, which workers drop). ``row`` and ``counts`` (the job row and its
+    ``tasks.state_counts``) spare the first reads when the caller has just made them."""
     window = clients.settings.window
     lease = timedelta(seconds=max(RELEASE_LEASE_S, clients.settings.lease_seconds))
     total_released = 0
@@ -111,9 +151,9 @@ def release(clients: Clients, job: str, *, min_room: float = 0.0, row: jobs.JobR
         holder = row.releaser_until
         if released >= total or (not holding and holder is not None and holder > tasks.now()):
             break
-        if done is None:
-            done = sum(tasks.terminal_counts(clients.tasks, job).values())
-        room = window - (released - done)
+        if counts is None:
+            counts = tasks.state_counts(clients.tasks, job)
+        room = window - tasks.in_flight(counts)
         if room <= 0 or room < window * min_room:
             break
         count = min(room, total - released, RELEASE_CHUNK)
@@ -130,7 +170,7 @@ def release(clients: Clients, job: str, *, min_room: float = 0.0, row: jobs.JobR
                 return total_released  # another releaser holds it now, or the job was cancelled
             raise
         total_released += count
-        min_room, done = 0.0, None
+        min_room, counts = 0.0, None
     if holding:
         try:
             jobs.update(clients, row, releaser_until=NO_RELEASER)

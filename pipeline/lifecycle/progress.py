@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 
 from pipeline.lifecycle import completion, jobs, planner, tasks, transitions
 from pipeline.lifecycle.jobs import JobRow
@@ -25,26 +26,27 @@ FORGET_JOBS_AFTER = 1000  # jobs whose last look a worker remembers
 TOP_UP_SHARE = 0.25  # after a task's end, the window is topped up once this share of it has drained
 
 
-def task_ended(clients: Clients, job: str, row: JobRow | None = None, done: int | None = None) -> bool:
+def task_ended(clients: Clients, job: str, row: JobRow | None = None,
+               counts: Counter[str] | None = None) -> bool:
     """One of ``job``'s tasks ended: announce the job done if that was its last, else top up
-    its window. ``row`` and ``done`` (the job row and its terminal count) spare the reads
-    when the caller has just made them. Returns whether it announced."""
-    return _follow(clients, job, row, done)[0]
+    its window. ``row`` and ``counts`` (the job row and its ``tasks.state_counts``) spare the
+    reads when the caller has just made them. Returns whether it announced."""
+    return _follow(clients, job, row, counts)[0]
 
 
-def _follow(clients: Clients, job: str, row: JobRow | None, done: int | None,
+def _follow(clients: Clients, job: str, row: JobRow | None, counts: Counter[str] | None,
             released: bool = False) -> tuple[bool, bool]:
     """``task_ended``, and whether every tile task is released once it is done (``released``:
     the caller knows they all were, though ``row`` was read before the last were)."""
     row = row if row is not None else jobs.get(clients, job)
-    if done is None:
-        done = sum(tasks.terminal_counts(clients.tasks, job).values())
-    if completion.all_terminal(clients, row, done):
+    if counts is None:
+        counts = tasks.state_counts(clients.tasks, job)
+    if completion.all_terminal(clients, row, sum(tasks.terminal_of(counts).values())):
         jobs.announce_done(clients, job)
         return True, True
     if released or row.all_released:
         return False, True
-    count = planner.release(clients, job, min_room=TOP_UP_SHARE, row=row, done=done)
+    count = planner.release(clients, job, min_room=TOP_UP_SHARE, row=row, counts=counts)
     return False, row.released + count >= row.tiles
 
 
@@ -85,8 +87,8 @@ class Watch:
                 return
             self._looked[job] = (time.monotonic(), known, released)
         row = known if released and known is not None else jobs.get(self.clients, job)
-        done = sum(tasks.terminal_counts(self.clients.tasks, job).values())
-        announced, released = _follow(self.clients, job, row, done, released)
+        counts = tasks.state_counts(self.clients.tasks, job)
+        announced, released = _follow(self.clients, job, row, counts, released)
         with self._lock:
             if announced:
                 self._looked.pop(job, None)

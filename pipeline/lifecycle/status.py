@@ -29,7 +29,9 @@ TERMINAL = frozenset(
 ENDED_WELL = frozenset({TaskStatus.SUCCEEDED, TaskStatus.CACHED, TaskStatus.NO_DATA})
 
 _ALLOWED: dict[TaskStatus, frozenset[TaskStatus]] = {
-    TaskStatus.PENDING: frozenset({TaskStatus.QUEUED, TaskStatus.CANCELLED}),
+    # PENDING -> CACHED: a tile task whose every output the cache holds is settled at
+    # planning (``transitions.settle``), never queued: a repeat request costs almost nothing
+    TaskStatus.PENDING: frozenset({TaskStatus.QUEUED, TaskStatus.CACHED, TaskStatus.CANCELLED}),
     TaskStatus.QUEUED: frozenset({TaskStatus.RUNNING, TaskStatus.CANCELLED}),
     TaskStatus.RUNNING: frozenset(
         {

@@ -120,6 +120,7 @@ class TaskRow(Row):
     worker: str = ""  # who runs the attempt
     started_at: datetime | None = None
     ended_at: datetime | None = None
+    settled_at: datetime | None = None  # settled at planning: its outputs were made already
     runtime_s: float | None = None  # the committed attempt's
     outputs: str = ""  # the committed attempt's output names, as a JSON list
     last_failure: str = ""  # the failure class of the last failed attempt
@@ -219,18 +220,35 @@ class TerminalCounter:
             return [dict(answer) for answer in result[:-1]]
 
 
-def terminal_counts(tasks: TableClient, job: str) -> dict[str, int]:
-    """How many of a job's tasks are in each terminal state (sum of the counter rows)."""
+def state_counts(tasks: TableClient, job: str) -> Counter[str]:
+    """How many of a job's tasks are in each counted state — QUEUED, RUNNING and the
+    terminal ones (``rollups.UNCOUNTED`` are not) — summed over the counter rows."""
     low, high = names.COUNTER_PREFIX, names.COUNTER_PREFIX + "\U0010ffff"
     rows = tasks.query_entities(
         "PartitionKey eq @pk and RowKey ge @lo and RowKey lt @hi",
         parameters={"pk": job, "lo": low, "hi": high},
     )
-    totals = {s.value: 0 for s in TERMINAL}
+    totals: Counter[str] = Counter()
     for row in rows:
-        for status in totals:
-            totals[status] += int(row.get(status, 0))
+        for status in TaskStatus:
+            totals[status.value] += int(row.get(status.value, 0))
     return totals
+
+
+def terminal_of(counts: Counter[str]) -> dict[str, int]:
+    """Of a job's ``state_counts``, those of the terminal states."""
+    return {s.value: counts[s.value] for s in TERMINAL}
+
+
+def terminal_counts(tasks: TableClient, job: str) -> dict[str, int]:
+    """How many of a job's tasks are in each terminal state (sum of the counter rows)."""
+    return terminal_of(state_counts(tasks, job))
+
+
+def in_flight(counts: Counter[str]) -> int:
+    """Of a job's ``state_counts``, how many tasks hold a place in its window: those QUEUED
+    (a message names them) or RUNNING. A task settled at planning never held one."""
+    return counts[TaskStatus.QUEUED.value] + counts[TaskStatus.RUNNING.value]
 
 
 def get_task(tasks: TableClient, job: str, task: str) -> TaskRow:

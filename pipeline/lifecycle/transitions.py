@@ -64,6 +64,12 @@ def _update(job: str, task: str, etag: str, **fields: Any) -> Op:
             {"mode": UpdateMode.MERGE, **if_match(etag)})
 
 
+def _read_again(clients: Clients, job: str, rows: list[TaskRow]) -> list[TaskRow]:
+    """The task ``rows`` (in sequence order) as they are now."""
+    keys, first = {r.task for r in rows}, rows[0].seq
+    return [r for r in tasks.list_tasks(clients.tasks, job, first, rows[-1].seq - first + 1) if r.task in keys]
+
+
 # --- PENDING -> QUEUED -------------------------------------------------------------------
 def queue(clients: Clients, job: str, rows: list[TaskRow]) -> list[TaskRow]:
     """Move the PENDING ``rows`` (read just before) of one job to QUEUED, with their
@@ -87,13 +93,53 @@ def queue(clients: Clients, job: str, rows: list[TaskRow]) -> list[TaskRow]:
                 if ops:
                     _mover.write(clients.tasks, job, ops, moves)
             except TableTransactionError:  # a row moved meanwhile (cancelled, another releaser)
-                first = chunk[0].seq
-                chunk = tasks.list_tasks(clients.tasks, job, first, chunk[-1].seq - first + 1)
+                chunk = _read_again(clients, job, chunk)
                 continue
             found += [dataclasses.replace(r, status=TaskStatus.QUEUED) if r.status is TaskStatus.PENDING else r
                       for r in chunk if r.status in (TaskStatus.PENDING, TaskStatus.QUEUED)]
             break
     return found
+
+
+# --- PENDING -> CACHED: made already, settled at planning --------------------------------
+def settle(clients: Clients, job: str, rows: list[TaskRow], outputs: dict[str, list[str]], tries: int = 5) -> int:
+    """Move the PENDING tile tasks among ``rows`` (read just before) whose every output the
+    cache holds already (``outputs``, by row key: named as the stage names them) straight to
+    CACHED, as a worker's commit of a CACHED task would leave them but with no message, no
+    claim and no attempt: their outputs on the row, the releaser's rollup moved (counts per
+    state, tile and stage; no runtime, nothing ran), and each waiting reduction's count
+    taken down by as many — released at zero. One transaction per chunk, fenced on every row
+    it writes; a chunk whose rows moved meanwhile is read again, and after ``tries`` left to
+    the ordinary way. Returns how many it settled."""
+    todo = [r for r in rows if r.task in outputs and r.status is TaskStatus.PENDING]
+    settled, size = 0, (tasks.BATCH - 1) // 3  # a write each, at most two for the reduction each counts off
+    for start in range(0, len(todo), size):
+        chunk = todo[start : start + size]
+        for _ in range(tries):
+            live = [r for r in chunk if r.status is TaskStatus.PENDING]
+            ended, moves, ops = now(), Moves(), list[Op]()
+            waiting: dict[str, int] = {}
+            for row in live:
+                ops.append(_update(job, row.task, row.etag, ended_at=ended, settled_at=ended,
+                                   status=transition(row.status, TaskStatus.CACHED),
+                                   outputs=json.dumps(outputs[row.task])))
+                moves.move(row.stage, _tile(row.params), TaskStatus.PENDING, TaskStatus.CACHED)
+                if key := _waiting(row.parameters(), TaskStatus.CACHED):
+                    waiting[key] = waiting.get(key, 0) + 1
+            messages: list[tuple[int, TaskRef]] = []
+            for key, count in waiting.items():
+                counted, more, message, _ = _counted_off(clients, job, key, count)
+                ops, moves, messages = ops + counted, moves.merged(more), messages + ([message] if message else [])
+            try:
+                if ops:
+                    _mover.write(clients.tasks, job, ops, moves)
+            except TableTransactionError:  # a row moved meanwhile (queued, cancelled, another planner)
+                chunk = _read_again(clients, job, chunk)
+                continue
+            dispatch.send(clients, messages)  # a message lost: the reconciler resends (its dispatch entry)
+            settled += len(live)
+            break
+    return settled
 
 
 # --- QUEUED -> RUNNING: the claim ------------------------------------------------------------
@@ -226,11 +272,12 @@ def _waiting(params: dict[str, str], status: TaskStatus) -> str:
     return names.task_key(int(params["reduction"])) if status.terminal and params.get("reduction") else ""
 
 
-def _counted_off(clients: Clients, job: str, key: str) -> tuple[list[Op], Moves, tuple[int, TaskRef] | None, str]:
-    """What counts one ended tile task off the PENDING reduction ``key``: the update of its
-    count of unfinished tile tasks (fenced on the row's ETag, read now) and, if that was the
-    last, its move to QUEUED with its dispatch entry; the moves of that for the rollup; the
-    message to send once written; and the ETag it read ("" if nothing is to be counted)."""
+def _counted_off(clients: Clients, job: str, key: str,
+                 ended: int = 1) -> tuple[list[Op], Moves, tuple[int, TaskRef] | None, str]:
+    """What counts ``ended`` tile tasks off the PENDING reduction ``key``: the update of its
+    count of unfinished tile tasks (fenced on the row's ETag, read now) and, if those were
+    the last, its move to QUEUED with its dispatch entry; the moves of that for the rollup;
+    the message to send once written; and the ETag it read ("" if nothing is to be counted)."""
     if not key:
         return [], Moves(), None, ""
     try:
@@ -239,7 +286,7 @@ def _counted_off(clients: Clients, job: str, key: str) -> tuple[list[Op], Moves,
         return [], Moves(), None, ""
     if row.status is not TaskStatus.PENDING or row.deps is None:
         return [], Moves(), None, ""  # cancelled, or planned before reductions counted
-    fields: dict[str, Any] = {"deps": row.deps - 1}
+    fields: dict[str, Any] = {"deps": row.deps - ended}
     ops: list[Op] = []
     moves, message = Moves(), None
     if fields["deps"] <= 0:

@@ -37,6 +37,11 @@ def file_name(granule: Granule, key: str) -> str:
     return PurePosixPath(urlsplit(granule.href(key)).path).name or f"{granule.id}.{key}"
 
 
+def source_blob(product: Product, granule: Granule, key: str) -> str:
+    """Where a granule's file (``key``: a layer, or :data:`HDF`) is cached in ``sources``."""
+    return names.source_blob(product.name, granule.id, file_name(granule, key))
+
+
 def verify(fetched: Fetched, product: Product, layers: Sequence[str]) -> bytes:
     """The fetched bytes if they are whole and hold the product's ``layers``; else a
     classified failure."""
@@ -103,7 +108,7 @@ def collect(clients: Clients, product: Product, granule: Granule, key: str, laye
         fetched.append(got)
         return verify(got, product, layers)
 
-    blob = names.source_blob(product.name, granule.id, file_name(granule, key))
+    blob = source_blob(product, granule, key)
     found = cache.ensure(clients.transfers, clients.sources, blob, fetch,
                          "application/x-hdf" if key == HDF else "image/tiff", want_data, owner=owner, tidy=retry)
     if found.made:

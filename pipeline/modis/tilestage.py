@@ -57,6 +57,30 @@ def files_for(granule: Granule, product: Product, layer: str) -> dict[str, list[
     raise StageFailure(FailureClass.BAD_SOURCE, f"{granule.id}: the catalog lists no file holding {layer}")
 
 
+def inputs_of(granules: list[Granule], product: Product, layer: str) -> list[tuple[str, str]]:
+    """The files a layer of a tile is made from: (granule id, file key) each."""
+    return [(g.id, key) for g in granules for key in files_for(g, product, layer)]
+
+
+def tile_name(params: dict[str, str], layer: str, digests: dict[tuple[str, str], str]) -> str:
+    """The content-addressed name in ``tiles`` of a tile task's ``layer``, from the MD5s
+    (hex) of its cached source files (``digests``, by granule id and file key): what the
+    stage makes, and what the planner looks for to settle a task already made."""
+    product = CATALOG[params["product"]]
+    target = target_of(params, layer)
+    inputs = inputs_of(from_param(params["granules"]), product, layer)
+    key = reprojection.cache_key(target, product.name, layer, [digests[item] for item in inputs])
+    return names.tile_blob(key, product.name, layer, params["tile"], params["date"])
+
+
+def source_blobs(params: dict[str, str]) -> dict[tuple[str, str], str]:
+    """The cached files in ``sources`` a tile task reads, by (granule id, file key)."""
+    product = CATALOG[params["product"]]
+    granules = {g.id: g for g in from_param(params["granules"])}
+    return {(gid, key): collection.source_blob(product, granules[gid], key)
+            for layer in layers_of(params) for gid, key in inputs_of(list(granules.values()), product, layer)}
+
+
 @stages.stage(TILE_STAGE)
 def modis(ctx: StageContext) -> None:
     params = ctx.params
@@ -102,11 +126,10 @@ def modis(ctx: StageContext) -> None:
                     for g in granules]
 
         cached = True
+        digests = {item: found[item].md5.hex() for item in found}
         for layer in layers:
             target = target_of(params, layer)
-            digests = [found[(g.id, key)].md5.hex() for g in granules for key in needs[(g.id, layer)]]
-            key = reprojection.cache_key(target, product.name, layer, digests)
-            name = names.tile_blob(key, product.name, layer, params["tile"], params["date"])
+            name = tile_name(params, layer, digests)
             made = cache.ensure(
                 ctx.clients.transfers, ctx.clients.tiles, name,
                 lambda layer=layer, target=target: reprojection.warp(  # type: ignore[misc]  # bound defaults

@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -30,6 +31,7 @@ TOUCH_S = 5.0  # a live maker refreshes its marker this often
 STALE_S = 30.0  # a marker untouched this long belongs to a maker that died
 WAIT_S = 900.0  # the longest a task waits for another's maker
 POLL_S = 0.5
+PEEKS_AT_ONCE = 16  # reads in flight when many cached blobs are looked at together (``present``)
 log = logging.getLogger(__name__)
 
 
@@ -48,12 +50,41 @@ def _read(transfers: Transfers, container: ContainerClient, name: str, want_data
     answer carries the whole blob's MD5 all the same."""
     try:
         if not want_data:
-            props = container.get_blob_client(name).download_blob(offset=0, length=1).properties
-            return Cached(name, bytes(props.content_settings.content_md5 or b""), None, False)
+            return _peek(container, name)
         data, md5 = transfers.download(container, name)
     except ResourceNotFoundError:
         return None
     return Cached(name, md5, data, False)
+
+
+def _peek(container: ContainerClient, name: str) -> Cached:
+    """The blob's MD5 by a read of its first byte (ResourceNotFoundError if it is not there)."""
+    props = container.get_blob_client(name).download_blob(offset=0, length=1).properties
+    return Cached(name, bytes(props.content_settings.content_md5 or b""), None, False)
+
+
+def present(container: ContainerClient, wanted: Iterable[str]) -> dict[str, bytes]:
+    """Of the blobs ``wanted``, those surely there and whole: their MD5s, looked at as
+    :func:`ensure` looks at a blob it does not need the bytes of (a read of the first byte,
+    an access to the retention rule), :data:`PEEKS_AT_ONCE` at a time. A blob missing, one
+    whose read failed, one stored without an MD5 or one whose marker says a maker is at
+    work is left out: whoever asks makes or reads it the ordinary way."""
+    wanted = sorted(set(wanted))
+    if not wanted:
+        return {}
+    making = {blob.name.removeprefix(names.MARKER_PREFIX)
+              for blob in container.list_blobs(name_starts_with=names.MARKER_PREFIX)}
+
+    def look(name: str) -> bytes:
+        try:
+            return b"" if name in making else _peek(container, name).md5
+        except Exception as exc:  # missing, or unreadable now: the ordinary way will tell
+            if not isinstance(exc, ResourceNotFoundError):
+                log.info("cached %s not looked at: %s", name, exc)
+            return b""
+
+    with ThreadPoolExecutor(min(PEEKS_AT_ONCE, len(wanted)), thread_name_prefix="cache-peek") as pool:
+        return {name: md5 for name, md5 in zip(wanted, pool.map(look, wanted), strict=True) if md5}
 
 
 def ensure(transfers: Transfers, container: ContainerClient, name: str, make: Callable[[], bytes],

@@ -1,0 +1,127 @@
+"""The repeat part of ``bench.scale``: what a request costs the second time.
+
+The demo's request (``bagpipe.cli.DEMO_REQUEST``: 12 target tiles × 6 periods of MOD10A2,
+72 tile tasks, granules from the local Planetary Computer) is run on the local stack's
+pieces in one process — Azurite, the Planetary Computer imitation, the control loop and two
+workers of four slots — then submitted again: every tile is in the cache by then, so the
+planner settles every tile task at planning (``transitions.settle``), with no message and
+no worker. Each is timed from its submission to its SUCCEEDED state, side by side in one
+run; ``repeat_speedup`` is the first's time over the repeat's. The same again with the
+demo's reducer (12 reductions, which are not cached: they run again) in a deployment of
+its own, for what a repeat of the demo itself costs.
+"""
+
+from __future__ import annotations
+
+import copy
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from bagpipe import control
+from bagpipe.azurite import Azurite
+from bagpipe.cli import DEMO_REQUEST
+from bagpipe.mailserver import MailServer
+from bagpipe.planetary import Planetary
+from bench.scale_report import Context, Part, table
+from pipeline.lifecycle import jobs, tasks
+from pipeline.lifecycle.request import JobRequest
+from pipeline.settings import Settings
+from pipeline.storage.clients import Clients
+from worker.child import StageProcess
+from worker.runner import Worker
+
+WORKERS, SLOTS = 2, 4  # as `make demo` runs it
+TIMEOUT_S = 600.0
+
+
+@contextmanager
+def deployment(azurite: Azurite, planetary: Planetary, mail: MailServer) -> Iterator[Settings]:
+    """A deployment of its own (its own cache) with its control loop and workers running."""
+    settings = Settings(storage_connection=azurite.connection_string, namespace=f"r{secrets.token_hex(5)}",
+                        mail_mode="smtp", smtp_port=mail.port, tile_stage="modis", catalog="stac",
+                        stac_url=planetary.stac_url, stac_sas_url=planetary.sas_url)
+    Clients(settings).ensure_resources()
+    stop = threading.Event()
+    threads = [threading.Thread(target=control.run, args=(settings, stop),
+                                kwargs={"sweep_every": 1.0, "idle_sleep": 0.05}, daemon=True)]
+    workers = [Worker(settings, slots=SLOTS, idle_sleep=0.05) for _ in range(WORKERS)]
+    threads += [threading.Thread(target=w.run, daemon=True) for w in workers]
+    for thread in threads:
+        thread.start()
+    try:
+        yield settings
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.stopping.set()
+        for thread in threads:
+            thread.join(60)
+
+
+def timed_job(clients: Clients, body: dict[str, Any]) -> tuple[float, str]:
+    """Seconds from the request's submission to its job's SUCCEEDED state; the job."""
+    started = time.perf_counter()
+    job = jobs.submit(clients, JobRequest.model_validate(body)).job
+    while not (state := jobs.get(clients, job).state).finished:
+        if time.perf_counter() - started > TIMEOUT_S:
+            raise RuntimeError(f"{job} still {state} after {TIMEOUT_S:.0f} s")
+        time.sleep(0.02)
+    if state != "SUCCEEDED":
+        raise RuntimeError(f"{job} ended {state}")
+    return time.perf_counter() - started, job
+
+
+def first_and_repeat(azurite: Azurite, planetary: Planetary, mail: MailServer,
+                     body: dict[str, Any]) -> dict[str, Any]:
+    """The request run twice in a fresh deployment: both times, and what the repeat did."""
+    with deployment(azurite, planetary, mail) as settings:
+        clients = Clients(settings)
+        first_s, _ = timed_job(clients, body)
+        repeat_s, job = timed_job(clients, body)
+        rows = tasks.list_tasks(clients.tasks, job)
+        tiles = [r for r in rows if r.stage == "modis"]
+    return {"first_s": first_s, "repeat_s": repeat_s, "tiles": len(tiles), "tasks": len(rows),
+            "settled": sum(1 for r in tiles if r.settled_at)}
+
+
+def part(ctx: Context) -> Part:
+    tiles_only = {k: v for k, v in copy.deepcopy(DEMO_REQUEST).items() if k != "reducer"}
+    StageProcess(Settings(storage_connection="UseDevelopmentStorage=true")).close()  # its fork server, untimed
+    azurite = Azurite(Path(ctx.tmp, "repeat-azurite")).start()
+    mail = MailServer(Path(ctx.tmp, "repeat-mail")).start()
+    try:
+        with Planetary(azurite.connection_string) as planetary:
+            plain = first_and_repeat(azurite, planetary, mail, tiles_only)
+            reduced = first_and_repeat(azurite, planetary, mail, copy.deepcopy(DEMO_REQUEST))
+    finally:
+        mail.stop()
+        azurite.stop()
+    speedup = plain["first_s"] / plain["repeat_s"]
+    with_reductions = reduced["first_s"] / reduced["repeat_s"]
+    figures = {"repeat_speedup": round(speedup, 1), "repeat_first_s": round(plain["first_s"], 2),
+               "repeat_again_s": round(plain["repeat_s"], 3), "repeat_settled": plain["settled"],
+               "repeat_with_reductions_speedup": round(with_reductions, 1)}
+    rows = [(label, run["tasks"], f"{run['first_s']:.2f} s", f"{run['repeat_s']:.2f} s",
+             f"{run['settled']} of {run['tiles']}", f"{run['first_s'] / run['repeat_s']:.1f}×")
+            for label, run in (("the demo's tiles, no reducer", plain), ("the demo (12 reductions)", reduced))]
+    markdown = f"""## A repeat request
+
+The demo's request run twice on the local stack's pieces (Azurite, the Planetary Computer
+imitation, the control loop, {WORKERS} workers of {SLOTS} slots, in one process), each timed
+from its submission to SUCCEEDED. The second time every tile is in the cache: the planner
+computes each tile task's content address from its granules and the MD5s of its cached
+sources, looks at the cache in batches, and settles the tasks whose every output is there
+at planning (PENDING → CACHED, `transitions.settle`), with no message, no claim and no
+attempt. Reductions are not cached: a repeat of a request with a reducer runs them again.
+
+{table(["request", "tasks", "first run", "repeat", "settled at planning", "speedup"], rows)}
+
+`repeat_speedup` = {speedup:.1f} (the first run's time over the repeat's, the tiles alone).
+"""
+    return Part(figures, markdown)
+
