@@ -78,6 +78,9 @@ def plan(clients: Clients, job: str) -> None:
                 break
             planned = max(planned, row.planned)
     if row.state is JobState.ACCEPTED:
+        # before the job runs, so that no release (the sweep's, a worker's) can queue a task
+        # the cache has made already; a planner that dies here settles again, what is PENDING
+        settle(clients, job, row.tiles)
         try:
             row = jobs.update(clients, row, state=JobState.RUNNING)
         except Exception as exc:
@@ -93,10 +96,9 @@ def plan(clients: Clients, job: str) -> None:
 
 
 def _start(clients: Clients, row: jobs.JobRow) -> None:
-    """Start a planned job: settle the tile tasks the cache has made already, release a
-    window of the others, and announce the job done if nothing is left to run."""
+    """Start a planned job (its tasks made already settled): release a window of the
+    others, and announce the job done if nothing is left to run."""
     job = row.job
-    settle(clients, job, row.tiles)
     release(clients, job)
     if completion.all_terminal(clients, row):  # every task settled (before, if a planner died here)
         jobs.announce_done(clients, job)
