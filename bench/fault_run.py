@@ -272,7 +272,7 @@ class Run:
 
     def ended(self, job: str) -> bool:
         with self.quiet():
-            return JobState(jobs.get(Clients(self.settings), job)["State"]).finished
+            return jobs.get(Clients(self.settings), job).state.finished
 
     def finished(self) -> bool:
         with self.quiet():
