@@ -87,8 +87,7 @@ class Watch:
                 return
             self._looked[job] = (time.monotonic(), known, released)
         row = known if released and known is not None else jobs.get(self.clients, job)
-        counts = tasks.state_counts(self.clients.tasks, job)
-        announced, released = _follow(self.clients, job, row, counts, released)
+        announced, released = _follow(self.clients, job, row, None, released)
         with self._lock:
             if announced:
                 self._looked.pop(job, None)

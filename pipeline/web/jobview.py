@@ -10,7 +10,6 @@ its task or attempt rows."""
 from __future__ import annotations
 
 from collections import Counter
-from datetime import datetime
 from typing import Any
 
 from pipeline.lifecycle import jobs, policy, results, rollups, runtimes
@@ -58,10 +57,6 @@ def histogram(seconds: list[float] | Counter[float], threshold: float | None) ->
             "threshold_beyond": beyond}
 
 
-def _seconds(start: datetime | None, end: datetime | None) -> float | None:
-    return (end - start).total_seconds() if start and end else None
-
-
 def view(clients: Clients, job: str) -> dict[str, Any]:
     """The job's status with its tiles, runtimes, failures and time left."""
     rollup = rollups.read(clients.tasks, job)
@@ -83,7 +78,7 @@ def view(clients: Clients, job: str) -> dict[str, Any]:
             "task": task, "attempt": number, "stage": stage, "class": attempt.failure_class,
             "revoked_by": attempt.revoked_by or None, "error": attempt.error,
             "ended": attempt.ended_at.isoformat() if attempt.ended_at else None,
-            "runtime_s": _seconds(attempt.started_at, attempt.ended_at),
+            "runtime_s": attempt.seconds(),
             "logs": {name: results.sas_url(clients, clients.logs.container_name,
                                            names.log_prefix(job, task, number) + name)
                      for name in LOG_FILES} if stage == "reduce" else {},
