@@ -166,13 +166,15 @@ def status(job: str, as_json: Annotated[bool, typer.Option("--json")] = False,
         table.add_row(f"[red]failure: {name}[/red]", str(count))
     if found["monitor_kills"]:
         table.add_row("[yellow]killed by the monitor[/yellow]", str(found["monitor_kills"]))
+    if found.get("speculative_attempts"):
+        table.add_row("[cyan]backup attempts[/cyan]", str(found["speculative_attempts"]))
     console.print(table)
     if found.get("workers"):
         workers = Table(title="workers")
         for column in ("worker", "attempts", "committed", "runtime / history", "state"):
             workers.add_column(column, justify="left" if column in ("worker", "state") else "right")
         for worker in found["workers"]:
-            ratio = worker["median_ratio"]
+            ratio = worker["recent_ratio"]
             workers.add_row(worker["worker"], str(worker["attempts"]), str(worker["committed"]),
                             "—" if ratio is None else f"{ratio:.2f}×",
                             worker["state"] if worker["state"] == "healthy" else f"[red]{worker['state']}[/red]")

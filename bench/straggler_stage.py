@@ -10,7 +10,7 @@ sleep would go on ticking while the process is stopped). A wake-up late by less 
 Per-task model: every task sleeps 1.0–1.8 s (fixed by its tile and date): long enough that the run is
 bound by the slots, as a real job's compute is, not by the local storage emulator. In ``bench_straggle`` 16% of
 the tasks (also fixed by tile and date) run 4–10× slower on their first attempt, as the
-ModisAzure paper saw VMs do; a retry runs at normal speed.
+ModisAzure paper saw VMs do; a retry, or a backup copy of the first attempt, runs at normal speed.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ def base_seconds(ctx: StageContext) -> float:
 
 
 def slowdown(ctx: StageContext) -> float:
-    """4–10× for the straggling share on a first attempt, else 1."""
-    if ctx.attempt == 1 and _draw(ctx, "slow") < SLOW_SHARE:
+    """4–10× for the straggling share on a first attempt (not its backup), else 1."""
+    if ctx.attempt == 1 and not ctx.backup and _draw(ctx, "slow") < SLOW_SHARE:
         return 4 + 6 * _draw(ctx, "factor")
     return 1.0
 

@@ -1,7 +1,8 @@
 """Stragglers and what bagpipe does about them, on the local stack, two models side by side,
 each run three ways: no stragglers; stragglers with the monitor off; stragglers under
 bagpipe's policy (``POLICY``: revoke past 4× the historical mean or mean + 4σ, whichever
-comes first; slow workers drained and replaced).
+comes first; slow workers drained and replaced; at the job's tail, a backup copy of an
+attempt past the 95th percentile of its history).
 
 - **per machine** (the ModisAzure paper's stragglers were VMs): 6 workers × 2 slots, one job
   of 49 tasks of 5–9 s of work (about four waves, as its jobs on 200 instances had); from
@@ -13,8 +14,8 @@ comes first; slow workers drained and replaced).
 
     python -m bench.stragglers [--model machine|task|both]
 
-Prints makespans, their ratios to the clean run, kills, drained attempts and the work
-wasted (slot-seconds of attempts that did not commit, as a share of the clean run's busy
+Prints makespans, their ratios to the clean run, kills, drained attempts, backups and the
+work wasted (slot-seconds of attempts that did not commit, as a share of the clean run's busy
 slot-seconds); the last line is one JSON object.
 """
 
@@ -42,8 +43,8 @@ from pipeline.storage.clients import Clients
 TILES = ["h07v05", "h08v04", "h08v05", "h09v04", "h09v05", "h10v04", "h10v05"]
 COMMON = {"stage_modules": "bench.straggler_stage", "monitor_interval_s": 0.5, "kill_floor_s": 1.0,
           "min_samples": 20, "kill_grace_s": 1.0}
-NEVER = {"kill_factor": 1000.0, "kill_ceiling_s": 10_000.0, "slow_ratio": 0.0}  # the monitor off
-POLICY = {"kill_factor": 4.0, "kill_sigmas": 4.0}
+NEVER = {"kill_factor": 1000.0, "kill_ceiling_s": 10_000.0, "slow_ratio": 0.0, "speculate_share": 0.0}  # off
+POLICY = {"kill_factor": 4.0, "kill_sigmas": 4.0}  # and speculation and worker health at their defaults
 DUTY_PERIOD_S = 0.5
 
 
@@ -120,11 +121,15 @@ class DutyCycle(threading.Thread):
 
 
 def wasted_seconds(clients: Clients, job: str) -> float:
-    """Slot-seconds of the job's attempts that did not commit (revoked, given up, discarded)."""
-    return sum((a.ended_at - a.started_at).total_seconds()
-               for a in attempts.list_attempts(clients.tasks, job)
-               if a.ended_at and a.started_at
-               and a.outcome not in ("SUCCEEDED", "CACHED", "NO_DATA"))
+    """Slot-seconds of the job's attempts (backups included) that did not commit: revoked,
+    given up, or beaten by their backup or their original (their slot was busy until their
+    worker threw the work away)."""
+    wasted = 0.0
+    for a in attempts.list_attempts(clients.tasks, job):
+        end = a.discarded_at or a.ended_at
+        if end and a.started_at and a.outcome not in ("SUCCEEDED", "CACHED", "NO_DATA"):
+            wasted += (end - a.started_at).total_seconds()
+    return wasted
 
 
 def run(azurite: Azurite, home: Path, namespace: str, model: Model, stage: str, overrides: dict[str, Any],
@@ -161,6 +166,7 @@ def run(azurite: Azurite, home: Path, namespace: str, model: Model, stage: str, 
         busy = sum(t.runtime_s or 0.0 for t in tasks.list_tasks(clients.tasks, job))
         return {"tasks": status["total"], "state": status["state"], "makespan_s": round(makespan, 2),
                 "kills": status["monitor_kills"], "drained": status["failures"].get("worker_slow", 0),
+                "backups": status["speculative_attempts"],
                 "wasted_s": round(wasted_seconds(clients, job), 2), "busy_s": round(busy, 2),
                 "history": runtimes.read(table, stage, "MOD10A2")}
 
@@ -174,10 +180,11 @@ def compare(azurite: Azurite, tmp: Path, model: Model) -> dict[str, Any]:
     policy = run(azurite, tmp / f"{model.name}-policy", f"{model.name}policy", model, model.slow_stage, POLICY,
                  clean["history"], slowed)
     print(f"{model.name} model: {'run':<22} {'tasks':>6} {'makespan s':>11} {'ratio':>6} {'kills':>6}"
-          f" {'drained':>8} {'wasted s':>9}")
+          f" {'drained':>8} {'backups':>8} {'wasted s':>9}")
     for name, r in (("clean", clean), ("stragglers, no monitor", off), ("stragglers, policy", policy)):
         print(f"{'':<{len(model.name) + 8}}{name:<22} {r['tasks']:>6} {r['makespan_s']:>11}"
-              f" {r['makespan_s'] / clean['makespan_s']:>6.2f} {r['kills']:>6} {r['drained']:>8} {r['wasted_s']:>9}")
+              f" {r['makespan_s'] / clean['makespan_s']:>6.2f} {r['kills']:>6} {r['drained']:>8} {r['backups']:>8}"
+              f" {r['wasted_s']:>9}")
     return {"clean": clean, "off": off, "policy": policy,
             "ratio": round(policy["makespan_s"] / clean["makespan_s"], 3),
             "no_monitor_ratio": round(off["makespan_s"] / clean["makespan_s"], 3),
@@ -208,6 +215,7 @@ def main() -> None:
         if result:
             figures |= {f"{name}_{run}_s": result[run]["makespan_s"] for run in ("clean", "off", "policy")}
             figures |= {f"{name}_kills": result["policy"]["kills"], f"{name}_drained": result["policy"]["drained"],
+                        f"{name}_backups": result["policy"]["backups"],
                         f"{name}_states": [result[run]["state"] for run in ("clean", "off", "policy")]}
     shares = [s for s in (figures["machine_wasted_share"], figures["task_wasted_share"]) if s is not None]
     figures["wasted_share"] = max(shares) if shares else None

@@ -99,6 +99,13 @@ class Settings:
     kill_backoff: float = setting(
         "BAGPIPE_KILL_BACKOFF", 2.0, "Each revocation for time lets a task's later attempts run this many "
         "times longer, up to the ceiling (1: one limit for all).", minimum=1.0)
+    speculate_share: float = setting(
+        "BAGPIPE_SPECULATE_SHARE", 0.1, "At a job's tail (no task of it queued), an attempt running past the "
+        "speculation quantile of its history gets a backup copy on another worker, the first to commit winning; "
+        "at most this share of the job's tasks get one (0: off).", minimum=0.0)
+    speculate_quantile: float = setting(
+        "BAGPIPE_SPECULATE_QUANTILE", 0.95, "The quantile of its history (a normal law of its mean and deviation) "
+        "an attempt must run past before it gets a backup.", minimum=0.5)
     min_samples: int = setting("BAGPIPE_MIN_SAMPLES", 5, "Runs of a (stage, product) before its mean is trusted.",
                                minimum=1)
     kill_grace_s: float = setting("BAGPIPE_KILL_GRACE_S", 5.0, "Between SIGTERM and SIGKILL of a revoked stage.",

@@ -34,6 +34,7 @@ class StageContext:
     params: dict[str, str]
     clients: Clients
     output_prefix: str  # where in ``products`` this attempt writes
+    backup: bool = False  # a backup copy of the attempt (the same inputs, on another machine)
     outputs: list[str] = field(default_factory=list)
     cached: bool = False  # set by a stage whose output already existed (the task ends CACHED)
     no_data: bool = False  # set by a stage that found none of its sources (the task ends NO_DATA)

@@ -303,6 +303,7 @@ async function jobPage(id) {
   const counts = h("dl", { class: "counts" });
   const histograms = h("div", { class: "histograms" });
   const failures = h("div", { class: "failures" });
+  const workers = h("div", { class: "workers" });
   const products = h("div", { class: "products" });
   const mapHost = h("section", { class: "map-panel", "aria-label": "Target tiles by state" });
   const legend = h("ul", { class: "legend" }, ...["waiting", "running", "done", "nodata", "failed", "cancelled"].map((s) =>
@@ -310,7 +311,8 @@ async function jobPage(id) {
   main.replaceChildren(title, summary, h("div", { class: "job-layout" },
     h("div", {}, mapHost, legend),
     h("div", {}, progress, progressText, cancel, counts, h("h2", {}, "Task runtimes"), histograms,
-      h("h2", {}, "Failures and monitor kills"), failures, h("h2", {}, "Products"), products)));
+      h("h2", {}, "Failures and monitor kills"), failures, h("h2", {}, "Workers"), workers,
+      h("h2", {}, "Products"), products)));
   const mapView = new WorldMap(mapHost, { label: "Target tiles coloured by state" });
   mapView.drawLand();
   let fitted = false;
@@ -343,7 +345,8 @@ async function jobPage(id) {
     cancel.hidden = FINISHED.has(view.state) || view.state === "CANCELLING";
     counts.replaceChildren(...Object.entries(view.counts).filter(([, n]) => n).flatMap(([s, n]) =>
       [h("dt", {}, s), h("dd", { "data-state": s }, String(n))]),
-    h("dt", {}, "monitor kills"), h("dd", { "data-kills": "" }, String(view.monitor_kills)));
+    h("dt", {}, "monitor kills"), h("dd", { "data-kills": "" }, String(view.monitor_kills)),
+    h("dt", {}, "backup attempts"), h("dd", { "data-backups": "" }, String(view.speculative_attempts)));
     const tiles = view.tiles.filter((t) => t.bounds);
     mapView.showTiles(tiles);
     if (!fitted && tiles.length) {
@@ -362,6 +365,14 @@ async function jobPage(id) {
       h("td", {}, f.revoked_by || "worker"),
       h("td", {}, ...Object.entries(f.logs).map(([name, url]) => h("a", { href: url, target: "_blank", rel: "noopener" }, name, " "))))))) :
       h("p", {}, "None."));
+    // per worker: attempts run for this job, committed, recent runtime ratio to history, state
+    workers.replaceChildren(view.workers.length ? h("table", {}, h("thead", {}, h("tr", {},
+      h("th", {}, "Worker"), h("th", {}, "Attempts"), h("th", {}, "Committed"), h("th", {}, "Runtime ratio"),
+      h("th", {}, "State"))),
+    h("tbody", {}, ...view.workers.map((w) => h("tr", {}, h("td", {}, w.worker),
+      h("td", { class: "num" }, String(w.attempts)), h("td", { class: "num" }, String(w.committed)),
+      h("td", { class: "num" }, w.recent_ratio === null ? "–" : `${w.recent_ratio}×`),
+      h("td", { "data-worker-state": w.state }, w.state))))) : h("p", {}, "None yet."));
     if (FINISHED.has(view.state) && !done) {
       done = true;
       await showProducts();

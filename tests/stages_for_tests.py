@@ -41,10 +41,12 @@ def slow(ctx: StageContext) -> None:
 
 @stages.stage("straggler")
 def straggler(ctx: StageContext) -> None:
-    """0.5 s normally; 10× slower on the first attempt of one input. Leaves a pid file (in
-    BAGPIPE_TEST_PIDS, which conftest sets for the whole session) so a test can watch it."""
-    Path(os.environ["BAGPIPE_TEST_PIDS"], f"{ctx.job}-{ctx.task}-{ctx.attempt}.pid").write_text(str(os.getpid()))
-    time.sleep(5.0 if ctx.attempt == 1 and _marked(ctx) else 0.5)
+    """0.5 s normally; 10× slower on the first attempt of one input (not on its backup).
+    Leaves a pid file (in BAGPIPE_TEST_PIDS, which conftest sets for the whole session) so a
+    test can watch it."""
+    name = f"{ctx.job}-{ctx.task}-{ctx.attempt}{'b' if ctx.backup else ''}.pid"
+    Path(os.environ["BAGPIPE_TEST_PIDS"], name).write_text(str(os.getpid()))
+    time.sleep(5.0 if ctx.attempt == 1 and not ctx.backup and _marked(ctx) else 0.5)
     digest(ctx)
 
 

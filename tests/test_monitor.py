@@ -173,7 +173,9 @@ def index_rows(clients: Clients, job: str, task: str) -> list[str]:
 
 
 def test_straggler_is_revoked_at_about_4x_and_succeeds_on_retry(settings: Settings) -> None:
-    settings = with_stage(settings, "straggler", kill_floor_s=0.5, min_samples=3, kill_grace_s=1.0)
+    # the kill rule alone (a backup would end the straggler first: tests/test_speculation.py)
+    settings = with_stage(settings, "straggler", kill_floor_s=0.5, min_samples=3, kill_grace_s=1.0,
+                          speculate_share=0.0, slow_ratio=10.0)
     clients = Clients(settings)
     clients.ensure_resources()
     mean = 0.8  # what a 0.5 s sleep costs end to end here, seeded as history: fifty samples,
@@ -181,12 +183,13 @@ def test_straggler_is_revoked_at_about_4x_and_succeeds_on_retry(settings: Settin
     work = runtimes.work_of(expand(small_request(), 100)[0].params())  # the history is per megapixel
     runtimes.merge(runtimes_table(clients), "straggler", "MOD10A2",
                    runtimes.Runtime(50, mean / work, 50 * (0.1 / work) ** 2))
-    with running_control(settings), running_workers(settings, slots=2):
+    with running_control(settings), running_workers(settings, slots=2) as pool:
         job = jobs.submit(clients, small_request()).job
         wait_for(lambda: jobs.get(clients, job).state.finished, 120, "the job to finish")
     assert jobs.get(clients, job).state == "SUCCEEDED"
     task = marked_task(clients, job)
     assert task.attempt == 2 and task.status == "SUCCEEDED" and task.timeouts == 1
+    assert settings.slow_ratio in pool.workers[0]._ratios  # revoked for time: at least "slow" to its worker's health
     first, second = attempt_rows(clients, job, task.task)
     assert first.failure_class == "execution_timeout" and first.revoked_by == "monitor"
     ran_for = (first.ended_at - first.started_at).total_seconds()
@@ -310,11 +313,11 @@ def test_a_heartbeat_written_but_answered_with_an_error_leaves_no_row_to_revoke_
     real = attempts.move
     lost: list[str] = []
 
-    def written_then_error(*args: Any, previous: str) -> str:
+    def written_then_error(*args: Any, **kwargs: Any) -> str:
         if not lost:
-            lost.append(real(*args, previous=previous))  # the row is moved ...
+            lost.append(real(*args, **kwargs))  # the row is moved ...
             raise ServiceResponseError("connection reset by peer")  # ... and the answer lost
-        return real(*args, previous=previous)
+        return real(*args, **kwargs)
 
     monkeypatch.setattr(attempts, "move", written_then_error)
     with Lease(clients, queue, message, held) as lease:

@@ -230,6 +230,8 @@ def test_failures_show_their_class_and_link_the_attempt_logs(page: Page, stack: 
     stderr = rows.first.locator("a", has_text="stderr.txt").get_attribute("href")
     assert "bad pixel" in httpx.get(stderr or "").text
     expect(page.locator(".map .tile.state-failed")).to_have_count(1)
+    expect(page.locator("dd[data-backups]")).to_have_text("0")  # no attempt outran its history
+    expect(page.locator(".workers [data-worker-state]").first).to_be_visible()  # who ran its attempts
     _shot(page, "failed")
 
 

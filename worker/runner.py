@@ -34,7 +34,7 @@ from datetime import datetime
 from azure.storage.queue import QueueClient, QueueMessage
 
 from pipeline import telemetry
-from pipeline.lifecycle import health, policy, progress, runtimes, tasks, transitions
+from pipeline.lifecycle import health, policy, progress, runtimes, speculation, tasks, transitions
 from pipeline.lifecycle.failures import FailureClass
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.redact import redact
@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 MAX_RECEIVE = 32  # messages one receive may return (the service's limit)
 AHEAD_BELOW_S = 1.0  # receive ahead of free slots while attempts take less than this (moving mean)
 AHEAD_HOLD_S = 2.0  # a message received ahead that waits this long is handed back
+BACKUP_PASSES = 5  # a backup received by the worker that runs its attempt is handed back this often
 
 
 @dataclass
@@ -281,7 +282,21 @@ class Worker:
             history = self.history.read(stage, runtimes.history_key(params))
             return policy.kill_time(self.settings, stage, history, timeouts, tasks.now(), runtimes.work_of(params))
 
-        held = transitions.claim(self.clients, ref, self.id, kill_time, slot.counter)
+        def speculate_time(stage: str, params: dict[str, str], started: datetime) -> datetime | None:
+            history = self.history.read(stage, runtimes.history_key(params))
+            return policy.speculate_time(self.settings, stage, history, started, runtimes.work_of(params))
+
+        if ref.backup:
+            try:
+                held = speculation.claim_backup(self.clients, ref, self.id, kill_time)
+            except speculation.NotHere:  # a copy on the machine of the attempt it backs up helps nobody
+                if message.dequeue_count is not None and message.dequeue_count < BACKUP_PASSES:
+                    queue.update_message(message.id, pop_receipt=message.pop_receipt, visibility_timeout=1)
+                else:
+                    queue.delete_message(message)
+                return
+        else:
+            held = transitions.claim(self.clients, ref, self.id, kill_time, slot.counter, speculate_time)
         if held is None:  # stale or duplicate: the row does not want this message to run
             queue.delete_message(message)
             return
@@ -306,13 +321,19 @@ class Worker:
             with self._pool_lock:
                 self._running.pop(held.ref, None)
         if lease.revoked.is_set():
-            if expected:  # revoked for time (or lost): it ran at least this slow
+            if expected:  # it ran at least this slow; past its kill time, at least as slow as "slow"
+                ran = (tasks.now() - held.started).total_seconds() / expected
+                if tasks.now() >= held.kill_at:
+                    ran = max(ran, self.settings.slow_ratio)
                 with self._pool_lock:
-                    self._ratios.append((tasks.now() - held.started).total_seconds() / expected)
+                    self._ratios.append(ran)
             # The task went on without this attempt (a new message names the next one):
             # nothing it made is published. Its message may stand in for the next attempt.
             transitions.discard(self.clients, held)
-            lease.hand_back()
+            if held.ref.backup:
+                lease.delete()  # a backup is asked for once
+            else:
+                lease.hand_back()
             log.info("%s revoked: stage killed, output discarded", held.ref)
             return
         if outcome.outputs is not None and len(json.dumps(outcome.outputs)) > transitions.OUTPUTS_CHARS:
@@ -337,6 +358,15 @@ class Worker:
                 self.progress.task_ended(held.ref.job)
             return
         failure = outcome.failure or FailureClass.UNKNOWN
+        if held.ref.backup:  # the attempt it copies goes on
+            speculation.abandon(self.clients, held, failure, outcome.error)
+            lease.delete()
+            log.info("backup %s failed (%s): dropped", held.ref, failure.value)
+            return
+        if failure is FailureClass.WORKER_SLOW and speculation.give_way(self.clients, held, failure, outcome.error):
+            lease.delete()  # its backup runs on a healthy worker; the monitor requeues if that fails
+            log.info("%s given up to its backup", held.ref)
+            return
         retry = policy.retry(self.settings, held.stage, failure, held.ref.attempt, held.last_failure)
         after = transitions.fail(self.clients, slot.counter, held, failure, outcome.error, retry.budget, retry.delay_s)
         log.info("%s failed (%s): %s -> %s", held.ref, failure.value, redact(outcome.error[:200]), after)
@@ -356,7 +386,8 @@ class Worker:
         kill it if the attempt is revoked meanwhile."""
         context = {
             "job": held.ref.job, "task": held.ref.task, "attempt": held.ref.attempt, "params": held.params,
-            "output_prefix": names.output_prefix(held.ref.job, held.ref.task, held.ref.attempt),
+            "backup": held.ref.backup,
+            "output_prefix": names.output_prefix(held.ref.job, held.ref.task, held.ref.attempt, held.ref.backup),
         }
         process = slot.stage_process(self.settings)
         process.start(held.stage, context)

@@ -116,6 +116,8 @@ var settings = {
   '${names.settings.killBackoff}': contains(tuning, 'killBackoff') ? tuning.killBackoff : ''
   '${names.settings.minSamples}': contains(tuning, 'minSamples') ? tuning.minSamples : ''
   '${names.settings.slowRatio}': contains(tuning, 'slowRatio') ? tuning.slowRatio : ''
+  '${names.settings.speculateShare}': contains(tuning, 'speculateShare') ? tuning.speculateShare : ''
+  '${names.settings.speculateQuantile}': contains(tuning, 'speculateQuantile') ? tuning.speculateQuantile : ''
   '${names.settings.killGraceS}': contains(tuning, 'killGraceS') ? tuning.killGraceS : ''
   '${names.settings.monitorIntervalS}': contains(tuning, 'monitorIntervalS') ? tuning.monitorIntervalS : ''
   '${names.settings.stageLimits}': contains(tuning, 'stageLimits') ? tuning.stageLimits : ''

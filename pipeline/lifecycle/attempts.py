@@ -10,8 +10,13 @@ writes where separate tables cost six.
 
 - attempt rows: RK ``~attempt~{task}-{attempt}`` (worker, start, end, outcome, failure class);
 - index rows: RK ``~deadline~{deadline ms}-{task}-{attempt}``, so "overdue in this job" is
-  one key-range query. The deadline is the earlier of the kill time and the heartbeat's
-  expiry; a heartbeat moves the row.
+  one key-range query. The deadline is the earliest of the kill time, the heartbeat's
+  expiry and the time from which a backup attempt would help (``speculate_at``; the monitor
+  starts one only at a job's tail: ``pipeline.lifecycle.speculation``); a heartbeat moves
+  the row.
+
+A backup attempt (a second copy of a running attempt) has rows of its own, their keys
+marked ``b`` (``names.BACKUP_MARK``).
 """
 
 from __future__ import annotations
@@ -42,15 +47,16 @@ class AttemptRow(Row):
     claim, each heartbeat, the end), each a merge of the fields it knows."""
 
     job: str = field(metadata=stored("PartitionKey"))
-    key: str = field(metadata=stored("RowKey"))  # ``~attempt~{task}-{attempt}``
+    key: str = field(metadata=stored("RowKey"))  # ``~attempt~{task}-{attempt}[b]``
     task: str
     attempt: int
+    backup: bool = False  # a backup copy of the attempt, asked for by the monitor
     stage: str = ""  # kept on its copy in the failure index (``pipeline.lifecycle.rollups``)
     worker: str = ""
     started_at: datetime | None = None
     heartbeat: datetime | None = None  # its last
     ended_at: datetime | None = None
-    outcome: str = ""  # RUNNING, then the status it ended the task in, or DISCARDED
+    outcome: str = ""  # RUNNING, then the status it ended the task in, or DISCARDED (a backup: REQUESTED first)
     runtime_s: float | None = None
     failure_class: str = ""
     error: str = ""
@@ -68,15 +74,16 @@ class AttemptRow(Row):
         return None
 
 
-def attempt_row(job: str, task: str, attempt: int, **fields: Any) -> dict[str, Any]:
-    """The attempt's keys and ``fields`` (by AttemptRow field name), as a merge writes them."""
-    return AttemptRow.as_stored(job=job, key=names.attempt_key(task, attempt), task=task, attempt=attempt,
-                                **fields)
+def attempt_row(job: str, task: str, attempt: int, backup: bool = False, **fields: Any) -> dict[str, Any]:
+    """The attempt's keys and ``fields`` (by AttemptRow field name), as a merge writes them
+    (``backup``: its backup's)."""
+    return AttemptRow.as_stored(job=job, key=names.attempt_key(task, attempt, backup), task=task, attempt=attempt,
+                                **({"backup": True} if backup else {}), **fields)
 
 
-def attempt_op(job: str, task: str, attempt: int, **fields: Any) -> Op:
-    """Merge ``fields`` into the attempt's row (creating it if need be)."""
-    return ("upsert", attempt_row(job, task, attempt, **fields), {"mode": UpdateMode.MERGE})
+def attempt_op(job: str, task: str, attempt: int, backup: bool = False, **fields: Any) -> Op:
+    """Merge ``fields`` into the attempt's (or its backup's) row, creating it if need be."""
+    return ("upsert", attempt_row(job, task, attempt, backup, **fields), {"mode": UpdateMode.MERGE})
 
 
 def list_attempts(tasks: TableClient, job: str, *fields: str) -> list[AttemptRow]:
@@ -87,9 +94,18 @@ def list_attempts(tasks: TableClient, job: str, *fields: str) -> list[AttemptRow
         f"PartitionKey eq @pk and {where}", parameters={"pk": job, **params}, select=select)]
 
 
-def record(clients: Clients, job: str, task: str, attempt: int, **fields: Any) -> None:
+def record(clients: Clients, job: str, task: str, attempt: int, backup: bool = False, **fields: Any) -> None:
     """Merge ``fields`` into an attempt's row, on its own (when no task row changes with it)."""
-    clients.tasks.upsert_entity(attempt_row(job, task, attempt, **fields), mode=UpdateMode.MERGE)
+    clients.tasks.upsert_entity(attempt_row(job, task, attempt, backup, **fields), mode=UpdateMode.MERGE)
+
+
+def is_running(clients: Clients, job: str, task: str, attempt: int, backup: bool = False) -> bool:
+    """Whether the attempt's (or its backup's) row says it is running."""
+    try:
+        found = clients.tasks.get_entity(job, names.attempt_key(task, attempt, backup), select=["Outcome"])
+    except ResourceNotFoundError:
+        return False
+    return bool(found.get("Outcome") == "RUNNING")
 
 
 def is_missing(exc: TableTransactionError) -> bool:
@@ -104,7 +120,8 @@ def _ms(at: datetime) -> int:
 
 @dataclass(frozen=True, kw_only=True)
 class Deadline(Row):
-    """An attempt's entry in the monitor's deadline index: RK ``~deadline~{due ms}-{task}-{attempt}``."""
+    """An attempt's entry in the monitor's deadline index: RK ``~deadline~{due ms}-{task}-{attempt}[b]``,
+    due at the earliest of its three times."""
 
     job: str = field(metadata=stored("PartitionKey"))
     key: str = field(metadata=stored("RowKey"))
@@ -113,18 +130,22 @@ class Deadline(Row):
     worker: str = ""
     kill_at: datetime
     heartbeat_until: datetime
+    speculate_at: datetime | None = None  # from then a backup would help (None: never asked for)
+    backup: bool = False  # the entry of a backup attempt
     etag: str = field(default="", compare=False)
     written: ClassVar[frozenset[str]] = frozenset({"worker"})
 
 
 def index_op(clients: Clients, job: str, task: str, attempt: int, kill_at: datetime, worker: str,
-             at: datetime) -> tuple[str, Op]:
-    """The index row of ``worker``'s attempt, due at min(kill time, heartbeat expiry from
-    ``at``): its row key and the operation that writes it."""
+             at: datetime, speculate_at: datetime | None = None, backup: bool = False) -> tuple[str, Op]:
+    """The index row of ``worker``'s attempt (or its backup), due at the earliest of its kill
+    time, its heartbeat's expiry from ``at`` and ``speculate_at``: its row key and the
+    operation that writes it."""
     heartbeat_until = at + timedelta(seconds=clients.settings.lease_seconds)
-    key = names.deadline_key(_ms(min(kill_at, heartbeat_until)), task, attempt)
+    due = min(kill_at, heartbeat_until, *([speculate_at] if speculate_at else []))
+    key = names.deadline_key(_ms(due), task, attempt, backup)
     row = Deadline(job=job, key=key, task=task, attempt=attempt, worker=worker, kill_at=kill_at,
-                   heartbeat_until=heartbeat_until)
+                   heartbeat_until=heartbeat_until, speculate_at=speculate_at, backup=backup)
     return key, ("upsert", row.to_entity(), {"mode": UpdateMode.REPLACE})
 
 
@@ -140,14 +161,14 @@ def overdue(clients: Clients, job: str, at: datetime) -> list[Deadline]:
 
 
 def move(clients: Clients, job: str, task: str, attempt: int, kill_at: datetime, worker: str,
-         previous: str) -> str:
+         previous: str, speculate_at: datetime | None = None, backup: bool = False) -> str:
     """Heartbeat: move the attempt's index row to its new deadline and note the beat on its
     attempt row, in one transaction. Returns the new row key. If ``previous`` is gone (a
     beat applied whose answer was lost moved it already), the row is written all the same
     and every other row of this attempt by ``worker`` is dropped."""
     at = datetime.now(UTC)
-    key, write = index_op(clients, job, task, attempt, kill_at, worker, at)
-    beat = attempt_op(job, task, attempt, heartbeat=at)
+    key, write = index_op(clients, job, task, attempt, kill_at, worker, at, speculate_at, backup)
+    beat = attempt_op(job, task, attempt, backup, heartbeat=at)
     ops = [write, beat] + ([unindex_op(job, previous)] if previous != key else [])
     try:
         clients.tasks.submit_transaction(ops)

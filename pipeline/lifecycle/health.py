@@ -4,9 +4,9 @@ A slow VM slows every task it runs; killing each of its attempts in turn at 4× 
 learns nothing from it. So each worker reports, every few seconds while it holds work, how
 its latest attempts compare with their history — the ratio of each attempt's seconds to
 the mean for its work (``runtimes``), a running attempt counting with the time it has run
-so far, one revoked for time with the time it ran — and the monitor's sweep compares the
-workers: one whose recent ratio (the median of its last few attempts) is at least
-``slow_ratio`` times the others' median (or times 1, if they run faster than their
+so far, one revoked for time as at least ``slow_ratio`` — and the monitor's sweep compares
+the workers: one whose recent ratio (the least of its last few attempts': all of them
+slow) is at least ``slow_ratio`` times the others' median (or times 1, if they run faster than their
 history) is marked slow. It then takes no more tasks, gives up the attempts it holds (each goes
 back to the queue at once, a transient ``worker_slow`` failure, for a healthy worker to
 run) and exits with REPLACE_EXIT, so that a fresh one replaces it: the local stack starts
@@ -52,13 +52,13 @@ SLOT_MARK = "~"  # between a worker's name and its slot's number, in the name it
 
 
 def recent_ratio(ended: list[float], running: list[float], slots: int) -> float | None:
-    """A worker's recent ratio: the median of its latest ``slots`` ended attempts, or the
-    least of the ones it runs now (each at least as slow as it has run so far) if that is
-    higher — so a machine that has just slowed down shows it as soon as all the attempts it
-    runs now do (one or two tasks slow by themselves do not make it slow), and a slow one
-    still shows it while its new attempts are young. Two attempts at least; None with
-    fewer."""
-    found = [statistics.median(ended[-max(2, slots):])] if len(ended[-max(2, slots):]) >= 2 else []
+    """A worker's recent ratio: the least of its latest ``slots`` ended attempts', or of
+    the ones it runs now (each at least as slow as it has run so far) if that is higher.
+    A slow machine slows every attempt it runs, so all of them show it, as soon as those it
+    runs now do, and still while its new attempts are young; tasks slow by themselves, a
+    few among many anywhere, do not make a worker slow (with the median, two slow tasks of
+    a four-slot worker's last four did). Two attempts at least; None with fewer."""
+    found = [min(ended[-max(2, slots):])] if len(ended[-max(2, slots):]) >= 2 else []
     found += [min(running)] if len(running) >= 2 else []
     return max(found) if found else None
 
@@ -139,7 +139,7 @@ def worker_table(clients: Clients, writers: Mapping[str, Mapping[str, int]]) -> 
     """The job's workers, from its rollup rows (``writers``: each writer's net moves, and
     its failures as ``FAILED``) and the workers' health rows — a row per worker, whatever
     the job's size: the attempts it ran for the job and how many it committed, its recent
-    ratio of runtimes to their history (the median of its latest attempts, any job's, or of
+    ratio of runtimes to their history (the least of its latest attempts', any job's, or of
     the ones it runs: what the monitor compares), and its state (healthy, slow, or how it
     left)."""
     found: dict[str, dict[str, Any]] = {}
@@ -153,13 +153,13 @@ def worker_table(clients: Clients, writers: Mapping[str, Mapping[str, int]]) -> 
         entry["attempts"] += max(0, counts.get("RUNNING", 0)) + committed + counts.get("FAILED", 0)
         entry["committed"] += committed
     for entry in found.values():
-        entry |= {"median_ratio": None, "state": "unknown"}  # until its health row says (one query: the fleet's)
+        entry |= {"recent_ratio": None, "state": "unknown"}  # until its health row says (one query: the fleet's)
     for row in clients.workers.query_entities("PartitionKey eq @p", parameters={"p": PARTITION},
                                               select=["RowKey", "Ratios", "Running", "Slots", "State", "Left"]) \
             if found else ():
         if row["RowKey"] not in found:
             continue
         ratio = _ratio_of(row)  # as the monitor compares it: its ended attempts, or the ones it runs
-        found[row["RowKey"]] |= {"median_ratio": round(ratio, 2) if ratio is not None else None,
+        found[row["RowKey"]] |= {"recent_ratio": round(ratio, 2) if ratio is not None else None,
                                  "state": row.get("Left") or row.get("State") or HEALTHY}
     return sorted(found.values(), key=lambda e: e["worker"])

@@ -299,6 +299,7 @@ def status(clients: Clients, job: str, rollup: rollups.Rollup | None = None) -> 
         "counts": counts,
         "failures": dict(rollup.failures),
         "monitor_kills": rollup.kills,
+        "speculative_attempts": rollup.backups,  # backup copies of slow attempts at the job's tail
         "workers": health.worker_table(clients, rollup.writers),
         "progress": done / total if total else 1.0,
         "created": row.created_at.isoformat(),

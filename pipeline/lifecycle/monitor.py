@@ -5,7 +5,10 @@ and requeue their tasks, within the retry budget (the thresholds and budgets are
 Running attempts are indexed by deadline in their job's partition (``pipeline.lifecycle.attempts``),
 so one pass is a key-range query for "before now" per active job: no scan. A worker's
 claim writes its attempt's entry, every heartbeat moves it, and its commit removes it;
-the deadline is the earlier of the kill time and the heartbeat's expiry.
+the deadline is the earliest of the kill time, the heartbeat's expiry and the time from
+which a backup copy would help. An entry due for that last reason only goes to
+``pipeline.lifecycle.speculation``, which may start a backup at the job's tail; an attempt
+whose backup runs is left to it until the backup ends.
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ from typing import Any
 
 from azure.core.exceptions import ResourceNotFoundError
 
-from pipeline.lifecycle import attempts, policy, progress, transitions
+from pipeline.lifecycle import attempts, policy, progress, speculation, transitions
+from pipeline.lifecycle.attempts import Deadline
 from pipeline.lifecycle.failures import FailureClass
+from pipeline.lifecycle.jobs import JobRow
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.lifecycle.tasks import TaskRef, TerminalCounter, get_task, now
 from pipeline.storage.clients import Clients
@@ -31,14 +36,33 @@ _counter = TerminalCounter(f"monitor-{uuid.uuid4().hex[:12]}")
 class SweepReport:
     revoked: list[dict[str, Any]] = field(default_factory=list)
     stale: int = 0
+    backups: int = 0  # backups asked for
+    waiting: int = 0  # overdue attempts left to their running backups
 
 
-def revoke_overdue(clients: Clients, job: str, report: SweepReport) -> None:
-    """Revoke every attempt of ``job`` whose deadline has passed (one key-range query)."""
+def revoke_overdue(clients: Clients, job: str, report: SweepReport) -> list[Deadline]:
+    """Revoke every attempt of ``job`` whose deadline has passed (one key-range query) and
+    give up the backups among them. Returns the entries of the running attempts that fell
+    due only for a backup (``speculation.consider`` decides)."""
     at = now()
+    due: list[Deadline] = []
     for entry in attempts.overdue(clients, job, at):
         ref = TaskRef(job, entry.task, entry.attempt)
+        if at < entry.kill_at and at < entry.heartbeat_until:
+            due.append(entry)  # due only for a backup
+            continue
         why = FailureClass.EXECUTION_TIMEOUT if at >= entry.kill_at else FailureClass.HEARTBEAT_LOST
+        if entry.backup:
+            if attempts.is_running(clients, job, entry.task, entry.attempt, backup=True):
+                speculation.lapse(clients, entry, why)
+            else:
+                attempts.unindex(clients, job, entry.key)
+            report.stale += 1
+            continue
+        if clients.settings.speculate_share > 0 and attempts.is_running(clients, job, entry.task, entry.attempt,
+                                                                        backup=True):
+            report.waiting += 1  # the first of the two to commit ends the task
+            continue
         try:
             task = get_task(clients.tasks, ref.job, ref.task)
         except ResourceNotFoundError:  # its job was deleted
@@ -55,3 +79,9 @@ def revoke_overdue(clients: Clients, job: str, report: SweepReport) -> None:
         log.warning("revoked %s (%s): task now %s", ref, why.value, outcome.value)
         if outcome is TaskStatus.DEAD:
             progress.task_ended(clients, ref.job)
+    return due
+
+
+def speculate(clients: Clients, row: JobRow, due: list[Deadline], report: SweepReport) -> None:
+    """Ask for backups of the attempts of the job (its ``row``) that fell due for one."""
+    report.backups += speculation.consider(clients, _counter, row, due)

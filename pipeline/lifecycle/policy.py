@@ -18,6 +18,7 @@ smaller, and none at all when the same input failed the same way twice. A retry 
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -79,6 +80,18 @@ def kill_after(limits: StageLimits, history: runtimes.Runtime, timeouts: int = 0
     return max(limit, min(limit * limits.backoff**timeouts, limits.ceiling_s))
 
 
+def speculate_after(settings: Settings, stage: str, history: runtimes.Runtime, work: float = 1.0) -> float | None:
+    """Seconds after which an attempt of ``work`` units may get a backup copy: past the
+    speculation quantile of its history (mean + z × stdev, z that quantile of a normal law),
+    never under the kill floor. None while the history is not trusted or speculation is off:
+    a backup is started only for an attempt known to be slow."""
+    limits = limits_for(settings, stage)
+    if settings.speculate_share <= 0 or history.count < limits.min_samples:
+        return None
+    z = statistics.NormalDist().inv_cdf(min(settings.speculate_quantile, 0.9999))
+    return max(limits.floor_s, (history.mean + z * history.stdev) * work)
+
+
 @dataclass(frozen=True)
 class Retry:
     """What a failed attempt's task gets: ``budget`` (attempts it may have had and still be
@@ -104,3 +117,10 @@ def kill_time(settings: Settings, stage: str, history: runtimes.Runtime, timeout
     started at ``started``, is to be revoked (``timeouts``: earlier revocations of the task
     for time)."""
     return started + timedelta(seconds=kill_after(limits_for(settings, stage), history, timeouts, work))
+
+
+def speculate_time(settings: Settings, stage: str, history: runtimes.Runtime, started: datetime,
+                   work: float = 1.0) -> datetime | None:
+    """When an attempt started at ``started`` may get a backup (None: never)."""
+    after = speculate_after(settings, stage, history, work)
+    return None if after is None else started + timedelta(seconds=after)

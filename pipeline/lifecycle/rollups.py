@@ -42,6 +42,7 @@ from pipeline.storage import names
 UNCOUNTED = frozenset({TaskStatus.PENDING, TaskStatus.FAILED, TaskStatus.TIMED_OUT})
 DETAIL = "Detail"  # JSON: per stage its states, its runtimes' bins; the failure classes
 KILLS = "Kills"  # attempts revoked by the monitor
+BACKUPS = "Backups"  # backup attempts the monitor asked for (``pipeline.lifecycle.speculation``)
 TILE_SHARDS = 16  # per-tile counts are spread over this many properties (64 KiB each at most)
 PER_DECADE = 10  # runtime bins: ten per factor of ten (each 26% wide)
 SHORTEST_S = 0.01  # bin 0 holds every runtime below this
@@ -76,6 +77,7 @@ class Moves:
     runtimes: dict[str, Counter[str]] = field(default_factory=dict)
     failures: Counter[str] = field(default_factory=Counter)
     kills: int = 0
+    backups: int = 0
 
     def move(self, stage: str, tile: str, old: TaskStatus | str, new: TaskStatus | str) -> Moves:
         """One task of ``stage`` on ``tile`` went from ``old`` to ``new``."""
@@ -95,9 +97,15 @@ class Moves:
         self.kills += revoked
         return self
 
+    def backed_up(self) -> Moves:
+        """A backup attempt was asked for."""
+        self.backups += 1
+        return self
+
     def merged(self, other: Moves) -> Moves:
         """These moves and ``other``'s together (neither changed)."""
-        both = Moves(kills=self.kills + other.kills)  # (Counter's + would drop the negative counts)
+        # (Counter's + would drop the negative counts)
+        both = Moves(kills=self.kills + other.kills, backups=self.backups + other.backups)
         for counts in (self.counts, other.counts):
             both.counts.update(counts)
         both.failures.update(self.failures)
@@ -131,6 +139,8 @@ def apply(props: dict[str, Any], moves: Moves) -> dict[str, Any]:
             changed[status] = int(props.get(status, 0)) + delta
     if moves.kills:
         changed[KILLS] = int(props.get(KILLS, 0)) + moves.kills
+    if moves.backups:
+        changed[BACKUPS] = int(props.get(BACKUPS, 0)) + moves.backups
     if moves.stages or moves.runtimes or moves.failures:
         detail = json.loads(props.get(DETAIL) or "{}")
         for part, deltas in (("stages", moves.stages), ("runtimes", moves.runtimes)):
@@ -160,6 +170,7 @@ class Rollup:
     runtimes: dict[str, Counter[int]] = field(default_factory=dict)
     failures: Counter[str] = field(default_factory=Counter)
     kills: int = 0
+    backups: int = 0
     rows: int = 0  # rollup rows read (one per writer)
     writers: dict[str, Counter[str]] = field(default_factory=dict)  # per writer: its net moves, FAILED: its failures
 
@@ -169,7 +180,7 @@ def read(tasks: TableClient, job: str, tiles: bool = True) -> Rollup:
     per tile, which grow with the job's area; without, a few hundred bytes a row)."""
     low, high = names.COUNTER_PREFIX, names.COUNTER_PREFIX + "\U0010ffff"
     found = Rollup()
-    select = None if tiles else ["RowKey", *(s.value for s in TaskStatus), KILLS, DETAIL]
+    select = None if tiles else ["RowKey", *(s.value for s in TaskStatus), KILLS, BACKUPS, DETAIL]
     for row in tasks.query_entities("PartitionKey eq @pk and RowKey ge @lo and RowKey lt @hi",
                                     parameters={"pk": job, "lo": low, "hi": high}, select=select):
         found.rows += 1
@@ -178,6 +189,7 @@ def read(tasks: TableClient, job: str, tiles: bool = True) -> Rollup:
             own[status.value] += int(row.get(status.value) or 0)
             found.counts[status.value] += int(row.get(status.value) or 0)
         found.kills += int(row.get(KILLS) or 0)
+        found.backups += int(row.get(BACKUPS) or 0)
         detail = json.loads(row.get(DETAIL) or "{}")
         own[TaskStatus.FAILED.value] = sum(detail.get("failures", {}).values())
         for stage, counts in detail.get("stages", {}).items():

@@ -58,7 +58,8 @@ def sweep(clients: Clients) -> dict[str, int]:
     except Exception:
         log.exception("cache markers not swept; the next pass tries again")
         done["errors"] += 1
-    return {"revoked": len(report.revoked), "stale": report.stale, "resent": done["resent"],
+    return {"revoked": len(report.revoked), "stale": report.stale, "backups": report.backups,
+            "resent": done["resent"],
             "replanned": done["replanned"], "announced": done["announced"], "slow_workers": done["slow"],
             "markers": done["markers"], "errors": done["errors"]}
 
@@ -82,12 +83,13 @@ def _sweep_job(clients: Clients, job: str, report: monitor.SweepReport, done: Co
     if state.finished:
         jobs.deactivate(clients, job)
         return
-    monitor.revoke_overdue(clients, job, report)
+    due = monitor.revoke_overdue(clients, job, report)
     done["resent"] += dispatch.redispatch_due(clients, job)
     if state is JobState.ACCEPTED:
         done["replanned"] += jobs.replan_stale(clients, row)
         return
     done["announced"] += progress.follow_up(clients, _counter, job, row)
+    monitor.speculate(clients, row, due, report)  # last: nothing else in the pass waits on it
 
 
 def job_of_message(body: bytes | str) -> str:

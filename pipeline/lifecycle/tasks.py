@@ -70,14 +70,18 @@ def message_bytes(content: bytes | str) -> bytes:
 
 @dataclass(frozen=True)
 class TaskRef:
-    """What a task queue message says: which attempt of which task to run."""
+    """What a task queue message says: which attempt of which task to run (``backup``: a
+    second copy of that attempt, which the monitor asks for at a job's tail while the first
+    still runs; the first of the two to commit ends the task)."""
 
     job: str
     task: str
     attempt: int
+    backup: bool = False
 
     def encode(self) -> bytes:
-        return json.dumps({"job": self.job, "task": self.task, "attempt": self.attempt}).encode()
+        body: dict[str, str | int | bool] = {"job": self.job, "task": self.task, "attempt": self.attempt}
+        return json.dumps(body | ({"backup": True} if self.backup else {})).encode()
 
     @classmethod
     def decode(cls, content: bytes | str) -> TaskRef:
@@ -86,17 +90,17 @@ class TaskRef:
             body = json.loads(message_bytes(content))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ValueError(f"not JSON: {exc}") from None
-        if not isinstance(body, dict) or set(body) != {"job", "task", "attempt"}:
-            raise ValueError("a task message is {job, task, attempt}")
-        job, task, attempt = body["job"], body["task"], body["attempt"]
-        if not (isinstance(job, str) and isinstance(task, str) and type(attempt) is int):
-            raise ValueError("job and task are strings, attempt an integer")
+        if not isinstance(body, dict) or set(body) - {"backup"} != {"job", "task", "attempt"}:
+            raise ValueError("a task message is {job, task, attempt[, backup]}")
+        job, task, attempt, backup = body["job"], body["task"], body["attempt"], body.get("backup", False)
+        if not (isinstance(job, str) and isinstance(task, str) and type(attempt) is int and type(backup) is bool):
+            raise ValueError("job and task are strings, attempt an integer, backup a boolean")
         if not (names.JOB_KEY.fullmatch(job) and len(task) == names.TASK_KEY_WIDTH
                 and task.isascii() and task.isdigit()):
             raise ValueError("malformed job or task key")
         if not 1 <= attempt <= 1000:
             raise ValueError("attempt out of range")
-        return cls(job, task, attempt)
+        return cls(job, task, attempt, backup)
 
 
 # --- the row --------------------------------------------------------------------------------

@@ -156,16 +156,19 @@ class Claim:
     worker: str  # who holds it
     kill_at: datetime  # when the monitor revokes it
     index: str  # the row key of its entry in the monitor's deadline index (moved by heartbeats)
+    speculate_at: datetime | None = None  # from when a backup copy would help (``pipeline.lifecycle.speculation``)
 
 
 def claim(clients: Clients, ref: TaskRef, worker: str,
           kill_time: Callable[[TaskRef, str, dict[str, str], int], datetime],
-          counter: TerminalCounter | None = None) -> Claim | None:
+          counter: TerminalCounter | None = None,
+          speculate_time: Callable[[str, dict[str, str], datetime], datetime | None] | None = None) -> Claim | None:
     """Move the task to RUNNING for the attempt its row names, if the message may still run
     it: the row is QUEUED and the message is not from a later attempt. None otherwise (the
     message is stale or a duplicate, and is deleted). ``kill_time`` says when the monitor is
     to revoke the attempt, from its stage, parameters and how many earlier attempts were
-    revoked for time. One transaction writes the task row, the attempt's row and its
+    revoked for time; ``speculate_time`` from when a backup copy of it would help (its
+    start given). One transaction writes the task row, the attempt's row and its
     deadline entry, and removes its dispatch entry: no attempt is ever RUNNING without a
     deadline, none QUEUED without a dispatch entry; and moves the rollup of ``counter``
     (the claiming slot's; this process's own if None)."""
@@ -180,7 +183,9 @@ def claim(clients: Clients, ref: TaskRef, worker: str,
     params = row.parameters()
     kill_at = kill_time(current, row.stage, params, row.timeouts)
     started = now()
-    index, index_write = attempts.index_op(clients, ref.job, ref.task, current.attempt, kill_at, worker, started)
+    speculate_at = speculate_time(row.stage, params, started) if speculate_time else None
+    index, index_write = attempts.index_op(clients, ref.job, ref.task, current.attempt, kill_at, worker, started,
+                                           speculate_at)
     ops = [_update(ref.job, ref.task, row.etag, worker=worker, started_at=started, dispatch="",
                    status=transition(row.status, TaskStatus.RUNNING)),
            attempts.attempt_op(ref.job, ref.task, current.attempt, worker=worker, started_at=started,
@@ -200,24 +205,28 @@ def claim(clients: Clients, ref: TaskRef, worker: str,
         else:
             raise
     return Claim(current, result[0]["etag"], row.stage, params, started, row.last_failure, worker,
-                 kill_at, index)
+                 kill_at, index, speculate_at)
 
 
 def still_held(clients: Clients, held: Claim) -> bool:
     """True while the task row still names this attempt as running (nobody revoked or
-    cancelled it)."""
-    return tasks.get_task(clients.tasks, held.ref.job, held.ref.task).etag == held.etag
+    cancelled it, nor did its backup or the attempt it backs up commit) and, for a backup,
+    while the monitor has not given it up."""
+    job, task = held.ref.job, held.ref.task
+    return tasks.get_task(clients.tasks, job, task).etag == held.etag and (
+        not held.ref.backup or attempts.is_running(clients, job, task, held.ref.attempt, backup=True))
 
 
 def heartbeat(clients: Clients, held: Claim) -> None:
     """Move the attempt's deadline entry on (its heartbeat is now)."""
     held.index = attempts.move(clients, held.ref.job, held.ref.task, held.ref.attempt, held.kill_at, held.worker,
-                               previous=held.index)
+                               previous=held.index, speculate_at=held.speculate_at, backup=held.ref.backup)
 
 
 def discard(clients: Clients, held: Claim) -> None:
     """Record that a revoked attempt's work was thrown away; it leaves the deadline index."""
-    attempts.record(clients, held.ref.job, held.ref.task, held.ref.attempt, discarded=True, discarded_at=now())
+    attempts.record(clients, held.ref.job, held.ref.task, held.ref.attempt, held.ref.backup, discarded=True,
+                    discarded_at=now())
     attempts.unindex(clients, held.ref.job, held.index)
 
 
@@ -310,18 +319,20 @@ def _read_back(clients: Clients, job: str, task: str) -> TaskRow:
 def commit(clients: Clients, counter: TerminalCounter, held: Claim, status: TaskStatus,
            outputs: list[str]) -> bool:
     """Publish the attempt's outputs on the task row, fenced on the claim's ETag: True if
-    this attempt committed, False if it had been revoked (its outputs are then never named)."""
+    this attempt committed, False if it had been revoked (its outputs are then never named).
+    An attempt and its backup hold the same fence: the first of them to commit wins."""
     ended = now()
     runtime = (ended - held.started).total_seconds()
-    job, task, attempt = held.ref.job, held.ref.task, held.ref.attempt
+    job, task, attempt, backup = held.ref.job, held.ref.task, held.ref.attempt, held.ref.backup
     change = {"status": transition(TaskStatus.RUNNING, status), "ended_at": ended, "runtime_s": runtime,
-              "outputs": json.dumps(outputs)}
-    ended_as = attempts.attempt_op(job, task, attempt, ended_at=ended, outcome=status.value, runtime_s=runtime)
+              "outputs": json.dumps(outputs), **({"worker": held.worker} if backup else {})}
+    ended_as = attempts.attempt_op(job, task, attempt, backup, ended_at=ended, outcome=status.value,
+                                   runtime_s=runtime)
     moves = Moves().move(held.stage, _tile(held.params), TaskStatus.RUNNING, status).ran(held.stage, runtime)
     if _fenced(clients, job, task, held.etag, change, [ended_as], held.index, counter, moves,
                _waiting(held.params, status)):
         return True
-    attempts.record(clients, job, task, attempt, ended_at=ended, outcome="DISCARDED")
+    attempts.record(clients, job, task, attempt, backup, ended_at=ended, outcome="DISCARDED")
     return False
 
 

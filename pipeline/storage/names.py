@@ -66,6 +66,7 @@ COUNTER_PREFIX = "~count~"  # tasks: per-writer rollups (counts per state and ti
 FAILURE_PREFIX = "~failure~"  # tasks: failed and revoked attempts, newest first
 TILES_ROW = "~tiles"  # tasks: the job's target tiles and task totals, written at planning
 DEADLINE_PREFIX = "~deadline~"  # tasks: the monitor's index of running attempts by deadline
+BACKUP_MARK = "b"  # ends the attempt and deadline keys of a backup attempt
 DISPATCH_PREFIX = "~dispatch~"  # tasks: the reconciler's index of queued tasks by when to check their message
 
 _NAMESPACE = re.compile(r"^[a-z][a-z0-9]{0,15}$")
@@ -87,15 +88,16 @@ def failure_key(ended_ms: int, task: str, attempt: int) -> str:
     return f"{FAILURE_PREFIX}{10**15 - ended_ms:015d}-{task}-{attempt:03d}"
 
 
-def attempt_key(task: str, attempt: int) -> str:
-    """Row key of one attempt of a task in its job's partition of ``tasks``."""
-    return f"{ATTEMPT_PREFIX}{task}-{attempt:03d}"
+def attempt_key(task: str, attempt: int, backup: bool = False) -> str:
+    """Row key of one attempt of a task in its job's partition of ``tasks`` (``backup``: of
+    the backup copy of that attempt the monitor started at the job's tail)."""
+    return f"{ATTEMPT_PREFIX}{task}-{attempt:03d}{BACKUP_MARK if backup else ''}"
 
 
-def deadline_key(deadline_ms: int, task: str, attempt: int) -> str:
+def deadline_key(deadline_ms: int, task: str, attempt: int, backup: bool = False) -> str:
     """Row key in a job's deadline index: zero-padded epoch milliseconds first, so
     "overdue now" is one key range."""
-    return f"{DEADLINE_PREFIX}{deadline_ms:015d}-{task}-{attempt:03d}"
+    return f"{DEADLINE_PREFIX}{deadline_ms:015d}-{task}-{attempt:03d}{BACKUP_MARK if backup else ''}"
 
 
 def dispatch_key(due_ms: int, task: str) -> str:
@@ -104,10 +106,10 @@ def dispatch_key(due_ms: int, task: str) -> str:
     return f"{DISPATCH_PREFIX}{due_ms:015d}-{task}"
 
 
-def output_prefix(job: str, task: str, attempt: int) -> str:
-    """Blob prefix in ``products`` where one attempt writes; only the committed attempt's
-    outputs are named by the task row and so by the manifest."""
-    return f"{job}/tasks/{task}/a{attempt:03d}/"
+def output_prefix(job: str, task: str, attempt: int, backup: bool = False) -> str:
+    """Blob prefix in ``products`` where one attempt (or its backup) writes; only the
+    committed attempt's outputs are named by the task row and so by the manifest."""
+    return f"{job}/tasks/{task}/a{attempt:03d}{BACKUP_MARK if backup else ''}/"
 
 
 def source_blob(product: str, granule: str, file_name: str) -> str:

@@ -1,0 +1,167 @@
+"""Speculation: a backup copy of a slow attempt at a job's tail, the first to commit winning.
+
+At the end of a job most slots are idle while its last tasks run; a straggler there holds
+the job up for its whole kill threshold, where a copy of it on an idle slot costs nothing
+(MapReduce's backup tasks; LATE). So a running attempt carries, in its entry of the
+monitor's deadline index, the time from which a backup would help: past a high quantile
+of its history (``policy.speculate_after``). The entry falls due then, and the monitor,
+which finds it in its one key-range query, asks for a backup if the job has reached its
+tail (every tile task released, none QUEUED) and the job's backups stay within
+``speculate_share`` of its tasks.
+
+A backup never writes the task row. It holds the same fence as the attempt it copies,
+the row's ETag since the claim: whichever of the two commits first moves the row on,
+and the other finds the fence gone, discards its outputs (each attempt writes under its
+own prefix, so nothing is overwritten) and is killed by its lease. A backup's failure
+drops the backup only; the task stays with its attempt. While a backup runs, the monitor
+leaves the attempt it copies alone (it would requeue the task and throw both away); once
+the backup has ended or lapsed it revokes as before. A backup has its own attempt row
+(``names.attempt_key(..., backup=True)``: REQUESTED, then RUNNING, then how it ended) and
+deadline entry, written together, so the monitor always finds a backup that stopped
+heartbeating and gives it up.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime
+
+from azure.core.exceptions import ResourceNotFoundError
+from azure.data.tables import TableTransactionError, UpdateMode
+
+from pipeline.lifecycle import attempts, dispatch, rollups, transitions
+from pipeline.lifecycle.attempts import AttemptRow, Deadline
+from pipeline.lifecycle.failures import FailureClass, error_code
+from pipeline.lifecycle.jobs import JobRow
+from pipeline.lifecycle.status import TaskStatus
+from pipeline.lifecycle.tasks import TaskRef, TerminalCounter, get_task, if_match, is_conflict, now
+from pipeline.redact import redact
+from pipeline.storage import names
+from pipeline.storage.clients import Clients
+
+log = logging.getLogger(__name__)
+REQUESTED = "REQUESTED"  # a backup's outcome until a worker takes it
+
+
+class NotHere(Exception):
+    """The attempt a backup would copy runs on the worker that received the backup."""
+
+
+def consider(clients: Clients, counter: TerminalCounter, job: JobRow, due: list[Deadline]) -> int:
+    """The monitor's step for the running attempts of ``job`` whose entries fell due only
+    for a backup (``due``): at the job's tail, ask for a backup of each, the longest past
+    its time first, while the job's backups stay within its share. Returns how many it
+    asked for."""
+    share = clients.settings.speculate_share
+    if not due or share <= 0 or not job.all_released:
+        return 0
+    rollup = rollups.read(clients.tasks, job.job, tiles=False)
+    if rollup.counts.get(TaskStatus.QUEUED.value, 0):
+        return 0  # the job's own tasks wait for slots: none is idle
+    allowed = max(1, int(share * job.total)) - rollup.backups
+    asked = 0
+    for entry in sorted(due, key=lambda e: e.speculate_at or now()):
+        if asked >= allowed:
+            break
+        asked += _ask(clients, counter, entry)
+    return asked
+
+
+def _ask(clients: Clients, counter: TerminalCounter, entry: Deadline) -> int:
+    """Ask for a backup of ``entry``'s attempt, if it still runs and has none: its attempt
+    row (REQUESTED) created with the monitor's rollup moved, then its message sent. A
+    message lost leaves the backup REQUESTED and the attempt as it was: nothing waits on
+    a backup."""
+    try:
+        row = get_task(clients.tasks, entry.job, entry.task)
+    except ResourceNotFoundError:
+        return 0
+    if row.status is not TaskStatus.RUNNING or row.attempt != entry.attempt or row.worker != entry.worker:
+        return 0
+    asked = AttemptRow(job=entry.job, key=names.attempt_key(entry.task, entry.attempt, True), task=entry.task,
+                       attempt=entry.attempt, backup=True, stage=row.stage, outcome=REQUESTED)
+    try:
+        counter.write(clients.tasks, entry.job, [("create", asked.to_entity(), {})], rollups.Moves().backed_up())
+    except TableTransactionError as exc:
+        if exc.status_code == 409 or error_code(exc) == "EntityAlreadyExists":
+            return 0  # asked for already
+        raise
+    dispatch.send(clients, [(row.shard, TaskRef(entry.job, entry.task, entry.attempt, backup=True))])
+    log.info("backup of %s/%s attempt %s asked for", entry.job, entry.task, entry.attempt)
+    return 1
+
+
+def claim_backup(clients: Clients, ref: TaskRef, worker: str,
+                 kill_time: Callable[[TaskRef, str, dict[str, str], int], datetime]) -> transitions.Claim | None:
+    """Take the backup ``ref`` names, if its attempt still runs and nobody took it: its
+    attempt row moves REQUESTED → RUNNING (fenced on its ETag) with its deadline entry, in
+    one transaction; the task row is not written, and its ETag is the fence the backup
+    shares with the attempt it copies. None if the backup is no longer wanted; NotHere if
+    that attempt runs on ``worker``."""
+    try:
+        row = get_task(clients.tasks, ref.job, ref.task)
+        key = names.attempt_key(ref.task, ref.attempt, True)
+        asked = AttemptRow.from_entity(clients.tasks.get_entity(ref.job, key))
+    except ResourceNotFoundError:
+        return None
+    if row.status is not TaskStatus.RUNNING or row.attempt != ref.attempt or asked.outcome != REQUESTED:
+        return None
+    if row.worker == worker:
+        raise NotHere(f"{ref.job}/{ref.task} attempt {ref.attempt} runs here")
+    params = row.parameters()
+    kill_at = kill_time(ref, row.stage, params, row.timeouts)
+    started = now()
+    index, write = attempts.index_op(clients, ref.job, ref.task, ref.attempt, kill_at, worker, started, backup=True)
+    taken = attempts.attempt_row(ref.job, ref.task, ref.attempt, True, worker=worker, started_at=started,
+                                 heartbeat=started, outcome=TaskStatus.RUNNING.value)
+    try:
+        clients.tasks.submit_transaction([("update", taken, {"mode": UpdateMode.MERGE, **if_match(asked.etag)}),
+                                          write])
+    except TableTransactionError as exc:
+        if is_conflict(exc) or error_code(exc) == "UpdateConditionNotSatisfied":
+            return None  # another worker took it first
+        raise
+    return transitions.Claim(ref, row.etag, row.stage, params, started, row.last_failure, worker, kill_at, index)
+
+
+def _end(clients: Clients, job: str, task: str, attempt: int, index: str, **fields: str | datetime) -> None:
+    """End a backup: its attempt row's outcome and the removal of its deadline entry, in one
+    transaction (the row alone if the entry is gone already)."""
+    ended = attempts.attempt_op(job, task, attempt, True, ended_at=now(), **fields)
+    try:
+        clients.tasks.submit_transaction([ended, attempts.unindex_op(job, index)])
+    except TableTransactionError as exc:
+        if not attempts.is_missing(exc):
+            raise
+        clients.tasks.submit_transaction([ended])
+
+
+def abandon(clients: Clients, held: transitions.Claim, failure: FailureClass, error: str) -> None:
+    """A backup failed: record it and drop it. The task stays with the attempt it copied,
+    which a failure of the backup (a crash of the machine it ran on, say) says nothing of."""
+    _end(clients, held.ref.job, held.ref.task, held.ref.attempt, held.index, outcome=TaskStatus.FAILED.value,
+         failure_class=failure.value, error=redact(error)[: transitions.ERROR_CHARS])
+
+
+def give_way(clients: Clients, held: transitions.Claim, failure: FailureClass, error: str) -> bool:
+    """A worker found slow gives up an attempt whose backup runs elsewhere: the attempt's
+    row records it, and the task row and the attempt's deadline entry stay as they are, so
+    the backup keeps its fence. The entry lapses with the heartbeat, and the monitor leaves
+    the task to the backup while it runs, and revokes it as before once it has ended
+    without committing. False (nothing done) if the attempt has no running backup."""
+    job, task, attempt = held.ref.job, held.ref.task, held.ref.attempt
+    if held.ref.backup or not attempts.is_running(clients, job, task, attempt, backup=True):
+        return False
+    attempts.record(clients, job, task, attempt, ended_at=now(), outcome=TaskStatus.FAILED.value,
+                    failure_class=failure.value, error=redact(error)[: transitions.ERROR_CHARS])
+    return True
+
+
+def lapse(clients: Clients, entry: Deadline, why: FailureClass) -> None:
+    """The monitor's move for a backup past its kill time or heartbeat: give it up (its
+    worker, if alive, finds it no longer running and kills it). The attempt it copies is
+    revoked by the rules as if it had had no backup."""
+    _end(clients, entry.job, entry.task, entry.attempt, entry.key, outcome=TaskStatus.TIMED_OUT.value,
+         failure_class=why.value, revoked_by="monitor")
+    log.warning("backup of %s/%s attempt %s given up: %s", entry.job, entry.task, entry.attempt, why.value)

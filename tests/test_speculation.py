@@ -1,0 +1,270 @@
+"""Backup attempts at a job's tail (``pipeline.lifecycle.speculation``), against a real
+Azurite: asked for once, only at the tail and within the job's share; the first of an
+attempt and its backup to commit ends the task and the other's work is thrown away; a
+failed backup leaves the task to its attempt; an overdue attempt waits for its running
+backup, and gets revoked once that backup lapses. Then real workers: a straggler's backup
+on the other worker wins, and the straggler's stage process is killed."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from azure.core.exceptions import ServiceResponseError
+
+from pipeline.lifecycle import attempts, jobs, runtimes, speculation, sweep, tasks, transitions
+from pipeline.lifecycle.failures import FailureClass
+from pipeline.lifecycle.request import expand
+from pipeline.lifecycle.status import TaskStatus
+from pipeline.settings import Settings
+from pipeline.storage import names
+from pipeline.storage.clients import Clients
+from tests.conftest import PIDS, in_an_hour, running_control, running_workers, small_request, wait_for, with_stage
+from tests.test_monitor import alive, attempt_rows, index_rows, marked_task
+from tests.test_worker import planned_job, receive_one
+
+
+def _at_once(stage: str, params: dict[str, str], started: datetime) -> datetime:
+    """A speculation time: a backup would help from the start."""
+    return started
+
+
+def _in(seconds: float):  # type: ignore[no-untyped-def]
+    return lambda *_: tasks.now() + timedelta(seconds=seconds)
+
+
+def _claim_all(clients: Clients, job: str, slow: int = 1, leave: int = 0) -> list[transitions.Claim]:
+    """Claim the job's tasks (all but ``leave`` of them, which stay QUEUED), each by a worker
+    of its own; the first ``slow`` ones due for a backup at once."""
+    total = jobs.get(clients, job).total
+    held: list[transitions.Claim] = []
+    while len(held) < total - leave:
+        queue, message = receive_one(clients)
+        queue.delete_message(message)
+        ref = tasks.TaskRef.decode(message.content)
+        if ref.job != job:  # another job's backup
+            continue
+        claim = transitions.claim(clients, ref, f"w{len(held)}", in_an_hour,
+                                  speculate_time=_at_once if len(held) < slow else None)
+        assert claim is not None
+        held.append(claim)
+    return held
+
+
+def _backup_message(clients: Clients) -> tasks.TaskRef:
+    queue, message = receive_one(clients)
+    queue.delete_message(message)
+    return tasks.TaskRef.decode(message.content)
+
+
+def test_a_backup_asked_for_once_commits_first_and_its_attempt_is_thrown_away(settings: Settings) -> None:
+    clients = Clients(settings.with_(speculate_share=0.5))  # room for more backups than one
+    clients.ensure_resources()
+    job = planned_job(clients)
+    first, *_ = _claim_all(clients, job)
+    assert sweep.sweep(clients)["backups"] == 1
+    ref = _backup_message(clients)
+    assert ref == tasks.TaskRef(job, first.ref.task, 1, backup=True)
+    assert tasks.TaskRef.decode(ref.encode()) == ref
+    with pytest.raises(speculation.NotHere):  # not on the machine of the attempt it copies
+        speculation.claim_backup(clients, ref, first.worker, in_an_hour)
+    backup = speculation.claim_backup(clients, ref, "spare", in_an_hour)
+    assert backup is not None and backup.etag == first.etag  # one fence for both
+    assert speculation.claim_backup(clients, ref, "another", in_an_hour) is None  # taken once
+    again = sweep.sweep(clients)
+    assert (again["backups"], again["errors"]) == (0, 0)  # asked for once
+    assert jobs.status(clients, job)["speculative_attempts"] == 1
+
+    counter = tasks.TerminalCounter("test")
+    made = [names.output_prefix(job, ref.task, 1, backup=True) + "summary.json"]
+    assert transitions.commit(clients, counter, backup, TaskStatus.SUCCEEDED, made)
+    assert not transitions.still_held(clients, first)
+    assert not transitions.commit(clients, counter, first, TaskStatus.SUCCEEDED, ["its own"])
+    row = tasks.get_task(clients.tasks, job, ref.task)
+    assert row.status is TaskStatus.SUCCEEDED and row.worker == "spare" and json.loads(row.outputs) == made
+    primary, copy = attempt_rows(clients, job, ref.task)
+    assert (primary.backup, primary.outcome) == (False, "DISCARDED")
+    assert (copy.backup, copy.outcome, copy.worker) == (True, "SUCCEEDED", "spare")
+    assert jobs.status(clients, job)["counts"]["SUCCEEDED"] == 1  # counted once
+    transitions.discard(clients, first)  # what the attempt's worker does once its lease sees the fence gone
+    assert index_rows(clients, job, ref.task) == []
+
+
+def test_the_attempt_commits_first_and_its_backup_is_refused(clients: Clients) -> None:
+    job = planned_job(clients)
+    first, *_ = _claim_all(clients, job)
+    sweep.sweep(clients)
+    backup = speculation.claim_backup(clients, _backup_message(clients), "spare", in_an_hour)
+    assert backup is not None and transitions.still_held(clients, backup)
+    counter = tasks.TerminalCounter("test")
+    assert transitions.commit(clients, counter, first, TaskStatus.SUCCEEDED, ["first"])
+    assert not transitions.still_held(clients, backup)
+    assert not transitions.commit(clients, counter, backup, TaskStatus.SUCCEEDED, ["copy"])
+    row = tasks.get_task(clients.tasks, job, first.ref.task)
+    assert json.loads(row.outputs) == ["first"] and row.worker == first.worker
+    assert [a.outcome for a in attempt_rows(clients, job, first.ref.task)] == ["SUCCEEDED", "DISCARDED"]
+
+
+def test_a_failed_backup_leaves_the_task_to_its_attempt(clients: Clients) -> None:
+    job = planned_job(clients)
+    first, *_ = _claim_all(clients, job)
+    sweep.sweep(clients)
+    backup = speculation.claim_backup(clients, _backup_message(clients), "spare", in_an_hour)
+    assert backup is not None
+    before = tasks.get_task(clients.tasks, job, first.ref.task)
+    speculation.abandon(clients, backup, FailureClass.USER_CODE, "it crashed there")
+    after = tasks.get_task(clients.tasks, job, first.ref.task)
+    assert after.etag == before.etag and after.status is TaskStatus.RUNNING  # the task row untouched
+    assert transitions.still_held(clients, first) and not transitions.still_held(clients, backup)
+    assert index_rows(clients, job, first.ref.task) == [first.index]
+    assert transitions.commit(clients, tasks.TerminalCounter("test"), first, TaskStatus.SUCCEEDED, ["first"])
+    copy = attempt_rows(clients, job, first.ref.task)[1]
+    assert (copy.outcome, copy.failure_class) == ("FAILED", FailureClass.USER_CODE.value)
+
+
+def test_backups_only_at_the_tail_and_within_the_share(settings: Settings) -> None:
+    clients = Clients(settings.with_(speculate_share=0.2))  # 8 tasks: one backup at most
+    clients.ensure_resources()
+    job = planned_job(clients)
+    held = _claim_all(clients, job, slow=3, leave=1)
+    assert sweep.sweep(clients)["backups"] == 0  # a task still waits for a slot: none is idle
+    queue, message = receive_one(clients)
+    last = transitions.claim(clients, tasks.TaskRef.decode(message.content), "w-last", in_an_hour)
+    assert last is not None
+    queue.delete_message(message)
+    assert sweep.sweep(clients)["backups"] == 1
+    assert sweep.sweep(clients)["backups"] == 0  # the share is spent
+    asked = [a for a in attempts.list_attempts(clients.tasks, job) if a.backup]
+    assert [(a.task, a.outcome) for a in asked] == [(held[0].ref.task, speculation.REQUESTED)]
+    off = Clients(settings.with_(speculate_share=0.0))
+    other = planned_job(off)
+    _claim_all(off, other, slow=8)
+    assert sweep.sweep(off)["backups"] == 0  # speculation off
+
+
+def test_an_overdue_attempt_waits_for_its_running_backup_and_is_revoked_once_it_lapses(clients: Clients) -> None:
+    job = planned_job(clients)
+    total = jobs.get(clients, job).total
+    held: list[transitions.Claim] = []
+    while len(held) < total:  # the first one due for a backup at once, and for revocation in 2 s
+        queue, message = receive_one(clients)
+        claim = transitions.claim(clients, tasks.TaskRef.decode(message.content), f"w{len(held)}",
+                                  _in(2) if not held else in_an_hour, speculate_time=None if held else _at_once)
+        assert claim is not None
+        queue.delete_message(message)
+        held.append(claim)
+    first = held[0]
+    assert sweep.sweep(clients)["backups"] == 1
+    backup = speculation.claim_backup(clients, _backup_message(clients), "spare", _in(3.5))
+    assert backup is not None
+    time.sleep(2.2)
+    assert sweep.sweep(clients)["revoked"] == 0  # its backup runs: the first to commit ends the task
+    assert transitions.still_held(clients, first)
+    time.sleep(1.5)
+    assert sweep.sweep(clients)["revoked"] == 0  # the backup lapses first (it sorts after its attempt)
+    assert not transitions.still_held(clients, backup)  # its worker kills it
+    assert sweep.sweep(clients)["revoked"] == 1
+    row = tasks.get_task(clients.tasks, job, first.ref.task)
+    assert row.status is TaskStatus.QUEUED and row.attempt == 2
+    copy = attempt_rows(clients, job, first.ref.task)[1]
+    assert (copy.backup, copy.outcome, copy.revoked_by) == (True, "TIMED_OUT", "monitor")
+
+
+def test_real_workers_a_stragglers_backup_wins_and_the_straggler_is_killed(settings: Settings) -> None:
+    # the marked task's first attempt takes 5 s where the others take 0.5 s; killing it would
+    # take 20× the mean: only a backup can end it early
+    settings = with_stage(settings, "straggler", kill_floor_s=0.5, kill_factor=20.0, min_samples=3,
+                          kill_grace_s=1.0, speculate_share=0.5, lease_seconds=3)
+    clients = Clients(settings)
+    clients.ensure_resources()
+    work = runtimes.work_of(expand(small_request(), 100)[0].params())  # the history is per megapixel
+    runtimes.merge(clients.runtimes, "straggler", "MOD10A2", runtimes.Runtime(50, 0.8 / work, 50 * (0.1 / work) ** 2))
+    with running_control(settings), running_workers(settings, count=2, slots=2):
+        job = jobs.submit(clients, small_request()).job
+        wait_for(lambda: jobs.get(clients, job).state.finished, 120, "the job to finish")
+    assert jobs.get(clients, job).state == "SUCCEEDED"
+    task = marked_task(clients, job)
+    assert task.attempt == 1 and json.loads(task.outputs) == [
+        names.output_prefix(job, task.task, 1, backup=True) + "summary.json"]
+    primary, copy = attempt_rows(clients, job, task.task)
+    assert copy.backup and copy.outcome == "SUCCEEDED" and copy.worker != primary.worker
+    assert primary.discarded
+    assert not alive(int((PIDS / f"{job}-{task.task}-1.pid").read_text()))  # killed with its attempt
+    status = jobs.status(clients, job)
+    assert status["speculative_attempts"] >= 1 and status["monitor_kills"] == 0
+    assert status["counts"]["SUCCEEDED"] == 8
+
+
+def test_a_slow_workers_attempt_gives_way_to_its_backup_and_is_requeued_if_the_backup_fails(
+        clients: Clients) -> None:
+    job = planned_job(clients)
+    total = jobs.get(clients, job).total
+    held: list[transitions.Claim] = []
+    while len(held) < total:  # the first one due for a backup at once, and for revocation in 1 s
+        queue, message = receive_one(clients)
+        claim = transitions.claim(clients, tasks.TaskRef.decode(message.content), f"w{len(held)}",
+                                  _in(1) if not held else in_an_hour, speculate_time=None if held else _at_once)
+        assert claim is not None
+        queue.delete_message(message)
+        held.append(claim)
+    first, second = held[0], held[1]
+    assert not speculation.give_way(clients, second, FailureClass.WORKER_SLOW, "slow")  # it has no backup
+    sweep.sweep(clients)
+    backup = speculation.claim_backup(clients, _backup_message(clients), "spare", in_an_hour)
+    assert backup is not None
+    assert speculation.give_way(clients, first, FailureClass.WORKER_SLOW, "found slow")
+    assert transitions.still_held(clients, backup)  # the backup keeps the fence
+    time.sleep(1.2)
+    assert sweep.sweep(clients)["revoked"] == 0
+    speculation.abandon(clients, backup, FailureClass.USER_CODE, "it crashed there")
+    assert sweep.sweep(clients)["revoked"] == 1  # the task is not left RUNNING with nobody on it
+    row = tasks.get_task(clients.tasks, job, first.ref.task)
+    assert row.status is TaskStatus.QUEUED and row.attempt == 2
+    gave_way = attempt_rows(clients, job, first.ref.task)[0]
+    assert (gave_way.outcome, gave_way.failure_class) == ("TIMED_OUT", "execution_timeout")
+
+
+def _answer_lost_once(monkeypatch: pytest.MonkeyPatch, clients: Clients) -> list[bool]:
+    """The next transaction of ``clients`` is applied and its answer lost."""
+    real, lost = clients.tasks.submit_transaction, []
+
+    def applied_then_lost(operations: Any, **kwargs: Any) -> Any:
+        answer = real(operations, **kwargs)
+        if not lost:
+            lost.append(True)
+            raise ServiceResponseError("connection reset by peer")
+        return answer
+
+    monkeypatch.setattr(clients.tasks, "submit_transaction", applied_then_lost)
+    return lost
+
+
+def test_lost_answers_on_the_backup_path_leave_nothing_stuck(settings: Settings,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    clients = Clients(settings.with_(lease_seconds=60))  # the attempts' heartbeats hold
+    clients.ensure_resources()
+    job = planned_job(clients)
+    first, *_ = _claim_all(clients, job)
+    monitor = Clients(clients.settings)
+    with monkeypatch.context() as patch:
+        lost = _answer_lost_once(patch, monitor)
+        assert sweep.sweep(monitor)["errors"] == 1 and lost  # the ask applied, its answer lost ...
+    assert sweep.sweep(monitor)["backups"] == 0  # ... and not asked again; the attempt goes on alone
+    (asked,) = [a for a in attempts.list_attempts(clients.tasks, job) if a.backup]
+    assert asked.outcome == speculation.REQUESTED
+    ref = tasks.TaskRef(job, first.ref.task, 1, backup=True)  # its message, had it been sent
+    worker = Clients(settings.with_(lease_seconds=1))  # the backup's worker, whose heartbeat lapses at once
+    with monkeypatch.context() as patch:
+        _answer_lost_once(patch, worker)
+        with pytest.raises(ServiceResponseError):  # the backup's claim applied, its answer lost
+            speculation.claim_backup(worker, ref, "spare", in_an_hour)
+    assert speculation.claim_backup(worker, ref, "spare", in_an_hour) is None  # taken once
+    # nobody runs it: its heartbeat lapses and the monitor gives it up
+    wait_for(lambda: sweep.sweep(monitor) and not attempts.is_running(clients, job, first.ref.task, 1, backup=True),
+             10, "the backup to lapse")
+    assert sweep.sweep(monitor)["revoked"] == 0 and transitions.still_held(clients, first)
+    assert transitions.commit(clients, tasks.TerminalCounter("test"), first, TaskStatus.SUCCEEDED, ["first"])
+    assert index_rows(clients, job, first.ref.task) == []
