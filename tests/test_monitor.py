@@ -191,7 +191,7 @@ def test_straggler_is_revoked_at_about_4x_and_succeeds_on_retry(settings: Settin
     assert task.attempt == 2 and task.status == "SUCCEEDED" and task.timeouts == 1
     assert settings.slow_ratio in pool.workers[0]._ratios  # revoked for time: at least "slow" to its worker's health
     first, second = attempt_rows(clients, job, task.task)
-    assert first.failure_class == "execution_timeout" and first.revoked_by == "monitor"
+    assert first.failure_class == "execution_timeout" and first.revoked_by in ("monitor", "worker")
     ran_for = (first.ended_at - first.started_at).total_seconds()
     history = runtimes.read(runtimes_table(clients), "straggler", "MOD10A2")
     assert 3.0 * mean <= ran_for <= 4 * history.mean * work + 2.0, ran_for  # revoked at about 4× the mean
@@ -205,6 +205,28 @@ def test_straggler_is_revoked_at_about_4x_and_succeeds_on_retry(settings: Settin
     # like the straggler, and the job still succeeds)
     assert set(status["failures"]) == {"execution_timeout"}
     assert status["monitor_kills"] == status["failures"]["execution_timeout"] >= 1
+
+
+def test_a_worker_revokes_its_own_attempt_at_its_kill_time(settings: Settings) -> None:
+    # no monitor runs: the worker, which knows its attempt's kill time, makes the move itself
+    settings = with_stage(settings, "straggler", kill_floor_s=0.5, min_samples=3, kill_grace_s=1.0)
+    clients = Clients(settings)
+    clients.ensure_resources()
+    work = runtimes.work_of(expand(small_request(), 100)[0].params())
+    runtimes.merge(runtimes_table(clients), "straggler", "MOD10A2",
+                   runtimes.Runtime(50, 0.8 / work, 50 * (0.1 / work) ** 2))
+    job = jobs.submit(clients, small_request()).job
+    sweep.handle_plan(clients, json.dumps({"job": job}).encode())
+    with running_workers(settings, slots=2):
+        task = wait_for(lambda: (found := marked_task(clients, job)).status == "SUCCEEDED" and found, 60,
+                        "the straggler's retry to commit")
+    assert task.attempt == 2 and task.timeouts == 1 and task.last_failure == "execution_timeout"
+    first, second = attempt_rows(clients, job, task.task)
+    assert (first.revoked_by, first.failure_class, second.outcome) == ("worker", "execution_timeout", "SUCCEEDED")
+    assert 3.0 <= (first.ended_at - first.started_at).total_seconds() < 5.0  # at 4 × 0.8 s, not the 5 s it needed
+    assert not alive(int((PIDS / f"{job}-{task.task}-1.pid").read_text()))
+    assert jobs.status(clients, job)["monitor_kills"] == 1
+    assert index_rows(clients, job, task.task) == []
 
 
 def test_stage_that_ignores_sigterm_is_sigkilled_with_its_children(settings: Settings) -> None:

@@ -34,7 +34,7 @@ from datetime import datetime
 from azure.storage.queue import QueueClient, QueueMessage
 
 from pipeline import telemetry
-from pipeline.lifecycle import health, policy, progress, runtimes, speculation, tasks, transitions
+from pipeline.lifecycle import attempts, health, policy, progress, runtimes, speculation, tasks, transitions
 from pipeline.lifecycle.failures import FailureClass
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.redact import redact
@@ -51,6 +51,7 @@ MAX_RECEIVE = 32  # messages one receive may return (the service's limit)
 AHEAD_BELOW_S = 1.0  # receive ahead of free slots while attempts take less than this (moving mean)
 AHEAD_HOLD_S = 2.0  # a message received ahead that waits this long is handed back
 BACKUP_PASSES = 5  # a backup received by the worker that runs its attempt is handed back this often
+PAST_KILL_TIME = "ran past its kill time"  # the error of an attempt its own worker revoked
 
 
 @dataclass
@@ -363,6 +364,9 @@ class Worker:
             lease.delete()
             log.info("backup %s failed (%s): dropped", held.ref, failure.value)
             return
+        if failure is FailureClass.EXECUTION_TIMEOUT and outcome.error == PAST_KILL_TIME:
+            self._revoke_self(lease, slot, held, expected)
+            return
         if failure is FailureClass.WORKER_SLOW and speculation.give_way(self.clients, held, failure, outcome.error):
             lease.delete()  # its backup runs on a healthy worker; the monitor requeues if that fails
             log.info("%s given up to its backup", held.ref)
@@ -381,9 +385,41 @@ class Worker:
             if after is TaskStatus.DEAD:
                 self.progress.task_ended(held.ref.job)
 
+    def _revoke_self(self, lease: Lease, slot: Slot, held: transitions.Claim, expected: float | None) -> None:
+        """The monitor's revocation of an attempt past its kill time, made by its own worker
+        as soon as the time comes (the monitor would make it at its next pass, and the
+        worker see it at its next lease check): the same fenced move, the next attempt
+        queued or the task DEAD."""
+        ref = held.ref
+        row = tasks.get_task(self.clients.tasks, ref.job, ref.task)
+        budget = policy.limits_for(self.settings, held.stage).budget(FailureClass.EXECUTION_TIMEOUT)
+        after = transitions.revoke(self.clients, slot.counter, row, ref, held.index, FailureClass.EXECUTION_TIMEOUT,
+                                   budget, self.id, by="worker")
+        if after is None:  # the monitor, a cancel or a backup moved the task first
+            transitions.discard(self.clients, held)
+        lease.delete()  # the move sent the next attempt's message
+        seconds = (tasks.now() - held.started).total_seconds()
+        if expected:
+            with self._pool_lock:
+                self._ratios.append(max(seconds / expected, self.settings.slow_ratio))
+        telemetry.attempt_ended(held.stage, FailureClass.EXECUTION_TIMEOUT.value, seconds)
+        log.info("%s ran past its kill time: revoked by its worker, task now %s", ref, after)
+        if after is TaskStatus.DEAD:
+            self.progress.task_ended(ref.job)
+
+    def _backup_runs(self, held: transitions.Claim) -> bool | None:
+        """Whether a backup of the attempt runs (None if that could not be read)."""
+        if held.ref.backup:
+            return False
+        try:
+            return attempts.is_running(self.clients, held.ref.job, held.ref.task, held.ref.attempt, backup=True)
+        except Exception as exc:  # storage unreachable: the next look, or the monitor
+            log.info("backup of %s not read: %s", held.ref, exc)
+            return None
+
     def run_stage(self, held: transitions.Claim, lease: Lease, slot: Slot) -> Outcome:
         """Run the attempt's stage in the slot's stage process (its own process group);
-        kill it if the attempt is revoked meanwhile."""
+        kill it if the attempt is revoked meanwhile, or once it runs past its kill time."""
         context = {
             "job": held.ref.job, "task": held.ref.task, "attempt": held.ref.attempt, "params": held.params,
             "backup": held.ref.backup,
@@ -391,6 +427,7 @@ class Worker:
         }
         process = slot.stage_process(self.settings)
         process.start(held.stage, context)
+        backed_up = False  # past its kill time with a backup running: left to the monitor
         while True:
             outcome = process.poll(0.2)
             if outcome is not None:
@@ -398,6 +435,12 @@ class Worker:
             if lease.revoked.is_set():
                 process.kill(self.settings.kill_grace_s)
                 return Outcome(failure=FailureClass.EXECUTION_TIMEOUT, error="revoked")
+            if not backed_up and tasks.now() >= held.kill_at:
+                runs = self._backup_runs(held)
+                if runs is False:
+                    process.kill(self.settings.kill_grace_s)
+                    return Outcome(failure=FailureClass.EXECUTION_TIMEOUT, error=PAST_KILL_TIME)
+                backed_up = runs is True
             if self.draining.is_set():  # found slow: a healthy worker runs it sooner
                 process.kill(self.settings.kill_grace_s)
                 return Outcome(failure=FailureClass.WORKER_SLOW, error=f"worker {self.id} found slow: given up")

@@ -372,24 +372,26 @@ def fail(clients: Clients, counter: TerminalCounter, held: Claim, failure: Failu
 
 
 def revoke(clients: Clients, counter: TerminalCounter, row: TaskRow, ref: TaskRef, index: str, why: FailureClass,
-           budget: int, worker: str = "") -> TaskStatus | None:
+           budget: int, worker: str = "", by: str = "monitor") -> TaskStatus | None:
     """The monitor's move: take the task (its ``row``, just read) away from its running
     attempt (``worker``'s, if given) whose deadline entry ``index`` fell due; next attempt
     QUEUED (its message sent) or DEAD when ``budget`` is spent. None if that attempt is no
-    longer the running one (the entry is then only removed)."""
+    longer the running one (the entry is then only removed). A worker whose attempt runs
+    past its kill time makes the same move itself (``by`` "worker"), without waiting for
+    the monitor's next pass."""
     if row.status is not TaskStatus.RUNNING or row.attempt != ref.attempt or (
             worker and row.worker != worker):  # another worker claimed it after the indexed one died
         attempts.unindex(clients, ref.job, index)
         return None
     after, change, ops = _ended(clients, ref.attempt, TaskStatus.TIMED_OUT, budget, why,
-                                f"revoked by the monitor: {why.value}", 0.0, ref.job, ref.task)
+                                f"revoked by the {by}: {why.value}", 0.0, ref.job, ref.task)
     change["worker"] = ""
     if why is FailureClass.EXECUTION_TIMEOUT:
         change["timeouts"] = row.timeouts + 1
     ended_as = attempts.attempt_op(ref.job, ref.task, ref.attempt, outcome=TaskStatus.TIMED_OUT.value,
-                                   failure_class=why.value, ended_at=change["ended_at"], revoked_by="monitor")
+                                   failure_class=why.value, ended_at=change["ended_at"], revoked_by=by)
     indexed = rollups.failure_op(ref.job, ref.task, ref.attempt, row.stage, why.value, change["last_error"],
-                                 row.started_at, change["ended_at"], revoked_by="monitor")
+                                 row.started_at, change["ended_at"], revoked_by=by)
     moves = Moves().move(row.stage, _tile(row.params), TaskStatus.RUNNING, after).failed(why.value, True)
     if not _fenced(clients, ref.job, ref.task, row.etag, change, [ended_as, indexed, *ops], index,
                    counter, moves, _waiting(row.parameters(), after)):
