@@ -89,8 +89,7 @@ def test_a_backup_asked_for_once_commits_first_and_its_attempt_is_thrown_away(se
     assert (primary.backup, primary.outcome) == (False, "DISCARDED")
     assert (copy.backup, copy.outcome, copy.worker) == (True, "SUCCEEDED", "spare")
     assert jobs.status(clients, job)["counts"]["SUCCEEDED"] == 1  # counted once
-    transitions.discard(clients, first)  # what the attempt's worker does once its lease sees the fence gone
-    assert index_rows(clients, job, ref.task) == []
+    assert index_rows(clients, job, ref.task) == []  # each left the index with its commit, applied or refused
 
 
 def test_the_attempt_commits_first_and_its_backup_is_refused(clients: Clients) -> None:
@@ -102,10 +101,29 @@ def test_the_attempt_commits_first_and_its_backup_is_refused(clients: Clients) -
     counter = tasks.TerminalCounter("test")
     assert transitions.commit(clients, counter, first, TaskStatus.SUCCEEDED, ["first"])
     assert not transitions.still_held(clients, backup)
-    assert not transitions.commit(clients, counter, backup, TaskStatus.SUCCEEDED, ["copy"])
+    transitions.discard(clients, backup)  # what its worker does once its lease sees the fence gone
+    assert not attempts.is_running(clients, job, first.ref.task, 1, backup=True)  # nothing waits on it
+    assert not transitions.commit(clients, counter, backup, TaskStatus.SUCCEEDED, ["copy"])  # had it ended first
     row = tasks.get_task(clients.tasks, job, first.ref.task)
     assert json.loads(row.outputs) == ["first"] and row.worker == first.worker
     assert [a.outcome for a in attempt_rows(clients, job, first.ref.task)] == ["SUCCEEDED", "DISCARDED"]
+    assert index_rows(clients, job, first.ref.task) == []
+
+
+def test_a_backup_that_committed_is_not_given_up_by_a_monitor_that_read_it_running(clients: Clients) -> None:
+    job = planned_job(clients)
+    first, *_ = _claim_all(clients, job)
+    sweep.sweep(clients)
+    backup = speculation.claim_backup(clients, _backup_message(clients), "spare", in_an_hour)
+    assert backup is not None
+    (entry,) = [e for e in attempts.overdue(clients, job, tasks.now() + timedelta(days=1)) if e.backup]
+    etag = attempts.running_etag(clients, job, first.ref.task, 1, backup=True)  # the monitor reads it RUNNING ...
+    assert etag is not None
+    assert transitions.commit(clients, tasks.TerminalCounter("test"), backup, TaskStatus.SUCCEEDED, ["copy"])
+    speculation.lapse(clients, entry, FailureClass.HEARTBEAT_LOST, etag)  # ... and gives it up after it committed
+    copy = attempt_rows(clients, job, first.ref.task)[1]
+    assert (copy.outcome, copy.failure_class, copy.revoked_by) == ("SUCCEEDED", "", "")
+    assert index_rows(clients, job, first.ref.task) == [first.index]  # the attempt's, until its worker discards
 
 
 def test_a_failed_backup_leaves_the_task_to_its_attempt(clients: Clients) -> None:
@@ -223,8 +241,6 @@ def test_a_slow_workers_attempt_gives_way_to_its_backup_and_is_requeued_if_the_b
     assert sweep.sweep(clients)["revoked"] == 1  # the task is not left RUNNING with nobody on it
     row = tasks.get_task(clients.tasks, job, first.ref.task)
     assert row.status is TaskStatus.QUEUED and row.attempt == 2
-    gave_way = attempt_rows(clients, job, first.ref.task)[0]
-    assert (gave_way.outcome, gave_way.failure_class) == ("TIMED_OUT", "execution_timeout")
 
 
 def _answer_lost_once(monkeypatch: pytest.MonkeyPatch, clients: Clients) -> list[bool]:
@@ -263,8 +279,8 @@ def test_lost_answers_on_the_backup_path_leave_nothing_stuck(settings: Settings,
             speculation.claim_backup(worker, ref, "spare", in_an_hour)
     assert speculation.claim_backup(worker, ref, "spare", in_an_hour) is None  # taken once
     # nobody runs it: its heartbeat lapses and the monitor gives it up
-    wait_for(lambda: sweep.sweep(monitor) and not attempts.is_running(clients, job, first.ref.task, 1, backup=True),
-             10, "the backup to lapse")
+    wait_for(lambda: sweep.sweep(monitor)["stale"] and not attempts.is_running(clients, job, first.ref.task, 1,
+                                                                              backup=True), 10, "the backup to lapse")
     assert sweep.sweep(monitor)["revoked"] == 0 and transitions.still_held(clients, first)
     assert transitions.commit(clients, tasks.TerminalCounter("test"), first, TaskStatus.SUCCEEDED, ["first"])
     assert index_rows(clients, job, first.ref.task) == []

@@ -322,12 +322,11 @@ class Worker:
             with self._pool_lock:
                 self._running.pop(held.ref, None)
         if lease.revoked.is_set():
-            if expected:  # it ran at least this slow; past its kill time, at least as slow as "slow"
+            if expected and tasks.now() >= held.kill_at:  # too slow: at least as slow as "slow"
+                # (one revoked earlier — cancelled, beaten by its copy — says nothing of the machine)
                 ran = (tasks.now() - held.started).total_seconds() / expected
-                if tasks.now() >= held.kill_at:
-                    ran = max(ran, self.settings.slow_ratio)
                 with self._pool_lock:
-                    self._ratios.append(ran)
+                    self._ratios.append(max(ran, self.settings.slow_ratio))
             # The task went on without this attempt (a new message names the next one):
             # nothing it made is published. Its message may stand in for the next attempt.
             transitions.discard(self.clients, held)

@@ -99,13 +99,19 @@ def record(clients: Clients, job: str, task: str, attempt: int, backup: bool = F
     clients.tasks.upsert_entity(attempt_row(job, task, attempt, backup, **fields), mode=UpdateMode.MERGE)
 
 
-def is_running(clients: Clients, job: str, task: str, attempt: int, backup: bool = False) -> bool:
-    """Whether the attempt's (or its backup's) row says it is running."""
+def running_etag(clients: Clients, job: str, task: str, attempt: int, backup: bool = False) -> str | None:
+    """The ETag of the attempt's (or its backup's) row if it says the attempt is running,
+    else None."""
     try:
         found = clients.tasks.get_entity(job, names.attempt_key(task, attempt, backup), select=["Outcome"])
     except ResourceNotFoundError:
-        return False
-    return bool(found.get("Outcome") == "RUNNING")
+        return None
+    return str(found.metadata["etag"]) if found.get("Outcome") == "RUNNING" else None
+
+
+def is_running(clients: Clients, job: str, task: str, attempt: int, backup: bool = False) -> bool:
+    """Whether the attempt's (or its backup's) row says it is running."""
+    return running_etag(clients, job, task, attempt, backup) is not None
 
 
 def is_missing(exc: TableTransactionError) -> bool:

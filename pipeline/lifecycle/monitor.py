@@ -37,7 +37,6 @@ class SweepReport:
     revoked: list[dict[str, Any]] = field(default_factory=list)
     stale: int = 0
     backups: int = 0  # backups asked for
-    waiting: int = 0  # overdue attempts left to their running backups
 
 
 def revoke_overdue(clients: Clients, job: str, report: SweepReport) -> list[Deadline]:
@@ -53,16 +52,16 @@ def revoke_overdue(clients: Clients, job: str, report: SweepReport) -> list[Dead
             continue
         why = FailureClass.EXECUTION_TIMEOUT if at >= entry.kill_at else FailureClass.HEARTBEAT_LOST
         if entry.backup:
-            if attempts.is_running(clients, job, entry.task, entry.attempt, backup=True):
-                speculation.lapse(clients, entry, why)
+            etag = attempts.running_etag(clients, job, entry.task, entry.attempt, backup=True)
+            if etag is not None:
+                speculation.lapse(clients, entry, why, etag)
             else:
                 attempts.unindex(clients, job, entry.key)
             report.stale += 1
             continue
         if clients.settings.speculate_share > 0 and attempts.is_running(clients, job, entry.task, entry.attempt,
                                                                         backup=True):
-            report.waiting += 1  # the first of the two to commit ends the task
-            continue
+            continue  # the first of the two to commit ends the task
         try:
             task = get_task(clients.tasks, ref.job, ref.task)
         except ResourceNotFoundError:  # its job was deleted

@@ -125,16 +125,28 @@ def claim_backup(clients: Clients, ref: TaskRef, worker: str,
     return transitions.Claim(ref, row.etag, row.stage, params, started, row.last_failure, worker, kill_at, index)
 
 
-def _end(clients: Clients, job: str, task: str, attempt: int, index: str, **fields: str | datetime) -> None:
-    """End a backup: its attempt row's outcome and the removal of its deadline entry, in one
-    transaction (the row alone if the entry is gone already)."""
-    ended = attempts.attempt_op(job, task, attempt, True, ended_at=now(), **fields)
+def _end(clients: Clients, job: str, task: str, attempt: int, index: str, etag: str = "",
+         **fields: str | datetime) -> None:
+    """End a backup: its attempt row's outcome (if its ETag is still ``etag``, when given)
+    and the removal of its deadline entry, in one transaction (the row alone if the entry
+    is gone already; the entry alone if the row has moved on: the backup committed or was
+    discarded meanwhile, and its row says so)."""
+    row = attempts.attempt_row(job, task, attempt, True, ended_at=now(), **fields)
+    ended = ("update", row, {"mode": UpdateMode.MERGE, **if_match(etag)}) if etag else (
+        "upsert", row, {"mode": UpdateMode.MERGE})
     try:
         clients.tasks.submit_transaction([ended, attempts.unindex_op(job, index)])
     except TableTransactionError as exc:
-        if not attempts.is_missing(exc):
+        if is_conflict(exc) or error_code(exc) == "UpdateConditionNotSatisfied":
+            attempts.unindex(clients, job, index)
+        elif attempts.is_missing(exc):
+            try:
+                clients.tasks.submit_transaction([ended])
+            except TableTransactionError as again:
+                if not (is_conflict(again) or error_code(again) == "UpdateConditionNotSatisfied"):
+                    raise
+        else:
             raise
-        clients.tasks.submit_transaction([ended])
 
 
 def abandon(clients: Clients, held: transitions.Claim, failure: FailureClass, error: str) -> None:
@@ -158,10 +170,10 @@ def give_way(clients: Clients, held: transitions.Claim, failure: FailureClass, e
     return True
 
 
-def lapse(clients: Clients, entry: Deadline, why: FailureClass) -> None:
-    """The monitor's move for a backup past its kill time or heartbeat: give it up (its
-    worker, if alive, finds it no longer running and kills it). The attempt it copies is
-    revoked by the rules as if it had had no backup."""
-    _end(clients, entry.job, entry.task, entry.attempt, entry.key, outcome=TaskStatus.TIMED_OUT.value,
+def lapse(clients: Clients, entry: Deadline, why: FailureClass, etag: str) -> None:
+    """The monitor's move for a backup past its kill time or heartbeat, whose row it read
+    RUNNING (``etag``): give it up (its worker, if alive, finds it no longer running and
+    kills it). The attempt it copies is revoked by the rules as if it had had no backup."""
+    _end(clients, entry.job, entry.task, entry.attempt, entry.key, etag, outcome=TaskStatus.TIMED_OUT.value,
          failure_class=why.value, revoked_by="monitor")
     log.warning("backup of %s/%s attempt %s given up: %s", entry.job, entry.task, entry.attempt, why.value)

@@ -224,9 +224,10 @@ def heartbeat(clients: Clients, held: Claim) -> None:
 
 
 def discard(clients: Clients, held: Claim) -> None:
-    """Record that a revoked attempt's work was thrown away; it leaves the deadline index."""
+    """Record that a revoked attempt's work was thrown away; it leaves the deadline index.
+    (A backup's row says so in its outcome too: nobody else ends it.)"""
     attempts.record(clients, held.ref.job, held.ref.task, held.ref.attempt, held.ref.backup, discarded=True,
-                    discarded_at=now())
+                    discarded_at=now(), **({"outcome": "DISCARDED"} if held.ref.backup else {}))
     attempts.unindex(clients, held.ref.job, held.index)
 
 
