@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -32,13 +33,16 @@ def _at_once(stage: str, params: dict[str, str], started: datetime) -> datetime:
     return started
 
 
-def _in(seconds: float):  # type: ignore[no-untyped-def]
+def _in(seconds: float) -> Callable[..., datetime]:
+    """A kill time ``seconds`` from the claim."""
     return lambda *_: tasks.now() + timedelta(seconds=seconds)
 
 
-def _claim_all(clients: Clients, job: str, slow: int = 1, leave: int = 0) -> list[transitions.Claim]:
+def _claim_all(clients: Clients, job: str, slow: int = 1, leave: int = 0,
+               first_kill: Callable[..., datetime] = in_an_hour) -> list[transitions.Claim]:
     """Claim the job's tasks (all but ``leave`` of them, which stay QUEUED), each by a worker
-    of its own; the first ``slow`` ones due for a backup at once."""
+    of its own; the first ``slow`` ones due for a backup at once, the first one to be
+    revoked at ``first_kill``."""
     total = jobs.get(clients, job).total
     held: list[transitions.Claim] = []
     while len(held) < total - leave:
@@ -47,7 +51,7 @@ def _claim_all(clients: Clients, job: str, slow: int = 1, leave: int = 0) -> lis
         ref = tasks.TaskRef.decode(message.content)
         if ref.job != job:  # another job's backup
             continue
-        claim = transitions.claim(clients, ref, f"w{len(held)}", in_an_hour,
+        claim = transitions.claim(clients, ref, f"w{len(held)}", in_an_hour if held else first_kill,
                                   speculate_time=_at_once if len(held) < slow else None)
         assert claim is not None
         held.append(claim)
@@ -58,6 +62,19 @@ def _backup_message(clients: Clients) -> tasks.TaskRef:
     queue, message = receive_one(clients)
     queue.delete_message(message)
     return tasks.TaskRef.decode(message.content)
+
+
+def _backed_up(clients: Clients, first_kill: Callable[..., datetime] = in_an_hour,
+               backup_kill: Callable[..., datetime] = in_an_hour) -> tuple[str, list[transitions.Claim],
+                                                                         transitions.Claim]:
+    """A planned job whose tasks are all claimed, the first one's backup asked for by the
+    monitor and taken by worker "spare": the job, the attempts and the backup."""
+    job = planned_job(clients)
+    held = _claim_all(clients, job, first_kill=first_kill)
+    assert sweep.sweep(clients)["backups"] == 1
+    backup = speculation.claim_backup(clients, _backup_message(clients), "spare", backup_kill)
+    assert backup is not None
+    return job, held, backup
 
 
 def test_a_backup_asked_for_once_commits_first_and_its_attempt_is_thrown_away(settings: Settings) -> None:
@@ -93,11 +110,8 @@ def test_a_backup_asked_for_once_commits_first_and_its_attempt_is_thrown_away(se
 
 
 def test_the_attempt_commits_first_and_its_backup_is_refused(clients: Clients) -> None:
-    job = planned_job(clients)
-    first, *_ = _claim_all(clients, job)
-    sweep.sweep(clients)
-    backup = speculation.claim_backup(clients, _backup_message(clients), "spare", in_an_hour)
-    assert backup is not None and transitions.still_held(clients, backup)
+    job, (first, *_), backup = _backed_up(clients)
+    assert transitions.still_held(clients, backup)
     counter = tasks.TerminalCounter("test")
     assert transitions.commit(clients, counter, first, TaskStatus.SUCCEEDED, ["first"])
     assert not transitions.still_held(clients, backup)
@@ -111,11 +125,7 @@ def test_the_attempt_commits_first_and_its_backup_is_refused(clients: Clients) -
 
 
 def test_a_backup_that_committed_is_not_given_up_by_a_monitor_that_read_it_running(clients: Clients) -> None:
-    job = planned_job(clients)
-    first, *_ = _claim_all(clients, job)
-    sweep.sweep(clients)
-    backup = speculation.claim_backup(clients, _backup_message(clients), "spare", in_an_hour)
-    assert backup is not None
+    job, (first, *_), backup = _backed_up(clients)
     (entry,) = [e for e in attempts.overdue(clients, job, tasks.now() + timedelta(days=1)) if e.backup]
     etag = attempts.running_etag(clients, job, first.ref.task, 1, backup=True)  # the monitor reads it RUNNING ...
     assert etag is not None
@@ -127,11 +137,7 @@ def test_a_backup_that_committed_is_not_given_up_by_a_monitor_that_read_it_runni
 
 
 def test_a_failed_backup_leaves_the_task_to_its_attempt(clients: Clients) -> None:
-    job = planned_job(clients)
-    first, *_ = _claim_all(clients, job)
-    sweep.sweep(clients)
-    backup = speculation.claim_backup(clients, _backup_message(clients), "spare", in_an_hour)
-    assert backup is not None
+    job, (first, *_), backup = _backed_up(clients)
     before = tasks.get_task(clients.tasks, job, first.ref.task)
     speculation.abandon(clients, backup, FailureClass.USER_CODE, "it crashed there")
     after = tasks.get_task(clients.tasks, job, first.ref.task)
@@ -164,20 +170,7 @@ def test_backups_only_at_the_tail_and_within_the_share(settings: Settings) -> No
 
 
 def test_an_overdue_attempt_waits_for_its_running_backup_and_is_revoked_once_it_lapses(clients: Clients) -> None:
-    job = planned_job(clients)
-    total = jobs.get(clients, job).total
-    held: list[transitions.Claim] = []
-    while len(held) < total:  # the first one due for a backup at once, and for revocation in 2 s
-        queue, message = receive_one(clients)
-        claim = transitions.claim(clients, tasks.TaskRef.decode(message.content), f"w{len(held)}",
-                                  _in(2) if not held else in_an_hour, speculate_time=None if held else _at_once)
-        assert claim is not None
-        queue.delete_message(message)
-        held.append(claim)
-    first = held[0]
-    assert sweep.sweep(clients)["backups"] == 1
-    backup = speculation.claim_backup(clients, _backup_message(clients), "spare", _in(3.5))
-    assert backup is not None
+    job, (first, *_), backup = _backed_up(clients, first_kill=_in(2), backup_kill=_in(3.5))  # revoked in 2 s
     time.sleep(2.2)
     assert sweep.sweep(clients)["revoked"] == 0  # its backup runs: the first to commit ends the task
     assert transitions.still_held(clients, first)
@@ -218,21 +211,8 @@ def test_real_workers_a_stragglers_backup_wins_and_the_straggler_is_killed(setti
 
 def test_a_slow_workers_attempt_gives_way_to_its_backup_and_is_requeued_if_the_backup_fails(
         clients: Clients) -> None:
-    job = planned_job(clients)
-    total = jobs.get(clients, job).total
-    held: list[transitions.Claim] = []
-    while len(held) < total:  # the first one due for a backup at once, and for revocation in 1 s
-        queue, message = receive_one(clients)
-        claim = transitions.claim(clients, tasks.TaskRef.decode(message.content), f"w{len(held)}",
-                                  _in(1) if not held else in_an_hour, speculate_time=None if held else _at_once)
-        assert claim is not None
-        queue.delete_message(message)
-        held.append(claim)
-    first, second = held[0], held[1]
+    job, (first, second, *_), backup = _backed_up(clients, first_kill=_in(1))  # revoked in 1 s
     assert not speculation.give_way(clients, second, FailureClass.WORKER_SLOW, "slow")  # it has no backup
-    sweep.sweep(clients)
-    backup = speculation.claim_backup(clients, _backup_message(clients), "spare", in_an_hour)
-    assert backup is not None
     assert speculation.give_way(clients, first, FailureClass.WORKER_SLOW, "found slow")
     assert transitions.still_held(clients, backup)  # the backup keeps the fence
     time.sleep(1.2)
