@@ -50,6 +50,14 @@ def straggler(ctx: StageContext) -> None:
     digest(ctx)
 
 
+@stages.stage("slow_copy")
+def slow_copy(ctx: StageContext) -> None:
+    """0.5 s normally; 8 s on the first attempt of one input, 2.5 s on that attempt's backup."""
+    slow = ctx.attempt == 1 and _marked(ctx)
+    time.sleep((2.5 if ctx.backup else 8.0) if slow else 0.5)
+    digest(ctx)
+
+
 @stages.stage("stubborn")
 def stubborn(ctx: StageContext) -> None:
     """Ignores SIGTERM and never ends on its first attempt of one input; it also starts a

@@ -187,13 +187,8 @@ def test_an_overdue_attempt_waits_for_its_running_backup_and_is_revoked_once_it_
 def test_real_workers_a_stragglers_backup_wins_and_the_straggler_is_killed(settings: Settings) -> None:
     # the marked task's first attempt takes 5 s where the others take 0.5 s; killing it would
     # take 20× the mean: only a backup can end it early
-    settings = with_stage(settings, "straggler", kill_floor_s=0.5, kill_factor=20.0, min_samples=3,
-                          kill_grace_s=1.0, speculate_share=0.5, lease_seconds=3)
-    clients = Clients(settings)
-    clients.ensure_resources()
-    work = runtimes.work_of(expand(small_request(), 100)[0].params())  # the history is per megapixel
-    runtimes.merge(clients.runtimes, "straggler", "MOD10A2", runtimes.Runtime(50, 0.8 / work, 50 * (0.1 / work) ** 2))
-    with running_control(settings), running_workers(settings, count=2, slots=2):
+    clients = _seeded(settings, "straggler", kill_factor=20.0, speculate_share=0.5)
+    with running_control(clients.settings), running_workers(clients.settings, count=2, slots=2):
         job = jobs.submit(clients, small_request()).job
         wait_for(lambda: jobs.get(clients, job).state.finished, 120, "the job to finish")
     assert jobs.get(clients, job).state == "SUCCEEDED"
@@ -264,3 +259,39 @@ def test_lost_answers_on_the_backup_path_leave_nothing_stuck(settings: Settings,
     assert sweep.sweep(monitor)["revoked"] == 0 and transitions.still_held(clients, first)
     assert transitions.commit(clients, tasks.TerminalCounter("test"), first, TaskStatus.SUCCEEDED, ["first"])
     assert index_rows(clients, job, first.ref.task) == []
+
+
+def _seeded(settings: Settings, stage: str, **changes: object) -> Clients:
+    """A deployment whose tile tasks run ``stage``, with a trusted history of 0.8 s per task."""
+    clients = Clients(with_stage(settings, stage, kill_floor_s=0.5, min_samples=3, kill_grace_s=1.0,
+                                 lease_seconds=3, **changes))
+    clients.ensure_resources()
+    work = runtimes.work_of(expand(small_request(), 100)[0].params())  # the history is per megapixel
+    runtimes.merge(clients.runtimes, stage, "MOD10A2", runtimes.Runtime(50, 0.8 / work, 50 * (0.1 / work) ** 2))
+    return clients
+
+
+def test_real_workers_an_attempt_past_its_kill_time_is_left_to_its_running_backup(settings: Settings) -> None:
+    # killed at 4 × 0.8 s, the marked task's first attempt (8 s) would be retried; its
+    # backup (2.5 s), started at about 1 s, is still running then, and must be let win
+    clients = _seeded(settings, "slow_copy", speculate_share=0.5)
+    with running_control(clients.settings), running_workers(clients.settings, count=2, slots=2):
+        job = jobs.submit(clients, small_request()).job
+        wait_for(lambda: jobs.get(clients, job).state.finished, 120, "the job to finish")
+    task = marked_task(clients, job)
+    assert task.attempt == 1 and task.timeouts == 0
+    primary, copy = attempt_rows(clients, job, task.task)
+    assert copy.backup and copy.outcome == "SUCCEEDED" and primary.discarded
+    assert jobs.status(clients, job)["monitor_kills"] == 0
+
+
+def test_a_backup_that_reaches_the_worker_of_its_attempt_goes_back_and_is_not_run_there(
+        settings: Settings) -> None:
+    clients = _seeded(settings, "straggler", kill_factor=20.0, speculate_share=0.5)
+    with running_control(clients.settings), running_workers(clients.settings, count=1, slots=2):
+        job = jobs.submit(clients, small_request()).job
+        wait_for(lambda: jobs.get(clients, job).state.finished, 120, "the job to finish")
+    task = marked_task(clients, job)
+    primary, copy = attempt_rows(clients, job, task.task)
+    assert primary.outcome == "SUCCEEDED" and copy.backup and copy.outcome == speculation.REQUESTED  # never run
+    assert jobs.status(clients, job)["speculative_attempts"] >= 1
