@@ -31,7 +31,9 @@ TOUCH_S = 5.0  # a live maker refreshes its marker this often
 STALE_S = 30.0  # a marker untouched this long belongs to a maker that died
 WAIT_S = 900.0  # the longest a task waits for another's maker
 POLL_S = 0.5
-PEEKS_AT_ONCE = 16  # reads in flight when many cached blobs are looked at together (``present``)
+# reads in flight when many cached blobs are looked at together (``present``): the SDK client's
+# connection pool per host (more threads only wait for a connection, and urllib3 warns of each)
+PEEKS_AT_ONCE = 10
 log = logging.getLogger(__name__)
 
 
