@@ -119,7 +119,7 @@ def claim_backup(clients: Clients, ref: TaskRef, worker: str,
         clients.tasks.submit_transaction([("update", taken, {"mode": UpdateMode.MERGE, **if_match(asked.etag)}),
                                           write])
     except TableTransactionError as exc:
-        if is_conflict(exc) or error_code(exc) == "UpdateConditionNotSatisfied":
+        if is_conflict(exc):
             return None  # another worker took it first
         raise
     return transitions.Claim(ref, row.etag, row.stage, params, started, row.last_failure, worker, kill_at, index)
@@ -136,16 +136,17 @@ def _end(clients: Clients, job: str, task: str, attempt: int, index: str, etag: 
         "upsert", row, {"mode": UpdateMode.MERGE})
     try:
         clients.tasks.submit_transaction([ended, attempts.unindex_op(job, index)])
+        return
     except TableTransactionError as exc:
-        if is_conflict(exc) or error_code(exc) == "UpdateConditionNotSatisfied":
+        if is_conflict(exc):  # the row moved on: the entry alone
             attempts.unindex(clients, job, index)
-        elif attempts.is_missing(exc):
-            try:
-                clients.tasks.submit_transaction([ended])
-            except TableTransactionError as again:
-                if not (is_conflict(again) or error_code(again) == "UpdateConditionNotSatisfied"):
-                    raise
-        else:
+            return
+        if not attempts.is_missing(exc):
+            raise
+    try:  # the entry gone already: the row alone
+        clients.tasks.submit_transaction([ended])
+    except TableTransactionError as exc:
+        if not is_conflict(exc):
             raise
 
 

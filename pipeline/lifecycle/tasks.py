@@ -53,8 +53,9 @@ def etag_of(row: TableEntity) -> str:
 
 
 def is_conflict(exc: Exception) -> bool:
-    """Whether a conditional write failed because the row had changed (HTTP 412)."""
-    return getattr(exc, "status_code", None) == 412
+    """Whether a conditional write failed because the row had changed (HTTP 412; in a
+    transaction, the failed operation's ``UpdateConditionNotSatisfied``)."""
+    return getattr(exc, "status_code", None) == 412 or error_code(exc) == "UpdateConditionNotSatisfied"
 
 
 # --- messages: references, never data --------------------------------------------------

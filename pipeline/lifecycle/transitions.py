@@ -38,7 +38,7 @@ from azure.data.tables import TableTransactionError, UpdateMode
 
 from pipeline.lifecycle import attempts, dispatch, rollups, tasks
 from pipeline.lifecycle.attempts import Op
-from pipeline.lifecycle.failures import FailureClass, error_code
+from pipeline.lifecycle.failures import FailureClass
 from pipeline.lifecycle.rollups import Moves
 from pipeline.lifecycle.status import TaskStatus, after_failure, transition
 from pipeline.lifecycle.tasks import TaskRef, TaskRow, TerminalCounter, if_match, is_conflict, now
@@ -198,7 +198,7 @@ def claim(clients: Clients, ref: TaskRef, worker: str,
     try:
         result = counter.write(clients.tasks, ref.job, ops, moves)
     except TableTransactionError as exc:
-        if is_conflict(exc) or error_code(exc) == "UpdateConditionNotSatisfied":
+        if is_conflict(exc):
             return None  # another worker claimed it first
         if attempts.is_missing(exc) and len(ops) == 4:  # an entry older than the rules: claim without it
             result = counter.write(clients.tasks, ref.job, ops[:3], moves)
