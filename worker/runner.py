@@ -322,11 +322,10 @@ class Worker:
             with self._pool_lock:
                 self._running.pop(held.ref, None)
         if lease.revoked.is_set():
-            if expected and tasks.now() >= held.kill_at:  # too slow: at least as slow as "slow"
-                # (one revoked earlier — cancelled, beaten by its copy — says nothing of the machine)
-                ran = (tasks.now() - held.started).total_seconds() / expected
-                with self._pool_lock:
-                    self._ratios.append(max(ran, self.settings.slow_ratio))
+            # (one revoked before its kill time — cancelled, beaten by its copy — says nothing
+            # of the machine)
+            if tasks.now() >= held.kill_at:
+                self._too_slow(held, expected)
             # The task went on without this attempt (a new message names the next one):
             # nothing it made is published. Its message may stand in for the next attempt.
             transitions.discard(self.clients, held)
@@ -397,14 +396,20 @@ class Worker:
         if after is None:  # the monitor, a cancel or a backup moved the task first
             transitions.discard(self.clients, held)
         lease.delete()  # the move sent the next attempt's message
-        seconds = (tasks.now() - held.started).total_seconds()
-        if expected:
-            with self._pool_lock:
-                self._ratios.append(max(seconds / expected, self.settings.slow_ratio))
-        telemetry.attempt_ended(held.stage, FailureClass.EXECUTION_TIMEOUT.value, seconds)
+        self._too_slow(held, expected)
+        telemetry.attempt_ended(held.stage, FailureClass.EXECUTION_TIMEOUT.value,
+                                (tasks.now() - held.started).total_seconds())
         log.info("%s ran past its kill time: revoked by its worker, task now %s", ref, after)
         if after is TaskStatus.DEAD:
             self.progress.task_ended(ref.job)
+
+    def _too_slow(self, held: transitions.Claim, expected: float | None) -> None:
+        """Note for this worker's health an attempt that ran past its kill time: at least as
+        slow as "slow", whatever it ran."""
+        if expected:
+            ran = (tasks.now() - held.started).total_seconds() / expected
+            with self._pool_lock:
+                self._ratios.append(max(ran, self.settings.slow_ratio))
 
     def _backup_runs(self, held: transitions.Claim) -> bool | None:
         """Whether a backup of the attempt runs (None if that could not be read)."""
