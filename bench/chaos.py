@@ -184,7 +184,8 @@ def storage_view(clients: Clients, job: str) -> dict[str, Any]:
             named.add((container.container_name, blob))
             found.append(hashlib.md5(container.download_blob(blob).readall(), usedforsecurity=False).hexdigest())
         digests[row.task] = found
-    keep = (names.manifest_blob(job), f"{job}/packs/", names.overview_blob(job, ""))  # the job's own, not a task's
+    keep = (names.manifest_blob(job), f"{job}/packs/", names.overview_blob(job, ""),  # the job's own, not a task's
+            names.PACK_CACHE_PREFIX, names.OVERVIEW_CACHE_PREFIX)  # and the packs and overviews of cached tiles
     unnamed = [f"{c.container_name}/{b.name}" for c in (clients.tiles, clients.products)
                for b in c.list_blobs() if (c.container_name, b.name) not in named
                and not b.name.startswith(keep) and not b.name.startswith(names.MARKER_PREFIX)]

@@ -4,6 +4,7 @@ few requests; large and missing outputs stay out; corruption on either side is c
 from __future__ import annotations
 
 import os
+import time
 import tracemalloc
 
 import pytest
@@ -104,3 +105,39 @@ def test_packing_holds_one_round_of_members_not_the_pack(clients: Clients, monke
     assert packing.read_members(clients, members) == stored
     data, _ = clients.transfers.download(clients.products, names.pack_blob("jobm", 0))  # its MD5 checked
     assert len(data) == sum(len(d) for d in stored.values())
+
+
+def test_packs_of_cached_tiles_are_made_once_and_a_repeat_names_them(clients: Clients) -> None:
+    stored = {f"ab/{i:02d}{'0' * 62}/MOD10A2.Snow.2022-02-02.t{i}.tif": os.urandom(3_000 + i) for i in range(40)}
+    for name, data in stored.items():
+        clients.transfers.upload(clients.tiles, name, data, "image/tiff")
+    tiles = [packing.Output(names.TILE_OUTPUT_PREFIX + n, clients.tiles.container_name, n) for n in stored]
+    wanted = {names.TILE_OUTPUT_PREFIX + n: d for n, d in stored.items()}
+
+    first = packing.pack(clients, "jobt1", tiles)
+    packs = {m.pack for m in first.values()}
+    assert packs and all(p.startswith(names.PACK_CACHE_PREFIX) for p in packs)
+    assert not list(clients.products.list_blobs(name_starts_with="jobt1/"))  # nothing of the job's own
+    assert packing.read_members(clients, first) == wanted
+    written = {p: clients.products.get_blob_client(p).get_blob_properties().last_modified for p in packs}
+
+    for name in stored:  # a repeat reads none of its members: their packs are named again
+        clients.tiles.delete_blob(name)
+    time.sleep(1.1)  # Last-Modified counts whole seconds
+    assert packing.pack(clients, "jobt2", reversed(tiles)) == first
+    assert packing.read_members(clients, first) == wanted
+    for pack, then in written.items():  # and touched: retention keeps them for the repeat's time
+        assert clients.products.get_blob_client(pack).get_blob_properties().last_modified > then
+
+    # a pack retention has deleted is made again, from the members (here: put back)
+    for name, data in stored.items():
+        clients.transfers.upload(clients.tiles, name, data, "image/tiff")
+    clients.products.delete_blob(next(iter(packs)))
+    assert packing.pack(clients, "jobt3", tiles) == first
+    assert packing.read_members(clients, first) == wanted
+
+    # one output of the job's own (a reduction's): the job's own packs
+    own = _put(clients, "jobt4/tasks/r/a001/mean.tif", b"reduced")
+    mixed = packing.pack(clients, "jobt4", [*tiles, own])
+    assert {m.pack for m in mixed.values()} == {names.pack_blob("jobt4", 0)}
+    assert packing.read_members(clients, mixed) == wanted | {own.name: b"reduced"}

@@ -6,8 +6,10 @@ from __future__ import annotations
 import io
 
 import numpy as np
+import pytest
 import rasterio
 from affine import Affine
+from azure.core.exceptions import ResourceNotFoundError
 from PIL import Image
 from rasterio.io import MemoryFile
 
@@ -84,3 +86,30 @@ def test_a_jobs_overview_shows_its_region_with_the_class_colours(clients: Client
     assert picture.shape[0] > 512 and tuple(picture[256, 256]) == (*COLOURS[200], 255)
     with rasterio.open(io.BytesIO(clients.transfers.download(clients.tiles, entries[0]["outputs"][0][6:])[0])) as t:
         assert t.read(1)[50, 50] == 200  # the class whose colour the overview shows there
+
+
+def test_an_overview_of_cached_tiles_is_drawn_once_and_copied_for_a_repeat(clients: Clients) -> None:
+    entries = []
+    for i, (west, value) in enumerate([(-110.0, 200), (-109.0, 25)]):
+        blob = names.tile_blob(f"{i + 4:02d}" * 32, "MOD10A2", "Maximum_Snow_Extent", "2022-02-10", f"t{i}")
+        clients.transfers.upload(clients.tiles, blob, tile_cog(west, np.full((100, 100), value, "uint8")), "image/tiff")
+        entries.append({"task": f"{i:09d}", "stage": "modis", "product": "MOD10A2", "date": "2022-02-10",
+                        "crs": "EPSG:4326", "bounds": f"{west},34.0,{west + 1},35.0",
+                        "outputs": [names.TILE_OUTPUT_PREFIX + blob]})
+    (first,) = overview.build(clients, "j-drawn", entries)
+    assert [b.name for b in clients.products.list_blobs(name_starts_with=names.OVERVIEW_CACHE_PREFIX)]
+
+    for entry in entries:  # the repeat reads no tile: it copies what was drawn
+        clients.tiles.delete_blob(entry["outputs"][0].removeprefix(names.TILE_OUTPUT_PREFIX))
+    (again,) = overview.build(clients, "j-again", entries)
+    assert {k: v for k, v in again.items() if k not in ("picture", "map")} == {
+        k: v for k, v in first.items() if k not in ("picture", "map")}
+    assert again["map"] == names.overview_blob("j-again", "MOD10A2.Maximum_Snow_Extent.2022-02-10.map.png")
+    for kind in ("picture", "map"):
+        assert (clients.transfers.download(clients.products, again[kind])[0]
+                == clients.transfers.download(clients.products, first[kind])[0])
+
+    # other tiles (another content address) are drawn, not copied: read, and here gone
+    other = [e | {"outputs": [e["outputs"][0].replace("2022-02-10", "2022-02-18")]} for e in entries]
+    with pytest.raises(ResourceNotFoundError):
+        overview.build(clients, "j-other", other)

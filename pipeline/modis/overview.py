@@ -8,15 +8,28 @@ and the picture with its legend that the email links to (``*.png``).
 Made by the job's finisher, before the manifest that lists them; a finisher that takes
 over makes them again (same names, same content). A raster that cannot be read is left
 out of its overview (logged); a storage error fails the completion, which is retried.
+
+An overview of reprojected tiles only is a function of their content addresses (its
+members' names) and of how it is drawn: it is cached under that key
+(``names.overview_cache_blob``, in products, touched at each reuse so that products'
+retention keeps it while it is used), so a repeat of a request copies its overviews rather
+than reading every tile and drawing them again. A reduction's rasters are the job's own
+and its overviews are always drawn.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import json
 import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import rasterio
+from azure.core.exceptions import AzureError, ResourceExistsError, ResourceNotFoundError
 from rasterio.errors import RasterioError
 from rasterio.io import MemoryFile
 from rasterio.transform import from_bounds
@@ -26,13 +39,17 @@ from pipeline.lifecycle import results
 from pipeline.modis import quicklook
 from pipeline.modis.products import CATALOG
 from pipeline.modis.targets import lonlat_bounds
-from pipeline.storage import names
+from pipeline.storage import names, packing
 from pipeline.storage.clients import Clients
 
 log = logging.getLogger(__name__)
 MAX_DATES = 12  # per layer: the latest dates get an overview (a decade of daily data would be thousands)
 LONGEST = 1024  # pixels on an overview's longer side
 Group = tuple[str, str, str, str]  # product, layer (or a reduction's file stem), first date, last date ("": a tile)
+# how an overview is drawn, in its cache key: a change to the drawing (colours, legend,
+# canvas, resampling) takes a new one, so no cached overview outlives the code that drew it
+DRAWING = 1
+RENDERS_AT_ONCE = 4  # overviews drawn at once (warps and PNG encoding leave the GIL)
 
 
 def groups_of(clients: Clients, entries: list[dict[str, Any]]) -> dict[Group, list[tuple[dict[str, Any], str]]]:
@@ -64,8 +81,87 @@ def _layer(product: str, name: str) -> Any:
         return None  # a reduction's own raster
 
 
+def cache_key(key: Group, members: list[tuple[dict[str, Any], str]]) -> str | None:
+    """The content address of the group's overview: its group, its members (reprojected
+    tiles, named by their own content addresses) and how it is drawn; None when a member is
+    not a cached tile (a reduction's raster), whose name says nothing of its content."""
+    outputs = sorted(output for _, output in members)
+    if not all(output.startswith(names.TILE_OUTPUT_PREFIX) for output in outputs):
+        return None
+    boxes = sorted(str(task["bounds"]) + "|" + str(task["crs"]) for task, _ in members)
+    said = json.dumps([DRAWING, LONGEST, list(key), outputs, boxes], separators=(",", ":"))
+    return hashlib.sha256(said.encode()).hexdigest()
+
+
+def _stored(clients: Clients, job: str, key: Group, drawn: dict[str, Any], images: dict[str, bytes]) -> dict[str, Any]:
+    """The overview's two images written into the job's products; its manifest entry."""
+    product, name, first, last = key
+    span = f"{first}_{last}" if last else first
+    stem = f"{product}.{name}.{span}"
+    picture, bare = names.overview_blob(job, f"{stem}.png"), names.overview_blob(job, f"{stem}.map.png")
+    clients.transfers.upload(clients.products, picture, images["picture"], "image/png")
+    clients.transfers.upload(clients.products, bare, images["map"], "image/png")
+    return {"product": product, "layer": name, "date": first, "last": last or None, "bounds": tuple(drawn["bounds"]),
+            "picture": picture, "map": bare, "unit": drawn["unit"], "legend": drawn["legend"],
+            "tiles": drawn["tiles"]}
+
+
+def _cached(clients: Clients, address: str) -> tuple[dict[str, Any], dict[str, bytes]] | None:
+    """A cached overview (its description and images), touched; None if there is none."""
+    blob = names.overview_cache_blob(address)
+    try:
+        data, _ = clients.transfers.download(clients.products, blob)
+        clients.products.get_blob_client(blob).set_blob_metadata({"reused": f"{time.time():.0f}"})
+    except ResourceNotFoundError:
+        return None
+    found = json.loads(data)
+    return found, {image: base64.b64decode(found.pop(image)) for image in ("picture", "map")}
+
+
+def _cache(clients: Clients, address: str, drawn: dict[str, Any], images: dict[str, bytes]) -> None:
+    """Keep a drawn overview for the next job of the same tiles. Only a saving: a write
+    that fails (or finds another finisher's, the same content) changes nothing."""
+    entry = drawn | {image: base64.b64encode(data).decode() for image, data in images.items()}
+    try:
+        clients.transfers.upload(clients.products, names.overview_cache_blob(address), json.dumps(entry).encode(),
+                                 "application/json", overwrite=False)
+    except ResourceExistsError:
+        pass
+    except AzureError as exc:
+        log.info("overview %s not cached: %s", address, exc)
+
+
+def _rasters(clients: Clients, members: list[tuple[dict[str, Any], str]]) -> list[tuple[str, bytes]]:
+    """The members' rasters: the small ones read at once (``packing.read_small``, each
+    checked against its MD5), a larger one by the ordinary download."""
+    outputs = [packing.Output(output, *results.locate(clients, output)) for _, output in members]
+    small = packing.read_small(clients, outputs)
+    found = []
+    for output in outputs:
+        data = small.get(output.name)
+        if data is None:
+            container = clients.tiles if output.container == clients.tiles.container_name else clients.products
+            data, _ = clients.transfers.download(container, output.blob)
+        found.append((output.name, data))
+    return found
+
+
 def render(clients: Clients, job: str, key: Group, members: list[tuple[dict[str, Any], str]]) -> dict[str, Any]:
-    """One overview: the group's rasters warped onto one lon/lat canvas, stored as images."""
+    """One overview: the group's rasters warped onto one lon/lat canvas, stored as images
+    (copied from the cache when the same tiles were drawn before)."""
+    address = cache_key(key, members)
+    if address and (hit := _cached(clients, address)):
+        return _stored(clients, job, key, *hit)
+    drawn, images = draw(clients, job, key, members)
+    if address:
+        _cache(clients, address, drawn, images)
+    return _stored(clients, job, key, drawn, images)
+
+
+def draw(clients: Clients, job: str, key: Group,
+         members: list[tuple[dict[str, Any], str]]) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The group's overview drawn: its description (bounds, unit, legend, tiles) and its
+    two images (the picture with its legend, the bare map)."""
     product, name, first, last = key
     boxes = [lonlat_bounds(task["crs"], task["bounds"]) for task, _ in members]
     bounds = (min(b[0] for b in boxes), min(b[1] for b in boxes), max(b[2] for b in boxes), max(b[3] for b in boxes))
@@ -73,10 +169,7 @@ def render(clients: Clients, job: str, key: Group, members: list[tuple[dict[str,
     transform = from_bounds(*bounds, shape[1], shape[0])
     canvas: np.ndarray | None = None
     nodata, scale, offset = 0.0, 1.0, 0.0  # the first raster read sets them
-    for _, output in members:
-        container, blob = results.locate(clients, output)
-        data, _ = clients.transfers.download(
-            clients.tiles if container == clients.tiles.container_name else clients.products, blob)
+    for output, data in _rasters(clients, members):
         try:
             with MemoryFile(data) as memory, memory.open() as src:
                 if canvas is None:
@@ -99,23 +192,25 @@ def render(clients: Clients, job: str, key: Group, members: list[tuple[dict[str,
     style = quicklook.style_for(layer, valid.astype("float64") * scale + offset, name)
     rgba = quicklook.colorize(canvas, style, nodata, scale, offset)
     span = f"{first}_{last}" if last else first
-    stem = f"{product}.{name}.{span}"
-    picture = names.overview_blob(job, f"{stem}.png")
-    bare = names.overview_blob(job, f"{stem}.map.png")
-    clients.transfers.upload(clients.products, picture,
-                             quicklook.picture(rgba, style, f"{product} {name} {span}"), "image/png")
-    clients.transfers.upload(clients.products, bare, quicklook.png(rgba), "image/png")
-    return {"product": product, "layer": name, "date": first, "last": last or None, "bounds": bounds,
-            "picture": picture, "map": bare, "unit": style.unit, "legend": quicklook.legend_json(style),
-            "tiles": len(members)}
+    images = {"picture": quicklook.picture(rgba, style, f"{product} {name} {span}"), "map": quicklook.png(rgba)}
+    drawn = {"bounds": list(bounds), "unit": style.unit, "legend": quicklook.legend_json(style), "tiles": len(members)}
+    return drawn, images
 
 
 def build(clients: Clients, job: str, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The job's overviews (reductions first: a span's summary is the best first look)."""
-    made = []
-    for key, members in sorted(groups_of(clients, entries).items(), key=lambda kv: (not kv[0][3], kv[0])):
+    """The job's overviews (reductions first: a span's summary is the best first look),
+    :data:`RENDERS_AT_ONCE` at a time."""
+    groups = sorted(groups_of(clients, entries).items(), key=lambda kv: (not kv[0][3], kv[0]))
+
+    def one(group: tuple[Group, list[tuple[dict[str, Any], str]]]) -> dict[str, Any] | None:
+        key, members = group
         try:
-            made.append(render(clients, job, key, members))
+            return render(clients, job, key, members)
         except RasterioError as exc:
             log.warning("job %s: no overview of %s: %s", job, key, exc)
-    return made
+            return None
+
+    if not groups:
+        return []
+    with ThreadPoolExecutor(min(RENDERS_AT_ONCE, len(groups)), thread_name_prefix="overview") as pool:
+        return [made for made in pool.map(one, groups) if made is not None]

@@ -129,20 +129,27 @@ class TargetTile:
         """The MODIS tiles whose pixels this target tile needs (on land, in the grid)."""
         if self.grid.native:
             return [Tile(self.col, self.row)]
-        west, south, east, north = self.bounds()
-        line = np.linspace(0.0, 1.0, EDGE_SAMPLES)
-        u, v = np.meshgrid(line, line)  # the edges and a lattice inside
-        xs = west + (east - west) * u.ravel()
-        ys = south + (north - south) * v.ravel()
-        sx, sy = _to_sinusoidal(self.grid.crs).transform(xs, ys)
-        ok = np.isfinite(sx) & np.isfinite(sy)
-        h = np.floor((sx[ok] - X_MIN) / TILE_SIZE).astype(int)
-        v_ = np.floor((Y_MAX - sy[ok]) / TILE_SIZE).astype(int)
-        found = set()
-        for hh, vv in set(zip(h.tolist(), v_.tolist(), strict=True)):
-            if 0 <= hh < TILES_H and 0 <= vv < TILES_V and Tile(hh, vv).has_land_pixels():
-                found.add(Tile(hh, vv))
-        return sorted(found)
+        return list(_sources(self))
+
+
+@lru_cache(maxsize=4096)
+def _sources(target: TargetTile) -> tuple[Tile, ...]:
+    """A target tile's MODIS tiles, found by projecting a lattice of its points: the same
+    for every day and product of a request, which asks for them once per task row."""
+    west, south, east, north = target.bounds()
+    line = np.linspace(0.0, 1.0, EDGE_SAMPLES)
+    u, v = np.meshgrid(line, line)  # the edges and a lattice inside
+    xs = west + (east - west) * u.ravel()
+    ys = south + (north - south) * v.ravel()
+    sx, sy = _to_sinusoidal(target.grid.crs).transform(xs, ys)
+    ok = np.isfinite(sx) & np.isfinite(sy)
+    h = np.floor((sx[ok] - X_MIN) / TILE_SIZE).astype(int)
+    v_ = np.floor((Y_MAX - sy[ok]) / TILE_SIZE).astype(int)
+    found = set()
+    for hh, vv in set(zip(h.tolist(), v_.tolist(), strict=True)):
+        if 0 <= hh < TILES_H and 0 <= vv < TILES_V and Tile(hh, vv).has_land_pixels():
+            found.add(Tile(hh, vv))
+    return tuple(sorted(found))
 
 
 def native_transform(tile: Tile, pixels: int) -> Affine:

@@ -10,6 +10,7 @@ sweep (:func:`sweep_markers`): the markers share one prefix, so it lists only th
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -85,8 +86,15 @@ def present(container: ContainerClient, wanted: Iterable[str]) -> dict[str, byte
                 log.info("cached %s not looked at: %s", name, exc)
             return b""
 
-    with ThreadPoolExecutor(min(PEEKS_AT_ONCE, len(wanted)), thread_name_prefix="cache-peek") as pool:
-        return {name: md5 for name, md5 in zip(wanted, pool.map(look, wanted), strict=True) if md5}
+    return {name: md5 for name, md5 in zip(wanted, _peeks().map(look, wanted), strict=True) if md5}
+
+
+@functools.cache
+def _peeks() -> ThreadPoolExecutor:
+    """The threads that look at cached blobs, started once per process: a planner looks
+    twice per page of tasks (sources, then tiles), and starting ten threads each time cost
+    about as much as the looks themselves."""
+    return ThreadPoolExecutor(PEEKS_AT_ONCE, thread_name_prefix="cache-peek")
 
 
 def ensure(transfers: Transfers, container: ContainerClient, name: str, make: Callable[[], bytes],

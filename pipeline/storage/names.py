@@ -132,6 +132,15 @@ def tile_blob(key: str, product: str, layer: str, tile: str, day: str) -> str:
     return f"{key[:2]}/{key}/{product}.{layer}.{day}.{tile}.tif"
 
 
+OVERVIEW_CACHE_PREFIX = ".overviews/"  # products: drawn overviews of cached tiles, by content address
+
+
+def overview_cache_blob(key: str) -> str:
+    """A drawn overview in ``products`` (its description and both images, one JSON), keyed
+    by its tiles' content addresses and how it is drawn (``pipeline.modis.overview.cache_key``)."""
+    return f"{OVERVIEW_CACHE_PREFIX}{key[:2]}/{key}.json"
+
+
 def manifest_blob(job: str) -> str:
     """The job's manifest in ``products``."""
     return f"{job}/manifest.json"
@@ -156,6 +165,15 @@ def probe_blob(token: str) -> str:
     """Where a process stages (never commits) the block that measures its connection's
     rate to storage: an uncommitted block is in no listing, and storage drops it unused."""
     return f".probe/{token}"
+
+
+PACK_CACHE_PREFIX = ".packs/"  # products: packs of cached tiles, by content address (no job id has a dot)
+
+
+def pack_cache_blob(key: str, number: int | None = None) -> str:
+    """A pack of cached tiles in ``products``, by the content address of its members
+    (``pipeline.storage.packing.cache_address``); without ``number``, their index."""
+    return f"{PACK_CACHE_PREFIX}{key[:2]}/{key}/{'index.json' if number is None else f'{number:04d}.pack'}"
 
 
 def bundle_blob(digest: str) -> str:

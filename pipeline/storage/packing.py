@@ -10,6 +10,13 @@ manifest names each member's pack, offset, length and MD5. The originals stay wh
 are (the tile cache serves other jobs, links to them keep working): packing only changes how
 many requests a reader needs. Readers fetch the members they want by coalesced byte ranges
 and check each member's MD5 — ``bagpipe results`` does it, so unpacking is invisible.
+
+Packs of cached tiles only are content-addressed: their members' names are their content
+addresses, so the same outputs make the same packs. Those are written once, under their
+content address (``names.pack_cache_blob``, in products), with an index of their members;
+a repeat of a request finds the index and names the same packs. Each reuse writes their
+metadata, so products' retention (so many days after a blob was last written) keeps them
+as long as the newest job that names them.
 """
 
 from __future__ import annotations
@@ -17,11 +24,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import json
+import logging
+import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
+from azure.core.exceptions import AzureError, HttpResponseError, ResourceNotFoundError
 from azure.storage.blob import BlobBlock, ContentSettings
 from azure.storage.blob.aio import BlobServiceClient as AsyncBlobServiceClient
 
@@ -30,6 +40,7 @@ from pipeline.storage import names
 from pipeline.storage.clients import Clients
 from pipeline.storage.transfer import MiB, md5_of
 
+log = logging.getLogger(__name__)
 MEMBER_MAX = 1 * MiB  # outputs up to this size are packed
 PACK_MAX = 64 * MiB  # a pack is closed once it reaches this size
 IN_FLIGHT = 32  # concurrent reads of small blobs on the event loop
@@ -99,17 +110,19 @@ def read_small(clients: Clients, outputs: list[Output]) -> dict[str, bytes]:
 class _PackWriter:
     """One pack after another, written as they are read: each round's members staged as a
     block of the current pack, the pack committed (with its MD5) when the next would pass
-    :data:`PACK_MAX`. Block ids are the rounds' numbers, so writing again writes the same."""
+    :data:`PACK_MAX`. Block ids are the rounds' numbers, so writing again writes the same.
+    The packs are the job's, or (``address``: cached tiles only) their content address's."""
 
-    def __init__(self, clients: Clients, job: str) -> None:
-        self.clients, self.job = clients, job
+    def __init__(self, clients: Clients, job: str, address: str | None) -> None:
+        self.clients, self.job, self.address = clients, job, address
         self.number = self.offset = 0
         self.blocks: list[str] = []
         self.md5 = hashlib.md5(usedforsecurity=False)
 
     @property
     def name(self) -> str:
-        return names.pack_blob(self.job, self.number)
+        return names.pack_cache_blob(self.address, self.number) if self.address else names.pack_blob(
+            self.job, self.number)
 
     def stage(self, parts: list[bytes]) -> None:
         data = b"".join(parts)
@@ -134,13 +147,65 @@ def pack(clients: Clients, job: str, outputs: Iterable[Output]) -> dict[str, Mem
     Streamed: :data:`READ_BATCH` members are read at a time and staged at once as a block of
     their pack, so packing holds one round (at most :data:`READ_BATCH` × :data:`MEMBER_MAX`
     bytes) whatever the job's size. Deterministic (same outputs, same packs), so a
-    completion retried after a crash rewrites the same blobs."""
+    completion retried after a crash rewrites the same blobs. Cached tiles only: the packs
+    their content address names, made once (``cached``)."""
     ordered = sorted({o.name: o for o in outputs}.values(), key=lambda o: o.name)
+    address = cache_address(clients, ordered)
+    if address and (found := cached(clients, address)) is not None:
+        return found
+
+    async def run() -> dict[str, Member]:
+        async with clients.async_blob_service() as service:  # one event loop and pool for every round
+            return await _pack(service, _PackWriter(clients, job, address), ordered)
+
+    members = asyncio.run(run())
+    if address:
+        _index(clients, address, members)
+    return members
+
+
+def cache_address(clients: Clients, ordered: list[Output]) -> str | None:
+    """The content address of the packs of ``ordered`` if every one is a cached tile (named
+    by its own content address), else None."""
+    if not ordered or any(o.container != clients.tiles.container_name for o in ordered):
+        return None
+    said = json.dumps([MEMBER_MAX, PACK_MAX, READ_BATCH, [o.name for o in ordered]], separators=(",", ":"))
+    return hashlib.sha256(said.encode()).hexdigest()
+
+
+def cached(clients: Clients, address: str) -> dict[str, Member] | None:
+    """The members of the packs made before for this content address, or None if their
+    index is missing or a pack it names is gone (retention deletes each blob on its own
+    day). The index and each pack are touched (their metadata written): kept for as long
+    as the job that names them now."""
+    touched = {"reused": f"{time.time():.0f}"}
+    try:
+        index, _ = clients.transfers.download(clients.products, names.pack_cache_blob(address))
+        members = {name: member_of(entry) for name, entry in json.loads(index).items()}
+        for blob in [*sorted({m.pack for m in members.values()}), names.pack_cache_blob(address)]:
+            clients.products.get_blob_client(blob).set_blob_metadata(touched)
+    except ResourceNotFoundError:
+        return None
+    return members
+
+
+def _index(clients: Clients, address: str, members: dict[str, Member]) -> None:
+    """Name the packs just written for the next job of the same tiles (after them: an index
+    names only whole packs). Only a saving: a write that fails changes nothing."""
+    try:
+        clients.transfers.upload(clients.products, names.pack_cache_blob(address),
+                                 json.dumps(as_manifest(members)).encode(), "application/json")
+    except AzureError as exc:
+        log.info("packs %s not indexed: %s", address, exc)
+
+
+async def _pack(service: AsyncBlobServiceClient, writer: _PackWriter, ordered: list[Output]) -> dict[str, Member]:
+    """The rounds of :func:`pack` on one event loop; a round's block is staged by the sync
+    client once its reads are done, when nothing else is in flight on the loop."""
     members: dict[str, Member] = {}
-    writer = _PackWriter(clients, job)
     for first in range(0, len(ordered), READ_BATCH):
         batch = ordered[first:first + READ_BATCH]
-        found = read_small(clients, batch)
+        found = await _read_small(service, batch)
         parts: list[bytes] = []
         for output in batch:
             data = found.pop(output.name, None)
