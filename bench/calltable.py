@@ -1,6 +1,6 @@
 """The storage calls bagpipe makes, as the scale model's table (``bench.simcore.Call`` rows).
 
-``TODAY`` is the code as it stands (worker/runner.py, worker/lease.py, pipeline/
+``TODAY`` is the code as it stands (worker/runner.py, worker/readahead.py, worker/lease.py, pipeline/
 transitions.py, dispatch.py, planner.py, completion.py, sweep.py, tasks.py, runtimes.py):
 cut a call there, cut its row here, and ``make bench NAME=scale`` predicts the difference.
 ``PLANNED`` is the planned layout as a what-if (partitions per job, counters and rollups read
@@ -51,6 +51,13 @@ def _if_reductions(q: Q) -> float:
     return 1.0 if q["reductions"] else 0.0
 
 
+def _received_ahead(q: Q) -> bool:
+    """Whether workers receive a slot's worth of messages ahead (attempts under a second,
+    runner.AHEAD_BELOW_S): then a receive brings several, and their rows come in one query
+    (worker.readahead) in place of a read per claim."""
+    return q["worker_tasks_per_s"] > q["slots"]
+
+
 TILE_KINDS = ("reprojection",)  # kinds whose stage moves blobs (the no-op stage moves none)
 TODAY: tuple[Call, ...] = (
     # the planner (pipeline.lifecycle.planner.plan): rows 100 to a transaction, the cursor on the job row
@@ -68,7 +75,10 @@ TODAY: tuple[Call, ...] = (
     Call("receive messages", "receive", QUEUE, FETCH, 1, 32),
     # a slot's attempt (Worker.handle, transitions.claim / commit, Lease.delete)
     Call("runtime history read", "get", RUNTIMES, CLAIM, _per_book),
-    Call("claim: read task row", "get", TASK, CLAIM),
+    Call("claim: read task row", "get", TASK, CLAIM, lambda q: 0.0 if _received_ahead(q) else 1.0),
+    # a receive of a slot's worth: their rows in one key-range query (a shard holds every shards-th task)
+    Call("claim: task rows read ahead", "query", TASK, CLAIM,
+         lambda q: 1.0 / q["slots"] if _received_ahead(q) else 0.0, lambda q: q["slots"] * q["shards"]),
     Call("claim: task row, attempt, deadline entry, dispatch entry", "txn", TASK, CLAIM, 1, 4),
     Call("stage: cache check, sources read", "blob", BLOB, CLAIM, 9, kinds=TILE_KINDS),
     Call("stage: output written", "blob", BLOB, END, 6, kinds=TILE_KINDS),
@@ -103,7 +113,7 @@ TODAY: tuple[Call, ...] = (
 
 _CUT = {
     "release: counter rows", "look: counter rows", "sweep: counter rows",  # counts from a bounded rollup
-    "claim: read task row", "claim: task row, attempt, deadline entry, dispatch entry",
+    "claim: read task row", "claim: task rows read ahead", "claim: task row, attempt, deadline entry, dispatch entry",
     "commit: task row, attempt, deadline entry, counter",  # grouped per worker
 }
 

@@ -219,14 +219,16 @@ class Run:
         return self._as("control", one_pass) or 0
 
     def worker(self, name: str) -> int:
-        """One worker step: receive a message and run it. A step that hangs is the scripted
+        """One worker step: receive up to two messages and run them. A step that hangs is the scripted
         lost worker: its stage is killed and the worker is gone, as if its VM died."""
         if name not in self.workers:
             self.workers[name] = Worker(self.settings, slots=1, worker_id=f"{name}-{secrets.token_hex(3)}")
             self.workers[name].warm()
         worker = self.workers[name]
         result: list[int] = []
-        thread = threading.Thread(target=lambda: result.append(self._as(name, worker.run_once) or 0), daemon=True)
+        # two messages a step: a receive of several reads their rows ahead (worker.readahead)
+        thread = threading.Thread(target=lambda: result.append(self._as(name, lambda: worker.run_once(2)) or 0),
+                                  daemon=True)
         thread.start()
         deadline = time.monotonic() + STEP_S
         while thread.is_alive() and time.monotonic() < deadline and not any(HANGS.iterdir()):

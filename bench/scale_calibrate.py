@@ -20,7 +20,6 @@ configured with these costs and the machine's cores, predicts its rate.
 from __future__ import annotations
 
 import os
-import re
 import statistics
 import threading
 import time
@@ -35,7 +34,7 @@ from azure.data.tables import UpdateMode
 
 from bagpipe.stack import LocalStack
 from bench.simcore import Cost, LogNormal
-from bench.throughput import fresh_azurite, request_of, submit_and_wait
+from bench.throughput import fresh_azurite, kind_of, request_of, submit_and_wait
 from pipeline.lifecycle import jobs, planner
 from pipeline.lifecycle.request import JobRequest
 from pipeline.settings import Settings
@@ -253,22 +252,6 @@ def stage_round_trip(connection: str, n: int = 100) -> Measured:
         return measure(once, n, process.process.pid)
     finally:
         process.close()
-
-
-_TABLE_KEY = re.compile(r"\(PartitionKey='[^']*',RowKey='[^']*'\)")
-
-
-def kind_of(method: str, url: str, body: bytes | str | None) -> tuple[str, int]:
-    """A storage request as the model's cost kind, with its units (a transaction's operations)."""
-    path = url.split("?")[0]
-    if "/messages" in path:
-        return {"POST": "send", "GET": "receive", "DELETE": "delete", "PUT": "renew"}.get(method, method), 1
-    if path.endswith("$batch"):
-        text = body.decode(errors="replace") if isinstance(body, bytes) else (body or "")
-        return "txn", max(1, text.count("Content-ID:"))
-    if method == "GET":
-        return ("get" if _TABLE_KEY.search(path) else "query"), 1
-    return "update", 1
 
 
 def worker_per_task(connection: str, server_pid: int, costs: dict[str, Cost], n: int = 200,

@@ -98,7 +98,7 @@ class Model:
         return {"writers": max(s.replicas, self.replicas_started) * s.slots + 2, "partitions": s.partitions,
                 "tasks": s.tasks, "reductions": len(self.deps_left), "tiles_per_reduction": s.tiles_per_reduction,
                 "pending_reductions": len(self.deps_left) - self.reductions_released, "slots": s.slots,
-                "worker_tasks_per_s": s.slots / (s.mean_runtime + 0.03)}
+                "worker_tasks_per_s": s.slots / (s.mean_runtime + 0.03), "shards": s.shards}
 
     def amount(self, count: Count) -> float:
         return amount(count, self.quantities())

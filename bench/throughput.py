@@ -5,9 +5,13 @@ created 100 to a transaction, one message sent, received 32 at a time, deleted, 
 update; no more messages in the queue than bagpipe's window, as its release keeps it) by
 eight threads (Azurite serves on one core: more only queue up), for the smaller job size.
 Then bagpipe, submit to SUCCEEDED, for jobs of no-op tasks (``tile_stage=noop``) of about
-1,000 and 10,000 tasks with 1, 2, 4 and 8 worker processes. Last line: one JSON object with
-every figure, ``ratio_to_floor`` (bagpipe's best rate for the smaller job ÷ the floor) and
-``ratio_10k_to_1k``.
+1,000 and 10,000 tasks with 1, 2, 4 and 8 worker processes. Then the storage calls a task
+costs, amortized: the smaller job run again on the local stack's pieces in one process (the
+control loop and two workers of ``--slots`` slots), every storage request it makes from
+submission to SUCCEEDED counted by the SDK clients' request hook — the planner's, the
+workers', the sweep's and the completion's — and divided by its tasks. Last line: one JSON
+object with every figure, ``ratio_to_floor`` (bagpipe's best rate for the smaller job ÷ the
+floor), ``ratio_10k_to_1k`` and ``calls_per_task`` (with its calls by kind).
 
     python -m bench.throughput [--sizes 1000 10000] [--workers 1 2 4 8] [--slots 4] [--window 256]
 """
@@ -16,9 +20,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -30,9 +36,31 @@ from azure.core.exceptions import ResourceNotFoundError, ServiceRequestError, Se
 from azure.data.tables import TableServiceClient, UpdateMode
 from azure.storage.queue import QueueServiceClient
 
+from bagpipe import control
 from bagpipe.azurite import Azurite
 from bagpipe.stack import LocalStack
+from pipeline.lifecycle import jobs
 from pipeline.lifecycle.request import JobRequest, expand
+from pipeline.settings import Settings
+from pipeline.storage import clients as clients_module
+from pipeline.storage.clients import Clients
+from worker.runner import Worker
+
+_TABLE_KEY = re.compile(r"\(PartitionKey='[^']*',RowKey='[^']*'\)")
+
+
+def kind_of(method: str, url: str, body: bytes | str | None) -> tuple[str, int]:
+    """A storage request as the model's cost kind, with its units (a transaction's operations)."""
+    path = url.split("?")[0]
+    if "/messages" in path:
+        return {"POST": "send", "GET": "receive", "DELETE": "delete", "PUT": "renew"}.get(method, method), 1
+    if path.endswith("$batch"):
+        text = body.decode(errors="replace") if isinstance(body, bytes) else (body or "")
+        return "txn", max(1, text.count("Content-ID:"))
+    if method == "GET":
+        return ("get" if _TABLE_KEY.search(path) else "query"), 1
+    return "update", 1
+
 
 FLOOR_RUNS = 3  # the floor is the fastest of these: one run of ten seconds varies by a third
 
@@ -131,6 +159,52 @@ def bagpipe(azurite: Azurite, home: Path, body: dict, workers: int, slots: int, 
             "slot_ms_per_task": round(1000 * seconds * workers * slots / total, 1)}
 
 
+def calls_per_task(azurite: Azurite, body: dict, slots: int, window: int) -> dict:
+    """Every storage request of one job, submission to SUCCEEDED, per task: the control loop
+    and two workers in this process, each request counted by kind (``kind_of``)."""
+    counted: Counter[str] = Counter()
+    lock = threading.Lock()
+    watching = threading.local()  # this thread's polls of the job are the benchmark's, not the job's
+
+    def hook(request: object) -> None:
+        if getattr(watching, "on", False):
+            return
+        http = request.http_request  # type: ignore[attr-defined]
+        with lock:
+            counted[kind_of(http.method, http.url, http.body)[0]] += 1
+
+    settings = Settings(storage_connection=azurite.connection_string, namespace="calls", tile_stage="noop",
+                        window=window, max_tasks=100_000)
+    Clients(settings).ensure_resources()
+    clients_module.HOOKS["raw_request_hook"] = hook
+    stop = threading.Event()
+    workers = [Worker(settings, slots=slots, idle_sleep=0.05) for _ in range(2)]
+    threads = [threading.Thread(target=control.run, args=(settings, stop), kwargs={"idle_sleep": 0.05}, daemon=True)]
+    threads += [threading.Thread(target=w.run, daemon=True) for w in workers]
+    try:
+        clients = Clients(settings)
+        for thread in threads:
+            thread.start()
+        counted.clear()
+        job = jobs.submit(clients, JobRequest.model_validate(body)).job
+        watching.on = True
+        while not (state := jobs.get(clients, job).state).finished:
+            time.sleep(0.2)
+        with lock:
+            found = dict(counted)
+        total = jobs.get(clients, job).total
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.stopping.set()
+        for thread in threads:
+            thread.join(60)
+        clients_module.HOOKS.pop("raw_request_hook", None)
+    return {"tasks": total, "state": state.value, "calls": sum(found.values()),
+            "calls_per_task": round(sum(found.values()) / total, 2),
+            "by_kind": {kind: round(n / total, 2) for kind, n in sorted(found.items())}}
+
+
 @contextmanager
 def fresh_azurite(home: Path) -> Iterator[Azurite]:
     azurite = Azurite(home / "azurite").start()
@@ -167,6 +241,10 @@ def main() -> None:
                 print(f"{run['tasks']:>6} tasks {workers} workers × {args.slots}: {run['seconds']:>7} s "
                       f"{run['tasks_per_s']:>6} tasks/s  {run['slot_ms_per_task']:>6} slot-ms/task", flush=True)
                 runs.append(run)
+        with fresh_azurite(Path(tmp) / "calls") as azurite:
+            calls = calls_per_task(azurite, request_of(min(args.sizes)), args.slots, args.window)
+        print(f"{calls['tasks']:>6} tasks, every storage request counted: {calls['calls_per_task']} a task "
+              f"{calls['by_kind']}", flush=True)
     best = {size: max(r["tasks_per_s"] for r in runs if abs(r["tasks"] - size) < 100) for size in args.sizes}
     small, large = min(args.sizes), max(args.sizes)
     print(json.dumps({
@@ -174,6 +252,7 @@ def main() -> None:
         "ratio_to_floor": round(best[small] / base["tasks_per_s"], 2),
         "ratio_10k_to_1k": round(best[large] / best[small], 2),
         "overhead_ms_per_task": min(r["slot_ms_per_task"] for r in runs),
+        "calls_per_task": calls["calls_per_task"], "calls_by_kind": calls["by_kind"],
     }))
 
 

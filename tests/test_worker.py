@@ -228,6 +228,7 @@ def test_short_attempts_are_received_ahead_and_a_long_wait_hands_them_back(
         wait_for(lambda: jobs.get(clients, job).state.finished, 120, "the job to finish")
     (worker,) = pool.workers
     assert worker.handed_back >= 1
+    assert worker._rows.taken >= 1  # the rows of a receive of several read in one query
     assert jobs.get(clients, job).state == "SUCCEEDED"
     tried = attempts.list_attempts(clients.tasks, job)
     assert sorted(a.task for a in tried) == sorted(t.task for t in tasks.list_tasks(clients.tasks, job))
@@ -256,3 +257,49 @@ def test_a_stopping_worker_hands_back_what_it_received_ahead(
         for _ in range(20):
             assert held_back(clients, job) <= 1  # the one its slot runs, between receive and claim
             time.sleep(0.1)
+
+
+def test_rows_read_ahead_spare_the_claims_their_reads_and_decide_nothing(
+        settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rows of a receive's messages come in one query per job; a claim on a fresh hint
+    makes no read of its own; a stale hint is read again, and the row decides."""
+    from pipeline.storage import clients as clients_module
+    from worker.readahead import RowsAhead
+
+    seen: list[tuple[str, str]] = []
+
+    def hook(request: Any) -> None:
+        http = request.http_request
+        if http.method == "GET" and "/messages" not in http.url:
+            seen.append(("point" if "(PartitionKey=" in http.url.split("?")[0] else "query", http.url))
+
+    monkeypatch.setitem(clients_module.HOOKS, "raw_request_hook", hook)
+    clients = Clients(settings)
+    clients.ensure_resources()
+    job = planned_job(clients)  # 8 tasks over 4 shards: two a shard, four keys apart
+    batches = [list(q.receive_messages(max_messages=8, messages_per_page=8, visibility_timeout=60))
+               for q in clients.shard_queues]
+    ahead = RowsAhead(clients, 60)
+    seen.clear()
+    assert sum(ahead.read(batch) for batch in batches) == 8
+    assert [kind for kind, _ in seen] == ["query"] * 4  # one query per receive, no point read
+
+    refs = [tasks.TaskRef.decode(m.content) for batch in batches for m in batch]
+    first, changed, taken, *rest = refs
+    # one row changed since it was read (the reconciler's look moves its dispatch entry),
+    # another claimed by someone else meanwhile
+    row = tasks.get_task(clients.tasks, job, changed.task)
+    clients.tasks.update_entity(row.stored_changes(last_write="moved"), **tasks.if_match(row.etag))
+    assert transitions.claim(clients, taken, "someone-else", in_an_hour) is not None
+    seen.clear()
+    assert transitions.claim(clients, first, "w1", in_an_hour, hint=ahead.take(first)) is not None
+    assert seen == []  # claimed on its hint alone
+    assert transitions.claim(clients, changed, "w1", in_an_hour, hint=ahead.take(changed)) is not None
+    # the stale hint refused, the row read (and the claimer's rollup row, after a refusal), claimed
+    assert [url for kind, url in seen if kind == "point" and f"RowKey='{changed.task}'" in url]
+    assert transitions.claim(clients, taken, "w1", in_an_hour, hint=ahead.take(taken)) is None
+    assert tasks.get_task(clients.tasks, job, taken.task).worker == "someone-else"
+    for ref in rest:
+        assert transitions.claim(clients, ref, "w1", in_an_hour, hint=ahead.take(ref)) is not None
+    assert ahead.take(first) is None  # each hint is taken once
+    assert {r.status for r in tasks.list_tasks(clients.tasks, job)} == {TaskStatus.RUNNING}

@@ -44,6 +44,7 @@ from pipeline.storage.clients import Clients, clients_for
 from worker import private
 from worker.child import Outcome, StageProcess
 from worker.lease import Lease
+from worker.readahead import RowsAhead
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,7 @@ class Worker:
         self._pool_lock = threading.Lock()
         # messages received and not yet handed to a slot: (queue, message, when received)
         self._ahead: deque[tuple[QueueClient, QueueMessage, float]] = deque()
+        self._rows = RowsAhead(self.clients, AHEAD_HOLD_S)  # their task rows, where one query reads several
         self._recent_s: float | None = None  # moving mean of this worker's attempt times
         self._turn = 0  # the shard run_once receives from next
         self.handled = 0  # messages that named an attempt this worker claimed
@@ -158,13 +160,14 @@ class Worker:
             log.warning("worker %s found slow: drained, exiting to be replaced", self.id)
         self.close()
 
-    def run_once(self) -> int:
-        """Receive one message from the next shard and run it to its end in the calling
-        thread. The fault-injection harness drives workers this way, so that their storage
-        calls come in one order. Returns how many messages it received."""
+    def run_once(self, count: int = 1) -> int:
+        """Receive up to ``count`` messages from the next shard and run them to their end in
+        the calling thread, one after another. The fault-injection harness drives workers
+        this way, so that their storage calls come in one order. Returns how many messages
+        it received."""
         queue = self.clients.shard_queues[self._turn % len(self.clients.shard_queues)]
         self._turn += 1
-        received = self._receive(queue, 1)
+        received = self._receive(queue, count)
         while self._ahead:
             self._free.acquire()
             self._slot(*self._ahead.popleft()[:2])
@@ -198,6 +201,8 @@ class Worker:
         except Exception as exc:
             log.warning("receive from %s failed: %s", queue.queue_name, exc)
             return 0
+        if len(batch) > 1:
+            self._rows.read(batch)
         at = time.monotonic()
         self._ahead.extend((queue, message, at) for message in batch)
         return len(batch)
@@ -297,7 +302,8 @@ class Worker:
                     queue.delete_message(message)
                 return
         else:
-            held = transitions.claim(self.clients, ref, self.id, kill_time, slot.counter, speculate_time)
+            held = transitions.claim(self.clients, ref, self.id, kill_time, slot.counter, speculate_time,
+                                     self._rows.take(ref))
         if held is None:  # stale or duplicate: the row does not want this message to run
             queue.delete_message(message)
             return

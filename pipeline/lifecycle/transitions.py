@@ -162,7 +162,8 @@ class Claim:
 def claim(clients: Clients, ref: TaskRef, worker: str,
           kill_time: Callable[[TaskRef, str, dict[str, str], int], datetime],
           counter: TerminalCounter | None = None,
-          speculate_time: Callable[[str, dict[str, str], datetime], datetime | None] | None = None) -> Claim | None:
+          speculate_time: Callable[[str, dict[str, str], datetime], datetime | None] | None = None,
+          hint: TaskRow | None = None) -> Claim | None:
     """Move the task to RUNNING for the attempt its row names, if the message may still run
     it: the row is QUEUED and the message is not from a later attempt. None otherwise (the
     message is stale or a duplicate, and is deleted). ``kill_time`` says when the monitor is
@@ -171,13 +172,17 @@ def claim(clients: Clients, ref: TaskRef, worker: str,
     start given). One transaction writes the task row, the attempt's row and its
     deadline entry, and removes its dispatch entry: no attempt is ever RUNNING without a
     deadline, none QUEUED without a dispatch entry; and moves the rollup of ``counter``
-    (the claiming slot's; this process's own if None)."""
-    try:
-        row = tasks.get_task(clients.tasks, ref.job, ref.task)
-    except ResourceNotFoundError:
-        return None
-    if row.status is not TaskStatus.QUEUED or ref.attempt > row.attempt:
-        return None
+    (the claiming slot's; this process's own if None). ``hint``: the row read a moment ago
+    (``worker.readahead``), tried in place of a read while it is claimable; should its ETag
+    be stale, the row is read and the claim made again."""
+    row = hint if hint is not None and hint.status is TaskStatus.QUEUED and ref.attempt <= hint.attempt else None
+    if row is None:
+        try:
+            row = tasks.get_task(clients.tasks, ref.job, ref.task)
+        except ResourceNotFoundError:
+            return None
+        if row.status is not TaskStatus.QUEUED or ref.attempt > row.attempt:
+            return None
     # An older message may stand in for the current attempt: the row is the truth.
     current = TaskRef(ref.job, ref.task, row.attempt)
     params = row.parameters()
@@ -198,6 +203,8 @@ def claim(clients: Clients, ref: TaskRef, worker: str,
     try:
         result = counter.write(clients.tasks, ref.job, ops, moves)
     except TableTransactionError as exc:
+        if is_conflict(exc) and row is hint:  # the row changed since it was read ahead: read it now
+            return claim(clients, ref, worker, kill_time, counter, speculate_time)
         if is_conflict(exc):
             return None  # another worker claimed it first
         if attempts.is_missing(exc) and len(ops) == 4:  # an entry older than the rules: claim without it
