@@ -178,8 +178,8 @@ def calls_per_task(azurite: Azurite, body: dict, slots: int, window: int) -> dic
     Clients(settings).ensure_resources()
     clients_module.HOOKS["raw_request_hook"] = hook
     stop = threading.Event()
-    workers = [Worker(settings, slots=slots, idle_sleep=0.05) for _ in range(2)]
-    threads = [threading.Thread(target=control.run, args=(settings, stop), kwargs={"idle_sleep": 0.05}, daemon=True)]
+    workers = [Worker(settings, slots=slots) for _ in range(2)]  # idle as deployed: a poll every 0.5 s
+    threads = [threading.Thread(target=control.run, args=(settings, stop), daemon=True)]
     threads += [threading.Thread(target=w.run, daemon=True) for w in workers]
     try:
         clients = Clients(settings)
