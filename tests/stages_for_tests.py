@@ -50,11 +50,22 @@ def straggler(ctx: StageContext) -> None:
     digest(ctx)
 
 
+BACKUP_UNTIL_S = 5.3  # slow_copy's backup runs until this long after its attempt began
+
+
 @stages.stage("slow_copy")
 def slow_copy(ctx: StageContext) -> None:
-    """0.5 s normally; 8 s on the first attempt of one input, 2.5 s on that attempt's backup."""
-    slow = ctx.attempt == 1 and _marked(ctx)
-    time.sleep((2.5 if ctx.backup else 8.0) if slow else 0.5)
+    """0.5 s normally; 12 s on the first attempt of one input; that attempt's backup runs
+    until BACKUP_UNTIL_S after the attempt began (its start in BAGPIPE_TEST_PIDS), so that
+    it is running when a kill time shorter than that passes, whenever it started."""
+    began = Path(os.environ["BAGPIPE_TEST_PIDS"], f"{ctx.job}-slow_copy.began")
+    if not (ctx.attempt == 1 and _marked(ctx)):
+        time.sleep(0.5)
+    elif ctx.backup:
+        time.sleep(max(0.5, float(began.read_text()) + BACKUP_UNTIL_S - time.time()))
+    else:
+        began.write_text(repr(time.time()))
+        time.sleep(12.0)
     digest(ctx)
 
 

@@ -14,7 +14,7 @@ from pipeline.lifecycle import jobs, progress, sweep, tasks, transitions
 from pipeline.lifecycle.status import JobState, TaskStatus
 from pipeline.settings import Settings
 from pipeline.storage.clients import Clients
-from tests.conftest import in_an_hour
+from tests.conftest import in_an_hour, running_workers, wait_for
 from tests.test_worker import planned_job, receive_one
 
 WINDOW = 2  # the job's 8 tasks go out two at a time
@@ -111,3 +111,39 @@ def test_the_sweep_goes_on_with_a_cancellation_and_announces_it(narrow: Clients)
     _end_one(narrow, tasks.TerminalCounter("test"), other)
     assert not progress.follow_up(narrow, swept, other, jobs.get(narrow, other))
     assert _released(narrow, other) == WINDOW + 1 and _announced(narrow, other) == 0
+
+
+def test_an_end_looked_at_too_soon_is_looked_at_later_and_may_announce(
+    narrow: Clients, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's last look saw tasks still to release; others released and ended them;
+    its own end of the job's last task came too soon after that look to be looked at: its
+    next pass looks, and announces the job, without another end and without the sweep."""
+    monkeypatch.setattr(progress, "JOB_CHECK_S", 2.0)
+    job = planned_job(narrow)
+    watch = progress.Watch(narrow)
+    counter = tasks.TerminalCounter("test")
+    _end_one(narrow, counter, job)
+    watch.task_ended(job)  # its look: 3 of 8 released
+    for _ in range(6):  # the others' ends, each looked at by its own worker
+        _end_one(narrow, counter, job)
+        assert not progress.task_ended(narrow, job)
+    _end_one(narrow, counter, job)  # the last, ended here within JOB_CHECK_S of the look
+    watch.task_ended(job)
+    watch.catch_up()
+    assert sum(tasks.terminal_counts(narrow.tasks, job).values()) == 8 and _announced(narrow, job) == 0
+    time.sleep(2.0)
+    watch.catch_up()
+    assert _announced(narrow, job) == 1
+    watch.catch_up()  # once
+    assert _announced(narrow, job) == 1
+
+
+def test_a_worker_alone_runs_a_narrow_job_to_its_announcement(narrow: Clients) -> None:
+    """No sweep: each end a worker does not look at (too soon after its last look) is
+    looked at on its loop's next pass once that time has passed, so the window is topped
+    up and the last end announced by the worker alone."""
+    job = planned_job(narrow)
+    with running_workers(narrow.settings, slots=1):
+        wait_for(lambda: _announced(narrow, job) == 1, 60, "the job announced by its worker")
+    assert sum(tasks.terminal_counts(narrow.tasks, job).values()) == 8

@@ -272,9 +272,10 @@ def _seeded(settings: Settings, stage: str, **changes: object) -> Clients:
 
 
 def test_real_workers_an_attempt_past_its_kill_time_is_left_to_its_running_backup(settings: Settings) -> None:
-    # killed at 4 × 0.8 s, the marked task's first attempt (8 s) would be retried; its
-    # backup (2.5 s), started at about 1 s, is still running then, and must be let win
-    clients = _seeded(settings, "slow_copy", speculate_share=0.5)
+    # killed at 6 × 0.8 s, the marked task's first attempt (12 s) would be retried; its
+    # backup, asked for at about 1 s (and started by 4.8 s, on a loaded machine too), runs
+    # until 5.3 s after the attempt began: it is running at the kill time, and must be let win
+    clients = _seeded(settings, "slow_copy", speculate_share=0.5, kill_factor=6.0)
     with running_control(clients.settings), running_workers(clients.settings, count=2, slots=2):
         job = jobs.submit(clients, small_request()).job
         wait_for(lambda: jobs.get(clients, job).state.finished, 120, "the job to finish")

@@ -123,6 +123,7 @@ class Worker:
             while not self.stopping.is_set():
                 self._hand_back_waiting(AHEAD_HOLD_S)
                 self._report_health()
+                self.progress.catch_up()
                 free = 0
                 while free < self.slots and (
                     self._free.acquire(blocking=False) if free else self._free.acquire(timeout=0.2)

@@ -12,6 +12,7 @@ the sweep's next pass.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
@@ -21,6 +22,7 @@ from pipeline.lifecycle.jobs import JobRow
 from pipeline.lifecycle.status import JobState
 from pipeline.storage.clients import Clients
 
+log = logging.getLogger(__name__)
 JOB_CHECK_S = 1.0  # while a job still has tasks to release, a worker looks at its window this often
 FORGET_JOBS_AFTER = 1000  # jobs whose last look a worker remembers
 TOP_UP_SHARE = 0.25  # after a task's end, the window is topped up once this share of it has drained
@@ -72,19 +74,25 @@ class Watch:
     window needs a look only now and then (it is topped up a quarter at a time): the worker
     reads the job row and counters at most every ``JOB_CHECK_S`` then. Once it has seen all
     released (or released the last itself), it reads the counters after every task, with the
-    row it last read (which has all that needs), so the job's last task is announced at once."""
+    row it last read (which has all that needs), so the job's last task is announced at once.
+    An end it did not look at (too soon after its last look) may still have been the job's
+    last, released meanwhile by another: :meth:`catch_up`, called from the worker's loop,
+    looks at it once ``JOB_CHECK_S`` has passed."""
 
     def __init__(self, clients: Clients) -> None:
         self.clients = clients
         self._lock = threading.Lock()
         # per job: when this worker last looked, the row it read, and whether all were released
         self._looked: dict[str, tuple[float, JobRow | None, bool]] = {}
+        self._skipped: set[str] = set()  # jobs with a task end not looked at yet
 
     def task_ended(self, job: str) -> None:
         with self._lock:
             looked_at, known, released = self._looked.get(job, (-JOB_CHECK_S, None, False))
             if not released and time.monotonic() - looked_at < JOB_CHECK_S:
+                self._skipped.add(job)
                 return
+            self._skipped.discard(job)
             self._looked[job] = (time.monotonic(), known, released)
         row = known if released and known is not None else jobs.get(self.clients, job)
         announced, released = _follow(self.clients, job, row, None, released)
@@ -97,3 +105,16 @@ class Watch:
                 oldest = sorted(self._looked, key=lambda j: self._looked[j][0])
                 for gone in oldest[: len(oldest) // 2]:
                     del self._looked[gone]
+
+    def catch_up(self) -> None:
+        """Look at each job with a task end not looked at, once ``JOB_CHECK_S`` has passed
+        since its last look: without it, a job whose last tasks all ended that soon after
+        their workers' looks would wait for the sweep to be announced (a lease later)."""
+        with self._lock:
+            due = [job for job in self._skipped
+                   if time.monotonic() - self._looked.get(job, (-JOB_CHECK_S, None, False))[0] >= JOB_CHECK_S]
+        for job in due:
+            try:
+                self.task_ended(job)
+            except Exception as exc:  # the next call tries again; the sweep announces in the end
+                log.info("look at job %s put off again: %s", job, exc)
