@@ -15,25 +15,23 @@ from __future__ import annotations
 
 import copy
 import secrets
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bagpipe import control
 from bagpipe.azurite import Azurite
 from bagpipe.cli import DEMO_REQUEST
 from bagpipe.mailserver import MailServer
 from bagpipe.planetary import Planetary
 from bench.scale_report import Context, Part, table
+from bench.throughput import running
 from pipeline.lifecycle import jobs, tasks
 from pipeline.lifecycle.request import JobRequest
 from pipeline.settings import Settings
 from pipeline.storage.clients import Clients
 from worker.child import StageProcess
-from worker.runner import Worker
 
 WORKERS, SLOTS = 2, 4  # as `make demo` runs it
 TIMEOUT_S = 600.0
@@ -46,21 +44,8 @@ def deployment(azurite: Azurite, planetary: Planetary, mail: MailServer) -> Iter
                         mail_mode="smtp", smtp_port=mail.port, tile_stage="modis", catalog="stac",
                         stac_url=planetary.stac_url, stac_sas_url=planetary.sas_url)
     Clients(settings).ensure_resources()
-    stop = threading.Event()
-    threads = [threading.Thread(target=control.run, args=(settings, stop),
-                                kwargs={"sweep_every": 1.0, "idle_sleep": 0.05}, daemon=True)]
-    workers = [Worker(settings, slots=SLOTS, idle_sleep=0.05) for _ in range(WORKERS)]
-    threads += [threading.Thread(target=w.run, daemon=True) for w in workers]
-    for thread in threads:
-        thread.start()
-    try:
+    with running(settings, WORKERS, SLOTS, idle_sleep=0.05, sweep_every=1.0):
         yield settings
-    finally:
-        stop.set()
-        for worker in workers:
-            worker.stopping.set()
-        for thread in threads:
-            thread.join(60)
 
 
 def timed_job(clients: Clients, body: dict[str, Any]) -> tuple[float, str, dict[str, float]]:

@@ -159,6 +159,29 @@ def bagpipe(azurite: Azurite, home: Path, body: dict, workers: int, slots: int, 
             "slot_ms_per_task": round(1000 * seconds * workers * slots / total, 1)}
 
 
+@contextmanager
+def running(settings: Settings, workers: int, slots: int, idle_sleep: float | None = None,
+            sweep_every: float | None = None) -> Iterator[list[Worker]]:
+    """The control loop and ``workers`` workers of ``slots`` slots on threads of this process
+    while the block runs (idle and sweeping as deployed unless told otherwise)."""
+    stop = threading.Event()
+    idle = {} if idle_sleep is None else {"idle_sleep": idle_sleep}
+    started = [Worker(settings, slots=slots, **idle) for _ in range(workers)]
+    threads = [threading.Thread(target=control.run, args=(settings, stop), daemon=True,
+                                kwargs=idle | ({} if sweep_every is None else {"sweep_every": sweep_every}))]
+    threads += [threading.Thread(target=w.run, daemon=True) for w in started]
+    for thread in threads:
+        thread.start()
+    try:
+        yield started
+    finally:
+        stop.set()
+        for worker in started:
+            worker.stopping.set()
+        for thread in threads:
+            thread.join(60)
+
+
 def calls_per_task(azurite: Azurite, body: dict, slots: int, window: int) -> dict:
     """Every storage request of one job, submission to SUCCEEDED, per task: the control loop
     and two workers in this process, each request counted by kind (``kind_of``)."""
@@ -177,28 +200,18 @@ def calls_per_task(azurite: Azurite, body: dict, slots: int, window: int) -> dic
                         window=window, max_tasks=100_000)
     Clients(settings).ensure_resources()
     clients_module.HOOKS["raw_request_hook"] = hook
-    stop = threading.Event()
-    workers = [Worker(settings, slots=slots) for _ in range(2)]  # idle as deployed: a poll every 0.5 s
-    threads = [threading.Thread(target=control.run, args=(settings, stop), daemon=True)]
-    threads += [threading.Thread(target=w.run, daemon=True) for w in workers]
     try:
         clients = Clients(settings)
-        for thread in threads:
-            thread.start()
-        counted.clear()
-        job = jobs.submit(clients, JobRequest.model_validate(body)).job
-        watching.on = True
-        while not (state := jobs.get(clients, job).state).finished:
-            time.sleep(0.2)
-        with lock:
-            found = dict(counted)
-        total = jobs.get(clients, job).total
+        with running(settings, 2, slots):  # idle as deployed: a worker polls every 0.5 s
+            counted.clear()
+            job = jobs.submit(clients, JobRequest.model_validate(body)).job
+            watching.on = True
+            while not (state := jobs.get(clients, job).state).finished:
+                time.sleep(0.2)
+            with lock:
+                found = dict(counted)
+            total = jobs.get(clients, job).total
     finally:
-        stop.set()
-        for worker in workers:
-            worker.stopping.set()
-        for thread in threads:
-            thread.join(60)
         clients_module.HOOKS.pop("raw_request_hook", None)
     return {"tasks": total, "state": state.value, "calls": sum(found.values()),
             "calls_per_task": round(sum(found.values()) / total, 2),
