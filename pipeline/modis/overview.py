@@ -24,7 +24,6 @@ import hashlib
 import json
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -49,7 +48,6 @@ Group = tuple[str, str, str, str]  # product, layer (or a reduction's file stem)
 # how an overview is drawn, in its cache key: a change to the drawing (colours, legend,
 # canvas, resampling) takes a new one, so no cached overview outlives the code that drew it
 DRAWING = 1
-RENDERS_AT_ONCE = 4  # overviews drawn at once (warps and PNG encoding leave the GIL)
 
 
 def groups_of(clients: Clients, entries: list[dict[str, Any]]) -> dict[Group, list[tuple[dict[str, Any], str]]]:
@@ -199,18 +197,12 @@ def draw(clients: Clients, job: str, key: Group,
 
 def build(clients: Clients, job: str, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The job's overviews (reductions first: a span's summary is the best first look),
-    :data:`RENDERS_AT_ONCE` at a time."""
-    groups = sorted(groups_of(clients, entries).items(), key=lambda kv: (not kv[0][3], kv[0]))
-
-    def one(group: tuple[Group, list[tuple[dict[str, Any], str]]]) -> dict[str, Any] | None:
-        key, members = group
+    one after another: drawn on threads at once, rasterio's warps now and then took a
+    raster for one without a geotransform."""
+    made = []
+    for key, members in sorted(groups_of(clients, entries).items(), key=lambda kv: (not kv[0][3], kv[0])):
         try:
-            return render(clients, job, key, members)
+            made.append(render(clients, job, key, members))
         except RasterioError as exc:
             log.warning("job %s: no overview of %s: %s", job, key, exc)
-            return None
-
-    if not groups:
-        return []
-    with ThreadPoolExecutor(min(RENDERS_AT_ONCE, len(groups)), thread_name_prefix="overview") as pool:
-        return [made for made in pool.map(one, groups) if made is not None]
+    return made
