@@ -202,8 +202,7 @@ class Worker:
         except Exception as exc:
             log.warning("receive from %s failed: %s", queue.queue_name, exc)
             return 0
-        if len(batch) > 1:
-            self._rows.read(batch)
+        self._rows.read(batch)
         at = time.monotonic()
         self._ahead.extend((queue, message, at) for message in batch)
         return len(batch)

@@ -23,7 +23,6 @@ import base64
 import hashlib
 import json
 import logging
-import time
 from typing import Any
 
 import numpy as np
@@ -38,7 +37,7 @@ from pipeline.lifecycle import results
 from pipeline.modis import quicklook
 from pipeline.modis.products import CATALOG
 from pipeline.modis.targets import lonlat_bounds
-from pipeline.storage import names, packing
+from pipeline.storage import cache, names, packing
 from pipeline.storage.clients import Clients
 
 log = logging.getLogger(__name__)
@@ -91,11 +90,15 @@ def cache_key(key: Group, members: list[tuple[dict[str, Any], str]]) -> str | No
     return hashlib.sha256(said.encode()).hexdigest()
 
 
+def _span(key: Group) -> str:
+    """The dates an overview shows, as its names and its caption give them."""
+    return f"{key[2]}_{key[3]}" if key[3] else key[2]
+
+
 def _stored(clients: Clients, job: str, key: Group, drawn: dict[str, Any], images: dict[str, bytes]) -> dict[str, Any]:
     """The overview's two images written into the job's products; its manifest entry."""
     product, name, first, last = key
-    span = f"{first}_{last}" if last else first
-    stem = f"{product}.{name}.{span}"
+    stem = f"{product}.{name}.{_span(key)}"
     picture, bare = names.overview_blob(job, f"{stem}.png"), names.overview_blob(job, f"{stem}.map.png")
     clients.transfers.upload(clients.products, picture, images["picture"], "image/png")
     clients.transfers.upload(clients.products, bare, images["map"], "image/png")
@@ -109,7 +112,7 @@ def _cached(clients: Clients, address: str) -> tuple[dict[str, Any], dict[str, b
     blob = names.overview_cache_blob(address)
     try:
         data, _ = clients.transfers.download(clients.products, blob)
-        clients.products.get_blob_client(blob).set_blob_metadata({"reused": f"{time.time():.0f}"})
+        cache.touch(clients.products, blob)
     except ResourceNotFoundError:
         return None
     found = json.loads(data)
@@ -160,7 +163,7 @@ def draw(clients: Clients, job: str, key: Group,
          members: list[tuple[dict[str, Any], str]]) -> tuple[dict[str, Any], dict[str, bytes]]:
     """The group's overview drawn: its description (bounds, unit, legend, tiles) and its
     two images (the picture with its legend, the bare map)."""
-    product, name, first, last = key
+    product, name = key[:2]
     boxes = [lonlat_bounds(task["crs"], task["bounds"]) for task, _ in members]
     bounds = (min(b[0] for b in boxes), min(b[1] for b in boxes), max(b[2] for b in boxes), max(b[3] for b in boxes))
     shape = quicklook.canvas_shape(bounds, LONGEST)
@@ -189,8 +192,7 @@ def draw(clients: Clients, job: str, key: Group,
     valid = canvas[~(np.isnan(canvas) if np.isnan(nodata) else canvas == nodata)]
     style = quicklook.style_for(layer, valid.astype("float64") * scale + offset, name)
     rgba = quicklook.colorize(canvas, style, nodata, scale, offset)
-    span = f"{first}_{last}" if last else first
-    images = {"picture": quicklook.picture(rgba, style, f"{product} {name} {span}"), "map": quicklook.png(rgba)}
+    images = {"picture": quicklook.picture(rgba, style, f"{product} {name} {_span(key)}"), "map": quicklook.png(rgba)}
     drawn = {"bounds": list(bounds), "unit": style.unit, "legend": quicklook.legend_json(style), "tiles": len(members)}
     return drawn, images
 

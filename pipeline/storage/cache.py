@@ -97,6 +97,13 @@ def _peeks() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(PEEKS_AT_ONCE, thread_name_prefix="cache-peek")
 
 
+def touch(container: ContainerClient, name: str) -> None:
+    """Write the blob's metadata: a write, from which a retention by time since the last
+    write (products') counts again, so a cached blob a new job names lives as long as that
+    job's own. ResourceNotFoundError if the blob is gone."""
+    container.get_blob_client(name).set_blob_metadata({"reused": f"{time.time():.0f}"})
+
+
 def ensure(transfers: Transfers, container: ContainerClient, name: str, make: Callable[[], bytes],
            content_type: str, want_data: bool = True, owner: str = "", tidy: bool = False) -> Cached:
     """The blob ``name``: read if it exists, else made by ``make`` — once, whoever asks.

@@ -26,7 +26,6 @@ import base64
 import hashlib
 import json
 import logging
-import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -36,7 +35,7 @@ from azure.storage.blob import BlobBlock, ContentSettings
 from azure.storage.blob.aio import BlobServiceClient as AsyncBlobServiceClient
 
 from pipeline.lifecycle.failures import FailureClass, StageFailure, error_code
-from pipeline.storage import names
+from pipeline.storage import cache, names
 from pipeline.storage.clients import Clients
 from pipeline.storage.transfer import MiB, md5_of
 
@@ -178,12 +177,12 @@ def cached(clients: Clients, address: str) -> dict[str, Member] | None:
     index is missing or a pack it names is gone (retention deletes each blob on its own
     day). The index and each pack are touched (their metadata written): kept for as long
     as the job that names them now."""
-    touched = {"reused": f"{time.time():.0f}"}
+    index_blob = names.pack_cache_blob(address)
     try:
-        index, _ = clients.transfers.download(clients.products, names.pack_cache_blob(address))
+        index, _ = clients.transfers.download(clients.products, index_blob)
         members = {name: member_of(entry) for name, entry in json.loads(index).items()}
-        for blob in [*sorted({m.pack for m in members.values()}), names.pack_cache_blob(address)]:
-            clients.products.get_blob_client(blob).set_blob_metadata(touched)
+        for blob in [*sorted({m.pack for m in members.values()}), index_blob]:
+            cache.touch(clients.products, blob)
     except ResourceNotFoundError:
         return None
     return members
