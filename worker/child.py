@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import select
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ from pipeline.storage.clients import Clients
 from worker import private
 
 _PR_SET_PDEATHSIG = 1
+REDELIVER_S = 0.5  # SIGTERM is sent again to a stage process's main thread this often until taken
+_unwound = threading.Event()  # a stage process has ended its stage, or is ending: SIGTERM has done its work
 _context = multiprocessing.get_context("forkserver")
 # bagpipe.cli too: a child re-runs the main module (the CLI, for `bagpipe worker`), cheap
 # once its imports are already in the server.
@@ -60,21 +63,44 @@ def _die_with_parent() -> None:
         pass  # not Linux: the monitor still revokes the attempt, its output is never used
 
 
-def _die_with_worker(conn: Connection) -> None:
-    """SIGKILL this process group as soon as its worker is gone (no reader is left on the
-    outcome pipe). The fork server alone would not see to it: every child it forks holds a
-    copy of the server's liveness pipe, so the server outlives a killed worker for as long
-    as that worker's stages run, and they would run to the end for nothing."""
+def _watch(conn: Connection) -> None:
+    """Start the stage process's one helper thread, which watches for two things:
+
+    - its worker gone (no reader is left on the outcome pipe): SIGKILL this process group.
+      The fork server alone would not see to it: every child it forks holds a copy of the
+      server's liveness pipe, so the server outlives a killed worker for as long as that
+      worker's stages run, and they would run to the end for nothing.
+    - SIGTERM: it is sent again to the main thread every REDELIVER_S until the process has
+      unwound (``_unwind``). Python runs a handler only in the main thread, once that thread
+      wakes, and a signal caught by another thread (a stage's upload threads, a cache
+      marker's toucher) does not wake it; and the SystemExit the handler raises can be lost
+      when it lands inside library code that does not let it through. Either way the stage
+      would run on to its SIGKILL, past the grace in which its ``finally`` blocks tidy up.
+    """
+    readable, writable = os.pipe()
+    os.set_blocking(writable, False)
+    signal.set_wakeup_fd(writable, warn_on_full_buffer=False)  # the number of each signal caught
+    main = threading.main_thread().ident
+    assert main is not None
 
     def watch() -> None:
         poller = select.poll()
         poller.register(conn.fileno(), 0)  # reports only POLLERR/POLLHUP (and POLLNVAL)
+        poller.register(readable, select.POLLIN)
+        again: float | None = None  # when to send SIGTERM to the main thread next
         while True:
-            for _, event in poller.poll():
-                if event & select.POLLNVAL:
+            wait = None if again is None else max(0, int((again - time.monotonic()) * 1000))
+            for fd, event in poller.poll(wait):
+                if fd == readable:
+                    if signal.SIGTERM in os.read(readable, 64) and again is None:
+                        again = time.monotonic()
+                elif event & select.POLLNVAL:
                     return  # the pipe was closed: the stage process is ending
-                if event & (select.POLLERR | select.POLLHUP):
+                elif event & (select.POLLERR | select.POLLHUP):
                     os.killpg(0, signal.SIGKILL)
+            if again is not None and time.monotonic() >= again and not _unwound.is_set():
+                signal.pthread_kill(main, signal.SIGTERM)
+                again = time.monotonic() + REDELIVER_S
 
     threading.Thread(target=watch, name="worker-watch", daemon=True).start()
 
@@ -82,7 +108,11 @@ def _die_with_worker(conn: Connection) -> None:
 def _unwind(signum: int, _frame: object) -> None:
     """SIGTERM (a revoked or cancelled attempt, a worker stopping) unwinds the stage, so that
     its ``finally`` blocks tidy up in the grace period — a cache marker of a tile it was
-    making is removed, not left for a retry that may never come; SIGKILL follows the grace."""
+    making is removed, not left for a retry that may never come; SIGKILL follows the grace.
+    Sent again until it has taken (``_watch``), it does nothing once the process is
+    unwinding: a SystemExit is on its way up, or the stage has ended."""
+    if _unwound.is_set() or isinstance(sys.exc_info()[1], SystemExit):
+        return
     raise SystemExit(128 + signum)
 
 
@@ -94,9 +124,16 @@ def _serve(settings: Settings, conn: Connection, tasks: int) -> None:
     private.make_private()
     protect_logging()  # a stage's log lines reach the worker's log as they are
     _die_with_parent()
-    _die_with_worker(conn)
     signal.signal(signal.SIGTERM, _unwind)
+    _watch(conn)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    try:
+        _serve_stages(settings, conn, tasks)
+    finally:
+        _unwound.set()  # nothing left for a SIGTERM sent again to stop
+
+
+def _serve_stages(settings: Settings, conn: Connection, tasks: int) -> None:
     clients: Clients | None = None
     for _ in range(tasks):
         try:
