@@ -12,7 +12,7 @@ from pipeline.storage import names
 from pipeline.storage.clients import Clients
 from tests.conftest import wait_for
 from worker.child import Outcome, StageProcess
-from worker.runner import Slot
+from worker.slot import Slot
 
 
 def run(process: StageProcess, **params: str) -> Outcome:

@@ -189,7 +189,7 @@ def test_straggler_is_revoked_at_about_4x_and_succeeds_on_retry(settings: Settin
     assert jobs.get(clients, job).state == "SUCCEEDED"
     task = marked_task(clients, job)
     assert task.attempt == 2 and task.status == "SUCCEEDED" and task.timeouts == 1
-    assert settings.slow_ratio in pool.workers[0]._ratios  # revoked for time: at least "slow" to its worker's health
+    assert settings.slow_ratio in pool.workers[0].pace.ratios  # revoked for time: at least "slow"
     first, second = attempt_rows(clients, job, task.task)
     assert first.failure_class == "execution_timeout" and first.revoked_by in ("monitor", "worker")
     ran_for = (first.ended_at - first.started_at).total_seconds()

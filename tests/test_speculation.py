@@ -64,6 +64,11 @@ def _backup_message(clients: Clients) -> tasks.TaskRef:
     return tasks.TaskRef.decode(message.content)
 
 
+def _messages(clients: Clients) -> int:
+    """How many task messages the shards hold, visible now."""
+    return sum(len(q.peek_messages(max_messages=32)) for q in clients.shard_queues)
+
+
 def _backed_up(clients: Clients, first_kill: Callable[..., datetime] = in_an_hour,
                backup_kill: Callable[..., datetime] = in_an_hour) -> tuple[str, list[transitions.Claim],
                                                                          transitions.Claim]:
@@ -121,6 +126,20 @@ def test_the_attempt_commits_first_and_its_backup_is_refused(clients: Clients) -
     row = tasks.get_task(clients.tasks, job, first.ref.task)
     assert json.loads(row.outputs) == ["first"] and row.worker == first.worker
     assert [a.outcome for a in attempt_rows(clients, job, first.ref.task)] == ["SUCCEEDED", "DISCARDED"]
+    assert index_rows(clients, job, first.ref.task) == []
+
+
+def test_a_backup_whose_attempt_ends_before_anyone_takes_it_is_recorded_as_not_run(clients: Clients) -> None:
+    job = planned_job(clients)
+    first, *_ = _claim_all(clients, job)
+    assert sweep.sweep(clients)["backups"] == 1
+    ref = _backup_message(clients)
+    with pytest.raises(speculation.NotHere):  # its attempt's own worker hands it back
+        speculation.claim_backup(clients, ref, first.worker, in_an_hour)
+    assert transitions.commit(clients, tasks.TerminalCounter("test"), first, TaskStatus.SUCCEEDED, ["first"])
+    assert speculation.claim_backup(clients, ref, "spare", in_an_hour) is None  # no longer wanted
+    primary, copy = attempt_rows(clients, job, first.ref.task)
+    assert primary.outcome == "SUCCEEDED" and copy.outcome == speculation.NOT_RUN and copy.ended_at is not None
     assert index_rows(clients, job, first.ref.task) == []
 
 
@@ -216,6 +235,12 @@ def test_a_slow_workers_attempt_gives_way_to_its_backup_and_is_requeued_if_the_b
     assert sweep.sweep(clients)["revoked"] == 1  # the task is not left RUNNING with nobody on it
     row = tasks.get_task(clients.tasks, job, first.ref.task)
     assert row.status is TaskStatus.QUEUED and row.attempt == 2
+    # past its kill time by then, yet it was given up, not timed out: the next attempt keeps its limit
+    assert row.timeouts == 0 and row.last_failure == FailureClass.WORKER_SLOW.value
+    gave, copy = attempt_rows(clients, job, first.ref.task)[:2]
+    assert (gave.outcome, gave.failure_class, gave.error) == ("FAILED", "worker_slow", "found slow")
+    assert copy.backup and copy.outcome == "FAILED"
+    assert jobs.status(clients, job)["monitor_kills"] == 0
 
 
 def _answer_lost_once(monkeypatch: pytest.MonkeyPatch, clients: Clients) -> list[bool]:
@@ -246,7 +271,13 @@ def test_lost_answers_on_the_backup_path_leave_nothing_stuck(settings: Settings,
     assert sweep.sweep(monitor)["backups"] == 0  # ... and not asked again; the attempt goes on alone
     (asked,) = [a for a in attempts.list_attempts(clients.tasks, job) if a.backup]
     assert asked.outcome == speculation.REQUESTED
-    ref = tasks.TaskRef(job, first.ref.task, 1, backup=True)  # its message, had it been sent
+    assert _messages(clients) == 0  # its message never sent ...
+    later = Clients(settings.with_(lease_seconds=1))  # ... until a lease has passed with nobody taking it
+    time.sleep(1.1)
+    assert sweep.sweep(later)["backups"] == 0  # the same backup, asked for again: counted once
+    ref = _backup_message(clients)
+    assert ref == tasks.TaskRef(job, first.ref.task, 1, backup=True)
+    assert sweep.sweep(later)["backups"] == 0 and _messages(clients) == 0  # not again within a lease
     worker = Clients(settings.with_(lease_seconds=1))  # the backup's worker, whose heartbeat lapses at once
     with monkeypatch.context() as patch:
         _answer_lost_once(patch, worker)
@@ -292,7 +323,11 @@ def test_a_backup_that_reaches_the_worker_of_its_attempt_goes_back_and_is_not_ru
     with running_control(clients.settings), running_workers(clients.settings, count=1, slots=2):
         job = jobs.submit(clients, small_request()).job
         wait_for(lambda: jobs.get(clients, job).state.finished, 120, "the job to finish")
-    task = marked_task(clients, job)
+        task = marked_task(clients, job)
+        # its message, handed back, comes to the worker once more: the backup was never run
+        wait_for(lambda: attempt_rows(clients, job, task.task)[1].outcome != speculation.REQUESTED, 10,
+                 "the backup's message to come back")
     primary, copy = attempt_rows(clients, job, task.task)
-    assert primary.outcome == "SUCCEEDED" and copy.backup and copy.outcome == speculation.REQUESTED  # never run
+    assert primary.outcome == "SUCCEEDED" and copy.backup and copy.outcome == speculation.NOT_RUN
+    assert copy.started_at is None and copy.worker == ""
     assert jobs.status(clients, job)["speculative_attempts"] >= 1

@@ -28,7 +28,6 @@ import time
 import uuid
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import datetime
 
 from azure.storage.queue import QueueClient, QueueMessage
@@ -42,9 +41,11 @@ from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.clients import Clients, clients_for
 from worker import private
-from worker.child import Outcome, StageProcess
+from worker.child import Outcome
 from worker.lease import Lease
+from worker.pace import Pace
 from worker.readahead import RowsAhead
+from worker.slot import Slot
 
 log = logging.getLogger(__name__)
 
@@ -53,27 +54,6 @@ AHEAD_BELOW_S = 1.0  # receive ahead of free slots while attempts take less than
 AHEAD_HOLD_S = 2.0  # a message received ahead that waits this long is handed back
 BACKUP_PASSES = 5  # a backup received by the worker that runs its attempt is handed back this often
 PAST_KILL_TIME = "ran past its kill time"  # the error of an attempt its own worker revoked
-
-
-@dataclass
-class Slot:
-    """What one of a worker's slots keeps from task to task: its terminal counter and its
-    warm stage process."""
-
-    counter: tasks.TerminalCounter
-    process: StageProcess | None = None
-
-    def stage_process(self, settings: Settings) -> StageProcess:
-        """The slot's stage process, a new one if the last was killed, failed or is spent."""
-        if self.process is None or not self.process.usable():
-            self.close()
-            self.process = StageProcess(settings)
-        return self.process
-
-    def close(self) -> None:
-        if self.process is not None:
-            self.process.close()
-            self.process = None
 
 
 class Worker:
@@ -103,11 +83,7 @@ class Worker:
         self._turn = 0  # the shard run_once receives from next
         self.handled = 0  # messages that named an attempt this worker claimed
         self.handed_back = 0  # messages received ahead that went back to the queue unrun
-        # health: ratios of ended attempts to their history, the running ones' (start, expected s)
-        self._ratios: deque[float] = deque(maxlen=health.RECENT)
-        self._running: dict[tasks.TaskRef, tuple[float, float]] = {}
-        self._reported = -health.REPORT_EVERY_S
-        self._attempts_run = 0
+        self.pace = Pace(settings.slow_ratio)  # its attempts against their history, for its health
 
     def run(self) -> None:
         """Pull and run tasks until :attr:`stopping` is set; then finish what is in hand.
@@ -228,19 +204,12 @@ class Worker:
                 log.info("message %s not handed back: %s", message.id, exc)
 
     def _report_health(self) -> None:
-        """Every REPORT_EVERY_S while attempts are in hand: report their ratios to their
-        history (the ended ones', then the running ones' so far); if the monitor has found
-        this worker slow, drain."""
-        if (self.settings.slow_ratio <= 0 or time.monotonic() - self._reported < health.REPORT_EVERY_S
-                or not self._busy()):
+        """While attempts are in hand, report how they compare with their history (now and
+        then: ``Pace.report``); if the monitor has found this worker slow, drain."""
+        if not self._busy():
             return
-        self._reported = time.monotonic()
-        with self._pool_lock:
-            ended = list(self._ratios)
-            running = [(self._reported - start) / expected for start, expected in self._running.values()]
-            count = self._attempts_run
         try:
-            state = health.report(self.clients, self.id, ended, running, self.slots, count)
+            state = self.pace.report(self.clients, self.id, self.slots)
         except Exception as exc:  # statistics: the next report tries again
             log.info("health report of %s failed: %s", self.id, exc)
             return
@@ -293,13 +262,11 @@ class Worker:
             return policy.speculate_time(self.settings, stage, history, started, runtimes.work_of(params))
 
         if ref.backup:
+            last_pass = message.dequeue_count is None or message.dequeue_count >= BACKUP_PASSES
             try:
-                held = speculation.claim_backup(self.clients, ref, self.id, kill_time)
+                held = speculation.claim_backup(self.clients, ref, self.id, kill_time, last_pass)
             except speculation.NotHere:  # a copy on the machine of the attempt it backs up helps nobody
-                if message.dequeue_count is not None and message.dequeue_count < BACKUP_PASSES:
-                    queue.update_message(message.id, pop_receipt=message.pop_receipt, visibility_timeout=1)
-                else:
-                    queue.delete_message(message)
+                queue.update_message(message.id, pop_receipt=message.pop_receipt, visibility_timeout=1)
                 return
         else:
             held = transitions.claim(self.clients, ref, self.id, kill_time, slot.counter, speculate_time,
@@ -317,21 +284,17 @@ class Worker:
         that dies while it commits (storage slow or restarting) leaves its entry behind for
         the monitor, never a task RUNNING with nothing to revoke it."""
         expected = self._expected_s(held)
-        with self._pool_lock:
-            self._attempts_run += 1
-            if expected:
-                self._running[held.ref] = (time.monotonic(), expected)
+        self.pace.started(held.ref, expected)
         try:
             with Lease(self.clients, queue, message, held) as lease:
                 outcome = self.run_stage(held, lease, slot)
         finally:
-            with self._pool_lock:
-                self._running.pop(held.ref, None)
+            self.pace.stopped(held.ref)
         if lease.revoked.is_set():
             # (one revoked before its kill time — cancelled, beaten by its copy — says nothing
             # of the machine)
             if tasks.now() >= held.kill_at:
-                self._too_slow(held, expected)
+                self.pace.too_slow((tasks.now() - held.started).total_seconds(), expected)
             # The task went on without this attempt (a new message names the next one):
             # nothing it made is published. Its message may stand in for the next attempt.
             transitions.discard(self.clients, held)
@@ -357,9 +320,7 @@ class Worker:
                 if status is TaskStatus.SUCCEEDED:  # computed: a cache hit or no data measures nothing
                     self.history.add(held.stage, runtimes.history_key(held.params),
                                      seconds / runtimes.work_of(held.params))
-                    if expected:
-                        with self._pool_lock:
-                            self._ratios.append(seconds / expected)
+                    self.pace.ran(seconds, expected)
                 self.progress.task_ended(held.ref.job)
             return
         failure = outcome.failure or FailureClass.UNKNOWN
@@ -402,20 +363,12 @@ class Worker:
         if after is None:  # the monitor, a cancel or a backup moved the task first
             transitions.discard(self.clients, held)
         lease.delete()  # the move sent the next attempt's message
-        self._too_slow(held, expected)
+        self.pace.too_slow((tasks.now() - held.started).total_seconds(), expected)
         telemetry.attempt_ended(held.stage, FailureClass.EXECUTION_TIMEOUT.value,
                                 (tasks.now() - held.started).total_seconds())
         log.info("%s ran past its kill time: revoked by its worker, task now %s", ref, after)
         if after is TaskStatus.DEAD:
             self.progress.task_ended(ref.job)
-
-    def _too_slow(self, held: transitions.Claim, expected: float | None) -> None:
-        """Note for this worker's health an attempt that ran past its kill time: at least as
-        slow as "slow", whatever it ran."""
-        if expected:
-            ran = (tasks.now() - held.started).total_seconds() / expected
-            with self._pool_lock:
-                self._ratios.append(max(ran, self.settings.slow_ratio))
 
     def _backup_runs(self, held: transitions.Claim) -> bool | None:
         """Whether a backup of the attempt runs (None if that could not be read)."""

@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 from azure.core.exceptions import ResourceNotFoundError
 from azure.data.tables import TableClient, TableTransactionError, UpdateMode
 
-from pipeline.lifecycle.failures import error_code
+from pipeline.lifecycle.failures import FailureClass, error_code
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
 from pipeline.storage.rows import Row, stored
@@ -56,7 +56,8 @@ class AttemptRow(Row):
     started_at: datetime | None = None
     heartbeat: datetime | None = None  # its last
     ended_at: datetime | None = None
-    outcome: str = ""  # RUNNING, then the status it ended the task in, or DISCARDED (a backup: REQUESTED first)
+    outcome: str = ""  # RUNNING, then the status it ended the task in, or DISCARDED (a backup: REQUESTED
+    # first, NOT_RUN if nobody ran it)
     runtime_s: float | None = None
     failure_class: str = ""
     error: str = ""
@@ -112,6 +113,16 @@ def running_etag(clients: Clients, job: str, task: str, attempt: int, backup: bo
 def is_running(clients: Clients, job: str, task: str, attempt: int, backup: bool = False) -> bool:
     """Whether the attempt's (or its backup's) row says it is running."""
     return running_etag(clients, job, task, attempt, backup) is not None
+
+
+def gave_way(clients: Clients, job: str, task: str, attempt: int) -> bool:
+    """Whether the attempt's worker, found slow, gave it up to its backup
+    (``pipeline.lifecycle.speculation.give_way``): its row records that failure."""
+    try:
+        found = clients.tasks.get_entity(job, names.attempt_key(task, attempt), select=["FailureClass"])
+    except ResourceNotFoundError:
+        return False
+    return found.get("FailureClass") == FailureClass.WORKER_SLOW.value
 
 
 def is_missing(exc: TableTransactionError) -> bool:

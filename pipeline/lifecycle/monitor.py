@@ -62,6 +62,8 @@ def revoke_overdue(clients: Clients, job: str, report: SweepReport) -> list[Dead
         if clients.settings.speculate_share > 0 and attempts.is_running(clients, job, entry.task, entry.attempt,
                                                                         backup=True):
             continue  # the first of the two to commit ends the task
+        if clients.settings.speculate_share > 0 and attempts.gave_way(clients, job, entry.task, entry.attempt):
+            why = FailureClass.WORKER_SLOW  # its backup ended without committing: not the task's time
         try:
             task = get_task(clients.tasks, ref.job, ref.task)
         except ResourceNotFoundError:  # its job was deleted

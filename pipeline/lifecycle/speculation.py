@@ -18,16 +18,17 @@ leaves the attempt it copies alone (it would requeue the task and throw both awa
 the backup has ended or lapsed it revokes as before. A backup has its own attempt row
 (``names.attempt_key(..., backup=True)``: REQUESTED, then RUNNING, then how it ended) and
 deadline entry, written together, so the monitor always finds a backup that stopped
-heartbeating and gives it up.
+heartbeating and gives it up. A backup nobody takes within a lease is asked for again (its
+message may be lost); one that is no longer wanted when its message arrives ends NOT_RUN.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from azure.core.exceptions import ResourceNotFoundError
+from azure.core.exceptions import ResourceModifiedError, ResourceNotFoundError
 from azure.data.tables import TableTransactionError, UpdateMode
 
 from pipeline.lifecycle import attempts, dispatch, rollups, transitions
@@ -42,6 +43,7 @@ from pipeline.storage.clients import Clients
 
 log = logging.getLogger(__name__)
 REQUESTED = "REQUESTED"  # a backup's outcome until a worker takes it
+NOT_RUN = "NOT_RUN"  # a backup nobody ran: its attempt ended first, or only that attempt's worker took it
 
 
 class NotHere(Exception):
@@ -62,9 +64,10 @@ def consider(clients: Clients, counter: TerminalCounter, job: JobRow, due: list[
     allowed = max(1, int(share * job.total)) - rollup.backups
     asked = 0
     for entry in sorted(due, key=lambda e: e.speculate_at or now()):
-        if asked >= allowed:
-            break
-        asked += _ask(clients, counter, entry)
+        if asked < allowed:
+            asked += _ask(clients, counter, entry)
+        else:
+            _ask_again(clients, entry)
     return asked
 
 
@@ -85,6 +88,7 @@ def _ask(clients: Clients, counter: TerminalCounter, entry: Deadline) -> int:
         counter.write(clients.tasks, entry.job, [("create", asked.to_entity(), {})], rollups.Moves().backed_up())
     except TableTransactionError as exc:
         if exc.status_code == 409 or error_code(exc) == "EntityAlreadyExists":
+            _ask_again(clients, entry)
             return 0  # asked for already
         raise
     dispatch.send(clients, [(row.shard, TaskRef(entry.job, entry.task, entry.attempt, backup=True))])
@@ -92,23 +96,63 @@ def _ask(clients: Clients, counter: TerminalCounter, entry: Deadline) -> int:
     return 1
 
 
+def _ask_again(clients: Clients, entry: Deadline) -> None:
+    """If a backup of ``entry``'s attempt was asked for and is still not taken a lease
+    later, its message may be lost (the ask's answer was, and its message never sent): send
+    it again, its row written (fenced) so that the next look waits another lease. A second
+    message is harmless: the backup's claim is fenced on its row, and one worker takes it."""
+    key = names.attempt_key(entry.task, entry.attempt, True)
+    try:
+        found = clients.tasks.get_entity(entry.job, key, select=["Outcome", "Timestamp"])
+        written = found.metadata.get("timestamp")
+        if found.get("Outcome") != REQUESTED or written is None or now() - written < timedelta(
+                seconds=clients.settings.lease_seconds):
+            return
+        row = get_task(clients.tasks, entry.job, entry.task)
+        wanted = row.status is TaskStatus.RUNNING and row.attempt == entry.attempt
+        fields = {"outcome": REQUESTED} if wanted else {"outcome": NOT_RUN, "ended_at": now()}
+        clients.tasks.update_entity(attempts.attempt_row(entry.job, entry.task, entry.attempt, True, **fields),
+                                    mode=UpdateMode.MERGE, **if_match(str(found.metadata["etag"])))
+    except (ResourceModifiedError, ResourceNotFoundError):
+        return  # taken meanwhile, or its job deleted
+    if not wanted:
+        return
+    dispatch.send(clients, [(row.shard, TaskRef(entry.job, entry.task, entry.attempt, backup=True))])
+    log.info("backup of %s/%s attempt %s asked for again", entry.job, entry.task, entry.attempt)
+
+
+def _not_run(clients: Clients, asked: AttemptRow) -> None:
+    """Record that the backup ``asked`` for (its row read REQUESTED) will not run."""
+    try:
+        clients.tasks.update_entity(asked.stored_changes(outcome=NOT_RUN, ended_at=now()),
+                                    mode=UpdateMode.MERGE, **if_match(asked.etag))
+    except (ResourceModifiedError, ResourceNotFoundError):
+        pass  # taken or ended meanwhile
+
+
 def claim_backup(clients: Clients, ref: TaskRef, worker: str,
-                 kill_time: Callable[[TaskRef, str, dict[str, str], int], datetime]) -> transitions.Claim | None:
+                 kill_time: Callable[[TaskRef, str, dict[str, str], int], datetime],
+                 last_pass: bool = False) -> transitions.Claim | None:
     """Take the backup ``ref`` names, if its attempt still runs and nobody took it: its
     attempt row moves REQUESTED → RUNNING (fenced on its ETag) with its deadline entry, in
     one transaction; the task row is not written, and its ETag is the fence the backup
-    shares with the attempt it copies. None if the backup is no longer wanted; NotHere if
-    that attempt runs on ``worker``."""
+    shares with the attempt it copies. None if the backup is no longer wanted (its row then
+    says NOT_RUN, as it does when ``last_pass`` brings it to the attempt's own worker once
+    more); NotHere if that attempt runs on ``worker``."""
     try:
         row = get_task(clients.tasks, ref.job, ref.task)
         key = names.attempt_key(ref.task, ref.attempt, True)
         asked = AttemptRow.from_entity(clients.tasks.get_entity(ref.job, key))
     except ResourceNotFoundError:
         return None
-    if row.status is not TaskStatus.RUNNING or row.attempt != ref.attempt or asked.outcome != REQUESTED:
-        return None
-    if row.worker == worker:
+    if asked.outcome != REQUESTED:
+        return None  # taken already, or ended
+    wanted = row.status is TaskStatus.RUNNING and row.attempt == ref.attempt
+    if wanted and row.worker == worker and not last_pass:
         raise NotHere(f"{ref.job}/{ref.task} attempt {ref.attempt} runs here")
+    if not wanted or row.worker == worker:
+        _not_run(clients, asked)
+        return None
     params = row.parameters()
     kill_at = kill_time(ref, row.stage, params, row.timeouts)
     started = now()

@@ -44,6 +44,18 @@ def if_match(etag: str) -> dict[str, Any]:
     return {"etag": etag, "match_condition": MatchConditions.IfNotModified}
 
 
+def update_op(job: str, task: str, etag: str, **fields: Any) -> tuple[Any, ...]:
+    """A merge of ``fields`` (by TaskRow field name) into a task row, fenced on ``etag``: one
+    operation of an entity-group transaction."""
+    return ("update", {"PartitionKey": job, "RowKey": task, **TaskRow.as_stored(**fields)},
+            {"mode": UpdateMode.MERGE, **if_match(etag)})
+
+
+def tile_of(params: str | dict[str, str]) -> str:
+    """The target tile a task's parameters (stored or parsed) name ("" for none)."""
+    return str((json.loads(params) if isinstance(params, str) else params).get("tile", ""))
+
+
 def etag_of(row: TableEntity) -> str:
     """The ETag a row was read with: the condition of the next write to it."""
     etag = row.metadata["etag"]

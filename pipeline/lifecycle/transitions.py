@@ -6,8 +6,9 @@ other module writes a task row's state. Each is one entity-group transaction in 
 partition, fenced on the row's ETag, holding everything that must change with it: the
 attempt's row, its entry in the monitor's deadline index (``pipeline.lifecycle.attempts``), its entry
 in the dispatch index while it is QUEUED (``pipeline.lifecycle.dispatch``), a failed attempt's entry in
-the failure index, and the writer's rollup row (``pipeline.lifecycle.rollups``: what the move changes
-in the job's counts per state, tile and stage, its runtimes and failures). The state
+the failure index, the writer's rollup row (``pipeline.lifecycle.rollups``: what the move changes
+in the job's counts per state, tile and stage, its runtimes and failures), and a tile
+task's end counted off the reduction waiting on it (``pipeline.lifecycle.dependencies``). The state
 machine (``pipeline.lifecycle.status``) checks each move.
 
 A write whose answer was lost (a connection cut, storage restarting) is settled by reading
@@ -34,34 +35,22 @@ from azure.core.exceptions import (
     ServiceRequestError,
     ServiceResponseError,
 )
-from azure.data.tables import TableTransactionError, UpdateMode
+from azure.data.tables import TableTransactionError
 
-from pipeline.lifecycle import attempts, dispatch, rollups, tasks
+from pipeline.lifecycle import attempts, dependencies, dispatch, rollups, tasks
 from pipeline.lifecycle.attempts import Op
 from pipeline.lifecycle.failures import FailureClass
 from pipeline.lifecycle.rollups import Moves
 from pipeline.lifecycle.status import TaskStatus, after_failure, transition
-from pipeline.lifecycle.tasks import TaskRef, TaskRow, TerminalCounter, if_match, is_conflict, now
+from pipeline.lifecycle.tasks import TaskRef, TaskRow, TerminalCounter, is_conflict, now, tile_of, update_op
 from pipeline.redact import redact
-from pipeline.storage import names
 from pipeline.storage.clients import Clients
 
 ERROR_CHARS = 2000  # an error message kept on a row is cut to this
 # the most characters of output names a task row holds (a string property is 64 KiB of UTF-16)
 OUTPUTS_CHARS = 30_000
-DEPS_CONFLICTS = 50  # writes retried because another tile task of the same reduction ended at once
 # the rollup row of this process's moves made without a writer of their own (releases)
 _mover = TerminalCounter(f"mover-{uuid.uuid4().hex[:12]}")
-
-
-def _tile(params: str | dict[str, str]) -> str:
-    return str((json.loads(params) if isinstance(params, str) else params).get("tile", ""))
-
-
-def _update(job: str, task: str, etag: str, **fields: Any) -> Op:
-    """A merge of ``fields`` (by TaskRow field name) into a task row, fenced on ``etag``."""
-    return ("update", {"PartitionKey": job, "RowKey": task, **TaskRow.as_stored(**fields)},
-            {"mode": UpdateMode.MERGE, **if_match(etag)})
 
 
 def _read_again(clients: Clients, job: str, rows: list[TaskRow]) -> list[TaskRow]:
@@ -87,8 +76,8 @@ def queue(clients: Clients, job: str, rows: list[TaskRow]) -> list[TaskRow]:
                 if row.status is TaskStatus.PENDING:
                     fields, write = dispatch.queued(clients, job, row.task)
                     transition(row.status, TaskStatus.QUEUED)
-                    ops += [_update(job, row.task, row.etag, **fields), write]
-                    moves.move(row.stage, _tile(row.params), TaskStatus.PENDING, TaskStatus.QUEUED)
+                    ops += [update_op(job, row.task, row.etag, **fields), write]
+                    moves.move(row.stage, tile_of(row.params), TaskStatus.PENDING, TaskStatus.QUEUED)
             try:
                 if ops:
                     _mover.write(clients.tasks, job, ops, moves)
@@ -120,15 +109,15 @@ def settle(clients: Clients, job: str, rows: list[TaskRow], outputs: dict[str, l
             ended, moves, ops = now(), Moves(), list[Op]()
             waiting: dict[str, int] = {}
             for row in live:
-                ops.append(_update(job, row.task, row.etag, ended_at=ended, settled_at=ended,
+                ops.append(update_op(job, row.task, row.etag, ended_at=ended, settled_at=ended,
                                    status=transition(row.status, TaskStatus.CACHED),
                                    outputs=json.dumps(outputs[row.task])))
-                moves.move(row.stage, _tile(row.params), TaskStatus.PENDING, TaskStatus.CACHED)
-                if key := _waiting(row.parameters(), TaskStatus.CACHED):
+                moves.move(row.stage, tile_of(row.params), TaskStatus.PENDING, TaskStatus.CACHED)
+                if key := dependencies.waiting(row.parameters(), TaskStatus.CACHED):
                     waiting[key] = waiting.get(key, 0) + 1
             messages: list[tuple[int, TaskRef]] = []
             for key, count in waiting.items():
-                counted, more, message, _ = _counted_off(clients, job, key, count)
+                counted, more, message, _ = dependencies.counted_off(clients, job, key, count)
                 ops, moves, messages = ops + counted, moves.merged(more), messages + ([message] if message else [])
             try:
                 if ops:
@@ -191,7 +180,7 @@ def claim(clients: Clients, ref: TaskRef, worker: str,
     speculate_at = speculate_time(row.stage, params, started) if speculate_time else None
     index, index_write = attempts.index_op(clients, ref.job, ref.task, current.attempt, kill_at, worker, started,
                                            speculate_at)
-    ops = [_update(ref.job, ref.task, row.etag, worker=worker, started_at=started, dispatch="",
+    ops = [update_op(ref.job, ref.task, row.etag, worker=worker, started_at=started, dispatch="",
                    status=transition(row.status, TaskStatus.RUNNING)),
            attempts.attempt_op(ref.job, ref.task, current.attempt, worker=worker, started_at=started,
                                heartbeat=started, outcome=TaskStatus.RUNNING.value),
@@ -250,8 +239,8 @@ def _fenced(clients: Clients, job: str, task: str, etag: str, change: dict[str, 
     change = change | {"last_write": uuid.uuid4().hex}  # to recognise this write when read back
     with_index, attempt, conflicts = True, 0, 0
     while attempt < tries:
-        counted, more, message, version = _counted_off(clients, job, waiting)
-        batch = [_update(job, task, etag, **change), *ops, *counted,
+        counted, more, message, version = dependencies.counted_off(clients, job, waiting)
+        batch = [update_op(job, task, etag, **change), *ops, *counted,
                  *([attempts.unindex_op(job, index)] if with_index else [])]
         try:
             counter.write(clients.tasks, job, batch, moves.merged(more))
@@ -269,7 +258,8 @@ def _fenced(clients: Clients, job: str, task: str, etag: str, change: dict[str, 
         if applied is None:
             row = _read_back(clients, job, task)
             if row.etag == etag:
-                if version and conflicts < DEPS_CONFLICTS and _counted_off(clients, job, waiting)[3] != version:
+                again = version and conflicts < dependencies.CONFLICTS
+                if again and dependencies.counted_off(clients, job, waiting)[3] != version:
                     conflicts += 1  # another task of the reduction ended meanwhile: count off again
                     time.sleep(random.uniform(0, 0.05))
                     continue
@@ -282,37 +272,6 @@ def _fenced(clients: Clients, job: str, task: str, etag: str, change: dict[str, 
             attempts.unindex(clients, job, index)
         return bool(applied)
     raise RuntimeError(f"task {job}/{task} could not be written after {tries} tries")
-
-
-def _waiting(params: dict[str, str], status: TaskStatus) -> str:
-    """The row key of the reduction a tile task moving into ``status`` is to be counted off."""
-    return names.task_key(int(params["reduction"])) if status.terminal and params.get("reduction") else ""
-
-
-def _counted_off(clients: Clients, job: str, key: str,
-                 ended: int = 1) -> tuple[list[Op], Moves, tuple[int, TaskRef] | None, str]:
-    """What counts ``ended`` tile tasks off the PENDING reduction ``key``: the update of its
-    count of unfinished tile tasks (fenced on the row's ETag, read now) and, if those were
-    the last, its move to QUEUED with its dispatch entry; the moves of that for the rollup;
-    the message to send once written; and the ETag it read ("" if nothing is to be counted)."""
-    if not key:
-        return [], Moves(), None, ""
-    try:
-        row = tasks.get_task(clients.tasks, job, key)
-    except ResourceNotFoundError:
-        return [], Moves(), None, ""
-    if row.status is not TaskStatus.PENDING or row.deps is None:
-        return [], Moves(), None, ""  # cancelled, or planned before reductions counted
-    fields: dict[str, Any] = {"deps": row.deps - ended}
-    ops: list[Op] = []
-    moves, message = Moves(), None
-    if fields["deps"] <= 0:
-        queued, write = dispatch.queued(clients, job, key)
-        fields |= queued
-        ops.append(write)
-        moves.move(row.stage, _tile(row.params), row.status, transition(row.status, TaskStatus.QUEUED))
-        message = (row.shard, TaskRef(job, key, row.attempt))
-    return [_update(job, key, row.etag, **fields), *ops], moves, message, row.etag
 
 
 def _read_back(clients: Clients, job: str, task: str) -> TaskRow:
@@ -336,9 +295,9 @@ def commit(clients: Clients, counter: TerminalCounter, held: Claim, status: Task
               "outputs": json.dumps(outputs), **({"worker": held.worker} if backup else {})}
     ended_as = attempts.attempt_op(job, task, attempt, backup, ended_at=ended, outcome=status.value,
                                    runtime_s=runtime)
-    moves = Moves().move(held.stage, _tile(held.params), TaskStatus.RUNNING, status).ran(held.stage, runtime)
+    moves = Moves().move(held.stage, tile_of(held.params), TaskStatus.RUNNING, status).ran(held.stage, runtime)
     if _fenced(clients, job, task, held.etag, change, [ended_as], held.index, counter, moves,
-               _waiting(held.params, status)):
+               dependencies.waiting(held.params, status)):
         return True
     attempts.record(clients, job, task, attempt, backup, ended_at=ended, outcome="DISCARDED")
     return False
@@ -370,9 +329,9 @@ def fail(clients: Clients, counter: TerminalCounter, held: Claim, failure: Failu
                                    failure_class=failure.value, error=change["last_error"])
     indexed = rollups.failure_op(job, task, attempt, held.stage, failure.value, change["last_error"], held.started,
                                  change["ended_at"])
-    moves = Moves().move(held.stage, _tile(held.params), TaskStatus.RUNNING, after).failed(failure.value)
+    moves = Moves().move(held.stage, tile_of(held.params), TaskStatus.RUNNING, after).failed(failure.value)
     if _fenced(clients, job, task, held.etag, change, [ended_as, indexed, *ops], held.index, counter, moves,
-               _waiting(held.params, after)):
+               dependencies.waiting(held.params, after)):
         return after
     attempts.record(clients, job, task, attempt, ended_at=change["ended_at"], outcome="DISCARDED",
                     failure_class=failure.value)
@@ -386,23 +345,28 @@ def revoke(clients: Clients, counter: TerminalCounter, row: TaskRow, ref: TaskRe
     QUEUED (its message sent) or DEAD when ``budget`` is spent. None if that attempt is no
     longer the running one (the entry is then only removed). A worker whose attempt runs
     past its kill time makes the same move itself (``by`` "worker"), without waiting for
-    the monitor's next pass."""
+    the monitor's next pass. An attempt whose slow worker gave it up to a backup that then
+    ended without committing (``why`` WORKER_SLOW) is recorded as the failure it was, not as
+    a timeout: the task's later attempts keep their limit, and the monitor killed nothing."""
     if row.status is not TaskStatus.RUNNING or row.attempt != ref.attempt or (
             worker and row.worker != worker):  # another worker claimed it after the indexed one died
         attempts.unindex(clients, ref.job, index)
         return None
-    after, change, ops = _ended(clients, ref.attempt, TaskStatus.TIMED_OUT, budget, why,
+    # (an attempt whose slow worker gave it up to its backup failed there: it ran out of no time)
+    gave_way = why is FailureClass.WORKER_SLOW
+    failed_as = TaskStatus.FAILED if gave_way else TaskStatus.TIMED_OUT
+    after, change, ops = _ended(clients, ref.attempt, failed_as, budget, why,
                                 f"revoked by the {by}: {why.value}", 0.0, ref.job, ref.task)
     change["worker"] = ""
     if why is FailureClass.EXECUTION_TIMEOUT:
         change["timeouts"] = row.timeouts + 1
-    ended_as = attempts.attempt_op(ref.job, ref.task, ref.attempt, outcome=TaskStatus.TIMED_OUT.value,
+    ended_as = attempts.attempt_op(ref.job, ref.task, ref.attempt, outcome=failed_as.value,
                                    failure_class=why.value, ended_at=change["ended_at"], revoked_by=by)
     indexed = rollups.failure_op(ref.job, ref.task, ref.attempt, row.stage, why.value, change["last_error"],
                                  row.started_at, change["ended_at"], revoked_by=by)
-    moves = Moves().move(row.stage, _tile(row.params), TaskStatus.RUNNING, after).failed(why.value, True)
+    moves = Moves().move(row.stage, tile_of(row.params), TaskStatus.RUNNING, after).failed(why.value, not gave_way)
     if not _fenced(clients, ref.job, ref.task, row.etag, change, [ended_as, indexed, *ops], index,
-                   counter, moves, _waiting(row.parameters(), after)):
+                   counter, moves, dependencies.waiting(row.parameters(), after)):
         return None  # it committed or failed meanwhile
     if after is TaskStatus.QUEUED:
         dispatch.send(clients, [(row.shard, TaskRef(ref.job, ref.task, ref.attempt + 1))])
@@ -421,7 +385,7 @@ def cancel(clients: Clients, job: str, counter: TerminalCounter) -> None:
         chunk: list[Op] = []
         moves = Moves()
         for row in pending:
-            ops = [_update(job, row.task, row.etag, ended_at=now(), dispatch="",
+            ops = [update_op(job, row.task, row.etag, ended_at=now(), dispatch="",
                            status=transition(row.status, TaskStatus.CANCELLED))]
             if row.dispatch:
                 ops.append(dispatch.remove_op(job, row.dispatch))
@@ -429,7 +393,7 @@ def cancel(clients: Clients, job: str, counter: TerminalCounter) -> None:
                 _cancelled(clients, counter, job, chunk, moves)
                 chunk, moves = [], Moves()
             chunk += ops
-            moves.move(row.stage, _tile(row.params), row.status, TaskStatus.CANCELLED)
+            moves.move(row.stage, tile_of(row.params), row.status, TaskStatus.CANCELLED)
         _cancelled(clients, counter, job, chunk, moves)
 
 

@@ -1,0 +1,67 @@
+"""How a worker's attempts run against their history: the figures it reports for its
+health (``pipeline.lifecycle.health``), from which the monitor finds a slow machine.
+
+Each committed attempt with a trusted history leaves the ratio of its time to the time its
+history expects; one that ran past its kill time counts as at least "slow", whatever it
+ran; the attempts still running count with their ratio so far, so that a machine slowed
+in the middle of a long attempt is seen before the attempt ends.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+from pipeline.lifecycle import health
+from pipeline.lifecycle.tasks import TaskRef
+from pipeline.storage.clients import Clients
+
+
+class Pace:
+    """One worker's ratios of attempt times to their history. Safe across its slots' threads."""
+
+    def __init__(self, slow_ratio: float) -> None:
+        self.slow_ratio = slow_ratio  # the ratio from which the monitor calls a worker slow (0: never)
+        self._lock = threading.Lock()
+        self.ratios: deque[float] = deque(maxlen=health.RECENT)  # of the recent ended attempts
+        self._running: dict[TaskRef, tuple[float, float]] = {}  # (start, expected s) of the running ones
+        self._reported = -health.REPORT_EVERY_S
+        self._started = 0  # attempts run
+
+    def started(self, ref: TaskRef, expected: float | None) -> None:
+        """An attempt starts, expected to take ``expected`` s (None: no trusted history)."""
+        with self._lock:
+            self._started += 1
+            if expected:
+                self._running[ref] = (time.monotonic(), expected)
+
+    def stopped(self, ref: TaskRef) -> None:
+        """The attempt is no longer running, however it ended."""
+        with self._lock:
+            self._running.pop(ref, None)
+
+    def ran(self, seconds: float, expected: float | None) -> None:
+        """An attempt committed after ``seconds``, its history expecting ``expected``."""
+        if expected:
+            with self._lock:
+                self.ratios.append(seconds / expected)
+
+    def too_slow(self, seconds: float, expected: float | None) -> None:
+        """An attempt ran past its kill time after ``seconds``: at least as slow as "slow"."""
+        if expected:
+            with self._lock:
+                self.ratios.append(max(seconds / expected, self.slow_ratio))
+
+    def report(self, clients: Clients, worker: str, slots: int) -> str | None:
+        """Every REPORT_EVERY_S: report the ratios (the ended attempts', then the running
+        ones' so far) and return the worker's state as the monitor last judged it; None
+        when it is not yet time."""
+        if self.slow_ratio <= 0 or time.monotonic() - self._reported < health.REPORT_EVERY_S:
+            return None
+        self._reported = time.monotonic()
+        with self._lock:
+            ended = list(self.ratios)
+            running = [(self._reported - start) / expected for start, expected in self._running.values()]
+            count = self._started
+        return health.report(clients, worker, ended, running, slots, count)
