@@ -65,6 +65,35 @@ def test_stale_message_is_deleted_without_running(clients: Clients, workers: Wor
     assert [a.worker for a in tried] == ["someone-else"], "the duplicate did not run"
 
 
+@pytest.mark.parametrize("read_ahead", [False, True])
+def test_a_claim_applied_with_its_answer_lost_holds(clients: Clients, monkeypatch: pytest.MonkeyPatch,
+                                                    read_ahead: bool) -> None:
+    """The storage client retries a claim whose answer it lost after it applied: the retry
+    is refused (the row's ETag moved), and the claim is recognised as this worker's own,
+    not taken for another's and its message dropped (with a hint read ahead, or without)."""
+    job = planned_job(clients)
+    queue, message = receive_one(clients)
+    ref = tasks.TaskRef.decode(message.content)
+    hint = tasks.get_task(clients.tasks, job, ref.task) if read_ahead else None
+    real, calls = clients.tasks.submit_transaction, []
+
+    def applied_then_retried(operations: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            real(operations, **kwargs)  # applied, its answer lost: the client sends it again
+        return real(operations, **kwargs)
+
+    monkeypatch.setattr(clients.tasks, "submit_transaction", applied_then_retried)
+    held = transitions.claim(clients, ref, "w1", in_an_hour, hint=hint)
+    assert held is not None and len(calls) == 1
+    row = tasks.get_task(clients.tasks, job, ref.task)
+    assert row.status is TaskStatus.RUNNING and row.worker == "w1" and row.etag == held.etag
+    assert transitions.commit(clients, tasks.TerminalCounter("test"), held, TaskStatus.SUCCEEDED, ["out"])
+    counts = jobs.status(clients, job)["counts"]
+    assert counts.get("SUCCEEDED") == 1 and not counts.get("RUNNING")  # moved once
+    assert [a.outcome for a in attempts.list_attempts(clients.tasks, job) if a.task == ref.task] == ["SUCCEEDED"]
+
+
 def test_undecodable_message_goes_to_poison_with_a_record(clients: Clients, workers: WorkerThreads) -> None:
     queue = clients.shard_queues[0]
     queue.send_message(b"this is not a task reference")

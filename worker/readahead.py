@@ -70,9 +70,9 @@ class RowsAhead:
         """The hint for ``ref``'s claim, if one was read for it lately (each is taken once)."""
         with self._lock:
             found = self._rows.pop((ref.job, ref.task), None)
-        if found is None or time.monotonic() - found[1] > self.keep_s:
-            return None
-        self.taken += 1
+            if found is None or time.monotonic() - found[1] > self.keep_s:
+                return None
+            self.taken += 1
         return found[0]
 
     def _forget_old(self) -> None:

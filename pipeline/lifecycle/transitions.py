@@ -163,7 +163,9 @@ def claim(clients: Clients, ref: TaskRef, worker: str,
     deadline, none QUEUED without a dispatch entry; and moves the rollup of ``counter``
     (the claiming slot's; this process's own if None). ``hint``: the row read a moment ago
     (``worker.readahead``), tried in place of a read while it is claimable; should its ETag
-    be stale, the row is read and the claim made again."""
+    be stale, the row is read and the claim made again. A claim refused because its own
+    first try had applied (the storage client retried it after losing the answer) is
+    recognised on the row read back, and holds."""
     row = hint if hint is not None and hint.status is TaskStatus.QUEUED and ref.attempt <= hint.attempt else None
     if row is None:
         try:
@@ -180,8 +182,9 @@ def claim(clients: Clients, ref: TaskRef, worker: str,
     speculate_at = speculate_time(row.stage, params, started) if speculate_time else None
     index, index_write = attempts.index_op(clients, ref.job, ref.task, current.attempt, kill_at, worker, started,
                                            speculate_at)
-    ops = [update_op(ref.job, ref.task, row.etag, worker=worker, started_at=started, dispatch="",
-                   status=transition(row.status, TaskStatus.RUNNING)),
+    mark = uuid.uuid4().hex  # to recognise this claim when read back
+    ops = [update_op(ref.job, ref.task, row.etag, worker=worker, started_at=started, dispatch="", last_write=mark,
+                     status=transition(row.status, TaskStatus.RUNNING)),
            attempts.attempt_op(ref.job, ref.task, current.attempt, worker=worker, started_at=started,
                                heartbeat=started, outcome=TaskStatus.RUNNING.value),
            index_write]
@@ -190,18 +193,20 @@ def claim(clients: Clients, ref: TaskRef, worker: str,
     counter = counter or _mover
     moves = Moves().move(row.stage, params.get("tile", ""), TaskStatus.QUEUED, TaskStatus.RUNNING)
     try:
-        result = counter.write(clients.tasks, ref.job, ops, moves)
+        etag = counter.write(clients.tasks, ref.job, ops, moves)[0]["etag"]
     except TableTransactionError as exc:
-        if is_conflict(exc) and row is hint:  # the row changed since it was read ahead: read it now
-            return claim(clients, ref, worker, kill_time, counter, speculate_time)
         if is_conflict(exc):
-            return None  # another worker claimed it first
-        if attempts.is_missing(exc) and len(ops) == 4:  # an entry older than the rules: claim without it
-            result = counter.write(clients.tasks, ref.job, ops[:3], moves)
+            now_row = _read_back(clients, ref.job, ref.task)
+            if now_row.last_write != mark and row is hint:  # changed since it was read ahead: read it now
+                return claim(clients, ref, worker, kill_time, counter, speculate_time)
+            if now_row.last_write != mark:
+                return None  # another worker claimed it first
+            etag = now_row.etag  # applied, its answer lost: the client's retry of it was refused
+        elif attempts.is_missing(exc) and len(ops) == 4:  # an entry older than the rules: claim without it
+            etag = counter.write(clients.tasks, ref.job, ops[:3], moves)[0]["etag"]
         else:
             raise
-    return Claim(current, result[0]["etag"], row.stage, params, started, row.last_failure, worker,
-                 kill_at, index, speculate_at)
+    return Claim(current, etag, row.stage, params, started, row.last_failure, worker, kill_at, index, speculate_at)
 
 
 def still_held(clients: Clients, held: Claim) -> bool:
