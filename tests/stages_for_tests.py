@@ -145,6 +145,23 @@ def slow_maker(ctx: StageContext) -> None:
                  owner=f"{ctx.job}/{ctx.task}")
 
 
+@stages.stage("slow_tidy")
+def slow_tidy(ctx: StageContext) -> None:
+    """Runs until it is stopped, then tidies up for 1.5 s — a call that keeps failing, retried
+    after a sleep in its ``except`` — and notes in ``params["note"]`` that it finished."""
+    note = Path(ctx.params["note"])
+    note.write_text("started")
+    try:
+        time.sleep(60)
+    finally:
+        for _ in range(3):
+            try:
+                raise ConnectionError("storage unreachable")
+            except ConnectionError:
+                time.sleep(0.5)
+        note.write_text("tidied")
+
+
 @stages.stage("half_cached")
 def half_cached(ctx: StageContext) -> None:
     """Finds its output already made (a cache hit, at once) for the first two dates, and

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from pathlib import Path
 
 from pipeline.lifecycle.failures import FailureClass
 from pipeline.settings import Settings
@@ -75,3 +76,19 @@ def test_a_stopped_stage_unwinds_and_leaves_no_cache_marker(settings: Settings, 
     assert process.process.exitcode == 0, "it unwound and ended on its own: not by a signal"
     assert not marker.exists()
     assert not clients.tiles.get_blob_client(name).exists()
+
+
+def test_a_stopped_stage_finishes_tidying_up_however_long_its_finally_handles_errors(
+        settings: Settings, tmp_path: Path) -> None:
+    """SIGTERM is sent again to a stage process until it has taken: once the stage unwinds,
+    the signals sent again meanwhile leave its ``finally`` alone, errors it handles there
+    included."""
+    note = tmp_path / "note"
+    process = StageProcess(settings.with_(stage_modules="tests.stages_for_tests"))
+    process.start("slow_tidy", {"job": "j", "task": "000000001", "attempt": 1, "params": {"note": str(note)},
+                                "output_prefix": "j/tasks/000000001/a001/"})
+    wait_for(lambda: note.exists(), 30, "the stage to start")
+    process.kill(grace=10.0)
+    assert process.process.exitcode == 0, "it unwound and ended on its own: not by a signal"
+    assert note.read_text() == "tidied"
+

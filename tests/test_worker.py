@@ -72,7 +72,7 @@ def test_a_claim_applied_with_its_answer_lost_holds(clients: Clients, monkeypatc
     is refused (the row's ETag moved), and the claim is recognised as this worker's own,
     not taken for another's and its message dropped (with a hint read ahead, or without)."""
     job = planned_job(clients)
-    queue, message = receive_one(clients)
+    _, message = receive_one(clients)
     ref = tasks.TaskRef.decode(message.content)
     hint = tasks.get_task(clients.tasks, job, ref.task) if read_ahead else None
     real, calls = clients.tasks.submit_transaction, []

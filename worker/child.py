@@ -11,6 +11,7 @@ connection pools never leak into a stage.
 from __future__ import annotations
 
 import ctypes
+import math
 import multiprocessing
 import os
 import select
@@ -89,16 +90,18 @@ def _watch(conn: Connection) -> None:
         poller.register(readable, select.POLLIN)
         again: float | None = None  # when to send SIGTERM to the main thread next
         while True:
-            wait = None if again is None else max(0, int((again - time.monotonic()) * 1000))
+            wait = None if again is None else max(0, math.ceil((again - time.monotonic()) * 1000))
             for fd, event in poller.poll(wait):
                 if fd == readable:
-                    if signal.SIGTERM in os.read(readable, 64) and again is None:
+                    if signal.SIGTERM in os.read(readable, 64) and again is None and not _unwound.is_set():
                         again = time.monotonic()
                 elif event & select.POLLNVAL:
                     return  # the pipe was closed: the stage process is ending
                 elif event & (select.POLLERR | select.POLLHUP):
                     os.killpg(0, signal.SIGKILL)
-            if again is not None and time.monotonic() >= again and not _unwound.is_set():
+            if again is not None and _unwound.is_set():
+                again = None  # taken
+            elif again is not None and time.monotonic() >= again:
                 signal.pthread_kill(main, signal.SIGTERM)
                 again = time.monotonic() + REDELIVER_S
 
@@ -110,10 +113,22 @@ def _unwind(signum: int, _frame: object) -> None:
     its ``finally`` blocks tidy up in the grace period — a cache marker of a tile it was
     making is removed, not left for a retry that may never come; SIGKILL follows the grace.
     Sent again until it has taken (``_watch``), it does nothing once the process is
-    unwinding: a SystemExit is on its way up, or the stage has ended."""
-    if _unwound.is_set() or isinstance(sys.exc_info()[1], SystemExit):
+    unwinding: the stage has ended, or a SystemExit is on its way up (its ``finally``
+    blocks running, and what they handle on the way: a retry's sleep in an ``except``)."""
+    if _unwound.is_set() or _unwinding():
         return
     raise SystemExit(128 + signum)
+
+
+def _unwinding() -> bool:
+    """Whether a SystemExit is being handled, or is the context of the exception being
+    handled (a ``finally`` block's error, handled within it)."""
+    seen, depth = sys.exc_info()[1], 0
+    while seen is not None and depth < 64:
+        if isinstance(seen, SystemExit):
+            return True
+        seen, depth = seen.__context__, depth + 1
+    return False
 
 
 def _serve(settings: Settings, conn: Connection, tasks: int) -> None:
@@ -150,6 +165,7 @@ def _serve_stages(settings: Settings, conn: Connection, tasks: int) -> None:
             stages.STAGES[stage](ctx)
             outcome = Outcome(outputs=ctx.outputs, cached=ctx.cached, no_data=ctx.no_data)
         except BaseException as exc:
+            _unwound.set()  # the stage has ended: its outcome is sent whole
             conn.send(Outcome(failure=classify(exc), error=f"{type(exc).__name__}: {exc}"))
             return
         conn.send(outcome)

@@ -101,6 +101,15 @@ def _ask_again(clients: Clients, entry: Deadline) -> None:
     later, its message may be lost (the ask's answer was, and its message never sent): send
     it again, its row written (fenced) so that the next look waits another lease. A second
     message is harmless: the backup's claim is fenced on its row, and one worker takes it."""
+    try:
+        _resend_if_untaken(clients, entry)
+    except Exception as exc:  # the next pass looks again; the asks of this one stand
+        log.warning("backup of %s/%s attempt %s not looked at again: %s", entry.job, entry.task, entry.attempt,
+                    redact(str(exc)))
+
+
+def _resend_if_untaken(clients: Clients, entry: Deadline) -> None:
+    """``_ask_again``'s look and resend; a storage error is the caller's."""
     key = names.attempt_key(entry.task, entry.attempt, True)
     try:
         found = clients.tasks.get_entity(entry.job, key, select=["Outcome", "Timestamp"])
@@ -109,7 +118,7 @@ def _ask_again(clients: Clients, entry: Deadline) -> None:
                 seconds=clients.settings.lease_seconds):
             return
         row = get_task(clients.tasks, entry.job, entry.task)
-        wanted = row.status is TaskStatus.RUNNING and row.attempt == entry.attempt
+        wanted = row.status is TaskStatus.RUNNING and row.attempt == entry.attempt and row.worker == entry.worker
         fields = {"outcome": REQUESTED} if wanted else {"outcome": NOT_RUN, "ended_at": now()}
         clients.tasks.update_entity(attempts.attempt_row(entry.job, entry.task, entry.attempt, True, **fields),
                                     mode=UpdateMode.MERGE, **if_match(str(found.metadata["etag"])))

@@ -365,8 +365,8 @@ def revoke(clients: Clients, counter: TerminalCounter, row: TaskRow, ref: TaskRe
     change["worker"] = ""
     if why is FailureClass.EXECUTION_TIMEOUT:
         change["timeouts"] = row.timeouts + 1
-    ended_as = attempts.attempt_op(ref.job, ref.task, ref.attempt, outcome=failed_as.value,
-                                   failure_class=why.value, ended_at=change["ended_at"], revoked_by=by)
+    ended_as = attempts.attempt_op(ref.job, ref.task, ref.attempt, outcome=failed_as.value, failure_class=why.value,
+                                   revoked_by=by, **({} if gave_way else {"ended_at": change["ended_at"]}))
     indexed = rollups.failure_op(ref.job, ref.task, ref.attempt, row.stage, why.value, change["last_error"],
                                  row.started_at, change["ended_at"], revoked_by=by)
     moves = Moves().move(row.stage, tile_of(row.params), TaskStatus.RUNNING, after).failed(why.value, not gave_way)
