@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -64,6 +65,59 @@ def test_at_most_a_third_of_the_workers_are_slow_at_once(clients: Clients) -> No
 def test_one_of_two_workers_may_be_slow(clients: Clients) -> None:
     reported(clients, {"w0": [1.0, 1.0], "vm": [4.0, 4.0]})
     assert health.find_slow(clients, 2.0) == ["vm"]
+
+
+def test_a_worker_whose_machine_barely_runs_it_is_marked_before_its_attempts_show_it(clients: Clients) -> None:
+    young = {f"w{i}": [1.0, 1.1] for i in range(3)} | {"vm": [1.0, 0.9]}  # no attempt slow yet
+    for worker, ratios in young.items():
+        health.report(clients, worker, ratios, [0.3, 0.4], 2, 2, stall=6.0 if worker == "vm" else 1.1)
+    assert health.find_slow(clients, 2.0) == ["vm"]
+    for worker, ratios in young.items():  # every worker stalls (the machine overloaded): nobody
+        health.report(clients, f"{worker}-b", ratios, [0.3, 0.4], 2, 2, stall=4.0)
+    for worker in young:
+        health.left(clients, worker, "replaced")
+    assert health.find_slow(clients, 2.0) == []
+    for worker, ratios in young.items():  # a stall below the floor counts for nothing
+        health.report(clients, f"{worker}-c", ratios, [0.3, 0.4], 2, 2, stall=2.5 if worker == "vm" else 1.0)
+        health.left(clients, f"{worker}-b", "replaced")
+    assert health.find_slow(clients, 2.0) == []
+
+
+PROBE = """
+import sys, threading, time
+from worker.pace import Pace
+pace, stop = Pace(2.0), threading.Event()
+threading.Thread(target=pace.probe, args=(stop,), daemon=True).start()
+print("ready", flush=True)
+time.sleep(3.0)
+print(pace.stall(), flush=True)
+"""
+
+
+def probed_stall(run_share: float | None) -> float:
+    """The stall the probe of a process finds, the process let run ``run_share`` of every
+    half second (SIGSTOP/SIGCONT from outside, as a VM's slowness is: the process cannot
+    tell), or undisturbed (None)."""
+    probe = subprocess.Popen([sys.executable, "-c", PROBE], stdout=subprocess.PIPE, text=True,
+                             cwd=Path(__file__).resolve().parents[1])
+    assert probe.stdout is not None and probe.stdout.readline().strip() == "ready"
+    try:
+        while run_share is not None and probe.poll() is None:
+            os.kill(probe.pid, signal.SIGSTOP)
+            time.sleep(0.5 * (1 - run_share))
+            os.kill(probe.pid, signal.SIGCONT)
+            time.sleep(0.5 * run_share)
+    finally:
+        if probe.poll() is None:
+            os.kill(probe.pid, signal.SIGCONT)
+    found = float(probe.stdout.readline())
+    probe.wait(10)
+    return found
+
+
+def test_the_stall_probe_sees_a_machine_that_runs_the_worker_a_tenth_of_the_time() -> None:
+    assert probed_stall(None) < 2.0
+    assert probed_stall(0.1) >= health.STALL_FLOOR
 
 
 def test_a_worker_not_heard_from_lately_is_not_compared(clients: Clients) -> None:

@@ -1,5 +1,6 @@
-"""How a worker's attempts run against their history: the figures it reports for its
-health (``pipeline.lifecycle.health``), from which the monitor finds a slow machine.
+"""How a worker's attempts run against their history, and how its machine runs it: the
+figures it reports for its health (``pipeline.lifecycle.health``), from which the monitor
+finds a slow machine.
 
 Each committed attempt with a trusted history leaves the ratio of its time to the time its
 history expects; one that ran past its kill time counts as at least "slow", whatever it
@@ -17,6 +18,9 @@ from pipeline.lifecycle import health
 from pipeline.lifecycle.tasks import TaskRef
 from pipeline.storage.clients import Clients
 
+STALL_NAP_S = 0.05  # the stall probe's nap
+STALL_WINDOW_S = 2.0  # the stall is of the naps that ended in the last this many seconds
+
 
 class Pace:
     """One worker's ratios of attempt times to their history. Safe across its slots' threads."""
@@ -28,6 +32,7 @@ class Pace:
         self._running: dict[TaskRef, tuple[float, float]] = {}  # (start, expected s) of the running ones
         self._reported = -health.REPORT_EVERY_S
         self._started = 0  # attempts run
+        self._naps: deque[tuple[float, float]] = deque()  # the stall probe's: (ended at, seconds taken)
 
     def started(self, ref: TaskRef, expected: float | None) -> None:
         """An attempt starts, expected to take ``expected`` s (None: no trusted history)."""
@@ -53,6 +58,29 @@ class Pace:
             with self._lock:
                 self.ratios.append(max(seconds / expected, self.slow_ratio))
 
+    def probe(self, stopping: threading.Event) -> None:
+        """Until ``stopping``: nap STALL_NAP_S again and again, noting how long each nap
+        took. On a machine that runs the worker whenever it asks, about what it asked for;
+        where the worker runs a tenth of the time (a VM's CPU stolen or throttled, a
+        process stopped), ten times that: the task it runs cannot tell, this can."""
+        while not stopping.is_set():
+            began = time.monotonic()
+            stopping.wait(STALL_NAP_S)
+            ended = time.monotonic()
+            with self._lock:
+                self._naps.append((ended, ended - began))
+                while self._naps[0][0] < ended - STALL_WINDOW_S:
+                    self._naps.popleft()
+
+    def stall(self) -> float | None:
+        """The wall time the probe's recent naps took over the time they asked for (1: the
+        worker runs when it asks); None until they span half a window."""
+        with self._lock:
+            naps = list(self._naps)
+        if not naps or naps[-1][0] - (naps[0][0] - naps[0][1]) < STALL_WINDOW_S / 2:
+            return None
+        return sum(took for _, took in naps) / (len(naps) * STALL_NAP_S)
+
     def report(self, clients: Clients, worker: str, slots: int) -> str | None:
         """Every REPORT_EVERY_S: report the ratios (the ended attempts', then the running
         ones' so far) and return the worker's state as the monitor last judged it; None
@@ -64,4 +92,4 @@ class Pace:
             ended = list(self.ratios)
             running = [(self._reported - start) / expected for start, expected in self._running.values()]
             count = self._started
-        return health.report(clients, worker, ended, running, slots, count)
+        return health.report(clients, worker, ended, running, slots, count, self.stall())

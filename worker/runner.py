@@ -90,6 +90,8 @@ class Worker:
         The slots' stage processes are started first, so that the first tasks do not wait
         for the fork server's imports."""
         self.warm()
+        if self.settings.slow_ratio > 0:  # how its machine runs it, for its health
+            threading.Thread(target=self.pace.probe, args=(self.stopping,), name="stall-probe", daemon=True).start()
         log.info("worker %s ready", self.id)
         queues = self.clients.shard_queues
         shard = 0

@@ -7,11 +7,16 @@ the mean for its work (``runtimes``), a running attempt counting with the time i
 so far, one revoked for time as at least ``slow_ratio`` — and the monitor's sweep compares
 the workers: one whose recent ratio (the least of its last few attempts': all of them
 slow) is at least ``slow_ratio`` times the others' median (or times 1, if they run faster than their
-history) is marked slow. It then takes no more tasks, gives up the attempts it holds (each goes
-back to the queue at once, a transient ``worker_slow`` failure, for a healthy worker to
-run) and exits with REPLACE_EXIT, so that a fresh one replaces it: the local stack starts
-another; in Azure the Container Apps job retries the replica (a new one) and its event
-scaler starts new executions while the queues hold work.
+history) is marked slow. It then takes no more tasks, gives up the attempts it holds (each
+goes back to the queue at once, a transient ``worker_slow`` failure, for a healthy worker
+to run) and exits with REPLACE_EXIT, so that a fresh one replaces it: the local stack
+starts another; in Azure the Container Apps job retries the replica (a new one) and its
+event scaler starts new executions while the queues hold work.
+
+A machine that barely runs the worker at all (its CPU stolen, throttled or stopped) shows
+sooner than any attempt can: the worker's own probe naps a few milliseconds again and
+again, and the wall time the naps took over the time they asked for (its stall,
+``worker.pace``) counts as its ratio once it is STALL_FLOOR or more.
 
 Marking is relative and bounded: never when the others are slow too (storage slowed down
 or the whole deployment overloaded is no machine's fault), and never more than a third
@@ -48,6 +53,9 @@ MAX_SLOW_SHARE = 1 / 3  # of the workers heard from, at most this many slow at o
 # worker; a Container Apps job retries the replica (replicaRetryLimit), a new one
 REPLACE_EXIT = 75
 SLOWNESS = ("execution_timeout", "worker_slow")  # attempts ended for being slow
+# a worker's stall counts from this: run a third of the time or less (the machine's load, shared by
+# every worker, makes the stalls of all of them rise together: the comparison with the others discounts it)
+STALL_FLOOR = 3.0
 SLOT_MARK = "~"  # between a worker's name and its slot's number, in the name its slot writes under
 
 
@@ -64,13 +72,15 @@ def recent_ratio(ended: list[float], running: list[float], slots: int) -> float 
 
 
 def report(clients: Clients, worker: str, ended: list[float], running: list[float], slots: int,
-           attempts: int) -> str:
+           attempts: int, stall: float | None = None) -> str:
     """Write a worker's ratios (its latest ended attempts', oldest first, and its running
-    ones' so far) and how many attempts it has run; return its state as the monitor sees it."""
+    ones' so far), how many attempts it has run and its stall (``worker.pace``: the wall
+    time its probe's naps took over the time they asked for, lately); return its state as
+    the monitor sees it."""
     clients.workers.upsert_entity({
         "PartitionKey": PARTITION, "RowKey": worker, "Ratios": json.dumps([round(r, 3) for r in ended]),
         "Running": json.dumps([round(r, 3) for r in running]), "Slots": slots, "Attempts": attempts,
-        "SeenAt": now(),
+        "Stall": round(stall, 3) if stall is not None else None, "SeenAt": now(),
     }, mode=UpdateMode.MERGE)
     row = clients.workers.get_entity(PARTITION, worker)
     return str(row.get("State") or HEALTHY)
@@ -86,11 +96,16 @@ def left(clients: Clients, worker: str, state: str) -> None:
 
 
 def _ratio_of(row: Any) -> float | None:
+    """A worker's figure as the monitor compares it: its recent ratio, or its stall if that
+    is higher and at least STALL_FLOOR (a machine that runs the worker a third of the time
+    or less slows all it runs that much, before any attempt has run long enough to show it)."""
     try:
-        return recent_ratio(json.loads(row.get("Ratios") or "[]"), json.loads(row.get("Running") or "[]"),
-                            int(row.get("Slots") or 2))
+        ratio = recent_ratio(json.loads(row.get("Ratios") or "[]"), json.loads(row.get("Running") or "[]"),
+                             int(row.get("Slots") or 2))
+        stall = float(row.get("Stall") or 0.0)
     except (ValueError, TypeError):
         return None
+    return max(ratio or 0.0, stall) if stall >= STALL_FLOOR else ratio
 
 
 def find_slow(clients: Clients, slow_ratio: float, at: datetime | None = None) -> list[str]:
@@ -140,8 +155,8 @@ def worker_table(clients: Clients, writers: Mapping[str, Mapping[str, int]]) -> 
     its failures as ``FAILED``) and the workers' health rows — a row per worker, whatever
     the job's size: the attempts it ran for the job and how many it committed, its recent
     ratio of runtimes to their history (the least of its latest attempts', any job's, or of
-    the ones it runs: what the monitor compares), and its state (healthy, slow, or how it
-    left)."""
+    the ones it runs, or its stall: what the monitor compares), and its state (healthy,
+    slow, or how it left)."""
     found: dict[str, dict[str, Any]] = {}
     for writer, counts in writers.items():
         worker, mark, slot = writer.rpartition(SLOT_MARK)
