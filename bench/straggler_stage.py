@@ -11,6 +11,9 @@ Per-task model: every task sleeps 1.0–1.8 s (fixed by its tile and date): long
 bound by the slots, as a real job's compute is, not by the local storage emulator. In ``bench_straggle`` 16% of
 the tasks (also fixed by tile and date) run 4–10× slower on their first attempt, as the
 ModisAzure paper saw VMs do; a retry, or a backup copy of the first attempt, runs at normal speed.
+
+Each says the share of its work done as it goes (``StageContext.progress``), as a real
+stage can (inputs read, rows written): what it has done, not how fast.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pipeline.stages import StageContext
 SLOW_SHARE = 0.16
 STEP_S = 0.02
 STEP_COUNTS_AT_MOST_S = 0.03
+PACE_STEPS = 50  # a per-task model's task does its work in this many steps (its word sent at most every 0.1 s)
 
 
 def _draw(ctx: StageContext, salt: str) -> float:
@@ -42,15 +46,24 @@ def slowdown(ctx: StageContext) -> float:
     return 1.0
 
 
+def sleep_saying(ctx: StageContext, seconds: float) -> None:
+    """Sleep ``seconds`` in PACE_STEPS steps, saying the share done as the work begins and
+    after each step: a task's work, and what a stage knows of it (not how fast it goes)."""
+    ctx.progress(0.0)
+    for step in range(PACE_STEPS):
+        time.sleep(seconds / PACE_STEPS)
+        ctx.progress((step + 1) / PACE_STEPS)
+
+
 @stages.stage("bench_clean")
 def clean(ctx: StageContext) -> None:
-    time.sleep(base_seconds(ctx))
+    sleep_saying(ctx, base_seconds(ctx))
     ctx.write_output("done.txt", b"ok", "text/plain")
 
 
 @stages.stage("bench_straggle")
 def straggle(ctx: StageContext) -> None:
-    time.sleep(base_seconds(ctx) * slowdown(ctx))
+    sleep_saying(ctx, base_seconds(ctx) * slowdown(ctx))
     ctx.write_output("done.txt", b"ok", "text/plain")
 
 
@@ -60,10 +73,13 @@ def work_seconds(ctx: StageContext) -> float:
 
 @stages.stage("bench_work")
 def work(ctx: StageContext) -> None:
-    last, left = time.monotonic(), work_seconds(ctx)
+    last, whole = time.monotonic(), work_seconds(ctx)
+    left = whole
+    ctx.progress(0.0)
     while left > 0:
         time.sleep(STEP_S)
         now = time.monotonic()
         left -= min(now - last, STEP_COUNTS_AT_MOST_S)
         last = now
+        ctx.progress(1 - left / whole)
     ctx.write_output("done.txt", b"ok", "text/plain")

@@ -38,6 +38,7 @@ class StageContext:
     outputs: list[str] = field(default_factory=list)
     cached: bool = False  # set by a stage whose output already existed (the task ends CACHED)
     no_data: bool = False  # set by a stage that found none of its sources (the task ends NO_DATA)
+    reporter: Callable[[float], None] | None = field(default=None, repr=False)  # where ``progress`` goes
 
     @property
     def sources(self) -> ContainerClient:
@@ -46,6 +47,18 @@ class StageContext:
     @property
     def products(self) -> ContainerClient:
         return self.clients.products
+
+    def progress(self, done: float) -> None:
+        """Say what share of its work the attempt has done, from 0 to 1, in proportion to
+        the time the work takes (inputs read of all it reads, rows written of the tile's).
+        Its worker then revokes an attempt whose pace will take it far past its kill time as
+        soon as that is plain, not at the kill time (LATE's progress rate), so that a
+        straggler costs its slot a fraction of its history instead of several times it.
+        The pace counts from the stage's first word: say 0 where the work that goes in
+        proportion begins (after a slow start: fetching inputs, starting a program).
+        Optional: a stage that never says is revoked at its kill time."""
+        if self.reporter is not None:
+            self.reporter(min(1.0, max(0.0, done)))  # NaN counts as nothing done
 
     def write_output(self, name: str, data: bytes, content_type: str) -> str:
         """Upload one output of this attempt; return its blob name."""

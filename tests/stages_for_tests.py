@@ -50,6 +50,20 @@ def straggler(ctx: StageContext) -> None:
     digest(ctx)
 
 
+@stages.stage("paced_straggler")
+def paced_straggler(ctx: StageContext) -> None:
+    """As ``straggler`` (0.5 s, its pid file), but 8 s on the first attempt of one input, in
+    ten steps, each saying the share of its work done."""
+    name = f"{ctx.job}-{ctx.task}-{ctx.attempt}{'b' if ctx.backup else ''}.pid"
+    Path(os.environ["BAGPIPE_TEST_PIDS"], name).write_text(str(os.getpid()))
+    seconds = 8.0 if ctx.attempt == 1 and not ctx.backup and _marked(ctx) else 0.5
+    ctx.progress(0.0)
+    for step in range(10):
+        time.sleep(seconds / 10)
+        ctx.progress((step + 1) / 10)
+    digest(ctx)
+
+
 BACKUP_UNTIL_S = 5.3  # slow_copy's backup runs until this long after its attempt began
 
 

@@ -206,3 +206,36 @@ def test_only_regular_files_inside_the_output_folder_are_published(tmp_path: Pat
     assert sorted(str(p.relative_to(outputs)) for p in made.outputs) == sorted(
         ["ok.tif", "deep/er/nested.tif", "a name with spaces, ü and ; | $(x).tif"])
     assert not list(tmp_path.rglob("escape.tif"))
+
+
+@pytest.mark.parametrize("link", [False, True])
+def test_a_programs_progress_reaches_its_stage_and_its_file_is_only_read_as_its_own(
+        tmp_path: Path, link: bool) -> None:
+    # the program says the share of its work done by rewriting its progress file; made a
+    # link to a file outside its folders (which says 0.9), it is not followed
+    elsewhere = tmp_path / "elsewhere.txt"
+    elsewhere.write_text("0.9\n")
+    program = tmp_path / "paced.py"
+    program.write_text(textwrap.dedent(f"""
+        import json, os, sys, time
+        path = json.load(open(sys.argv[1]))["progress_file"]
+        if {link!r}:
+            os.symlink({str(elsewhere)!r}, path)
+            time.sleep(1.2)
+        else:
+            for step in range(1, 5):
+                time.sleep(0.3)
+                with open(path + ".new", "w") as f:
+                    f.write(f"{{step / 4}}\\n")
+                os.replace(path + ".new", path)
+            time.sleep(0.3)
+    """))
+    reducer = reducers.Reducer(name="paced", argv=(sys.executable, str(program), "{task}"), here=tmp_path,
+                               outputs=("*.tif",))
+    said: list[float] = []
+    made = run_program(reducer, [], tmp_path / "run", {"args": {}}, on_progress=said.append)
+    assert made.result.exit_code == 0, (made.folder / "stderr.txt").read_text()
+    if link:
+        assert said == []
+    else:
+        assert said == sorted(said) and {0.25, 0.5, 0.75, 1.0} <= set(said), said

@@ -229,6 +229,29 @@ def test_a_worker_revokes_its_own_attempt_at_its_kill_time(settings: Settings) -
     assert index_rows(clients, job, task.task) == []
 
 
+def test_a_worker_revokes_an_attempt_whose_pace_takes_it_far_past_its_kill_time(settings: Settings) -> None:
+    # the straggler says its progress: a tenth of its work in 0.8 s, where its kill time
+    # (4 × 0.8 s) allows 3.2 s for all of it; its worker revokes it once it has run a fifth of
+    # those 3.2 s, not at them; the job's other tasks, saying a pace within their history, run on
+    settings = with_stage(settings, "paced_straggler", kill_floor_s=0.5, min_samples=3, kill_grace_s=1.0)
+    clients = Clients(settings)
+    clients.ensure_resources()
+    work = runtimes.work_of(expand(small_request(), 100)[0].params())
+    runtimes.merge(runtimes_table(clients), "paced_straggler", "MOD10A2",
+                   runtimes.Runtime(50, 0.8 / work, 50 * (0.1 / work) ** 2))
+    with running_control(settings), running_workers(settings, slots=2):
+        job = jobs.submit(clients, small_request()).job
+        wait_for(lambda: jobs.get(clients, job).state.finished, 60, "the job to finish")
+    task = marked_task(clients, job)
+    assert task.attempt == 2 and task.timeouts == 1 and task.last_failure == "execution_timeout"
+    first, second = (a for a in attempt_rows(clients, job, task.task) if not a.backup)  # (the monitor may back it up)
+    assert (first.revoked_by, first.failure_class, second.outcome) == ("worker", "execution_timeout", "SUCCEEDED")
+    assert (first.ended_at - first.started_at).total_seconds() < 2.5  # well before its kill time, 3.2 s
+    assert not alive(int((PIDS / f"{job}-{task.task}-1.pid").read_text()))
+    status = jobs.status(clients, job)
+    assert status["state"] == "SUCCEEDED" and status["monitor_kills"] == 1  # the straggler alone
+
+
 def test_stage_that_ignores_sigterm_is_sigkilled_with_its_children(settings: Settings) -> None:
     settings = with_stage(settings, "stubborn", kill_ceiling_s=3.0, kill_floor_s=1.0, kill_grace_s=1.0)
     clients = Clients(settings)

@@ -32,6 +32,7 @@ from worker import private
 
 _PR_SET_PDEATHSIG = 1
 REDELIVER_S = 0.5  # SIGTERM is sent again to a stage process's main thread this often until taken
+_sending = threading.Lock()  # one message at a time on the pipe to the worker
 _unwound = threading.Event()  # a stage process has ended its stage, or is ending: SIGTERM has done its work
 _context = multiprocessing.get_context("forkserver")
 # bagpipe.cli too: a child re-runs the main module (the CLI, for `bagpipe worker`), cheap
@@ -50,6 +51,16 @@ class Outcome:
     error: str = ""
     cached: bool = False  # the outputs already existed: nothing was computed
     no_data: bool = False  # none of the sources exist: nothing to make, not a failure
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A running stage's share of its work done (``StageContext.progress``)."""
+
+    done: float
+
+
+PROGRESS_EVERY_S = 0.1  # a stage process sends its stage's progress at most this often
 
 
 BUILTIN_STAGE_MODULES = "pipeline.modis.tilestage,pipeline.reduction.stage"
@@ -158,17 +169,41 @@ def _serve_stages(settings: Settings, conn: Connection, tasks: int) -> None:
         if request is None:
             return
         stage, context = request
+        reporter = _Reporter(conn)
         try:
             stages.load(f"{BUILTIN_STAGE_MODULES},{settings.stage_modules}")
             clients = clients or Clients(settings)
-            ctx = stages.StageContext(clients=clients, **context)
+            ctx = stages.StageContext(clients=clients, reporter=reporter, **context)
             stages.STAGES[stage](ctx)
             outcome = Outcome(outputs=ctx.outputs, cached=ctx.cached, no_data=ctx.no_data)
         except BaseException as exc:
             _unwound.set()  # the stage has ended: its outcome is sent whole
-            conn.send(Outcome(failure=classify(exc), error=f"{type(exc).__name__}: {exc}"))
+            reporter.end(Outcome(failure=classify(exc), error=f"{type(exc).__name__}: {exc}"))
             return
-        conn.send(outcome)
+        reporter.end(outcome)
+
+
+class _Reporter:
+    """Sends a stage's progress to its worker, from any of the stage's threads, at most every
+    PROGRESS_EVERY_S (the worker looks five times a second), and nothing once the stage has
+    ended: a thread it left behind cannot speak for the next attempt."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.sent = -PROGRESS_EVERY_S
+        self.live = True
+
+    def __call__(self, done: float) -> None:
+        with _sending:
+            if self.live and time.monotonic() - self.sent >= PROGRESS_EVERY_S:
+                self.conn.send(Progress(done))
+                self.sent = time.monotonic()
+
+    def end(self, outcome: Outcome) -> None:
+        """The stage's last word."""
+        with _sending:
+            self.live = False
+            self.conn.send(outcome)
 
 
 class StageProcess:
@@ -184,26 +219,45 @@ class StageProcess:
         self.process.start()
         child_end.close()
         self._left = tasks  # attempts it will still take: it ends after a failure or the last
+        self._began = 0.0  # when the running stage started (monotonic)
+        self._said: list[tuple[float, float]] = []  # its first and latest word: (s since it began, share done)
 
     def start(self, stage: str, context: dict[str, Any]) -> None:
         """Run ``stage`` for one attempt (``context``: the StageContext's fields)."""
         self._left -= 1
+        self._began, self._said = time.monotonic(), []
         self._conn.send((stage, context))
+
+    def projected_s(self) -> float | None:
+        """The seconds the running stage will take in all, at the pace it has said since
+        its first word (None until it has said it has done more): what it did before
+        that word (reading its inputs, starting a program) does not count against it."""
+        if len(self._said) < 2:
+            return None
+        (first_at, first), (last_at, last) = self._said
+        if last <= first or last_at <= first_at:
+            return None
+        return last_at + (1 - last) * (last_at - first_at) / (last - first)
 
     def usable(self) -> bool:
         """Whether it takes another attempt (alive, not failed, not at its end of service)."""
         return self._left > 0 and self.process.is_alive()
 
     def poll(self, timeout: float) -> Outcome | None:
-        """The outcome if the stage ended within ``timeout`` seconds, else None."""
-        if self._conn.poll(timeout):
+        """The outcome if the stage ended within ``timeout`` seconds, else None (its progress
+        said meanwhile kept for ``projected_s``)."""
+        deadline = time.monotonic() + timeout
+        while self._conn.poll(max(0.0, deadline - time.monotonic())):
             try:
-                outcome: Outcome = self._conn.recv()
+                said: Outcome | Progress = self._conn.recv()
             except EOFError:
                 return self._died()
-            if outcome.failure is not None:
+            if isinstance(said, Progress):
+                self._said = [*self._said[:1], (time.monotonic() - self._began, said.done)]
+                continue
+            if said.failure is not None:
                 self._left = 0
-            return outcome
+            return said
         if not self.process.is_alive():
             # it may have sent its outcome and exited between the wait above and this check
             return self.poll(0) if self._conn.poll(0) else self._died()

@@ -20,6 +20,18 @@ from pipeline.storage.clients import Clients
 
 STALL_NAP_S = 0.05  # the stall probe's nap
 STALL_WINDOW_S = 2.0  # the stall is of the naps that ended in the last this many seconds
+PACE_AFTER = 0.2  # an attempt's pace is trusted once it has run this share of its allowed time
+PACE_MARGIN = 1.5  # ... and revoked when that pace takes it past this many times its allowed time
+
+
+def bound_to_overrun(elapsed: float, allowed: float, projected: float | None) -> bool:
+    """Whether an attempt that has run ``elapsed`` of the ``allowed`` seconds its kill time
+    gives it, and whose stage's pace says it will take ``projected`` seconds in all, will
+    run far past them: plain once it has run PACE_AFTER of them and its pace takes it past
+    PACE_MARGIN times them. The margin keeps an attempt whose work is only roughly in
+    proportion to its time (an uneven input, a slow patch) from being revoked for it; a
+    straggler 4–10× its history is well past it."""
+    return projected is not None and elapsed >= PACE_AFTER * allowed and projected >= PACE_MARGIN * allowed
 
 
 class Pace:

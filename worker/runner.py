@@ -43,7 +43,7 @@ from pipeline.storage.clients import Clients, clients_for
 from worker import private
 from worker.child import Outcome
 from worker.lease import Lease
-from worker.pace import Pace
+from worker.pace import Pace, bound_to_overrun
 from worker.readahead import RowsAhead
 from worker.slot import Slot
 
@@ -54,6 +54,7 @@ AHEAD_BELOW_S = 1.0  # receive ahead of free slots while attempts take less than
 AHEAD_HOLD_S = 2.0  # a message received ahead that waits this long is handed back
 BACKUP_PASSES = 5  # a backup received by the worker that runs its attempt is handed back this often
 PAST_KILL_TIME = "ran past its kill time"  # the error of an attempt its own worker revoked
+BOUND_PAST_KILL_TIME = "bound to run far past its kill time at its pace"  # ... revoked sooner
 
 
 class Worker:
@@ -331,8 +332,8 @@ class Worker:
             lease.delete()
             log.info("backup %s failed (%s): dropped", held.ref, failure.value)
             return
-        if failure is FailureClass.EXECUTION_TIMEOUT and outcome.error == PAST_KILL_TIME:
-            self._revoke_self(lease, slot, held, expected)
+        if failure is FailureClass.EXECUTION_TIMEOUT and outcome.error in (PAST_KILL_TIME, BOUND_PAST_KILL_TIME):
+            self._revoke_self(lease, slot, held, expected, outcome.error)
             return
         if failure is FailureClass.WORKER_SLOW and speculation.give_way(self.clients, held, failure, outcome.error):
             lease.delete()  # its backup runs on a healthy worker; the monitor requeues if that fails
@@ -352,11 +353,12 @@ class Worker:
             if after is TaskStatus.DEAD:
                 self.progress.task_ended(held.ref.job)
 
-    def _revoke_self(self, lease: Lease, slot: Slot, held: transitions.Claim, expected: float | None) -> None:
+    def _revoke_self(self, lease: Lease, slot: Slot, held: transitions.Claim, expected: float | None,
+                     why: str) -> None:
         """The monitor's revocation of an attempt past its kill time, made by its own worker
         as soon as the time comes (the monitor would make it at its next pass, and the
-        worker see it at its next lease check): the same fenced move, the next attempt
-        queued or the task DEAD."""
+        worker see it at its next lease check), or sooner when its pace says it will come
+        (``why``): the same fenced move, the next attempt queued or the task DEAD."""
         ref = held.ref
         row = tasks.get_task(self.clients.tasks, ref.job, ref.task)
         budget = policy.limits_for(self.settings, held.stage).budget(FailureClass.EXECUTION_TIMEOUT)
@@ -368,7 +370,7 @@ class Worker:
         self.pace.too_slow((tasks.now() - held.started).total_seconds(), expected)
         telemetry.attempt_ended(held.stage, FailureClass.EXECUTION_TIMEOUT.value,
                                 (tasks.now() - held.started).total_seconds())
-        log.info("%s ran past its kill time: revoked by its worker, task now %s", ref, after)
+        log.info("%s %s: revoked by its worker, task now %s", ref, why, after)
         if after is TaskStatus.DEAD:
             self.progress.task_ended(ref.job)
 
@@ -384,7 +386,8 @@ class Worker:
 
     def run_stage(self, held: transitions.Claim, lease: Lease, slot: Slot) -> Outcome:
         """Run the attempt's stage in the slot's stage process (its own process group);
-        kill it if the attempt is revoked meanwhile, or once it runs past its kill time."""
+        kill it if the attempt is revoked meanwhile, or once it runs past its kill time, or
+        as soon as the pace its stage reports will take it far past (``pace.bound_to_overrun``)."""
         context = {
             "job": held.ref.job, "task": held.ref.task, "attempt": held.ref.attempt, "params": held.params,
             "backup": held.ref.backup,
@@ -392,6 +395,7 @@ class Worker:
         }
         process = slot.stage_process(self.settings)
         process.start(held.stage, context)
+        allowed = (held.kill_at - held.started).total_seconds()
         backed_up = False  # past its kill time with a backup running: left to the monitor
         while True:
             outcome = process.poll(0.2)
@@ -400,11 +404,14 @@ class Worker:
             if lease.revoked.is_set():
                 process.kill(self.settings.kill_grace_s)
                 return Outcome(failure=FailureClass.EXECUTION_TIMEOUT, error="revoked")
-            if not backed_up and tasks.now() >= held.kill_at:
+            now = tasks.now()
+            if not backed_up and (now >= held.kill_at or bound_to_overrun(
+                    (now - held.started).total_seconds(), allowed, process.projected_s())):
                 runs = self._backup_runs(held)
                 if runs is False:
                     process.kill(self.settings.kill_grace_s)
-                    return Outcome(failure=FailureClass.EXECUTION_TIMEOUT, error=PAST_KILL_TIME)
+                    return Outcome(failure=FailureClass.EXECUTION_TIMEOUT,
+                                   error=PAST_KILL_TIME if now >= held.kill_at else BOUND_PAST_KILL_TIME)
                 backed_up = runs is True
             if self.draining.is_set():  # found slow: a healthy worker runs it sooner
                 process.kill(self.settings.kill_grace_s)

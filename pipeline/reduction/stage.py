@@ -13,8 +13,11 @@ from __future__ import annotations
 import fnmatch
 import json
 import mimetypes
+import os
 import shutil
 import tempfile
+import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,13 +97,42 @@ class Run:
         return StageFailure(failure, f"{reducer.name} {verdict}: {_tail(self.folder / 'stderr.txt')}")
 
 
+PROGRESS_READ_S = 0.2  # how often a running program's progress file is read
+
+
+def _read_progress(path: Path) -> float | None:
+    """The share of its work a program says it has done: the number its progress file
+    starts with (not followed if the program made it a link: it is the program's file)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        return float(os.read(fd, 32).decode("ascii", "replace").split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def _watch_progress(path: Path, on_progress: Callable[[float], None], done: threading.Event) -> None:
+    while not done.wait(PROGRESS_READ_S):
+        said = _read_progress(path)
+        if said is not None:
+            on_progress(said)
+
+
 def run_program(reducer: reducers.Reducer, tiles: list[tuple[str, Path]], root: Path,
-                task: dict[str, Any], more: dict[str, list[tuple[str, Path]]] | None = None) -> Run:
+                task: dict[str, Any], more: dict[str, list[tuple[str, Path]]] | None = None,
+                on_progress: Callable[[float], None] | None = None) -> Run:
     """Stage ``tiles`` ((date, GeoTIFF) pairs of the first requested layer) and ``more``
     (other layers' pairs, by layer) read-only into ``root/inputs``, write ``task.json``
-    (``task`` plus where things are: ``inputs``, and ``layers`` naming every layer's files),
-    run the program in the sandbox and return the files it left in ``root/outputs`` that its
-    manifest names."""
+    (``task`` plus where things are: ``inputs``, and ``layers`` naming every layer's files,
+    and ``progress_file``), run the program in the sandbox and return the files it left in
+    ``root/outputs`` that its manifest names. What the program writes to its progress file
+    (the share of its work done, a number from 0 to 1, rewritten as it goes) is passed to
+    ``on_progress`` while it runs: its worker then ends an attempt that its pace shows to be
+    a straggler sooner (``StageContext.progress``)."""
     inputs, outputs, scratch, work = (root / n for n in ("inputs", "outputs", "tmp", "work"))
     for folder in (inputs, outputs, scratch, work):
         folder.mkdir(parents=True)
@@ -125,15 +157,23 @@ def run_program(reducer: reducers.Reducer, tiles: list[tuple[str, Path]], root: 
         staged.chmod(0o444)
     inputs.chmod(0o555)
     task_json = root / "task.json"
+    progress = scratch / "progress"
     task_json.write_text(json.dumps(task | {
         "reducer": reducer.name, "dates": [day for day, _ in tiles], "inputs": files,
         "layers": {task.get("layer", "inputs"): files} | layers,
-        "inputs_dir": str(inputs), "outputs_dir": str(outputs),
+        "inputs_dir": str(inputs), "outputs_dir": str(outputs), "progress_file": str(progress),
     }, indent=1))
     env = BASE_ENV | dict(reducer.env) | {"HOME": str(scratch), "TMPDIR": str(scratch), "BAGPIPE_TASK": str(task_json)}
-    result = sandbox.run(reducer.command(inputs, outputs, task_json), cwd=work, writable=[outputs, scratch],
-                         readable=[reducer.here, root], stdout=root / "stdout.txt", stderr=root / "stderr.txt",
-                         limits=reducer.limits, env=env, timeout_s=reducer.timeout_s, network=reducer.network)
+    ended = threading.Event()
+    if on_progress is not None:
+        threading.Thread(target=_watch_progress, args=(progress, on_progress, ended), name="reduce-progress",
+                         daemon=True).start()
+    try:
+        result = sandbox.run(reducer.command(inputs, outputs, task_json), cwd=work, writable=[outputs, scratch],
+                             readable=[reducer.here, root], stdout=root / "stdout.txt", stderr=root / "stderr.txt",
+                             limits=reducer.limits, env=env, timeout_s=reducer.timeout_s, network=reducer.network)
+    finally:
+        ended.set()
     made = [p for p in sorted(outputs.rglob("*"))
             if p.is_file() and not p.is_symlink() and p.resolve().is_relative_to(outputs.resolve())
             and any(fnmatch.fnmatch(p.name, pattern) for pattern in reducer.outputs)]
@@ -179,7 +219,7 @@ def reduce(ctx: StageContext) -> None:
             "job": ctx.job, "task": ctx.task, "product": params["product"], "layer": layers[0],
             "tile": params["tile"], "crs": params["crs"], "bounds": params["bounds"], "missing_dates": missing,
             "failed_dates": failed, "args": json.loads(params.get("args") or "{}"),
-        }, {layer: by_layer[layer] for layer in layers[1:]})
+        }, {layer: by_layer[layer] for layer in layers[1:]}, ctx.progress)
         _publish_logs(ctx, run.folder)
         failure = run.failure(reducer)
         if failure is not None:
