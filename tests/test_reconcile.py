@@ -19,6 +19,7 @@ from bagpipe.mailserver import MailServer
 from pipeline.lifecycle import completion, dispatch, jobs, sweep, tasks, transitions
 from pipeline.lifecycle.failures import FailureClass
 from pipeline.lifecycle.notify import mailer_for
+from pipeline.lifecycle.status import TaskStatus
 from pipeline.modis.products import CATALOG
 from pipeline.reduction import reducers
 from pipeline.reduction.stage import MAX_OUTPUTS, run_program
@@ -26,7 +27,7 @@ from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
 from pipeline.web import jobview
-from tests.conftest import PIDS, running_control, running_workers, small_request, wait_for, with_stage
+from tests.conftest import PIDS, queue_depth, running_control, running_workers, small_request, wait_for, with_stage
 from tests.test_monitor import alive
 from tests.test_worker import planned_job, receive_one
 
@@ -119,6 +120,30 @@ def test_a_revocation_whose_message_is_lost_is_sent_again(settings: Settings, ma
     row = tasks.get_task(clients.tasks, job, held.ref.task)
     assert row.status == "SUCCEEDED" and row.attempt == 2 and row.resends >= 1
     assert len(emails_for(mail, job)) == 1 and index_left(clients, job) == []
+
+
+def test_messages_waiting_behind_older_ones_are_not_sent_again_and_lost_ones_are(settings: Settings) -> None:
+    # no worker runs: the job's messages wait in their queues past their entries' due time
+    settings, clients = fast(settings)
+    job = planned_job(clients)
+    queued = [r for r in tasks.list_tasks(clients.tasks, job) if r.status is TaskStatus.QUEUED]
+    depth = queue_depth(clients)
+    assert len(queued) >= 4 and depth == len(queued)
+    time.sleep(2 * settings.lease_seconds + 1)  # their entries fall due
+    assert dispatch.redispatch_due(clients, job) == 0
+    assert queue_depth(clients) == depth  # no duplicate
+    assert {tasks.get_task(clients.tasks, job, r.task).resends for r in queued} == {1}  # their entries moved on
+    for queue in clients.shard_queues:  # every message lost
+        for message in queue.receive_messages(max_messages=32):
+            queue.delete_message(message)
+    later = planned_job(clients)  # and newer messages at the front of the queues
+    depth = queue_depth(clients)
+    time.sleep(2 * 2 * settings.lease_seconds + 1)  # the moved entries fall due
+    assert dispatch.redispatch_due(clients, job) == len(queued)
+    assert queue_depth(clients) == depth + len(queued)
+    with running_workers(settings):
+        wait_for(lambda: all(tasks.get_task(clients.tasks, j, r.task).status is TaskStatus.SUCCEEDED
+                             for j in (job, later) for r in queued), 60, "both jobs' tile tasks")
 
 
 def test_a_job_whose_plan_message_was_not_sent_is_planned_by_the_sweep(

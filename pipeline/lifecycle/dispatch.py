@@ -11,7 +11,13 @@ the claim's own transaction: a task is QUEUED exactly while it has an entry.
 :func:`send` is the one path by which a task message is sent. The reconciler,
 :func:`redispatch_due` (part of the sweep: one key-range query per job), sends the message
 of every task still QUEUED under a due entry again and moves the entry later — twice as far
-each time, since a message may just be waiting behind others; the claim drops duplicates.
+each time; the claim drops duplicates. A message that may just be waiting behind others is
+not sent again: when the message at the front of its shard queue (a peek, one call per shard
+and pass) was sent no later than it, give or take a lease, it has not been passed over, and
+only its entry moves — up to MAX_DOUBLINGS times, after which it is sent again whatever the
+queue holds. Without that look, a deep queue (a big job's release window on few workers)
+had every waiting task sent again at each of its doublings: duplicates by the thousand,
+each a receive, a read and a delete for nothing.
 """
 
 from __future__ import annotations
@@ -84,6 +90,27 @@ def send(clients: Clients, messages: Iterable[tuple[int, TaskRef]], delay_s: int
         return sum(pool.map(one, messages))
 
 
+def front(clients: Clients, shard: int) -> datetime | None:
+    """When the message at the front of a shard queue was sent (None: no message is
+    visible there, or the queue could not be read)."""
+    try:
+        peeked = clients.shard_queues[shard].peek_messages(max_messages=1)
+    except Exception as exc:  # then resend, as if the queue had passed it over
+        log.info("shard queue %s not peeked: %s", shard, exc)
+        return None
+    return peeked[0].inserted_on if peeked else None
+
+
+def waiting(clients: Clients, resends: int, queued_at: datetime | None, first: datetime | None) -> bool:
+    """Whether a due task's message may still be waiting behind the message at the front of
+    its queue (sent at ``first``): that one was sent no later than it, give or take a lease
+    (a release's sends go out over a while after the rows say QUEUED; clocks differ), and
+    its entry has not yet moved MAX_DOUBLINGS times."""
+    if first is None or queued_at is None or resends >= MAX_DOUBLINGS:
+        return False
+    return first <= queued_at + timedelta(seconds=clients.settings.lease_seconds)
+
+
 def due(clients: Clients, job: str, at: datetime) -> list[dict[str, Any]]:
     """The job's dispatch entries due before ``at``."""
     return list(clients.tasks.query_entities(
@@ -95,6 +122,7 @@ def redispatch_due(clients: Clients, job: str) -> int:
     """The reconciler's pass over one job: send again the message of every task still
     QUEUED under a due entry, moving its entry later. Returns how many it resent."""
     resend: list[tuple[int, TaskRef]] = []
+    fronts: dict[int, datetime | None] = {}
     for found in due(clients, job, now()):
         try:
             row = get_task(clients.tasks, job, found["Task"])
@@ -104,6 +132,9 @@ def redispatch_due(clients: Clients, job: str) -> int:
         if row.status is not TaskStatus.QUEUED or row.dispatch != found["RowKey"]:
             unindex(clients, job, found["RowKey"])  # left by a write older than the entries' rules
             continue
+        if row.shard not in fronts:
+            fronts[row.shard] = front(clients, row.shard)
+        behind = waiting(clients, row.resends, row.queued_at, fronts[row.shard])
         resends = row.resends + 1
         key, write = entry(clients, job, row.task, resends=resends)
         change = row.stored_changes(dispatch=key, resends=resends)
@@ -114,6 +145,10 @@ def redispatch_due(clients: Clients, job: str) -> int:
         except (TableTransactionError, HttpResponseError) as exc:
             log.info("task %s/%s moved on before its resend: %s", job, row.task, exc)
             continue  # claimed or cancelled meanwhile; or the next pass tries again
+        if behind:
+            log.info("message of %s/%s (attempt %s) not resent: older ones still wait in its queue", job,
+                     row.task, row.attempt)
+            continue
         resend.append(ref_of(row))
         log.warning("message of %s/%s (attempt %s) resent: not taken since %s", job, row.task,
                     row.attempt, row.queued_at)
