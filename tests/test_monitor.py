@@ -207,14 +207,20 @@ def test_straggler_is_revoked_at_about_4x_and_succeeds_on_retry(settings: Settin
     assert status["monitor_kills"] == status["failures"]["execution_timeout"] >= 1
 
 
-def test_a_worker_revokes_its_own_attempt_at_its_kill_time(settings: Settings) -> None:
-    # no monitor runs: the worker, which knows its attempt's kill time, makes the move itself
-    settings = with_stage(settings, "straggler", kill_floor_s=0.5, min_samples=3, kill_grace_s=1.0)
+def with_history(settings: Settings, stage: str) -> tuple[Settings, Clients]:
+    """The deployment running ``stage``, its history 0.8 ± 0.1 s a task (fifty samples): a
+    kill time of 4 × 0.8 s."""
+    settings = with_stage(settings, stage, kill_floor_s=0.5, min_samples=3, kill_grace_s=1.0)
     clients = Clients(settings)
     clients.ensure_resources()
     work = runtimes.work_of(expand(small_request(), 100)[0].params())
-    runtimes.merge(runtimes_table(clients), "straggler", "MOD10A2",
-                   runtimes.Runtime(50, 0.8 / work, 50 * (0.1 / work) ** 2))
+    runtimes.merge(runtimes_table(clients), stage, "MOD10A2", runtimes.Runtime(50, 0.8 / work, 50 * (0.1 / work) ** 2))
+    return settings, clients
+
+
+def test_a_worker_revokes_its_own_attempt_at_its_kill_time(settings: Settings) -> None:
+    # no monitor runs: the worker, which knows its attempt's kill time, makes the move itself
+    settings, clients = with_history(settings, "straggler")
     job = jobs.submit(clients, small_request()).job
     sweep.handle_plan(clients, json.dumps({"job": job}).encode())
     with running_workers(settings, slots=2):
@@ -233,12 +239,7 @@ def test_a_worker_revokes_an_attempt_whose_pace_takes_it_far_past_its_kill_time(
     # the straggler says its progress: a tenth of its work in 0.8 s, where its kill time
     # (4 × 0.8 s) allows 3.2 s for all of it; its worker revokes it once it has run a fifth of
     # those 3.2 s, not at them; the job's other tasks, saying a pace within their history, run on
-    settings = with_stage(settings, "paced_straggler", kill_floor_s=0.5, min_samples=3, kill_grace_s=1.0)
-    clients = Clients(settings)
-    clients.ensure_resources()
-    work = runtimes.work_of(expand(small_request(), 100)[0].params())
-    runtimes.merge(runtimes_table(clients), "paced_straggler", "MOD10A2",
-                   runtimes.Runtime(50, 0.8 / work, 50 * (0.1 / work) ** 2))
+    settings, clients = with_history(settings, "paced_straggler")
     with running_control(settings), running_workers(settings, slots=2):
         job = jobs.submit(clients, small_request()).job
         wait_for(lambda: jobs.get(clients, job).state.finished, 60, "the job to finish")
