@@ -25,7 +25,7 @@ from bagpipe import control
 from bagpipe.azurite import Azurite
 from bagpipe.mailserver import MailServer
 from bench import fault_stage
-from pipeline.lifecycle import attempts, jobs, monitor, sweep, tasks
+from pipeline.lifecycle import attempts, health, jobs, monitor, sweep, tasks
 from pipeline.lifecycle.notify import mailer_for
 from pipeline.lifecycle.request import JobRequest
 from pipeline.lifecycle.status import TERMINAL, JobState, TaskStatus
@@ -235,6 +235,8 @@ class Run:
             thread.join(0.05)
         if thread.is_alive():
             for hang in HANGS.iterdir():
+                if hang.suffix == ".slow":
+                    self._found_slow(worker)
                 hang.unlink(missing_ok=True)
             self.plan.dead.add(name)
             worker.kill()
@@ -243,6 +245,17 @@ class Run:
                 self._restart(name)
             return 1
         return result[0] if result else 0
+
+    def _found_slow(self, lost: Worker) -> None:
+        """The scripted slow machine: its worker reports a stall (as its probe finds on a
+        machine that barely runs it), the others their ordinary pace, so that the monitor's
+        next pass finds it slow and takes its attempt from it (``monitor.revoke_slow``) —
+        the other lost attempt is left to its heartbeat's lapse. The reports are the workers'
+        own calls, made for them here."""
+        with self.quiet():
+            clients = Clients(self.settings)
+            for worker in self.workers.values():
+                health.report(clients, worker.id, [1.0, 1.0], [], 1, 2, 6.7 if worker is lost else 1.0)
 
     # --- the scenario ---------------------------------------------------------------------
     def drive(self, timeout: float = 150.0) -> None:

@@ -2,8 +2,9 @@
 (content-addressed, with its ``.making`` marker), so that reductions have inputs and the
 harness can check that no marker is left; a repeat of a job finds its tiles made at planning
 (:func:`made_already`) and is settled there. The first attempt of the tile named
-:data:`LOST_TILE` hangs: the harness loses its worker there, so that every run has a
-monitor revocation."""
+:data:`LOST_TILE` hangs in each of its two periods: the harness loses its worker there, so
+that every run has a monitor revocation of each kind — a heartbeat lapsed, and a worker
+found slow (the harness has it report a stall first)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from pipeline.storage import cache, names
 from pipeline.storage.clients import Clients
 
 LOST_TILE = "x-0108y+0035"
+LOST_DATE, SLOW_DATE = "2022-01-01", "2022-01-09"  # its first period's first attempt is lost; its second's is slow
 HANGS_ENV = "BAGPIPE_FAULT_HANGS"  # the folder where the lost attempt says it hangs
 SIDE = 16  # pixels
 
@@ -58,9 +60,10 @@ def made_already(clients: Clients, rows: list[Any]) -> dict[str, list[str]]:
 
 @stages.stage("fault_tile")
 def fault_tile(ctx: StageContext) -> None:
-    if ctx.params["tile"] == LOST_TILE and ctx.params["date"] == "2022-01-01" and ctx.attempt == 1:
-        Path(os.environ[HANGS_ENV], f"{ctx.job}-{ctx.task}").touch()
-        time.sleep(600)  # the harness loses this worker here
+    if ctx.params["tile"] == LOST_TILE and ctx.params["date"] in (LOST_DATE, SLOW_DATE) and ctx.attempt == 1:
+        slow = ".slow" if ctx.params["date"] == SLOW_DATE else ""
+        Path(os.environ[HANGS_ENV], f"{ctx.job}-{ctx.task}{slow}").touch()
+        time.sleep(600)  # the harness loses this worker here (having found it slow first, if it says so)
     name = _name(ctx.params)
     made = cache.ensure(ctx.clients.transfers, ctx.clients.tiles, name, lambda: _tile(ctx), "image/tiff",
                         want_data=False, owner=f"{ctx.job}/{ctx.task}", tidy=ctx.attempt > 1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,11 +14,14 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from pipeline.lifecycle import attempts, health, jobs, runtimes, sweep, tasks
+from pipeline.lifecycle import attempts, health, jobs, runtimes, sweep, tasks, transitions
 from pipeline.lifecycle.request import expand
+from pipeline.lifecycle.status import TaskStatus
 from pipeline.settings import Settings
 from pipeline.storage.clients import Clients
-from tests.conftest import running_control, running_workers, small_request, wait_for, with_stage
+from tests.conftest import in_an_hour, running_control, running_workers, small_request, wait_for, with_stage
+from tests.test_speculation import _backed_up, _backup_message
+from worker.pace import Pace
 
 
 def reported(clients: Clients, ratios: dict[str, list[float]], running: dict[str, list[float]] | None = None,
@@ -90,14 +94,14 @@ pace, stop = Pace(2.0), threading.Event()
 threading.Thread(target=pace.probe, args=(stop,), daemon=True).start()
 print("ready", flush=True)
 time.sleep(3.0)
-print(pace.stall(), flush=True)
+print(pace.stall(), pace.asked(), flush=True)
 """
 
 
-def probed_stall(run_share: float | None) -> float:
+def probed_stall(run_share: float | None) -> tuple[float, bool]:
     """The stall the probe of a process finds, the process let run ``run_share`` of every
     half second (SIGSTOP/SIGCONT from outside, as a VM's slowness is: the process cannot
-    tell), or undisturbed (None)."""
+    tell), or undisturbed (None); and whether it asked for a report at once."""
     probe = subprocess.Popen([sys.executable, "-c", PROBE], stdout=subprocess.PIPE, text=True,
                              cwd=Path(__file__).resolve().parents[1])
     assert probe.stdout is not None and probe.stdout.readline().strip() == "ready"
@@ -110,14 +114,25 @@ def probed_stall(run_share: float | None) -> float:
     finally:
         if probe.poll() is None:
             os.kill(probe.pid, signal.SIGCONT)
-    found = float(probe.stdout.readline())
+    stall, asked = probe.stdout.readline().split()
     probe.wait(10)
-    return found
+    return float(stall), asked == "True"
 
 
 def test_the_stall_probe_sees_a_machine_that_runs_the_worker_a_tenth_of_the_time() -> None:
-    assert probed_stall(None) < 2.0
-    assert probed_stall(0.1) >= health.STALL_FLOOR
+    stall, asked = probed_stall(None)
+    assert stall < 2.0 and not asked
+    stall, asked = probed_stall(0.1)
+    assert stall >= health.STALL_FLOOR and asked  # the monitor hears of it at once
+
+
+def test_a_report_asked_for_at_once_is_made_at_once_and_then_as_usual(clients: Clients) -> None:
+    pace = Pace(2.0)
+    assert pace.report(clients, "w0", 2) == health.HEALTHY and not pace.asked()
+    assert pace.report(clients, "w0", 2) is None  # not yet time
+    pace.report_soon()
+    assert pace.asked() and pace.report(clients, "w0", 2) == health.HEALTHY
+    assert not pace.asked() and pace.report(clients, "w0", 2) is None
 
 
 def test_a_worker_not_heard_from_lately_is_not_compared(clients: Clients) -> None:
@@ -127,6 +142,35 @@ def test_a_worker_not_heard_from_lately_is_not_compared(clients: Clients) -> Non
     health.left(clients, "w0", "replaced")  # gone: not an "other" any more
     assert health.find_slow(clients, 2.0) == []
     assert sweep.sweep(clients)["slow_workers"] == 0
+
+
+def test_the_monitor_takes_a_slow_workers_attempts_from_it_at_once(clients: Clients) -> None:
+    # 8 tasks, each claimed by a worker of its own (w0 … w7); w0's attempt has a backup on "spare"
+    job, held, backup = _backed_up(clients)
+    stalled = {"w0", "w1"}  # machines that barely run their workers
+    for i in range(6):
+        worker = f"w{i}"
+        health.report(clients, worker, [1.0, 1.1], [0.4], 2, 3, 6.7 if worker in stalled else 1.0)
+    done = sweep.sweep(clients)
+    assert (done["slow_workers"], done["revoked"], done["errors"]) == (2, 1, 0)
+    # w1's attempt: taken from it at once, a worker_slow failure (no kill, no timeout), requeued
+    taken = tasks.get_task(clients.tasks, job, held[1].ref.task)
+    assert (taken.status, taken.attempt, taken.last_failure, taken.timeouts) == (TaskStatus.QUEUED, 2,
+                                                                                 "worker_slow", 0)
+    (row,) = [a for a in attempts.list_attempts(clients.tasks, job) if (a.task, a.attempt) == (taken.task, 1)]
+    assert (row.outcome, row.failure_class, row.revoked_by) == ("FAILED", "worker_slow", "monitor")
+    assert row.ended_at is not None and row.worker == "w1"
+    # w0's attempt is left to its worker, which gives way to the backup; the healthy ones run on
+    assert tasks.get_task(clients.tasks, job, held[0].ref.task).worker == "w0"
+    assert all(tasks.get_task(clients.tasks, job, h.ref.task).status is TaskStatus.RUNNING for h in held[2:])
+    status = jobs.status(clients, job)
+    assert status["monitor_kills"] == 0 and status["failures"] == {"worker_slow": 1}
+    # the next attempt's message was sent: a healthy worker claims it
+    ref = _backup_message(clients)
+    assert ref == tasks.TaskRef(job, taken.task, 2)
+    assert transitions.claim(clients, ref, "w9", in_an_hour) is not None
+    assert backup.ref.task == held[0].ref.task
+    assert sweep.sweep(clients)["revoked"] == 0  # taken once
 
 
 def test_a_slow_worker_drains_exits_to_be_replaced_and_its_tasks_finish_elsewhere(settings: Settings,
@@ -152,6 +196,7 @@ def test_a_slow_worker_drains_exits_to_be_replaced_and_its_tasks_finish_elsewher
                                  for row in tasks.list_tasks(clients.tasks, job)), 60, "the slow worker to claim")
             with running_workers(settings, slots=2):
                 assert slow.wait(120) == health.REPLACE_EXIT, log.read_text(errors="replace")[-2000:]
+                assert not re.search(r"\w+Warning: ", log.read_text(errors="replace"))  # a Python warning
                 wait_for(lambda: jobs.get(clients, job).state.finished, 120, "the job to finish")
     finally:
         if slow.poll() is None:

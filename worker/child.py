@@ -35,11 +35,13 @@ REDELIVER_S = 0.5  # SIGTERM is sent again to a stage process's main thread this
 _sending = threading.Lock()  # one message at a time on the pipe to the worker
 _unwound = threading.Event()  # a stage process has ended its stage, or is ending: SIGTERM has done its work
 _context = multiprocessing.get_context("forkserver")
-# bagpipe.cli too: a child re-runs the main module (the CLI, for `bagpipe worker`), cheap
-# once its imports are already in the server.
+# and the CLI's imports: a child runs the main module again (the CLI, for `bagpipe worker`),
+# cheap once they are in the server; not the CLI itself, which runpy would find imported
+# already (and say so, in every stage process's log).
 _context.set_forkserver_preload(["worker.private", "pipeline.stages", "pipeline.modis.tilestage",
                                  "pipeline.reduction.stage", "pipeline.storage.clients", "worker.child",
-                                 "bagpipe.cli"])
+                                 "typer", "rich.console", "rich.progress", "rich.table", "bagpipe.manage",
+                                 "bagpipe.client"])
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from pipeline.lifecycle.tasks import TaskRef
 from pipeline.storage.clients import Clients
 
 STALL_NAP_S = 0.05  # the stall probe's nap
-STALL_WINDOW_S = 2.0  # the stall is of the naps that ended in the last this many seconds
+STALL_WINDOW_S = 1.0  # the stall is of the naps that ended in the last this many seconds
 PACE_AFTER = 0.2  # an attempt's pace is trusted once it has run this share of its allowed time
 PACE_MARGIN = 1.5  # ... and revoked when that pace takes it past this many times its allowed time
 
@@ -45,6 +45,8 @@ class Pace:
         self._reported = -health.REPORT_EVERY_S
         self._started = 0  # attempts run
         self._naps: deque[tuple[float, float]] = deque()  # the stall probe's: (ended at, seconds taken)
+        self._stalled = False  # the stall is at the monitor's floor
+        self._asked = False  # a report is wanted at once
 
     def started(self, ref: TaskRef, expected: float | None) -> None:
         """An attempt starts, expected to take ``expected`` s (None: no trusted history)."""
@@ -83,6 +85,10 @@ class Pace:
                 self._naps.append((ended, ended - began))
                 while self._naps[0][0] < ended - STALL_WINDOW_S:
                     self._naps.popleft()
+            stalled = (self.stall() or 0.0) >= health.STALL_FLOOR
+            if stalled and not self._stalled:
+                self.report_soon()  # the monitor hears of it now, not at the next round
+            self._stalled = stalled
 
     def stall(self) -> float | None:
         """The wall time the probe's recent naps took over the time they asked for (1: the
@@ -93,14 +99,25 @@ class Pace:
             return None
         return sum(took for _, took in naps) / (len(naps) * STALL_NAP_S)
 
+    def report_soon(self) -> None:
+        """Have the next :meth:`report` made at once (its stall just reached the floor; an
+        attempt of its was taken from it, which may be the monitor draining it)."""
+        with self._lock:
+            self._asked = self.slow_ratio > 0  # (no report is made with the health rule off)
+
+    def asked(self) -> bool:
+        """Whether a report was asked for at once (:meth:`report_soon`) and not made yet."""
+        with self._lock:
+            return self._asked
+
     def report(self, clients: Clients, worker: str, slots: int) -> str | None:
         """Every REPORT_EVERY_S: report the ratios (the ended attempts', then the running
         ones' so far) and return the worker's state as the monitor last judged it; None
         when it is not yet time."""
-        if self.slow_ratio <= 0 or time.monotonic() - self._reported < health.REPORT_EVERY_S:
-            return None
-        self._reported = time.monotonic()
         with self._lock:
+            if self.slow_ratio <= 0 or (not self._asked and time.monotonic() - self._reported < health.REPORT_EVERY_S):
+                return None
+            self._reported, self._asked = time.monotonic(), False
             ended = list(self.ratios)
             running = [(self._reported - start) / expected for start, expected in self._running.values()]
             count = self._started

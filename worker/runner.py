@@ -110,6 +110,10 @@ class Worker:
                     free += 1
                 if free == 0:
                     continue
+                if self.pace.asked():  # an attempt was taken from it, or it stalls: hear the monitor first
+                    for _ in range(free):
+                        self._free.release()
+                    continue
                 received = 0
                 if len(self._ahead) < free:
                     queue = queues[shard % len(queues)]
@@ -208,8 +212,10 @@ class Worker:
 
     def _report_health(self) -> None:
         """While attempts are in hand, report how they compare with their history (now and
-        then: ``Pace.report``); if the monitor has found this worker slow, drain."""
-        if not self._busy():
+        then: ``Pace.report``, or at once when asked: its stall reached the floor, or an
+        attempt was taken from it, which may leave it idle); if the monitor has found this
+        worker slow, drain."""
+        if not self._busy() and not self.pace.asked():
             return
         try:
             state = self.pace.report(self.clients, self.id, self.slots)
@@ -294,6 +300,7 @@ class Worker:
         finally:
             self.pace.stopped(held.ref)
         if lease.revoked.is_set():
+            self.pace.report_soon()  # the monitor may have found this worker slow: hear it before taking more
             # (one revoked before its kill time — cancelled, beaten by its copy — says nothing
             # of the machine)
             if tasks.now() >= held.kill_at:

@@ -177,6 +177,15 @@ def overdue(clients: Clients, job: str, at: datetime) -> list[Deadline]:
         f"PartitionKey eq @pk and {where}", parameters={"pk": job, **params})]
 
 
+def held_by(clients: Clients, job: str, workers: list[str]) -> list[Deadline]:
+    """The job's index rows of attempts (and backups) ``workers`` run: one query."""
+    where, params = _range(names.DEADLINE_PREFIX)
+    named = " or ".join(f"Worker eq @w{i}" for i in range(len(workers)))
+    return [Deadline.from_entity(row) for row in clients.tasks.query_entities(
+        f"PartitionKey eq @pk and {where} and ( {named} )",  # (the SDK finds a parameter between spaces)
+        parameters={"pk": job, **params, **{f"w{i}": w for i, w in enumerate(workers)}})]
+
+
 def move(clients: Clients, job: str, task: str, attempt: int, kill_at: datetime, worker: str,
          previous: str, speculate_at: datetime | None = None, backup: bool = False) -> str:
     """Heartbeat: move the attempt's index row to its new deadline and note the beat on its

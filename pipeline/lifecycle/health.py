@@ -7,16 +7,18 @@ the mean for its work (``runtimes``), a running attempt counting with the time i
 so far, one revoked for time as at least ``slow_ratio`` — and the monitor's sweep compares
 the workers: one whose recent ratio (the least of its last few attempts': all of them
 slow) is at least ``slow_ratio`` times the others' median (or times 1, if they run faster than their
-history) is marked slow. It then takes no more tasks, gives up the attempts it holds (each
+history) is marked slow. In the same pass the monitor takes from it the attempts it runs (each
 goes back to the queue at once, a transient ``worker_slow`` failure, for a healthy worker
-to run) and exits with REPLACE_EXIT, so that a fresh one replaces it: the local stack
-starts another; in Azure the Container Apps job retries the replica (a new one) and its
-event scaler starts new executions while the queues hold work.
+to run: ``monitor.revoke_slow``); the worker, at its next report, takes no more tasks,
+gives up whatever it still holds and exits with REPLACE_EXIT, so that a fresh one replaces
+it: the local stack starts another; in Azure the Container Apps job retries the replica (a
+new one) and its event scaler starts new executions while the queues hold work.
 
 A machine that barely runs the worker at all (its CPU stolen, throttled or stopped) shows
 sooner than any attempt can: the worker's own probe naps a few milliseconds again and
 again, and the wall time the naps took over the time they asked for (its stall,
-``worker.pace``) counts as its ratio once it is STALL_FLOOR or more.
+``worker.pace``) counts as its ratio once it is STALL_FLOOR or more; the worker reports
+at once when it gets there, not at its next round.
 
 Marking is relative and bounded: never when the others are slow too (storage slowed down
 or the whole deployment overloaded is no machine's fault), and never more than a third

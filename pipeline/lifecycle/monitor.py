@@ -20,7 +20,7 @@ from typing import Any
 
 from azure.core.exceptions import ResourceNotFoundError
 
-from pipeline.lifecycle import attempts, policy, progress, speculation, transitions
+from pipeline.lifecycle import attempts, jobs, policy, progress, speculation, transitions
 from pipeline.lifecycle.attempts import Deadline
 from pipeline.lifecycle.failures import FailureClass
 from pipeline.lifecycle.jobs import JobRow
@@ -46,7 +46,6 @@ def revoke_overdue(clients: Clients, job: str, report: SweepReport) -> list[Dead
     at = now()
     due: list[Deadline] = []
     for entry in attempts.overdue(clients, job, at):
-        ref = TaskRef(job, entry.task, entry.attempt)
         if at < entry.kill_at and at < entry.heartbeat_until:
             due.append(entry)  # due only for a backup
             continue
@@ -62,25 +61,51 @@ def revoke_overdue(clients: Clients, job: str, report: SweepReport) -> list[Dead
         if clients.settings.speculate_share > 0 and attempts.is_running(clients, job, entry.task, entry.attempt,
                                                                         backup=True):
             continue  # the first of the two to commit ends the task
-        if clients.settings.speculate_share > 0 and attempts.gave_way(clients, job, entry.task, entry.attempt):
+        gave_way = clients.settings.speculate_share > 0 and attempts.gave_way(clients, job, entry.task, entry.attempt)
+        if gave_way:
             why = FailureClass.WORKER_SLOW  # its backup ended without committing: not the task's time
-        try:
-            task = get_task(clients.tasks, ref.job, ref.task)
-        except ResourceNotFoundError:  # its job was deleted
-            attempts.unindex(clients, job, entry.key)
-            report.stale += 1
-            continue
-        budget = policy.limits_for(clients.settings, task.stage).budget(why)
-        outcome = transitions.revoke(clients, _counter, task, ref, entry.key, why, budget, entry.worker)
-        if outcome is None:
-            report.stale += 1
-            continue
-        report.revoked.append({"job": ref.job, "task": ref.task, "attempt": ref.attempt,
-                               "why": why.value, "then": outcome.value})
-        log.warning("revoked %s (%s): task now %s", ref, why.value, outcome.value)
-        if outcome is TaskStatus.DEAD:
-            progress.task_ended(clients, ref.job)
+        _revoke(clients, entry, why, report, gave_way)
     return due
+
+
+def revoke_slow(clients: Clients, workers: list[str], report: SweepReport) -> None:
+    """Take from ``workers``, just found slow, the attempts they run (one query per active
+    job), each a ``worker_slow`` failure requeued at once for a healthy worker: a slow
+    machine's worker hears that it is slow at its next report, and gives up what it holds
+    only then, at its machine's pace. An attempt whose backup runs is left to its worker,
+    which gives way to the backup; a backup a slow worker runs is left to it too (the task
+    stays with its attempt either way)."""
+    if not workers:
+        return
+    for job in jobs.active_jobs(clients):
+        for entry in attempts.held_by(clients, job, workers):
+            if entry.backup or (clients.settings.speculate_share > 0 and attempts.is_running(
+                    clients, job, entry.task, entry.attempt, backup=True)):
+                continue
+            _revoke(clients, entry, FailureClass.WORKER_SLOW, report)
+
+
+def _revoke(clients: Clients, entry: Deadline, why: FailureClass, report: SweepReport, gave_way: bool = False) -> None:
+    """Take the task from the attempt whose deadline ``entry`` the monitor read (the move is
+    ``transitions.revoke``'s, fenced on the task row read here)."""
+    ref = TaskRef(entry.job, entry.task, entry.attempt)
+    try:
+        task = get_task(clients.tasks, ref.job, ref.task)
+    except ResourceNotFoundError:  # its job was deleted
+        attempts.unindex(clients, ref.job, entry.key)
+        report.stale += 1
+        return
+    budget = policy.limits_for(clients.settings, task.stage).budget(why)
+    outcome = transitions.revoke(clients, _counter, task, ref, entry.key, why, budget, entry.worker,
+                                 gave_way=gave_way)
+    if outcome is None:
+        report.stale += 1
+        return
+    report.revoked.append({"job": ref.job, "task": ref.task, "attempt": ref.attempt,
+                           "why": why.value, "then": outcome.value})
+    log.warning("revoked %s (%s): task now %s", ref, why.value, outcome.value)
+    if outcome is TaskStatus.DEAD:
+        progress.task_ended(clients, ref.job)
 
 
 def speculate(clients: Clients, row: JobRow, due: list[Deadline], report: SweepReport) -> None:

@@ -49,7 +49,9 @@ def sweep(clients: Clients) -> dict[str, int]:
             log.exception("sweep of job %s failed; the next pass tries again", job)
             done["errors"] += 1
     try:
-        done["slow"] = len(health.find_slow(clients, clients.settings.slow_ratio))
+        slow = health.find_slow(clients, clients.settings.slow_ratio)
+        done["slow"] = len(slow)
+        monitor.revoke_slow(clients, slow, report)
     except Exception:
         log.exception("worker health not checked; the next pass tries again")
         done["errors"] += 1

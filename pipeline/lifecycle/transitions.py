@@ -344,22 +344,23 @@ def fail(clients: Clients, counter: TerminalCounter, held: Claim, failure: Failu
 
 
 def revoke(clients: Clients, counter: TerminalCounter, row: TaskRow, ref: TaskRef, index: str, why: FailureClass,
-           budget: int, worker: str = "", by: str = "monitor") -> TaskStatus | None:
+           budget: int, worker: str = "", by: str = "monitor", gave_way: bool = False) -> TaskStatus | None:
     """The monitor's move: take the task (its ``row``, just read) away from its running
     attempt (``worker``'s, if given) whose deadline entry ``index`` fell due; next attempt
     QUEUED (its message sent) or DEAD when ``budget`` is spent. None if that attempt is no
     longer the running one (the entry is then only removed). A worker whose attempt runs
     past its kill time makes the same move itself (``by`` "worker"), without waiting for
-    the monitor's next pass. An attempt whose slow worker gave it up to a backup that then
-    ended without committing (``why`` WORKER_SLOW) is recorded as the failure it was, not as
-    a timeout: the task's later attempts keep their limit, and the monitor killed nothing."""
+    the monitor's next pass. An attempt taken from a worker found slow (``why`` WORKER_SLOW)
+    is recorded as the failure it was, not as a timeout: the task's later attempts keep
+    their limit, and the monitor killed nothing for time; one that its slow worker had
+    already given up to a backup that then ended without committing (``gave_way``) keeps the
+    end its worker recorded."""
     if row.status is not TaskStatus.RUNNING or row.attempt != ref.attempt or (
             worker and row.worker != worker):  # another worker claimed it after the indexed one died
         attempts.unindex(clients, ref.job, index)
         return None
-    # (an attempt whose slow worker gave it up to its backup failed there: it ran out of no time)
-    gave_way = why is FailureClass.WORKER_SLOW
-    failed_as = TaskStatus.FAILED if gave_way else TaskStatus.TIMED_OUT
+    slow = why is FailureClass.WORKER_SLOW  # its machine's fault: it ran out of no time
+    failed_as = TaskStatus.FAILED if slow else TaskStatus.TIMED_OUT
     after, change, ops = _ended(clients, ref.attempt, failed_as, budget, why,
                                 f"revoked by the {by}: {why.value}", 0.0, ref.job, ref.task)
     change["worker"] = ""
@@ -369,7 +370,7 @@ def revoke(clients: Clients, counter: TerminalCounter, row: TaskRow, ref: TaskRe
                                    revoked_by=by, **({} if gave_way else {"ended_at": change["ended_at"]}))
     indexed = rollups.failure_op(ref.job, ref.task, ref.attempt, row.stage, why.value, change["last_error"],
                                  row.started_at, change["ended_at"], revoked_by=by)
-    moves = Moves().move(row.stage, tile_of(row.params), TaskStatus.RUNNING, after).failed(why.value, not gave_way)
+    moves = Moves().move(row.stage, tile_of(row.params), TaskStatus.RUNNING, after).failed(why.value, not slow)
     if not _fenced(clients, ref.job, ref.task, row.etag, change, [ended_as, indexed, *ops], index,
                    counter, moves, dependencies.waiting(row.parameters(), after)):
         return None  # it committed or failed meanwhile
