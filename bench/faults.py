@@ -55,10 +55,14 @@ from bench.fault_run import KINDS, run_one, warm_fork_server
 
 
 def points(clean_calls: list[str], kinds: tuple[str, ...], stride: int = 1,
-           distinct: bool = False) -> list[tuple[int, str]]:
+           distinct: bool = False, window: tuple[int, int] | None = None) -> list[tuple[int, str]]:
     """The (call, kind) points to fault: every ``stride``-th call of the clean run, or only
-    the first call of each distinct operation (``distinct``: the fast subset)."""
-    if distinct:
+    the first call of each distinct operation (``distinct``: the fast subset), or every
+    call of a ``window`` of it (first, last: the calls a change makes, which may share
+    their operation's name with earlier calls)."""
+    if window:
+        numbers = list(range(window[0], min(window[1], len(clean_calls)) + 1))
+    elif distinct:
         seen: dict[str, int] = {}
         for number, call in enumerate(clean_calls, 1):
             seen.setdefault(call, number)
@@ -131,13 +135,16 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=0, help="at most this many points")
     parser.add_argument("--operation", default="", help="fault the first call of this operation (as the runs name "
                         "it, e.g. 'POST $batch [CACHED,QUEUED]'), wherever it comes, once per kind")
+    parser.add_argument("--calls", default="", help="FIRST-LAST: every call of the clean run from FIRST to LAST "
+                        "(print the clean run's calls with --list)")
+    parser.add_argument("--list", action="store_true", help="print the clean run's calls, numbered, and stop")
     parser.add_argument("--jobs", type=int, default=1, help="shards swept side by side")
     parser.add_argument("--shard", default="0/1", help="i/N: this process sweeps every N-th point from the i-th")
     args = parser.parse_args()
     kinds = tuple(k for k in args.kinds.split(",") if k)
     if args.jobs > 1:
         started = time.monotonic()
-        own = ["--kinds", args.kinds, "--stride", str(args.stride), "--limit", str(args.limit)]
+        own = ["--kinds", args.kinds, "--stride", str(args.stride), "--limit", str(args.limit), "--calls", args.calls]
         summary = sweep_shards(args.jobs, own + (["--distinct"] if args.distinct else []))
         summary["seconds"] = round(time.monotonic() - started, 1)
         summary["jobs"] = args.jobs
@@ -153,8 +160,14 @@ def main() -> None:
             print(f"clean run: {len(clean['calls'])} storage calls, {clean['steps']} steps, "
                   f"{time.monotonic() - started:.1f} s, {clean['counts'].get('settled', 0)} tasks settled at planning, "
                   f"problems: {clean['problems']}", flush=True)
+            if args.list:
+                for number, call in enumerate(clean["calls"], 1):
+                    print(f"{number:5d} {call}")
+                return
+            first, _, last = args.calls.partition("-")
+            window = (int(first), int(last)) if args.calls else None
             chosen = [(k, kind) for k, kind in enumerate(kinds, 1)] if args.operation else \
-                points(clean["calls"], kinds, args.stride, args.distinct)
+                points(clean["calls"], kinds, args.stride, args.distinct, window)
             if args.limit:
                 chosen = chosen[: args.limit]
             chosen = chosen[shard::shards]
