@@ -126,6 +126,18 @@ def test_the_stall_probe_sees_a_machine_that_runs_the_worker_a_tenth_of_the_time
     assert stall >= health.STALL_FLOOR and asked  # the monitor hears of it at once
 
 
+def test_the_worker_table_shows_the_stall_and_what_a_slow_worker_was_found_on(clients: Clients) -> None:
+    for worker, stall in (("w0", 1.0), ("w1", 1.1), ("vm", 6.7)):
+        health.report(clients, worker, [1.0, 1.1], [], 2, 2, stall)
+    assert health.find_slow(clients, 2.0) == ["vm"]
+    health.report(clients, "vm", [1.0, 1.1], [], 2, 2, 1.0)  # its last report, its attempts taken
+    health.report(clients, "w1", [1.0, 1.1], [], 2, 2, 3.5)  # stalled, not enough to be slow
+    table = {w["worker"]: w for w in health.worker_table(clients, {f"{w}~0": {"RUNNING": 1} for w in ("w0", "w1",
+                                                                                                        "vm")})}
+    assert (table["vm"]["recent_ratio"], table["vm"]["state"]) == (6.7, health.SLOW)
+    assert (table["w1"]["recent_ratio"], table["w0"]["recent_ratio"]) == (3.5, 1.0)
+
+
 def test_a_report_asked_for_at_once_is_made_at_once_and_then_as_usual(clients: Clients) -> None:
     pace = Pace(2.0)
     assert pace.report(clients, "w0", 2) == health.HEALTHY and not pace.asked()

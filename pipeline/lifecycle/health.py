@@ -157,8 +157,8 @@ def worker_table(clients: Clients, writers: Mapping[str, Mapping[str, int]]) -> 
     its failures as ``FAILED``) and the workers' health rows — a row per worker, whatever
     the job's size: the attempts it ran for the job and how many it committed, its recent
     ratio of runtimes to their history (the least of its latest attempts', any job's, or of
-    the ones it runs, or its stall: what the monitor compares), and its state (healthy,
-    slow, or how it left)."""
+    the ones it runs, or its stall: what the monitor compares; for a worker found slow, at
+    least the figure it was found on), and its state (healthy, slow, or how it left)."""
     found: dict[str, dict[str, Any]] = {}
     for writer, counts in writers.items():
         worker, mark, slot = writer.rpartition(SLOT_MARK)
@@ -172,11 +172,14 @@ def worker_table(clients: Clients, writers: Mapping[str, Mapping[str, int]]) -> 
     for entry in found.values():
         entry |= {"recent_ratio": None, "state": "unknown"}  # until its health row says (one query: the fleet's)
     for row in clients.workers.query_entities("PartitionKey eq @p", parameters={"p": PARTITION},
-                                              select=["RowKey", "Ratios", "Running", "Slots", "State", "Left"]) \
+                                              select=["RowKey", "Ratios", "Running", "Slots", "Stall", "State",
+                                                      "Left", "MarkedRatio"]) \
             if found else ():
         if row["RowKey"] not in found:
             continue
-        ratio = _ratio_of(row)  # as the monitor compares it: its ended attempts, or the ones it runs
+        ratio = _ratio_of(row)  # as the monitor compares it: its ended attempts, or the ones it runs, or its stall
+        if row.get("MarkedRatio") is not None:  # found slow: what it was found on (its attempts since taken)
+            ratio = max(ratio or 0.0, float(row["MarkedRatio"]))
         found[row["RowKey"]] |= {"recent_ratio": round(ratio, 2) if ratio is not None else None,
                                  "state": row.get("Left") or row.get("State") or HEALTHY}
     return sorted(found.values(), key=lambda e: e["worker"])
