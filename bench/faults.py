@@ -142,7 +142,7 @@ def main() -> None:
     parser.add_argument("--shard", default="0/1", help="i/N: this process sweeps every N-th point from the i-th")
     args = parser.parse_args()
     kinds = tuple(k for k in args.kinds.split(",") if k)
-    if args.jobs > 1:
+    if args.jobs > 1 and not args.list:  # (a listing is of the one clean run)
         started = time.monotonic()
         own = ["--kinds", args.kinds, "--stride", str(args.stride), "--limit", str(args.limit), "--calls", args.calls]
         summary = sweep_shards(args.jobs, own + (["--distinct"] if args.distinct else []))

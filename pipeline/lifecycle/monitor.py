@@ -58,8 +58,7 @@ def revoke_overdue(clients: Clients, job: str, report: SweepReport) -> list[Dead
                 attempts.unindex(clients, job, entry.key)
             report.stale += 1
             continue
-        if clients.settings.speculate_share > 0 and attempts.is_running(clients, job, entry.task, entry.attempt,
-                                                                        backup=True):
+        if _backup_runs(clients, entry):
             continue  # the first of the two to commit ends the task
         gave_way = clients.settings.speculate_share > 0 and attempts.gave_way(clients, job, entry.task, entry.attempt)
         if gave_way:
@@ -79,10 +78,16 @@ def revoke_slow(clients: Clients, workers: list[str], report: SweepReport) -> No
         return
     for job in jobs.active_jobs(clients):
         for entry in attempts.held_by(clients, job, workers):
-            if entry.backup or (clients.settings.speculate_share > 0 and attempts.is_running(
-                    clients, job, entry.task, entry.attempt, backup=True)):
+            if entry.backup or _backup_runs(clients, entry):
                 continue
             _revoke(clients, entry, FailureClass.WORKER_SLOW, report)
+
+
+def _backup_runs(clients: Clients, entry: Deadline) -> bool:
+    """Whether a backup of the attempt whose deadline ``entry`` this is runs (with
+    speculation on): the first of the two to commit ends the task."""
+    return clients.settings.speculate_share > 0 and attempts.is_running(clients, entry.job, entry.task, entry.attempt,
+                                                                        backup=True)
 
 
 def _revoke(clients: Clients, entry: Deadline, why: FailureClass, report: SweepReport, gave_way: bool = False) -> None:
