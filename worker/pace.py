@@ -76,15 +76,19 @@ class Pace:
         """Until ``stopping``: nap STALL_NAP_S again and again, noting how long each nap
         took. On a machine that runs the worker whenever it asks, about what it asked for;
         where the worker runs a tenth of the time (a VM's CPU stolen or throttled, a
-        process stopped), ten times that: the task it runs cannot tell, this can."""
+        process stopped), ten times that: the task it runs cannot tell, this can. A nap is
+        timed from the end of the one before, so that a stop falling between two naps (in
+        the bookkeeping here) is counted too: with a window of a few naps, missing it read
+        a machine running a tenth of the time as one running all of it."""
+        began = time.monotonic()
         while not stopping.is_set():
-            began = time.monotonic()
             stopping.wait(STALL_NAP_S)
             ended = time.monotonic()
             with self._lock:
                 self._naps.append((ended, ended - began))
                 while self._naps[0][0] < ended - STALL_WINDOW_S:
                     self._naps.popleft()
+            began = ended
             stalled = (self.stall() or 0.0) >= health.STALL_FLOOR
             if stalled and not self._stalled:
                 self.report_soon()  # the monitor hears of it now, not at the next round
