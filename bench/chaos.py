@@ -171,8 +171,8 @@ def burst(proxy: Toxiproxy, seconds: float, kind: str, stream: str, **attributes
 def storage_view(clients: Clients, job: str) -> dict[str, Any]:
     """What storage says of a finished job: per task its status and its outputs' MD5s;
     committed attempts per task; blobs no task names; leftover markers."""
-    rows = tasks.list_tasks(clients.tasks, job)
-    committed = Counter(a.task for a in attempts.list_attempts(clients.tasks, job)
+    rows = tasks.list_tasks(clients.tasks, jobs.get(clients, job).parts)
+    committed = Counter(a.task for a in attempts.list_attempts(clients.tasks, jobs.get(clients, job).parts)
                         if a.outcome in COMMITTED)
     digests: dict[str, list[str]] = {}
     named: set[tuple[str, str]] = set()
@@ -222,7 +222,7 @@ def run(tasks_wanted: int, workers: int, slots: int, kill_every: float, seed: in
 
                 def progress() -> float:
                     try:
-                        return sum(tasks.terminal_counts(direct.tasks, job).values()) / total
+                        return sum(tasks.terminal_counts(direct.tasks, jobs.get(direct, job).parts).values()) / total
                     except Exception:
                         return 0.0
 
@@ -233,7 +233,7 @@ def run(tasks_wanted: int, workers: int, slots: int, kill_every: float, seed: in
                 try:
                     chaos_s = wait(stack, job, started, timeout)
                 except TimeoutError as exc:  # say where it stood: what storage holds, what was done
-                    rows = tasks.list_tasks(direct.tasks, job)
+                    rows = tasks.list_tasks(direct.tasks, jobs.get(direct, job).parts)
                     stuck = [(r.task, r.status.value, r.attempt) for r in rows if r.status.value not in COMMITTED]
                     raise TimeoutError(f"{exc}; storage up: {azurite.process is not None}; unfinished: "
                                        f"{stuck[:10]}; job: {jobs_state(direct, job)}; {chaos}") from None

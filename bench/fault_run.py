@@ -142,7 +142,7 @@ class Run:
         self.mail = MailServer(mail_folder).start()
         self.settings = Settings(
             storage_connection=azurite.connection_string, namespace=f"t{secrets.token_hex(5)}",
-            lease_seconds=lease_seconds, window=4, mail_mode="smtp", smtp_port=self.mail.port,
+            lease_seconds=lease_seconds, window=4, partitions=2, mail_mode="smtp", smtp_port=self.mail.port,
             tile_stage="fault_tile", stage_modules="bench.fault_stage", max_tasks=100,
             stage_limits=json.dumps({"fault_tile": {"max_transient_attempts": 20}}))
         with self.quiet():
@@ -328,10 +328,10 @@ class Run:
             elif row.state is JobState.FAILED:  # every fault is transient: retries must absorb it
                 found["failed_jobs"] += 1
                 problems.append(f"{job} FAILED: {row.error or 'a task is DEAD'}")
-            rows = tasks.list_tasks(clients.tasks, job)
-            tried = [r for r in clients.tasks.query_entities(
+            rows = tasks.list_tasks(clients.tasks, row.parts)
+            tried = [r for part in row.parts for r in clients.tasks.query_entities(
                 "PartitionKey eq @pk and RowKey ge @lo and RowKey lt @hi",
-                parameters={"pk": job, "lo": "~", "hi": "~~"})]
+                parameters={"pk": part, "lo": "~", "hi": "~~"})]
             ran = [attempts.AttemptRow.from_entity(r) for r in tried if r["RowKey"].startswith(names.ATTEMPT_PREFIX)]
             for task in rows:
                 if task.status not in TERMINAL:

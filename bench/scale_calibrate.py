@@ -241,7 +241,7 @@ def stage_round_trip(connection: str, n: int = 100) -> Measured:
     from worker.child import StageProcess
 
     process = StageProcess(settings_for(connection, "stage"), tasks=n + 20)
-    context = {"job": "j", "task": "000000001", "attempt": 1, "params": {}, "output_prefix": "x/"}
+    context = {"job": "j", "part": "j", "task": "000000001", "attempt": 1, "params": {}, "output_prefix": "x/"}
 
     def once(i: int) -> None:
         process.start("noop", context)

@@ -73,7 +73,7 @@ def first_and_repeat(azurite: Azurite, planetary: Planetary, mail: MailServer,
         clients = Clients(settings)
         first_s, _, _ = timed_job(clients, body)
         repeat_s, job, phases = timed_job(clients, body)
-        rows = tasks.list_tasks(clients.tasks, job)
+        rows = tasks.list_tasks(clients.tasks, jobs.get(clients, job).parts)
         tiles = [r for r in rows if r.stage == "modis"]
     return {"first_s": first_s, "repeat_s": repeat_s, "tiles": len(tiles), "tasks": len(rows),
             "settled": sum(1 for r in tiles if r.settled_at), "planned_s": phases["planned"],

@@ -125,7 +125,7 @@ def wasted_seconds(clients: Clients, job: str) -> float:
     given up, or beaten by their backup or their original (their slot was busy until their
     worker threw the work away)."""
     wasted = 0.0
-    for a in attempts.list_attempts(clients.tasks, job):
+    for a in attempts.list_attempts(clients.tasks, jobs.get(clients, job).parts):
         end = a.discarded_at or a.ended_at
         if end and a.started_at and a.outcome not in ("SUCCEEDED", "CACHED", "NO_DATA"):
             wasted += (end - a.started_at).total_seconds()
@@ -155,7 +155,7 @@ def run(azurite: Azurite, home: Path, namespace: str, model: Model, stage: str, 
                     slow.start()
                 if time.monotonic() - shown > 15:
                     shown = time.monotonic()
-                    done = sum(tasks.terminal_counts(clients.tasks, job).values())
+                    done = sum(tasks.terminal_counts(clients.tasks, jobs.get(clients, job).parts).values())
                     print(f"  {namespace}: {shown - started:.0f} s, {done} tasks terminal", file=sys.stderr)
                 time.sleep(0.25)
             makespan = time.monotonic() - started
@@ -163,7 +163,7 @@ def run(azurite: Azurite, home: Path, namespace: str, model: Model, stage: str, 
             if slow is not None and slow.is_alive():
                 slow.end()
         status = http.get(f"/api/jobs/{job}").json()
-        busy = sum(t.runtime_s or 0.0 for t in tasks.list_tasks(clients.tasks, job))
+        busy = sum(t.runtime_s or 0.0 for t in tasks.list_tasks(clients.tasks, jobs.get(clients, job).parts))
         return {"tasks": status["total"], "state": status["state"], "makespan_s": round(makespan, 2),
                 "kills": status["monitor_kills"], "drained": status["failures"].get("worker_slow", 0),
                 "backups": status["speculative_attempts"],

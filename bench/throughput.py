@@ -148,13 +148,15 @@ def submit_and_wait(http: httpx.Client, body: dict) -> tuple[int, str, float]:
     return total, state, time.monotonic() - started
 
 
-def bagpipe(azurite: Azurite, home: Path, body: dict, workers: int, slots: int, namespace: str, window: int) -> dict:
+def bagpipe(azurite: Azurite, home: Path, body: dict, workers: int, slots: int, namespace: str, window: int,
+            partitions: int = 0) -> dict:
     with LocalStack(home, workers=workers, slots=slots, connection=azurite.connection_string, namespace=namespace,
-                    overrides={"window": window, "tile_stage": "noop", "max_tasks": 100_000}) as stack:
+                    overrides={"window": window, "tile_stage": "noop", "max_tasks": 100_000,
+                               "partitions": partitions}) as stack:
         stack.wait_for_workers()
         http = httpx.Client(base_url=stack.api_url, timeout=60, headers=stack.headers)
         total, state, seconds = submit_and_wait(http, body)
-    return {"tasks": total, "workers": workers, "slots": slots, "state": state,
+    return {"tasks": total, "workers": workers, "slots": slots, "partitions": partitions or "sized", "state": state,
             "seconds": round(seconds, 2), "tasks_per_s": round(total / seconds, 1),
             "slot_ms_per_task": round(1000 * seconds * workers * slots / total, 1)}
 
@@ -234,6 +236,8 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=4)
     parser.add_argument("--window", type=int, default=256, help="BAGPIPE_WINDOW, and the floor's queue depth")
     parser.add_argument("--floor-threads", type=int, default=8, help="more only queue up on Azurite's one core")
+    parser.add_argument("--partitions", type=int, nargs="+", default=[0],
+                        help="BAGPIPE_PARTITIONS of each run (0: sized for the job's peak), side by side")
     args = parser.parse_args()
     # Each measurement on an Azurite of its own, empty, as the floor's: in disk mode Azurite
     # rewrites every table it holds every five seconds, so one run's rows would slow the next.
@@ -248,12 +252,15 @@ def main() -> None:
         for size in args.sizes:
             body = request_of(size)
             for workers in args.workers:
-                with fresh_azurite(Path(tmp) / f"s{size}w{workers}") as azurite:
-                    run = bagpipe(azurite, Path(tmp) / f"s{size}w{workers}", body, workers, args.slots,
-                                  f"b{size}w{workers}", args.window)
-                print(f"{run['tasks']:>6} tasks {workers} workers × {args.slots}: {run['seconds']:>7} s "
-                      f"{run['tasks_per_s']:>6} tasks/s  {run['slot_ms_per_task']:>6} slot-ms/task", flush=True)
-                runs.append(run)
+                for parts in args.partitions:
+                    name = f"s{size}w{workers}p{parts}"
+                    with fresh_azurite(Path(tmp) / name) as azurite:
+                        run = bagpipe(azurite, Path(tmp) / name, body, workers, args.slots,
+                                      f"b{size}w{workers}p{parts}", args.window, parts)
+                    print(f"{run['tasks']:>6} tasks {workers} workers × {args.slots}, partitions {run['partitions']}: "
+                          f"{run['seconds']:>7} s {run['tasks_per_s']:>6} tasks/s  {run['slot_ms_per_task']:>6} "
+                          "slot-ms/task", flush=True)
+                    runs.append(run)
         with fresh_azurite(Path(tmp) / "calls") as azurite:
             calls = calls_per_task(azurite, request_of(min(args.sizes)), args.slots, args.window)
         print(f"{calls['tasks']:>6} tasks, every storage request counted: {calls['calls_per_task']} a task "
@@ -266,6 +273,8 @@ def main() -> None:
         "ratio_10k_to_1k": round(best[large] / best[small], 2),
         "overhead_ms_per_task": min(r["slot_ms_per_task"] for r in runs),
         "calls_per_task": calls["calls_per_task"], "calls_by_kind": calls["by_kind"],
+        "best_by_partitions": {str(p or "sized"): max(r["tasks_per_s"] for r in runs
+                                                      if r["partitions"] == (p or "sized")) for p in args.partitions},
     }))
 
 

@@ -33,6 +33,7 @@ class StageContext:
     attempt: int
     params: dict[str, str]
     clients: Clients
+    part: str  # the job's table partition the task's rows are in (``pipeline.lifecycle.partitions``)
     output_prefix: str  # where in ``products`` this attempt writes
     backup: bool = False  # a backup copy of the attempt (the same inputs, on another machine)
     outputs: list[str] = field(default_factory=list)

@@ -20,6 +20,7 @@ from bagpipe.azurite import Azurite
 from bagpipe.earthdata import Earthdata
 from bagpipe.mailserver import MailServer
 from bagpipe.planetary import Planetary
+from pipeline.lifecycle import jobs
 from pipeline.lifecycle.request import JobRequest
 from pipeline.settings import Settings
 from pipeline.storage.clients import Clients
@@ -92,6 +93,11 @@ def clients(settings: Settings) -> Clients:
     found = Clients(settings)
     found.ensure_resources()
     return found
+
+
+def parts(clients: Clients, job: str) -> list[str]:
+    """The table partitions of ``job``'s tasks."""
+    return jobs.get(clients, job).parts
 
 
 def make_user(clients: Clients, name: str, role: str = "scientist") -> str:

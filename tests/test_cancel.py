@@ -8,7 +8,7 @@ from bagpipe.mailserver import MailServer
 from pipeline.lifecycle import attempts, jobs, tasks
 from pipeline.settings import Settings
 from pipeline.storage.clients import Clients
-from tests.conftest import running_control, running_workers, small_request, wait_for, with_stage
+from tests.conftest import parts, running_control, running_workers, small_request, wait_for, with_stage
 
 
 def test_cancel_stops_new_tasks_and_ends_cancelled(settings: Settings, mail: MailServer) -> None:
@@ -17,21 +17,22 @@ def test_cancel_stops_new_tasks_and_ends_cancelled(settings: Settings, mail: Mai
     clients.ensure_resources()
     with running_control(settings), running_workers(settings):
         job = jobs.submit(clients, small_request(start="2022-01-01", end="2022-12-31")).job
-        wait_for(lambda: sum(tasks.terminal_counts(clients.tasks, job).values()) >= 5, 60, "some progress")
+        wait_for(lambda: sum(tasks.terminal_counts(clients.tasks, parts(clients, job)).values()) >= 5, 60,
+                 "some progress")
         jobs.cancel(clients, job, owner="test-cancel")
         cancelled_at = tasks.now()
         wait_for(lambda: jobs.get(clients, job).state.finished, 60, "the job to end")
     assert jobs.get(clients, job).state == "CANCELLED"
-    rows = tasks.list_tasks(clients.tasks, job)
+    rows = tasks.list_tasks(clients.tasks, parts(clients, job))
     counts = Counter(r.status for r in rows)
     assert set(counts) <= {"SUCCEEDED", "CANCELLED"} and counts["CANCELLED"] > 50
     assert sum(counts.values()) == 92
-    started = [a.started_at for a in attempts.list_attempts(clients.tasks, job)]
+    started = [a.started_at for a in attempts.list_attempts(clients.tasks, parts(clients, job))]
     assert started and max(started) < cancelled_at, "no attempt started after the cancel returned"
     # a task cancelled while it ran did not publish its output
     for row in rows:
         if row.status == "CANCELLED":
-            assert "Outputs" not in clients.tasks.get_entity(job, row.task)  # as stored: nothing named
+            assert "Outputs" not in clients.tasks.get_entity(row.part, row.task)  # as stored: nothing named
     (message,) = [m for _, m in mail.messages() if job in str(m["Subject"])]
     assert "cancelled" in str(message["Subject"])
     status = jobs.status(clients, job)
@@ -45,5 +46,5 @@ def test_cancel_before_planning_plans_nothing_runnable(
     jobs.cancel(clients, job, owner="test-cancel")
     wait_for(lambda: jobs.get(clients, job).state.finished, 60, "the job to end")
     assert jobs.get(clients, job).state == "CANCELLED"
-    assert all(r.status == "CANCELLED" for r in tasks.list_tasks(clients.tasks, job))
+    assert all(r.status == "CANCELLED" for r in tasks.list_tasks(clients.tasks, parts(clients, job)))
     assert sum(q.get_queue_properties().approximate_message_count for q in clients.shard_queues) == 0

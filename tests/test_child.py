@@ -17,7 +17,7 @@ from worker.slot import Slot
 
 
 def run(process: StageProcess, **params: str) -> Outcome:
-    process.start("whoami", {"job": "j", "task": "000000001", "attempt": 1, "params": params,
+    process.start("whoami", {"job": "j", "part": "j", "task": "000000001", "attempt": 1, "params": params,
                              "output_prefix": "j/tasks/000000001/a001/"})
     while (outcome := process.poll(1.0)) is None:
         pass
@@ -69,7 +69,7 @@ def test_a_stopped_stage_unwinds_and_leaves_no_cache_marker(settings: Settings, 
     name = f"00/{uuid.uuid4().hex}/MOD10A2.x.tif"
     marker = clients.tiles.get_blob_client(names.marker_blob(name))
     process = StageProcess(settings)
-    process.start("slow_maker", {"job": "j", "task": "000000001", "attempt": 1, "params": {"name": name},
+    process.start("slow_maker", {"job": "j", "part": "j", "task": "000000001", "attempt": 1, "params": {"name": name},
                                  "output_prefix": "j/tasks/000000001/a001/"})
     wait_for(marker.exists, 30, "the stage to take the tile's marker")
     process.kill(grace=10.0)
@@ -85,8 +85,8 @@ def test_a_stopped_stage_finishes_tidying_up_however_long_its_finally_handles_er
     included."""
     note = tmp_path / "note"
     process = StageProcess(settings.with_(stage_modules="tests.stages_for_tests"))
-    process.start("slow_tidy", {"job": "j", "task": "000000001", "attempt": 1, "params": {"note": str(note)},
-                                "output_prefix": "j/tasks/000000001/a001/"})
+    process.start("slow_tidy", {"job": "j", "part": "j", "task": "000000001", "attempt": 1,
+                                "params": {"note": str(note)}, "output_prefix": "j/tasks/000000001/a001/"})
     wait_for(lambda: note.exists(), 30, "the stage to start")
     process.kill(grace=10.0)
     assert process.process.exitcode == 0, "it unwound and ended on its own: not by a signal"

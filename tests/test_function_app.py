@@ -18,7 +18,7 @@ from pipeline.lifecycle.status import JobState
 from pipeline.settings import Settings, env_name
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
-from tests.conftest import signed, small_request
+from tests.conftest import parts, signed, small_request
 from tests.functions_index import index_app, user_function
 
 
@@ -89,7 +89,7 @@ def test_planner_and_completion_functions_run_the_pipeline(
 ) -> None:
     job = jobs.submit(clients, small_request()).job
     user_function(app_env, "planner")(func.QueueMessage(body=json.dumps({"job": job}).encode()))
-    assert len(tasks.list_tasks(clients.tasks, job)) == 8
+    assert len(tasks.list_tasks(clients.tasks, parts(clients, job))) == 8
     assert jobs.get(clients, job).state == JobState.RUNNING.value
     jobs.cancel(clients, job, owner="test")
     user_function(app_env, "completion")(func.QueueMessage(body=json.dumps({"job": job}).encode()))

@@ -19,7 +19,7 @@ from pipeline.lifecycle.request import expand
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.settings import Settings
 from pipeline.storage.clients import Clients
-from tests.conftest import in_an_hour, running_control, running_workers, small_request, wait_for, with_stage
+from tests.conftest import in_an_hour, parts, running_control, running_workers, small_request, wait_for, with_stage
 from tests.test_speculation import _backed_up, _backup_message
 from worker.pace import Pace
 
@@ -166,15 +166,17 @@ def test_the_monitor_takes_a_slow_workers_attempts_from_it_at_once(clients: Clie
     done = sweep.sweep(clients)
     assert (done["slow_workers"], done["revoked"], done["errors"]) == (2, 1, 0)
     # w1's attempt: taken from it at once, a worker_slow failure (no kill, no timeout), requeued
-    taken = tasks.get_task(clients.tasks, job, held[1].ref.task)
+    taken = tasks.get_task(clients.tasks, held[1].ref.partition, held[1].ref.task)
     assert (taken.status, taken.attempt, taken.last_failure, taken.timeouts) == (TaskStatus.QUEUED, 2,
                                                                                  "worker_slow", 0)
-    (row,) = [a for a in attempts.list_attempts(clients.tasks, job) if (a.task, a.attempt) == (taken.task, 1)]
+    (row,) = [a for a in attempts.list_attempts(clients.tasks, parts(clients, job))
+              if (a.task, a.attempt) == (taken.task, 1)]
     assert (row.outcome, row.failure_class, row.revoked_by) == ("FAILED", "worker_slow", "monitor")
     assert row.ended_at is not None and row.worker == "w1"
     # w0's attempt is left to its worker, which gives way to the backup; the healthy ones run on
-    assert tasks.get_task(clients.tasks, job, held[0].ref.task).worker == "w0"
-    assert all(tasks.get_task(clients.tasks, job, h.ref.task).status is TaskStatus.RUNNING for h in held[2:])
+    assert tasks.get_task(clients.tasks, held[0].ref.partition, held[0].ref.task).worker == "w0"
+    assert all(tasks.get_task(clients.tasks, h.ref.partition, h.ref.task).status is TaskStatus.RUNNING
+               for h in held[2:])
     status = jobs.status(clients, job)
     assert status["monitor_kills"] == 0 and status["failures"] == {"worker_slow": 1}
     # the next attempt's message was sent: a healthy worker claims it
@@ -205,7 +207,8 @@ def test_a_slow_worker_drains_exits_to_be_replaced_and_its_tasks_finish_elsewher
         with running_control(settings):
             job = jobs.submit(clients, request).job
             wait_for(lambda: any(f"-{slow.pid}-" in row.worker
-                                 for row in tasks.list_tasks(clients.tasks, job)), 60, "the slow worker to claim")
+                                 for row in tasks.list_tasks(clients.tasks, parts(clients, job))), 60,
+             "the slow worker to claim")
             with running_workers(settings, slots=2):
                 assert slow.wait(120) == health.REPLACE_EXIT, log.read_text(errors="replace")[-2000:]
                 assert not re.search(r"\w+Warning: ", log.read_text(errors="replace"))  # a Python warning
@@ -223,8 +226,9 @@ def test_a_slow_worker_drains_exits_to_be_replaced_and_its_tasks_finish_elsewher
     assert others and all(w["state"] == health.HEALTHY and w["recent_ratio"] < by_worker[vm]["recent_ratio"] / 2
                           for w in others)
     assert status["failures"].get("worker_slow", 0) >= 1 and status["monitor_kills"] == 0
-    given_up = {a.task for a in attempts.list_attempts(clients.tasks, job) if a.failure_class == "worker_slow"}
-    assert given_up and all(f"-{slow.pid}-" in a.worker for a in attempts.list_attempts(clients.tasks, job)
+    ended = attempts.list_attempts(clients.tasks, parts(clients, job))
+    given_up = {a.task for a in ended if a.failure_class == "worker_slow"}
+    assert given_up and all(f"-{slow.pid}-" in a.worker for a in ended
                             if a.task in given_up and a.failure_class)
     for task in given_up:  # each finished on a healthy worker, its output published
         row = tasks.get_task(clients.tasks, job, task)

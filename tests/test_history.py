@@ -10,7 +10,7 @@ from pipeline.lifecycle import jobs, policy, runtimes, tasks
 from pipeline.lifecycle.request import JobRequest, expand
 from pipeline.settings import Settings
 from pipeline.storage.clients import Clients
-from tests.conftest import running_control, running_workers, small_request, wait_for, with_stage
+from tests.conftest import parts, running_control, running_workers, small_request, wait_for, with_stage
 
 NATIVE_MPX = 2400 * 2400 / 1e6  # a MOD10A2 tile on its own grid
 
@@ -71,7 +71,7 @@ def test_cache_hits_do_not_enter_the_history(settings: Settings) -> None:
     with running_control(settings), running_workers(settings, slots=2):
         job = jobs.submit(clients, small_request()).job
         wait_for(lambda: jobs.get(clients, job).state.finished, 120, "the job to finish")
-    rows = tasks.list_tasks(clients.tasks, job)
+    rows = tasks.list_tasks(clients.tasks, parts(clients, job))
     computed = [r for r in rows if r.status == "SUCCEEDED"]
     assert len(computed) == 4 and sum(r.status == "CACHED" for r in rows) == 4
     history = runtimes.read(clients.runtimes, "half_cached", "MOD10A2")

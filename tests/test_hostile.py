@@ -32,7 +32,7 @@ from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
 from pipeline.storage.transfer import md5_of
-from tests.conftest import on_stac, queue_depth, running_control, running_workers, wait_for
+from tests.conftest import on_stac, parts, queue_depth, running_control, running_workers, wait_for
 from tests.test_tilestage import params_for, run
 from tests.test_worker import planned_job
 
@@ -43,7 +43,7 @@ def test_hostile_messages_amid_a_job_lose_nothing_and_run_nothing_twice(
     settings: Settings, clients: Clients, mail: MailServer
 ) -> None:
     job = planned_job(clients)
-    first = tasks.list_tasks(clients.tasks, job)[0].task
+    first = tasks.list_tasks(clients.tasks, parts(clients, job))[0].task
     undecodable = [
         b"\x00\xff\xfe binary",
         b"{not json",
@@ -72,9 +72,9 @@ def test_hostile_messages_amid_a_job_lose_nothing_and_run_nothing_twice(
         wait_for(lambda: queue_depth(clients) == 0, 60, "every shard to empty")
 
     assert jobs.get(clients, job).state == JobState.SUCCEEDED.value
-    rows = tasks.list_tasks(clients.tasks, job)
+    rows = tasks.list_tasks(clients.tasks, parts(clients, job))
     assert len(rows) == 8 and {r.status for r in rows} == {TaskStatus.SUCCEEDED.value}
-    tried = attempts.list_attempts(clients.tasks, job)
+    tried = attempts.list_attempts(clients.tasks, parts(clients, job))
     assert sorted(a.key for a in tried) == sorted(names.attempt_key(r.task, 1) for r in rows)
     poison = clients.queue(settings.names.poison_queue(queue.queue_name))
     records = [json.loads(tasks.message_bytes(m.content)) for m in poison.peek_messages(max_messages=32)]

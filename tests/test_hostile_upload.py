@@ -30,7 +30,7 @@ from pipeline.reduction import bundles, sandbox
 from pipeline.settings import Settings
 from pipeline.storage.clients import Clients
 from pipeline.web.api import create_app
-from tests.conftest import make_user, running_control, signed, wait_for
+from tests.conftest import make_user, parts, running_control, signed, wait_for
 from tests.test_bundles import GZIP
 from tests.test_reduction import GRID, SPAN
 
@@ -152,7 +152,7 @@ def run(azurite: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict
             seen["job"] = job
 
             def reductions() -> dict[str, tasks.TaskRow]:
-                rows = [r for r in tasks.list_tasks(clients.tasks, job) if r.stage == "reduce"]
+                rows = [r for r in tasks.list_tasks(clients.tasks, parts(clients, job)) if r.stage == "reduce"]
                 return {("sleeper" if float(r.parameters()["bounds"].split(",")[0]) >= SLEEPER_WEST
                          else "prober"): r for r in rows}
 

@@ -28,7 +28,16 @@ from pipeline.lifecycle.status import TaskStatus
 from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
-from tests.conftest import PIDS, in_an_hour, running_control, running_workers, small_request, wait_for, with_stage
+from tests.conftest import (
+    PIDS,
+    in_an_hour,
+    parts,
+    running_control,
+    running_workers,
+    small_request,
+    wait_for,
+    with_stage,
+)
 from worker.lease import Lease
 
 
@@ -156,13 +165,13 @@ def test_quantile_rule_revokes_at_mean_plus_sigmas_when_that_is_earlier(settings
 
 
 def marked_task(clients: Clients, job: str) -> tasks.TaskRow:
-    (row,) = [r for r in tasks.list_tasks(clients.tasks, job)
+    (row,) = [r for r in tasks.list_tasks(clients.tasks, parts(clients, job))
               if r.parameters()["tile"] == "h10v05" and r.parameters()["date"] == "2022-01-09"]
     return row
 
 
 def attempt_rows(clients: Clients, job: str, task: str) -> list[attempts.AttemptRow]:
-    return [a for a in attempts.list_attempts(clients.tasks, job) if a.task == task]
+    return [a for a in attempts.list_attempts(clients.tasks, parts(clients, job)) if a.task == task]
 
 
 def index_rows(clients: Clients, job: str, task: str) -> list[str]:
@@ -291,9 +300,9 @@ def test_worker_killed_mid_stage_task_finishes_elsewhere(settings: Settings) -> 
             wait_for(lambda: jobs.get(clients, job).state.finished, 120, "the job to finish")
         recovered_in = time.monotonic() - killed_at
     assert jobs.get(clients, job).state == "SUCCEEDED"
-    row = tasks.get_task(clients.tasks, job, marked.task)
+    row = tasks.get_task(clients.tasks, marked.part, marked.task)
     assert row.attempt == 2 and row.last_failure == "heartbeat_lost"
-    assert "Timeouts" not in clients.tasks.get_entity(job, marked.task)  # a lost heartbeat is not a timeout
+    assert "Timeouts" not in clients.tasks.get_entity(marked.part, marked.task)  # a lost heartbeat is not a timeout
     assert json.loads(row.outputs) == [names.output_prefix(job, marked.task, 2) + "summary.json"]
     assert recovered_in < settings.lease_seconds + 20
 
@@ -308,7 +317,7 @@ def test_sweep_activity_revokes_an_overdue_attempt(clients: Clients, settings: S
     assert held is not None
     report = sweep.sweep(clients)
     assert report["revoked"] == 1
-    row = tasks.get_task(clients.tasks, job, held.ref.task)
+    row = tasks.get_task(clients.tasks, held.ref.partition, held.ref.task)
     assert row.status == "QUEUED" and row.attempt == 2 and row.last_failure == "execution_timeout"
     assert row.timeouts == 1  # its next attempt may run backoff × longer
     assert not transitions.still_held(clients, held), "the old attempt's heartbeat is refused"
@@ -319,7 +328,7 @@ def test_sweep_activity_revokes_an_overdue_attempt(clients: Clients, settings: S
 def test_the_index_moves_with_the_task_row_in_one_write(clients: Clients) -> None:
     job = jobs.submit(clients, small_request()).job
     sweep.handle_plan(clients, json.dumps({"job": job}).encode())
-    ref = tasks.TaskRef(job, tasks.list_tasks(clients.tasks, job)[0].task, 1)
+    ref = tasks.list_tasks(clients.tasks, parts(clients, job))[0].ref
 
     def overtaken(*_: object) -> datetime:  # another claim lands between the read and the write
         clients.tasks.update_entity({"PartitionKey": job, "RowKey": ref.task, "Worker": "other"}, mode=UpdateMode.MERGE)
@@ -337,13 +346,13 @@ def test_the_index_moves_with_the_task_row_in_one_write(clients: Clients) -> Non
     (attempt,) = attempt_rows(clients, job, ref.task)
     assert attempt.outcome == "SUCCEEDED" and attempt.runtime_s >= 0
     # a commit whose index entry had already gone still commits, and leaves none
-    second = tasks.TaskRef(job, tasks.list_tasks(clients.tasks, job)[1].task, 1)
+    second = tasks.list_tasks(clients.tasks, parts(clients, job))[1].ref
     held = transitions.claim(clients, second, "w", in_an_hour)
     assert held is not None
     attempts.unindex(clients, job, held.index)
     assert transitions.commit(clients, tasks.TerminalCounter("t"), held, TaskStatus.SUCCEEDED, [])
-    assert clients.tasks.get_entity(job, second.task)["Status"] == "SUCCEEDED"
-    assert sum(tasks.terminal_counts(clients.tasks, job).values()) == 2
+    assert clients.tasks.get_entity(second.partition, second.task)["Status"] == "SUCCEEDED"
+    assert sum(tasks.terminal_counts(clients.tasks, parts(clients, job)).values()) == 2
 
 
 def test_a_heartbeat_written_but_answered_with_an_error_leaves_no_row_to_revoke_the_live_attempt(

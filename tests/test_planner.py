@@ -6,18 +6,18 @@ import threading
 import time
 from collections import Counter
 
-from pipeline.lifecycle import jobs, planner, sweep, tasks, transitions
+from pipeline.lifecycle import jobs, partitions, planner, sweep, tasks, transitions
 from pipeline.lifecycle.failures import FailureClass
 from pipeline.lifecycle.request import expand
 from pipeline.lifecycle.status import JobState, TaskStatus
 from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
-from tests.conftest import WorkerThreads, in_an_hour, queue_depth, small_request, wait_for
+from tests.conftest import WorkerThreads, in_an_hour, parts, queue_depth, small_request, wait_for
 
 
 def task_rows(clients: Clients, job: str) -> list[tasks.TaskRow]:
-    return tasks.list_tasks(clients.tasks, job)
+    return tasks.list_tasks(clients.tasks, parts(clients, job))
 
 
 def test_plan_message_twice_makes_no_duplicate(clients: Clients) -> None:
@@ -45,8 +45,11 @@ def test_plan_resumes_after_a_crash_midway(clients: Clients) -> None:
     job = jobs.submit(clients, request).job
     specs = expand(request, 1000)
     # a planner that died after writing its first batch, before moving its cursor
-    first = [tasks.task_entity(job, seq, specs[seq], clients.settings.shards) for seq in range(50)]
-    assert tasks.create_batch(clients.tasks, first) == 50
+    row = jobs.get(clients, job)
+    first = [tasks.task_entity(names.partition(job, partitions.bucket_of(seq, specs[seq], row.buckets)), seq,
+                               specs[seq], clients.settings.shards) for seq in range(50)]
+    assert sum(tasks.create_batch(clients.tasks, [e for e in first if e["PartitionKey"] == part])
+               for part in row.parts) == 50
     planner.plan(clients, job)
     rows = task_rows(clients, job)
     assert [r.seq for r in rows] == list(range(92))
@@ -85,7 +88,7 @@ def test_release_never_puts_more_than_the_window_in_the_queues(
     counts = Counter(r.status for r in rows)
     assert counts == {"SUCCEEDED": total}
     # and the counters agree with the rows
-    assert tasks.terminal_counts(clients.tasks, job)["SUCCEEDED"] == total
+    assert tasks.terminal_counts(clients.tasks, parts(clients, job))["SUCCEEDED"] == total
 
 
 def test_a_release_slower_than_the_lease_still_sends_each_task_once(settings: Settings) -> None:
@@ -128,12 +131,12 @@ def test_a_reduction_counts_its_tile_tasks_off_and_is_released_once_at_zero(clie
     assert reductions[0].parameters()["deps"] == "0,3" and reductions[0].deps == 3
 
     def claimed(seq: int) -> transitions.Claim:
-        held = transitions.claim(clients, tasks.TaskRef(job, names.task_key(seq), 1), f"w{seq}", in_an_hour)
+        held = transitions.claim(clients, rows[seq].ref, f"w{seq}", in_an_hour)
         assert held is not None
         return held
 
     def reduction(seq: int) -> tasks.TaskRow:
-        return tasks.get_task(clients.tasks, job, names.task_key(seq))
+        return tasks.get_task(clients.tasks, rows[seq].part, names.task_key(seq))
 
     counter = tasks.TerminalCounter("test")
     assert transitions.commit(clients, counter, claimed(0), TaskStatus.SUCCEEDED, [])
@@ -143,7 +146,7 @@ def test_a_reduction_counts_its_tile_tasks_off_and_is_released_once_at_zero(clie
     assert transitions.fail(clients, counter, claimed(2), FailureClass.USER_CODE, "no", budget=1) is TaskStatus.DEAD
     row = reduction(6)
     assert row.status == "QUEUED" and row.deps == 0 and row.dispatch.startswith(names.DISPATCH_PREFIX)
-    assert clients.tasks.get_entity(job, row.dispatch)["Task"] == row.task, "its dispatch entry"
+    assert clients.tasks.get_entity(row.part, row.dispatch)["Task"] == row.task, "its dispatch entry"
     assert queue_depth(clients) == before + 1
     # the last three end together: their writes race on the reduction's row, each counts once
     held = [claimed(seq) for seq in (3, 4, 5)]

@@ -14,7 +14,7 @@ from pipeline.lifecycle import jobs, progress, sweep, tasks, transitions
 from pipeline.lifecycle.status import JobState, TaskStatus
 from pipeline.settings import Settings
 from pipeline.storage.clients import Clients
-from tests.conftest import in_an_hour, running_workers, wait_for
+from tests.conftest import in_an_hour, parts, running_workers, wait_for
 from tests.test_worker import planned_job, receive_one
 
 WINDOW = 2  # the job's 8 tasks go out two at a time
@@ -61,7 +61,7 @@ def test_each_end_tops_up_the_window_and_only_the_last_announces(narrow: Clients
         assert announced == (ended == total)
         assert _released(narrow, job) == min(total, ended + WINDOW)  # the window is full again
         assert _announced(narrow, job) == (ended == total)
-    assert sum(tasks.terminal_counts(narrow.tasks, job).values()) == total
+    assert sum(tasks.terminal_counts(narrow.tasks, parts(narrow, job)).values()) == total
 
 
 def test_a_worker_looks_at_a_releasing_job_now_and_then_and_at_its_last_task_at_once(
@@ -101,7 +101,7 @@ def test_the_sweep_goes_on_with_a_cancellation_and_announces_it(narrow: Clients)
     swept = tasks.TerminalCounter("sweep-test")
     # the first pass cancels every task; the job, just changed, may still be someone's to finish
     assert not progress.follow_up(narrow, swept, job, row)
-    statuses = {r.status for r in tasks.list_tasks(narrow.tasks, job)}
+    statuses = {r.status for r in tasks.list_tasks(narrow.tasks, parts(narrow, job))}
     assert statuses == {TaskStatus.CANCELLED.value} and _announced(narrow, job) == 0
     time.sleep(narrow.settings.lease_seconds + 0.5)  # nobody announced it: the next pass does
     assert progress.follow_up(narrow, swept, job, jobs.get(narrow, job))
@@ -131,7 +131,7 @@ def test_an_end_looked_at_too_soon_is_looked_at_later_and_may_announce(
     _end_one(narrow, counter, job)  # the last, ended here within JOB_CHECK_S of the look
     watch.task_ended(job)
     watch.catch_up()
-    assert sum(tasks.terminal_counts(narrow.tasks, job).values()) == 8 and _announced(narrow, job) == 0
+    assert sum(tasks.terminal_counts(narrow.tasks, parts(narrow, job)).values()) == 8 and _announced(narrow, job) == 0
     time.sleep(2.0)
     watch.catch_up()
     assert _announced(narrow, job) == 1
@@ -146,4 +146,4 @@ def test_a_worker_alone_runs_a_narrow_job_to_its_announcement(narrow: Clients) -
     job = planned_job(narrow)
     with running_workers(narrow.settings, slots=1):
         wait_for(lambda: _announced(narrow, job) == 1, 60, "the job announced by its worker")
-    assert sum(tasks.terminal_counts(narrow.tasks, job).values()) == 8
+    assert sum(tasks.terminal_counts(narrow.tasks, parts(narrow, job)).values()) == 8

@@ -27,7 +27,16 @@ from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
 from pipeline.web import jobview
-from tests.conftest import PIDS, queue_depth, running_control, running_workers, small_request, wait_for, with_stage
+from tests.conftest import (
+    PIDS,
+    parts,
+    queue_depth,
+    running_control,
+    running_workers,
+    small_request,
+    wait_for,
+    with_stage,
+)
 from tests.test_monitor import alive
 from tests.test_worker import planned_job, receive_one
 
@@ -77,7 +86,7 @@ def test_a_reduction_whose_message_is_lost_is_sent_again(settings: Settings, mai
                           reducer={"name": "max_composite"})
         wait_for(lambda: finished(clients, job), 90, "the job to finish")
     assert dropped, "a reduction's message was lost"
-    row = tasks.get_task(clients.tasks, job, dropped[0])
+    (row,) = [r for r in tasks.list_tasks(clients.tasks, parts(clients, job)) if r.task == dropped[0]]
     why = (row.last_failure, row.last_error)
     assert row.stage == "reduce" and row.status == "SUCCEEDED" and row.resends >= 1, why
     assert jobs.get(clients, job).state == "SUCCEEDED"
@@ -112,12 +121,12 @@ def test_a_revocation_whose_message_is_lost_is_sent_again(settings: Settings, ma
     queue.delete_message(message)
     monkeypatch.setattr(dispatch, "send", lambda *a, **k: 0)  # the requeue's message never goes out
     assert sweep.sweep(clients)["revoked"] == 1
-    row = tasks.get_task(clients.tasks, job, held.ref.task)
+    row = tasks.get_task(clients.tasks, held.ref.partition, held.ref.task)
     assert row.status == "QUEUED" and row.attempt == 2 and row.dispatch
     monkeypatch.undo()
     with running_control(settings), running_workers(settings):
         wait_for(lambda: finished(clients, job), 90, "the job to finish")
-    row = tasks.get_task(clients.tasks, job, held.ref.task)
+    row = tasks.get_task(clients.tasks, held.ref.partition, held.ref.task)
     assert row.status == "SUCCEEDED" and row.attempt == 2 and row.resends >= 1
     assert len(emails_for(mail, job)) == 1 and index_left(clients, job) == []
 
@@ -126,24 +135,26 @@ def test_messages_waiting_behind_older_ones_are_not_sent_again_and_lost_ones_are
     # no worker runs: the job's messages wait in their queues past their entries' due time
     settings, clients = fast(settings)
     job = planned_job(clients)
-    queued = [r for r in tasks.list_tasks(clients.tasks, job) if r.status is TaskStatus.QUEUED]
+    queued = [r for r in tasks.list_tasks(clients.tasks, parts(clients, job)) if r.status is TaskStatus.QUEUED]
     depth = queue_depth(clients)
     assert len(queued) >= 4 and depth == len(queued)
     time.sleep(2 * settings.lease_seconds + 1)  # their entries fall due
-    assert dispatch.redispatch_due(clients, job) == 0
+    assert dispatch.redispatch_due(clients, parts(clients, job)) == 0
     assert queue_depth(clients) == depth  # no duplicate
-    assert {tasks.get_task(clients.tasks, job, r.task).resends for r in queued} == {1}  # their entries moved on
+    assert {tasks.get_task(clients.tasks, r.part, r.task).resends for r in queued} == {1}  # their entries moved on
     for queue in clients.shard_queues:  # every message lost
         for message in queue.receive_messages(max_messages=32):
             queue.delete_message(message)
     later = planned_job(clients)  # and newer messages at the front of the queues
     depth = queue_depth(clients)
     time.sleep(2 * 2 * settings.lease_seconds + 1)  # the moved entries fall due
-    assert dispatch.redispatch_due(clients, job) == len(queued)
+    assert dispatch.redispatch_due(clients, parts(clients, job)) == len(queued)
     assert queue_depth(clients) == depth + len(queued)
     with running_workers(settings):
-        wait_for(lambda: all(tasks.get_task(clients.tasks, j, r.task).status is TaskStatus.SUCCEEDED
-                             for j in (job, later) for r in queued), 60, "both jobs' tile tasks")
+        keys = {r.task for r in queued}
+        wait_for(lambda: all(r.status is TaskStatus.SUCCEEDED for j in (job, later)
+                             for r in tasks.list_tasks(clients.tasks, parts(clients, j)) if r.task in keys),
+                 60, "both jobs' tile tasks")
 
 
 def test_a_job_whose_plan_message_was_not_sent_is_planned_by_the_sweep(
@@ -169,7 +180,7 @@ def test_the_cache_marker_of_a_maker_that_died_with_its_task_cancelled_is_swept(
     """A worker killed while making a tile leaves the tile's marker; when its task is then
     cancelled no retry comes back to tidy it, and no other task need ever want that tile."""
     job = planned_job(clients)
-    task = tasks.list_tasks(clients.tasks, job)[0].task
+    task = tasks.list_tasks(clients.tasks, parts(clients, job))[0].task
     marker = clients.tiles.get_blob_client(names.marker_blob(f"00/{job}/MOD10A2.x.tif"))
     marker.upload_blob(b"", metadata={"owner": f"{job}/{task}"})
     sweep.sweep(clients)
@@ -215,7 +226,7 @@ def test_a_finisher_slower_than_its_lease_is_not_overtaken(settings: Settings, m
     settings, clients = fast(settings)
     job = planned_job(clients)
     with running_workers(settings):
-        wait_for(lambda: sum(tasks.terminal_counts(clients.tasks, job).values()) == 8, 60, "every task")
+        wait_for(lambda: sum(tasks.terminal_counts(clients.tasks, parts(clients, job)).values()) == 8, 60, "every task")
     slow = SlowMail(settings, 3 * 2 * settings.lease_seconds)
     first = threading.Thread(target=lambda: completion.complete(clients, slow, job))
     first.start()
@@ -237,7 +248,7 @@ def test_a_finisher_that_dies_after_recording_its_message_is_taken_over_with_the
     settings, clients = fast(settings)
     job = planned_job(clients)
     with running_workers(settings):
-        wait_for(lambda: sum(tasks.terminal_counts(clients.tasks, job).values()) == 8, 60, "every task")
+        wait_for(lambda: sum(tasks.terminal_counts(clients.tasks, parts(clients, job)).values()) == 8, 60, "every task")
 
     class Dies(SlowMail):
         def send(self, message: EmailMessage) -> None:
@@ -261,7 +272,7 @@ def test_one_broken_job_does_not_stop_the_sweep_for_the_others(settings: Setting
     assert transitions.claim(clients, ref, "w-gone", lambda *_: tasks.now()) is not None  # overdue at once
     report = sweep.sweep(clients)
     assert report["errors"] == 1 and report["revoked"] == 1
-    assert clients.tasks.get_entity(job, ref.task)["Attempt"] == 2
+    assert clients.tasks.get_entity(ref.partition, ref.task)["Attempt"] == 2
 
 
 def test_a_label_from_before_labels_were_one_line_does_not_stop_completion(
@@ -331,6 +342,6 @@ def test_a_stage_whose_outputs_a_row_cannot_name_fails_as_its_own_error(settings
     with running_control(settings), running_workers(settings):
         job = planned_job(clients, region={"tiles": ["h10v05"]}, end="2022-01-10")
         wait_for(lambda: finished(clients, job), 90, "the job to finish")
-    (dead,) = [t for t in tasks.list_tasks(clients.tasks, job) if t.status == "DEAD"]
+    (dead,) = [t for t in tasks.list_tasks(clients.tasks, parts(clients, job)) if t.status == "DEAD"]
     assert dead.last_failure == "user_code_error" and "characters a task row can name" in dead.last_error
     assert dead.attempt == 2  # the same error twice on the same input: dead at once

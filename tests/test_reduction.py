@@ -23,7 +23,7 @@ from pipeline.reduction import reducers
 from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
-from tests.conftest import on_stac, running_control, running_workers, wait_for
+from tests.conftest import on_stac, parts, running_control, running_workers, wait_for
 
 SPAN = {"start": "2022-01-25", "end": "2022-02-12"}  # 3 eight-day periods, 2 February the real one
 REGION = {"bbox": [-108.0, 35.2, -107.5, 35.8]}  # one 1° tile, x-108 y35, inside h09v05
@@ -40,7 +40,7 @@ def run_job(settings: Settings, body: dict, timeout: float = 180) -> tuple[Clien
 
 
 def reduction_row(clients: Clients, job: str) -> tasks.TaskRow:
-    (row,) = [r for r in tasks.list_tasks(clients.tasks, job) if r.stage == "reduce"]
+    (row,) = [r for r in tasks.list_tasks(clients.tasks, parts(clients, job)) if r.stage == "reduce"]
     return row
 
 
@@ -50,7 +50,7 @@ def outputs_of(clients: Clients, row: dict) -> dict[str, bytes]:
 
 def tiles_of(clients: Clients, job: str) -> list[np.ndarray]:
     found = []
-    for row in tasks.list_tasks(clients.tasks, job):
+    for row in tasks.list_tasks(clients.tasks, parts(clients, job)):
         if row.stage == "modis" and row.status in ("SUCCEEDED", "CACHED"):
             (ref,) = json.loads(row.outputs)
             data = clients.tiles.download_blob(ref.removeprefix(names.TILE_OUTPUT_PREFIX)).readall()
@@ -137,7 +137,7 @@ def test_a_coastal_request_with_a_missing_date_succeeds_with_no_data_tiles(
                 "reducer": {"name": "snow_fraction", "on_dependency_failure": "fail"}}
         clients, job, status = run_job(mine, body)
     assert status["state"] == "SUCCEEDED", status
-    rows = tasks.list_tasks(clients.tasks, job)
+    rows = tasks.list_tasks(clients.tasks, parts(clients, job))
     tiles = {(r.parameters()["tile"], r.parameters()["date"]): r.status
              for r in rows if r.stage == "modis"}
     ocean = {"x-0066y+0018", "x-0065y+0018"}

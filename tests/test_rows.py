@@ -58,7 +58,7 @@ def test_rows_an_older_version_wrote_read_with_what_they_lack(clients: Clients) 
     old = jobs.get(clients, "j20200101-000000-000000")
     assert old.tiles == 5 and old.all_released and old.owner == "" and old.outcome is None
     # a task row as the planner writes it, then a merge of a few fields by name
-    entity = tasks.TaskRow(job="j1", task=names.task_key(3), seq=3, shard=1, stage="modis",
+    entity = tasks.TaskRow(part="j1", task=names.task_key(3), seq=3, shard=1, stage="modis",
                            params='{"tile": "h09v05"}').to_entity()
     assert set(entity) == {"PartitionKey", "RowKey", "Seq", "Shard", "Stage", "Params", "Status", "Attempt"}, \
         "a new row holds what the planner says of it, and no field at its default it did not say"

@@ -22,7 +22,7 @@ from pipeline.lifecycle.request import JobRequest
 from pipeline.settings import Settings
 from pipeline.storage import cache, names
 from pipeline.storage.clients import Clients
-from tests.conftest import on_stac, running_control, running_workers, small_request, wait_for
+from tests.conftest import on_stac, parts, running_control, running_workers, small_request, wait_for
 
 SPAN = {"start": "2022-01-25", "end": "2022-02-12"}  # 3 eight-day periods over one 1° tile
 BODY = {"region": {"bbox": [-108.0, 35.2, -107.5, 35.8]}, "grid": {"tile_size": 1.0, "resolution": 0.01},
@@ -40,7 +40,7 @@ def finish(settings: Settings, clients: Clients, job: str) -> None:
 
 
 def tile_rows(clients: Clients, job: str) -> list[tasks.TaskRow]:
-    return [r for r in tasks.list_tasks(clients.tasks, job) if r.stage == "modis"]
+    return [r for r in tasks.list_tasks(clients.tasks, parts(clients, job)) if r.stage == "modis"]
 
 
 def tile_outputs(clients: Clients, job: str) -> dict[str, list[str]]:
@@ -82,11 +82,11 @@ def test_a_repeat_is_settled_at_planning_and_ends_as_the_first(first_run: tuple[
     sweep.handle_plan(clients, json.dumps({"job": job}).encode())
     rows = tile_rows(clients, job)
     assert {r.status for r in rows} == {"CACHED"} and all(r.settled_at for r in rows)
-    assert attempts.list_attempts(clients.tasks, job) == []  # nothing claimed, nothing ran
-    (reduction,) = [r for r in tasks.list_tasks(clients.tasks, job) if r.stage == "reduce"]
+    assert attempts.list_attempts(clients.tasks, parts(clients, job)) == []  # nothing claimed, nothing ran
+    (reduction,) = [r for r in tasks.list_tasks(clients.tasks, parts(clients, job)) if r.stage == "reduce"]
     assert reduction.status == "QUEUED" and reduction.deps == 0  # released by the settle
     assert {ref.task for ref in queued_messages(clients) if ref.job == job} == {reduction.task}
-    rollup = rollups.read(clients.tasks, job)
+    rollup = rollups.read(clients.tasks, parts(clients, job))
     assert rollup.counts["CACHED"] == TILES and rollup.stages["modis"]["CACHED"] == TILES
     assert sum(c["CACHED"] for c in rollup.tiles.values()) == TILES
     finish(mine, clients, job)
@@ -95,7 +95,7 @@ def test_a_repeat_is_settled_at_planning_and_ends_as_the_first(first_run: tuple[
     assert tile_outputs(clients, job) == tile_outputs(clients, first)
     wait_for(lambda: emails(mail, job) == 1, 30, "the email")
     assert emails(mail, job) == 1
-    assert [a.task for a in attempts.list_attempts(clients.tasks, job)] == [reduction.task]
+    assert [a.task for a in attempts.list_attempts(clients.tasks, parts(clients, job))] == [reduction.task]
 
 
 def test_only_tasks_whose_every_output_is_surely_there_are_settled(first_run: tuple[Settings, Clients, str],
@@ -171,7 +171,7 @@ def test_a_settle_refused_or_its_answer_lost_leaves_nothing_stuck_or_counted_twi
     finish(mine, clients, job)
     status = jobs.status(clients, job)
     assert status["state"] == "SUCCEEDED" and ended(status) == {"CACHED": TILES, "SUCCEEDED": 1}
-    ran = {a.task for a in attempts.list_attempts(clients.tasks, job)}
+    ran = {a.task for a in attempts.list_attempts(clients.tasks, parts(clients, job))}
     assert len(ran) == (1 if applied else TILES + 1)
     assert tile_outputs(clients, job) == tile_outputs(clients, first)
     wait_for(lambda: emails(mail, job) == 1, 30, "the email")
@@ -185,8 +185,8 @@ def test_tasks_settled_ahead_of_the_cursor_take_no_place_in_the_window(
     clients.ensure_resources()
     job = jobs.submit(clients, small_request()).job
     sweep.handle_plan(clients, json.dumps({"job": job}).encode())  # tasks 0 and 1 released
-    ahead = tasks.list_tasks(clients.tasks, job, 4, 4)
-    assert transitions.settle(clients, job, ahead, {r.task: [f"tiles:made/{r.task}"] for r in ahead}) == 4
+    ahead = tasks.list_tasks(clients.tasks, parts(clients, job), 4, 4)
+    assert transitions.settle(clients, ahead, {r.task: [f"tiles:made/{r.task}"] for r in ahead}) == 4
     planner.release(clients, job)  # the window is full: two QUEUED, whatever ended ahead of the cursor
     assert sorted(ref.task for ref in queued_messages(clients)) == [names.task_key(0), names.task_key(1)]
     with running_control(narrow), running_workers(narrow, 1, slots=1):

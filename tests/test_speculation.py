@@ -23,7 +23,16 @@ from pipeline.lifecycle.status import TaskStatus
 from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
-from tests.conftest import PIDS, in_an_hour, running_control, running_workers, small_request, wait_for, with_stage
+from tests.conftest import (
+    PIDS,
+    in_an_hour,
+    parts,
+    running_control,
+    running_workers,
+    small_request,
+    wait_for,
+    with_stage,
+)
 from tests.test_monitor import alive, attempt_rows, index_rows, marked_task
 from tests.test_worker import planned_job, receive_one
 
@@ -105,7 +114,7 @@ def test_a_backup_asked_for_once_commits_first_and_its_attempt_is_thrown_away(se
     assert transitions.commit(clients, counter, backup, TaskStatus.SUCCEEDED, made)
     assert not transitions.still_held(clients, first)
     assert not transitions.commit(clients, counter, first, TaskStatus.SUCCEEDED, ["its own"])
-    row = tasks.get_task(clients.tasks, job, ref.task)
+    row = tasks.get_task(clients.tasks, ref.partition, ref.task)
     assert row.status is TaskStatus.SUCCEEDED and row.worker == "spare" and json.loads(row.outputs) == made
     primary, copy = attempt_rows(clients, job, ref.task)
     assert (primary.backup, primary.outcome) == (False, "DISCARDED")
@@ -123,7 +132,7 @@ def test_the_attempt_commits_first_and_its_backup_is_refused(clients: Clients) -
     transitions.discard(clients, backup)  # what its worker does once its lease sees the fence gone
     assert not attempts.is_running(clients, job, first.ref.task, 1, backup=True)  # nothing waits on it
     assert not transitions.commit(clients, counter, backup, TaskStatus.SUCCEEDED, ["copy"])  # had it ended first
-    row = tasks.get_task(clients.tasks, job, first.ref.task)
+    row = tasks.get_task(clients.tasks, first.ref.partition, first.ref.task)
     assert json.loads(row.outputs) == ["first"] and row.worker == first.worker
     assert [a.outcome for a in attempt_rows(clients, job, first.ref.task)] == ["SUCCEEDED", "DISCARDED"]
     assert index_rows(clients, job, first.ref.task) == []
@@ -145,7 +154,7 @@ def test_a_backup_whose_attempt_ends_before_anyone_takes_it_is_recorded_as_not_r
 
 def test_a_backup_that_committed_is_not_given_up_by_a_monitor_that_read_it_running(clients: Clients) -> None:
     job, (first, *_), backup = _backed_up(clients)
-    (entry,) = [e for e in attempts.overdue(clients, job, tasks.now() + timedelta(days=1)) if e.backup]
+    (entry,) = [e for e in attempts.overdue(clients, parts(clients, job), tasks.now() + timedelta(days=1)) if e.backup]
     etag = attempts.running_etag(clients, job, first.ref.task, 1, backup=True)  # the monitor reads it RUNNING ...
     assert etag is not None
     assert transitions.commit(clients, tasks.TerminalCounter("test"), backup, TaskStatus.SUCCEEDED, ["copy"])
@@ -157,9 +166,9 @@ def test_a_backup_that_committed_is_not_given_up_by_a_monitor_that_read_it_runni
 
 def test_a_failed_backup_leaves_the_task_to_its_attempt(clients: Clients) -> None:
     job, (first, *_), backup = _backed_up(clients)
-    before = tasks.get_task(clients.tasks, job, first.ref.task)
+    before = tasks.get_task(clients.tasks, first.ref.partition, first.ref.task)
     speculation.abandon(clients, backup, FailureClass.USER_CODE, "it crashed there")
-    after = tasks.get_task(clients.tasks, job, first.ref.task)
+    after = tasks.get_task(clients.tasks, first.ref.partition, first.ref.task)
     assert after.etag == before.etag and after.status is TaskStatus.RUNNING  # the task row untouched
     assert transitions.still_held(clients, first) and not transitions.still_held(clients, backup)
     assert index_rows(clients, job, first.ref.task) == [first.index]
@@ -180,7 +189,7 @@ def test_backups_only_at_the_tail_and_within_the_share(settings: Settings) -> No
     queue.delete_message(message)
     assert sweep.sweep(clients)["backups"] == 1
     assert sweep.sweep(clients)["backups"] == 0  # the share is spent
-    asked = [a for a in attempts.list_attempts(clients.tasks, job) if a.backup]
+    asked = [a for a in attempts.list_attempts(clients.tasks, parts(clients, job)) if a.backup]
     assert [(a.task, a.outcome) for a in asked] == [(held[0].ref.task, speculation.REQUESTED)]
     off = Clients(settings.with_(speculate_share=0.0))
     other = planned_job(off)
@@ -197,7 +206,7 @@ def test_an_overdue_attempt_waits_for_its_running_backup_and_is_revoked_once_it_
     assert sweep.sweep(clients)["revoked"] == 0  # the backup lapses first (it sorts after its attempt)
     assert not transitions.still_held(clients, backup)  # its worker kills it
     assert sweep.sweep(clients)["revoked"] == 1
-    row = tasks.get_task(clients.tasks, job, first.ref.task)
+    row = tasks.get_task(clients.tasks, first.ref.partition, first.ref.task)
     assert row.status is TaskStatus.QUEUED and row.attempt == 2
     copy = attempt_rows(clients, job, first.ref.task)[1]
     assert (copy.backup, copy.outcome, copy.revoked_by) == (True, "TIMED_OUT", "monitor")
@@ -233,7 +242,7 @@ def test_a_slow_workers_attempt_gives_way_to_its_backup_and_is_requeued_if_the_b
     assert sweep.sweep(clients)["revoked"] == 0
     speculation.abandon(clients, backup, FailureClass.USER_CODE, "it crashed there")
     assert sweep.sweep(clients)["revoked"] == 1  # the task is not left RUNNING with nobody on it
-    row = tasks.get_task(clients.tasks, job, first.ref.task)
+    row = tasks.get_task(clients.tasks, first.ref.partition, first.ref.task)
     assert row.status is TaskStatus.QUEUED and row.attempt == 2
     # past its kill time by then, yet it was given up, not timed out: the next attempt keeps its limit
     assert row.timeouts == 0 and row.last_failure == FailureClass.WORKER_SLOW.value
@@ -269,7 +278,7 @@ def test_lost_answers_on_the_backup_path_leave_nothing_stuck(settings: Settings,
         lost = _answer_lost_once(patch, monitor)
         assert sweep.sweep(monitor)["errors"] == 1 and lost  # the ask applied, its answer lost ...
     assert sweep.sweep(monitor)["backups"] == 0  # ... and not asked again; the attempt goes on alone
-    (asked,) = [a for a in attempts.list_attempts(clients.tasks, job) if a.backup]
+    (asked,) = [a for a in attempts.list_attempts(clients.tasks, parts(clients, job)) if a.backup]
     assert asked.outcome == speculation.REQUESTED
     assert _messages(clients) == 0  # its message never sent ...
     later = Clients(settings.with_(lease_seconds=1))  # ... until a lease has passed with nobody taking it

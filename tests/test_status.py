@@ -15,17 +15,17 @@ from pipeline.lifecycle.status import TaskStatus
 from pipeline.settings import Settings
 from pipeline.storage.clients import Clients
 from pipeline.web import jobview
-from tests.conftest import in_an_hour, small_request, with_stage
+from tests.conftest import in_an_hour, parts, small_request, with_stage
 
 
 def run_some(clients: Clients, job: str, commits: int) -> None:
     """Claim and commit ``commits`` of the job's queued tasks (by three writers), fail one
     attempt for good and one to be retried, leave one running."""
-    queued = [r for r in tasks.list_tasks(clients.tasks, job) if r.status is TaskStatus.QUEUED]
+    queued = [r for r in tasks.list_tasks(clients.tasks, parts(clients, job)) if r.status is TaskStatus.QUEUED]
     counters = [tasks.TerminalCounter(f"slot-{i}") for i in range(3)]
 
     def claim(row: dict) -> transitions.Claim:
-        held = transitions.claim(clients, tasks.TaskRef(job, row.task, 1), "w", in_an_hour,
+        held = transitions.claim(clients, row.ref, "w", in_an_hour,
                                  counters[row.seq % 3])
         assert held is not None
         return held
@@ -57,14 +57,14 @@ def reads_of(settings: Settings, call: Callable[[Clients], object]) -> int:
 
 
 def test_status_and_view_read_the_same_rows_at_any_size_and_show_the_rows(settings: Settings) -> None:
-    settings = with_stage(settings, "noop", window=300)
+    settings = with_stage(settings, "noop", window=300, partitions=1)  # the cost of partitions: test_partitions.py
     clients = Clients(settings)
     clients.ensure_resources()
     small = job_of(clients, "2022-01-31", commits=3)  # 2 tiles × 4 periods
     large = job_of(clients, "2023-12-31", commits=150)  # 2 tiles × 92 periods
 
     for job in (small, large):  # what they show is what the task rows say
-        rows = tasks.list_tasks(clients.tasks, job)
+        rows = tasks.list_tasks(clients.tasks, parts(clients, job))
         shown = jobs.status(clients, job)
         assert {s: n for s, n in shown["counts"].items() if n} == dict(Counter(r.status for r in rows))
         assert shown["failures"] == {"user_code_error": 1, "connection_failure": 1}
@@ -87,7 +87,7 @@ def test_status_and_view_read_the_same_rows_at_any_size_and_show_the_rows(settin
     assert status_large == status_small <= 1 + 1 + 3  # the job row, the releaser's rollup, three slots'
     assert view_large == view_small <= status_small + 1 + 2 + 1  # the plan row, two failures, a runtime
     # what reading every row would have cost
-    assert reads_of(settings, lambda c: tasks.list_tasks(c.tasks, large)) > 10 * view_large
+    assert reads_of(settings, lambda c: tasks.list_tasks(c.tasks, parts(c, large))) > 10 * view_large
 
 
 def test_the_rollups_of_a_move_add_up_and_drop_what_nets_to_zero() -> None:

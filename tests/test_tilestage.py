@@ -44,7 +44,7 @@ def params_for(settings: Settings, west: float, south: float, day: date, product
 
 
 def run(settings: Settings, params: dict[str, str], job: str = "j1", attempt: int = 1) -> StageContext:
-    ctx = StageContext(job=job, task="000000000", attempt=attempt, params=params, clients=Clients(settings),
+    ctx = StageContext(job=job, part=job, task="000000000", attempt=attempt, params=params, clients=Clients(settings),
                        output_prefix=names.output_prefix(job, "000000000", attempt))
     stages.STAGES["modis"](ctx)
     return ctx

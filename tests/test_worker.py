@@ -25,6 +25,7 @@ from pipeline.storage.clients import Clients
 from tests.conftest import (
     WorkerThreads,
     in_an_hour,
+    parts,
     running_control,
     running_workers,
     small_request,
@@ -58,10 +59,10 @@ def test_stale_message_is_deleted_without_running(clients: Clients, workers: Wor
     queue.send_message(ref.encode())
     workers.start(1, slots=1)
     wait_for(lambda: jobs.get(clients, job).state == "RUNNING" and
-             sum(tasks.terminal_counts(clients.tasks, job).values()) == 7, 60, "the other tasks")
-    row = tasks.get_task(clients.tasks, job, ref.task)
+             sum(tasks.terminal_counts(clients.tasks, parts(clients, job)).values()) == 7, 60, "the other tasks")
+    row = tasks.get_task(clients.tasks, ref.partition, ref.task)
     assert row.status is TaskStatus.RUNNING and row.worker == "someone-else"
-    tried = [a for a in attempts.list_attempts(clients.tasks, job) if a.task == ref.task]
+    tried = [a for a in attempts.list_attempts(clients.tasks, parts(clients, job)) if a.task == ref.task]
     assert [a.worker for a in tried] == ["someone-else"], "the duplicate did not run"
 
 
@@ -74,7 +75,7 @@ def test_a_claim_applied_with_its_answer_lost_holds(clients: Clients, monkeypatc
     job = planned_job(clients)
     _, message = receive_one(clients)
     ref = tasks.TaskRef.decode(message.content)
-    hint = tasks.get_task(clients.tasks, job, ref.task) if read_ahead else None
+    hint = tasks.get_task(clients.tasks, ref.partition, ref.task) if read_ahead else None
     real, calls = clients.tasks.submit_transaction, []
 
     def applied_then_retried(operations: Any, **kwargs: Any) -> Any:
@@ -86,12 +87,13 @@ def test_a_claim_applied_with_its_answer_lost_holds(clients: Clients, monkeypatc
     monkeypatch.setattr(clients.tasks, "submit_transaction", applied_then_retried)
     held = transitions.claim(clients, ref, "w1", in_an_hour, hint=hint)
     assert held is not None and len(calls) == 1
-    row = tasks.get_task(clients.tasks, job, ref.task)
+    row = tasks.get_task(clients.tasks, ref.partition, ref.task)
     assert row.status is TaskStatus.RUNNING and row.worker == "w1" and row.etag == held.etag
     assert transitions.commit(clients, tasks.TerminalCounter("test"), held, TaskStatus.SUCCEEDED, ["out"])
     counts = jobs.status(clients, job)["counts"]
     assert counts.get("SUCCEEDED") == 1 and not counts.get("RUNNING")  # moved once
-    assert [a.outcome for a in attempts.list_attempts(clients.tasks, job) if a.task == ref.task] == ["SUCCEEDED"]
+    ran = attempts.list_attempts(clients.tasks, parts(clients, job))
+    assert [a.outcome for a in ran if a.task == ref.task] == ["SUCCEEDED"]
 
 
 def test_undecodable_message_goes_to_poison_with_a_record(clients: Clients, workers: WorkerThreads) -> None:
@@ -120,7 +122,7 @@ def test_failures_retry_then_dead_and_the_job_still_completes(settings: Settings
     assert status["counts"]["DEAD"] == 1 and status["counts"]["SUCCEEDED"] == 7
     # a user program failing the same way on the same input twice does not burn the budget
     assert status["failures"] == {"user_code_error": 2}
-    dead = next(t for t in tasks.list_tasks(clients.tasks, job) if t.status == "DEAD")
+    dead = next(t for t in tasks.list_tasks(clients.tasks, parts(clients, job)) if t.status == "DEAD")
     assert dead.attempt == 2
     assert "divided by zero" in dead.last_error
     (mail_,) = [m for _, m in mail.messages() if job in str(m["Subject"])]
@@ -148,19 +150,19 @@ def test_commit_is_fenced_on_the_attempt(clients: Clients) -> None:
     held = transitions.claim(clients, tasks.TaskRef.decode(message.content), "w1", in_an_hour)
     assert held is not None
     # the attempt is revoked (the monitor's move): the row names attempt 2 now
-    row = tasks.get_task(clients.tasks, job, held.ref.task)
+    row = tasks.get_task(clients.tasks, held.ref.partition, held.ref.task)
     clients.tasks.update_entity(row.stored_changes(status=TaskStatus.QUEUED, attempt=2), **tasks.if_match(row.etag))
     counter = tasks.TerminalCounter("w1-0")
     assert not transitions.commit(clients, counter, held, TaskStatus.SUCCEEDED, ["stale/output"])
     assert not transitions.still_held(clients, held)
-    stored = clients.tasks.get_entity(job, held.ref.task)
+    stored = clients.tasks.get_entity(held.ref.partition, held.ref.task)
     assert stored["Status"] == "QUEUED" and "Outputs" not in stored  # as stored: nothing named
-    assert sum(tasks.terminal_counts(clients.tasks, job).values()) == 0
+    assert sum(tasks.terminal_counts(clients.tasks, parts(clients, job)).values()) == 0
     # the next attempt runs from the same old message and commits
     again = transitions.claim(clients, held.ref, "w2", in_an_hour)
     assert again is not None and again.ref.attempt == 2
     assert transitions.commit(clients, counter, again, TaskStatus.SUCCEEDED, ["good/output"])
-    assert json.loads(clients.tasks.get_entity(job, held.ref.task)["Outputs"]) == ["good/output"]
+    assert json.loads(clients.tasks.get_entity(held.ref.partition, held.ref.task)["Outputs"]) == ["good/output"]
 
 
 def test_a_worker_lost_while_committing_leaves_its_attempt_to_the_monitor(
@@ -184,9 +186,9 @@ def test_a_worker_lost_while_committing_leaves_its_attempt_to_the_monitor(
         wait_for(lambda: jobs.get(clients, job).state.finished, 90, "the job to finish")
     assert jobs.get(clients, job).state == "SUCCEEDED"
     (ref,) = lost
-    row = tasks.get_task(clients.tasks, job, ref.task)
+    row = tasks.get_task(clients.tasks, ref.partition, ref.task)
     assert row.status is TaskStatus.SUCCEEDED and row.attempt == ref.attempt + 1
-    first = clients.tasks.get_entity(job, names.attempt_key(ref.task, ref.attempt))
+    first = clients.tasks.get_entity(ref.partition, names.attempt_key(ref.task, ref.attempt))
     assert first["Outcome"] == TaskStatus.TIMED_OUT.value and first["FailureClass"] == "heartbeat_lost"
 
 
@@ -194,7 +196,7 @@ def test_completion_happens_exactly_once_under_a_race(clients: Clients, settings
                                                       mail: MailServer) -> None:
     job = planned_job(clients)
     counter = tasks.TerminalCounter("solo")
-    while sum(tasks.terminal_counts(clients.tasks, job).values()) < 8:
+    while sum(tasks.terminal_counts(clients.tasks, parts(clients, job)).values()) < 8:
         queue, message = receive_one(clients)
         held = transitions.claim(clients, tasks.TaskRef.decode(message.content), "solo", in_an_hour)
         assert held and transitions.commit(clients, counter, held, TaskStatus.SUCCEEDED, [])
@@ -240,7 +242,7 @@ def held_back(clients: Clients, job: str) -> int:
     """Messages of ``job`` neither visible in a shard nor named by a task row that is
     running or ended: those a worker holds without running them."""
     visible = sum(len(list(q.peek_messages(max_messages=32))) for q in clients.shard_queues)
-    started = sum(1 for t in tasks.list_tasks(clients.tasks, job) if t.status is not TaskStatus.QUEUED)
+    started = sum(1 for t in tasks.list_tasks(clients.tasks, parts(clients, job)) if t.status is not TaskStatus.QUEUED)
     return 8 - visible - started
 
 
@@ -259,8 +261,8 @@ def test_short_attempts_are_received_ahead_and_a_long_wait_hands_them_back(
     assert worker.handed_back >= 1
     assert worker._rows.taken >= 1  # the rows of a receive of several read in one query
     assert jobs.get(clients, job).state == "SUCCEEDED"
-    tried = attempts.list_attempts(clients.tasks, job)
-    assert sorted(a.task for a in tried) == sorted(t.task for t in tasks.list_tasks(clients.tasks, job))
+    tried = attempts.list_attempts(clients.tasks, parts(clients, job))
+    assert sorted(a.task for a in tried) == sorted(t.task for t in tasks.list_tasks(clients.tasks, parts(clients, job)))
 
 
 def test_a_stopping_worker_hands_back_what_it_received_ahead(
@@ -317,7 +319,7 @@ def test_rows_read_ahead_spare_the_claims_their_reads_and_decide_nothing(
     first, changed, taken, *rest = refs
     # one row changed since it was read (the reconciler's look moves its dispatch entry),
     # another claimed by someone else meanwhile
-    row = tasks.get_task(clients.tasks, job, changed.task)
+    row = tasks.get_task(clients.tasks, changed.partition, changed.task)
     clients.tasks.update_entity(row.stored_changes(last_write="moved"), **tasks.if_match(row.etag))
     assert transitions.claim(clients, taken, "someone-else", in_an_hour) is not None
     seen.clear()
@@ -327,8 +329,8 @@ def test_rows_read_ahead_spare_the_claims_their_reads_and_decide_nothing(
     # the stale hint refused, the row read (and the claimer's rollup row, after a refusal), claimed
     assert [url for kind, url in seen if kind == "point" and f"RowKey='{changed.task}'" in url]
     assert transitions.claim(clients, taken, "w1", in_an_hour, hint=ahead.take(taken)) is None
-    assert tasks.get_task(clients.tasks, job, taken.task).worker == "someone-else"
+    assert tasks.get_task(clients.tasks, taken.partition, taken.task).worker == "someone-else"
     for ref in rest:
         assert transitions.claim(clients, ref, "w1", in_an_hour, hint=ahead.take(ref)) is not None
     assert ahead.take(first) is None  # each hint is taken once
-    assert {r.status for r in tasks.list_tasks(clients.tasks, job)} == {TaskStatus.RUNNING}
+    assert {r.status for r in tasks.list_tasks(clients.tasks, parts(clients, job))} == {TaskStatus.RUNNING}

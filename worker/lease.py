@@ -53,7 +53,7 @@ class Lease:
                 transitions.heartbeat(self.clients, self.held)
                 if failed:
                     ref = self.held.ref
-                    attempts.clear_others(self.clients, ref.job, ref.task, ref.attempt, self.held.worker,
+                    attempts.clear_others(self.clients, ref.partition, ref.task, ref.attempt, self.held.worker,
                                           keep=self.held.index)
                     failed = False
             except Exception as exc:  # storage briefly unreachable: try again next beat

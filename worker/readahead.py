@@ -35,8 +35,8 @@ class RowsAhead:
         self.taken = 0  # hints handed to claims (each spares a read, unless it was stale)
 
     def read(self, messages: list[QueueMessage]) -> int:
-        """Read the rows of ``messages`` (a receive's), a query per job of which they name
-        two tasks or more close together; returns how many hints it keeps. A message that
+        """Read the rows of ``messages`` (a receive's), a query per partition of a job of which
+        they name two tasks or more close together; returns how many hints it keeps. A message that
         does not decode, names a backup or stands alone is left to its claim's own read."""
         wanted: dict[str, set[int]] = {}
         for message in messages:
@@ -46,22 +46,22 @@ class RowsAhead:
             except ValueError:
                 continue
             if not ref.backup:
-                wanted.setdefault(ref.job, set()).add(seq)
+                wanted.setdefault(ref.partition, set()).add(seq)
         kept = 0
-        for job, seqs in wanted.items():
+        for part, seqs in wanted.items():
             first, last = min(seqs), max(seqs)
             if len(seqs) < 2 or last - first + 1 > SPAN_PER_ROW * len(seqs):
                 continue
             try:
-                rows = tasks.list_tasks(self.clients.tasks, job, first, last - first + 1)
+                rows = tasks.list_tasks(self.clients.tasks, [part], first, last - first + 1)
             except Exception as exc:  # a hint spares a read: its claim reads the row instead
-                log.info("rows of %s not read ahead: %s", job, exc)
+                log.info("rows of %s not read ahead: %s", part, exc)
                 continue
             at = time.monotonic()
             with self._lock:
                 for row in rows:
                     if row.seq in seqs:
-                        self._rows[(job, row.task)] = (row, at)
+                        self._rows[(part, row.task)] = (row, at)
                         kept += 1
         self._forget_old()
         return kept
@@ -69,7 +69,7 @@ class RowsAhead:
     def take(self, ref: TaskRef) -> TaskRow | None:
         """The hint for ``ref``'s claim, if one was read for it lately (each is taken once)."""
         with self._lock:
-            found = self._rows.pop((ref.job, ref.task), None)
+            found = self._rows.pop((ref.partition, ref.task), None)
             if found is None or time.monotonic() - found[1] > self.keep_s:
                 return None
             self.taken += 1

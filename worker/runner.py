@@ -18,6 +18,7 @@ a fresh one to replace it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -353,7 +354,7 @@ class Worker:
         if after is TaskStatus.QUEUED:
             # The same message now names the next attempt, visible again after the backoff
             # (lost, it is resent by the reconciler: the requeue wrote its dispatch entry).
-            following = tasks.TaskRef(held.ref.job, held.ref.task, held.ref.attempt + 1)
+            following = dataclasses.replace(held.ref, attempt=held.ref.attempt + 1)
             lease.hand_back(content=following.encode(), visibility=retry.delay_s)
         else:
             lease.delete()
@@ -367,7 +368,7 @@ class Worker:
         worker see it at its next lease check), or sooner when its pace says it will come
         (``why``): the same fenced move, the next attempt queued or the task DEAD."""
         ref = held.ref
-        row = tasks.get_task(self.clients.tasks, ref.job, ref.task)
+        row = tasks.get_task(self.clients.tasks, ref.partition, ref.task)
         budget = policy.limits_for(self.settings, held.stage).budget(FailureClass.EXECUTION_TIMEOUT)
         after = transitions.revoke(self.clients, slot.counter, row, ref, held.index, FailureClass.EXECUTION_TIMEOUT,
                                    budget, self.id, by="worker")
@@ -386,7 +387,7 @@ class Worker:
         if held.ref.backup:
             return False
         try:
-            return attempts.is_running(self.clients, held.ref.job, held.ref.task, held.ref.attempt, backup=True)
+            return attempts.is_running(self.clients, held.ref.partition, held.ref.task, held.ref.attempt, backup=True)
         except Exception as exc:  # storage unreachable: the next look, or the monitor
             log.info("backup of %s not read: %s", held.ref, exc)
             return None
@@ -397,7 +398,7 @@ class Worker:
         as soon as the pace its stage reports will take it far past (``pace.bound_to_overrun``)."""
         context = {
             "job": held.ref.job, "task": held.ref.task, "attempt": held.ref.attempt, "params": held.params,
-            "backup": held.ref.backup,
+            "backup": held.ref.backup, "part": held.ref.partition,
             "output_prefix": names.output_prefix(held.ref.job, held.ref.task, held.ref.attempt, held.ref.backup),
         }
         process = slot.stage_process(self.settings)

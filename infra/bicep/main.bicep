@@ -101,6 +101,7 @@ var settings = {
   '${names.settings.storageAccount}': storage.outputs.name
   '${names.settings.shards}': string(names.shards)
   '${names.settings.window}': contains(tuning, 'window') ? tuning.window : ''
+  '${names.settings.partitions}': contains(tuning, 'partitions') ? tuning.partitions : ''
   '${names.settings.maxTasks}': contains(tuning, 'maxTasks') ? tuning.maxTasks : ''
   '${names.settings.maxAttempts}': contains(tuning, 'maxAttempts') ? tuning.maxAttempts : ''
   '${names.settings.maxTransientAttempts}': contains(tuning, 'maxTransientAttempts') ? tuning.maxTransientAttempts : ''

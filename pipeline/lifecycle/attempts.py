@@ -1,5 +1,5 @@
-"""Attempt rows and the monitor's deadline index, kept in their job's partition of the
-tasks table beside the task rows.
+"""Attempt rows and the monitor's deadline index, kept in their task's partition of the
+tasks table beside the task rows (``pipeline.lifecycle.partitions``).
 
 In one partition, an attempt's bookkeeping goes into the same entity-group transaction as
 the task row it belongs to: the claim writes the task row (RUNNING), the attempt row and
@@ -10,7 +10,7 @@ writes where separate tables cost six.
 
 - attempt rows: RK ``~attempt~{task}-{attempt}`` (worker, start, end, outcome, failure class);
 - index rows: RK ``~deadline~{deadline ms}-{task}-{attempt}``, so "overdue in this job" is
-  one key-range query. The deadline is the earliest of the kill time, the heartbeat's
+  one key-range query per partition. The deadline is the earliest of the kill time, the heartbeat's
   expiry and the time from which a backup attempt would help (``speculate_at``; the monitor
   starts one only at a job's tail: ``pipeline.lifecycle.speculation``); a heartbeat moves
   the row.
@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 from azure.core.exceptions import ResourceNotFoundError
 from azure.data.tables import TableClient, TableTransactionError, UpdateMode
 
+from pipeline.lifecycle import partitions
 from pipeline.lifecycle.failures import FailureClass, error_code
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
@@ -46,7 +47,7 @@ class AttemptRow(Row):
     """One attempt of a task: who ran it, when, and how it ended. Written in pieces (the
     claim, each heartbeat, the end), each a merge of the fields it knows."""
 
-    job: str = field(metadata=stored("PartitionKey"))
+    part: str = field(metadata=stored("PartitionKey"))  # its task's
     key: str = field(metadata=stored("RowKey"))  # ``~attempt~{task}-{attempt}[b]``
     task: str
     attempt: int
@@ -66,6 +67,10 @@ class AttemptRow(Row):
     discarded_at: datetime | None = None
     etag: str = field(default="", compare=False)
 
+    @property
+    def job(self) -> str:
+        return names.job_of(self.part)
+
     def seconds(self) -> float | None:
         """How long it ran: its committed runtime, else from its start to its end."""
         if self.runtime_s is not None:
@@ -75,51 +80,52 @@ class AttemptRow(Row):
         return None
 
 
-def attempt_row(job: str, task: str, attempt: int, backup: bool = False, **fields: Any) -> dict[str, Any]:
-    """The attempt's keys and ``fields`` (by AttemptRow field name), as a merge writes them
-    (``backup``: its backup's)."""
-    return AttemptRow.as_stored(job=job, key=names.attempt_key(task, attempt, backup), task=task, attempt=attempt,
+def attempt_row(part: str, task: str, attempt: int, backup: bool = False, **fields: Any) -> dict[str, Any]:
+    """The attempt's keys (in its task's partition ``part``) and ``fields`` (by AttemptRow
+    field name), as a merge writes them (``backup``: its backup's)."""
+    return AttemptRow.as_stored(part=part, key=names.attempt_key(task, attempt, backup), task=task, attempt=attempt,
                                 **({"backup": True} if backup else {}), **fields)
 
 
-def attempt_op(job: str, task: str, attempt: int, backup: bool = False, **fields: Any) -> Op:
+def attempt_op(part: str, task: str, attempt: int, backup: bool = False, **fields: Any) -> Op:
     """Merge ``fields`` into the attempt's (or its backup's) row, creating it if need be."""
-    return ("upsert", attempt_row(job, task, attempt, backup, **fields), {"mode": UpdateMode.MERGE})
+    return ("upsert", attempt_row(part, task, attempt, backup, **fields), {"mode": UpdateMode.MERGE})
 
 
-def list_attempts(tasks: TableClient, job: str, *fields: str) -> list[AttemptRow]:
-    """Every attempt of a job, in task order (only ``fields`` of each, if named)."""
+def list_attempts(tasks: TableClient, parts: list[str], *fields: str) -> list[AttemptRow]:
+    """Every attempt of a job (in its partitions ``parts``), in task order (only ``fields``
+    of each, if named)."""
     where, params = _range(names.ATTEMPT_PREFIX)
-    select = [AttemptRow.stored_names()[f] for f in ("job", "key", "task", "attempt", *fields)] if fields else None
-    return [AttemptRow.from_entity(row) for row in tasks.query_entities(
-        f"PartitionKey eq @pk and {where}", parameters={"pk": job, **params}, select=select)]
+    select = [AttemptRow.stored_names()[f] for f in ("part", "key", "task", "attempt", *fields)] if fields else None
+    return sorted((AttemptRow.from_entity(row) for row in partitions.query(tasks, parts, where, params, select=select)),
+                  key=lambda row: row.key)
 
 
-def record(clients: Clients, job: str, task: str, attempt: int, backup: bool = False, **fields: Any) -> None:
+def record(clients: Clients, part: str, task: str, attempt: int, backup: bool = False, **fields: Any) -> None:
     """Merge ``fields`` into an attempt's row, on its own (when no task row changes with it)."""
-    clients.tasks.upsert_entity(attempt_row(job, task, attempt, backup, **fields), mode=UpdateMode.MERGE)
+    clients.tasks.upsert_entity(attempt_row(part, task, attempt, backup, **fields), mode=UpdateMode.MERGE)
 
 
-def running_etag(clients: Clients, job: str, task: str, attempt: int, backup: bool = False) -> str | None:
+def running_etag(clients: Clients, part: str, task: str, attempt: int, backup: bool = False) -> str | None:
     """The ETag of the attempt's (or its backup's) row if it says the attempt is running,
     else None."""
     try:
-        found = clients.tasks.get_entity(job, names.attempt_key(task, attempt, backup), select=["Outcome"])
+        found = clients.tasks.get_entity(part, names.attempt_key(task, attempt, backup), select=["Outcome"])
     except ResourceNotFoundError:
         return None
     return str(found.metadata["etag"]) if found.get("Outcome") == "RUNNING" else None
 
 
-def is_running(clients: Clients, job: str, task: str, attempt: int, backup: bool = False) -> bool:
+def is_running(clients: Clients, part: str, task: str, attempt: int, backup: bool = False) -> bool:
     """Whether the attempt's (or its backup's) row says it is running."""
-    return running_etag(clients, job, task, attempt, backup) is not None
+    return running_etag(clients, part, task, attempt, backup) is not None
 
 
-def gave_way(clients: Clients, job: str, task: str, attempt: int) -> bool:
+def gave_way(clients: Clients, part: str, task: str, attempt: int) -> bool:
     """Whether the attempt's worker, found slow, gave it up to its backup
     (``pipeline.lifecycle.speculation.give_way``): its row records that failure."""
     try:
-        found = clients.tasks.get_entity(job, names.attempt_key(task, attempt), select=["FailureClass"])
+        found = clients.tasks.get_entity(part, names.attempt_key(task, attempt), select=["FailureClass"])
     except ResourceNotFoundError:
         return False
     return found.get("FailureClass") == FailureClass.WORKER_SLOW.value
@@ -140,7 +146,7 @@ class Deadline(Row):
     """An attempt's entry in the monitor's deadline index: RK ``~deadline~{due ms}-{task}-{attempt}[b]``,
     due at the earliest of its three times."""
 
-    job: str = field(metadata=stored("PartitionKey"))
+    part: str = field(metadata=stored("PartitionKey"))  # its task's
     key: str = field(metadata=stored("RowKey"))
     task: str
     attempt: int
@@ -152,8 +158,12 @@ class Deadline(Row):
     etag: str = field(default="", compare=False)
     written: ClassVar[frozenset[str]] = frozenset({"worker"})
 
+    @property
+    def job(self) -> str:
+        return names.job_of(self.part)
 
-def index_op(clients: Clients, job: str, task: str, attempt: int, kill_at: datetime, worker: str,
+
+def index_op(clients: Clients, part: str, task: str, attempt: int, kill_at: datetime, worker: str,
              at: datetime, speculate_at: datetime | None = None, backup: bool = False) -> tuple[str, Op]:
     """The index row of ``worker``'s attempt (or its backup), due at the earliest of its kill
     time, its heartbeat's expiry from ``at`` and ``speculate_at``: its row key and the
@@ -161,79 +171,78 @@ def index_op(clients: Clients, job: str, task: str, attempt: int, kill_at: datet
     heartbeat_until = at + timedelta(seconds=clients.settings.lease_seconds)
     due = min(kill_at, heartbeat_until, *([speculate_at] if speculate_at else []))
     key = names.deadline_key(_ms(due), task, attempt, backup)
-    row = Deadline(job=job, key=key, task=task, attempt=attempt, worker=worker, kill_at=kill_at,
+    row = Deadline(part=part, key=key, task=task, attempt=attempt, worker=worker, kill_at=kill_at,
                    heartbeat_until=heartbeat_until, speculate_at=speculate_at, backup=backup)
     return key, ("upsert", row.to_entity(), {"mode": UpdateMode.REPLACE})
 
 
-def unindex_op(job: str, key: str) -> Op:
-    return ("delete", {"PartitionKey": job, "RowKey": key})
+def unindex_op(part: str, key: str) -> Op:
+    return ("delete", {"PartitionKey": part, "RowKey": key})
 
 
-def overdue(clients: Clients, job: str, at: datetime) -> list[Deadline]:
-    """The job's index rows due before ``at``."""
+def overdue(clients: Clients, parts: list[str], at: datetime) -> list[Deadline]:
+    """The index rows due before ``at`` in a job's partitions ``parts``."""
     where, params = _range(names.DEADLINE_PREFIX, f"{names.DEADLINE_PREFIX}{_ms(at):015d}")
-    return [Deadline.from_entity(row) for row in clients.tasks.query_entities(
-        f"PartitionKey eq @pk and {where}", parameters={"pk": job, **params})]
+    return [Deadline.from_entity(row) for row in partitions.query(clients.tasks, parts, where, params)]
 
 
-def held_by(clients: Clients, job: str, workers: list[str]) -> list[Deadline]:
-    """The job's index rows of attempts (and backups) ``workers`` run: one query."""
+def held_by(clients: Clients, parts: list[str], workers: list[str]) -> list[Deadline]:
+    """The index rows of attempts (and backups) ``workers`` run in a job's partitions
+    ``parts``: one query each."""
     where, params = _range(names.DEADLINE_PREFIX)
     named = " or ".join(f"Worker eq @w{i}" for i in range(len(workers)))
-    return [Deadline.from_entity(row) for row in clients.tasks.query_entities(
-        f"PartitionKey eq @pk and {where} and ( {named} )",  # (the SDK finds a parameter between spaces)
-        parameters={"pk": job, **params, **{f"w{i}": w for i, w in enumerate(workers)}})]
+    return [Deadline.from_entity(row) for row in partitions.query(
+        clients.tasks, parts, f"{where} and ( {named} )",  # (the SDK finds a parameter between spaces)
+        {**params, **{f"w{i}": w for i, w in enumerate(workers)}})]
 
 
-def move(clients: Clients, job: str, task: str, attempt: int, kill_at: datetime, worker: str,
+def move(clients: Clients, part: str, task: str, attempt: int, kill_at: datetime, worker: str,
          previous: str, speculate_at: datetime | None = None, backup: bool = False) -> str:
     """Heartbeat: move the attempt's index row to its new deadline and note the beat on its
     attempt row, in one transaction. Returns the new row key. If ``previous`` is gone (a
     beat applied whose answer was lost moved it already), the row is written all the same
     and every other row of this attempt by ``worker`` is dropped."""
     at = datetime.now(UTC)
-    key, write = index_op(clients, job, task, attempt, kill_at, worker, at, speculate_at, backup)
-    beat = attempt_op(job, task, attempt, backup, heartbeat=at)
-    ops = [write, beat] + ([unindex_op(job, previous)] if previous != key else [])
+    key, write = index_op(clients, part, task, attempt, kill_at, worker, at, speculate_at, backup)
+    beat = attempt_op(part, task, attempt, backup, heartbeat=at)
+    ops = [write, beat] + ([unindex_op(part, previous)] if previous != key else [])
     try:
         clients.tasks.submit_transaction(ops)
     except TableTransactionError as exc:
         if not is_missing(exc):
             raise
         clients.tasks.submit_transaction([write, beat])
-        clear_others(clients, job, task, attempt, worker, keep=key)
+        clear_others(clients, part, task, attempt, worker, keep=key)
     return key
 
 
-def clear_others(clients: Clients, job: str, task: str, attempt: int, worker: str, keep: str) -> None:
+def clear_others(clients: Clients, part: str, task: str, attempt: int, worker: str, keep: str) -> None:
     """Drop every index row ``worker`` wrote for this attempt but ``keep``: a write applied
     but answered with an error leaves a row its worker does not know of, which would
     otherwise revoke the live attempt when it falls due."""
     where, params = _range(names.DEADLINE_PREFIX)
     rows = clients.tasks.query_entities(
         f"PartitionKey eq @pk and {where} and Task eq @task and Attempt eq @attempt and Worker eq @worker",
-        parameters={"pk": job, **params, "task": task, "attempt": attempt, "worker": worker}, select=["RowKey"])
+        parameters={"pk": part, **params, "task": task, "attempt": attempt, "worker": worker}, select=["RowKey"])
     for row in list(rows):
         if row["RowKey"] != keep:
-            unindex(clients, job, row["RowKey"])
+            unindex(clients, part, row["RowKey"])
 
 
-def unindex(clients: Clients, job: str, key: str) -> None:
+def unindex(clients: Clients, part: str, key: str) -> None:
     try:
-        clients.tasks.delete_entity(job, key)
+        clients.tasks.delete_entity(part, key)
     except ResourceNotFoundError:
         pass
 
 
-def clear_indexes(clients: Clients, job: str) -> int:
+def clear_indexes(clients: Clients, parts: list[str]) -> int:
     """Remove every deadline and dispatch entry a job still has; for a job whose tasks have
     all ended, where any left is stale (an attempt whose claim's answer was lost and whose
     task was then cancelled, say), and would otherwise stay once the sweep stops looking at
     the job. Returns how many it removed."""
-    left = [row["RowKey"] for prefix in (names.DEADLINE_PREFIX, names.DISPATCH_PREFIX)
-            for row in clients.tasks.query_entities(f"PartitionKey eq @pk and {_range(prefix)[0]}",
-                                                    parameters={"pk": job, **_range(prefix)[1]}, select=["RowKey"])]
-    for key in left:
-        unindex(clients, job, key)
+    left = [(row["PartitionKey"], row["RowKey"]) for prefix in (names.DEADLINE_PREFIX, names.DISPATCH_PREFIX)
+            for row in partitions.query(clients.tasks, parts, *_range(prefix), select=["PartitionKey", "RowKey"])]
+    for part, key in left:
+        unindex(clients, part, key)
     return len(left)

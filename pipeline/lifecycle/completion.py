@@ -45,7 +45,7 @@ def all_terminal(clients: Clients, row: JobRow, done: int | None = None) -> bool
     A job cancelled while it was being planned has only the tasks planned so far (its
     planner cancels any it makes after)."""
     if done is None:
-        done = sum(tasks.terminal_counts(clients.tasks, row.job).values())
+        done = sum(tasks.terminal_counts(clients.tasks, row.parts).values())
     cancelled = row.state is JobState.CANCELLING
     return done >= (row.planned if cancelled else row.total)
 
@@ -53,7 +53,7 @@ def all_terminal(clients: Clients, row: JobRow, done: int | None = None) -> bool
 def _final_state(clients: Clients, row: JobRow) -> JobState:
     if row.state is JobState.CANCELLING:
         return JobState.CANCELLED
-    counts = tasks.terminal_counts(clients.tasks, row.job)
+    counts = tasks.terminal_counts(clients.tasks, row.parts)
     return JobState.FAILED if counts[TaskStatus.DEAD.value] else JobState.SUCCEEDED
 
 
@@ -183,7 +183,7 @@ def _finish(clients: Clients, mailer: Mailer, hold: Finishing) -> None:
         message_id = row.mail_id or hold.update(mail_id=make_msgid(idstring=row.job, domain="bagpipe")).mail_id
         mailer.send(completion_email(clients, hold.row, final, found, recipient, message_id))
         hold.update(notified_at=tasks.now())
-    attempts.clear_indexes(clients, row.job)
+    attempts.clear_indexes(clients, row.parts)
     hold.update(state=final, finished_at=tasks.now(), manifest=names.manifest_blob(row.job),
                 compute_s=found["cost"]["compute_s"], cost_usd=found["cost"]["usd"])
 
@@ -194,7 +194,7 @@ def write_manifest(clients: Clients, row: JobRow, final: JobState) -> dict[str, 
     job = row.job
     entries: list[dict[str, Any]] = []
     counts: dict[str, int] = {}
-    for task in tasks.list_tasks(clients.tasks, job):
+    for task in tasks.list_tasks(clients.tasks, row.parts):
         counts[task.status.value] = counts.get(task.status.value, 0) + 1
         entries.append(
             {
@@ -219,7 +219,7 @@ def write_manifest(clients: Clients, row: JobRow, final: JobState) -> dict[str, 
         "total": row.total,
         "counts": counts,
         "catalog": catalog_of(clients.settings),
-        "cost": costs.measured(_attempt_seconds(clients, job), len(entries)),
+        "cost": costs.measured(_attempt_seconds(clients, row.parts), len(entries)),
         "overviews": overview.build(clients, job, entries) if final is not JobState.CANCELLED else [],
         "tasks": entries,
         "packed": packing.as_manifest(packing.pack(clients, job, (
@@ -231,9 +231,10 @@ def write_manifest(clients: Clients, row: JobRow, final: JobState) -> dict[str, 
     return found
 
 
-def _attempt_seconds(clients: Clients, job: str) -> list[float]:
-    """How long each of the job's attempts ran (one revoked or lost: until it ended)."""
-    ran = (a.seconds() for a in attempts.list_attempts(clients.tasks, job, "runtime_s", "started_at", "ended_at"))
+def _attempt_seconds(clients: Clients, parts: list[str]) -> list[float]:
+    """How long each attempt of a job (its partitions ``parts``) ran (one revoked or lost:
+    until it ended)."""
+    ran = (a.seconds() for a in attempts.list_attempts(clients.tasks, parts, "runtime_s", "started_at", "ended_at"))
     return [seconds for seconds in ran if seconds is not None]
 
 

@@ -1,6 +1,7 @@
 """Dependencies as counters: a reduction's row counts its unfinished tile tasks (``deps``,
 set at planning), and each tile task that ends counts itself off in the transaction of its
-own move (they share the job's partition), fenced on the reduction row's ETag; the end that
+own move (the planner puts them in one partition: ``pipeline.lifecycle.partitions``),
+fenced on the reduction row's ETag; the end that
 brings the count to zero moves the reduction to QUEUED, with its dispatch entry, in that
 same transaction. Nothing is listed again as tile tasks end.
 
@@ -30,16 +31,17 @@ def waiting(params: dict[str, str], status: TaskStatus) -> str:
     return names.task_key(int(params["reduction"])) if status.terminal and params.get("reduction") else ""
 
 
-def counted_off(clients: Clients, job: str, key: str,
+def counted_off(clients: Clients, part: str, key: str,
                  ended: int = 1) -> tuple[list[Op], Moves, tuple[int, TaskRef] | None, str]:
-    """What counts ``ended`` tile tasks off the PENDING reduction ``key``: the update of its
+    """What counts ``ended`` tile tasks (of partition ``part``) off the PENDING reduction
+    ``key`` of the same partition: the update of its
     count of unfinished tile tasks (fenced on the row's ETag, read now) and, if those were
     the last, its move to QUEUED with its dispatch entry; the moves of that for the rollup;
     the message to send once written; and the ETag it read ("" if nothing is to be counted)."""
     if not key:
         return [], Moves(), None, ""
     try:
-        row = get_task(clients.tasks, job, key)
+        row = get_task(clients.tasks, part, key)
     except ResourceNotFoundError:
         return [], Moves(), None, ""
     if row.status is not TaskStatus.PENDING or row.deps is None:
@@ -48,9 +50,9 @@ def counted_off(clients: Clients, job: str, key: str,
     ops: list[Op] = []
     moves, message = Moves(), None
     if fields["deps"] <= 0:
-        queued, write = dispatch.queued(clients, job, key)
+        queued, write = dispatch.queued(clients, part, key)
         fields |= queued
         ops.append(write)
         moves.move(row.stage, tile_of(row.params), row.status, transition(row.status, TaskStatus.QUEUED))
-        message = (row.shard, TaskRef(job, key, row.attempt))
-    return [update_op(job, key, row.etag, **fields), *ops], moves, message, row.etag
+        message = (row.shard, row.ref)
+    return [update_op(part, key, row.etag, **fields), *ops], moves, message, row.etag

@@ -3,13 +3,13 @@
 The tasks table is the only truth; a queue message is a hint, which may be lost (a send that
 failed, a process that died before it sent, a receipt storage forgot), duplicated or
 poisoned. So every move of a task into QUEUED writes, in the same entity-group transaction
-as the task row, an entry in its job's *dispatch index*: RK ``~dispatch~{due ms}-{task}``,
+as the task row, an entry in its partition's *dispatch index*: RK ``~dispatch~{due ms}-{task}``,
 due when the task's message should long have been taken (the delay before it is visible,
 plus two leases). The task row names its entry (``Dispatch``), and the claim deletes it in
 the claim's own transaction: a task is QUEUED exactly while it has an entry.
 
 :func:`send` is the one path by which a task message is sent. The reconciler,
-:func:`redispatch_due` (part of the sweep: one key-range query per job), sends the message
+:func:`redispatch_due` (part of the sweep: one key-range query per partition), sends the message
 of every task still QUEUED under a due entry again and moves the entry later — twice as far
 each time; the claim drops duplicates. A message that may just be waiting behind others is
 not sent again: when the message at the front of its shard queue (a peek, one call per shard
@@ -31,6 +31,7 @@ from typing import Any
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.data.tables import TableTransactionError, UpdateMode
 
+from pipeline.lifecycle import partitions
 from pipeline.lifecycle.attempts import Op, unindex
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.lifecycle.tasks import TaskRef, get_task, if_match, now
@@ -46,27 +47,27 @@ def _ms(at: datetime) -> int:
     return int(at.timestamp() * 1000)
 
 
-def entry(clients: Clients, job: str, task: str, delay_s: float = 0.0, resends: int = 0) -> tuple[str, Op]:
-    """The dispatch-index entry of a task queued now whose message becomes visible after
-    ``delay_s``: its row key and the operation that writes it."""
+def entry(clients: Clients, part: str, task: str, delay_s: float = 0.0, resends: int = 0) -> tuple[str, Op]:
+    """The dispatch-index entry (in partition ``part``) of a task queued now whose message
+    becomes visible after ``delay_s``: its row key and the operation that writes it."""
     wait = delay_s + 2 * clients.settings.lease_seconds * 2 ** min(resends, MAX_DOUBLINGS)
     key = names.dispatch_key(_ms(now() + timedelta(seconds=wait)), task)
-    return key, ("upsert", {"PartitionKey": job, "RowKey": key, "Task": task}, {"mode": UpdateMode.REPLACE})
+    return key, ("upsert", {"PartitionKey": part, "RowKey": key, "Task": task}, {"mode": UpdateMode.REPLACE})
 
 
-def remove_op(job: str, key: str) -> Op:
-    return ("delete", {"PartitionKey": job, "RowKey": key})
+def remove_op(part: str, key: str) -> Op:
+    return ("delete", {"PartitionKey": part, "RowKey": key})
 
 
-def queued(clients: Clients, job: str, task: str, delay_s: float = 0.0) -> tuple[dict[str, Any], Op]:
+def queued(clients: Clients, part: str, task: str, delay_s: float = 0.0) -> tuple[dict[str, Any], Op]:
     """What a move into QUEUED writes: the task row's fields, and its index entry's write."""
-    key, write = entry(clients, job, task, delay_s)
+    key, write = entry(clients, part, task, delay_s)
     return {"status": TaskStatus.QUEUED, "queued_at": now(), "dispatch": key, "resends": 0}, write
 
 
 def ref_of(row: Any) -> tuple[int, TaskRef]:
     """The shard and message of a task row."""
-    return row.shard, TaskRef(row.job, row.task, row.attempt)
+    return row.shard, row.ref
 
 
 def send(clients: Clients, messages: Iterable[tuple[int, TaskRef]], delay_s: int = 0) -> int:
@@ -111,45 +112,46 @@ def waiting(clients: Clients, resends: int, queued_at: datetime | None, first: d
     return first <= queued_at + timedelta(seconds=clients.settings.lease_seconds)
 
 
-def due(clients: Clients, job: str, at: datetime) -> list[dict[str, Any]]:
-    """The job's dispatch entries due before ``at``."""
-    return list(clients.tasks.query_entities(
-        "PartitionKey eq @pk and RowKey ge @lo and RowKey lt @hi",
-        parameters={"pk": job, "lo": names.DISPATCH_PREFIX, "hi": f"{names.DISPATCH_PREFIX}{_ms(at):015d}"}))
+def due(clients: Clients, parts: list[str], at: datetime) -> list[dict[str, Any]]:
+    """The dispatch entries due before ``at`` in a job's partitions ``parts``."""
+    return list(partitions.query(clients.tasks, parts, "RowKey ge @lo and RowKey lt @hi",
+                                 {"lo": names.DISPATCH_PREFIX, "hi": f"{names.DISPATCH_PREFIX}{_ms(at):015d}"}))
 
 
-def redispatch_due(clients: Clients, job: str) -> int:
-    """The reconciler's pass over one job: send again the message of every task still
-    QUEUED under a due entry, moving its entry later. Returns how many it resent."""
+def redispatch_due(clients: Clients, parts: list[str]) -> int:
+    """The reconciler's pass over one job (its partitions ``parts``): send again the message
+    of every task still QUEUED under a due entry, moving its entry later. Returns how many
+    it resent."""
     resend: list[tuple[int, TaskRef]] = []
     fronts: dict[int, datetime | None] = {}
-    for found in due(clients, job, now()):
+    for found in due(clients, parts, now()):
+        part = found["PartitionKey"]
         try:
-            row = get_task(clients.tasks, job, found["Task"])
+            row = get_task(clients.tasks, part, found["Task"])
         except ResourceNotFoundError:
-            unindex(clients, job, found["RowKey"])
+            unindex(clients, part, found["RowKey"])
             continue
         if row.status is not TaskStatus.QUEUED or row.dispatch != found["RowKey"]:
-            unindex(clients, job, found["RowKey"])  # left by a write older than the entries' rules
+            unindex(clients, part, found["RowKey"])  # left by a write older than the entries' rules
             continue
         if row.shard not in fronts:
             fronts[row.shard] = front(clients, row.shard)
         behind = waiting(clients, row.resends, row.queued_at, fronts[row.shard])
         resends = row.resends + 1
-        key, write = entry(clients, job, row.task, resends=resends)
+        key, write = entry(clients, part, row.task, resends=resends)
         change = row.stored_changes(dispatch=key, resends=resends)
         try:
             clients.tasks.submit_transaction([
                 ("update", change, {"mode": UpdateMode.MERGE, **if_match(row.etag)}),
-                remove_op(job, found["RowKey"]), write])
+                remove_op(part, found["RowKey"]), write])
         except (TableTransactionError, HttpResponseError) as exc:
-            log.info("task %s/%s moved on before its resend: %s", job, row.task, exc)
+            log.info("task %s/%s moved on before its resend: %s", part, row.task, exc)
             continue  # claimed or cancelled meanwhile; or the next pass tries again
         if behind:
-            log.info("message of %s/%s (attempt %s) not resent: older ones still wait in its queue", job,
+            log.info("message of %s/%s (attempt %s) not resent: older ones still wait in its queue", part,
                      row.task, row.attempt)
             continue
         resend.append(ref_of(row))
-        log.warning("message of %s/%s (attempt %s) resent: not taken since %s", job, row.task,
+        log.warning("message of %s/%s (attempt %s) resent: not taken since %s", part, row.task,
                     row.attempt, row.queued_at)
     return send(clients, resend)

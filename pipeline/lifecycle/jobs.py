@@ -29,7 +29,7 @@ from azure.core.exceptions import (
 )
 from azure.data.tables import UpdateMode
 
-from pipeline.lifecycle import costs, health, rollups, tasks, transitions
+from pipeline.lifecycle import costs, health, partitions, rollups, tasks, transitions
 from pipeline.lifecycle.request import JobRequest, expand, installed
 from pipeline.lifecycle.status import JobState, TaskStatus, job_transition
 from pipeline.lifecycle.tasks import TerminalCounter, if_match, now
@@ -61,6 +61,7 @@ class JobRow(Row):
     state: JobState
     total: int  # every task, reductions included
     tiles: int  # the tile tasks: the release cursor's end (reductions wait for their tiles)
+    buckets: int = 1  # the table partitions its tasks are spread over (``pipeline.lifecycle.partitions``)
     created_at: datetime
     updated_at: datetime
     planned: int = 0  # task rows the planner has written
@@ -90,6 +91,11 @@ class JobRow(Row):
     def completed(cls, found: dict[str, Any]) -> dict[str, Any]:
         """A row written before ``Tiles`` was kept counts all its tasks as tiles."""
         return {"tiles": found["total"]} | found
+
+    @property
+    def parts(self) -> list[str]:
+        """The PartitionKeys of its tasks in the tasks table."""
+        return partitions.parts(self.job, self.buckets)
 
     @property
     def all_released(self) -> bool:
@@ -128,6 +134,7 @@ def submit(clients: Clients, request: JobRequest, owner: str = "", program: Prog
     row = JobRow(
         job=job, request=request.model_dump_json(), state=JobState.ACCEPTED, total=len(specs),
         tiles=sum(1 for s in specs if s.reducer is None), created_at=created, updated_at=created,
+        buckets=partitions.buckets_for(clients.settings, len(specs)),
         label=request.label, owner=owner, program=program.to_json() if program else "",
     )
     clients.jobs.upsert_entity({"PartitionKey": ACTIVE, "RowKey": job})
@@ -274,7 +281,7 @@ def cancel(clients: Clients, job: str, owner: str) -> JobRow:
                 raise
             row = get(clients, job)
     if row.state is JobState.CANCELLING:
-        transitions.cancel(clients, job, TerminalCounter(owner))
+        transitions.cancel(clients, row.parts, TerminalCounter(owner))
         announce_done(clients, job)
     return row
 
@@ -285,7 +292,7 @@ def status(clients: Clients, job: str, rollup: rollups.Rollup | None = None) -> 
     caller has read them): a few rows, whatever the job's size."""
     row = get(clients, job)
     if rollup is None:
-        rollup = rollups.read(clients.tasks, job, tiles=False)
+        rollup = rollups.read(clients.tasks, row.parts, tiles=False)
     counts = {s.value: rollup.counts.get(s.value, 0) for s in TaskStatus}
     counts[TaskStatus.PENDING.value] = max(0, row.planned - sum(counts.values()))
     total = row.total

@@ -16,15 +16,17 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from azure.core.exceptions import AzureError
 
 from pipeline import stages
-from pipeline.lifecycle import completion, dispatch, jobs, rollups, tasks, transitions
+from pipeline.lifecycle import completion, dispatch, jobs, partitions, rollups, tasks, transitions
 from pipeline.lifecycle.request import TILE_STAGE, RequestError, expand
 from pipeline.lifecycle.status import JobState
 from pipeline.lifecycle.tasks import TerminalCounter
 from pipeline.modis import catalogs
+from pipeline.storage import names
 from pipeline.storage.clients import Clients
 
 log = logging.getLogger(__name__)
@@ -62,12 +64,15 @@ def plan(clients: Clients, job: str) -> None:
         specs = catalogs.resolve(settings, specs, TILE_STAGE)
         clients.tasks.upsert_entity(rollups.plan_row(job, specs))  # its tiles and totals, for its status
     while planned < len(specs):
-        batch = [
-            tasks.task_entity(job, seq, specs[seq], settings.shards)
-            for seq in range(planned, min(planned + tasks.BATCH, len(specs)))
-        ]
-        tasks.create_batch(clients.tasks, batch)
-        planned += len(batch)
+        end = min(planned + tasks.BATCH * row.buckets, len(specs))
+        by_part: dict[str, list[dict[str, Any]]] = {}
+        for seq in range(planned, end):
+            part = names.partition(job, partitions.bucket_of(seq, specs[seq], row.buckets))
+            by_part.setdefault(part, []).append(tasks.task_entity(part, seq, specs[seq], settings.shards))
+        for batch in by_part.values():  # a transaction per partition, of a hundred rows at most
+            for start in range(0, len(batch), tasks.BATCH):
+                tasks.create_batch(clients.tasks, batch[start : start + tasks.BATCH])
+        planned = end
         try:
             row = jobs.update(clients, row, planned=planned)
         except Exception as exc:
@@ -80,7 +85,7 @@ def plan(clients: Clients, job: str) -> None:
     if row.state is JobState.ACCEPTED:
         # before the job runs, so that no release (the sweep's, a worker's) can queue a task
         # the cache has made already; a planner that dies here settles again, what is PENDING
-        settle(clients, job, row.tiles)
+        settle(clients, row)
         try:
             row = jobs.update(clients, row, state=JobState.RUNNING)
         except Exception as exc:
@@ -91,7 +96,7 @@ def plan(clients: Clients, job: str) -> None:
         log.info("job %s planned: %d tasks", job, len(specs))
         _start(clients, row)
     else:  # cancelled while it was being planned: nothing it planned may run
-        transitions.cancel(clients, job, TerminalCounter(f"planner-{job}"))
+        transitions.cancel(clients, row.parts, TerminalCounter(f"planner-{job}"))
         jobs.announce_done(clients, job)
 
 
@@ -104,9 +109,9 @@ def _start(clients: Clients, row: jobs.JobRow) -> None:
         jobs.announce_done(clients, job)
 
 
-def settle(clients: Clients, job: str, tiles: int) -> int:
+def settle(clients: Clients, row: jobs.JobRow) -> int:
     """Settle at planning (``transitions.settle``: PENDING → CACHED, no message, no worker)
-    each of the job's ``tiles`` tile tasks whose every output the cache holds already (as
+    each of the tile tasks of the job (its ``row``) whose every output the cache holds already (as
     its stage says: ``stages.MADE_ALREADY``, ``cachedtiles`` for MODIS), a page at a time.
     A storage error here only leaves the tasks to the ordinary way: the stage finds them
     made. Returns how many."""
@@ -114,11 +119,11 @@ def settle(clients: Clients, job: str, tiles: int) -> int:
     made_already = stages.MADE_ALREADY.get(clients.settings.tile_stage)
     if made_already is None:
         return 0
-    settled = 0
+    settled, job, tiles = 0, row.job, row.tiles
     try:
         for first in range(0, tiles, SETTLE_PAGE):
-            rows = tasks.list_tasks(clients.tasks, job, first, min(SETTLE_PAGE, tiles - first))
-            settled += transitions.settle(clients, job, rows, made_already(clients, rows))
+            rows = tasks.list_tasks(clients.tasks, row.parts, first, min(SETTLE_PAGE, tiles - first))
+            settled += transitions.settle(clients, rows, made_already(clients, rows))
     except AzureError as exc:
         log.warning("job %s: tasks left to run as they are (%d settled at planning): %s", job, settled, exc)
     if settled:
@@ -154,7 +159,7 @@ def release(clients: Clients, job: str, *, min_room: float = 0.0, row: jobs.JobR
         if released >= total or (not holding and holder is not None and holder > tasks.now()):
             break
         if counts is None:
-            counts = tasks.state_counts(clients.tasks, job)
+            counts = tasks.state_counts(clients.tasks, row.parts)
         room = window - tasks.in_flight(counts)
         if room <= 0 or room < window * min_room:
             break
@@ -163,7 +168,7 @@ def release(clients: Clients, job: str, *, min_room: float = 0.0, row: jobs.JobR
             if not holding:
                 row = jobs.update(clients, row, releaser_until=tasks.now() + lease)
                 holding = True
-            queued = transitions.queue(clients, job, tasks.list_tasks(clients.tasks, job, released, count))
+            queued = transitions.queue(clients, tasks.list_tasks(clients.tasks, row.parts, released, count))
             dispatch.send(clients, map(dispatch.ref_of, queued))
             # The cursor moves only after the sends, and renews the lease as it moves.
             row = jobs.update(clients, row, released=released + count, releaser_until=tasks.now() + lease)

@@ -42,7 +42,7 @@ def _follow(clients: Clients, job: str, row: JobRow | None, counts: Counter[str]
     the caller knows they all were, though ``row`` was read before the last were)."""
     row = row if row is not None else jobs.get(clients, job)
     if counts is None:
-        counts = tasks.state_counts(clients.tasks, job)
+        counts = tasks.state_counts(clients.tasks, row.parts)
     if completion.all_terminal(clients, row, sum(tasks.terminal_of(counts).values())):
         jobs.announce_done(clients, job)
         return True, True
@@ -60,7 +60,7 @@ def follow_up(clients: Clients, counter: tasks.TerminalCounter, job: str, row: J
     if row.state is JobState.RUNNING:
         planner.release(clients, job)
     elif row.state is JobState.CANCELLING:
-        transitions.cancel(clients, job, counter)
+        transitions.cancel(clients, row.parts, counter)
     if completion.due(clients, jobs.get(clients, job)):
         jobs.announce_done(clients, job)
         return True

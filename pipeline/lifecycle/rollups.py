@@ -3,8 +3,8 @@
 Reading a job's status must cost the same at 100 tasks and at a million, so nothing that
 shows it reads task or attempt rows. Every transition (``pipeline.lifecycle.transitions``) writes,
 in the entity-group transaction that moves its task row, what the move changes in its
-writer's own *rollup row* (RK ``~count~{writer}``; one per worker slot, releaser,
-monitor or canceller, so they never contend): the number of tasks in each state the
+writer's own *rollup row* of the task's partition (RK ``~count~{writer}``; one per worker
+slot, releaser, monitor or canceller, so they never contend): the number of tasks in each state the
 writer moved them into or out of (net), per target tile and per stage as well, the
 runtimes of the attempts it committed as a histogram of logarithmic bins, and the
 failure classes of the attempts it failed or revoked. A failed or revoked attempt also
@@ -15,8 +15,9 @@ tiles (their grid and bounds) and the tasks each has, and each stage's total.
 PENDING is never counted: it is what is planned and not yet moved. FAILED and TIMED_OUT
 are never stored (a failed attempt moves its task straight on, to QUEUED or DEAD). Being
 written in the same transactions as the rows they sum, the rollups are exact; their sum
-over writers is read with one key-range query (as many rows as writers, whatever the job's
-size), the failure index with one bounded query.
+over writers is read with one key-range query per partition of the job (as many rows as
+writers there, whatever the job's size), the failure index with one bounded query per
+partition (``pipeline.lifecycle.partitions``).
 """
 
 from __future__ import annotations
@@ -27,12 +28,12 @@ import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
-from itertools import islice
 from typing import Any
 
 from azure.core.exceptions import ResourceNotFoundError
 from azure.data.tables import TableClient, UpdateMode
 
+from pipeline.lifecycle import partitions
 from pipeline.lifecycle.attempts import AttemptRow
 from pipeline.lifecycle.request import TaskSpec
 from pipeline.lifecycle.runtimes import history_key, work_of
@@ -175,14 +176,15 @@ class Rollup:
     writers: dict[str, Counter[str]] = field(default_factory=dict)  # per writer: its net moves, FAILED: its failures
 
 
-def read(tasks: TableClient, job: str, tiles: bool = True) -> Rollup:
-    """The job's rollups: one key-range query, a row per writer (``tiles``: with the counts
-    per tile, which grow with the job's area; without, a few hundred bytes a row)."""
+def read(tasks: TableClient, parts: list[str], tiles: bool = True) -> Rollup:
+    """The rollups of a job (its partitions ``parts``): one key-range query per partition, a
+    row per writer there (``tiles``: with the counts per tile, which grow with the job's
+    area; without, a few hundred bytes a row)."""
     low, high = names.COUNTER_PREFIX, names.COUNTER_PREFIX + "\U0010ffff"
     found = Rollup()
     select = None if tiles else ["RowKey", *(s.value for s in TaskStatus), KILLS, BACKUPS, DETAIL]
-    for row in tasks.query_entities("PartitionKey eq @pk and RowKey ge @lo and RowKey lt @hi",
-                                    parameters={"pk": job, "lo": low, "hi": high}, select=select):
+    for row in partitions.query(tasks, parts, "RowKey ge @lo and RowKey lt @hi", {"lo": low, "hi": high},
+                                select=select):
         found.rows += 1
         own = found.writers.setdefault(row["RowKey"].removeprefix(names.COUNTER_PREFIX), Counter())
         for status in TaskStatus:
@@ -191,7 +193,7 @@ def read(tasks: TableClient, job: str, tiles: bool = True) -> Rollup:
         found.kills += int(row.get(KILLS) or 0)
         found.backups += int(row.get(BACKUPS) or 0)
         detail = json.loads(row.get(DETAIL) or "{}")
-        own[TaskStatus.FAILED.value] = sum(detail.get("failures", {}).values())
+        own[TaskStatus.FAILED.value] += sum(detail.get("failures", {}).values())  # a writer has a row per partition
         for stage, counts in detail.get("stages", {}).items():
             found.stages.setdefault(stage, Counter()).update(counts)
         for stage, bins in detail.get("runtimes", {}).items():
@@ -250,20 +252,20 @@ def read_plan(tasks: TableClient, job: str) -> Plan | None:
 
 
 # --- the failure index -----------------------------------------------------------------------
-def failure_op(job: str, task: str, attempt: int, stage: str, failure: str, error: str,
+def failure_op(part: str, task: str, attempt: int, stage: str, failure: str, error: str,
                started: datetime | None, ended: datetime, revoked_by: str = "") -> tuple[Any, ...]:
-    """The failure index's entry of one failed (or revoked) attempt."""
+    """The failure index's entry of one failed (or revoked) attempt, in its task's partition."""
     key = names.failure_key(int(ended.timestamp() * 1000), task, attempt)
-    row = AttemptRow.as_stored(job=job, key=key, task=task, attempt=attempt, stage=stage, failure_class=failure,
+    row = AttemptRow.as_stored(part=part, key=key, task=task, attempt=attempt, stage=stage, failure_class=failure,
                                error=error, revoked_by=revoked_by, ended_at=ended,
                                **({"started_at": started} if started else {}))
     return ("upsert", row, {"mode": UpdateMode.REPLACE})
 
 
-def newest_failures(tasks: TableClient, job: str, limit: int) -> list[AttemptRow]:
-    """The job's ``limit`` newest failed or revoked attempts (as their attempt rows were when
-    they ended): one page of one key range."""
+def newest_failures(tasks: TableClient, parts: list[str], limit: int) -> list[AttemptRow]:
+    """The ``limit`` newest failed or revoked attempts of a job (its partitions ``parts``),
+    as their attempt rows were when they ended: one page of one key range per partition,
+    newest first."""
     low, high = names.FAILURE_PREFIX, names.FAILURE_PREFIX + "\U0010ffff"
-    rows = tasks.query_entities("PartitionKey eq @pk and RowKey ge @lo and RowKey lt @hi",
-                                parameters={"pk": job, "lo": low, "hi": high}, results_per_page=limit)
-    return [AttemptRow.from_entity(row) for row in islice(rows, limit)]
+    rows = partitions.query(tasks, parts, "RowKey ge @lo and RowKey lt @hi", {"lo": low, "hi": high}, limit=limit)
+    return sorted((AttemptRow.from_entity(row) for row in rows), key=lambda row: row.key)[:limit]

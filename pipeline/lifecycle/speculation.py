@@ -58,7 +58,7 @@ def consider(clients: Clients, counter: TerminalCounter, job: JobRow, due: list[
     share = clients.settings.speculate_share
     if not due or share <= 0 or not job.all_released:
         return 0
-    rollup = rollups.read(clients.tasks, job.job, tiles=False)
+    rollup = rollups.read(clients.tasks, job.parts, tiles=False)
     if rollup.counts.get(TaskStatus.QUEUED.value, 0):
         return 0  # the job's own tasks wait for slots: none is idle
     allowed = max(1, int(share * job.total)) - rollup.backups
@@ -77,21 +77,21 @@ def _ask(clients: Clients, counter: TerminalCounter, entry: Deadline) -> int:
     message lost leaves the backup REQUESTED and the attempt as it was: nothing waits on
     a backup."""
     try:
-        row = get_task(clients.tasks, entry.job, entry.task)
+        row = get_task(clients.tasks, entry.part, entry.task)
     except ResourceNotFoundError:
         return 0
     if row.status is not TaskStatus.RUNNING or row.attempt != entry.attempt or row.worker != entry.worker:
         return 0
-    asked = AttemptRow(job=entry.job, key=names.attempt_key(entry.task, entry.attempt, True), task=entry.task,
+    asked = AttemptRow(part=entry.part, key=names.attempt_key(entry.task, entry.attempt, True), task=entry.task,
                        attempt=entry.attempt, backup=True, stage=row.stage, outcome=REQUESTED)
     try:
-        counter.write(clients.tasks, entry.job, [("create", asked.to_entity(), {})], rollups.Moves().backed_up())
+        counter.write(clients.tasks, entry.part, [("create", asked.to_entity(), {})], rollups.Moves().backed_up())
     except TableTransactionError as exc:
         if exc.status_code == 409 or error_code(exc) == "EntityAlreadyExists":
             _ask_again(clients, entry)
             return 0  # asked for already
         raise
-    dispatch.send(clients, [(row.shard, TaskRef(entry.job, entry.task, entry.attempt, backup=True))])
+    dispatch.send(clients, [(row.shard, TaskRef.of(entry.part, entry.task, entry.attempt, backup=True))])
     log.info("backup of %s/%s attempt %s asked for", entry.job, entry.task, entry.attempt)
     return 1
 
@@ -112,21 +112,21 @@ def _resend_if_untaken(clients: Clients, entry: Deadline) -> None:
     """``_ask_again``'s look and resend; a storage error is the caller's."""
     key = names.attempt_key(entry.task, entry.attempt, True)
     try:
-        found = clients.tasks.get_entity(entry.job, key, select=["Outcome", "Timestamp"])
+        found = clients.tasks.get_entity(entry.part, key, select=["Outcome", "Timestamp"])
         written = found.metadata.get("timestamp")
         if found.get("Outcome") != REQUESTED or written is None or now() - written < timedelta(
                 seconds=clients.settings.lease_seconds):
             return
-        row = get_task(clients.tasks, entry.job, entry.task)
+        row = get_task(clients.tasks, entry.part, entry.task)
         wanted = row.status is TaskStatus.RUNNING and row.attempt == entry.attempt and row.worker == entry.worker
         fields = {"outcome": REQUESTED} if wanted else {"outcome": NOT_RUN, "ended_at": now()}
-        clients.tasks.update_entity(attempts.attempt_row(entry.job, entry.task, entry.attempt, True, **fields),
+        clients.tasks.update_entity(attempts.attempt_row(entry.part, entry.task, entry.attempt, True, **fields),
                                     mode=UpdateMode.MERGE, **if_match(str(found.metadata["etag"])))
     except (ResourceModifiedError, ResourceNotFoundError):
         return  # taken meanwhile, or its job deleted
     if not wanted:
         return
-    dispatch.send(clients, [(row.shard, TaskRef(entry.job, entry.task, entry.attempt, backup=True))])
+    dispatch.send(clients, [(row.shard, TaskRef.of(entry.part, entry.task, entry.attempt, backup=True))])
     log.info("backup of %s/%s attempt %s asked for again", entry.job, entry.task, entry.attempt)
 
 
@@ -149,9 +149,9 @@ def claim_backup(clients: Clients, ref: TaskRef, worker: str,
     says NOT_RUN, as it does when ``last_pass`` brings it to the attempt's own worker once
     more); NotHere if that attempt runs on ``worker``."""
     try:
-        row = get_task(clients.tasks, ref.job, ref.task)
+        row = get_task(clients.tasks, ref.partition, ref.task)
         key = names.attempt_key(ref.task, ref.attempt, True)
-        asked = AttemptRow.from_entity(clients.tasks.get_entity(ref.job, key))
+        asked = AttemptRow.from_entity(clients.tasks.get_entity(ref.partition, key))
     except ResourceNotFoundError:
         return None
     if asked.outcome != REQUESTED:
@@ -165,8 +165,9 @@ def claim_backup(clients: Clients, ref: TaskRef, worker: str,
     params = row.parameters()
     kill_at = kill_time(ref, row.stage, params, row.timeouts)
     started = now()
-    index, write = attempts.index_op(clients, ref.job, ref.task, ref.attempt, kill_at, worker, started, backup=True)
-    taken = attempts.attempt_row(ref.job, ref.task, ref.attempt, True, worker=worker, started_at=started,
+    index, write = attempts.index_op(clients, ref.partition, ref.task, ref.attempt, kill_at, worker, started,
+                                     backup=True)
+    taken = attempts.attempt_row(ref.partition, ref.task, ref.attempt, True, worker=worker, started_at=started,
                                  heartbeat=started, outcome=TaskStatus.RUNNING.value)
     try:
         clients.tasks.submit_transaction([("update", taken, {"mode": UpdateMode.MERGE, **if_match(asked.etag)}),
@@ -178,21 +179,21 @@ def claim_backup(clients: Clients, ref: TaskRef, worker: str,
     return transitions.Claim(ref, row.etag, row.stage, params, started, row.last_failure, worker, kill_at, index)
 
 
-def _end(clients: Clients, job: str, task: str, attempt: int, index: str, etag: str = "",
+def _end(clients: Clients, part: str, task: str, attempt: int, index: str, etag: str = "",
          **fields: str | datetime) -> None:
     """End a backup: its attempt row's outcome (if its ETag is still ``etag``, when given)
     and the removal of its deadline entry, in one transaction (the row alone if the entry
     is gone already; the entry alone if the row has moved on: the backup committed or was
     discarded meanwhile, and its row says so)."""
-    row = attempts.attempt_row(job, task, attempt, True, ended_at=now(), **fields)
+    row = attempts.attempt_row(part, task, attempt, True, ended_at=now(), **fields)
     ended = ("update", row, {"mode": UpdateMode.MERGE, **if_match(etag)}) if etag else (
         "upsert", row, {"mode": UpdateMode.MERGE})
     try:
-        clients.tasks.submit_transaction([ended, attempts.unindex_op(job, index)])
+        clients.tasks.submit_transaction([ended, attempts.unindex_op(part, index)])
         return
     except TableTransactionError as exc:
         if is_conflict(exc):  # the row moved on: the entry alone
-            attempts.unindex(clients, job, index)
+            attempts.unindex(clients, part, index)
             return
         if not attempts.is_missing(exc):
             raise
@@ -206,7 +207,7 @@ def _end(clients: Clients, job: str, task: str, attempt: int, index: str, etag: 
 def abandon(clients: Clients, held: transitions.Claim, failure: FailureClass, error: str) -> None:
     """A backup failed: record it and drop it. The task stays with the attempt it copied,
     which a failure of the backup (a crash of the machine it ran on, say) says nothing of."""
-    _end(clients, held.ref.job, held.ref.task, held.ref.attempt, held.index, outcome=TaskStatus.FAILED.value,
+    _end(clients, held.ref.partition, held.ref.task, held.ref.attempt, held.index, outcome=TaskStatus.FAILED.value,
          failure_class=failure.value, error=redact(error)[: transitions.ERROR_CHARS])
 
 
@@ -216,10 +217,10 @@ def give_way(clients: Clients, held: transitions.Claim, failure: FailureClass, e
     the backup keeps its fence. The entry lapses with the heartbeat, and the monitor leaves
     the task to the backup while it runs, and revokes it as before once it has ended
     without committing. False (nothing done) if the attempt has no running backup."""
-    job, task, attempt = held.ref.job, held.ref.task, held.ref.attempt
-    if held.ref.backup or not attempts.is_running(clients, job, task, attempt, backup=True):
+    part, task, attempt = held.ref.partition, held.ref.task, held.ref.attempt
+    if held.ref.backup or not attempts.is_running(clients, part, task, attempt, backup=True):
         return False
-    attempts.record(clients, job, task, attempt, ended_at=now(), outcome=TaskStatus.FAILED.value,
+    attempts.record(clients, part, task, attempt, ended_at=now(), outcome=TaskStatus.FAILED.value,
                     failure_class=failure.value, error=redact(error)[: transitions.ERROR_CHARS])
     return True
 
@@ -228,6 +229,6 @@ def lapse(clients: Clients, entry: Deadline, why: FailureClass, etag: str) -> No
     """The monitor's move for a backup past its kill time or heartbeat, whose row it read
     RUNNING (``etag``): give it up (its worker, if alive, finds it no longer running and
     kills it). The attempt it copies is revoked by the rules as if it had had no backup."""
-    _end(clients, entry.job, entry.task, entry.attempt, entry.key, etag, outcome=TaskStatus.TIMED_OUT.value,
+    _end(clients, entry.part, entry.task, entry.attempt, entry.key, etag, outcome=TaskStatus.TIMED_OUT.value,
          failure_class=why.value, revoked_by="monitor")
     log.warning("backup of %s/%s attempt %s given up: %s", entry.job, entry.task, entry.attempt, why.value)

@@ -67,10 +67,11 @@ def sweep(clients: Clients) -> dict[str, int]:
 
 
 def _ended(clients: Clients, owner: str) -> bool:
-    """Whether the task a cache marker names (``job/task``) is terminal, or gone with its job."""
-    job, _, task = owner.partition("/")
+    """Whether the task a cache marker names (``{partition}/{task}``) is terminal, or gone with
+    its job."""
+    part, _, task = owner.partition("/")
     try:
-        return tasks.get_task(clients.tasks, job, task).status.terminal
+        return tasks.get_task(clients.tasks, part, task).status.terminal
     except ResourceNotFoundError:
         return True
 
@@ -85,8 +86,8 @@ def _sweep_job(clients: Clients, job: str, report: monitor.SweepReport, done: Co
     if state.finished:
         jobs.deactivate(clients, job)
         return
-    due = monitor.revoke_overdue(clients, job, report)
-    done["resent"] += dispatch.redispatch_due(clients, job)
+    due = monitor.revoke_overdue(clients, row, report)
+    done["resent"] += dispatch.redispatch_due(clients, row.parts)
     if state is JobState.ACCEPTED:
         done["replanned"] += jobs.replan_stale(clients, row)
         return

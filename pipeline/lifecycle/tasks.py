@@ -1,7 +1,8 @@
 """Task rows and their messages: the queue message that names an attempt, the rows'
 creation, reading, and the terminal counters.
 
-The tasks table is the source of truth (PK = job id, RK = zero-padded sequence). Every
+The tasks table is the source of truth (PK = the job's partition the task is in, RK =
+zero-padded sequence: ``pipeline.lifecycle.partitions``). Every
 change of a task's state is a conditional update on its ETag, made by one of the named
 operations of ``pipeline.lifecycle.transitions``; every move into a terminal state is written in one
 entity-group transaction with the writer's own counter row (:class:`TerminalCounter`), so
@@ -26,7 +27,7 @@ from azure.core.exceptions import (
 )
 from azure.data.tables import TableClient, TableEntity, TableTransactionError, UpdateMode
 
-from pipeline.lifecycle import rollups
+from pipeline.lifecycle import partitions, rollups
 from pipeline.lifecycle.failures import error_code
 from pipeline.lifecycle.request import TaskSpec
 from pipeline.lifecycle.status import TERMINAL, TaskStatus
@@ -44,10 +45,10 @@ def if_match(etag: str) -> dict[str, Any]:
     return {"etag": etag, "match_condition": MatchConditions.IfNotModified}
 
 
-def update_op(job: str, task: str, etag: str, **fields: Any) -> tuple[Any, ...]:
-    """A merge of ``fields`` (by TaskRow field name) into a task row, fenced on ``etag``: one
-    operation of an entity-group transaction."""
-    return ("update", {"PartitionKey": job, "RowKey": task, **TaskRow.as_stored(**fields)},
+def update_op(part: str, task: str, etag: str, **fields: Any) -> tuple[Any, ...]:
+    """A merge of ``fields`` (by TaskRow field name) into the task row ``task`` of partition
+    ``part``, fenced on ``etag``: one operation of an entity-group transaction."""
+    return ("update", {"PartitionKey": part, "RowKey": task, **TaskRow.as_stored(**fields)},
             {"mode": UpdateMode.MERGE, **if_match(etag)})
 
 
@@ -85,16 +86,30 @@ def message_bytes(content: bytes | str) -> bytes:
 class TaskRef:
     """What a task queue message says: which attempt of which task to run (``backup``: a
     second copy of that attempt, which the monitor asks for at a job's tail while the first
-    still runs; the first of the two to commit ends the task)."""
+    still runs; the first of the two to commit ends the task), and the job's partition its
+    rows are in (``part``; "" for the job's first, named as the job)."""
 
     job: str
     task: str
     attempt: int
     backup: bool = False
+    part: str = ""
+
+    @classmethod
+    def of(cls, part: str, task: str, attempt: int, backup: bool = False) -> TaskRef:
+        """The message of an attempt of the task ``task`` of partition ``part``."""
+        job = names.job_of(part)
+        return cls(job, task, attempt, backup, "" if part == job else part)
+
+    @property
+    def partition(self) -> str:
+        """The PartitionKey of the task's rows."""
+        return self.part or self.job
 
     def encode(self) -> bytes:
         body: dict[str, str | int | bool] = {"job": self.job, "task": self.task, "attempt": self.attempt}
-        return json.dumps(body | ({"backup": True} if self.backup else {})).encode()
+        return json.dumps(body | ({"backup": True} if self.backup else {}) | ({"part": self.part} if self.part
+                                                                             else {})).encode()
 
     @classmethod
     def decode(cls, content: bytes | str) -> TaskRef:
@@ -103,26 +118,30 @@ class TaskRef:
             body = json.loads(message_bytes(content))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ValueError(f"not JSON: {exc}") from None
-        if not isinstance(body, dict) or set(body) - {"backup"} != {"job", "task", "attempt"}:
-            raise ValueError("a task message is {job, task, attempt[, backup]}")
-        job, task, attempt, backup = body["job"], body["task"], body["attempt"], body.get("backup", False)
-        if not (isinstance(job, str) and isinstance(task, str) and type(attempt) is int and type(backup) is bool):
-            raise ValueError("job and task are strings, attempt an integer, backup a boolean")
+        if not isinstance(body, dict) or set(body) - {"backup", "part"} != {"job", "task", "attempt"}:
+            raise ValueError("a task message is {job, task, attempt[, backup][, part]}")
+        job, task, attempt = body["job"], body["task"], body["attempt"]
+        backup, part = body.get("backup", False), body.get("part", "")
+        if not (isinstance(job, str) and isinstance(task, str) and type(attempt) is int and type(backup) is bool
+                and isinstance(part, str)):
+            raise ValueError("job, task and part are strings, attempt an integer, backup a boolean")
         if not (names.JOB_KEY.fullmatch(job) and len(task) == names.TASK_KEY_WIDTH
                 and task.isascii() and task.isdigit()):
             raise ValueError("malformed job or task key")
+        if part and (part == job or not names.is_partition_of(part, job)):
+            raise ValueError("part is not one of the job's partitions")
         if not 1 <= attempt <= 1000:
             raise ValueError("attempt out of range")
-        return cls(job, task, attempt, backup)
+        return cls(job, task, attempt, backup, part)
 
 
 # --- the row --------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class TaskRow(Row):
-    """A task's row (PK = job id, RK = zero-padded sequence), with the ETag it was read with.
-    Its state changes only through ``pipeline.lifecycle.transitions``."""
+    """A task's row (PK = its job's partition, RK = zero-padded sequence), with the ETag it
+    was read with. Its state changes only through ``pipeline.lifecycle.transitions``."""
 
-    job: str = field(metadata=stored("PartitionKey"))
+    part: str = field(metadata=stored("PartitionKey"))
     task: str = field(metadata=stored("RowKey"))
     seq: int
     shard: int  # the queue its messages go to
@@ -148,9 +167,13 @@ class TaskRow(Row):
     written: ClassVar[frozenset[str]] = frozenset({"status", "attempt"})  # a new row says both
 
     @property
+    def job(self) -> str:
+        return names.job_of(self.part)
+
+    @property
     def ref(self) -> TaskRef:
         """The message that names the attempt this row names."""
-        return TaskRef(self.job, self.task, self.attempt)
+        return TaskRef.of(self.part, self.task, self.attempt)
 
     def parameters(self) -> dict[str, str]:
         found: dict[str, str] = json.loads(self.params)
@@ -162,14 +185,14 @@ class TaskRow(Row):
 
 
 # --- creation ----------------------------------------------------------------------------
-def task_entity(job: str, seq: int, spec: TaskSpec, shards: int) -> dict[str, Any]:
-    return TaskRow(job=job, task=names.task_key(seq), seq=seq, shard=seq % shards, stage=spec.stage,
+def task_entity(part: str, seq: int, spec: TaskSpec, shards: int) -> dict[str, Any]:
+    return TaskRow(part=part, task=names.task_key(seq), seq=seq, shard=seq % shards, stage=spec.stage,
                    params=json.dumps(spec.params()),
                    deps=spec.deps[1] if spec.reducer is not None else None).to_entity()
 
 
 def create_batch(tasks: TableClient, entities: list[dict[str, Any]]) -> int:
-    """Create up to BATCH task rows of one job, atomically when none exists yet; rows that
+    """Create up to BATCH task rows of one partition, atomically when none exists yet; rows that
     already exist (a plan message processed twice, a planner that died) are left as they
     are. Returns how many rows this call created."""
     try:
@@ -190,13 +213,13 @@ def create_batch(tasks: TableClient, entities: list[dict[str, Any]]) -> int:
 
 # --- terminal counters and rollups ---------------------------------------------------------
 class TerminalCounter:
-    """One writer's rollup row per job: the tasks it moved into and out of each state (per
-    tile and stage too), the runtimes it committed, the failures it recorded
+    """One writer's rollup row per partition of a job: the tasks it moved into and out of
+    each state (per tile and stage too), the runtimes it committed, the failures it recorded
     (``pipeline.lifecycle.rollups``).
 
     Each writer (a worker slot, a releaser, a canceller) owns its own row, so the rows never
-    contend; their sum is the job's. The row is updated in the same transaction as the task
-    rows it counts.
+    contend; their sum over the job's partitions is the job's. The row is updated in the
+    same transaction as the task rows it counts.
     """
 
     def __init__(self, owner: str) -> None:
@@ -204,47 +227,45 @@ class TerminalCounter:
         self._rows: dict[str, tuple[str | None, dict[str, Any]]] = {}
         self._lock = threading.Lock()
 
-    def _load(self, tasks: TableClient, job: str) -> tuple[str | None, dict[str, Any]]:
+    def _load(self, tasks: TableClient, part: str) -> tuple[str | None, dict[str, Any]]:
         try:
-            row = tasks.get_entity(job, names.counter_key(self.owner))
+            row = tasks.get_entity(part, names.counter_key(self.owner))
         except ResourceNotFoundError:
             return None, {}
         return row.metadata["etag"], {k: v for k, v in row.items() if k not in ("PartitionKey", "RowKey")}
 
-    def write(self, tasks: TableClient, job: str, changes: list[tuple[str, dict[str, Any], dict[str, Any]]],
+    def write(self, tasks: TableClient, part: str, changes: list[tuple[str, dict[str, Any], dict[str, Any]]],
               added: dict[str, int] | rollups.Moves) -> list[dict[str, Any]]:
-        """Submit task-row ``changes`` with this writer's row moved by ``added`` (terminal
-        counts, or a transition's moves), in one transaction. Raises TableTransactionError
-        if any task row changed meanwhile."""
+        """Submit task-row ``changes`` (all in partition ``part``) with this writer's row of
+        that partition moved by ``added`` (terminal counts, or a transition's moves), in one
+        transaction. Raises TableTransactionError if any task row changed meanwhile."""
         moves = added if isinstance(added, rollups.Moves) else rollups.Moves(counts=Counter(added))
         with self._lock:
-            if job not in self._rows:
-                self._rows[job] = self._load(tasks, job)
-            etag, props = self._rows[job]
+            if part not in self._rows:
+                self._rows[part] = self._load(tasks, part)
+            etag, props = self._rows[part]
             changed = rollups.apply(props, moves)
             if not changed:
                 return [dict(answer) for answer in tasks.submit_transaction(changes)] if changes else []
-            key = {"PartitionKey": job, "RowKey": names.counter_key(self.owner)}
+            key = {"PartitionKey": part, "RowKey": names.counter_key(self.owner)}
             op = ("create", key | props | changed) if etag is None else (
                 "update", key | changed, {"mode": UpdateMode.MERGE, **if_match(etag)}
             )
             try:
                 result = tasks.submit_transaction([*changes, op])
             except Exception:
-                del self._rows[job]  # reload next time: the row may be what failed, or
+                del self._rows[part]  # reload next time: the row may be what failed, or
                 raise  # the transaction may have been applied before the connection broke
-            self._rows[job] = (result[-1]["etag"], props | changed)
+            self._rows[part] = (result[-1]["etag"], props | changed)
             return [dict(answer) for answer in result[:-1]]
 
 
-def state_counts(tasks: TableClient, job: str) -> Counter[str]:
-    """How many of a job's tasks are in each counted state — QUEUED, RUNNING and the
-    terminal ones (``rollups.UNCOUNTED`` are not) — summed over the counter rows."""
+def state_counts(tasks: TableClient, parts: list[str]) -> Counter[str]:
+    """How many of a job's tasks (in its partitions ``parts``) are in each counted state —
+    QUEUED, RUNNING and the terminal ones (``rollups.UNCOUNTED`` are not) — summed over the
+    counter rows."""
     low, high = names.COUNTER_PREFIX, names.COUNTER_PREFIX + "\U0010ffff"
-    rows = tasks.query_entities(
-        "PartitionKey eq @pk and RowKey ge @lo and RowKey lt @hi",
-        parameters={"pk": job, "lo": low, "hi": high},
-    )
+    rows = partitions.query(tasks, parts, "RowKey ge @lo and RowKey lt @hi", {"lo": low, "hi": high})
     totals: Counter[str] = Counter()
     for row in rows:
         for status in TaskStatus:
@@ -257,9 +278,9 @@ def terminal_of(counts: Counter[str]) -> dict[str, int]:
     return {s.value: counts[s.value] for s in TERMINAL}
 
 
-def terminal_counts(tasks: TableClient, job: str) -> dict[str, int]:
+def terminal_counts(tasks: TableClient, parts: list[str]) -> dict[str, int]:
     """How many of a job's tasks are in each terminal state (sum of the counter rows)."""
-    return terminal_of(state_counts(tasks, job))
+    return terminal_of(state_counts(tasks, parts))
 
 
 def in_flight(counts: Counter[str]) -> int:
@@ -268,16 +289,14 @@ def in_flight(counts: Counter[str]) -> int:
     return counts[TaskStatus.QUEUED.value] + counts[TaskStatus.RUNNING.value]
 
 
-def get_task(tasks: TableClient, job: str, task: str) -> TaskRow:
-    """A task's row; ResourceNotFoundError if there is none."""
-    return TaskRow.from_entity(tasks.get_entity(job, task))
+def get_task(tasks: TableClient, part: str, task: str) -> TaskRow:
+    """The row of task ``task`` in partition ``part``; ResourceNotFoundError if there is none."""
+    return TaskRow.from_entity(tasks.get_entity(part, task))
 
 
-def list_tasks(tasks: TableClient, job: str, first: int = 0, count: int | None = None) -> list[TaskRow]:
-    """Task rows of a job in sequence order, from ``first`` (``count`` of them, or all)."""
+def list_tasks(tasks: TableClient, parts: list[str], first: int = 0, count: int | None = None) -> list[TaskRow]:
+    """Task rows of a job (in its partitions ``parts``) in sequence order, from ``first``
+    (``count`` of them, or all): a key range in each partition."""
     high = names.task_key(first + count) if count is not None else names.TASK_KEYS_END
-    rows = tasks.query_entities(
-        "PartitionKey eq @pk and RowKey ge @lo and RowKey lt @hi",
-        parameters={"pk": job, "lo": names.task_key(first), "hi": high},
-    )
-    return [TaskRow.from_entity(row) for row in rows]
+    rows = partitions.query(tasks, parts, "RowKey ge @lo and RowKey lt @hi", {"lo": names.task_key(first), "hi": high})
+    return sorted((TaskRow.from_entity(row) for row in rows), key=lambda row: row.seq)

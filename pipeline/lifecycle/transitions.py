@@ -1,15 +1,16 @@
 """Every change of a task's state, each a named operation and a conditional write.
 
-Whoever moves a task — the planner releasing it, a worker claiming, heartbeating,
-committing or failing it, the monitor revoking it, a canceller — calls one of these; no
-other module writes a task row's state. Each is one entity-group transaction in the task's
-partition, fenced on the row's ETag, holding everything that must change with it: the
-attempt's row, its entry in the monitor's deadline index (``pipeline.lifecycle.attempts``), its entry
-in the dispatch index while it is QUEUED (``pipeline.lifecycle.dispatch``), a failed attempt's entry in
-the failure index, the writer's rollup row (``pipeline.lifecycle.rollups``: what the move changes
-in the job's counts per state, tile and stage, its runtimes and failures), and a tile
-task's end counted off the reduction waiting on it (``pipeline.lifecycle.dependencies``). The state
-machine (``pipeline.lifecycle.status``) checks each move.
+Whoever moves a task — the planner releasing it, a worker claiming, heartbeating, committing
+or failing it, the monitor revoking it, a canceller — calls one of these; no other module
+writes a task row's state. Each is one entity-group transaction in the task's partition
+(``pipeline.lifecycle.partitions``), fenced on the row's ETag, holding everything that must
+change with it: the attempt's row, its entry in the monitor's deadline index
+(``pipeline.lifecycle.attempts``), its entry in the dispatch index while it is QUEUED
+(``pipeline.lifecycle.dispatch``), a failed attempt's entry in the failure index, the
+writer's rollup row (``pipeline.lifecycle.rollups``: what the move changes in the job's
+counts per state, tile and stage, its runtimes and failures), and a tile task's end counted
+off the reduction waiting on it (``pipeline.lifecycle.dependencies``). The state machine
+(``pipeline.lifecycle.status``) checks each move.
 
 A write whose answer was lost (a connection cut, storage restarting) is settled by reading
 the row back — never by guessing, and never by retrying blindly into a 412 that would make
@@ -23,7 +24,7 @@ import json
 import random
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -53,36 +54,45 @@ OUTPUTS_CHARS = 30_000
 _mover = TerminalCounter(f"mover-{uuid.uuid4().hex[:12]}")
 
 
-def _read_again(clients: Clients, job: str, rows: list[TaskRow]) -> list[TaskRow]:
-    """The task ``rows`` (in sequence order) as they are now."""
+def _read_again(clients: Clients, part: str, rows: list[TaskRow]) -> list[TaskRow]:
+    """The task ``rows`` of partition ``part`` (in sequence order) as they are now."""
     keys, first = {r.task for r in rows}, rows[0].seq
-    return [r for r in tasks.list_tasks(clients.tasks, job, first, rows[-1].seq - first + 1) if r.task in keys]
+    return [r for r in tasks.list_tasks(clients.tasks, [part], first, rows[-1].seq - first + 1) if r.task in keys]
+
+
+def _chunks(rows: list[TaskRow], size: int) -> Iterator[tuple[str, list[TaskRow]]]:
+    """``rows`` by partition (in sequence order within each), ``size`` at most at a time: a
+    transaction's rows are one partition's."""
+    by_part: dict[str, list[TaskRow]] = {}
+    for row in rows:
+        by_part.setdefault(row.part, []).append(row)
+    for part, found in by_part.items():
+        for start in range(0, len(found), size):
+            yield part, found[start : start + size]
 
 
 # --- PENDING -> QUEUED -------------------------------------------------------------------
-def queue(clients: Clients, job: str, rows: list[TaskRow]) -> list[TaskRow]:
+def queue(clients: Clients, rows: list[TaskRow]) -> list[TaskRow]:
     """Move the PENDING ``rows`` (read just before) of one job to QUEUED, with their
-    dispatch entries, 49 to a transaction (with the releaser's rollup); a row that moved
-    meanwhile is read again. Returns every row of ``rows`` that is QUEUED now: the ones
-    whose messages to send."""
+    dispatch entries, 49 to a transaction in each partition (with the releaser's rollup); a
+    row that moved meanwhile is read again. Returns every row of ``rows`` that is QUEUED
+    now: the ones whose messages to send."""
     found: list[TaskRow] = []
-    size = tasks.BATCH // 2 - 1
-    for start in range(0, len(rows), size):
-        chunk = rows[start : start + size]
+    for part, chunk in _chunks(rows, tasks.BATCH // 2 - 1):
         while True:
             ops: list[Op] = []
             moves = Moves()
             for row in chunk:
                 if row.status is TaskStatus.PENDING:
-                    fields, write = dispatch.queued(clients, job, row.task)
+                    fields, write = dispatch.queued(clients, part, row.task)
                     transition(row.status, TaskStatus.QUEUED)
-                    ops += [update_op(job, row.task, row.etag, **fields), write]
+                    ops += [update_op(part, row.task, row.etag, **fields), write]
                     moves.move(row.stage, tile_of(row.params), TaskStatus.PENDING, TaskStatus.QUEUED)
             try:
                 if ops:
-                    _mover.write(clients.tasks, job, ops, moves)
+                    _mover.write(clients.tasks, part, ops, moves)
             except TableTransactionError:  # a row moved meanwhile (cancelled, another releaser)
-                chunk = _read_again(clients, job, chunk)
+                chunk = _read_again(clients, part, chunk)
                 continue
             found += [dataclasses.replace(r, status=TaskStatus.QUEUED) if r.status is TaskStatus.PENDING else r
                       for r in chunk if r.status in (TaskStatus.PENDING, TaskStatus.QUEUED)]
@@ -91,25 +101,24 @@ def queue(clients: Clients, job: str, rows: list[TaskRow]) -> list[TaskRow]:
 
 
 # --- PENDING -> CACHED: made already, settled at planning --------------------------------
-def settle(clients: Clients, job: str, rows: list[TaskRow], outputs: dict[str, list[str]], tries: int = 5) -> int:
+def settle(clients: Clients, rows: list[TaskRow], outputs: dict[str, list[str]], tries: int = 5) -> int:
     """Move the PENDING tile tasks among ``rows`` (read just before) whose every output the
     cache holds already (``outputs``, by row key: named as the stage names them) straight to
     CACHED, as a worker's commit of a CACHED task would leave them but with no message, no
     claim and no attempt: their outputs on the row, the releaser's rollup moved (counts per
     state, tile and stage; no runtime, nothing ran), and each waiting reduction's count
-    taken down by as many — released at zero. One transaction per chunk, fenced on every row
-    it writes; a chunk whose rows moved meanwhile is read again, and after ``tries`` left to
-    the ordinary way. Returns how many it settled."""
+    taken down by as many — released at zero. One transaction per chunk of a partition,
+    fenced on every row it writes; a chunk whose rows moved meanwhile is read again, and
+    after ``tries`` left to the ordinary way. Returns how many it settled."""
     todo = [r for r in rows if r.task in outputs and r.status is TaskStatus.PENDING]
-    settled, size = 0, (tasks.BATCH - 1) // 3  # a write each, at most two for the reduction each counts off
-    for start in range(0, len(todo), size):
-        chunk = todo[start : start + size]
+    settled = 0
+    for part, chunk in _chunks(todo, (tasks.BATCH - 1) // 3):  # a write each, two for each reduction counted off
         for _ in range(tries):
             live = [r for r in chunk if r.status is TaskStatus.PENDING]
             ended, moves, ops = now(), Moves(), list[Op]()
             waiting: dict[str, int] = {}
             for row in live:
-                ops.append(update_op(job, row.task, row.etag, ended_at=ended, settled_at=ended,
+                ops.append(update_op(part, row.task, row.etag, ended_at=ended, settled_at=ended,
                                    status=transition(row.status, TaskStatus.CACHED),
                                    outputs=json.dumps(outputs[row.task])))
                 moves.move(row.stage, tile_of(row.params), TaskStatus.PENDING, TaskStatus.CACHED)
@@ -117,13 +126,13 @@ def settle(clients: Clients, job: str, rows: list[TaskRow], outputs: dict[str, l
                     waiting[key] = waiting.get(key, 0) + 1
             messages: list[tuple[int, TaskRef]] = []
             for key, count in waiting.items():
-                counted, more, message, _ = dependencies.counted_off(clients, job, key, count)
+                counted, more, message, _ = dependencies.counted_off(clients, part, key, count)
                 ops, moves, messages = ops + counted, moves.merged(more), messages + ([message] if message else [])
             try:
                 if ops:
-                    _mover.write(clients.tasks, job, ops, moves)
+                    _mover.write(clients.tasks, part, ops, moves)
             except TableTransactionError:  # a row moved meanwhile (queued, cancelled, another planner)
-                chunk = _read_again(clients, job, chunk)
+                chunk = _read_again(clients, part, chunk)
                 continue
             dispatch.send(clients, messages)  # a message lost: the reconciler resends (its dispatch entry)
             settled += len(live)
@@ -166,44 +175,45 @@ def claim(clients: Clients, ref: TaskRef, worker: str,
     be stale, the row is read and the claim made again. A claim refused because its own
     first try had applied (the storage client retried it after losing the answer) is
     recognised on the row read back, and holds."""
+    part = ref.partition
     row = hint if hint is not None and hint.status is TaskStatus.QUEUED and ref.attempt <= hint.attempt else None
     if row is None:
         try:
-            row = tasks.get_task(clients.tasks, ref.job, ref.task)
+            row = tasks.get_task(clients.tasks, part, ref.task)
         except ResourceNotFoundError:
             return None
         if row.status is not TaskStatus.QUEUED or ref.attempt > row.attempt:
             return None
     # An older message may stand in for the current attempt: the row is the truth.
-    current = TaskRef(ref.job, ref.task, row.attempt)
+    current = dataclasses.replace(ref, attempt=row.attempt)
     params = row.parameters()
     kill_at = kill_time(current, row.stage, params, row.timeouts)
     started = now()
     speculate_at = speculate_time(row.stage, params, started) if speculate_time else None
-    index, index_write = attempts.index_op(clients, ref.job, ref.task, current.attempt, kill_at, worker, started,
+    index, index_write = attempts.index_op(clients, part, ref.task, current.attempt, kill_at, worker, started,
                                            speculate_at)
     mark = uuid.uuid4().hex  # to recognise this claim when read back
-    ops = [update_op(ref.job, ref.task, row.etag, worker=worker, started_at=started, dispatch="", last_write=mark,
+    ops = [update_op(part, ref.task, row.etag, worker=worker, started_at=started, dispatch="", last_write=mark,
                      status=transition(row.status, TaskStatus.RUNNING)),
-           attempts.attempt_op(ref.job, ref.task, current.attempt, worker=worker, started_at=started,
+           attempts.attempt_op(part, ref.task, current.attempt, worker=worker, started_at=started,
                                heartbeat=started, outcome=TaskStatus.RUNNING.value),
            index_write]
     if row.dispatch:
-        ops.append(dispatch.remove_op(ref.job, row.dispatch))
+        ops.append(dispatch.remove_op(part, row.dispatch))
     counter = counter or _mover
     moves = Moves().move(row.stage, params.get("tile", ""), TaskStatus.QUEUED, TaskStatus.RUNNING)
     try:
-        etag = counter.write(clients.tasks, ref.job, ops, moves)[0]["etag"]
+        etag = counter.write(clients.tasks, part, ops, moves)[0]["etag"]
     except TableTransactionError as exc:
         if is_conflict(exc):
-            now_row = _read_back(clients, ref.job, ref.task)
+            now_row = _read_back(clients, part, ref.task)
             if now_row.last_write != mark and row is hint:  # changed since it was read ahead: read it now
                 return claim(clients, ref, worker, kill_time, counter, speculate_time)
             if now_row.last_write != mark:
                 return None  # another worker claimed it first
             etag = now_row.etag  # applied, its answer lost: the client's retry of it was refused
         elif attempts.is_missing(exc) and len(ops) == 4:  # an entry older than the rules: claim without it
-            etag = counter.write(clients.tasks, ref.job, ops[:3], moves)[0]["etag"]
+            etag = counter.write(clients.tasks, part, ops[:3], moves)[0]["etag"]
         else:
             raise
     return Claim(current, etag, row.stage, params, started, row.last_failure, worker, kill_at, index, speculate_at)
@@ -213,27 +223,27 @@ def still_held(clients: Clients, held: Claim) -> bool:
     """True while the task row still names this attempt as running (nobody revoked or
     cancelled it, nor did its backup or the attempt it backs up commit) and, for a backup,
     while the monitor has not given it up."""
-    job, task = held.ref.job, held.ref.task
-    return tasks.get_task(clients.tasks, job, task).etag == held.etag and (
-        not held.ref.backup or attempts.is_running(clients, job, task, held.ref.attempt, backup=True))
+    part, task = held.ref.partition, held.ref.task
+    return tasks.get_task(clients.tasks, part, task).etag == held.etag and (
+        not held.ref.backup or attempts.is_running(clients, part, task, held.ref.attempt, backup=True))
 
 
 def heartbeat(clients: Clients, held: Claim) -> None:
     """Move the attempt's deadline entry on (its heartbeat is now)."""
-    held.index = attempts.move(clients, held.ref.job, held.ref.task, held.ref.attempt, held.kill_at, held.worker,
+    held.index = attempts.move(clients, held.ref.partition, held.ref.task, held.ref.attempt, held.kill_at, held.worker,
                                previous=held.index, speculate_at=held.speculate_at, backup=held.ref.backup)
 
 
 def discard(clients: Clients, held: Claim) -> None:
     """Record that a revoked attempt's work was thrown away; it leaves the deadline index.
     (A backup's row says so in its outcome too: nobody else ends it.)"""
-    attempts.record(clients, held.ref.job, held.ref.task, held.ref.attempt, held.ref.backup, discarded=True,
+    attempts.record(clients, held.ref.partition, held.ref.task, held.ref.attempt, held.ref.backup, discarded=True,
                     discarded_at=now(), **({"outcome": "DISCARDED"} if held.ref.backup else {}))
-    attempts.unindex(clients, held.ref.job, held.index)
+    attempts.unindex(clients, held.ref.partition, held.index)
 
 
 # --- RUNNING -> terminal, or back to QUEUED: fenced on the attempt ----------------------------
-def _fenced(clients: Clients, job: str, task: str, etag: str, change: dict[str, Any], ops: list[Op],
+def _fenced(clients: Clients, part: str, task: str, etag: str, change: dict[str, Any], ops: list[Op],
             index: str, counter: TerminalCounter, moves: Moves, waiting: str = "", tries: int = 5) -> bool:
     """Apply ``change`` to the task row if its ETag is still ``etag``, with ``ops`` and the
     removal of the deadline entry ``index`` in the same transaction, the writer's rollup
@@ -244,11 +254,11 @@ def _fenced(clients: Clients, job: str, task: str, etag: str, change: dict[str, 
     change = change | {"last_write": uuid.uuid4().hex}  # to recognise this write when read back
     with_index, attempt, conflicts = True, 0, 0
     while attempt < tries:
-        counted, more, message, version = dependencies.counted_off(clients, job, waiting)
-        batch = [update_op(job, task, etag, **change), *ops, *counted,
-                 *([attempts.unindex_op(job, index)] if with_index else [])]
+        counted, more, message, version = dependencies.counted_off(clients, part, waiting)
+        batch = [update_op(part, task, etag, **change), *ops, *counted,
+                 *([attempts.unindex_op(part, index)] if with_index else [])]
         try:
-            counter.write(clients.tasks, job, batch, moves.merged(more))
+            counter.write(clients.tasks, part, batch, moves.merged(more))
             applied: bool | None = True
         except (TableTransactionError, ResourceModifiedError):
             applied = None  # the task row, the counter or the deadline entry had moved on: see which
@@ -261,10 +271,10 @@ def _fenced(clients: Clients, job: str, task: str, etag: str, change: dict[str, 
             applied = None
             time.sleep(min(2**attempt, 10))
         if applied is None:
-            row = _read_back(clients, job, task)
+            row = _read_back(clients, part, task)
             if row.etag == etag:
                 again = version and conflicts < dependencies.CONFLICTS
-                if again and dependencies.counted_off(clients, job, waiting)[3] != version:
+                if again and dependencies.counted_off(clients, part, waiting)[3] != version:
                     conflicts += 1  # another task of the reduction ended meanwhile: count off again
                     time.sleep(random.uniform(0, 0.05))
                     continue
@@ -274,18 +284,18 @@ def _fenced(clients: Clients, job: str, task: str, etag: str, change: dict[str, 
         if applied and message is not None:
             dispatch.send(clients, [message])  # lost, it is resent by the reconciler (its dispatch entry)
         if not applied or not with_index:
-            attempts.unindex(clients, job, index)
+            attempts.unindex(clients, part, index)
         return bool(applied)
-    raise RuntimeError(f"task {job}/{task} could not be written after {tries} tries")
+    raise RuntimeError(f"task {part}/{task} could not be written after {tries} tries")
 
 
-def _read_back(clients: Clients, job: str, task: str) -> TaskRow:
+def _read_back(clients: Clients, part: str, task: str) -> TaskRow:
     for attempt in range(10):
         try:
-            return tasks.get_task(clients.tasks, job, task)
+            return tasks.get_task(clients.tasks, part, task)
         except (ServiceRequestError, ServiceResponseError):
             time.sleep(min(2**attempt, 10))
-    return tasks.get_task(clients.tasks, job, task)
+    return tasks.get_task(clients.tasks, part, task)
 
 
 def commit(clients: Clients, counter: TerminalCounter, held: Claim, status: TaskStatus,
@@ -295,21 +305,21 @@ def commit(clients: Clients, counter: TerminalCounter, held: Claim, status: Task
     An attempt and its backup hold the same fence: the first of them to commit wins."""
     ended = now()
     runtime = (ended - held.started).total_seconds()
-    job, task, attempt, backup = held.ref.job, held.ref.task, held.ref.attempt, held.ref.backup
+    part, task, attempt, backup = held.ref.partition, held.ref.task, held.ref.attempt, held.ref.backup
     change = {"status": transition(TaskStatus.RUNNING, status), "ended_at": ended, "runtime_s": runtime,
               "outputs": json.dumps(outputs), **({"worker": held.worker} if backup else {})}
-    ended_as = attempts.attempt_op(job, task, attempt, backup, ended_at=ended, outcome=status.value,
+    ended_as = attempts.attempt_op(part, task, attempt, backup, ended_at=ended, outcome=status.value,
                                    runtime_s=runtime)
     moves = Moves().move(held.stage, tile_of(held.params), TaskStatus.RUNNING, status).ran(held.stage, runtime)
-    if _fenced(clients, job, task, held.etag, change, [ended_as], held.index, counter, moves,
+    if _fenced(clients, part, task, held.etag, change, [ended_as], held.index, counter, moves,
                dependencies.waiting(held.params, status)):
         return True
-    attempts.record(clients, job, task, attempt, backup, ended_at=ended, outcome="DISCARDED")
+    attempts.record(clients, part, task, attempt, backup, ended_at=ended, outcome="DISCARDED")
     return False
 
 
 def _ended(clients: Clients, row_attempt: int, failed_as: TaskStatus, budget: int, failure: FailureClass,
-           error: str, delay_s: float, job: str, task: str) -> tuple[TaskStatus, dict[str, Any], list[Op]]:
+           error: str, delay_s: float, part: str, task: str) -> tuple[TaskStatus, dict[str, Any], list[Op]]:
     """A failed attempt's end: where it leaves the task, the row's fields, and (if QUEUED
     again) its dispatch entry's write."""
     after = after_failure(TaskStatus.RUNNING, failed_as, row_attempt, budget)
@@ -317,7 +327,7 @@ def _ended(clients: Clients, row_attempt: int, failed_as: TaskStatus, budget: in
                               "last_error": redact(error)[:ERROR_CHARS], "ended_at": now()}
     ops: list[Op] = []
     if after is TaskStatus.QUEUED:
-        fields, write = dispatch.queued(clients, job, task, delay_s)
+        fields, write = dispatch.queued(clients, part, task, delay_s)
         change |= fields | {"attempt": row_attempt + 1}
         ops.append(write)
     return after, change, ops
@@ -328,17 +338,17 @@ def fail(clients: Clients, counter: TerminalCounter, held: Claim, failure: Failu
     """Record a failed attempt and move the task on: QUEUED with the next attempt number
     (its message due after ``delay_s``: the caller sends it, by handing back its own) while
     ``budget`` attempts are not spent, else DEAD. None if the attempt had been revoked."""
-    job, task, attempt = held.ref.job, held.ref.task, held.ref.attempt
-    after, change, ops = _ended(clients, attempt, TaskStatus.FAILED, budget, failure, error, delay_s, job, task)
-    ended_as = attempts.attempt_op(job, task, attempt, ended_at=change["ended_at"], outcome=TaskStatus.FAILED.value,
+    part, task, attempt = held.ref.partition, held.ref.task, held.ref.attempt
+    after, change, ops = _ended(clients, attempt, TaskStatus.FAILED, budget, failure, error, delay_s, part, task)
+    ended_as = attempts.attempt_op(part, task, attempt, ended_at=change["ended_at"], outcome=TaskStatus.FAILED.value,
                                    failure_class=failure.value, error=change["last_error"])
-    indexed = rollups.failure_op(job, task, attempt, held.stage, failure.value, change["last_error"], held.started,
+    indexed = rollups.failure_op(part, task, attempt, held.stage, failure.value, change["last_error"], held.started,
                                  change["ended_at"])
     moves = Moves().move(held.stage, tile_of(held.params), TaskStatus.RUNNING, after).failed(failure.value)
-    if _fenced(clients, job, task, held.etag, change, [ended_as, indexed, *ops], held.index, counter, moves,
+    if _fenced(clients, part, task, held.etag, change, [ended_as, indexed, *ops], held.index, counter, moves,
                dependencies.waiting(held.params, after)):
         return after
-    attempts.record(clients, job, task, attempt, ended_at=change["ended_at"], outcome="DISCARDED",
+    attempts.record(clients, part, task, attempt, ended_at=change["ended_at"], outcome="DISCARDED",
                     failure_class=failure.value)
     return None
 
@@ -357,54 +367,51 @@ def revoke(clients: Clients, counter: TerminalCounter, row: TaskRow, ref: TaskRe
     end its worker recorded."""
     if row.status is not TaskStatus.RUNNING or row.attempt != ref.attempt or (
             worker and row.worker != worker):  # another worker claimed it after the indexed one died
-        attempts.unindex(clients, ref.job, index)
+        attempts.unindex(clients, row.part, index)
         return None
     slow = why is FailureClass.WORKER_SLOW  # its machine's fault: it ran out of no time
     failed_as = TaskStatus.FAILED if slow else TaskStatus.TIMED_OUT
     after, change, ops = _ended(clients, ref.attempt, failed_as, budget, why,
-                                f"revoked by the {by}: {why.value}", 0.0, ref.job, ref.task)
+                                f"revoked by the {by}: {why.value}", 0.0, row.part, ref.task)
     change["worker"] = ""
     if why is FailureClass.EXECUTION_TIMEOUT:
         change["timeouts"] = row.timeouts + 1
-    ended_as = attempts.attempt_op(ref.job, ref.task, ref.attempt, outcome=failed_as.value, failure_class=why.value,
+    ended_as = attempts.attempt_op(row.part, ref.task, ref.attempt, outcome=failed_as.value, failure_class=why.value,
                                    revoked_by=by, **({} if gave_way else {"ended_at": change["ended_at"]}))
-    indexed = rollups.failure_op(ref.job, ref.task, ref.attempt, row.stage, why.value, change["last_error"],
+    indexed = rollups.failure_op(row.part, ref.task, ref.attempt, row.stage, why.value, change["last_error"],
                                  row.started_at, change["ended_at"], revoked_by=by)
     moves = Moves().move(row.stage, tile_of(row.params), TaskStatus.RUNNING, after).failed(why.value, not slow)
-    if not _fenced(clients, ref.job, ref.task, row.etag, change, [ended_as, indexed, *ops], index,
+    if not _fenced(clients, row.part, ref.task, row.etag, change, [ended_as, indexed, *ops], index,
                    counter, moves, dependencies.waiting(row.parameters(), after)):
         return None  # it committed or failed meanwhile
     if after is TaskStatus.QUEUED:
-        dispatch.send(clients, [(row.shard, TaskRef(ref.job, ref.task, ref.attempt + 1))])
+        dispatch.send(clients, [(row.shard, TaskRef.of(row.part, ref.task, ref.attempt + 1))])
     return after
 
 
 # --- anything unfinished -> CANCELLED ----------------------------------------------------
-def cancel(clients: Clients, job: str, counter: TerminalCounter) -> None:
-    """Move every unfinished task of the job to CANCELLED (a queued one with its dispatch
-    entry), in transactions of up to a hundred writes; a running attempt finds its fence
-    gone and discards its work."""
+def cancel(clients: Clients, parts: list[str], counter: TerminalCounter) -> None:
+    """Move every unfinished task of the job (in its partitions ``parts``) to CANCELLED (a
+    queued one with its dispatch entry), in transactions of up to a hundred writes in each
+    partition; a running attempt finds its fence gone and discards its work."""
     while True:
-        pending = [r for r in tasks.list_tasks(clients.tasks, job) if not r.status.terminal]
+        pending = [r for r in tasks.list_tasks(clients.tasks, parts) if not r.status.terminal]
         if not pending:
             return
-        chunk: list[Op] = []
-        moves = Moves()
-        for row in pending:
-            ops = [update_op(job, row.task, row.etag, ended_at=now(), dispatch="",
-                           status=transition(row.status, TaskStatus.CANCELLED))]
-            if row.dispatch:
-                ops.append(dispatch.remove_op(job, row.dispatch))
-            if len(chunk) + len(ops) > tasks.BATCH - 1:  # the counter's write makes a hundred
-                _cancelled(clients, counter, job, chunk, moves)
-                chunk, moves = [], Moves()
-            chunk += ops
-            moves.move(row.stage, tile_of(row.params), row.status, TaskStatus.CANCELLED)
-        _cancelled(clients, counter, job, chunk, moves)
+        for part, rows in _chunks(pending, (tasks.BATCH - 1) // 2):  # two writes each, the counter's makes 99
+            chunk: list[Op] = []
+            moves = Moves()
+            for row in rows:
+                chunk.append(update_op(part, row.task, row.etag, ended_at=now(), dispatch="",
+                                       status=transition(row.status, TaskStatus.CANCELLED)))
+                if row.dispatch:
+                    chunk.append(dispatch.remove_op(part, row.dispatch))
+                moves.move(row.stage, tile_of(row.params), row.status, TaskStatus.CANCELLED)
+            _cancelled(clients, counter, part, chunk, moves)
 
 
-def _cancelled(clients: Clients, counter: TerminalCounter, job: str, ops: list[Op], moves: Moves) -> None:
+def _cancelled(clients: Clients, counter: TerminalCounter, part: str, ops: list[Op], moves: Moves) -> None:
     try:
-        counter.write(clients.tasks, job, ops, moves)
+        counter.write(clients.tasks, part, ops, moves)
     except TableTransactionError:
         pass  # a row moved meanwhile; the next pass reads it again

@@ -99,7 +99,7 @@ def modis(ctx: StageContext) -> None:
             files.setdefault((granule_id, key), [])
             files[(granule_id, key)] += [name for name in read if name not in files[(granule_id, key)]]
     by_id = {g.id: g for g in granules}
-    owner = f"{ctx.job}/{ctx.task}"
+    owner = f"{ctx.part}/{ctx.task}"
 
     def collect(item: tuple[str, str], want_data: bool) -> cache.Cached:
         granule_id, key = item

@@ -47,7 +47,7 @@ def inputs_of(ctx: StageContext) -> tuple[list[dict[str, Any]], list[str], list[
     failed (DEAD or CANCELLED)."""
     first, count = (int(v) for v in ctx.params["deps"].split(","))
     ready, missing, failed = [], [], []
-    for row in tasks.list_tasks(ctx.clients.tasks, ctx.job, first, count):
+    for row in tasks.list_tasks(ctx.clients.tasks, [ctx.part], first, count):
         day = row.parameters()["date"]
         outputs = row.output_names()
         if row.status in GOOD and outputs:

@@ -69,7 +69,28 @@ DEADLINE_PREFIX = "~deadline~"  # tasks: the monitor's index of running attempts
 BACKUP_MARK = "b"  # ends the attempt and deadline keys of a backup attempt
 DISPATCH_PREFIX = "~dispatch~"  # tasks: the reconciler's index of queued tasks by when to check their message
 
+PARTITION_MARK = "."  # tasks: a job's partition past its first is ``{job}.{bucket}`` (no job id has a dot)
+
 _NAMESPACE = re.compile(r"^[a-z][a-z0-9]{0,15}$")
+
+
+def partition(job: str, bucket: int) -> str:
+    """PartitionKey in ``tasks`` of a job's bucket: the job id itself for the first (where the
+    job's own rows live, and every task of a job of one bucket), ``{job}.{bucket}`` after."""
+    return f"{job}{PARTITION_MARK}{bucket}" if bucket else job
+
+
+def job_of(part: str) -> str:
+    """The job a partition of ``tasks`` belongs to."""
+    return part.partition(PARTITION_MARK)[0]
+
+
+def is_partition_of(part: str, job: str) -> bool:
+    """Whether ``part`` names one of ``job``'s partitions (a message's claim to be one)."""
+    if part == job:
+        return True
+    bucket = part.removeprefix(f"{job}{PARTITION_MARK}")
+    return bucket != part and bucket.isascii() and bucket.isdigit() and not bucket.startswith("0")
 
 
 def task_key(seq: int) -> str:

@@ -59,7 +59,8 @@ def histogram(seconds: list[float] | Counter[float], threshold: float | None) ->
 
 def view(clients: Clients, job: str) -> dict[str, Any]:
     """The job's status with its tiles, runtimes, failures and time left."""
-    rollup = rollups.read(clients.tasks, job)
+    parts = jobs.get(clients, job).parts
+    rollup = rollups.read(clients.tasks, parts)
     status = jobs.status(clients, job, rollup)
     plan = rollups.read_plan(clients.tasks, job)
     tiles = []
@@ -72,7 +73,7 @@ def view(clients: Clients, job: str) -> dict[str, Any]:
                       "state": tile_state(counts), "counts": dict(counts)})
 
     failures = []
-    for attempt in rollups.newest_failures(clients.tasks, job, FAILURES_SHOWN):  # links for these only
+    for attempt in rollups.newest_failures(clients.tasks, parts, FAILURES_SHOWN):  # links for these only
         task, number, stage = attempt.task, attempt.attempt, attempt.stage
         failures.append({
             "task": task, "attempt": number, "stage": stage, "class": attempt.failure_class,

@@ -1,0 +1,86 @@
+"""A job's tasks spread over table partitions (job id + bucket), and the reads that span them.
+
+Azure serves a table partition about 2,000 entities/s (its documented target, 1 KiB
+entities): one partition per job caps a job's task rate at a few hundred tasks/s, whatever
+its workers. So the planner sizes a job's buckets for its peak rate (:func:`buckets_for`)
+and spreads its tasks over them (:func:`bucket_of`). Everything that must change together
+stays in one partition, so that each move of a task is still one entity-group transaction:
+a task's row, its attempts' rows, its deadline and dispatch entries, its failure entries,
+the mover's rollup row of that partition — and a reduction with every tile task it waits
+for, so that a tile task's end counts itself off the reduction in its own commit.
+
+The job's own rows (its plan's ``~tiles`` row) live in its first partition, named as the
+job itself (``names.partition``): a job of one bucket is laid out as before partitions.
+A read of the whole job (its counters, its failures, its due entries) is one key-range query
+per partition (:func:`query`): never a filter on another property, which Azure would serve
+by scanning the table.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from itertools import islice
+from typing import Any
+
+from azure.data.tables import TableClient, TableEntity
+
+from pipeline.lifecycle.request import TaskSpec
+from pipeline.settings import Settings
+from pipeline.storage import names
+
+PARTITION_TARGET = 2_000  # entities/s one table partition serves (Azure's scalability targets)
+PARTITION_SHARE = 0.5  # of that target, the most a job's peak may ask of one partition
+ENTITIES_PER_TASK = 12  # a short task's entities in its partition: its claim, heartbeat, commit, reads
+SHORTEST_TASK_S = 1.0  # the peak rate is sized for tasks this short (shorter ones are the no-op's)
+MAX_BUCKETS = 64  # a read of the whole job is a query per bucket: kept few
+QUERY_THREADS = 8  # partitions read at once by one read of the whole job
+
+
+def buckets_for(settings: Settings, count: int) -> int:
+    """How many partitions a job of ``count`` tasks gets: at its peak, every task of its
+    release window (or all of them, if fewer) running tasks of SHORTEST_TASK_S, no partition
+    is asked for more than PARTITION_SHARE of its target (``settings.partitions`` > 0 asks
+    for that many instead). Rounded up to a divisor of the shard queues, or a multiple: a
+    shard's tasks then lie in one partition, or a few, so that the rows of a receive's
+    messages are one key range there (``worker.readahead``)."""
+    wanted = settings.partitions or math.ceil(
+        min(settings.window, count) * ENTITIES_PER_TASK / SHORTEST_TASK_S / (PARTITION_SHARE * PARTITION_TARGET))
+    shards = settings.shards
+    fits = (b for b in range(max(1, wanted), MAX_BUCKETS + 1) if shards % b == 0 or b % shards == 0)
+    return next(fits, MAX_BUCKETS)
+
+
+def bucket_of(seq: int, spec: TaskSpec, buckets: int) -> int:
+    """The bucket of task ``seq``: a tile task that a reduction waits for is in that
+    reduction's (its count-off is part of the tile task's commit); any other task by its
+    sequence number, so that the tasks released together spread over every bucket."""
+    return (seq if spec.reduction is None else spec.reduction) % buckets
+
+
+def parts(job: str, buckets: int) -> list[str]:
+    """The PartitionKeys of a job of ``buckets`` buckets, the job's own first."""
+    return [names.partition(job, b) for b in range(buckets)]
+
+
+def query(table: TableClient, where: list[str], filter: str, parameters: dict[str, Any],
+          limit: int | None = None, **kwargs: Any) -> Iterator[TableEntity]:
+    """The rows matching ``filter`` (a condition on RowKey, with ``parameters``) in each of
+    the partitions ``where``, one partition after another (the first ``limit`` of each, if
+    given): one query each, run together."""
+    if isinstance(where, str):  # a job id where its partitions are meant: each letter would be one
+        raise TypeError(f"partitions are a list, not {where!r}")
+    def one(part: str) -> list[TableEntity]:
+        if limit:
+            kwargs["results_per_page"] = limit
+        rows = table.query_entities(f"PartitionKey eq @pk and {filter}", parameters={"pk": part, **parameters},
+                                    **kwargs)
+        return list(islice(rows, limit))
+
+    if len(where) == 1:
+        yield from one(where[0])
+        return
+    with ThreadPoolExecutor(min(QUERY_THREADS, len(where))) as pool:
+        for found in pool.map(one, where):
+            yield from found
