@@ -58,6 +58,13 @@ def _received_ahead(q: Q) -> bool:
     return q["worker_tasks_per_s"] > q["slots"]
 
 
+def _counter_rows(q: Q) -> float:
+    """The rollup rows a read of a job's counts reads: a row per writer in each partition
+    (pipeline.lifecycle.partitions spreads each writer's tasks over all of them), so more
+    partitions do not spread this load: each still holds a row per writer."""
+    return q["writers"] * q["partitions"]
+
+
 TILE_KINDS = ("reprojection",)  # kinds whose stage moves blobs (the no-op stage moves none)
 TODAY: tuple[Call, ...] = (
     # the planner (pipeline.lifecycle.planner.plan): rows 100 to a transaction, the cursor on the job row
@@ -69,7 +76,7 @@ TODAY: tuple[Call, ...] = (
     Call("release: job row lease and cursor", "update", JOB, RELEASE, 3 / 64),
     Call("release: read PENDING rows", "query", TASK, RELEASE, 1 / 64, 64),
     Call("release: QUEUED + dispatch entries", "txn", TASK, RELEASE, 1 / 50, 100),
-    Call("release: counter rows", "query", ALL, RELEASE, 1 / 64, lambda q: q["writers"]),
+    Call("release: counter rows", "query", ALL, RELEASE, 1 / 64, _counter_rows),
     Call("release: send message", "send", QUEUE, RELEASE, 1, 1, lanes=8),
     # a worker's receive (up to 32 messages)
     Call("receive messages", "receive", QUEUE, FETCH, 1, 32),
@@ -95,7 +102,7 @@ TODAY: tuple[Call, ...] = (
          lambda q: _if_reductions(q) / max(1.0, q["tiles_per_reduction"]), kinds=TILE_KINDS),
     # progress.Watch.task_ended's look at the job: its row, and every writer's counter row
     Call("look: job row", "get", JOB, LOOK),
-    Call("look: counter rows", "query", ALL, LOOK, 1, lambda q: q["writers"]),
+    Call("look: counter rows", "query", ALL, LOOK, 1, _counter_rows),
     # the lease every third of it (Lease._run): renew, still held?, move the deadline entry
     Call("heartbeat: renew message", "renew", QUEUE, BEAT),
     Call("heartbeat: read task row", "get", TASK, BEAT),
@@ -105,7 +112,7 @@ TODAY: tuple[Call, ...] = (
     Call("sweep: job row", "get", JOB, SWEEP, 3),
     Call("sweep: overdue deadline entries", "query", ALL, SWEEP),
     Call("sweep: due dispatch entries", "query", ALL, SWEEP),
-    Call("sweep: counter rows", "query", ALL, SWEEP, 1, lambda q: q["writers"]),
+    Call("sweep: counter rows", "query", ALL, SWEEP, 1, _counter_rows),
     # the finisher (completion.write_manifest): every task row, pages of 1,000
     Call("completion: list task rows", "query", ALL, FINISH, 1 / 1000, 1000),
     Call("completion: manifest written", "blob", BLOB, FINISH, 1 / 1000),

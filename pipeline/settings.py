@@ -58,8 +58,8 @@ class Settings:
         "fairness between jobs lives here.", minimum=1)
     partitions: int = setting(
         "BAGPIPE_PARTITIONS", 0, "Table partitions a job's tasks are spread over; 0: as many as its peak "
-        "rate needs (pipeline/lifecycle/partitions.py). Rounded up to a divisor or a multiple of "
-        "`BAGPIPE_SHARDS`.", minimum=0)
+        "rate needs (pipeline/lifecycle/partitions.py). Rounded up to a divisor of `BAGPIPE_SHARDS`, "
+        "at most that.", minimum=0)
     max_tasks: int = setting("BAGPIPE_MAX_TASKS", 50_000, "A request that would make more tasks is refused (413).",
                              minimum=1)
     max_attempts: int = setting("BAGPIPE_MAX_ATTEMPTS", 3, "Attempts a task gets before it is DEAD.", minimum=1)

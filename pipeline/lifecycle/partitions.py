@@ -13,7 +13,9 @@ The job's own rows (its plan's ``~tiles`` row) live in its first partition, name
 job itself (``names.partition``): a job of one bucket is laid out as before partitions.
 A read of the whole job (its counters, its failures, its due entries) is one key-range query
 per partition (:func:`query`): never a filter on another property, which Azure would serve
-by scanning the table.
+by scanning the table. Each partition more makes a read of the job's counts cost as much
+again (a rollup row per writer in every partition): partitions spread a job's moves, not its
+looks.
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ PARTITION_TARGET = 2_000  # entities/s one table partition serves (Azure's scala
 PARTITION_SHARE = 0.5  # of that target, the most a job's peak may ask of one partition
 ENTITIES_PER_TASK = 12  # a short task's entities in its partition: its claim, heartbeat, commit, reads
 SHORTEST_TASK_S = 1.0  # the peak rate is sized for tasks this short (shorter ones are the no-op's)
-MAX_BUCKETS = 64  # a read of the whole job is a query per bucket: kept few
 QUERY_THREADS = 8  # partitions read at once by one read of the whole job
 
 
@@ -42,14 +43,15 @@ def buckets_for(settings: Settings, count: int) -> int:
     """How many partitions a job of ``count`` tasks gets: at its peak, every task of its
     release window (or all of them, if fewer) running tasks of SHORTEST_TASK_S, no partition
     is asked for more than PARTITION_SHARE of its target (``settings.partitions`` > 0 asks
-    for that many instead). Rounded up to a divisor of the shard queues, or a multiple: a
-    shard's tasks then lie in one partition, or a few, so that the rows of a receive's
-    messages are one key range there (``worker.readahead``)."""
+    for that many instead). Rounded up to a divisor of the shard queues, so that a shard's
+    tasks lie in one partition and the rows of a receive's messages are one key range there
+    (``worker.readahead``); and no more than the shard queues: a read of the job's counts
+    reads a rollup row per writer in every partition, so each partition more costs every
+    look at the job as much again (``docs/scale.md``). More partitions take more shards."""
     wanted = settings.partitions or math.ceil(
         min(settings.window, count) * ENTITIES_PER_TASK / SHORTEST_TASK_S / (PARTITION_SHARE * PARTITION_TARGET))
     shards = settings.shards
-    fits = (b for b in range(max(1, wanted), MAX_BUCKETS + 1) if shards % b == 0 or b % shards == 0)
-    return next(fits, MAX_BUCKETS)
+    return next((b for b in range(max(1, wanted), shards) if shards % b == 0), shards)
 
 
 def bucket_of(seq: int, spec: TaskSpec, buckets: int) -> int:
