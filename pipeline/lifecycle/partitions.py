@@ -73,11 +73,11 @@ def query(table: TableClient, where: list[str], filter: str, parameters: dict[st
     given): one query each, run together."""
     if isinstance(where, str):  # a job id where its partitions are meant: each letter would be one
         raise TypeError(f"partitions are a list, not {where!r}")
+    paging: dict[str, Any] = {"results_per_page": limit} if limit else {}
+
     def one(part: str) -> list[TableEntity]:
-        if limit:
-            kwargs["results_per_page"] = limit
         rows = table.query_entities(f"PartitionKey eq @pk and {filter}", parameters={"pk": part, **parameters},
-                                    **kwargs)
+                                    **paging, **kwargs)
         return list(islice(rows, limit))
 
     if len(where) == 1:
