@@ -286,11 +286,12 @@ def cancel(clients: Clients, job: str, owner: str) -> JobRow:
     return row
 
 
-def status(clients: Clients, job: str, rollup: rollups.Rollup | None = None) -> dict[str, Any]:
+def status(clients: Clients, job: str, rollup: rollups.Rollup | None = None,
+           row: JobRow | None = None) -> dict[str, Any]:
     """What ``GET /api/jobs/{id}`` shows: state, counts per task status and per failure
-    class, progress and timestamps. From the job row and its rollups (``rollup``, if the
-    caller has read them): a few rows, whatever the job's size."""
-    row = get(clients, job)
+    class, progress and timestamps. From the job row and its rollups (``row`` and ``rollup``,
+    if the caller has read them): a few rows, whatever the job's size."""
+    row = row if row is not None else get(clients, job)
     if rollup is None:
         rollup = rollups.read(clients.tasks, row.parts, tiles=False)
     counts = {s.value: rollup.counts.get(s.value, 0) for s in TaskStatus}

@@ -21,10 +21,10 @@ looks.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
-from typing import Any
+from typing import Any, TypeVar
 
 from azure.data.tables import TableClient, TableEntity
 
@@ -37,6 +37,7 @@ PARTITION_SHARE = 0.5  # of that target, the most a job's peak may ask of one pa
 ENTITIES_PER_TASK = 12  # a short task's entities in its partition: its claim, heartbeat, commit, reads
 SHORTEST_TASK_S = 1.0  # the peak rate is sized for tasks this short (shorter ones are the no-op's)
 QUERY_THREADS = 8  # partitions read at once by one read of the whole job
+T = TypeVar("T")
 
 
 def buckets_for(settings: Settings, count: int) -> int:
@@ -59,6 +60,17 @@ def bucket_of(seq: int, spec: TaskSpec, buckets: int) -> int:
     reduction's (its count-off is part of the tile task's commit); any other task by its
     sequence number, so that the tasks released together spread over every bucket."""
     return (seq if spec.reduction is None else spec.reduction) % buckets
+
+
+def chunks(items: Iterable[T], part_of: Callable[[T], str], size: int) -> Iterator[tuple[str, list[T]]]:
+    """``items`` by their partition (``part_of``; in their order within each), ``size`` at
+    most at a time: the rows of one entity-group transaction are one partition's."""
+    by_part: dict[str, list[T]] = {}
+    for item in items:
+        by_part.setdefault(part_of(item), []).append(item)
+    for part, found in by_part.items():
+        for start in range(0, len(found), size):
+            yield part, found[start : start + size]
 
 
 def parts(job: str, buckets: int) -> list[str]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from azure.core.exceptions import AzureError
 
@@ -65,13 +64,10 @@ def plan(clients: Clients, job: str) -> None:
         clients.tasks.upsert_entity(rollups.plan_row(job, specs))  # its tiles and totals, for its status
     while planned < len(specs):
         end = min(planned + tasks.BATCH * row.buckets, len(specs))
-        by_part: dict[str, list[dict[str, Any]]] = {}
-        for seq in range(planned, end):
-            part = names.partition(job, partitions.bucket_of(seq, specs[seq], row.buckets))
-            by_part.setdefault(part, []).append(tasks.task_entity(part, seq, specs[seq], settings.shards))
-        for batch in by_part.values():  # a transaction per partition, of a hundred rows at most
-            for start in range(0, len(batch), tasks.BATCH):
-                tasks.create_batch(clients.tasks, batch[start : start + tasks.BATCH])
+        made = (tasks.task_entity(names.partition(job, partitions.bucket_of(seq, specs[seq], row.buckets)), seq,
+                                  specs[seq], settings.shards) for seq in range(planned, end))
+        for _, batch in partitions.chunks(made, lambda entity: entity["PartitionKey"], tasks.BATCH):
+            tasks.create_batch(clients.tasks, batch)  # a transaction per partition, a hundred rows at most
         planned = end
         try:
             row = jobs.update(clients, row, planned=planned)

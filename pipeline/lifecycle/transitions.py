@@ -38,7 +38,7 @@ from azure.core.exceptions import (
 )
 from azure.data.tables import TableTransactionError
 
-from pipeline.lifecycle import attempts, dependencies, dispatch, rollups, tasks
+from pipeline.lifecycle import attempts, dependencies, dispatch, partitions, rollups, tasks
 from pipeline.lifecycle.attempts import Op
 from pipeline.lifecycle.failures import FailureClass
 from pipeline.lifecycle.rollups import Moves
@@ -61,14 +61,8 @@ def _read_again(clients: Clients, part: str, rows: list[TaskRow]) -> list[TaskRo
 
 
 def _chunks(rows: list[TaskRow], size: int) -> Iterator[tuple[str, list[TaskRow]]]:
-    """``rows`` by partition (in sequence order within each), ``size`` at most at a time: a
-    transaction's rows are one partition's."""
-    by_part: dict[str, list[TaskRow]] = {}
-    for row in rows:
-        by_part.setdefault(row.part, []).append(row)
-    for part, found in by_part.items():
-        for start in range(0, len(found), size):
-            yield part, found[start : start + size]
+    """``rows`` by partition (in sequence order within each), ``size`` at most at a time."""
+    return partitions.chunks(rows, lambda row: row.part, size)
 
 
 # --- PENDING -> QUEUED -------------------------------------------------------------------

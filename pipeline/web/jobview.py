@@ -59,9 +59,9 @@ def histogram(seconds: list[float] | Counter[float], threshold: float | None) ->
 
 def view(clients: Clients, job: str) -> dict[str, Any]:
     """The job's status with its tiles, runtimes, failures and time left."""
-    parts = jobs.get(clients, job).parts
-    rollup = rollups.read(clients.tasks, parts)
-    status = jobs.status(clients, job, rollup)
+    row = jobs.get(clients, job)
+    rollup = rollups.read(clients.tasks, row.parts)
+    status = jobs.status(clients, job, rollup, row)
     plan = rollups.read_plan(clients.tasks, job)
     tiles = []
     for tile, (crs, bounds, total) in (plan.tiles.items() if plan else ()):
@@ -73,7 +73,7 @@ def view(clients: Clients, job: str) -> dict[str, Any]:
                       "state": tile_state(counts), "counts": dict(counts)})
 
     failures = []
-    for attempt in rollups.newest_failures(clients.tasks, parts, FAILURES_SHOWN):  # links for these only
+    for attempt in rollups.newest_failures(clients.tasks, row.parts, FAILURES_SHOWN):  # links for these only
         task, number, stage = attempt.task, attempt.attempt, attempt.stage
         failures.append({
             "task": task, "attempt": number, "stage": stage, "class": attempt.failure_class,
