@@ -1,11 +1,11 @@
 """The storage calls bagpipe makes, as the scale model's table (``bench.simcore.Call`` rows).
 
-``TODAY`` is the code as it stands (worker/runner.py, worker/readahead.py, worker/lease.py, pipeline/
-transitions.py, dispatch.py, planner.py, completion.py, sweep.py, tasks.py, runtimes.py):
-cut a call there, cut its row here, and ``make bench NAME=scale`` predicts the difference.
-``PLANNED`` is the planned layout as a what-if (partitions per job, counters and rollups read
-at constant cost, claims and commits grouped, deletes batched):
-a prediction of what it buys, not a description of code.
+``TODAY`` is the code as it stands (worker/runner.py, inbox.py, delivery.py, readahead.py,
+handout.py, lease.py, commits.py; pipeline/claims.py, transitions.py, dispatch.py, planner.py,
+completion.py, sweep.py, tasks.py, runtimes.py): cut a call there, cut its row here, and
+``make bench NAME=scale`` predicts the difference. ``PLANNED`` is the planned layout as a
+what-if (partitions per job, counters and rollups read at constant cost, claims and commits
+grouped, deletes batched): a prediction of what it buys, not a description of code.
 
 Cost kinds (measured on the local stack by ``bench.scale_calibrate``): ``get`` (a point
 read), ``query`` (a key-range read, per entity too), ``txn`` (an entity-group transaction,
@@ -58,6 +58,20 @@ def _received_ahead(q: Q) -> bool:
     return q["worker_tasks_per_s"] > q["slots"]
 
 
+def _per_message(q: Q) -> float:
+    """The attempts a message names, on average: a release packs BAGPIPE_TASKS_PER_MESSAGE of
+    one shard and partition; while attempts are long, a worker runs one and gives the rest
+    back one a message (worker.inbox), so a task then costs about a send and a delete."""
+    return float(q["tasks_per_message"]) if _received_ahead(q) else 1.0
+
+
+def _together(q: Q) -> float:
+    """The attempts one claim transaction moves, while attempts are short: those of a
+    message that go to free slots at once (claims.claim_many); and so the commits that
+    end together (worker.commits). Else one."""
+    return min(q["slots"], _per_message(q)) if _received_ahead(q) else 1.0
+
+
 def _counter_rows(q: Q) -> float:
     """The rollup rows a read of a job's counts reads: a row per writer in each partition
     (pipeline.lifecycle.partitions spreads each writer's tasks over all of them), so more
@@ -77,24 +91,28 @@ TODAY: tuple[Call, ...] = (
     Call("release: read PENDING rows", "query", TASK, RELEASE, 1 / 64, 64),
     Call("release: QUEUED + dispatch entries", "txn", TASK, RELEASE, 1 / 50, 100),
     Call("release: counter rows", "query", ALL, RELEASE, 1 / 64, _counter_rows),
-    Call("release: send message", "send", QUEUE, RELEASE, 1, 1, lanes=8),
+    Call("release: send message", "send", QUEUE, RELEASE, lambda q: 1 / _per_message(q), 1, lanes=8),
     # a worker's receive (up to 32 messages)
     Call("receive messages", "receive", QUEUE, FETCH, 1, 32),
-    # a slot's attempt (Worker.handle, transitions.claim / commit, Lease.delete)
+    # a slot's attempt (Worker.handle, claims.claim or claim_many / commit, Delivery.settle)
     Call("runtime history read", "get", RUNTIMES, CLAIM, _per_book),
     Call("claim: read task row", "get", TASK, CLAIM, lambda q: 0.0 if _received_ahead(q) else 1.0),
     # a receive of a slot's worth: their rows in one key-range query (a shard holds every shards-th task)
     Call("claim: task rows read ahead", "query", TASK, CLAIM,
-         lambda q: 1.0 / q["slots"] if _received_ahead(q) else 0.0, lambda q: q["slots"] * q["shards"]),
-    Call("claim: task row, attempt, deadline entry, dispatch entry", "txn", TASK, CLAIM, 1, 4),
+         lambda q: 1.0 / max(q["slots"], _per_message(q)) if _received_ahead(q) else 0.0,
+         lambda q: max(q["slots"], _per_message(q)) * q["shards"]),
+    Call("claim: task rows, attempts, deadline and dispatch entries", "txn", TASK, CLAIM,
+         lambda q: 1 / _together(q), lambda q: 4 * _together(q) + 1),
     Call("stage: cache check, sources read", "blob", BLOB, CLAIM, 9, kinds=TILE_KINDS),
     Call("stage: output written", "blob", BLOB, END, 6, kinds=TILE_KINDS),
     Call("reduction: tiles read", "blob", BLOB, CLAIM, lambda q: q["tiles_per_reduction"], kinds=("reduction",)),
     Call("reduction: products and logs written", "blob", BLOB, END, 3, kinds=("reduction",)),
-    # the commit's transaction counts the task off its reduction's row too (rollups, counters)
-    Call("commit: task row, attempt, deadline entry, counter", "txn", TASK, END, 1,
-         lambda q: 4 + _if_reductions(q)),
-    Call("delete message", "delete", QUEUE, END),
+    # the commit's transaction counts the task off its reduction's row too (rollups, counters); one
+    # that does not (no reductions) shares its transaction with the worker's commits that come with it
+    Call("commit: task row, attempt, deadline entry, counter", "txn", TASK, END,
+         lambda q: 1.0 if q["reductions"] else 1 / _together(q),
+         lambda q: 5.0 if q["reductions"] else 3 * _together(q) + 1),
+    Call("delete message", "delete", QUEUE, END, lambda q: 1 / _per_message(q)),
     Call("runtime history merge: read", "get", RUNTIMES, END, _per_book),
     Call("runtime history merge: write", "update", RUNTIMES, END, _per_book),
     # the tile task whose commit counts its reduction's last tile off sends the reduction's message
@@ -120,7 +138,7 @@ TODAY: tuple[Call, ...] = (
 
 _CUT = {
     "release: counter rows", "look: counter rows", "sweep: counter rows",  # counts from a bounded rollup
-    "claim: read task row", "claim: task rows read ahead", "claim: task row, attempt, deadline entry, dispatch entry",
+    "claim: read task row", "claim: task rows read ahead", "claim: task rows, attempts, deadline and dispatch entries",
     "commit: task row, attempt, deadline entry, counter",  # grouped per worker
 }
 

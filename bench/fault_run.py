@@ -55,6 +55,12 @@ JOB_B = {"region": {"bbox": [-110.9, 35.1, -110.1, 35.9]}, "start": "2022-01-01"
          "label": "faults: cancelled"}
 
 
+# the scenario deployment's shard queues (``bench.faults --task-queues``): with 2, its jobs lie
+# in two table partitions and a message names one attempt; with 1, in one partition, and a
+# message names several, claimed together
+TASK_QUEUES = 2
+
+
 class Crash(BaseException):
     """The component's process ended here (an injected kill): nothing of it runs on."""
 
@@ -142,7 +148,8 @@ class Run:
         self.mail = MailServer(mail_folder).start()
         self.settings = Settings(
             storage_connection=azurite.connection_string, namespace=f"t{secrets.token_hex(5)}",
-            lease_seconds=lease_seconds, window=4, partitions=2, mail_mode="smtp", smtp_port=self.mail.port,
+            lease_seconds=lease_seconds, window=4, partitions=min(2, TASK_QUEUES), shards=TASK_QUEUES,
+            mail_mode="smtp", smtp_port=self.mail.port,
             tile_stage="fault_tile", stage_modules="bench.fault_stage", max_tasks=100,
             stage_limits=json.dumps({"fault_tile": {"max_transient_attempts": 20}}))
         with self.quiet():
@@ -219,14 +226,15 @@ class Run:
         return self._as("control", one_pass) or 0
 
     def worker(self, name: str) -> int:
-        """One worker step: receive up to two messages and run them. A step that hangs is the scripted
+        """One worker step: receive about two attempts and run them. A step that hangs is the scripted
         lost worker: its stage is killed and the worker is gone, as if its VM died."""
         if name not in self.workers:
             self.workers[name] = Worker(self.settings, slots=1, worker_id=f"{name}-{secrets.token_hex(3)}")
             self.workers[name].warm()
         worker = self.workers[name]
         result: list[int] = []
-        # two messages a step: a receive of several reads their rows ahead (worker.readahead)
+        # about two attempts a step: their rows read ahead in one query (worker.readahead), and
+        # claimed together where one message names them (TASK_QUEUES = 1)
         thread = threading.Thread(target=lambda: result.append(self._as(name, lambda: worker.run_once(2)) or 0),
                                   daemon=True)
         thread.start()

@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from bagpipe.azurite import Azurite
-from bench import fault_stage
+from bench import fault_run, fault_stage
 from bench.fault_run import KINDS, run_one, warm_fork_server
 
 
@@ -139,12 +139,17 @@ def main() -> None:
                         "(print the clean run's calls with --list)")
     parser.add_argument("--list", action="store_true", help="print the clean run's calls, numbered, and stop")
     parser.add_argument("--jobs", type=int, default=1, help="shards swept side by side")
+    parser.add_argument("--task-queues", type=int, default=fault_run.TASK_QUEUES,
+                        help="the scenario's BAGPIPE_SHARDS: 2, its jobs over two partitions; 1, in one, "
+                        "a message naming several attempts")
     parser.add_argument("--shard", default="0/1", help="i/N: this process sweeps every N-th point from the i-th")
     args = parser.parse_args()
+    fault_run.TASK_QUEUES = args.task_queues
     kinds = tuple(k for k in args.kinds.split(",") if k)
     if args.jobs > 1 and not args.list:  # (a listing is of the one clean run)
         started = time.monotonic()
-        own = ["--kinds", args.kinds, "--stride", str(args.stride), "--limit", str(args.limit), "--calls", args.calls]
+        own = ["--kinds", args.kinds, "--stride", str(args.stride), "--limit", str(args.limit), "--calls", args.calls,
+               "--task-queues", str(args.task_queues)]
         summary = sweep_shards(args.jobs, own + (["--distinct"] if args.distinct else []))
         summary["seconds"] = round(time.monotonic() - started, 1)
         summary["jobs"] = args.jobs

@@ -31,7 +31,6 @@ from bench.simcore import (
     FINISH,
     IDLE_SLEEP_S,
     JOB,
-    JOB_CHECK_S,
     LOOK,
     PLAN,
     QUEUE,
@@ -50,6 +49,7 @@ from bench.simcore import (
     rounded,
 )
 from bench.simworker import Proc
+from pipeline.lifecycle.progress import JOB_CHECK_S, NEAR_END
 
 SEQUENTIAL_BATCH = 50  # calls made one after another are simulated this many per event (fewer if large)
 
@@ -98,7 +98,8 @@ class Model:
         return {"writers": max(s.replicas, self.replicas_started) * s.slots + 2, "partitions": s.partitions,
                 "tasks": s.tasks, "reductions": len(self.deps_left), "tiles_per_reduction": s.tiles_per_reduction,
                 "pending_reductions": len(self.deps_left) - self.reductions_released, "slots": s.slots,
-                "worker_tasks_per_s": s.slots / (s.mean_runtime + 0.03), "shards": s.shards}
+                "worker_tasks_per_s": s.slots / (s.mean_runtime + 0.03), "shards": s.shards,
+                "tasks_per_message": s.tasks_per_message}
 
     def amount(self, count: Count) -> float:
         return amount(count, self.quantities())
@@ -249,8 +250,9 @@ class Model:
 
     def ended(self, proc: Proc, task: int, kind: object) -> Generator[simpy.Event, None, None]:
         """progress.Watch.task_ended: the task counted; its reduction released if it was the
-        reduction's last tile; the job looked at (at most every second while it releases,
-        after every task once all are released) and its window topped up."""
+        reduction's last tile; the job looked at (at most every second, after every task
+        once all are released and its last look saw no more than NEAR_END unended) and its
+        window topped up."""
         self.done += 1
         if self.done in (self.goal // 2, self.goal):
             self.marks.append((self.env.now, self.done, self.snapshot(), Counter(self.requests), Counter(self.units),
@@ -269,8 +271,8 @@ class Model:
                 self.count["released"] += 1
                 self.put(self.tiles + group)
         all_released = self.released >= self.tiles
-        if all_released or self.env.now - proc.looked >= JOB_CHECK_S:
-            proc.looked = self.env.now
+        if (all_released and proc.unended_seen <= NEAR_END) or self.env.now - proc.looked >= JOB_CHECK_S:
+            proc.looked, proc.unended_seen = self.env.now, self.s.tasks - self.done
             yield from self.phase(proc, LOOK, task)
             if not all_released:
                 yield from self.release(proc, min_room=0.25)

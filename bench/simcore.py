@@ -30,7 +30,6 @@ TASK, ALL, JOB, RUNTIMES, QUEUE, BLOB = (
     "task partition", "every partition", "job row", "runtimes partition", "queue", "blob")
 # the code's own constants the model follows (pipeline.lifecycle.progress, worker.runner,
 # pipeline.lifecycle.planner, pipeline.lifecycle.dispatch)
-JOB_CHECK_S = 1.0  # a worker looks at its job at most this often while it still releases
 AHEAD_BELOW_S = 1.0  # receive ahead of free slots while attempts are shorter than this
 IDLE_SLEEP_S = 0.5  # every shard empty: a worker waits this long
 RELEASE_CHUNK = 64  # tasks released per move of the cursor
@@ -148,6 +147,7 @@ class Scenario:
     tiles_per_reduction: float = 1.0
     simulate_tasks: int | None = None  # stop after this many, extrapolate the rest at the steady rate
     seed: int = 1
+    tasks_per_message: int = 8  # BAGPIPE_TASKS_PER_MESSAGE
 
     @property
     def mean_runtime(self) -> float:

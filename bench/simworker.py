@@ -27,6 +27,7 @@ class Proc:
         self.m, self.index = model, index
         self.gil_free = 0.0
         self.looked = float("-inf")  # when it last read its job's row and counters
+        self.unended_seen = float("inf")  # the job's tasks not ended at that look
         self.ahead: list[int] = []  # messages received and not yet handed to a slot
         self.free = 0  # free slots
         self.slot_free: simpy.Event | None = None

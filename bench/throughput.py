@@ -11,9 +11,11 @@ control loop and two workers of ``--slots`` slots), every storage request it mak
 submission to SUCCEEDED counted by the SDK clients' request hook — the planner's, the
 workers', the sweep's and the completion's — and divided by its tasks. Last line: one JSON
 object with every figure, ``ratio_to_floor`` (bagpipe's best rate for the smaller job ÷ the
-floor), ``ratio_10k_to_1k`` and ``calls_per_task`` (with its calls by kind).
+floor), ``ratio_10k_to_1k`` and ``calls_per_task`` (the fewest of the ``--tasks-per-message``
+measured, with its calls by kind, and each one's).
 
     python -m bench.throughput [--sizes 1000 10000] [--workers 1 2 4 8] [--slots 4] [--window 256]
+        [--partitions 0] [--tasks-per-message 8]
 """
 
 from __future__ import annotations
@@ -149,14 +151,15 @@ def submit_and_wait(http: httpx.Client, body: dict) -> tuple[int, str, float]:
 
 
 def bagpipe(azurite: Azurite, home: Path, body: dict, workers: int, slots: int, namespace: str, window: int,
-            partitions: int = 0) -> dict:
+            partitions: int = 0, per_message: int = 1) -> dict:
     with LocalStack(home, workers=workers, slots=slots, connection=azurite.connection_string, namespace=namespace,
                     overrides={"window": window, "tile_stage": "noop", "max_tasks": 100_000,
-                               "partitions": partitions}) as stack:
+                               "partitions": partitions, "tasks_per_message": per_message}) as stack:
         stack.wait_for_workers()
         http = httpx.Client(base_url=stack.api_url, timeout=60, headers=stack.headers)
         total, state, seconds = submit_and_wait(http, body)
-    return {"tasks": total, "workers": workers, "slots": slots, "partitions": partitions or "sized", "state": state,
+    return {"tasks": total, "workers": workers, "slots": slots, "partitions": partitions or "sized",
+            "tasks_per_message": per_message, "state": state,
             "seconds": round(seconds, 2), "tasks_per_s": round(total / seconds, 1),
             "slot_ms_per_task": round(1000 * seconds * workers * slots / total, 1)}
 
@@ -184,7 +187,7 @@ def running(settings: Settings, workers: int, slots: int, idle_sleep: float | No
             thread.join(60)
 
 
-def calls_per_task(azurite: Azurite, body: dict, slots: int, window: int) -> dict:
+def calls_per_task(azurite: Azurite, body: dict, slots: int, window: int, per_message: int) -> dict:
     """Every storage request of one job, submission to SUCCEEDED, per task: the control loop
     and two workers in this process, each request counted by kind (``kind_of``)."""
     counted: Counter[str] = Counter()
@@ -199,7 +202,7 @@ def calls_per_task(azurite: Azurite, body: dict, slots: int, window: int) -> dic
             counted[kind_of(http.method, http.url, http.body)[0]] += 1
 
     settings = Settings(storage_connection=azurite.connection_string, namespace="calls", tile_stage="noop",
-                        window=window, max_tasks=100_000)
+                        window=window, max_tasks=100_000, tasks_per_message=per_message)
     Clients(settings).ensure_resources()
     clients_module.HOOKS["raw_request_hook"] = hook
     try:
@@ -215,7 +218,7 @@ def calls_per_task(azurite: Azurite, body: dict, slots: int, window: int) -> dic
             total = jobs.get(clients, job).total
     finally:
         clients_module.HOOKS.pop("raw_request_hook", None)
-    return {"tasks": total, "state": state.value, "calls": sum(found.values()),
+    return {"tasks": total, "tasks_per_message": per_message, "state": state.value, "calls": sum(found.values()),
             "calls_per_task": round(sum(found.values()) / total, 2),
             "by_kind": {kind: round(n / total, 2) for kind, n in sorted(found.items())}}
 
@@ -238,6 +241,8 @@ def main() -> None:
     parser.add_argument("--floor-threads", type=int, default=8, help="more only queue up on Azurite's one core")
     parser.add_argument("--partitions", type=int, nargs="+", default=[0],
                         help="BAGPIPE_PARTITIONS of each run (0: sized for the job's peak), side by side")
+    parser.add_argument("--tasks-per-message", type=int, nargs="+", default=[Settings.tasks_per_message],
+                        help="BAGPIPE_TASKS_PER_MESSAGE of each run, side by side (and its calls a task)")
     args = parser.parse_args()
     # Each measurement on an Azurite of its own, empty, as the floor's: in disk mode Azurite
     # rewrites every table it holds every five seconds, so one run's rows would slow the next.
@@ -253,18 +258,22 @@ def main() -> None:
             body = request_of(size)
             for workers in args.workers:
                 for parts in args.partitions:
-                    name = f"s{size}w{workers}p{parts}"
-                    with fresh_azurite(Path(tmp) / name) as azurite:
-                        run = bagpipe(azurite, Path(tmp) / name, body, workers, args.slots,
-                                      f"b{size}w{workers}p{parts}", args.window, parts)
-                    print(f"{run['tasks']:>6} tasks {workers} workers × {args.slots}, partitions {run['partitions']}: "
-                          f"{run['seconds']:>7} s {run['tasks_per_s']:>6} tasks/s  {run['slot_ms_per_task']:>6} "
-                          "slot-ms/task", flush=True)
-                    runs.append(run)
-        with fresh_azurite(Path(tmp) / "calls") as azurite:
-            calls = calls_per_task(azurite, request_of(min(args.sizes)), args.slots, args.window)
-        print(f"{calls['tasks']:>6} tasks, every storage request counted: {calls['calls_per_task']} a task "
-              f"{calls['by_kind']}", flush=True)
+                    for per in args.tasks_per_message:
+                        name = f"s{size}w{workers}p{parts}m{per}"
+                        with fresh_azurite(Path(tmp) / name) as azurite:
+                            run = bagpipe(azurite, Path(tmp) / name, body, workers, args.slots, f"b{name}",
+                                          args.window, parts, per)
+                        print(f"{run['tasks']:>6} tasks {workers} workers × {args.slots}, partitions "
+                              f"{run['partitions']}, {per} a message: {run['seconds']:>7} s {run['tasks_per_s']:>6} "
+                              f"tasks/s  {run['slot_ms_per_task']:>6} slot-ms/task", flush=True)
+                        runs.append(run)
+        counted = []
+        for per in args.tasks_per_message:
+            with fresh_azurite(Path(tmp) / f"calls{per}") as azurite:
+                counted.append(calls_per_task(azurite, request_of(min(args.sizes)), args.slots, args.window, per))
+            print(f"{counted[-1]['tasks']:>6} tasks, {per} a message, every storage request counted: "
+                  f"{counted[-1]['calls_per_task']} a task {counted[-1]['by_kind']}", flush=True)
+        calls = min(counted, key=lambda c: c["calls_per_task"])
     best = {size: max(r["tasks_per_s"] for r in runs if abs(r["tasks"] - size) < 100) for size in args.sizes}
     small, large = min(args.sizes), max(args.sizes)
     print(json.dumps({
@@ -273,6 +282,10 @@ def main() -> None:
         "ratio_10k_to_1k": round(best[large] / best[small], 2),
         "overhead_ms_per_task": min(r["slot_ms_per_task"] for r in runs),
         "calls_per_task": calls["calls_per_task"], "calls_by_kind": calls["by_kind"],
+        "calls_tasks_per_message": calls["tasks_per_message"],
+        "calls_by_tasks_per_message": {str(c["tasks_per_message"]): c["calls_per_task"] for c in counted},
+        "best_by_tasks_per_message": {str(m): max(r["tasks_per_s"] for r in runs if r["tasks_per_message"] == m)
+                                      for m in args.tasks_per_message},
         "best_by_partitions": {str(p or "sized"): max(r["tasks_per_s"] for r in runs
                                                       if r["partitions"] == (p or "sized")) for p in args.partitions},
     }))

@@ -60,6 +60,10 @@ class Settings:
         "BAGPIPE_PARTITIONS", 0, "Table partitions a job's tasks are spread over; 0: as many as its peak "
         "rate needs (pipeline/lifecycle/partitions.py). Rounded up to a divisor of `BAGPIPE_SHARDS`, "
         "at most that.", minimum=0)
+    tasks_per_message: int = setting(
+        "BAGPIPE_TASKS_PER_MESSAGE", 8, "Tasks a release names in one queue message (of one shard and "
+        "partition): a worker claims them in one transaction, and a short task pays a share of a send, "
+        "a receive and a delete. 1: a message per task; above 24, 24.", minimum=1)
     max_tasks: int = setting("BAGPIPE_MAX_TASKS", 50_000, "A request that would make more tasks is refused (413).",
                              minimum=1)
     max_attempts: int = setting("BAGPIPE_MAX_ATTEMPTS", 3, "Attempts a task gets before it is DEAD.", minimum=1)

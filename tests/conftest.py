@@ -79,6 +79,7 @@ def settings(azurite: Azurite, mail: MailServer) -> Settings:
         storage_connection=azurite.connection_string,
         namespace=f"t{secrets.token_hex(5)}",
         window=64,
+        tasks_per_message=1,  # a message per task: each test of one message's path; tests/test_messages.py has several
         lease_seconds=6,
         mail_mode="smtp",
         smtp_port=mail.port,

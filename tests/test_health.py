@@ -14,7 +14,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from pipeline.lifecycle import attempts, health, jobs, runtimes, sweep, tasks, transitions
+from pipeline.lifecycle import attempts, claims, health, jobs, runtimes, sweep, tasks
 from pipeline.lifecycle.request import expand
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.settings import Settings
@@ -182,7 +182,7 @@ def test_the_monitor_takes_a_slow_workers_attempts_from_it_at_once(clients: Clie
     # the next attempt's message was sent: a healthy worker claims it
     ref = _backup_message(clients)
     assert ref == tasks.TaskRef(job, taken.task, 2)
-    assert transitions.claim(clients, ref, "w9", in_an_hour) is not None
+    assert claims.claim(clients, ref, "w9", in_an_hour) is not None
     assert backup.ref.task == held[0].ref.task
     assert sweep.sweep(clients)["revoked"] == 0  # taken once
 

@@ -21,7 +21,7 @@ from azure.core.exceptions import ServiceResponseError
 from azure.data.tables import TableClient, UpdateMode
 
 from bagpipe.azurite import Azurite, free_port
-from pipeline.lifecycle import attempts, jobs, policy, runtimes, sweep, tasks, transitions
+from pipeline.lifecycle import attempts, claims, jobs, policy, runtimes, sweep, tasks, transitions
 from pipeline.lifecycle.failures import FailureClass
 from pipeline.lifecycle.request import expand
 from pipeline.lifecycle.status import TaskStatus
@@ -38,6 +38,7 @@ from tests.conftest import (
     wait_for,
     with_stage,
 )
+from worker.delivery import Delivery
 from worker.lease import Lease
 
 
@@ -313,14 +314,14 @@ def test_sweep_activity_revokes_an_overdue_attempt(clients: Clients, settings: S
     queue = clients.shard_queues[0]
     message = next(iter(queue.receive_messages(max_messages=1, visibility_timeout=60)))
     due_at_once = lambda *_: tasks.now()  # noqa: E731
-    held = transitions.claim(clients, tasks.TaskRef.decode(message.content), "w-gone", due_at_once)
+    held = claims.claim(clients, tasks.TaskRef.decode(message.content), "w-gone", due_at_once)
     assert held is not None
     report = sweep.sweep(clients)
     assert report["revoked"] == 1
     row = tasks.get_task(clients.tasks, held.ref.partition, held.ref.task)
     assert row.status == "QUEUED" and row.attempt == 2 and row.last_failure == "execution_timeout"
     assert row.timeouts == 1  # its next attempt may run backoff × longer
-    assert not transitions.still_held(clients, held), "the old attempt's heartbeat is refused"
+    assert not claims.still_held(clients, held), "the old attempt's heartbeat is refused"
     assert index_rows(clients, job, held.ref.task) == []
     assert sweep.sweep(clients)["revoked"] == 0
 
@@ -334,9 +335,9 @@ def test_the_index_moves_with_the_task_row_in_one_write(clients: Clients) -> Non
         clients.tasks.update_entity({"PartitionKey": job, "RowKey": ref.task, "Worker": "other"}, mode=UpdateMode.MERGE)
         return in_an_hour()
 
-    assert transitions.claim(clients, ref, "loser", overtaken) is None
+    assert claims.claim(clients, ref, "loser", overtaken) is None
     assert index_rows(clients, job, ref.task) == [] and attempt_rows(clients, job, ref.task) == []
-    held = transitions.claim(clients, ref, "winner", in_an_hour)
+    held = claims.claim(clients, ref, "winner", in_an_hour)
     assert held is not None
     assert index_rows(clients, job, ref.task) == [held.index]
     (attempt,) = attempt_rows(clients, job, ref.task)
@@ -347,7 +348,7 @@ def test_the_index_moves_with_the_task_row_in_one_write(clients: Clients) -> Non
     assert attempt.outcome == "SUCCEEDED" and attempt.runtime_s >= 0
     # a commit whose index entry had already gone still commits, and leaves none
     second = tasks.list_tasks(clients.tasks, parts(clients, job))[1].ref
-    held = transitions.claim(clients, second, "w", in_an_hour)
+    held = claims.claim(clients, second, "w", in_an_hour)
     assert held is not None
     attempts.unindex(clients, job, held.index)
     assert transitions.commit(clients, tasks.TerminalCounter("t"), held, TaskStatus.SUCCEEDED, [])
@@ -362,7 +363,7 @@ def test_a_heartbeat_written_but_answered_with_an_error_leaves_no_row_to_revoke_
     queue = clients.shard_queues[0]
     message = next(iter(queue.receive_messages(max_messages=1, visibility_timeout=60)))
     ref = tasks.TaskRef.decode(message.content)
-    held = transitions.claim(clients, ref, "w1", lambda *_: tasks.now() + timedelta(minutes=5))
+    held = claims.claim(clients, ref, "w1", lambda *_: tasks.now() + timedelta(minutes=5))
     assert held is not None
     first = held.index
     real = attempts.move
@@ -375,7 +376,7 @@ def test_a_heartbeat_written_but_answered_with_an_error_leaves_no_row_to_revoke_
         return real(*args, **kwargs)
 
     monkeypatch.setattr(attempts, "move", written_then_error)
-    with Lease(clients, queue, message, held) as lease:
+    with Lease(clients, Delivery(queue, message, [ref]), held) as lease:
         wait_for(lambda: lost and len(rows := index_rows(clients, job, ref.task)) == 1
                  and rows[0] not in (first, lost[0]), 30, "one index row, written after the failed beat")
         assert not lease.revoked.is_set()

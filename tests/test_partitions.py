@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 
 from bench.status_scale import counting_reads
-from pipeline.lifecycle import attempts, jobs, partitions, planner, rollups, sweep, tasks, transitions
+from pipeline.lifecycle import attempts, claims, jobs, partitions, planner, rollups, sweep, tasks, transitions
 from pipeline.lifecycle.failures import FailureClass
 from pipeline.lifecycle.status import JobState, TaskStatus
 from pipeline.settings import Settings
@@ -102,7 +102,7 @@ def test_a_reduction_is_counted_off_and_released_in_its_own_partition(settings: 
     assert rows[6].part == names.partition(job, 6 % BUCKETS) and rows[7].part == names.partition(job, 7 % BUCKETS)
     counter = tasks.TerminalCounter("test")
     for seq in range(6):
-        held = transitions.claim(clients, rows[seq].ref, f"w{seq}", in_an_hour)
+        held = claims.claim(clients, rows[seq].ref, f"w{seq}", in_an_hour)
         assert held is not None and held.ref.partition == rows[seq].part
         assert transitions.commit(clients, counter, held, TaskStatus.SUCCEEDED, [])
     for seq in (6, 7):
@@ -120,9 +120,9 @@ def test_the_monitor_and_the_reconciler_look_in_every_partition(settings: Settin
     row = jobs.get(clients, job)
     by_part = rows_by_part(clients, job)
     last = by_part[row.parts[-1]][0]
-    held = transitions.claim(clients, last.ref, "w-gone", lambda *_: tasks.now())  # overdue at once
+    held = claims.claim(clients, last.ref, "w-gone", lambda *_: tasks.now())  # overdue at once
     assert held is not None
-    held = transitions.claim(clients, by_part[row.parts[1]][0].ref, "w-fails", in_an_hour)
+    held = claims.claim(clients, by_part[row.parts[1]][0].ref, "w-fails", in_an_hour)
     assert held is not None
     retried = transitions.fail(clients, tasks.TerminalCounter("w"), held, FailureClass.CONNECTION, "reset", 3)
     assert retried is TaskStatus.QUEUED

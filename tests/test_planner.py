@@ -6,7 +6,7 @@ import threading
 import time
 from collections import Counter
 
-from pipeline.lifecycle import jobs, partitions, planner, sweep, tasks, transitions
+from pipeline.lifecycle import claims, jobs, partitions, planner, sweep, tasks, transitions
 from pipeline.lifecycle.failures import FailureClass
 from pipeline.lifecycle.request import expand
 from pipeline.lifecycle.status import JobState, TaskStatus
@@ -130,8 +130,8 @@ def test_a_reduction_counts_its_tile_tasks_off_and_is_released_once_at_zero(clie
     assert jobs.get(clients, job).released == 6  # the cursor stops before the reductions
     assert reductions[0].parameters()["deps"] == "0,3" and reductions[0].deps == 3
 
-    def claimed(seq: int) -> transitions.Claim:
-        held = transitions.claim(clients, rows[seq].ref, f"w{seq}", in_an_hour)
+    def claimed(seq: int) -> claims.Claim:
+        held = claims.claim(clients, rows[seq].ref, f"w{seq}", in_an_hour)
         assert held is not None
         return held
 

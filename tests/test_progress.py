@@ -1,7 +1,8 @@
 """What follows for a job when one of its tasks ends (``pipeline.lifecycle.progress``), against
 a real Azurite: the window is topped up as tasks end, the last task's end announces the job
-once, a worker looks at a job's window at most every JOB_CHECK_S while it still releases but
-sees its last task at once, and the sweep goes on with a cancellation and announces it."""
+once, a worker looks at a job's window at most every JOB_CHECK_S while it still releases or
+many of its tasks are unended but sees its last task at once, and the sweep goes on with a
+cancellation and announces it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import time
 
 import pytest
 
-from pipeline.lifecycle import jobs, progress, sweep, tasks, transitions
+from pipeline.lifecycle import claims, jobs, progress, sweep, tasks, transitions
 from pipeline.lifecycle.status import JobState, TaskStatus
 from pipeline.settings import Settings
 from pipeline.storage.clients import Clients
@@ -33,7 +34,7 @@ def _end_one(clients: Clients, counter: tasks.TerminalCounter, job: str) -> None
     while True:
         queue, message = receive_one(clients)
         ref = tasks.TaskRef.decode(message.content)
-        held = transitions.claim(clients, ref, "test", in_an_hour) if ref.job == job else None
+        held = claims.claim(clients, ref, "test", in_an_hour) if ref.job == job else None
         if held is None:
             queue.delete_message(message)
             continue
@@ -92,6 +93,37 @@ def test_a_worker_looks_at_a_releasing_job_now_and_then_and_at_its_last_task_at_
         ended += 1
         watch.task_ended(job)
     assert _announced(narrow, job) == 1
+
+
+def test_a_released_job_is_looked_at_now_and_then_until_few_of_its_tasks_are_left(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """All released, a job's ends are looked at every JOB_CHECK_S while more than NEAR_END of
+    its tasks were unended at the last look; each end once that look saw no more."""
+    monkeypatch.setattr(progress, "NEAR_END", 2)
+    clients = Clients(settings)  # its window holds the job's 8 tasks: all released at planning
+    clients.ensure_resources()
+    job = planned_job(clients)
+    watch, counter = progress.Watch(clients), tasks.TerminalCounter("test")
+    looks: list[int] = []
+    real = progress._follow
+    monkeypatch.setattr(progress, "_follow", lambda *a, **k: looks.append(1) or real(*a, **k))
+    _end_one(clients, counter, job)
+    watch.task_ended(job)  # the first look: 7 unended
+    for _ in range(4):
+        _end_one(clients, counter, job)
+        watch.task_ended(job)  # within JOB_CHECK_S of that look, and the end was not near: no look
+    assert len(looks) == 1
+    monkeypatch.setattr(progress, "JOB_CHECK_S", 0.0)
+    _end_one(clients, counter, job)
+    watch.task_ended(job)  # a look, now and then: 2 unended, near the end
+    monkeypatch.setattr(progress, "JOB_CHECK_S", 60.0)
+    _end_one(clients, counter, job)
+    watch.task_ended(job)  # looked at, however soon
+    assert len(looks) == 3 and _announced(clients, job) == 0
+    _end_one(clients, counter, job)
+    watch.task_ended(job)
+    assert len(looks) == 4 and _announced(clients, job) == 1
 
 
 def test_the_sweep_goes_on_with_a_cancellation_and_announces_it(narrow: Clients) -> None:

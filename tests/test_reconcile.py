@@ -16,7 +16,7 @@ import pytest
 from azure.core.exceptions import ServiceRequestError
 
 from bagpipe.mailserver import MailServer
-from pipeline.lifecycle import completion, dispatch, jobs, sweep, tasks, transitions
+from pipeline.lifecycle import claims, completion, dispatch, jobs, sweep, tasks
 from pipeline.lifecycle.failures import FailureClass
 from pipeline.lifecycle.notify import mailer_for
 from pipeline.lifecycle.status import TaskStatus
@@ -71,14 +71,14 @@ def test_a_reduction_whose_message_is_lost_is_sent_again(settings: Settings, mai
     real_send = dispatch.send
     dropped: list[str] = []
 
-    def lose_the_first_reduction(clients: Clients, messages: Any, delay_s: int = 0) -> int:
+    def lose_the_first_reduction(clients: Clients, messages: Any, delay_s: int = 0, per_message: int = 1) -> int:
         kept = []
         for shard, ref in messages:
             if int(ref.task) >= 8 and not dropped:
                 dropped.append(ref.task)
             else:
                 kept.append((shard, ref))
-        return real_send(clients, kept, delay_s)
+        return real_send(clients, kept, delay_s, per_message)
 
     monkeypatch.setattr(dispatch, "send", lose_the_first_reduction)
     with running_control(settings), running_workers(settings):
@@ -116,7 +116,7 @@ def test_a_revocation_whose_message_is_lost_is_sent_again(settings: Settings, ma
     settings, clients = fast(settings)
     job = planned_job(clients)
     queue, message = receive_one(clients)
-    held = transitions.claim(clients, tasks.TaskRef.decode(message.content), "w-gone", lambda *_: tasks.now())
+    held = claims.claim(clients, tasks.TaskRef.decode(message.content), "w-gone", lambda *_: tasks.now())
     assert held is not None
     queue.delete_message(message)
     monkeypatch.setattr(dispatch, "send", lambda *a, **k: 0)  # the requeue's message never goes out
@@ -269,7 +269,7 @@ def test_one_broken_job_does_not_stop_the_sweep_for_the_others(settings: Setting
     clients.jobs.update_entity({"PartitionKey": broken, "RowKey": names.JOB_ROW, "State": "BOGUS"})
     job = planned_job(clients)
     ref = tasks.TaskRef(job, names.task_key(0), 1)
-    assert transitions.claim(clients, ref, "w-gone", lambda *_: tasks.now()) is not None  # overdue at once
+    assert claims.claim(clients, ref, "w-gone", lambda *_: tasks.now()) is not None  # overdue at once
     report = sweep.sweep(clients)
     assert report["errors"] == 1 and report["revoked"] == 1
     assert clients.tasks.get_entity(ref.partition, ref.task)["Attempt"] == 2

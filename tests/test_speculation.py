@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from azure.core.exceptions import ServiceResponseError
 
-from pipeline.lifecycle import attempts, jobs, runtimes, speculation, sweep, tasks, transitions
+from pipeline.lifecycle import attempts, claims, jobs, runtimes, speculation, sweep, tasks, transitions
 from pipeline.lifecycle.failures import FailureClass
 from pipeline.lifecycle.request import expand
 from pipeline.lifecycle.status import TaskStatus
@@ -48,19 +48,19 @@ def _in(seconds: float) -> Callable[..., datetime]:
 
 
 def _claim_all(clients: Clients, job: str, slow: int = 1, leave: int = 0,
-               first_kill: Callable[..., datetime] = in_an_hour) -> list[transitions.Claim]:
+               first_kill: Callable[..., datetime] = in_an_hour) -> list[claims.Claim]:
     """Claim the job's tasks (all but ``leave`` of them, which stay QUEUED), each by a worker
     of its own; the first ``slow`` ones due for a backup at once, the first one to be
     revoked at ``first_kill``."""
     total = jobs.get(clients, job).total
-    held: list[transitions.Claim] = []
+    held: list[claims.Claim] = []
     while len(held) < total - leave:
         queue, message = receive_one(clients)
         queue.delete_message(message)
         ref = tasks.TaskRef.decode(message.content)
         if ref.job != job:  # another job's backup
             continue
-        claim = transitions.claim(clients, ref, f"w{len(held)}", in_an_hour if held else first_kill,
+        claim = claims.claim(clients, ref, f"w{len(held)}", in_an_hour if held else first_kill,
                                   speculate_time=_at_once if len(held) < slow else None)
         assert claim is not None
         held.append(claim)
@@ -79,8 +79,8 @@ def _messages(clients: Clients) -> int:
 
 
 def _backed_up(clients: Clients, first_kill: Callable[..., datetime] = in_an_hour,
-               backup_kill: Callable[..., datetime] = in_an_hour) -> tuple[str, list[transitions.Claim],
-                                                                         transitions.Claim]:
+               backup_kill: Callable[..., datetime] = in_an_hour) -> tuple[str, list[claims.Claim],
+                                                                         claims.Claim]:
     """A planned job whose tasks are all claimed, the first one's backup asked for by the
     monitor and taken by worker "spare": the job, the attempts and the backup."""
     job = planned_job(clients)
@@ -112,7 +112,7 @@ def test_a_backup_asked_for_once_commits_first_and_its_attempt_is_thrown_away(se
     counter = tasks.TerminalCounter("test")
     made = [names.output_prefix(job, ref.task, 1, backup=True) + "summary.json"]
     assert transitions.commit(clients, counter, backup, TaskStatus.SUCCEEDED, made)
-    assert not transitions.still_held(clients, first)
+    assert not claims.still_held(clients, first)
     assert not transitions.commit(clients, counter, first, TaskStatus.SUCCEEDED, ["its own"])
     row = tasks.get_task(clients.tasks, ref.partition, ref.task)
     assert row.status is TaskStatus.SUCCEEDED and row.worker == "spare" and json.loads(row.outputs) == made
@@ -125,11 +125,11 @@ def test_a_backup_asked_for_once_commits_first_and_its_attempt_is_thrown_away(se
 
 def test_the_attempt_commits_first_and_its_backup_is_refused(clients: Clients) -> None:
     job, (first, *_), backup = _backed_up(clients)
-    assert transitions.still_held(clients, backup)
+    assert claims.still_held(clients, backup)
     counter = tasks.TerminalCounter("test")
     assert transitions.commit(clients, counter, first, TaskStatus.SUCCEEDED, ["first"])
-    assert not transitions.still_held(clients, backup)
-    transitions.discard(clients, backup)  # what its worker does once its lease sees the fence gone
+    assert not claims.still_held(clients, backup)
+    claims.discard(clients, backup)  # what its worker does once its lease sees the fence gone
     assert not attempts.is_running(clients, job, first.ref.task, 1, backup=True)  # nothing waits on it
     assert not transitions.commit(clients, counter, backup, TaskStatus.SUCCEEDED, ["copy"])  # had it ended first
     row = tasks.get_task(clients.tasks, first.ref.partition, first.ref.task)
@@ -170,7 +170,7 @@ def test_a_failed_backup_leaves_the_task_to_its_attempt(clients: Clients) -> Non
     speculation.abandon(clients, backup, FailureClass.USER_CODE, "it crashed there")
     after = tasks.get_task(clients.tasks, first.ref.partition, first.ref.task)
     assert after.etag == before.etag and after.status is TaskStatus.RUNNING  # the task row untouched
-    assert transitions.still_held(clients, first) and not transitions.still_held(clients, backup)
+    assert claims.still_held(clients, first) and not claims.still_held(clients, backup)
     assert index_rows(clients, job, first.ref.task) == [first.index]
     assert transitions.commit(clients, tasks.TerminalCounter("test"), first, TaskStatus.SUCCEEDED, ["first"])
     copy = attempt_rows(clients, job, first.ref.task)[1]
@@ -184,7 +184,7 @@ def test_backups_only_at_the_tail_and_within_the_share(settings: Settings) -> No
     held = _claim_all(clients, job, slow=3, leave=1)
     assert sweep.sweep(clients)["backups"] == 0  # a task still waits for a slot: none is idle
     queue, message = receive_one(clients)
-    last = transitions.claim(clients, tasks.TaskRef.decode(message.content), "w-last", in_an_hour)
+    last = claims.claim(clients, tasks.TaskRef.decode(message.content), "w-last", in_an_hour)
     assert last is not None
     queue.delete_message(message)
     assert sweep.sweep(clients)["backups"] == 1
@@ -201,10 +201,10 @@ def test_an_overdue_attempt_waits_for_its_running_backup_and_is_revoked_once_it_
     job, (first, *_), backup = _backed_up(clients, first_kill=_in(2), backup_kill=_in(3.5))  # revoked in 2 s
     time.sleep(2.2)
     assert sweep.sweep(clients)["revoked"] == 0  # its backup runs: the first to commit ends the task
-    assert transitions.still_held(clients, first)
+    assert claims.still_held(clients, first)
     time.sleep(1.5)
     assert sweep.sweep(clients)["revoked"] == 0  # the backup lapses first (it sorts after its attempt)
-    assert not transitions.still_held(clients, backup)  # its worker kills it
+    assert not claims.still_held(clients, backup)  # its worker kills it
     assert sweep.sweep(clients)["revoked"] == 1
     row = tasks.get_task(clients.tasks, first.ref.partition, first.ref.task)
     assert row.status is TaskStatus.QUEUED and row.attempt == 2
@@ -237,7 +237,7 @@ def test_a_slow_workers_attempt_gives_way_to_its_backup_and_is_requeued_if_the_b
     job, (first, second, *_), backup = _backed_up(clients, first_kill=_in(1))  # revoked in 1 s
     assert not speculation.give_way(clients, second, FailureClass.WORKER_SLOW, "slow")  # it has no backup
     assert speculation.give_way(clients, first, FailureClass.WORKER_SLOW, "found slow")
-    assert transitions.still_held(clients, backup)  # the backup keeps the fence
+    assert claims.still_held(clients, backup)  # the backup keeps the fence
     time.sleep(1.2)
     assert sweep.sweep(clients)["revoked"] == 0
     speculation.abandon(clients, backup, FailureClass.USER_CODE, "it crashed there")
@@ -296,7 +296,7 @@ def test_lost_answers_on_the_backup_path_leave_nothing_stuck(settings: Settings,
     # nobody runs it: its heartbeat lapses and the monitor gives it up
     wait_for(lambda: sweep.sweep(monitor)["stale"] and not attempts.is_running(clients, job, first.ref.task, 1,
                                                                               backup=True), 10, "the backup to lapse")
-    assert sweep.sweep(monitor)["revoked"] == 0 and transitions.still_held(clients, first)
+    assert sweep.sweep(monitor)["revoked"] == 0 and claims.still_held(clients, first)
     assert transitions.commit(clients, tasks.TerminalCounter("test"), first, TaskStatus.SUCCEEDED, ["first"])
     assert index_rows(clients, job, first.ref.task) == []
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.status_scale import counting_reads
-from pipeline.lifecycle import jobs, planner, rollups, tasks, transitions
+from pipeline.lifecycle import claims, jobs, planner, rollups, tasks, transitions
 from pipeline.lifecycle.failures import FailureClass
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.settings import Settings
@@ -24,8 +24,8 @@ def run_some(clients: Clients, job: str, commits: int) -> None:
     queued = [r for r in tasks.list_tasks(clients.tasks, parts(clients, job)) if r.status is TaskStatus.QUEUED]
     counters = [tasks.TerminalCounter(f"slot-{i}") for i in range(3)]
 
-    def claim(row: dict) -> transitions.Claim:
-        held = transitions.claim(clients, row.ref, "w", in_an_hour,
+    def claim(row: dict) -> claims.Claim:
+        held = claims.claim(clients, row.ref, "w", in_an_hour,
                                  counters[row.seq % 3])
         assert held is not None
         return held

@@ -16,7 +16,7 @@ import pytest
 from azure.storage.queue import QueueClient, QueueMessage
 
 from bagpipe.mailserver import MailServer
-from pipeline.lifecycle import attempts, completion, jobs, planner, sweep, tasks, transitions
+from pipeline.lifecycle import attempts, claims, completion, jobs, planner, sweep, tasks, transitions
 from pipeline.lifecycle.notify import mailer_for
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.settings import Settings
@@ -52,7 +52,7 @@ def test_stale_message_is_deleted_without_running(clients: Clients, workers: Wor
     job = planned_job(clients)
     queue, message = receive_one(clients)
     ref = tasks.TaskRef.decode(message.content)
-    held = transitions.claim(clients, ref, "someone-else", in_an_hour)
+    held = claims.claim(clients, ref, "someone-else", in_an_hour)
     assert held is not None
     queue.delete_message(message)
     # a late duplicate of the same attempt, and one from an attempt long gone
@@ -85,7 +85,7 @@ def test_a_claim_applied_with_its_answer_lost_holds(clients: Clients, monkeypatc
         return real(operations, **kwargs)
 
     monkeypatch.setattr(clients.tasks, "submit_transaction", applied_then_retried)
-    held = transitions.claim(clients, ref, "w1", in_an_hour, hint=hint)
+    held = claims.claim(clients, ref, "w1", in_an_hour, hint=hint)
     assert held is not None and len(calls) == 1
     row = tasks.get_task(clients.tasks, ref.partition, ref.task)
     assert row.status is TaskStatus.RUNNING and row.worker == "w1" and row.etag == held.etag
@@ -147,19 +147,19 @@ def test_transient_failure_succeeds_on_retry_and_only_that_attempt_is_published(
 def test_commit_is_fenced_on_the_attempt(clients: Clients) -> None:
     job = planned_job(clients)
     _queue, message = receive_one(clients)
-    held = transitions.claim(clients, tasks.TaskRef.decode(message.content), "w1", in_an_hour)
+    held = claims.claim(clients, tasks.TaskRef.decode(message.content), "w1", in_an_hour)
     assert held is not None
     # the attempt is revoked (the monitor's move): the row names attempt 2 now
     row = tasks.get_task(clients.tasks, held.ref.partition, held.ref.task)
     clients.tasks.update_entity(row.stored_changes(status=TaskStatus.QUEUED, attempt=2), **tasks.if_match(row.etag))
     counter = tasks.TerminalCounter("w1-0")
     assert not transitions.commit(clients, counter, held, TaskStatus.SUCCEEDED, ["stale/output"])
-    assert not transitions.still_held(clients, held)
+    assert not claims.still_held(clients, held)
     stored = clients.tasks.get_entity(held.ref.partition, held.ref.task)
     assert stored["Status"] == "QUEUED" and "Outputs" not in stored  # as stored: nothing named
     assert sum(tasks.terminal_counts(clients.tasks, parts(clients, job)).values()) == 0
     # the next attempt runs from the same old message and commits
-    again = transitions.claim(clients, held.ref, "w2", in_an_hour)
+    again = claims.claim(clients, held.ref, "w2", in_an_hour)
     assert again is not None and again.ref.attempt == 2
     assert transitions.commit(clients, counter, again, TaskStatus.SUCCEEDED, ["good/output"])
     assert json.loads(clients.tasks.get_entity(held.ref.partition, held.ref.task)["Outputs"]) == ["good/output"]
@@ -174,14 +174,14 @@ def test_a_worker_lost_while_committing_leaves_its_attempt_to_the_monitor(
     lost: list[tasks.TaskRef] = []
 
     def lost_on_first_commit(*args: Any, **kwargs: Any) -> bool:
-        held: transitions.Claim = args[2]
+        held: claims.Claim = args[2]
         if not lost:
             lost.append(held.ref)
             raise ConnectionError("the worker is gone before its commit was written")
         return real_commit(*args, **kwargs)
 
     monkeypatch.setattr(transitions, "commit", lost_on_first_commit)
-    with running_control(settings), running_workers(settings):
+    with running_control(settings), running_workers(settings, slots=1):  # one slot: each commit alone
         job = planned_job(clients)
         wait_for(lambda: jobs.get(clients, job).state.finished, 90, "the job to finish")
     assert jobs.get(clients, job).state == "SUCCEEDED"
@@ -198,7 +198,7 @@ def test_completion_happens_exactly_once_under_a_race(clients: Clients, settings
     counter = tasks.TerminalCounter("solo")
     while sum(tasks.terminal_counts(clients.tasks, parts(clients, job)).values()) < 8:
         queue, message = receive_one(clients)
-        held = transitions.claim(clients, tasks.TaskRef.decode(message.content), "solo", in_an_hour)
+        held = claims.claim(clients, tasks.TaskRef.decode(message.content), "solo", in_an_hour)
         assert held and transitions.commit(clients, counter, held, TaskStatus.SUCCEEDED, [])
         queue.delete_message(message)
         planner.release(clients, job)
@@ -258,8 +258,8 @@ def test_short_attempts_are_received_ahead_and_a_long_wait_hands_them_back(
         job = planned_job(clients)
         wait_for(lambda: jobs.get(clients, job).state.finished, 120, "the job to finish")
     (worker,) = pool.workers
-    assert worker.handed_back >= 1
-    assert worker._rows.taken >= 1  # the rows of a receive of several read in one query
+    assert worker.inbox.handed_back >= 1
+    assert worker.inbox.rows.taken >= 1  # the rows of a receive of several read in one query
     assert jobs.get(clients, job).state == "SUCCEEDED"
     tried = attempts.list_attempts(clients.tasks, parts(clients, job))
     assert sorted(a.task for a in tried) == sorted(t.task for t in tasks.list_tasks(clients.tasks, parts(clients, job)))
@@ -277,11 +277,11 @@ def test_a_stopping_worker_hands_back_what_it_received_ahead(
     pool = WorkerThreads(settings)
     (worker,) = pool.start(1, slots=1)
     try:
-        wait_for(lambda: worker._ahead, 60, "a message received ahead")
+        wait_for(lambda: len(worker.inbox), 60, "a message received ahead")
     finally:
         pool.stop()
     assert held_back(clients, job) == 0
-    assert worker.handed_back >= 1 or worker.handled == 8
+    assert worker.inbox.handed_back >= 1 or worker.handled == 8
 
     monkeypatch.setattr(runner, "AHEAD_BELOW_S", 0.1)  # a "slow" attempt (0.2 s) is long now
     with running_workers(settings, slots=1):
@@ -312,7 +312,7 @@ def test_rows_read_ahead_spare_the_claims_their_reads_and_decide_nothing(
                for q in clients.shard_queues]
     ahead = RowsAhead(clients, 60)
     seen.clear()
-    assert sum(ahead.read(batch) for batch in batches) == 8
+    assert sum(ahead.read([tasks.TaskRef.decode(m.content) for m in batch]) for batch in batches) == 8
     assert [kind for kind, _ in seen] == ["query"] * 4  # one query per receive, no point read
 
     refs = [tasks.TaskRef.decode(m.content) for batch in batches for m in batch]
@@ -321,16 +321,16 @@ def test_rows_read_ahead_spare_the_claims_their_reads_and_decide_nothing(
     # another claimed by someone else meanwhile
     row = tasks.get_task(clients.tasks, changed.partition, changed.task)
     clients.tasks.update_entity(row.stored_changes(last_write="moved"), **tasks.if_match(row.etag))
-    assert transitions.claim(clients, taken, "someone-else", in_an_hour) is not None
+    assert claims.claim(clients, taken, "someone-else", in_an_hour) is not None
     seen.clear()
-    assert transitions.claim(clients, first, "w1", in_an_hour, hint=ahead.take(first)) is not None
+    assert claims.claim(clients, first, "w1", in_an_hour, hint=ahead.take(first)) is not None
     assert seen == []  # claimed on its hint alone
-    assert transitions.claim(clients, changed, "w1", in_an_hour, hint=ahead.take(changed)) is not None
+    assert claims.claim(clients, changed, "w1", in_an_hour, hint=ahead.take(changed)) is not None
     # the stale hint refused, the row read (and the claimer's rollup row, after a refusal), claimed
     assert [url for kind, url in seen if kind == "point" and f"RowKey='{changed.task}'" in url]
-    assert transitions.claim(clients, taken, "w1", in_an_hour, hint=ahead.take(taken)) is None
+    assert claims.claim(clients, taken, "w1", in_an_hour, hint=ahead.take(taken)) is None
     assert tasks.get_task(clients.tasks, taken.partition, taken.task).worker == "someone-else"
     for ref in rest:
-        assert transitions.claim(clients, ref, "w1", in_an_hour, hint=ahead.take(ref)) is not None
+        assert claims.claim(clients, ref, "w1", in_an_hour, hint=ahead.take(ref)) is not None
     assert ahead.take(first) is None  # each hint is taken once
     assert {r.status for r in tasks.list_tasks(clients.tasks, parts(clients, job))} == {TaskStatus.RUNNING}

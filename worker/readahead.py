@@ -1,9 +1,9 @@
-"""Task rows read ahead of their claims: one key-range query for the messages of a receive.
+"""Task rows read ahead of their claims: one key-range query for the attempts of a receive.
 
 A claim reads its task row before its transaction: a point read per task. A worker that
-receives several messages at once reads the rows of those of one job in a single key-range
-query instead (a shard holds every ``shards``-th task of a job, so their keys lie close
-together) and keeps each as a *hint* for its claim (``transitions.claim``): the claim tries
+receives several attempts at once (in one message or several) reads the rows of those of
+one job in a single key-range query instead (a shard holds every ``shards``-th task of a
+job, so their keys lie close together) and keeps each as a *hint* for its claim (``claims.claim``): the claim tries
 its transaction on the hint's ETag, and reads the row as before wherever the hint does not
 let it claim (not QUEUED, or changed since). A hint only spares a read; it decides nothing.
 """
@@ -13,8 +13,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-
-from azure.storage.queue import QueueMessage
 
 from pipeline.lifecycle import tasks
 from pipeline.lifecycle.tasks import TaskRef, TaskRow
@@ -34,19 +32,14 @@ class RowsAhead:
         self._rows: dict[tuple[str, str], tuple[TaskRow, float]] = {}
         self.taken = 0  # hints handed to claims (each spares a read, unless it was stale)
 
-    def read(self, messages: list[QueueMessage]) -> int:
-        """Read the rows of ``messages`` (a receive's), a query per partition of a job of which
-        they name two tasks or more close together; returns how many hints it keeps. A message that
-        does not decode, names a backup or stands alone is left to its claim's own read."""
+    def read(self, refs: list[TaskRef]) -> int:
+        """Read the rows of ``refs`` (a receive's attempts), a query per partition of a job of
+        which they name two tasks or more close together; returns how many hints it keeps. A
+        backup, or an attempt that stands alone, is left to its claim's own read."""
         wanted: dict[str, set[int]] = {}
-        for message in messages:
-            try:
-                ref = TaskRef.decode(message.content)
-                seq = int(ref.task)
-            except ValueError:
-                continue
+        for ref in refs:
             if not ref.backup:
-                wanted.setdefault(ref.partition, set()).add(seq)
+                wanted.setdefault(ref.partition, set()).add(int(ref.task))
         kept = 0
         for part, seqs in wanted.items():
             first, last = min(seqs), max(seqs)

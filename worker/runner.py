@@ -1,14 +1,19 @@
 """The worker loop: receive task messages in batches from the shards, run each claimed
-attempt under a lease, commit it fenced on the task row, then delete the message.
+attempt under a lease, commit it fenced on the task row, then settle its message.
 
-While its attempts are short, a worker receives a slot's worth of messages ahead of its
-free slots, so that one receive serves several tasks; a message that waits too long for a
-slot is handed back for any worker to take, as are all of them when the worker stops.
+A message names one attempt or several (``worker.delivery``). While its attempts are short,
+a worker receives a slot's worth of attempts ahead of its free slots, so that one receive
+serves several tasks (``worker.inbox``); an attempt that waits too long for a slot is given
+back for any worker to take, as are all of them when the worker stops. The attempts of one
+partition that go to its slots at once are claimed in one transaction where their rows were
+read ahead (``worker.handout``), and their commits that come together share one
+too (``worker.commits``).
 
 A message that cannot be decoded goes to its shard's poison queue with a record. Any other
-is settled through its task's row, however often it was delivered: the claim runs it if the
-row wants it (the row's retry budget bounds how often), else it is deleted. SIGTERM stops
-receiving; the attempts in hand finish (or fail and are requeued) before the process exits.
+attempt is settled through its task's row, however often it was delivered: the claim runs it
+if the row wants it (the row's retry budget bounds how often), else it is dropped. SIGTERM
+stops receiving; the attempts in hand finish (or fail and are requeued) before the process
+exits.
 
 While it holds attempts, a worker reports how they compare with their history
 (``pipeline.lifecycle.health``); once the monitor finds it slow, it drains: it takes nothing more,
@@ -27,14 +32,10 @@ import socket
 import threading
 import time
 import uuid
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
-
-from azure.storage.queue import QueueClient, QueueMessage
 
 from pipeline import telemetry
-from pipeline.lifecycle import attempts, health, policy, progress, runtimes, speculation, tasks, transitions
+from pipeline.lifecycle import attempts, claims, health, policy, progress, runtimes, speculation, tasks, transitions
 from pipeline.lifecycle.failures import FailureClass
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.redact import redact
@@ -43,16 +44,19 @@ from pipeline.storage import names
 from pipeline.storage.clients import Clients, clients_for
 from worker import private
 from worker.child import Outcome
+from worker.commits import Commits
+from worker.delivery import Delivery
+from worker.handout import Handed, Handout
+from worker.inbox import Inbox
 from worker.lease import Lease
 from worker.pace import Pace, bound_to_overrun
-from worker.readahead import RowsAhead
 from worker.slot import Slot
 
 log = logging.getLogger(__name__)
 
-MAX_RECEIVE = 32  # messages one receive may return (the service's limit)
 AHEAD_BELOW_S = 1.0  # receive ahead of free slots while attempts take less than this (moving mean)
-AHEAD_HOLD_S = 2.0  # a message received ahead that waits this long is handed back
+AHEAD_HOLD_S = 2.0  # an attempt received ahead that waits this long is given back
+CLAIM_LINGER_S = 0.005  # a pass waits this long for slots ending together, to claim their next attempts at once
 BACKUP_PASSES = 5  # a backup received by the worker that runs its attempt is handed back this often
 PAST_KILL_TIME = "ran past its kill time"  # the error of an attempt its own worker revoked
 BOUND_PAST_KILL_TIME = "bound to run far past its kill time at its pace"  # ... revoked sooner
@@ -78,13 +82,15 @@ class Worker:
         self._slots = [Slot(tasks.TerminalCounter(health.slot_writer(self.id, i))) for i in range(slots)]
         self._slot_pool: list[Slot] = list(self._slots)
         self._pool_lock = threading.Lock()
-        # messages received and not yet handed to a slot: (queue, message, when received)
-        self._ahead: deque[tuple[QueueClient, QueueMessage, float]] = deque()
-        self._rows = RowsAhead(self.clients, AHEAD_HOLD_S)  # their task rows, where one query reads several
+        self.inbox = Inbox(self.clients, self.id, AHEAD_HOLD_S)  # attempts received, not yet in a slot
+        # the moves made several at a time go under the first slot's rollup row (its lock keeps its
+        # writes in order): a look at a job reads a row per writer, and this adds none
+        together = self._slots[0].counter
+        self.handout = Handout(self.clients, self.id, self.history, self.inbox.rows, together)
+        self.commits = Commits(self.clients, together)  # a group commit per partition
         self._recent_s: float | None = None  # moving mean of this worker's attempt times
         self._turn = 0  # the shard run_once receives from next
-        self.handled = 0  # messages that named an attempt this worker claimed
-        self.handed_back = 0  # messages received ahead that went back to the queue unrun
+        self.handled = 0  # attempts this worker claimed
         self.pace = Pace(settings.slow_ratio)  # its attempts against their history, for its health
 
     def run(self) -> None:
@@ -101,14 +107,13 @@ class Worker:
         last_work = time.monotonic()
         with ThreadPoolExecutor(self.slots, thread_name_prefix="slot") as pool:
             while not self.stopping.is_set():
-                self._hand_back_waiting(AHEAD_HOLD_S)
+                self.inbox.give_back(AHEAD_HOLD_S, alone=not self._extra())
                 self._report_health()
                 self.progress.catch_up()
-                free = 0
-                while free < self.slots and (
-                    self._free.acquire(blocking=False) if free else self._free.acquire(timeout=0.2)
-                ):
+                free, first = 0, 0.0
+                while free < self.slots and self._free.acquire(timeout=self._linger(free, first)):
                     free += 1
+                    first = first or time.monotonic()
                 if free == 0:
                     continue
                 if self.pace.asked():  # an attempt was taken from it, or it stalls: hear the monitor first
@@ -116,15 +121,14 @@ class Worker:
                         self._free.release()
                     continue
                 received = 0
-                if len(self._ahead) < free:
+                if len(self.inbox) < free:
                     queue = queues[shard % len(queues)]
                     shard += 1
-                    received = self._receive(queue, free - len(self._ahead) + self._extra())
-                started = 0
-                while started < free and self._ahead:
-                    queue, message, _ = self._ahead.popleft()
-                    pool.submit(self._slot, queue, message)
-                    started += 1
+                    received = self.inbox.receive(queue, free - len(self.inbox) + self._extra())
+                handed = self.handout.claim_together([self.inbox.pop() for _ in range(min(free, len(self.inbox)))])
+                for item in handed:
+                    pool.submit(self._slot, item)
+                started = len(handed)
                 for _ in range(free - started):
                     self._free.release()
                 idle = 0 if received or started else idle + 1
@@ -139,23 +143,24 @@ class Worker:
                         break
                     self.stopping.wait(self.idle_sleep)
                     idle = 0
-            self._hand_back_waiting(0)
+            self.inbox.give_back(0, alone=not self._extra())
         if self.draining.is_set():
             health.left(self.clients, self.id, "replaced")
             log.warning("worker %s found slow: drained, exiting to be replaced", self.id)
         self.close()
 
     def run_once(self, count: int = 1) -> int:
-        """Receive up to ``count`` messages from the next shard and run them to their end in
-        the calling thread, one after another. The fault-injection harness drives workers
-        this way, so that their storage calls come in one order. Returns how many messages
-        it received."""
+        """Receive about ``count`` attempts from the next shard and run them to their end in
+        the calling thread, ``count`` at a time claimed together (as a worker of ``count``
+        slots would), one after another. The fault-injection harness drives workers this way,
+        so that their storage calls come in one order. Returns how many messages it received."""
         queue = self.clients.shard_queues[self._turn % len(self.clients.shard_queues)]
         self._turn += 1
-        received = self._receive(queue, count)
-        while self._ahead:
-            self._free.acquire()
-            self._slot(*self._ahead.popleft()[:2])
+        received = self.inbox.receive(queue, count)
+        while len(self.inbox):
+            for item in self.handout.claim_together([self.inbox.pop() for _ in range(min(count, len(self.inbox)))]):
+                self._free.acquire()
+                self._slot(item)
         return received
 
     def close(self) -> None:
@@ -177,39 +182,25 @@ class Worker:
             if slot.process is not None:
                 slot.process.signal(signal.SIGKILL)
 
-    def _receive(self, queue: QueueClient, count: int) -> int:
-        """Receive up to ``count`` messages from ``queue`` into the waiting line."""
-        count = min(count, MAX_RECEIVE)
-        try:
-            batch = list(queue.receive_messages(messages_per_page=count, max_messages=count,
-                                                visibility_timeout=self.settings.lease_seconds))
-        except Exception as exc:
-            log.warning("receive from %s failed: %s", queue.queue_name, exc)
-            return 0
-        self._rows.read(batch)
-        at = time.monotonic()
-        self._ahead.extend((queue, message, at) for message in batch)
-        return len(batch)
+    def _linger(self, free: int, first: float) -> float:
+        """How long to wait for the next free slot: up to 0.2 s for the first; for more, while
+        attempts are short and the inbox holds more than the slots freed, until
+        ``CLAIM_LINGER_S`` after the first was free (slots that end together, their commits made
+        together, claim their next attempts together too); else not at all."""
+        if free == 0:
+            return 0.2
+        if not self._extra() or len(self.inbox) <= free:
+            return 0.0
+        return max(0.0, first + CLAIM_LINGER_S - time.monotonic())
 
     def _extra(self) -> int:
-        """How many messages to receive beyond the free slots: one per slot while this
+        """How many attempts to receive beyond the free slots: one per slot while this
         worker's recent attempts are short (a receive then serves several tasks), none
         while they are long (a message held for a busy slot is one an idle worker could
         run)."""
         with self._pool_lock:
             recent = self._recent_s
         return self.slots if recent is not None and recent < AHEAD_BELOW_S else 0
-
-    def _hand_back_waiting(self, older_than: float) -> None:
-        """Make messages received ahead that have waited ``older_than`` seconds visible
-        again, for any worker (on stopping, all of them)."""
-        while self._ahead and time.monotonic() - self._ahead[0][2] >= older_than:
-            queue, message, _ = self._ahead.popleft()
-            try:
-                queue.update_message(message.id, pop_receipt=message.pop_receipt, visibility_timeout=0)
-                self.handed_back += 1
-            except Exception as exc:  # it comes back when its visibility times out all the same
-                log.info("message %s not handed back: %s", message.id, exc)
 
     def _report_health(self) -> None:
         """While attempts are in hand, report how they compare with their history (now and
@@ -228,7 +219,7 @@ class Worker:
             self.draining.set()
             self.stopping.set()
 
-    def _expected_s(self, held: transitions.Claim) -> float | None:
+    def _expected_s(self, held: claims.Claim) -> float | None:
         """The attempt's expected seconds from its history (None while it is not trusted)."""
         history = self.history.read(held.stage, runtimes.history_key(held.params))
         if history.count < self.settings.min_samples:
@@ -239,14 +230,14 @@ class Worker:
         with self._pool_lock:
             return len(self._slot_pool) < self.slots  # a slot holds a task
 
-    def _slot(self, queue: QueueClient, message: QueueMessage) -> None:
+    def _slot(self, item: Handed) -> None:
         with self._pool_lock:
             slot = self._slot_pool.pop()
         started = time.monotonic()
         try:
-            self.handle(queue, message, slot)
+            self.handle(item, slot)
         except Exception:
-            log.exception("task message %s on %s could not be handled", message.id, queue.queue_name)
+            log.exception("attempt %s of message %s could not be handled", item.ref, item.delivery.message.id)
         finally:
             took = time.monotonic() - started
             with self._pool_lock:
@@ -254,41 +245,31 @@ class Worker:
                 self._recent_s = took if self._recent_s is None else 0.8 * self._recent_s + 0.2 * took
             self._free.release()
 
-    def handle(self, queue: QueueClient, message: QueueMessage, slot: Slot) -> None:
-        """Run one delivered message to its end: dropped, poisoned, committed, failed or
-        revoked."""
-        try:
-            ref = tasks.TaskRef.decode(message.content)
-        except ValueError as exc:
-            self.poison(queue, message, f"undecodable: {exc}")
-            return
-
-        def kill_time(current: tasks.TaskRef, stage: str, params: dict[str, str], timeouts: int) -> datetime:
-            history = self.history.read(stage, runtimes.history_key(params))
-            return policy.kill_time(self.settings, stage, history, timeouts, tasks.now(), runtimes.work_of(params))
-
-        def speculate_time(stage: str, params: dict[str, str], started: datetime) -> datetime | None:
-            history = self.history.read(stage, runtimes.history_key(params))
-            return policy.speculate_time(self.settings, stage, history, started, runtimes.work_of(params))
-
-        if ref.backup:
-            last_pass = message.dequeue_count is None or message.dequeue_count >= BACKUP_PASSES
+    def handle(self, item: Handed, slot: Slot) -> None:
+        """Run one delivered attempt to its end: dropped, committed, failed or revoked."""
+        ref, delivery, held = item.ref, item.delivery, item.held
+        if held is not None:
+            pass  # claimed with others of its partition
+        elif ref.backup:
+            count = delivery.message.dequeue_count
             try:
-                held = speculation.claim_backup(self.clients, ref, self.id, kill_time, last_pass)
+                held = speculation.claim_backup(self.clients, ref, self.id, self.handout.kill_time,
+                                                count is None or count >= BACKUP_PASSES)
             except speculation.NotHere:  # a copy on the machine of the attempt it backs up helps nobody
-                queue.update_message(message.id, pop_receipt=message.pop_receipt, visibility_timeout=1)
+                delivery.hand_back(visibility=1)
                 return
         else:
-            held = transitions.claim(self.clients, ref, self.id, kill_time, slot.counter, speculate_time,
-                                     self._rows.take(ref))
+            held = claims.claim(self.clients, ref, self.id, self.handout.kill_time, slot.counter,
+                                     self.handout.speculate_time, item.hint)
         if held is None:  # stale or duplicate: the row does not want this message to run
-            queue.delete_message(message)
+            delivery.settle()
             return
         self.handled += 1
-        with telemetry.attempt_scope(held.ref.job, held.ref.task, held.ref.attempt, held.stage):
-            self._attempt(queue, message, slot, held)
+        with telemetry.attempt_scope(held.ref.job, held.ref.task, held.ref.attempt, held.stage), \
+                self.commits.running(held.ref.partition):
+            self._attempt(delivery, slot, held)
 
-    def _attempt(self, queue: QueueClient, message: QueueMessage, slot: Slot, held: transitions.Claim) -> None:
+    def _attempt(self, delivery: Delivery, slot: Slot, held: claims.Claim) -> None:
         """Run a claimed attempt under its lease; commit, fail or give it up. The attempt
         leaves the monitor's index in the same write that moves its task row on: a worker
         that dies while it commits (storage slow or restarting) leaves its entry behind for
@@ -296,7 +277,7 @@ class Worker:
         expected = self._expected_s(held)
         self.pace.started(held.ref, expected)
         try:
-            with Lease(self.clients, queue, message, held) as lease:
+            with Lease(self.clients, delivery, held) as lease:
                 outcome = self.run_stage(held, lease, slot)
         finally:
             self.pace.stopped(held.ref)
@@ -308,11 +289,11 @@ class Worker:
                 self.pace.too_slow((tasks.now() - held.started).total_seconds(), expected)
             # The task went on without this attempt (a new message names the next one):
             # nothing it made is published. Its message may stand in for the next attempt.
-            transitions.discard(self.clients, held)
+            claims.discard(self.clients, held)
             if held.ref.backup:
-                lease.delete()  # a backup is asked for once
+                delivery.settle()  # a backup is asked for once
             else:
-                lease.hand_back()
+                delivery.hand_back()
             log.info("%s revoked: stage killed, output discarded", held.ref)
             return
         if outcome.outputs is not None and len(json.dumps(outcome.outputs)) > transitions.OUTPUTS_CHARS:
@@ -322,9 +303,9 @@ class Worker:
         if outcome.outputs is not None:
             status = (TaskStatus.NO_DATA if outcome.no_data else TaskStatus.CACHED if outcome.cached
                       else TaskStatus.SUCCEEDED)
-            committed = transitions.commit(self.clients, slot.counter, held, status, outcome.outputs)
+            committed = self.commits.commit(slot.counter, held, status, outcome.outputs)
             log.info("%s %s", held.ref, "committed" if committed else "revoked: output discarded")
-            lease.delete()
+            delivery.settle()
             seconds = (tasks.now() - held.started).total_seconds()
             telemetry.attempt_ended(held.stage, status.value if committed else "DISCARDED", seconds)
             if committed:
@@ -337,14 +318,14 @@ class Worker:
         failure = outcome.failure or FailureClass.UNKNOWN
         if held.ref.backup:  # the attempt it copies goes on
             speculation.abandon(self.clients, held, failure, outcome.error)
-            lease.delete()
+            delivery.settle()
             log.info("backup %s failed (%s): dropped", held.ref, failure.value)
             return
         if failure is FailureClass.EXECUTION_TIMEOUT and outcome.error in (PAST_KILL_TIME, BOUND_PAST_KILL_TIME):
-            self._revoke_self(lease, slot, held, expected, outcome.error)
+            self._revoke_self(delivery, slot, held, expected, outcome.error)
             return
         if failure is FailureClass.WORKER_SLOW and speculation.give_way(self.clients, held, failure, outcome.error):
-            lease.delete()  # its backup runs on a healthy worker; the monitor requeues if that fails
+            delivery.settle()  # its backup runs on a healthy worker; the monitor requeues if that fails
             log.info("%s given up to its backup", held.ref)
             return
         retry = policy.retry(self.settings, held.stage, failure, held.ref.attempt, held.last_failure)
@@ -352,16 +333,16 @@ class Worker:
         log.info("%s failed (%s): %s -> %s", held.ref, failure.value, redact(outcome.error[:200]), after)
         telemetry.attempt_ended(held.stage, failure.value, (tasks.now() - held.started).total_seconds())
         if after is TaskStatus.QUEUED:
-            # The same message now names the next attempt, visible again after the backoff
+            # Its message (its own, if the message names others) now names the next attempt, visible after the backoff
             # (lost, it is resent by the reconciler: the requeue wrote its dispatch entry).
             following = dataclasses.replace(held.ref, attempt=held.ref.attempt + 1)
-            lease.hand_back(content=following.encode(), visibility=retry.delay_s)
+            delivery.hand_back(following, visibility=retry.delay_s)
         else:
-            lease.delete()
+            delivery.settle()
             if after is TaskStatus.DEAD:
                 self.progress.task_ended(held.ref.job)
 
-    def _revoke_self(self, lease: Lease, slot: Slot, held: transitions.Claim, expected: float | None,
+    def _revoke_self(self, delivery: Delivery, slot: Slot, held: claims.Claim, expected: float | None,
                      why: str) -> None:
         """The monitor's revocation of an attempt past its kill time, made by its own worker
         as soon as the time comes (the monitor would make it at its next pass, and the
@@ -373,8 +354,8 @@ class Worker:
         after = transitions.revoke(self.clients, slot.counter, row, ref, held.index, FailureClass.EXECUTION_TIMEOUT,
                                    budget, self.id, by="worker")
         if after is None:  # the monitor, a cancel or a backup moved the task first
-            transitions.discard(self.clients, held)
-        lease.delete()  # the move sent the next attempt's message
+            claims.discard(self.clients, held)
+        delivery.settle()  # the move sent the next attempt's message
         self.pace.too_slow((tasks.now() - held.started).total_seconds(), expected)
         telemetry.attempt_ended(held.stage, FailureClass.EXECUTION_TIMEOUT.value,
                                 (tasks.now() - held.started).total_seconds())
@@ -382,7 +363,7 @@ class Worker:
         if after is TaskStatus.DEAD:
             self.progress.task_ended(ref.job)
 
-    def _backup_runs(self, held: transitions.Claim) -> bool | None:
+    def _backup_runs(self, held: claims.Claim) -> bool | None:
         """Whether a backup of the attempt runs (None if that could not be read)."""
         if held.ref.backup:
             return False
@@ -392,7 +373,7 @@ class Worker:
             log.info("backup of %s not read: %s", held.ref, exc)
             return None
 
-    def run_stage(self, held: transitions.Claim, lease: Lease, slot: Slot) -> Outcome:
+    def run_stage(self, held: claims.Claim, lease: Lease, slot: Slot) -> Outcome:
         """Run the attempt's stage in the slot's stage process (its own process group);
         kill it if the attempt is revoked meanwhile, or once it runs past its kill time, or
         as soon as the pace its stage reports will take it far past (``pace.bound_to_overrun``)."""
@@ -424,15 +405,3 @@ class Worker:
             if self.draining.is_set():  # found slow: a healthy worker runs it sooner
                 process.kill(self.settings.kill_grace_s)
                 return Outcome(failure=FailureClass.WORKER_SLOW, error=f"worker {self.id} found slow: given up")
-
-    def poison(self, queue: QueueClient, message: QueueMessage, why: str) -> None:
-        record = {
-            "queue": queue.queue_name, "message_id": message.id, "why": why,
-            "dequeue_count": message.dequeue_count, "worker": self.id, "at": time.time(),
-            "content": str(message.content)[:4096],
-        }
-        self.clients.queue(self.settings.names.poison_queue(queue.queue_name)).send_message(
-            json.dumps(record).encode()
-        )
-        queue.delete_message(message)
-        log.warning("poisoned message %s from %s: %s", message.id, queue.queue_name, why)

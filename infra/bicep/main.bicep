@@ -102,6 +102,7 @@ var settings = {
   '${names.settings.shards}': string(names.shards)
   '${names.settings.window}': contains(tuning, 'window') ? tuning.window : ''
   '${names.settings.partitions}': contains(tuning, 'partitions') ? tuning.partitions : ''
+  '${names.settings.tasksPerMessage}': contains(tuning, 'tasksPerMessage') ? tuning.tasksPerMessage : ''
   '${names.settings.maxTasks}': contains(tuning, 'maxTasks') ? tuning.maxTasks : ''
   '${names.settings.maxAttempts}': contains(tuning, 'maxAttempts') ? tuning.maxAttempts : ''
   '${names.settings.maxTransientAttempts}': contains(tuning, 'maxTransientAttempts') ? tuning.maxTransientAttempts : ''
@@ -171,6 +172,7 @@ module workers 'modules/workers.bicep' = {
     memory: workerMemory
     maxReplicas: workerMaxReplicas
     slots: workerSlots
+    tasksPerMessage: contains(tuning, 'tasksPerMessage') ? int(tuning.tasksPerMessage) : names.tasksPerMessage
     idleSeconds: 60
     replicaTimeout: 21600
   }

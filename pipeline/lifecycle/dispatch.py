@@ -34,7 +34,7 @@ from azure.data.tables import TableTransactionError, UpdateMode
 from pipeline.lifecycle import partitions
 from pipeline.lifecycle.attempts import Op, unindex
 from pipeline.lifecycle.status import TaskStatus
-from pipeline.lifecycle.tasks import TaskRef, get_task, if_match, now
+from pipeline.lifecycle.tasks import MESSAGE_TASKS, TaskRef, get_task, if_match, now
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
 
@@ -70,25 +70,47 @@ def ref_of(row: Any) -> tuple[int, TaskRef]:
     return row.shard, row.ref
 
 
-def send(clients: Clients, messages: Iterable[tuple[int, TaskRef]], delay_s: int = 0) -> int:
-    """Send each task message to its shard (visible after ``delay_s``); returns how many
-    went. A send that fails is logged and left to the reconciler: the task's dispatch
-    entry falls due and its message is sent again."""
-    messages = list(messages)
+def send(clients: Clients, messages: Iterable[tuple[int, TaskRef]], delay_s: int = 0, per_message: int = 1) -> int:
+    """Send each task message to its shard (visible after ``delay_s``), the attempts of one
+    shard and partition up to ``per_message`` to a message (``TaskRef.encode_many``; a
+    backup always alone); returns how many attempts' messages went. A send that fails is
+    logged and left to the reconciler: each task's dispatch entry falls due and its message
+    is sent again."""
+    packed = pack(messages, per_message)
 
-    def one(message: tuple[int, TaskRef]) -> bool:
-        shard, ref = message
+    def one(message: tuple[int, list[TaskRef]]) -> int:
+        shard, refs = message
+        body = refs[0].encode() if len(refs) == 1 else TaskRef.encode_many(refs)
         try:
-            clients.shard_queues[shard].send_message(ref.encode(), visibility_timeout=delay_s or None)
-            return True
+            clients.shard_queues[shard].send_message(body, visibility_timeout=delay_s or None)
+            return len(refs)
         except Exception as exc:
-            log.warning("message of %s/%s not sent (the reconciler will resend it): %s", ref.job, ref.task, exc)
-            return False
+            log.warning("message of %s/%s not sent (the reconciler will resend it): %s", refs[0].job,
+                        ",".join(r.task for r in refs), exc)
+            return 0
 
-    if len(messages) <= 1:
-        return sum(map(one, messages))
-    with ThreadPoolExecutor(min(SEND_THREADS, len(messages))) as pool:
-        return sum(pool.map(one, messages))
+    if len(packed) <= 1:
+        return sum(map(one, packed))
+    with ThreadPoolExecutor(min(SEND_THREADS, len(packed))) as pool:
+        return sum(pool.map(one, packed))
+
+
+def pack(messages: Iterable[tuple[int, TaskRef]], per_message: int) -> list[tuple[int, list[TaskRef]]]:
+    """``messages`` as messages of up to ``per_message`` attempts (``tasks.MESSAGE_TASKS`` at
+    most) of one shard and partition, in the order their first attempt came; a backup alone."""
+    size = max(1, min(per_message, MESSAGE_TASKS))
+    packed: list[tuple[int, list[TaskRef]]] = []
+    filling: dict[tuple[int, str], list[TaskRef]] = {}
+    for shard, ref in messages:
+        if ref.backup or size == 1:
+            packed.append((shard, [ref]))
+            continue
+        refs = filling.get((shard, ref.partition))
+        if refs is None or len(refs) == size:
+            refs = filling[(shard, ref.partition)] = []
+            packed.append((shard, refs))
+        refs.append(ref)
+    return packed
 
 
 def front(clients: Clients, shard: int) -> datetime | None:

@@ -165,11 +165,13 @@ def worker_table(clients: Clients, writers: Mapping[str, Mapping[str, int]]) -> 
         if not mark or not slot.isdigit():
             continue  # the monitor, the sweep, a releaser, a canceller
         committed = sum(counts.get(status, 0) for status in ("SUCCEEDED", "CACHED", "NO_DATA"))
-        entry = found.setdefault(worker, {"worker": worker, "attempts": 0, "committed": 0})
-        # claims: each ended in a commit, a failure, or is RUNNING still (or was revoked by the monitor)
-        entry["attempts"] += max(0, counts.get("RUNNING", 0)) + committed + counts.get("FAILED", 0)
+        entry = found.setdefault(worker, {"worker": worker, "attempts": 0, "committed": 0, "running": 0})
+        entry["attempts"] += committed + counts.get("FAILED", 0)
         entry["committed"] += committed
+        entry["running"] += counts.get("RUNNING", 0)  # its claims less its ends: one slot may end what another claimed
     for entry in found.values():
+        # claims: each ended in a commit, a failure, or is RUNNING still (or was revoked by the monitor)
+        entry["attempts"] += max(0, entry.pop("running"))
         entry |= {"recent_ratio": None, "state": "unknown"}  # until its health row says (one query: the fleet's)
     for row in clients.workers.query_entities("PartitionKey eq @p", parameters={"p": PARTITION},
                                               select=["RowKey", "Ratios", "Running", "Slots", "Stall", "State",

@@ -165,7 +165,7 @@ def release(clients: Clients, job: str, *, min_room: float = 0.0, row: jobs.JobR
                 row = jobs.update(clients, row, releaser_until=tasks.now() + lease)
                 holding = True
             queued = transitions.queue(clients, tasks.list_tasks(clients.tasks, row.parts, released, count))
-            dispatch.send(clients, map(dispatch.ref_of, queued))
+            dispatch.send(clients, map(dispatch.ref_of, queued), per_message=clients.settings.tasks_per_message)
             # The cursor moves only after the sends, and renews the lease as it moves.
             row = jobs.update(clients, row, released=released + count, releaser_until=tasks.now() + lease)
         except Exception as exc:

@@ -23,7 +23,8 @@ from pipeline.lifecycle.status import JobState
 from pipeline.storage.clients import Clients
 
 log = logging.getLogger(__name__)
-JOB_CHECK_S = 1.0  # while a job still has tasks to release, a worker looks at its window this often
+JOB_CHECK_S = 1.0  # a worker looks at a job at most this often, until its end is near
+NEAR_END = 16  # a job of all released with no more than this many tasks unended (last seen): every end is looked at
 FORGET_JOBS_AFTER = 1000  # jobs whose last look a worker remembers
 TOP_UP_SHARE = 0.25  # after a task's end, the window is topped up once this share of it has drained
 
@@ -37,19 +38,21 @@ def task_ended(clients: Clients, job: str, row: JobRow | None = None,
 
 
 def _follow(clients: Clients, job: str, row: JobRow | None, counts: Counter[str] | None,
-            released: bool = False) -> tuple[bool, bool]:
-    """``task_ended``, and whether every tile task is released once it is done (``released``:
-    the caller knows they all were, though ``row`` was read before the last were)."""
+            released: bool = False) -> tuple[bool, bool, int]:
+    """``task_ended``, whether every tile task is released once it is done (``released``:
+    the caller knows they all were, though ``row`` was read before the last were), and how
+    many of the job's tasks were not ended."""
     row = row if row is not None else jobs.get(clients, job)
     if counts is None:
         counts = tasks.state_counts(clients.tasks, row.parts)
-    if completion.all_terminal(clients, row, sum(tasks.terminal_of(counts).values())):
+    done = sum(tasks.terminal_of(counts).values())
+    if completion.all_terminal(clients, row, done):
         jobs.announce_done(clients, job)
-        return True, True
+        return True, True, 0
     if released or row.all_released:
-        return False, True
+        return False, True, row.total - done
     count = planner.release(clients, job, min_room=TOP_UP_SHARE, row=row, counts=counts)
-    return False, row.released + count >= row.tiles
+    return False, row.released + count >= row.tiles, row.total - done
 
 
 def follow_up(clients: Clients, counter: tasks.TerminalCounter, job: str, row: JobRow) -> bool:
@@ -72,35 +75,37 @@ class Watch:
 
     While a job still has tile tasks to release, none of its tasks can be its last, and the
     window needs a look only now and then (it is topped up a quarter at a time): the worker
-    reads the job row and counters at most every ``JOB_CHECK_S`` then. Once it has seen all
-    released (or released the last itself), it reads the counters after every task, with the
-    row it last read (which has all that needs), so the job's last task is announced at once.
-    An end it did not look at (too soon after its last look) may still have been the job's
-    last, released meanwhile by another: :meth:`catch_up`, called from the worker's loop,
+    reads the job row and counters at most every ``JOB_CHECK_S`` then, and so while many of
+    its tasks are still to end. Once it has seen all released (or released the last itself)
+    and no more than ``NEAR_END`` tasks unended, it reads the counters after every task, with
+    the row it last read (which has all that needs), so the job's last task is announced at
+    once. An end it did not look at (too soon after its last look) may still have been the
+    job's last, ended meanwhile by others: :meth:`catch_up`, called from the worker's loop,
     looks at it once ``JOB_CHECK_S`` has passed."""
 
     def __init__(self, clients: Clients) -> None:
         self.clients = clients
         self._lock = threading.Lock()
-        # per job: when this worker last looked, the row it read, and whether all were released
-        self._looked: dict[str, tuple[float, JobRow | None, bool]] = {}
+        # per job: when this worker last looked, the row it read, whether all were released, and
+        # whether its end was near
+        self._looked: dict[str, tuple[float, JobRow | None, bool, bool]] = {}
         self._skipped: set[str] = set()  # jobs with a task end not looked at yet
 
     def task_ended(self, job: str) -> None:
         with self._lock:
-            looked_at, known, released = self._looked.get(job, (-JOB_CHECK_S, None, False))
-            if not released and time.monotonic() - looked_at < JOB_CHECK_S:
+            looked_at, known, released, near = self._looked.get(job, (-JOB_CHECK_S, None, False, False))
+            if not (released and near) and time.monotonic() - looked_at < JOB_CHECK_S:
                 self._skipped.add(job)
                 return
             self._skipped.discard(job)
-            self._looked[job] = (time.monotonic(), known, released)
+            self._looked[job] = (time.monotonic(), known, released, near)
         row = known if released and known is not None else jobs.get(self.clients, job)
-        announced, released = _follow(self.clients, job, row, None, released)
+        announced, released, unended = _follow(self.clients, job, row, None, released)
         with self._lock:
             if announced:
                 self._looked.pop(job, None)
                 return
-            self._looked[job] = (time.monotonic(), row, released)
+            self._looked[job] = (time.monotonic(), row, released, unended <= NEAR_END)
             if len(self._looked) > FORGET_JOBS_AFTER:  # jobs finished by other workers
                 oldest = sorted(self._looked, key=lambda j: self._looked[j][0])
                 for gone in oldest[: len(oldest) // 2]:
@@ -112,7 +117,7 @@ class Watch:
         their workers' looks would wait for the sweep to be announced (a lease later)."""
         with self._lock:
             due = [job for job in self._skipped
-                   if time.monotonic() - self._looked.get(job, (-JOB_CHECK_S, None, False))[0] >= JOB_CHECK_S]
+                   if time.monotonic() - self._looked.get(job, (-JOB_CHECK_S, None, False, False))[0] >= JOB_CHECK_S]
         for job in due:
             try:
                 self.task_ended(job)

@@ -31,7 +31,7 @@ from datetime import datetime, timedelta
 from azure.core.exceptions import ResourceModifiedError, ResourceNotFoundError
 from azure.data.tables import TableTransactionError, UpdateMode
 
-from pipeline.lifecycle import attempts, dispatch, rollups, transitions
+from pipeline.lifecycle import attempts, claims, dispatch, rollups, transitions
 from pipeline.lifecycle.attempts import AttemptRow, Deadline
 from pipeline.lifecycle.failures import FailureClass, error_code
 from pipeline.lifecycle.jobs import JobRow
@@ -141,7 +141,7 @@ def _not_run(clients: Clients, asked: AttemptRow) -> None:
 
 def claim_backup(clients: Clients, ref: TaskRef, worker: str,
                  kill_time: Callable[[TaskRef, str, dict[str, str], int], datetime],
-                 last_pass: bool = False) -> transitions.Claim | None:
+                 last_pass: bool = False) -> claims.Claim | None:
     """Take the backup ``ref`` names, if its attempt still runs and nobody took it: its
     attempt row moves REQUESTED → RUNNING (fenced on its ETag) with its deadline entry, in
     one transaction; the task row is not written, and its ETag is the fence the backup
@@ -176,7 +176,7 @@ def claim_backup(clients: Clients, ref: TaskRef, worker: str,
         if is_conflict(exc):
             return None  # another worker took it first
         raise
-    return transitions.Claim(ref, row.etag, row.stage, params, started, row.last_failure, worker, kill_at, index)
+    return claims.Claim(ref, row.etag, row.stage, params, started, row.last_failure, worker, kill_at, index)
 
 
 def _end(clients: Clients, part: str, task: str, attempt: int, index: str, etag: str = "",
@@ -204,14 +204,14 @@ def _end(clients: Clients, part: str, task: str, attempt: int, index: str, etag:
             raise
 
 
-def abandon(clients: Clients, held: transitions.Claim, failure: FailureClass, error: str) -> None:
+def abandon(clients: Clients, held: claims.Claim, failure: FailureClass, error: str) -> None:
     """A backup failed: record it and drop it. The task stays with the attempt it copied,
     which a failure of the backup (a crash of the machine it ran on, say) says nothing of."""
     _end(clients, held.ref.partition, held.ref.task, held.ref.attempt, held.index, outcome=TaskStatus.FAILED.value,
          failure_class=failure.value, error=redact(error)[: transitions.ERROR_CHARS])
 
 
-def give_way(clients: Clients, held: transitions.Claim, failure: FailureClass, error: str) -> bool:
+def give_way(clients: Clients, held: claims.Claim, failure: FailureClass, error: str) -> bool:
     """A worker found slow gives up an attempt whose backup runs elsewhere: the attempt's
     row records it, and the task row and the attempt's deadline entry stay as they are, so
     the backup keeps its fence. The entry lapses with the heartbeat, and the monitor leaves

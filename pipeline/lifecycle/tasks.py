@@ -15,6 +15,8 @@ import base64
 import binascii
 import json
 import threading
+import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -24,6 +26,8 @@ from azure.core import MatchConditions
 from azure.core.exceptions import (
     ResourceExistsError,
     ResourceNotFoundError,
+    ServiceRequestError,
+    ServiceResponseError,
 )
 from azure.data.tables import TableClient, TableEntity, TableTransactionError, UpdateMode
 
@@ -35,6 +39,7 @@ from pipeline.storage import names
 from pipeline.storage.rows import Row, stored
 
 BATCH = 100  # entities per entity-group transaction (the service's limit)
+MESSAGE_TASKS = 24  # the most attempts one task message names: their claims (4 writes each) fit a transaction
 
 
 def now() -> datetime:
@@ -111,13 +116,44 @@ class TaskRef:
         return json.dumps(body | ({"backup": True} if self.backup else {}) | ({"part": self.part} if self.part
                                                                              else {})).encode()
 
+    @staticmethod
+    def encode_many(refs: list[TaskRef]) -> bytes:
+        """One message naming the attempts ``refs`` (2 to MESSAGE_TASKS of one partition,
+        none a backup): ``{job, tasks: [[task, attempt], ...][, part]}``. A worker claims
+        them together, and a task costs a share of a send, a receive and a delete."""
+        first = refs[0]
+        if not 2 <= len(refs) <= MESSAGE_TASKS or any(r.backup or r.partition != first.partition for r in refs):
+            raise ValueError(f"a message names 2 to {MESSAGE_TASKS} attempts of one partition, no backup")
+        body: dict[str, Any] = {"job": first.job, "tasks": [[r.task, r.attempt] for r in refs]}
+        return json.dumps(body | ({"part": first.part} if first.part else {})).encode()
+
     @classmethod
     def decode(cls, content: bytes | str) -> TaskRef:
-        """Parse a message body; ValueError for anything that is not a task reference."""
-        try:
-            body = json.loads(message_bytes(content))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"not JSON: {exc}") from None
+        """Parse a message body naming one attempt; ValueError for anything that is not a
+        task reference."""
+        return cls._checked(_body(content))
+
+    @classmethod
+    def decode_all(cls, content: bytes | str) -> list[TaskRef]:
+        """The attempts a message names: one, or several (:meth:`encode_many`); ValueError
+        for anything else, or for a list with any entry amiss."""
+        body = _body(content)
+        if not (isinstance(body, dict) and "tasks" in body):
+            return [cls._checked(body)]
+        if set(body) - {"part"} != {"job", "tasks"}:
+            raise ValueError("a message of several tasks is {job, tasks[, part]}")
+        listed = body["tasks"]
+        if not (isinstance(listed, list) and 2 <= len(listed) <= MESSAGE_TASKS
+                and all(isinstance(pair, list) and len(pair) == 2 for pair in listed)):
+            raise ValueError(f"tasks is a list of 2 to {MESSAGE_TASKS} [task, attempt] pairs")
+        part = {"part": body["part"]} if "part" in body else {}
+        refs = [cls._checked({"job": body["job"], "task": task, "attempt": attempt} | part) for task, attempt in listed]
+        if len({r.task for r in refs}) != len(refs):
+            raise ValueError("a message names a task twice")
+        return refs
+
+    @classmethod
+    def _checked(cls, body: Any) -> TaskRef:
         if not isinstance(body, dict) or set(body) - {"backup", "part"} != {"job", "task", "attempt"}:
             raise ValueError("a task message is {job, task, attempt[, backup][, part]}")
         job, task, attempt = body["job"], body["task"], body["attempt"]
@@ -133,6 +169,13 @@ class TaskRef:
         if not 1 <= attempt <= 1000:
             raise ValueError("attempt out of range")
         return cls(job, task, attempt, backup, part)
+
+
+def _body(content: bytes | str) -> Any:
+    try:
+        return json.loads(message_bytes(content))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"not JSON: {exc}") from None
 
 
 # --- the row --------------------------------------------------------------------------------
@@ -260,6 +303,10 @@ class TerminalCounter:
             return [dict(answer) for answer in result[:-1]]
 
 
+# the rollup row of this process's moves made without a writer of their own (releases, settles)
+MOVER = TerminalCounter(f"mover-{uuid.uuid4().hex[:12]}")
+
+
 def state_counts(tasks: TableClient, parts: list[str]) -> Counter[str]:
     """How many of a job's tasks (in its partitions ``parts``) are in each counted state —
     QUEUED, RUNNING and the terminal ones (``rollups.UNCOUNTED`` are not) — summed over the
@@ -292,6 +339,17 @@ def in_flight(counts: Counter[str]) -> int:
 def get_task(tasks: TableClient, part: str, task: str) -> TaskRow:
     """The row of task ``task`` in partition ``part``; ResourceNotFoundError if there is none."""
     return TaskRow.from_entity(tasks.get_entity(part, task))
+
+
+def read_back(tasks: TableClient, part: str, task: str) -> TaskRow:
+    """The task row after a write whose answer was lost, read again (with a growing wait)
+    while storage does not answer: what the write did is settled on it, never guessed."""
+    for attempt in range(10):
+        try:
+            return get_task(tasks, part, task)
+        except (ServiceRequestError, ServiceResponseError):
+            time.sleep(min(2**attempt, 10))
+    return get_task(tasks, part, task)
 
 
 def list_tasks(tasks: TableClient, parts: list[str], first: int = 0, count: int | None = None) -> list[TaskRow]:

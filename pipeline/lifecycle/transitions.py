@@ -1,9 +1,10 @@
 """Every change of a task's state, each a named operation and a conditional write.
 
-Whoever moves a task — the planner releasing it, a worker claiming, heartbeating, committing
-or failing it, the monitor revoking it, a canceller — calls one of these; no other module
-writes a task row's state. Each is one entity-group transaction in the task's partition
-(``pipeline.lifecycle.partitions``), fenced on the row's ETag, holding everything that must
+Whoever moves a task — the planner releasing it, a worker committing or failing it, the
+monitor revoking it, a canceller — calls one of these, or, to claim it, one of
+``pipeline.lifecycle.claims``; no other module writes a task row's state. Each is one
+entity-group transaction in the task's partition (``pipeline.lifecycle.partitions``), fenced
+on the row's ETag, holding everything that must
 change with it: the attempt's row, its entry in the monitor's deadline index
 (``pipeline.lifecycle.attempts``), its entry in the dispatch index while it is QUEUED
 (``pipeline.lifecycle.dispatch``), a failed attempt's entry in the failure index, the
@@ -24,15 +25,12 @@ import json
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from datetime import datetime
+from collections.abc import Iterator
 from typing import Any
 
 from azure.core.exceptions import (
     HttpResponseError,
     ResourceModifiedError,
-    ResourceNotFoundError,
     ServiceRequestError,
     ServiceResponseError,
 )
@@ -40,18 +38,18 @@ from azure.data.tables import TableTransactionError
 
 from pipeline.lifecycle import attempts, dependencies, dispatch, partitions, rollups, tasks
 from pipeline.lifecycle.attempts import Op
+from pipeline.lifecycle.claims import Claim
 from pipeline.lifecycle.failures import FailureClass
 from pipeline.lifecycle.rollups import Moves
 from pipeline.lifecycle.status import TaskStatus, after_failure, transition
-from pipeline.lifecycle.tasks import TaskRef, TaskRow, TerminalCounter, is_conflict, now, tile_of, update_op
+from pipeline.lifecycle.tasks import TaskRef, TaskRow, TerminalCounter, now, tile_of, update_op
 from pipeline.redact import redact
 from pipeline.storage.clients import Clients
 
 ERROR_CHARS = 2000  # an error message kept on a row is cut to this
 # the most characters of output names a task row holds (a string property is 64 KiB of UTF-16)
 OUTPUTS_CHARS = 30_000
-# the rollup row of this process's moves made without a writer of their own (releases)
-_mover = TerminalCounter(f"mover-{uuid.uuid4().hex[:12]}")
+GROUP_COMMITS = (tasks.BATCH - 1) // 3  # commits one transaction holds: a task row, its attempt, its entry
 
 
 def _read_again(clients: Clients, part: str, rows: list[TaskRow]) -> list[TaskRow]:
@@ -84,7 +82,7 @@ def queue(clients: Clients, rows: list[TaskRow]) -> list[TaskRow]:
                     moves.move(row.stage, tile_of(row.params), TaskStatus.PENDING, TaskStatus.QUEUED)
             try:
                 if ops:
-                    _mover.write(clients.tasks, part, ops, moves)
+                    tasks.MOVER.write(clients.tasks, part, ops, moves)
             except TableTransactionError:  # a row moved meanwhile (cancelled, another releaser)
                 chunk = _read_again(clients, part, chunk)
                 continue
@@ -124,7 +122,7 @@ def settle(clients: Clients, rows: list[TaskRow], outputs: dict[str, list[str]],
                 ops, moves, messages = ops + counted, moves.merged(more), messages + ([message] if message else [])
             try:
                 if ops:
-                    _mover.write(clients.tasks, part, ops, moves)
+                    tasks.MOVER.write(clients.tasks, part, ops, moves)
             except TableTransactionError:  # a row moved meanwhile (queued, cancelled, another planner)
                 chunk = _read_again(clients, part, chunk)
                 continue
@@ -132,108 +130,6 @@ def settle(clients: Clients, rows: list[TaskRow], outputs: dict[str, list[str]],
             settled += len(live)
             break
     return settled
-
-
-# --- QUEUED -> RUNNING: the claim ------------------------------------------------------------
-@dataclass
-class Claim:
-    """A worker's hold on one attempt of a task."""
-
-    ref: TaskRef
-    etag: str  # the task row's ETag right after the claim: the commit's fence
-    stage: str
-    params: dict[str, str]
-    started: datetime
-    last_failure: str  # the failure class of the previous attempt, "" if none
-    worker: str  # who holds it
-    kill_at: datetime  # when the monitor revokes it
-    index: str  # the row key of its entry in the monitor's deadline index (moved by heartbeats)
-    speculate_at: datetime | None = None  # from when a backup copy would help (``pipeline.lifecycle.speculation``)
-
-
-def claim(clients: Clients, ref: TaskRef, worker: str,
-          kill_time: Callable[[TaskRef, str, dict[str, str], int], datetime],
-          counter: TerminalCounter | None = None,
-          speculate_time: Callable[[str, dict[str, str], datetime], datetime | None] | None = None,
-          hint: TaskRow | None = None) -> Claim | None:
-    """Move the task to RUNNING for the attempt its row names, if the message may still run
-    it: the row is QUEUED and the message is not from a later attempt. None otherwise (the
-    message is stale or a duplicate, and is deleted). ``kill_time`` says when the monitor is
-    to revoke the attempt, from its stage, parameters and how many earlier attempts were
-    revoked for time; ``speculate_time`` from when a backup copy of it would help (its
-    start given). One transaction writes the task row, the attempt's row and its
-    deadline entry, and removes its dispatch entry: no attempt is ever RUNNING without a
-    deadline, none QUEUED without a dispatch entry; and moves the rollup of ``counter``
-    (the claiming slot's; this process's own if None). ``hint``: the row read a moment ago
-    (``worker.readahead``), tried in place of a read while it is claimable; should its ETag
-    be stale, the row is read and the claim made again. A claim refused because its own
-    first try had applied (the storage client retried it after losing the answer) is
-    recognised on the row read back, and holds."""
-    part = ref.partition
-    row = hint if hint is not None and hint.status is TaskStatus.QUEUED and ref.attempt <= hint.attempt else None
-    if row is None:
-        try:
-            row = tasks.get_task(clients.tasks, part, ref.task)
-        except ResourceNotFoundError:
-            return None
-        if row.status is not TaskStatus.QUEUED or ref.attempt > row.attempt:
-            return None
-    # An older message may stand in for the current attempt: the row is the truth.
-    current = dataclasses.replace(ref, attempt=row.attempt)
-    params = row.parameters()
-    kill_at = kill_time(current, row.stage, params, row.timeouts)
-    started = now()
-    speculate_at = speculate_time(row.stage, params, started) if speculate_time else None
-    index, index_write = attempts.index_op(clients, part, ref.task, current.attempt, kill_at, worker, started,
-                                           speculate_at)
-    mark = uuid.uuid4().hex  # to recognise this claim when read back
-    ops = [update_op(part, ref.task, row.etag, worker=worker, started_at=started, dispatch="", last_write=mark,
-                     status=transition(row.status, TaskStatus.RUNNING)),
-           attempts.attempt_op(part, ref.task, current.attempt, worker=worker, started_at=started,
-                               heartbeat=started, outcome=TaskStatus.RUNNING.value),
-           index_write]
-    if row.dispatch:
-        ops.append(dispatch.remove_op(part, row.dispatch))
-    counter = counter or _mover
-    moves = Moves().move(row.stage, params.get("tile", ""), TaskStatus.QUEUED, TaskStatus.RUNNING)
-    try:
-        etag = counter.write(clients.tasks, part, ops, moves)[0]["etag"]
-    except TableTransactionError as exc:
-        if is_conflict(exc):
-            now_row = _read_back(clients, part, ref.task)
-            if now_row.last_write != mark and row is hint:  # changed since it was read ahead: read it now
-                return claim(clients, ref, worker, kill_time, counter, speculate_time)
-            if now_row.last_write != mark:
-                return None  # another worker claimed it first
-            etag = now_row.etag  # applied, its answer lost: the client's retry of it was refused
-        elif attempts.is_missing(exc) and len(ops) == 4:  # an entry older than the rules: claim without it
-            etag = counter.write(clients.tasks, part, ops[:3], moves)[0]["etag"]
-        else:
-            raise
-    return Claim(current, etag, row.stage, params, started, row.last_failure, worker, kill_at, index, speculate_at)
-
-
-def still_held(clients: Clients, held: Claim) -> bool:
-    """True while the task row still names this attempt as running (nobody revoked or
-    cancelled it, nor did its backup or the attempt it backs up commit) and, for a backup,
-    while the monitor has not given it up."""
-    part, task = held.ref.partition, held.ref.task
-    return tasks.get_task(clients.tasks, part, task).etag == held.etag and (
-        not held.ref.backup or attempts.is_running(clients, part, task, held.ref.attempt, backup=True))
-
-
-def heartbeat(clients: Clients, held: Claim) -> None:
-    """Move the attempt's deadline entry on (its heartbeat is now)."""
-    held.index = attempts.move(clients, held.ref.partition, held.ref.task, held.ref.attempt, held.kill_at, held.worker,
-                               previous=held.index, speculate_at=held.speculate_at, backup=held.ref.backup)
-
-
-def discard(clients: Clients, held: Claim) -> None:
-    """Record that a revoked attempt's work was thrown away; it leaves the deadline index.
-    (A backup's row says so in its outcome too: nobody else ends it.)"""
-    attempts.record(clients, held.ref.partition, held.ref.task, held.ref.attempt, held.ref.backup, discarded=True,
-                    discarded_at=now(), **({"outcome": "DISCARDED"} if held.ref.backup else {}))
-    attempts.unindex(clients, held.ref.partition, held.index)
 
 
 # --- RUNNING -> terminal, or back to QUEUED: fenced on the attempt ----------------------------
@@ -265,7 +161,7 @@ def _fenced(clients: Clients, part: str, task: str, etag: str, change: dict[str,
             applied = None
             time.sleep(min(2**attempt, 10))
         if applied is None:
-            row = _read_back(clients, part, task)
+            row = tasks.read_back(clients.tasks, part, task)
             if row.etag == etag:
                 again = version and conflicts < dependencies.CONFLICTS
                 if again and dependencies.counted_off(clients, part, waiting)[3] != version:
@@ -283,20 +179,54 @@ def _fenced(clients: Clients, part: str, task: str, etag: str, change: dict[str,
     raise RuntimeError(f"task {part}/{task} could not be written after {tries} tries")
 
 
-def _read_back(clients: Clients, part: str, task: str) -> TaskRow:
-    for attempt in range(10):
-        try:
-            return tasks.get_task(clients.tasks, part, task)
-        except (ServiceRequestError, ServiceResponseError):
-            time.sleep(min(2**attempt, 10))
-    return tasks.get_task(clients.tasks, part, task)
-
-
 def commit(clients: Clients, counter: TerminalCounter, held: Claim, status: TaskStatus,
            outputs: list[str]) -> bool:
     """Publish the attempt's outputs on the task row, fenced on the claim's ETag: True if
     this attempt committed, False if it had been revoked (its outputs are then never named).
     An attempt and its backup hold the same fence: the first of them to commit wins."""
+    moves = Moves()
+    change, ended_as = _commit_ops(held, status, outputs, moves)
+    part, task = held.ref.partition, held.ref.task
+    if _fenced(clients, part, task, held.etag, change, [ended_as], held.index, counter, moves,
+               dependencies.waiting(held.params, status)):
+        return True
+    attempts.record(clients, part, task, held.ref.attempt, held.ref.backup, ended_at=change["ended_at"],
+                    outcome="DISCARDED")
+    return False
+
+
+def commit_many(clients: Clients, counter: TerminalCounter,
+                ended: list[tuple[Claim, TaskStatus, list[str]]]) -> list[bool | Exception]:
+    """:func:`commit` of several attempts of one partition at once (none a backup, none a
+    tile task counted off a reduction; at most ``GROUP_COMMITS``): one transaction, each row
+    fenced on its claim's ETag, with ``counter``'s rollup. A transaction refused (a row moved:
+    revoked, cancelled) or unanswered is settled on the first row read back — all of it
+    applied, or none — and if none, each is committed on its own, which tells which hold:
+    each one's answer, or the error its own commit raised."""
+    part, mark, moves, ops = ended[0][0].ref.partition, uuid.uuid4().hex, Moves(), list[Op]()
+    for held, status, outputs in ended:
+        change, ended_as = _commit_ops(held, status, outputs, moves)
+        ops += [update_op(part, held.ref.task, held.etag, **change, last_write=mark), ended_as,
+                attempts.unindex_op(part, held.index)]
+    try:
+        counter.write(clients.tasks, part, ops, moves)
+    except Exception:
+        if tasks.read_back(clients.tasks, part, ended[0][0].ref.task).last_write != mark:
+            return [_alone(clients, counter, *each) for each in ended]
+    return [True] * len(ended)
+
+
+def _alone(clients: Clients, counter: TerminalCounter, held: Claim, status: TaskStatus,
+           outputs: list[str]) -> bool | Exception:
+    try:
+        return commit(clients, counter, held, status, outputs)
+    except Exception as exc:  # its own: the others of its group are settled all the same
+        return exc
+
+
+def _commit_ops(held: Claim, status: TaskStatus, outputs: list[str], moves: Moves) -> tuple[dict[str, Any], Op]:
+    """A commit's change of the task row and its write of the attempt's end; its moves added
+    to ``moves``."""
     ended = now()
     runtime = (ended - held.started).total_seconds()
     part, task, attempt, backup = held.ref.partition, held.ref.task, held.ref.attempt, held.ref.backup
@@ -304,12 +234,8 @@ def commit(clients: Clients, counter: TerminalCounter, held: Claim, status: Task
               "outputs": json.dumps(outputs), **({"worker": held.worker} if backup else {})}
     ended_as = attempts.attempt_op(part, task, attempt, backup, ended_at=ended, outcome=status.value,
                                    runtime_s=runtime)
-    moves = Moves().move(held.stage, tile_of(held.params), TaskStatus.RUNNING, status).ran(held.stage, runtime)
-    if _fenced(clients, part, task, held.etag, change, [ended_as], held.index, counter, moves,
-               dependencies.waiting(held.params, status)):
-        return True
-    attempts.record(clients, part, task, attempt, backup, ended_at=ended, outcome="DISCARDED")
-    return False
+    moves.move(held.stage, tile_of(held.params), TaskStatus.RUNNING, status).ran(held.stage, runtime)
+    return change, ended_as
 
 
 def _ended(clients: Clients, row_attempt: int, failed_as: TaskStatus, budget: int, failure: FailureClass,

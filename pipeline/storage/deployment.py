@@ -13,7 +13,7 @@ import json
 import sys
 
 from pipeline.lifecycle import costs
-from pipeline.settings import deployed_settings
+from pipeline.settings import Settings, deployed_settings
 from pipeline.storage import names
 
 DEPLOYED_SHARDS = 4  # the shard count infra/bicep deploys (BAGPIPE_SHARDS there)
@@ -27,6 +27,8 @@ def deployment_names(shards: int = DEPLOYED_SHARDS) -> dict[str, object]:
         "queues": deployed.all_queues(shards),
         "taskQueues": [deployed.shard_queue(i) for i in range(shards)],
         "shards": shards,
+        # the attempts a message names by default: the workers' queue scaler counts messages
+        "tasksPerMessage": Settings.tasks_per_message,
         "containers": [deployed.container(c) for c in names.CONTAINERS],
         "expiringContainers": [deployed.container(c) for c in names.EXPIRING_CONTAINERS],
         "cacheRetention": [{"container": deployed.container(c), "days": keep_days(c)} for c in names.CACHE_CONTAINERS],

@@ -2,7 +2,8 @@
 // scaler on the task shards (read with the workers' managed identity). Each execution runs
 // `bagpipe worker` until the queues have been idle for a while, so reductions may run far
 // past a Function's time limit. The image comes from the registry made here (see
-// docs/deploy.md: `az acr build`).
+// docs/deploy.md: `az acr build`). The scaler counts messages, and a message names up to
+// tasksPerMessage attempts: an execution is asked for per slots / tasksPerMessage of them.
 
 param prefix string
 param suffix string
@@ -25,6 +26,8 @@ param memory string
 param maxReplicas int
 @description('Tasks one worker runs at once.')
 param slots int
+@description('Attempts a task message names (BAGPIPE_TASKS_PER_MESSAGE): the scaler counts messages.')
+param tasksPerMessage int
 @description('Seconds a worker waits on empty queues before it exits.')
 param idleSeconds int
 @description('Longest run of one worker execution, in seconds.')
@@ -96,7 +99,7 @@ resource job 'Microsoft.App/jobs@2025-01-01' = {
           rules: [for queue in names.taskQueues: {
             name: queue
             type: 'azure-queue'
-            metadata: { accountName: storageName, queueName: queue, queueLength: string(slots) }
+            metadata: { accountName: storageName, queueName: queue, queueLength: string(max(1, slots / tasksPerMessage)) }
             identity: identity.id
           }]
         }
