@@ -35,6 +35,8 @@ from worker.child import StageProcess
 
 WORKERS, SLOTS = 2, 4  # as `make demo` runs it
 TIMEOUT_S = 600.0
+POLL_S = 0.25  # the benchmark's look at its job
+REPEATS = 5  # repeats of a request timed: the median is reported (each later one finds more rows in Azurite)
 
 
 @contextmanager
@@ -49,35 +51,38 @@ def deployment(azurite: Azurite, planetary: Planetary, mail: MailServer) -> Iter
 
 
 def timed_job(clients: Clients, body: dict[str, Any]) -> tuple[float, str, dict[str, float]]:
-    """Seconds from the request's submission to its job's SUCCEEDED state; the job; and when
-    (seconds after the submission) it was first seen RUNNING (planned) and FINISHING."""
-    started = time.perf_counter()
+    """Seconds from the request's submission to its job's SUCCEEDED state, and the job, as
+    the job row says (its ``created_at`` and ``finished_at``): polled only every
+    :data:`POLL_S`, which neither rounds the time nor loads the storage the job uses; and
+    when its last tile task was settled at planning, if it was (seconds after the submission)."""
     job = jobs.submit(clients, JobRequest.model_validate(body)).job
-    seen: dict[str, float] = {}
-    while not (state := jobs.get(clients, job).state).finished:
-        seen.setdefault(state.value, time.perf_counter() - started)
-        if time.perf_counter() - started > TIMEOUT_S:
-            raise RuntimeError(f"{job} still {state} after {TIMEOUT_S:.0f} s")
-        time.sleep(0.02)
-    if state != "SUCCEEDED":
-        raise RuntimeError(f"{job} ended {state}")
-    took = time.perf_counter() - started
-    finishing = seen.get("FINISHING", took)
-    return took, job, {"planned": seen.get("RUNNING", finishing), "finishing": finishing}
+    give_up = time.monotonic() + TIMEOUT_S
+    while not (row := jobs.get(clients, job)).state.finished:
+        if time.monotonic() > give_up:
+            raise RuntimeError(f"{job} still {row.state} after {TIMEOUT_S:.0f} s")
+        time.sleep(POLL_S)
+    if row.state != "SUCCEEDED" or row.finished_at is None:
+        raise RuntimeError(f"{job} ended {row.state}")
+    settled = [r.settled_at for r in tasks.list_tasks(clients.tasks, row.parts) if r.settled_at]
+    phases = {"planned": (max(settled) - row.created_at).total_seconds()} if settled else {}
+    return (row.finished_at - row.created_at).total_seconds(), job, phases
 
 
 def first_and_repeat(azurite: Azurite, planetary: Planetary, mail: MailServer,
                      body: dict[str, Any]) -> dict[str, Any]:
-    """The request run twice in a fresh deployment: both times, and what the repeat did."""
+    """The request run once, then :data:`REPEATS` times again, in a fresh deployment: the
+    first time, the median repeat (with its phases and what it did), and the repeats' range."""
     with deployment(azurite, planetary, mail) as settings:
         clients = Clients(settings)
         first_s, _, _ = timed_job(clients, body)
-        repeat_s, job, phases = timed_job(clients, body)
+        runs = sorted((timed_job(clients, body) for _ in range(REPEATS)), key=lambda run: run[0])
+        repeat_s, job, phases = runs[len(runs) // 2]
         rows = tasks.list_tasks(clients.tasks, jobs.get(clients, job).parts)
         tiles = [r for r in rows if r.stage == "modis"]
+    settled_s = phases.get("planned", 0.0)
     return {"first_s": first_s, "repeat_s": repeat_s, "tiles": len(tiles), "tasks": len(rows),
-            "settled": sum(1 for r in tiles if r.settled_at), "planned_s": phases["planned"],
-            "finishing_s": repeat_s - phases["finishing"]}
+            "settled": sum(1 for r in tiles if r.settled_at), "settled_s": settled_s, "after_s": repeat_s - settled_s,
+            "fastest_s": runs[0][0], "slowest_s": runs[-1][0]}
 
 
 def part(ctx: Context) -> Part:
@@ -95,32 +100,36 @@ def part(ctx: Context) -> Part:
     speedup = plain["first_s"] / plain["repeat_s"]
     with_reductions = reduced["first_s"] / reduced["repeat_s"]
     figures = {"repeat_speedup": round(speedup, 1), "repeat_first_s": round(plain["first_s"], 2),
-               "repeat_again_s": round(plain["repeat_s"], 3), "repeat_settled": plain["settled"],
+               "repeat_again_s": round(plain["repeat_s"], 3), "repeat_fastest_s": round(plain["fastest_s"], 3),
+               "repeat_slowest_s": round(plain["slowest_s"], 3), "repeat_settled": plain["settled"],
                "repeat_with_reductions_speedup": round(with_reductions, 1),
-               "repeat_planned_s": round(plain["planned_s"], 3), "repeat_finishing_s": round(plain["finishing_s"], 3)}
+               "repeat_settled_s": round(plain["settled_s"], 3), "repeat_after_s": round(plain["after_s"], 3)}
     rows = [(label, run["tasks"], f"{run['first_s']:.2f} s", f"{run['repeat_s']:.2f} s",
-             f"{run['planned_s']:.2f} s", f"{run['finishing_s']:.2f} s",
+             f"{run['fastest_s']:.2f}–{run['slowest_s']:.2f} s", f"{run['settled_s']:.2f} s", f"{run['after_s']:.2f} s",
              f"{run['settled']} of {run['tiles']}", f"{run['first_s'] / run['repeat_s']:.1f}×")
             for label, run in (("the demo's tiles, no reducer", plain), ("the demo (12 reductions)", reduced))]
     markdown = f"""## A repeat request
 
-The demo's request run twice on the local stack's pieces (Azurite, the Planetary Computer
-imitation, the control loop, {WORKERS} workers of {SLOTS} slots, in one process), each timed
-from its submission to SUCCEEDED. The second time every tile is in the cache: the planner
-computes each tile task's content address from its granules and the MD5s of its cached
-sources, looks at the cache in batches, and settles the tasks whose every output is there
-at planning (PENDING → CACHED, `transitions.settle`), with no message, no claim and no
-attempt. The finisher then finds the job's overviews and packs made already: an overview
+The demo's request run once, then {REPEATS} times again, on the local stack's pieces
+(Azurite, the Planetary Computer imitation, the control loop, {WORKERS} workers of {SLOTS}
+slots, in one process), each timed from its submission to SUCCEEDED by its job row's own
+times (`created_at`, `finished_at`); the median repeat is reported, with the range of the
+{REPEATS}. Every repeat finds every tile in the cache: the planner computes each tile task's
+content address from its granules and the MD5s of its cached sources, looks at the cache in
+batches (the asynchronous client, one event loop), and settles the tasks whose every output
+is there at planning (PENDING → CACHED, `transitions.settle`), with no message, no claim and
+no attempt. The finisher then finds the job's overviews and packs made already: an overview
 of cached tiles and the packs of a job's cached tiles are content-addressed by their tiles'
 names (`overview.cache_key`, `packing.cache_address`), so the repeat copies its overviews
-and names the same packs, reading no tile. Reductions are not cached: a repeat of a
-request with a reducer runs them again. "Planned" is from the submission until the job was
-seen RUNNING (the planner's search, rows and settling), "finishing" from FINISHING to
-SUCCEEDED (manifest, overviews, packs, email).
+(several at once) and names the same packs, reading no tile. Reductions are not cached: a
+repeat of a request with a reducer runs them again. "Settled" is from the submission to the
+last tile task settled at planning (the planner's search, rows and looks at the cache),
+"after" from there to SUCCEEDED (the start, the manifest, overviews, packs, email; and the
+reductions, if any).
 
-{table(["request", "tasks", "first run", "repeat", "repeat: planned", "repeat: finishing", "settled at planning",
-        "speedup"], rows)}
+{table(["request", "tasks", "first run", "repeat (median)", "repeats' range", "repeat: settled", "repeat: after",
+        "settled at planning", "speedup"], rows)}
 
-`repeat_speedup` = {speedup:.1f} (the first run's time over the repeat's, the tiles alone).
+`repeat_speedup` = {speedup:.1f} (the first run's time over the median repeat's, the tiles alone).
 """
     return Part(figures, markdown)

@@ -128,14 +128,14 @@ def test_a_tile_whose_read_fails_is_left_to_the_ordinary_way(first_run: tuple[Se
     made = tile_outputs(clients, first)
     dates = sorted(made)
     unreadable = made[dates[0]][0].removeprefix(names.TILE_OUTPUT_PREFIX)
-    real = cache._peek
+    real = cache._apeek
 
-    def peek(container: Any, name: str) -> cache.Cached:
+    async def peek(blobs: Any, name: str) -> bytes:
         if name == unreadable:
             raise ServiceResponseError("connection cut")
-        return real(container, name)
+        return await real(blobs, name)
 
-    monkeypatch.setattr(cache, "_peek", peek)
+    monkeypatch.setattr(cache, "_apeek", peek)
     job = submit(clients)
     sweep.handle_plan(clients, json.dumps({"job": job}).encode())
     by_date = {r.parameters()["date"]: r.status for r in tile_rows(clients, job)}

@@ -97,12 +97,13 @@ def plan(clients: Clients, job: str) -> None:
 
 
 def _start(clients: Clients, row: jobs.JobRow) -> None:
-    """Start a planned job (its tasks made already settled): release a window of the
-    others, and announce the job done if nothing is left to run."""
-    job = row.job
-    release(clients, job)
-    if completion.all_terminal(clients, row):  # every task settled (before, if a planner died here)
-        jobs.announce_done(clients, job)
+    """Start a planned job (its tasks made already settled): announce it done if nothing is
+    left to run (every task settled, now or by a planner that died here), else release a
+    window of the others (a release cannot end a task: the check is not needed after it)."""
+    if completion.all_terminal(clients, row):
+        jobs.announce_done(clients, row.job)
+    else:
+        release(clients, row.job)
 
 
 def settle(clients: Clients, row: jobs.JobRow) -> int:

@@ -37,12 +37,13 @@ def made_already(clients: Clients, rows: list[TaskRow]) -> dict[str, list[str]]:
             continue  # a catalog entry the stage would refuse: its failure is the stage's to report
         if sources:  # none: the catalog has no granule of it, NO_DATA is the stage's to say
             wanted[row.task] = (params, sources)
-    digests = cache.present(clients.sources, (blob for _, sources in wanted.values() for blob in sources.values()))
+    digests = cache.present(clients, clients.sources.container_name,
+                            (blob for _, sources in wanted.values() for blob in sources.values()))
     made: dict[str, list[str]] = {}
     for task, (params, sources) in wanted.items():
         if all(blob in digests for blob in sources.values()):
             hexes = {item: digests[blob].hex() for item, blob in sources.items()}
             made[task] = [tilestage.tile_name(params, layer, hexes) for layer in tilestage.layers_of(params)]
-    tiles = cache.present(clients.tiles, (blob for blobs in made.values() for blob in blobs))
+    tiles = cache.present(clients, clients.tiles.container_name, (blob for blobs in made.values() for blob in blobs))
     return {task: [names.TILE_OUTPUT_PREFIX + blob for blob in blobs]
             for task, blobs in made.items() if all(blob in tiles for blob in blobs)}

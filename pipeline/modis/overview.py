@@ -23,6 +23,7 @@ import base64
 import hashlib
 import json
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -43,6 +44,7 @@ from pipeline.storage.clients import Clients
 log = logging.getLogger(__name__)
 MAX_DATES = 12  # per layer: the latest dates get an overview (a decade of daily data would be thousands)
 LONGEST = 1024  # pixels on an overview's longer side
+COPIES_AT_ONCE = 8  # cached overviews copied into a job at once
 Group = tuple[str, str, str, str]  # product, layer (or a reduction's file stem), first date, last date ("": a tile)
 # how an overview is drawn, in its cache key: a change to the drawing (colours, legend,
 # canvas, resampling) takes a new one, so no cached overview outlives the code that drew it
@@ -147,14 +149,19 @@ def _rasters(clients: Clients, members: list[tuple[dict[str, Any], str]]) -> lis
     return found
 
 
-def render(clients: Clients, job: str, key: Group, members: list[tuple[dict[str, Any], str]]) -> dict[str, Any]:
-    """One overview: the group's rasters warped onto one lon/lat canvas, stored as images
-    (copied from the cache when the same tiles were drawn before)."""
+def copied(clients: Clients, job: str, key: Group, members: list[tuple[dict[str, Any], str]]) -> dict[str, Any] | None:
+    """The overview copied from the cache into the job's products, if the same tiles were
+    drawn before; else None."""
     address = cache_key(key, members)
-    if address and (hit := _cached(clients, address)):
-        return _stored(clients, job, key, *hit)
+    hit = _cached(clients, address) if address else None
+    return _stored(clients, job, key, *hit) if hit else None
+
+
+def render(clients: Clients, job: str, key: Group, members: list[tuple[dict[str, Any], str]]) -> dict[str, Any]:
+    """One overview drawn: the group's rasters warped onto one lon/lat canvas, stored as
+    images, and kept in the cache when its members are cached tiles."""
     drawn, images = draw(clients, job, key, members)
-    if address:
+    if address := cache_key(key, members):
         _cache(clients, address, drawn, images)
     return _stored(clients, job, key, drawn, images)
 
@@ -198,13 +205,18 @@ def draw(clients: Clients, job: str, key: Group,
 
 
 def build(clients: Clients, job: str, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The job's overviews (reductions first: a span's summary is the best first look),
-    one after another: drawn on threads at once, rasterio's warps now and then took a
-    raster for one without a geotransform."""
+    """The job's overviews (reductions first: a span's summary is the best first look).
+    Those drawn before are copied from the cache, :data:`COPIES_AT_ONCE` at a time (a
+    read, a touch and two writes each); the others are drawn one after another: drawn on
+    threads at once, rasterio's warps now and then took a raster for one without a
+    geotransform."""
+    groups = sorted(groups_of(clients, entries).items(), key=lambda kv: (not kv[0][3], kv[0]))
+    with ThreadPoolExecutor(COPIES_AT_ONCE, thread_name_prefix="overview-copy") as pool:
+        found = list(pool.map(lambda group: copied(clients, job, *group), groups))
     made = []
-    for key, members in sorted(groups_of(clients, entries).items(), key=lambda kv: (not kv[0][3], kv[0])):
+    for (key, members), done in zip(groups, found, strict=True):
         try:
-            made.append(render(clients, job, key, members))
+            made.append(done or render(clients, job, key, members))
         except RasterioError as exc:
             log.warning("job %s: no overview of %s: %s", job, key, exc)
     return made

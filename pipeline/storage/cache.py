@@ -10,12 +10,11 @@ sweep (:func:`sweep_markers`): the markers share one prefix, so it lists only th
 
 from __future__ import annotations
 
-import functools
+import asyncio
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -23,18 +22,18 @@ from datetime import UTC, datetime
 from azure.core import MatchConditions
 from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
 from azure.storage.blob import BlobClient, ContainerClient
+from azure.storage.blob.aio import ContainerClient as AsyncContainerClient
 
 from pipeline.lifecycle.failures import FailureClass, StageFailure
 from pipeline.storage import names
+from pipeline.storage.clients import Clients
 from pipeline.storage.transfer import Transfers, md5_of
 
 TOUCH_S = 5.0  # a live maker refreshes its marker this often
 STALE_S = 30.0  # a marker untouched this long belongs to a maker that died
 WAIT_S = 900.0  # the longest a task waits for another's maker
 POLL_S = 0.5
-# reads in flight when many cached blobs are looked at together (``present``): the SDK client's
-# connection pool per host (more threads only wait for a connection, and urllib3 warns of each)
-PEEKS_AT_ONCE = 10
+PEEKS_AT_ONCE = 32  # reads in flight when many cached blobs are looked at together (``present``)
 log = logging.getLogger(__name__)
 
 
@@ -66,35 +65,46 @@ def _peek(container: ContainerClient, name: str) -> Cached:
     return Cached(name, bytes(props.content_settings.content_md5 or b""), None, False)
 
 
-def present(container: ContainerClient, wanted: Iterable[str]) -> dict[str, bytes]:
-    """Of the blobs ``wanted``, those surely there and whole: their MD5s, looked at as
-    :func:`ensure` looks at a blob it does not need the bytes of (a read of the first byte,
-    an access to the retention rule), :data:`PEEKS_AT_ONCE` at a time. A blob missing, one
-    whose read failed, one stored without an MD5 or one whose marker says a maker is at
-    work is left out: whoever asks makes or reads it the ordinary way."""
+def present(clients: Clients, container: str, wanted: Iterable[str]) -> dict[str, bytes]:
+    """Of the blobs ``wanted`` in ``container``, those surely there and whole: their MD5s,
+    looked at as :func:`ensure` looks at a blob it does not need the bytes of (a read of the
+    first byte, an access to the retention rule), :data:`PEEKS_AT_ONCE` at a time on the
+    asynchronous client (one event loop, no thread per read). A blob missing, one whose read
+    failed, one stored without an MD5 or one whose marker says a maker is at work is left
+    out: whoever asks makes or reads it the ordinary way."""
     wanted = sorted(set(wanted))
     if not wanted:
         return {}
-    making = {blob.name.removeprefix(names.MARKER_PREFIX)
-              for blob in container.list_blobs(name_starts_with=names.MARKER_PREFIX)}
 
-    def look(name: str) -> bytes:
-        try:
-            return b"" if name in making else _peek(container, name).md5
-        except Exception as exc:  # missing, or unreadable now: the ordinary way will tell
-            if not isinstance(exc, ResourceNotFoundError):
-                log.info("cached %s not looked at: %s", name, exc)
-            return b""
+    async def run() -> dict[str, bytes]:
+        async with clients.async_blob_service() as service:
+            blobs = service.get_container_client(container)
+            making = {blob.name.removeprefix(names.MARKER_PREFIX)
+                      async for blob in blobs.list_blobs(name_starts_with=names.MARKER_PREFIX)}
+            gate = asyncio.Semaphore(PEEKS_AT_ONCE)
 
-    return {name: md5 for name, md5 in zip(wanted, _peeks().map(look, wanted), strict=True) if md5}
+            async def look(name: str) -> bytes:
+                if name in making:
+                    return b""
+                try:
+                    async with gate:
+                        return await _apeek(blobs, name)
+                except Exception as exc:  # missing, or unreadable now: the ordinary way will tell
+                    if not isinstance(exc, ResourceNotFoundError):
+                        log.info("cached %s not looked at: %s", name, exc)
+                    return b""
+
+            found = await asyncio.gather(*(look(name) for name in wanted))
+        return {name: md5 for name, md5 in zip(wanted, found, strict=True) if md5}
+
+    return asyncio.run(run())
 
 
-@functools.cache
-def _peeks() -> ThreadPoolExecutor:
-    """The threads that look at cached blobs, started once per process: a planner looks
-    twice per page of tasks (sources, then tiles), and starting ten threads each time cost
-    about as much as the looks themselves."""
-    return ThreadPoolExecutor(PEEKS_AT_ONCE, thread_name_prefix="cache-peek")
+async def _apeek(blobs: AsyncContainerClient, name: str) -> bytes:
+    """:func:`_peek` on the asynchronous client: the blob's MD5, by a read of its first byte."""
+    downloader = await blobs.get_blob_client(name).download_blob(offset=0, length=1)
+    await downloader.readall()
+    return bytes(downloader.properties.content_settings.content_md5 or b"")
 
 
 def touch(container: ContainerClient, name: str) -> None:
