@@ -73,10 +73,15 @@ def _together(q: Q) -> float:
 
 
 def _counter_rows(q: Q) -> float:
-    """The rollup rows a read of a job's counts reads: a row per writer in each partition
-    (pipeline.lifecycle.partitions spreads each writer's tasks over all of them), so more
-    partitions do not spread this load: each still holds a row per writer."""
-    return q["writers"] * q["partitions"]
+    """The rollup rows a read of a job's counts reads, in each partition: the folded row, and
+    a row per writer that wrote there lately (pipeline.lifecycle.rollups.fold: the sweep
+    folds a row its writer has left alone for FOLD_IDLE_S). A slot writes a partition at each
+    claim and commit of a task there, and spreads its tasks over all of them: in the fold's
+    window it makes ``2 × window × its tasks per second`` writes, so while tasks are short
+    every writer has a row in every partition, and while they take minutes few do."""
+    writes = 2 * q["fold_window_s"] * q["worker_tasks_per_s"] / q["slots"]
+    touched = 1 - (1 - 1 / q["partitions"]) ** writes
+    return q["partitions"] * (1 + q["writers"] * touched)
 
 
 TILE_KINDS = ("reprojection",)  # kinds whose stage moves blobs (the no-op stage moves none)
@@ -126,20 +131,22 @@ TODAY: tuple[Call, ...] = (
     Call("heartbeat: read task row", "get", TASK, BEAT),
     Call("heartbeat: move deadline entry", "txn", TASK, BEAT, 1, 3),
     # the sweep, per job per pass (sweep._sweep_job): job row (three times), overdue and due
-    # entries, counters (release); reductions are released by their last tile's commit
+    # entries, counters (release), the fold; reductions are released by their last tile's commit
     Call("sweep: job row", "get", JOB, SWEEP, 3),
     Call("sweep: overdue deadline entries", "query", ALL, SWEEP),
     Call("sweep: due dispatch entries", "query", ALL, SWEEP),
     Call("sweep: counter rows", "query", ALL, SWEEP, 1, _counter_rows),
+    # its fold (rollups.fold): the rollup rows again, a transaction when enough went quiet
+    Call("sweep: fold, counter rows", "query", ALL, SWEEP, 1, _counter_rows),
     # the finisher (completion.write_manifest): every task row, pages of 1,000
     Call("completion: list task rows", "query", ALL, FINISH, 1 / 1000, 1000),
     Call("completion: manifest written", "blob", BLOB, FINISH, 1 / 1000),
 )
 
-_CUT = {
-    "release: counter rows", "look: counter rows", "sweep: counter rows",  # counts from a bounded rollup
+_CUT = {  # counts from a bounded rollup; claims and commits grouped per worker
+    "release: counter rows", "look: counter rows", "sweep: counter rows", "sweep: fold, counter rows",
     "claim: read task row", "claim: task rows read ahead", "claim: task rows, attempts, deadline and dispatch entries",
-    "commit: task row, attempt, deadline entry, counter",  # grouped per worker
+    "commit: task row, attempt, deadline entry, counter",
 }
 
 

@@ -50,6 +50,7 @@ from bench.simcore import (
 )
 from bench.simworker import Proc
 from pipeline.lifecycle.progress import JOB_CHECK_S, NEAR_END
+from pipeline.lifecycle.rollups import FOLD_IDLE_S
 
 SEQUENTIAL_BATCH = 50  # calls made one after another are simulated this many per event (fewer if large)
 
@@ -99,7 +100,7 @@ class Model:
                 "tasks": s.tasks, "reductions": len(self.deps_left), "tiles_per_reduction": s.tiles_per_reduction,
                 "pending_reductions": len(self.deps_left) - self.reductions_released, "slots": s.slots,
                 "worker_tasks_per_s": s.slots / (s.mean_runtime + 0.03), "shards": s.shards,
-                "tasks_per_message": s.tasks_per_message}
+                "tasks_per_message": s.tasks_per_message, "fold_window_s": FOLD_IDLE_S + s.monitor_interval_s}
 
     def amount(self, count: Count) -> float:
         return amount(count, self.quantities())

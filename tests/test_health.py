@@ -132,8 +132,7 @@ def test_the_worker_table_shows_the_stall_and_what_a_slow_worker_was_found_on(cl
     assert health.find_slow(clients, 2.0) == ["vm"]
     health.report(clients, "vm", [1.0, 1.1], [], 2, 2, 1.0)  # its last report, its attempts taken
     health.report(clients, "w1", [1.0, 1.1], [], 2, 2, 3.5)  # stalled, not enough to be slow
-    table = {w["worker"]: w for w in health.worker_table(clients, {f"{w}~0": {"RUNNING": 1} for w in ("w0", "w1",
-                                                                                                        "vm")})}
+    table = {w["worker"]: w for w in health.worker_table(clients, {w: {"running": 1} for w in ("w0", "w1", "vm")})}
     assert (table["vm"]["recent_ratio"], table["vm"]["state"]) == (6.7, health.SLOW)
     assert (table["w1"]["recent_ratio"], table["w0"]["recent_ratio"]) == (3.5, 1.0)
 

@@ -40,6 +40,7 @@ from typing import Any
 from azure.data.tables import UpdateMode
 
 from pipeline.lifecycle.tasks import now
+from pipeline.storage import names
 from pipeline.storage.clients import Clients
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,6 @@ SLOWNESS = ("execution_timeout", "worker_slow")  # attempts ended for being slow
 # a worker's stall counts from this: run a third of the time or less (the machine's load, shared by
 # every worker, makes the stalls of all of them rise together: the comparison with the others discounts it)
 STALL_FLOOR = 3.0
-SLOT_MARK = "~"  # between a worker's name and its slot's number, in the name its slot writes under
 
 
 def recent_ratio(ended: list[float], running: list[float], slots: int) -> float | None:
@@ -149,30 +149,25 @@ def find_slow(clients: Clients, slow_ratio: float, at: datetime | None = None) -
 def slot_writer(worker: str, slot: int) -> str:
     """The name a worker's slot writes its rollup row under (the job's worker table reads
     the worker back from it)."""
-    return f"{worker}{SLOT_MARK}{slot}"
+    return f"{worker}{names.SLOT_MARK}{slot}"
 
 
-def worker_table(clients: Clients, writers: Mapping[str, Mapping[str, int]]) -> list[dict[str, Any]]:
-    """The job's workers, from its rollup rows (``writers``: each writer's net moves, and
-    its failures as ``FAILED``) and the workers' health rows — a row per worker, whatever
-    the job's size: the attempts it ran for the job and how many it committed, its recent
-    ratio of runtimes to their history (the least of its latest attempts', any job's, or of
-    the ones it runs, or its stall: what the monitor compares; for a worker found slow, at
-    least the figure it was found on), and its state (healthy, slow, or how it left)."""
+def worker_table(clients: Clients, workers: Mapping[str, Mapping[str, int]]) -> list[dict[str, Any]]:
+    """The job's workers, from its rollups (``workers``: per worker, the attempts it
+    ``committed``, those that ``failed``, and its net ``running``: ``rollups.Rollup.workers``)
+    and the workers' health rows — a row per worker, whatever the job's size: the attempts
+    it ran for the job and how many it committed, its recent ratio of runtimes to their
+    history (the least of its latest attempts', any job's, or of the ones it runs, or its
+    stall: what the monitor compares; for a worker found slow, at least the figure it was
+    found on), and its state (healthy, slow, or how it left)."""
     found: dict[str, dict[str, Any]] = {}
-    for writer, counts in writers.items():
-        worker, mark, slot = writer.rpartition(SLOT_MARK)
-        if not mark or not slot.isdigit():
-            continue  # the monitor, the sweep, a releaser, a canceller
-        committed = sum(counts.get(status, 0) for status in ("SUCCEEDED", "CACHED", "NO_DATA"))
-        entry = found.setdefault(worker, {"worker": worker, "attempts": 0, "committed": 0, "running": 0})
-        entry["attempts"] += committed + counts.get("FAILED", 0)
-        entry["committed"] += committed
-        entry["running"] += counts.get("RUNNING", 0)  # its claims less its ends: one slot may end what another claimed
-    for entry in found.values():
-        # claims: each ended in a commit, a failure, or is RUNNING still (or was revoked by the monitor)
-        entry["attempts"] += max(0, entry.pop("running"))
-        entry |= {"recent_ratio": None, "state": "unknown"}  # until its health row says (one query: the fleet's)
+    for worker, figures in workers.items():
+        # claims: each ended in a commit, a failure, or is RUNNING still (or was revoked by the
+        # monitor); one slot may end what another claimed, so only the worker's sum is clamped
+        committed = figures.get("committed", 0)
+        found[worker] = {"worker": worker, "committed": committed,
+                         "attempts": committed + figures.get("failed", 0) + max(0, figures.get("running", 0)),
+                         "recent_ratio": None, "state": "unknown"}  # until its health row says (one query: the fleet's)
     for row in clients.workers.query_entities("PartitionKey eq @p", parameters={"p": PARTITION},
                                               select=["RowKey", "Ratios", "Running", "Slots", "Stall", "State",
                                                       "Left", "MarkedRatio"]) \

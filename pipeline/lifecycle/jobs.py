@@ -308,7 +308,7 @@ def status(clients: Clients, job: str, rollup: rollups.Rollup | None = None,
         "failures": dict(rollup.failures),
         "monitor_kills": rollup.kills,
         "speculative_attempts": rollup.backups,  # backup copies of slow attempts at the job's tail
-        "workers": health.worker_table(clients, rollup.writers),
+        "workers": health.worker_table(clients, rollup.workers),
         "progress": done / total if total else 1.0,
         "created": row.created_at.isoformat(),
         "updated": row.updated_at.isoformat(),

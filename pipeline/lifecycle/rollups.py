@@ -15,9 +15,11 @@ tiles (their grid and bounds) and the tasks each has, and each stage's total.
 PENDING is never counted: it is what is planned and not yet moved. FAILED and TIMED_OUT
 are never stored (a failed attempt moves its task straight on, to QUEUED or DEAD). Being
 written in the same transactions as the rows they sum, the rollups are exact; their sum
-over writers is read with one key-range query per partition of the job (as many rows as
-writers there, whatever the job's size), the failure index with one bounded query per
-partition (``pipeline.lifecycle.partitions``).
+over writers is read with one key-range query per partition of the job, the failure index
+with one bounded query per partition (``pipeline.lifecycle.partitions``). The sweep folds
+the rows of writers gone quiet into one row per partition (:func:`fold`), so a look reads
+a row per writer at work lately and the folded rows, whatever the job's size and however
+many workers it has had.
 """
 
 from __future__ import annotations
@@ -26,18 +28,20 @@ import json
 import math
 import zlib
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from azure.core import MatchConditions
 from azure.core.exceptions import ResourceNotFoundError
-from azure.data.tables import TableClient, UpdateMode
+from azure.data.tables import TableClient, TableTransactionError, UpdateMode
 
 from pipeline.lifecycle import partitions
 from pipeline.lifecycle.attempts import AttemptRow
 from pipeline.lifecycle.request import TaskSpec
 from pipeline.lifecycle.runtimes import history_key, work_of
-from pipeline.lifecycle.status import TaskStatus
+from pipeline.lifecycle.status import ENDED_WELL, TaskStatus
 from pipeline.storage import names
 
 UNCOUNTED = frozenset({TaskStatus.PENDING, TaskStatus.FAILED, TaskStatus.TIMED_OUT})
@@ -50,6 +54,10 @@ SHORTEST_S = 0.01  # bin 0 holds every runtime below this
 LAST_BIN = 100  # 0.01 s × 10^10: nothing runs longer
 PART_CHARS = 30_000  # a string property holds 64 KiB of UTF-16
 PLAN_PARTS = 16  # the plan row's JSON, cut into parts: at most about 1 MiB in all
+FOLD_IDLE_S = 30.0  # a writer's rollup row untouched this long is folded (``fold``)
+FOLD_AT = 8  # quiet writers' rows in a partition before they are folded
+FOLD_MAX = 99  # rows folded in one transaction (with the folded row: the service's 100 operations)
+WORKER_SHARDS = 8  # a folded row's per-worker figures, spread over this many properties (about 9,000 workers)
 
 
 def runtime_bin(seconds: float) -> int:
@@ -172,38 +180,115 @@ class Rollup:
     failures: Counter[str] = field(default_factory=Counter)
     kills: int = 0
     backups: int = 0
-    rows: int = 0  # rollup rows read (one per writer)
-    writers: dict[str, Counter[str]] = field(default_factory=dict)  # per writer: its net moves, FAILED: its failures
+    rows: int = 0  # rollup rows read (one per writer not folded yet, and the folded rows)
+    workers: dict[str, Counter[str]] = field(default_factory=dict)  # per worker: committed, failed, running
+
+
+def moves_of(row: Mapping[str, Any]) -> Moves:
+    """What a rollup row holds, as the moves that would make it from nothing."""
+    detail = json.loads(row.get(DETAIL) or "{}")
+    moves = Moves(counts=Counter({s.value: int(row[s.value]) for s in TaskStatus if row.get(s.value)}),
+                  failures=Counter(detail.get("failures", {})), kills=int(row.get(KILLS) or 0),
+                  backups=int(row.get(BACKUPS) or 0))
+    moves.stages = {stage: Counter(counts) for stage, counts in detail.get("stages", {}).items()}
+    moves.runtimes = {stage: Counter(bins) for stage, bins in detail.get("runtimes", {}).items()}
+    for shard in range(TILE_SHARDS):
+        tiles = json.loads(row.get(f"Tiles{shard:02d}") or "{}")
+        moves.tiles |= {tile: Counter(counts) for tile, counts in tiles.items()}
+    return moves
+
+
+def worker_figures(writer: str, moves: Moves) -> tuple[str, Counter[str]] | None:
+    """The worker whose slot wrote ``moves`` (as ``writer``), and what they say of it for the
+    job's worker table: attempts committed, failed, and its net claims still running."""
+    worker = names.worker_of(writer)
+    if worker is None:
+        return None
+    committed = sum(moves.counts.get(status.value, 0) for status in ENDED_WELL)
+    return worker, Counter(committed=committed, failed=sum(moves.failures.values()),
+                           running=moves.counts.get(TaskStatus.RUNNING.value, 0))
+
+
+def folded_workers(row: Mapping[str, Any]) -> dict[str, Counter[str]]:
+    """The worker table's figures a folded row keeps, per worker."""
+    found: dict[str, Counter[str]] = {}
+    for shard in range(WORKER_SHARDS):
+        for worker, (committed, failed, running) in json.loads(row.get(f"Workers{shard}") or "{}").items():
+            found[worker] = Counter(committed=committed, failed=failed, running=running)
+    return found
 
 
 def read(tasks: TableClient, parts: list[str], tiles: bool = True) -> Rollup:
     """The rollups of a job (its partitions ``parts``): one key-range query per partition, a
-    row per writer there (``tiles``: with the counts per tile, which grow with the job's
-    area; without, a few hundred bytes a row)."""
+    row per writer there not folded yet and the folded row (``tiles``: with the counts per
+    tile, which grow with the job's area; without, a few hundred bytes a row)."""
     low, high = names.COUNTER_PREFIX, names.COUNTER_PREFIX + "\U0010ffff"
     found = Rollup()
-    select = None if tiles else ["RowKey", *(s.value for s in TaskStatus), KILLS, BACKUPS, DETAIL]
+    select = None if tiles else ["RowKey", *(s.value for s in TaskStatus), KILLS, BACKUPS, DETAIL,
+                                 *(f"Workers{shard}" for shard in range(WORKER_SHARDS))]
     for row in partitions.query(tasks, parts, "RowKey ge @lo and RowKey lt @hi", {"lo": low, "hi": high},
                                 select=select):
         found.rows += 1
-        own = found.writers.setdefault(row["RowKey"].removeprefix(names.COUNTER_PREFIX), Counter())
-        for status in TaskStatus:
-            own[status.value] += int(row.get(status.value) or 0)
-            found.counts[status.value] += int(row.get(status.value) or 0)
-        found.kills += int(row.get(KILLS) or 0)
-        found.backups += int(row.get(BACKUPS) or 0)
-        detail = json.loads(row.get(DETAIL) or "{}")
-        own[TaskStatus.FAILED.value] += sum(detail.get("failures", {}).values())  # a writer has a row per partition
-        for stage, counts in detail.get("stages", {}).items():
-            found.stages.setdefault(stage, Counter()).update(counts)
-        for stage, bins in detail.get("runtimes", {}).items():
+        moves = moves_of(row)
+        found.counts.update(moves.counts)
+        found.kills += moves.kills
+        found.backups += moves.backups
+        found.failures.update(moves.failures)
+        for into, part in ((found.stages, moves.stages), (found.tiles, moves.tiles)):
+            for key, counts in part.items():
+                into.setdefault(key, Counter()).update(counts)
+        for stage, bins in moves.runtimes.items():
             found.runtimes.setdefault(stage, Counter()).update({int(b): n for b, n in bins.items()})
-        found.failures.update(detail.get("failures", {}))
-        for shard in range(TILE_SHARDS):
-            for tile, counts in json.loads(row.get(f"Tiles{shard:02d}") or "{}").items():
-                found.tiles.setdefault(tile, Counter()).update(counts)
+        own = folded_workers(row) if row["RowKey"] == names.FOLDED_ROW else dict(
+            filter(None, [worker_figures(row["RowKey"].removeprefix(names.COUNTER_PREFIX), moves)]))
+        for worker, figures in own.items():
+            found.workers.setdefault(worker, Counter()).update(figures)
     found.counts = +found.counts
     return found
+
+
+# --- folding: the rows of quiet writers, one row per partition -------------------------------
+def fold(tasks: TableClient, part: str) -> int:
+    """Fold the rollup rows of partition ``part`` whose writers have written nothing for
+    :data:`FOLD_IDLE_S` into its folded row (``names.FOLDED_ROW``), once there are
+    :data:`FOLD_AT` of them, so that a look at the job reads a row per writer at work
+    lately, not per writer that ever was. One transaction: the folded row moved by their
+    sums, and each row deleted, each fenced on the ETag it was read with; a writer that
+    wrote meanwhile fails it whole (the next pass folds again), and a writer whose row was
+    folded writes its next moves into a new one (``tasks.TerminalCounter``). Returns how
+    many rows it folded."""
+    quiet_since = datetime.now(UTC) - timedelta(seconds=FOLD_IDLE_S)
+    rows = list(tasks.query_entities("PartitionKey eq @p and RowKey ge @lo and RowKey lt @hi", parameters={
+        "p": part, "lo": names.COUNTER_PREFIX, "hi": names.COUNTER_PREFIX + "\U0010ffff"}))
+    into = next((row for row in rows if row["RowKey"] == names.FOLDED_ROW), None)
+    quiet = [row for row in rows if row["RowKey"] != names.FOLDED_ROW
+             and (row.metadata["timestamp"] or quiet_since) < quiet_since][:FOLD_MAX]
+    if len(quiet) < FOLD_AT:
+        return 0
+    props: dict[str, Any] = {k: v for k, v in (into or {}).items() if k not in ("PartitionKey", "RowKey")}
+    moves, workers = Moves(), folded_workers(props)
+    for row in quiet:
+        its = moves_of(row)
+        moves = moves.merged(its)
+        if (mine := worker_figures(row["RowKey"].removeprefix(names.COUNTER_PREFIX), its)) is not None:
+            workers.setdefault(mine[0], Counter()).update(mine[1])
+    changed = apply(props, moves)
+    shards: dict[str, dict[str, list[int]]] = {f"Workers{shard}": {} for shard in range(WORKER_SHARDS)}
+    for worker, figures in workers.items():
+        shard = f"Workers{zlib.crc32(worker.encode()) % WORKER_SHARDS}"
+        shards[shard][worker] = [figures["committed"], figures["failed"], figures["running"]]
+    changed |= {name: _compact(found) for name, found in shards.items() if found or props.get(name)}
+    key = {"PartitionKey": part, "RowKey": names.FOLDED_ROW}
+    write = ("create", key | props | changed) if into is None else (
+        "update", key | changed, {"mode": UpdateMode.MERGE, "etag": into.metadata["etag"],
+                                  "match_condition": MatchConditions.IfNotModified})
+    deletes = [("delete", {"PartitionKey": part, "RowKey": row["RowKey"]},
+                {"etag": row.metadata["etag"], "match_condition": MatchConditions.IfNotModified}) for row in quiet]
+    try:
+        tasks.submit_transaction([write, *deletes])
+    except TableTransactionError:
+        return 0  # a writer wrote meanwhile, or another pass folded first: the next pass looks again
+    return len(quiet)
 
 
 # --- the plan: tiles and totals, written once ------------------------------------------------

@@ -3,8 +3,9 @@
 For each job it revokes the attempts past their deadline, sends again the message of every
 task QUEUED too long without being taken (a message lost, or poisoned), plans again a job
 left ACCEPTED (its plan message lost), tops up the release window, goes on with a
-cancellation, and announces a completion nobody made (a worker that died between its commit
-and its announcement, a finisher that died), and removes the cache markers of makers that
+cancellation, announces a completion nobody made (a worker that died between its commit
+and its announcement, a finisher that died), folds the rollup rows of writers gone quiet
+(``rollups.fold``), and removes the cache markers of makers that
 died with no task left to take them over — it never finishes a job itself, so a long
 completion never holds up revocations. One job's
 failure is logged and the pass goes on with the others. Locally it runs in a loop; in Azure
@@ -22,7 +23,7 @@ from datetime import timedelta
 
 from azure.core.exceptions import ResourceNotFoundError
 
-from pipeline.lifecycle import completion, dispatch, health, jobs, monitor, planner, progress, tasks
+from pipeline.lifecycle import completion, dispatch, health, jobs, monitor, planner, progress, rollups, tasks
 from pipeline.lifecycle.notify import Mailer
 from pipeline.lifecycle.status import JobState
 from pipeline.lifecycle.tasks import TerminalCounter, message_bytes
@@ -63,7 +64,7 @@ def sweep(clients: Clients) -> dict[str, int]:
     return {"revoked": len(report.revoked), "stale": report.stale, "backups": report.backups,
             "resent": done["resent"],
             "replanned": done["replanned"], "announced": done["announced"], "slow_workers": done["slow"],
-            "markers": done["markers"], "errors": done["errors"]}
+            "markers": done["markers"], "folded": done["folded"], "errors": done["errors"]}
 
 
 def _ended(clients: Clients, owner: str) -> bool:
@@ -92,7 +93,8 @@ def _sweep_job(clients: Clients, job: str, report: monitor.SweepReport, done: Co
         done["replanned"] += jobs.replan_stale(clients, row)
         return
     done["announced"] += progress.follow_up(clients, _counter, job, row)
-    monitor.speculate(clients, row, due, report)  # last: nothing else in the pass waits on it
+    monitor.speculate(clients, row, due, report)
+    done["folded"] += sum(rollups.fold(clients.tasks, part) for part in row.parts)  # last: nothing waits on it
 
 
 def job_of_message(body: bytes | str) -> str:

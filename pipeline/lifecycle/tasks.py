@@ -277,30 +277,49 @@ class TerminalCounter:
             return None, {}
         return row.metadata["etag"], {k: v for k, v in row.items() if k not in ("PartitionKey", "RowKey")}
 
+    def _row(self, tasks: TableClient, part: str) -> tuple[str | None, dict[str, Any]]:
+        """This writer's row of ``part`` as last written (read if not known): ETag, properties."""
+        if part not in self._rows:
+            self._rows[part] = self._load(tasks, part)
+        return self._rows[part]
+
     def write(self, tasks: TableClient, part: str, changes: list[tuple[str, dict[str, Any], dict[str, Any]]],
               added: dict[str, int] | rollups.Moves) -> list[dict[str, Any]]:
         """Submit task-row ``changes`` (all in partition ``part``) with this writer's row of
         that partition moved by ``added`` (terminal counts, or a transition's moves), in one
-        transaction. Raises TableTransactionError if any task row changed meanwhile."""
+        transaction. Raises TableTransactionError if any task row changed meanwhile. A
+        transaction refused because the sweep folded this writer's row meanwhile
+        (``rollups.fold`` deletes it; a row quiet for that long is not one this write just
+        moved) is made again once, with a new row: nothing of the first applied."""
         moves = added if isinstance(added, rollups.Moves) else rollups.Moves(counts=Counter(added))
         with self._lock:
-            if part not in self._rows:
-                self._rows[part] = self._load(tasks, part)
-            etag, props = self._rows[part]
-            changed = rollups.apply(props, moves)
-            if not changed:
-                return [dict(answer) for answer in tasks.submit_transaction(changes)] if changes else []
-            key = {"PartitionKey": part, "RowKey": names.counter_key(self.owner)}
-            op = ("create", key | props | changed) if etag is None else (
-                "update", key | changed, {"mode": UpdateMode.MERGE, **if_match(etag)}
-            )
+            known = self._row(tasks, part)[0]
             try:
-                result = tasks.submit_transaction([*changes, op])
-            except Exception:
-                del self._rows[part]  # reload next time: the row may be what failed, or
-                raise  # the transaction may have been applied before the connection broke
-            self._rows[part] = (result[-1]["etag"], props | changed)
-            return [dict(answer) for answer in result[:-1]]
+                return self._submit(tasks, part, changes, moves)
+            except TableTransactionError:
+                # read again: still there, a task row changed (or this writer's own last write
+                # applied with its answer lost, the client's retry refused): the caller's to settle
+                if known is None or self._row(tasks, part)[0] is not None:
+                    raise
+            return self._submit(tasks, part, changes, moves)  # folded meanwhile: gone, written anew
+
+    def _submit(self, tasks: TableClient, part: str, changes: list[tuple[str, dict[str, Any], dict[str, Any]]],
+                moves: rollups.Moves) -> list[dict[str, Any]]:
+        etag, props = self._row(tasks, part)
+        changed = rollups.apply(props, moves)
+        if not changed:
+            return [dict(answer) for answer in tasks.submit_transaction(changes)] if changes else []
+        key = {"PartitionKey": part, "RowKey": names.counter_key(self.owner)}
+        op = ("create", key | props | changed) if etag is None else (
+            "update", key | changed, {"mode": UpdateMode.MERGE, **if_match(etag)}
+        )
+        try:
+            result = tasks.submit_transaction([*changes, op])
+        except Exception:
+            del self._rows[part]  # read again next time: the row may be what failed, or
+            raise  # the transaction may have been applied before the connection broke
+        self._rows[part] = (result[-1]["etag"], props | changed)
+        return [dict(answer) for answer in result[:-1]]
 
 
 # the rollup row of this process's moves made without a writer of their own (releases, settles)

@@ -63,6 +63,8 @@ TASK_KEY_WIDTH = 9  # tasks: RK = zero-padded sequence, so a release cursor is a
 TASK_KEYS_END = ":"  # tasks: past every task key (digits), before the rows below
 ATTEMPT_PREFIX = "~attempt~"  # tasks: one row per attempt, in its job's partition
 COUNTER_PREFIX = "~count~"  # tasks: per-writer rollups (counts per state and tile, runtimes, failures)
+FOLDED_ROW = f"{COUNTER_PREFIX}~folded"  # tasks: the rollups of writers gone quiet, one row per partition
+SLOT_MARK = "~"  # between a worker's name and its slot's number, in the writer name its slot's rollups go under
 FAILURE_PREFIX = "~failure~"  # tasks: failed and revoked attempts, newest first
 TILES_ROW = "~tiles"  # tasks: the job's target tiles and task totals, written at planning
 DEADLINE_PREFIX = "~deadline~"  # tasks: the monitor's index of running attempts by deadline
@@ -101,6 +103,13 @@ def task_key(seq: int) -> str:
 def counter_key(owner: str) -> str:
     """Row key of the terminal-state counter kept by one writer (worker slot, canceller)."""
     return f"{COUNTER_PREFIX}{owner}"
+
+
+def worker_of(writer: str) -> str | None:
+    """The worker whose slot writes rollups as ``writer``; None for the other writers (a
+    releaser, the monitor, the sweep, a canceller)."""
+    worker, mark, slot = writer.rpartition(SLOT_MARK)
+    return worker if mark and slot.isdigit() else None
 
 
 def failure_key(ended_ms: int, task: str, attempt: int) -> str:
