@@ -52,6 +52,7 @@ from typing import Any
 from bagpipe.azurite import Azurite
 from bench import fault_run, fault_stage
 from bench.fault_run import KINDS, run_one, warm_fork_server
+from pipeline.lifecycle import rollups
 
 
 def points(clean_calls: list[str], kinds: tuple[str, ...], stride: int = 1,
@@ -142,14 +143,19 @@ def main() -> None:
     parser.add_argument("--task-queues", type=int, default=fault_run.TASK_QUEUES,
                         help="the scenario's BAGPIPE_SHARDS: 2, its jobs over two partitions; 1, in one, "
                         "a message naming several attempts")
+    parser.add_argument("--fold-always", action="store_true",
+                        help="every sweep pass folds every writer's rollup row (rollups.fold): its calls faulted, "
+                        "and the writers' writes into rows folded under them")
     parser.add_argument("--shard", default="0/1", help="i/N: this process sweeps every N-th point from the i-th")
     args = parser.parse_args()
     fault_run.TASK_QUEUES = args.task_queues
+    if args.fold_always:
+        rollups.FOLD_IDLE_S, rollups.FOLD_AT = -60.0, 1
     kinds = tuple(k for k in args.kinds.split(",") if k)
     if args.jobs > 1 and not args.list:  # (a listing is of the one clean run)
         started = time.monotonic()
         own = ["--kinds", args.kinds, "--stride", str(args.stride), "--limit", str(args.limit), "--calls", args.calls,
-               "--task-queues", str(args.task_queues)]
+               "--task-queues", str(args.task_queues), *(["--fold-always"] if args.fold_always else [])]
         summary = sweep_shards(args.jobs, own + (["--distinct"] if args.distinct else []))
         summary["seconds"] = round(time.monotonic() - started, 1)
         summary["jobs"] = args.jobs

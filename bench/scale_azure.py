@@ -19,6 +19,7 @@ from bench.sim import simulate
 from bench.simcore import ALL, TASK, Call, Cost, LogNormal, Result, Scenario, TaskKind
 from pipeline.lifecycle import costs, partitions
 from pipeline.lifecycle.costs import SLOTS
+from pipeline.lifecycle.rollups import FOLD_IDLE_S
 from pipeline.settings import Settings
 
 HEADROOM = 0.5  # size targets so that none runs above half its rate at the job's steady rate
@@ -146,10 +147,12 @@ partition(s), {sizes['shards']} queue shard(s) and {sizes['accounts']} storage a
 the 1 M-task job on 2,000 workers, and then takes **{hours(final.seconds)}**. The code as it is
 spreads that job over **{runs[2][1].partitions} partitions** (as many as its peak needs, at most
 its shard queues: `pipeline/lifecycle/partitions.py`), yet its busiest partition runs at
-{runs[2][0].busiest_limit[1]:.0%}: each look at the job reads a rollup row per writer in every
-partition, a load that more partitions do not spread and that each one more adds to the
-account once again. Partitions spread the moves of the tasks; the looks need the planned
-layout's bounded rollup first.
+{runs[2][0].busiest_limit[1]:.0%} (what loads it: the verdicts above). A look at the job reads,
+in every partition, the folded row and a row per writer that wrote there in the last
+{FOLD_IDLE_S + runs[2][1].monitor_interval_s:g} s (the sweep folds the others: `rollups.fold`). While tasks take
+minutes, few of 2,000 slots have written a given partition that lately; while they take a second, every
+slot has, and the look reads a row per slot in every partition again, a load more partitions
+do not spread: there the planned layout's bounded rollup is what is left.
 
 The curves: throughput against workers for the ModisAzure mix (the window twice the slots),
 and, where storage can be the limit — one-second tasks on 2,000 workers, the planned layout —
