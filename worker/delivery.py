@@ -102,7 +102,7 @@ class Delivery:
             except Exception as exc:  # it comes back when its visibility times out all the same
                 log.info("message %s not handed back: %s", self.message.id, exc)
             return
-        for body in [ref.encode() for ref in refs] if alone or len(refs) == 1 else [TaskRef.encode_many(refs)]:
+        for body in [ref.encode() for ref in refs] if alone else [TaskRef.body_of(refs)]:
             try:
                 self.queue.send_message(body)
             except Exception as exc:  # their dispatch entries fall due: the reconciler resends them

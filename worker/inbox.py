@@ -49,7 +49,7 @@ class Inbox:
         except Exception as exc:
             log.warning("receive from %s failed: %s", queue.queue_name, exc)
             return 0
-        at, named = time.monotonic(), 0
+        at, received = time.monotonic(), []
         for message in batch:
             try:
                 refs = TaskRef.decode_all(message.content)
@@ -61,10 +61,10 @@ class Inbox:
                 continue
             delivery = Delivery(queue, message, refs)
             self._line.extend((delivery, ref, at) for ref in refs)
-            named += len(refs)
+            received += refs
             self._per_message = 0.8 * self._per_message + 0.2 * len(refs)
-        if named:
-            self.rows.read([ref for _, ref, when in self._line if when == at])
+        if received:
+            self.rows.read(received)
         return len(batch)
 
     def pop(self) -> tuple[Delivery, TaskRef]:

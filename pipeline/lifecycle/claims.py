@@ -105,11 +105,13 @@ def claim_many(clients: Clients, wanted: list[tuple[TaskRef, TaskRow]], worker: 
     try:
         answers = counter.write(clients.tasks, part, ops, moves)
     except Exception:
-        if tasks.read_back(clients.tasks, part, wanted[0][0].task).last_write != built[0][2]:
+        first = tasks.read_back(clients.tasks, part, wanted[0][0].task)
+        if first.last_write != built[0][2]:
             return None
-        back = [(tasks.read_back(clients.tasks, part, held.ref.task), held, mark) for _, held, mark in built]
+        back = [first, *(tasks.read_back(clients.tasks, part, held.ref.task) for _, held, _ in built[1:])]
         return [dataclasses.replace(held, etag=row.etag)
-                if row.last_write == mark and row.status is TaskStatus.RUNNING else None for row, held, mark in back]
+                if row.last_write == mark and row.status is TaskStatus.RUNNING else None
+                for row, (_, held, mark) in zip(back, built, strict=True)]
     firsts = itertools.accumulate((len(each[0]) for each in built[:-1]), initial=0)  # each claim's task row write
     return [dataclasses.replace(held, etag=answers[at]["etag"]) for at, (_, held, _) in zip(firsts, built, strict=True)]
 

@@ -80,9 +80,8 @@ def send(clients: Clients, messages: Iterable[tuple[int, TaskRef]], delay_s: int
 
     def one(message: tuple[int, list[TaskRef]]) -> int:
         shard, refs = message
-        body = refs[0].encode() if len(refs) == 1 else TaskRef.encode_many(refs)
         try:
-            clients.shard_queues[shard].send_message(body, visibility_timeout=delay_s or None)
+            clients.shard_queues[shard].send_message(TaskRef.body_of(refs), visibility_timeout=delay_s or None)
             return len(refs)
         except Exception as exc:
             log.warning("message of %s/%s not sent (the reconciler will resend it): %s", refs[0].job,

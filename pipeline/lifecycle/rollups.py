@@ -28,14 +28,14 @@ import json
 import math
 import zlib
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from azure.core import MatchConditions
 from azure.core.exceptions import ResourceNotFoundError
-from azure.data.tables import TableClient, TableTransactionError, UpdateMode
+from azure.data.tables import TableClient, TableEntity, TableTransactionError, UpdateMode
 
 from pipeline.lifecycle import partitions
 from pipeline.lifecycle.attempts import AttemptRow
@@ -198,15 +198,19 @@ def moves_of(row: Mapping[str, Any]) -> Moves:
     return moves
 
 
-def worker_figures(writer: str, moves: Moves) -> tuple[str, Counter[str]] | None:
-    """The worker whose slot wrote ``moves`` (as ``writer``), and what they say of it for the
-    job's worker table: attempts committed, failed, and its net claims still running."""
-    worker = names.worker_of(writer)
+def workers_of(row: Mapping[str, Any], moves: Moves) -> dict[str, Counter[str]]:
+    """What the rollup ``row`` (read as ``moves``) says of the workers, for the job's worker
+    table, per worker: attempts committed, failed, and its net claims still running. A
+    folded row keeps them per worker; a worker slot's row is its worker's; any other
+    writer's (a releaser, the monitor) says nothing of them."""
+    if row["RowKey"] == names.FOLDED_ROW:
+        return folded_workers(row)
+    worker = names.worker_of(row["RowKey"].removeprefix(names.COUNTER_PREFIX))
     if worker is None:
-        return None
+        return {}
     committed = sum(moves.counts.get(status.value, 0) for status in ENDED_WELL)
-    return worker, Counter(committed=committed, failed=sum(moves.failures.values()),
-                           running=moves.counts.get(TaskStatus.RUNNING.value, 0))
+    return {worker: Counter(committed=committed, failed=sum(moves.failures.values()),
+                            running=moves.counts.get(TaskStatus.RUNNING.value, 0))}
 
 
 def folded_workers(row: Mapping[str, Any]) -> dict[str, Counter[str]]:
@@ -218,16 +222,21 @@ def folded_workers(row: Mapping[str, Any]) -> dict[str, Counter[str]]:
     return found
 
 
+def rows(tasks: TableClient, parts: list[str], select: list[str] | None = None) -> Iterator[TableEntity]:
+    """The rollup rows of the partitions ``parts`` (``select``: these properties only): one
+    key-range query each."""
+    return partitions.query(tasks, parts, "RowKey ge @lo and RowKey lt @hi",
+                            {"lo": names.COUNTER_PREFIX, "hi": names.COUNTER_PREFIX + "\U0010ffff"}, select=select)
+
+
 def read(tasks: TableClient, parts: list[str], tiles: bool = True) -> Rollup:
     """The rollups of a job (its partitions ``parts``): one key-range query per partition, a
     row per writer there not folded yet and the folded row (``tiles``: with the counts per
     tile, which grow with the job's area; without, a few hundred bytes a row)."""
-    low, high = names.COUNTER_PREFIX, names.COUNTER_PREFIX + "\U0010ffff"
     found = Rollup()
     select = None if tiles else ["RowKey", *(s.value for s in TaskStatus), KILLS, BACKUPS, DETAIL,
                                  *(f"Workers{shard}" for shard in range(WORKER_SHARDS))]
-    for row in partitions.query(tasks, parts, "RowKey ge @lo and RowKey lt @hi", {"lo": low, "hi": high},
-                                select=select):
+    for row in rows(tasks, parts, select):
         found.rows += 1
         moves = moves_of(row)
         found.counts.update(moves.counts)
@@ -239,9 +248,7 @@ def read(tasks: TableClient, parts: list[str], tiles: bool = True) -> Rollup:
                 into.setdefault(key, Counter()).update(counts)
         for stage, bins in moves.runtimes.items():
             found.runtimes.setdefault(stage, Counter()).update({int(b): n for b, n in bins.items()})
-        own = folded_workers(row) if row["RowKey"] == names.FOLDED_ROW else dict(
-            filter(None, [worker_figures(row["RowKey"].removeprefix(names.COUNTER_PREFIX), moves)]))
-        for worker, figures in own.items():
+        for worker, figures in workers_of(row, moves).items():
             found.workers.setdefault(worker, Counter()).update(figures)
     found.counts = +found.counts
     return found
@@ -258,10 +265,9 @@ def fold(tasks: TableClient, part: str) -> int:
     folded writes its next moves into a new one (``tasks.TerminalCounter``). Returns how
     many rows it folded."""
     quiet_since = datetime.now(UTC) - timedelta(seconds=FOLD_IDLE_S)
-    rows = list(tasks.query_entities("PartitionKey eq @p and RowKey ge @lo and RowKey lt @hi", parameters={
-        "p": part, "lo": names.COUNTER_PREFIX, "hi": names.COUNTER_PREFIX + "\U0010ffff"}))
-    into = next((row for row in rows if row["RowKey"] == names.FOLDED_ROW), None)
-    quiet = [row for row in rows if row["RowKey"] != names.FOLDED_ROW
+    found = list(rows(tasks, [part]))
+    into = next((row for row in found if row["RowKey"] == names.FOLDED_ROW), None)
+    quiet = [row for row in found if row["RowKey"] != names.FOLDED_ROW
              and (row.metadata["timestamp"] or quiet_since) < quiet_since][:FOLD_MAX]
     if len(quiet) < FOLD_AT:
         return 0
@@ -270,8 +276,8 @@ def fold(tasks: TableClient, part: str) -> int:
     for row in quiet:
         its = moves_of(row)
         moves = moves.merged(its)
-        if (mine := worker_figures(row["RowKey"].removeprefix(names.COUNTER_PREFIX), its)) is not None:
-            workers.setdefault(mine[0], Counter()).update(mine[1])
+        for worker, figures in workers_of(row, its).items():
+            workers.setdefault(worker, Counter()).update(figures)
     changed = apply(props, moves)
     shards: dict[str, dict[str, list[int]]] = {f"Workers{shard}": {} for shard in range(WORKER_SHARDS)}
     for worker, figures in workers.items():

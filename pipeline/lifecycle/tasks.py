@@ -117,6 +117,12 @@ class TaskRef:
                                                                              else {})).encode()
 
     @staticmethod
+    def body_of(refs: list[TaskRef]) -> bytes:
+        """The body of one message naming the attempts ``refs``: an attempt's own
+        (:meth:`encode`) if it is alone, else theirs together (:meth:`encode_many`)."""
+        return refs[0].encode() if len(refs) == 1 else TaskRef.encode_many(refs)
+
+    @staticmethod
     def encode_many(refs: list[TaskRef]) -> bytes:
         """One message naming the attempts ``refs`` (2 to MESSAGE_TASKS of one partition,
         none a backup): ``{job, tasks: [[task, attempt], ...][, part]}``. A worker claims
@@ -330,10 +336,8 @@ def state_counts(tasks: TableClient, parts: list[str]) -> Counter[str]:
     """How many of a job's tasks (in its partitions ``parts``) are in each counted state —
     QUEUED, RUNNING and the terminal ones (``rollups.UNCOUNTED`` are not) — summed over the
     counter rows."""
-    low, high = names.COUNTER_PREFIX, names.COUNTER_PREFIX + "\U0010ffff"
-    rows = partitions.query(tasks, parts, "RowKey ge @lo and RowKey lt @hi", {"lo": low, "hi": high})
     totals: Counter[str] = Counter()
-    for row in rows:
+    for row in rollups.rows(tasks, parts):
         for status in TaskStatus:
             totals[status.value] += int(row.get(status.value, 0))
     return totals

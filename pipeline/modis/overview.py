@@ -149,19 +149,20 @@ def _rasters(clients: Clients, members: list[tuple[dict[str, Any], str]]) -> lis
     return found
 
 
-def copied(clients: Clients, job: str, key: Group, members: list[tuple[dict[str, Any], str]]) -> dict[str, Any] | None:
+def copied(clients: Clients, job: str, key: Group, address: str | None) -> dict[str, Any] | None:
     """The overview copied from the cache into the job's products, if the same tiles were
-    drawn before; else None."""
-    address = cache_key(key, members)
+    drawn before (``address``: its ``cache_key``, None for a group not all cached tiles);
+    else None."""
     hit = _cached(clients, address) if address else None
     return _stored(clients, job, key, *hit) if hit else None
 
 
-def render(clients: Clients, job: str, key: Group, members: list[tuple[dict[str, Any], str]]) -> dict[str, Any]:
+def render(clients: Clients, job: str, key: Group, members: list[tuple[dict[str, Any], str]],
+           address: str | None) -> dict[str, Any]:
     """One overview drawn: the group's rasters warped onto one lon/lat canvas, stored as
-    images, and kept in the cache when its members are cached tiles."""
+    images, and kept in the cache under ``address`` (its ``cache_key``) if it has one."""
     drawn, images = draw(clients, job, key, members)
-    if address := cache_key(key, members):
+    if address:
         _cache(clients, address, drawn, images)
     return _stored(clients, job, key, drawn, images)
 
@@ -211,12 +212,13 @@ def build(clients: Clients, job: str, entries: list[dict[str, Any]]) -> list[dic
     threads at once, rasterio's warps now and then took a raster for one without a
     geotransform."""
     groups = sorted(groups_of(clients, entries).items(), key=lambda kv: (not kv[0][3], kv[0]))
+    addresses = [cache_key(key, members) for key, members in groups]
     with ThreadPoolExecutor(COPIES_AT_ONCE, thread_name_prefix="overview-copy") as pool:
-        found = list(pool.map(lambda group: copied(clients, job, *group), groups))
+        found = list(pool.map(lambda group, address: copied(clients, job, group[0], address), groups, addresses))
     made = []
-    for (key, members), done in zip(groups, found, strict=True):
+    for (key, members), address, done in zip(groups, addresses, found, strict=True):
         try:
-            made.append(done or render(clients, job, key, members))
+            made.append(done or render(clients, job, key, members, address))
         except RasterioError as exc:
             log.warning("job %s: no overview of %s: %s", job, key, exc)
     return made
