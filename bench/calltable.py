@@ -91,11 +91,10 @@ TODAY: tuple[Call, ...] = (
     Call("plan: job row cursor", "update", JOB, PLAN, 1 / 100),
     # a release (planner.release), 64 tasks a chunk: its lease and cursor on the job row, the
     # PENDING rows read, moved to QUEUED with their dispatch entries 50 to a transaction, sent
-    # by 8 threads, and the counters read again before the next chunk
+    # by 8 threads; its room counted once, from the counts its caller read (a look, the sweep)
     Call("release: job row lease and cursor", "update", JOB, RELEASE, 3 / 64),
     Call("release: read PENDING rows", "query", TASK, RELEASE, 1 / 64, 64),
     Call("release: QUEUED + dispatch entries", "txn", TASK, RELEASE, 1 / 50, 100),
-    Call("release: counter rows", "query", ALL, RELEASE, 1 / 64, _counter_rows),
     Call("release: send message", "send", QUEUE, RELEASE, lambda q: 1 / _per_message(q), 1, lanes=8),
     # a worker's receive (up to 32 messages)
     Call("receive messages", "receive", QUEUE, FETCH, 1, 32),
@@ -144,7 +143,7 @@ TODAY: tuple[Call, ...] = (
 )
 
 _CUT = {  # counts from a bounded rollup; claims and commits grouped per worker
-    "release: counter rows", "look: counter rows", "sweep: counter rows", "sweep: fold, counter rows",
+    "look: counter rows", "sweep: counter rows", "sweep: fold, counter rows",
     "claim: read task row", "claim: task rows read ahead", "claim: task rows, attempts, deadline and dispatch entries",
     "commit: task row, attempt, deadline entry, counter",
 }
@@ -162,6 +161,5 @@ PLANNED: tuple[Call, ...] = (
     Call("commit (grouped): task rows, attempts, deadline entries, counter", "txn", TASK, END, _per_group,
          lambda q: 3 * q["slots"] + 1),
     Call("look: rollup row per partition", "query", ALL, LOOK, 1, lambda q: q["partitions"]),
-    Call("release: rollup row per partition", "query", ALL, RELEASE, 1 / 64, lambda q: q["partitions"]),
     Call("sweep: rollup row per partition", "query", ALL, SWEEP, 1, lambda q: q["partitions"]),
 )

@@ -6,7 +6,9 @@ import threading
 import time
 from collections import Counter
 
-from pipeline.lifecycle import claims, jobs, partitions, planner, sweep, tasks, transitions
+import pytest
+
+from pipeline.lifecycle import claims, dispatch, jobs, partitions, planner, sweep, tasks, transitions
 from pipeline.lifecycle.failures import FailureClass
 from pipeline.lifecycle.request import expand
 from pipeline.lifecycle.status import JobState, TaskStatus
@@ -115,6 +117,46 @@ def test_a_release_slower_than_the_lease_still_sends_each_task_once(settings: Se
     planned.join()
     assert jobs.get(fast, job).released == settings.window
     assert queue_depth(fast) == settings.window
+
+
+def test_a_release_sends_the_room_it_counted_once(clients: Clients, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A release counts the window's room once: tasks that end while it sends leave their
+    places to the next look, rather than a count of the job's rows and a chunk of a few
+    tasks each, chasing the drain."""
+    job = jobs.submit(clients, small_request(start="2021-01-01", end="2022-12-31")).job  # 184 tasks
+    planner.plan(clients, job)
+    window = clients.settings.window
+    rows = task_rows(clients, job)
+    assert jobs.get(clients, job).released == window
+    counter = tasks.TerminalCounter("test")
+
+    def end(seqs: range) -> None:
+        for seq in seqs:
+            held = claims.claim(clients, rows[seq].ref, "w", in_an_hour)
+            assert held is not None and transitions.commit(clients, counter, held, TaskStatus.SUCCEEDED, [])
+
+    end(range(0, 10))
+    counted, ended_meanwhile = 0, list[bool]()
+    state_counts, send = tasks.state_counts, dispatch.send
+
+    def counting(*args: object, **kwargs: object) -> Counter[str]:
+        nonlocal counted
+        counted += 1
+        return state_counts(*args, **kwargs)  # type: ignore[arg-type]
+
+    def ending_meanwhile(*args: object, **kwargs: object) -> int:
+        if not ended_meanwhile:  # ten more end while the release sends
+            end(range(10, 20))
+            ended_meanwhile.append(True)
+        return send(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(tasks, "state_counts", counting)
+    monkeypatch.setattr(dispatch, "send", ending_meanwhile)
+    assert planner.release(clients, job) == 10
+    assert counted == 1
+    monkeypatch.undo()
+    assert jobs.get(clients, job).released == window + 10
+    assert planner.release(clients, job) == 10, "the next look tops up what drained meanwhile"
 
 
 def test_a_reduction_counts_its_tile_tasks_off_and_is_released_once_at_zero(clients: Clients) -> None:

@@ -132,9 +132,13 @@ def release(clients: Clients, job: str, *, min_room: float = 0.0, row: jobs.JobR
             counts: Counter[str] | None = None) -> int:
     """Top up the job's window: release PENDING tasks to the shard queues until the tasks
     QUEUED or RUNNING (``tasks.in_flight``) fill the window; the cursor passes over tasks
-    settled at planning (terminal, never queued), which take no place in it. With
-    ``min_room`` > 0 it does nothing until that share of the window has drained (so it is
-    cheap to call after every task). Returns how many tasks it released.
+    settled at planning (terminal, never queued), which take no place in it. The room is
+    counted once a call: a release that counted again after each chunk chased a window
+    draining as fast as it sent, a few tasks a chunk, each chunk a read of the job's counts
+    and of its rows in every partition, its messages a few tasks each; the next look tops up
+    what drained meanwhile. With ``min_room`` > 0 it does nothing until that share of the
+    window has drained (so it is cheap to call after every task). Returns how many tasks it
+    released.
 
     One releaser at a time per job holds a short lease on the job row (``ReleaserUntil``),
     so that the workers finishing tasks together do not all send the same messages. It moves
@@ -148,6 +152,8 @@ def release(clients: Clients, job: str, *, min_room: float = 0.0, row: jobs.JobR
     total_released = 0
     row = row if row is not None else jobs.get(clients, job)
     holding = False
+    room: int | None = None
+    filled = 0  # places of the window taken by this call's sends
     while True:
         if row.state is not JobState.RUNNING:
             break
@@ -155,12 +161,14 @@ def release(clients: Clients, job: str, *, min_room: float = 0.0, row: jobs.JobR
         holder = row.releaser_until
         if released >= total or (not holding and holder is not None and holder > tasks.now()):
             break
-        if counts is None:
-            counts = tasks.state_counts(clients.tasks, row.parts)
-        room = window - tasks.in_flight(counts)
-        if room <= 0 or room < window * min_room:
+        if room is None:
+            room = window - tasks.in_flight(counts if counts is not None else
+                                            tasks.state_counts(clients.tasks, row.parts))
+            if room <= 0 or room < window * min_room:
+                break
+        count = min(room - filled, total - released, RELEASE_CHUNK)
+        if count <= 0:
             break
-        count = min(room, total - released, RELEASE_CHUNK)
         try:
             if not holding:
                 row = jobs.update(clients, row, releaser_until=tasks.now() + lease)
@@ -174,7 +182,7 @@ def release(clients: Clients, job: str, *, min_room: float = 0.0, row: jobs.JobR
                 return total_released  # another releaser holds it now, or the job was cancelled
             raise
         total_released += count
-        min_room, counts = 0.0, None
+        filled += len(queued)
     if holding:
         try:
             jobs.update(clients, row, releaser_until=NO_RELEASER)
