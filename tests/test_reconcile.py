@@ -243,6 +243,29 @@ def test_a_finisher_slower_than_its_lease_is_not_overtaken(settings: Settings, m
     assert (slow.sent, others.sent) == (1, 0) and len(emails_for(mail, job)) == 1
 
 
+def test_a_finisher_whose_row_changed_under_it_looks_again_and_finishes(
+        settings: Settings, mail: MailServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job complete, its done message handled while a release (the sweep's) takes its lease
+    on the cursor: the finisher's hold, fenced on the row it read, is refused; it reads the
+    row again and finishes the job then, with its one email — not a lease later, by the sweep."""
+    settings, clients = fast(settings)
+    job = planned_job(clients)
+    with running_workers(settings):
+        wait_for(lambda: sum(tasks.terminal_counts(clients.tasks, parts(clients, job)).values()) == 8, 60, "every task")
+    final_state, changed = completion._final_state, list[bool]()
+
+    def releaser_meanwhile(clients: Clients, row: jobs.JobRow) -> Any:
+        if not changed:
+            changed.append(True)
+            jobs.update(clients, row, releaser_until=tasks.now())  # after the finisher's read of the row
+        return final_state(clients, row)
+
+    monkeypatch.setattr(completion, "_final_state", releaser_meanwhile)
+    assert completion.complete(clients, mailer_for(settings), job)
+    assert changed and jobs.get(clients, job).state == "SUCCEEDED"
+    assert len(emails_for(mail, job)) == 1
+
+
 def test_a_finisher_that_dies_after_recording_its_message_is_taken_over_with_the_same_message_id(
         settings: Settings, mail: MailServer) -> None:
     settings, clients = fast(settings)

@@ -38,6 +38,7 @@ from pipeline.storage.clients import Clients
 
 log = logging.getLogger(__name__)
 RELEASED = datetime(1970, 1, 1, tzinfo=UTC)  # a finisher lease that has long expired
+LOOKS = 5  # times a finisher reads the job row again when it changed under its hold
 
 
 def all_terminal(clients: Clients, row: JobRow, done: int | None = None) -> bool:
@@ -140,25 +141,34 @@ class Finishing:
 
 def complete(clients: Clients, mailer: Mailer, job: str) -> bool:
     """Finish the job if it is complete and nobody else is finishing it; True if this call
-    finished it."""
-    row = jobs.get(clients, job)
-    state = row.state
-    if state.finished:
-        jobs.deactivate(clients, job)
-        return False
-    if state is JobState.ACCEPTED or (state is not JobState.FINISHING and not all_terminal(clients, row)):
-        return False
-    if state is JobState.FINISHING and _held_by_another(clients, row):
-        return False
-    changes: dict[str, Any] = {"finisher": uuid.uuid4().hex, "finisher_until": tasks.now() + _lease(clients)}
-    if state is not JobState.FINISHING:
-        changes |= {"state": JobState.FINISHING, "outcome": _final_state(clients, row)}
-    try:
-        row = jobs.update(clients, row, **changes)
-    except HttpResponseError as exc:
-        if tasks.is_conflict(exc):
-            return False  # another process won the race
-        raise
+    finished it.
+
+    Its hold on the job is fenced on the row it read. A row changed meanwhile is read and
+    looked at again (up to :data:`LOOKS` times): the change may be another finisher's, but
+    also one that finishes nothing — a release's lease on the cursor (the sweep's release
+    of a job whose every task was settled at planning walks the cursor over them), a
+    cancellation. Giving up there left the job to the sweep, a lease later."""
+    for _ in range(LOOKS):
+        row = jobs.get(clients, job)
+        state = row.state
+        if state.finished:
+            jobs.deactivate(clients, job)
+            return False
+        if state is JobState.ACCEPTED or (state is not JobState.FINISHING and not all_terminal(clients, row)):
+            return False
+        if state is JobState.FINISHING and _held_by_another(clients, row):
+            return False
+        changes: dict[str, Any] = {"finisher": uuid.uuid4().hex, "finisher_until": tasks.now() + _lease(clients)}
+        if state is not JobState.FINISHING:
+            changes |= {"state": JobState.FINISHING, "outcome": _final_state(clients, row)}
+        try:
+            row = jobs.update(clients, row, **changes)
+            break
+        except HttpResponseError as exc:
+            if not tasks.is_conflict(exc):
+                raise
+    else:
+        return False  # the row kept changing: the sweep announces the job again
     with Finishing(clients, row) as hold:
         try:
             _finish(clients, mailer, hold)
