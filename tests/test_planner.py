@@ -159,6 +159,26 @@ def test_a_release_sends_the_room_it_counted_once(clients: Clients, monkeypatch:
     assert planner.release(clients, job) == 10, "the next look tops up what drained meanwhile"
 
 
+def test_a_release_after_a_dead_releaser_fills_the_room_past_its_resends(clients: Clients) -> None:
+    """A releaser that died after queueing 20 tasks, before moving the cursor: its successor
+    sends their messages again (they are QUEUED already, in the window's count) and still
+    fills the room with tasks not yet released."""
+    job = jobs.submit(clients, small_request(start="2021-01-01", end="2022-12-31")).job  # 184 tasks
+    planner.plan(clients, job)
+    window = clients.settings.window
+    rows = task_rows(clients, job)
+    counter = tasks.TerminalCounter("test")
+    for seq in range(10):  # room for ten
+        held = claims.claim(clients, rows[seq].ref, "w", in_an_hour)
+        assert held is not None and transitions.commit(clients, counter, held, TaskStatus.SUCCEEDED, [])
+    jobs.update(clients, jobs.get(clients, job), released=window - 20)  # the dead releaser's cursor
+    assert planner.release(clients, job) == 30
+    assert jobs.get(clients, job).released == window + 10
+    statuses = [r.status for r in task_rows(clients, job)]
+    assert statuses[window - 20:window + 10] == [TaskStatus.QUEUED] * 30
+    assert set(statuses[window + 10:]) == {TaskStatus.PENDING}
+
+
 def test_a_reduction_counts_its_tile_tasks_off_and_is_released_once_at_zero(clients: Clients) -> None:
     """Each tile task's end (committed, dead) takes its reduction's count down in its own
     transaction; the last releases it (QUEUED, its dispatch entry, one message), also when

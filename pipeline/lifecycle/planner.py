@@ -22,7 +22,7 @@ from azure.core.exceptions import AzureError
 from pipeline import stages
 from pipeline.lifecycle import completion, dispatch, jobs, partitions, rollups, tasks, transitions
 from pipeline.lifecycle.request import TILE_STAGE, RequestError, expand
-from pipeline.lifecycle.status import JobState
+from pipeline.lifecycle.status import JobState, TaskStatus
 from pipeline.lifecycle.tasks import TerminalCounter
 from pipeline.modis import catalogs
 from pipeline.storage import names
@@ -153,7 +153,7 @@ def release(clients: Clients, job: str, *, min_room: float = 0.0, row: jobs.JobR
     row = row if row is not None else jobs.get(clients, job)
     holding = False
     room: int | None = None
-    filled = 0  # places of the window taken by this call's sends
+    filled = 0  # places of the window this call's sends took (PENDING rows it queued)
     while True:
         if row.state is not JobState.RUNNING:
             break
@@ -173,7 +173,8 @@ def release(clients: Clients, job: str, *, min_room: float = 0.0, row: jobs.JobR
             if not holding:
                 row = jobs.update(clients, row, releaser_until=tasks.now() + lease)
                 holding = True
-            queued = transitions.queue(clients, tasks.list_tasks(clients.tasks, row.parts, released, count))
+            listed = tasks.list_tasks(clients.tasks, row.parts, released, count)
+            queued = transitions.queue(clients, listed)
             dispatch.send(clients, map(dispatch.ref_of, queued), per_message=clients.settings.tasks_per_message)
             # The cursor moves only after the sends, and renews the lease as it moves.
             row = jobs.update(clients, row, released=released + count, releaser_until=tasks.now() + lease)
@@ -182,7 +183,7 @@ def release(clients: Clients, job: str, *, min_room: float = 0.0, row: jobs.JobR
                 return total_released  # another releaser holds it now, or the job was cancelled
             raise
         total_released += count
-        filled += len(queued)
+        filled += sum(1 for r in listed if r.status is TaskStatus.PENDING)  # not a resend's, already counted
     if holding:
         try:
             jobs.update(clients, row, releaser_until=NO_RELEASER)
