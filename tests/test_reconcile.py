@@ -266,6 +266,30 @@ def test_a_finisher_whose_row_changed_under_it_looks_again_and_finishes(
     assert len(emails_for(mail, job)) == 1
 
 
+def test_a_finisher_whose_hold_applied_with_its_answer_lost_goes_on(
+        settings: Settings, mail: MailServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The finisher's hold applied, its answer lost, and the client's retry refused (the row
+    has changed: by the hold itself): the row names this finisher, so it finishes the job
+    now, with one email, rather than leaving it to the sweep once its own lease runs out."""
+    settings, clients = fast(settings)
+    job = planned_job(clients)
+    with running_workers(settings):
+        wait_for(lambda: sum(tasks.terminal_counts(clients.tasks, parts(clients, job)).values()) == 8, 60, "every task")
+    update, lost = jobs.update, list[bool]()
+
+    def applied_then_refused(clients: Clients, row: jobs.JobRow, **changes: Any) -> jobs.JobRow:
+        written = update(clients, row, **changes)
+        if "state" in changes and not lost:
+            lost.append(True)
+            update(clients, row, **changes)  # the retry, on the ETag the hold itself changed: 412
+        return written
+
+    monkeypatch.setattr(jobs, "update", applied_then_refused)
+    assert completion.complete(clients, mailer_for(settings), job)
+    assert lost and jobs.get(clients, job).state == "SUCCEEDED"
+    assert len(emails_for(mail, job)) == 1
+
+
 def test_a_finisher_that_dies_after_recording_its_message_is_taken_over_with_the_same_message_id(
         settings: Settings, mail: MailServer) -> None:
     settings, clients = fast(settings)

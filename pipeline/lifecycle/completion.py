@@ -147,10 +147,15 @@ def complete(clients: Clients, mailer: Mailer, job: str) -> bool:
     looked at again (up to :data:`LOOKS` times): the change may be another finisher's, but
     also one that finishes nothing — a release's lease on the cursor (the sweep's release
     of a job whose every task was settled at planning walks the cursor over them), a
-    cancellation. Giving up there left the job to the sweep, a lease later."""
+    cancellation. Giving up there left the job to the sweep, a lease later. A row that
+    names this call's finisher is its own hold, applied with the answer lost (the client's
+    retry refused): it goes on with it."""
+    finisher = uuid.uuid4().hex
     for _ in range(LOOKS):
         row = jobs.get(clients, job)
         state = row.state
+        if state is JobState.FINISHING and row.finisher == finisher:
+            break
         if state.finished:
             jobs.deactivate(clients, job)
             return False
@@ -158,7 +163,7 @@ def complete(clients: Clients, mailer: Mailer, job: str) -> bool:
             return False
         if state is JobState.FINISHING and _held_by_another(clients, row):
             return False
-        changes: dict[str, Any] = {"finisher": uuid.uuid4().hex, "finisher_until": tasks.now() + _lease(clients)}
+        changes: dict[str, Any] = {"finisher": finisher, "finisher_until": tasks.now() + _lease(clients)}
         if state is not JobState.FINISHING:
             changes |= {"state": JobState.FINISHING, "outcome": _final_state(clients, row)}
         try:
