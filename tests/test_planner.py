@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -177,6 +178,38 @@ def test_a_release_after_a_dead_releaser_fills_the_room_past_its_resends(clients
     statuses = [r.status for r in task_rows(clients, job)]
     assert statuses[window - 20:window + 10] == [TaskStatus.QUEUED] * 30
     assert set(statuses[window + 10:]) == {TaskStatus.PENDING}
+
+
+@pytest.mark.parametrize("lost", ["lease", "cursor"])
+def test_a_releaser_whose_write_applied_with_its_answer_lost_goes_on(
+        clients: Clients, monkeypatch: pytest.MonkeyPatch, lost: str) -> None:
+    """A releaser's lease taken (or its cursor moved), the answer lost and the client's retry
+    refused (the row has changed: by that very write): the row read again shows the write,
+    so the releaser goes on, sends the room and gives the lease back — not a release given
+    up with the lease still held, the window unfed until it runs out."""
+    job = jobs.submit(clients, small_request(start="2021-01-01", end="2022-12-31")).job  # 184 tasks
+    planner.plan(clients, job)
+    window = clients.settings.window
+    rows = task_rows(clients, job)
+    counter = tasks.TerminalCounter("test")
+    for seq in range(10):  # room for ten
+        held = claims.claim(clients, rows[seq].ref, "w", in_an_hour)
+        assert held is not None and transitions.commit(clients, counter, held, TaskStatus.SUCCEEDED, [])
+    update, refused = jobs.update, list[bool]()
+
+    def applied_then_refused(clients: Clients, row: jobs.JobRow, **changes: Any) -> jobs.JobRow:
+        written = update(clients, row, **changes)
+        if not refused and ("released" in changes) == (lost == "cursor"):
+            refused.append(True)
+            update(clients, row, **changes)  # the client's retry, on the ETag the write changed: 412
+        return written
+
+    monkeypatch.setattr(jobs, "update", applied_then_refused)
+    assert planner.release(clients, job) == 10
+    monkeypatch.undo()
+    row = jobs.get(clients, job)
+    assert refused and row.released == window + 10
+    assert row.releaser_until == planner.NO_RELEASER, "the lease given back"
 
 
 def test_a_reduction_counts_its_tile_tasks_off_and_is_released_once_at_zero(clients: Clients) -> None:

@@ -290,6 +290,33 @@ def test_a_finisher_whose_hold_applied_with_its_answer_lost_goes_on(
     assert len(emails_for(mail, job)) == 1
 
 
+def test_a_finisher_whose_write_after_the_email_applied_with_its_answer_lost_goes_on(
+        settings: Settings, mail: MailServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The email sent, its record on the job row applied with the answer lost and the
+    client's retry refused: the row still names this finisher and shows the record, so it
+    goes on and finishes — not a hold given up, the job left FINISHING until the next
+    finisher sends the email again."""
+    settings, clients = fast(settings)
+    job = planned_job(clients)
+    with running_workers(settings):
+        wait_for(lambda: sum(tasks.terminal_counts(clients.tasks, parts(clients, job)).values()) == 8, 60, "every task")
+    update, lost = jobs.update, list[bool]()
+
+    def applied_then_refused(clients: Clients, row: jobs.JobRow, **changes: Any) -> jobs.JobRow:
+        written = update(clients, row, **changes)
+        if "notified_at" in changes and not lost:
+            lost.append(True)
+            update(clients, row, **changes)  # the retry, on the ETag the write itself changed: 412
+        return written
+
+    monkeypatch.setattr(jobs, "update", applied_then_refused)
+    assert completion.complete(clients, mailer_for(settings), job)
+    monkeypatch.undo()
+    assert lost and jobs.get(clients, job).state == "SUCCEEDED"
+    sweep.sweep(clients)
+    assert len(emails_for(mail, job)) == 1
+
+
 def test_a_finisher_that_dies_after_recording_its_message_is_taken_over_with_the_same_message_id(
         settings: Settings, mail: MailServer) -> None:
     settings, clients = fast(settings)

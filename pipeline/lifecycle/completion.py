@@ -105,18 +105,23 @@ class Finishing:
         self._thread.join()
 
     def update(self, **changes: Any) -> JobRow:
-        """Change the job row, renewing the lease; LeaseLost if another finisher has it."""
+        """Change the job row, renewing the lease; LeaseLost if another finisher has it. A
+        refused change whose row, read again, still names this finisher and shows the change
+        is its own, applied with the answer lost (the client's retry refused)."""
         with self._lock:
             if self.lost:
                 raise LeaseLost(self.row.job)
+            changes["finisher_until"] = tasks.now() + _lease(self.clients)
             try:
-                self.row = jobs.update(self.clients, self.row, finisher_until=tasks.now() + _lease(self.clients),
-                                       **changes)
+                self.row = jobs.update(self.clients, self.row, **changes)
             except HttpResponseError as exc:
-                if tasks.is_conflict(exc):
+                if not tasks.is_conflict(exc):
+                    raise
+                now = jobs.get(self.clients, self.row.job)
+                if now.finisher != self.row.finisher or any(getattr(now, k) != v for k, v in changes.items()):
                     self.lost = True
                     raise LeaseLost(self.row.job) from None
-                raise
+                self.row = now
             return self.row
 
     def release(self) -> None:
