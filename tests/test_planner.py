@@ -23,6 +23,22 @@ def task_rows(clients: Clients, job: str) -> list[tasks.TaskRow]:
     return tasks.list_tasks(clients.tasks, parts(clients, job))
 
 
+def window_job(clients: Clients) -> tuple[str, list[tasks.TaskRow]]:
+    """A job of 184 tasks planned, its first window released, and its rows."""
+    job = jobs.submit(clients, small_request(start="2021-01-01", end="2022-12-31")).job
+    planner.plan(clients, job)
+    assert jobs.get(clients, job).released == clients.settings.window
+    return job, task_rows(clients, job)
+
+
+def end(clients: Clients, rows: list[tasks.TaskRow], seqs: range) -> None:
+    """Tasks ``seqs`` claimed and committed: their places in the window free."""
+    counter = tasks.TerminalCounter("test")
+    for seq in seqs:
+        held = claims.claim(clients, rows[seq].ref, "w", in_an_hour)
+        assert held is not None and transitions.commit(clients, counter, held, TaskStatus.SUCCEEDED, [])
+
+
 def test_plan_message_twice_makes_no_duplicate(clients: Clients) -> None:
     request = small_request(start="2022-01-01", end="2022-12-31")  # 2 tiles × 46 = 92 tasks
     job = jobs.submit(clients, request).job
@@ -124,19 +140,9 @@ def test_a_release_sends_the_room_it_counted_once(clients: Clients, monkeypatch:
     """A release counts the window's room once: tasks that end while it sends leave their
     places to the next look, rather than a count of the job's rows and a chunk of a few
     tasks each, chasing the drain."""
-    job = jobs.submit(clients, small_request(start="2021-01-01", end="2022-12-31")).job  # 184 tasks
-    planner.plan(clients, job)
+    job, rows = window_job(clients)
     window = clients.settings.window
-    rows = task_rows(clients, job)
-    assert jobs.get(clients, job).released == window
-    counter = tasks.TerminalCounter("test")
-
-    def end(seqs: range) -> None:
-        for seq in seqs:
-            held = claims.claim(clients, rows[seq].ref, "w", in_an_hour)
-            assert held is not None and transitions.commit(clients, counter, held, TaskStatus.SUCCEEDED, [])
-
-    end(range(0, 10))
+    end(clients, rows, range(0, 10))
     counted, ended_meanwhile = 0, list[bool]()
     state_counts, send = tasks.state_counts, dispatch.send
 
@@ -147,7 +153,7 @@ def test_a_release_sends_the_room_it_counted_once(clients: Clients, monkeypatch:
 
     def ending_meanwhile(*args: object, **kwargs: object) -> int:
         if not ended_meanwhile:  # ten more end while the release sends
-            end(range(10, 20))
+            end(clients, rows, range(10, 20))
             ended_meanwhile.append(True)
         return send(*args, **kwargs)  # type: ignore[arg-type]
 
@@ -164,14 +170,9 @@ def test_a_release_after_a_dead_releaser_fills_the_room_past_its_resends(clients
     """A releaser that died after queueing 20 tasks, before moving the cursor: its successor
     sends their messages again (they are QUEUED already, in the window's count) and still
     fills the room with tasks not yet released."""
-    job = jobs.submit(clients, small_request(start="2021-01-01", end="2022-12-31")).job  # 184 tasks
-    planner.plan(clients, job)
+    job, rows = window_job(clients)
     window = clients.settings.window
-    rows = task_rows(clients, job)
-    counter = tasks.TerminalCounter("test")
-    for seq in range(10):  # room for ten
-        held = claims.claim(clients, rows[seq].ref, "w", in_an_hour)
-        assert held is not None and transitions.commit(clients, counter, held, TaskStatus.SUCCEEDED, [])
+    end(clients, rows, range(10))  # room for ten
     jobs.update(clients, jobs.get(clients, job), released=window - 20)  # the dead releaser's cursor
     assert planner.release(clients, job) == 30
     assert jobs.get(clients, job).released == window + 10
@@ -187,14 +188,9 @@ def test_a_releaser_whose_write_applied_with_its_answer_lost_goes_on(
     refused (the row has changed: by that very write): the row read again shows the write,
     so the releaser goes on, sends the room and gives the lease back — not a release given
     up with the lease still held, the window unfed until it runs out."""
-    job = jobs.submit(clients, small_request(start="2021-01-01", end="2022-12-31")).job  # 184 tasks
-    planner.plan(clients, job)
+    job, rows = window_job(clients)
     window = clients.settings.window
-    rows = task_rows(clients, job)
-    counter = tasks.TerminalCounter("test")
-    for seq in range(10):  # room for ten
-        held = claims.claim(clients, rows[seq].ref, "w", in_an_hour)
-        assert held is not None and transitions.commit(clients, counter, held, TaskStatus.SUCCEEDED, [])
+    end(clients, rows, range(10))  # room for ten
     update, refused = jobs.update, list[bool]()
 
     def applied_then_refused(clients: Clients, row: jobs.JobRow, **changes: Any) -> jobs.JobRow:

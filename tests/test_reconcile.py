@@ -220,13 +220,19 @@ class SlowMail:
         self.sent += 1
 
 
-def test_a_finisher_slower_than_its_lease_is_not_overtaken(settings: Settings, mail: MailServer) -> None:
-    """While one finisher waits three leases for the mail service, the sweep and the done
-    handler keep looking at the job: nobody takes it over, one email goes out."""
+def ended_job(settings: Settings) -> tuple[Settings, Clients, str]:
+    """A job of 8 tasks, every one ended by the workers, not finished yet (no control loop)."""
     settings, clients = fast(settings)
     job = planned_job(clients)
     with running_workers(settings):
         wait_for(lambda: sum(tasks.terminal_counts(clients.tasks, parts(clients, job)).values()) == 8, 60, "every task")
+    return settings, clients, job
+
+
+def test_a_finisher_slower_than_its_lease_is_not_overtaken(settings: Settings, mail: MailServer) -> None:
+    """While one finisher waits three leases for the mail service, the sweep and the done
+    handler keep looking at the job: nobody takes it over, one email goes out."""
+    settings, clients, job = ended_job(settings)
     slow = SlowMail(settings, 3 * 2 * settings.lease_seconds)
     first = threading.Thread(target=lambda: completion.complete(clients, slow, job))
     first.start()
@@ -248,10 +254,7 @@ def test_a_finisher_whose_row_changed_under_it_looks_again_and_finishes(
     """A job complete, its done message handled while a release (the sweep's) takes its lease
     on the cursor: the finisher's hold, fenced on the row it read, is refused; it reads the
     row again and finishes the job then, with its one email — not a lease later, by the sweep."""
-    settings, clients = fast(settings)
-    job = planned_job(clients)
-    with running_workers(settings):
-        wait_for(lambda: sum(tasks.terminal_counts(clients.tasks, parts(clients, job)).values()) == 8, 60, "every task")
+    settings, clients, job = ended_job(settings)
     final_state, changed = completion._final_state, list[bool]()
 
     def releaser_meanwhile(clients: Clients, row: jobs.JobRow) -> Any:
@@ -266,45 +269,20 @@ def test_a_finisher_whose_row_changed_under_it_looks_again_and_finishes(
     assert len(emails_for(mail, job)) == 1
 
 
-def test_a_finisher_whose_hold_applied_with_its_answer_lost_goes_on(
-        settings: Settings, mail: MailServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The finisher's hold applied, its answer lost, and the client's retry refused (the row
-    has changed: by the hold itself): the row names this finisher, so it finishes the job
-    now, with one email, rather than leaving it to the sweep once its own lease runs out."""
-    settings, clients = fast(settings)
-    job = planned_job(clients)
-    with running_workers(settings):
-        wait_for(lambda: sum(tasks.terminal_counts(clients.tasks, parts(clients, job)).values()) == 8, 60, "every task")
+@pytest.mark.parametrize("write", ["state", "notified_at"], ids=["its hold", "the email's record"])
+def test_a_finisher_whose_write_applied_with_its_answer_lost_goes_on(
+        settings: Settings, mail: MailServer, monkeypatch: pytest.MonkeyPatch, write: str) -> None:
+    """The finisher's hold (or, the email sent, its record) applied, its answer lost and the
+    client's retry refused (the row has changed: by that very write): the row read again
+    names this finisher and shows the write, so it finishes the job now, with one email —
+    not a hold given up, the job left to the sweep a lease later (and, after the email's
+    record, the email sent again by the next finisher)."""
+    settings, clients, job = ended_job(settings)
     update, lost = jobs.update, list[bool]()
 
     def applied_then_refused(clients: Clients, row: jobs.JobRow, **changes: Any) -> jobs.JobRow:
         written = update(clients, row, **changes)
-        if "state" in changes and not lost:
-            lost.append(True)
-            update(clients, row, **changes)  # the retry, on the ETag the hold itself changed: 412
-        return written
-
-    monkeypatch.setattr(jobs, "update", applied_then_refused)
-    assert completion.complete(clients, mailer_for(settings), job)
-    assert lost and jobs.get(clients, job).state == "SUCCEEDED"
-    assert len(emails_for(mail, job)) == 1
-
-
-def test_a_finisher_whose_write_after_the_email_applied_with_its_answer_lost_goes_on(
-        settings: Settings, mail: MailServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The email sent, its record on the job row applied with the answer lost and the
-    client's retry refused: the row still names this finisher and shows the record, so it
-    goes on and finishes — not a hold given up, the job left FINISHING until the next
-    finisher sends the email again."""
-    settings, clients = fast(settings)
-    job = planned_job(clients)
-    with running_workers(settings):
-        wait_for(lambda: sum(tasks.terminal_counts(clients.tasks, parts(clients, job)).values()) == 8, 60, "every task")
-    update, lost = jobs.update, list[bool]()
-
-    def applied_then_refused(clients: Clients, row: jobs.JobRow, **changes: Any) -> jobs.JobRow:
-        written = update(clients, row, **changes)
-        if "notified_at" in changes and not lost:
+        if write in changes and not lost:
             lost.append(True)
             update(clients, row, **changes)  # the retry, on the ETag the write itself changed: 412
         return written
@@ -319,10 +297,7 @@ def test_a_finisher_whose_write_after_the_email_applied_with_its_answer_lost_goe
 
 def test_a_finisher_that_dies_after_recording_its_message_is_taken_over_with_the_same_message_id(
         settings: Settings, mail: MailServer) -> None:
-    settings, clients = fast(settings)
-    job = planned_job(clients)
-    with running_workers(settings):
-        wait_for(lambda: sum(tasks.terminal_counts(clients.tasks, parts(clients, job)).values()) == 8, 60, "every task")
+    settings, clients, job = ended_job(settings)
 
     class Dies(SlowMail):
         def send(self, message: EmailMessage) -> None:
