@@ -223,3 +223,22 @@ def running_workers(settings: Settings, count: int = 1, slots: int = 2) -> Itera
 
 def queue_depth(clients: Clients) -> int:
     return sum(q.get_queue_properties().approximate_message_count for q in clients.shard_queues)
+
+
+def job_write_answer_lost(monkeypatch: pytest.MonkeyPatch, clients: Clients,
+                          when: Callable[[set[str]], bool]) -> list[bool]:
+    """The first write of a job row by ``clients`` whose fields (``jobs.JobRow``'s names)
+    ``when`` picks is applied, its answer lost, and the client's retry of the same request
+    refused (412: the row changed, by that very write). Returns a list that holds True once
+    that happened."""
+    real, lost = clients.jobs.update_entity, list[bool]()
+
+    def applied_then_refused(entity: dict[str, object], *args: object, **kwargs: object) -> object:
+        answer = real(entity, *args, **kwargs)  # type: ignore[arg-type]
+        if not lost and when({name for name, stored in jobs.JobRow.stored_names().items() if stored in entity}):
+            lost.append(True)
+            real(entity, *args, **kwargs)  # type: ignore[arg-type]
+        return answer
+
+    monkeypatch.setattr(clients.jobs, "update_entity", applied_then_refused)
+    return lost

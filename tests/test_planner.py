@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from typing import Any
 
 import pytest
 
@@ -16,7 +15,15 @@ from pipeline.lifecycle.status import JobState, TaskStatus
 from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
-from tests.conftest import WorkerThreads, in_an_hour, parts, queue_depth, small_request, wait_for
+from tests.conftest import (
+    WorkerThreads,
+    in_an_hour,
+    job_write_answer_lost,
+    parts,
+    queue_depth,
+    small_request,
+    wait_for,
+)
 
 
 def task_rows(clients: Clients, job: str) -> list[tasks.TaskRow]:
@@ -191,16 +198,7 @@ def test_a_releaser_whose_write_applied_with_its_answer_lost_goes_on(
     job, rows = window_job(clients)
     window = clients.settings.window
     end(clients, rows, range(10))  # room for ten
-    update, refused = jobs.update, list[bool]()
-
-    def applied_then_refused(clients: Clients, row: jobs.JobRow, **changes: Any) -> jobs.JobRow:
-        written = update(clients, row, **changes)
-        if not refused and ("released" in changes) == (lost == "cursor"):
-            refused.append(True)
-            update(clients, row, **changes)  # the client's retry, on the ETag the write changed: 412
-        return written
-
-    monkeypatch.setattr(jobs, "update", applied_then_refused)
+    refused = job_write_answer_lost(monkeypatch, clients, lambda fields: ("released" in fields) == (lost == "cursor"))
     assert planner.release(clients, job) == 10
     monkeypatch.undo()
     row = jobs.get(clients, job)

@@ -29,6 +29,7 @@ from pipeline.storage.clients import Clients
 from pipeline.web import jobview
 from tests.conftest import (
     PIDS,
+    job_write_answer_lost,
     parts,
     queue_depth,
     running_control,
@@ -278,16 +279,7 @@ def test_a_finisher_whose_write_applied_with_its_answer_lost_goes_on(
     not a hold given up, the job left to the sweep a lease later (and, after the email's
     record, the email sent again by the next finisher)."""
     settings, clients, job = ended_job(settings)
-    update, lost = jobs.update, list[bool]()
-
-    def applied_then_refused(clients: Clients, row: jobs.JobRow, **changes: Any) -> jobs.JobRow:
-        written = update(clients, row, **changes)
-        if write in changes and not lost:
-            lost.append(True)
-            update(clients, row, **changes)  # the retry, on the ETag the write itself changed: 412
-        return written
-
-    monkeypatch.setattr(jobs, "update", applied_then_refused)
+    lost = job_write_answer_lost(monkeypatch, clients, lambda fields: write in fields)
     assert completion.complete(clients, mailer_for(settings), job)
     monkeypatch.undo()
     assert lost and jobs.get(clients, job).state == "SUCCEEDED"

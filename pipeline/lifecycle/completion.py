@@ -105,23 +105,18 @@ class Finishing:
         self._thread.join()
 
     def update(self, **changes: Any) -> JobRow:
-        """Change the job row, renewing the lease; LeaseLost if another finisher has it. A
-        refused change whose row, read again, still names this finisher and shows the change
-        is its own, applied with the answer lost (the client's retry refused)."""
+        """Change the job row, renewing the lease; LeaseLost if another finisher has it."""
         with self._lock:
             if self.lost:
                 raise LeaseLost(self.row.job)
-            changes["finisher_until"] = tasks.now() + _lease(self.clients)
             try:
-                self.row = jobs.update(self.clients, self.row, **changes)
+                self.row = jobs.update(self.clients, self.row, finisher_until=tasks.now() + _lease(self.clients),
+                                       **changes)
             except HttpResponseError as exc:
-                if not tasks.is_conflict(exc):
-                    raise
-                now = jobs.get(self.clients, self.row.job)
-                if now.finisher != self.row.finisher or any(getattr(now, k) != v for k, v in changes.items()):
+                if tasks.is_conflict(exc):
                     self.lost = True
                     raise LeaseLost(self.row.job) from None
-                self.row = now
+                raise
             return self.row
 
     def release(self) -> None:
@@ -152,15 +147,11 @@ def complete(clients: Clients, mailer: Mailer, job: str) -> bool:
     looked at again (up to :data:`LOOKS` times): the change may be another finisher's, but
     also one that finishes nothing — a release's lease on the cursor (the sweep's release
     of a job whose every task was settled at planning walks the cursor over them), a
-    cancellation. Giving up there left the job to the sweep, a lease later. A row that
-    names this call's finisher is its own hold, applied with the answer lost (the client's
-    retry refused): it goes on with it."""
-    finisher = uuid.uuid4().hex
+    cancellation. Giving up there left the job to the sweep, a lease later. (Its own hold
+    applied with the answer lost, ``jobs.update`` knows it and returns it.)"""
     for _ in range(LOOKS):
         row = jobs.get(clients, job)
         state = row.state
-        if state is JobState.FINISHING and row.finisher == finisher:
-            break
         if state.finished:
             jobs.deactivate(clients, job)
             return False
@@ -168,7 +159,7 @@ def complete(clients: Clients, mailer: Mailer, job: str) -> bool:
             return False
         if state is JobState.FINISHING and _held_by_another(clients, row):
             return False
-        changes: dict[str, Any] = {"finisher": finisher, "finisher_until": tasks.now() + _lease(clients)}
+        changes: dict[str, Any] = {"finisher": uuid.uuid4().hex, "finisher_until": tasks.now() + _lease(clients)}
         if state is not JobState.FINISHING:
             changes |= {"state": JobState.FINISHING, "outcome": _final_state(clients, row)}
         try:

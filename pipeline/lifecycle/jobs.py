@@ -192,11 +192,21 @@ def program_of(row: JobRow) -> Program | None:
 def update(clients: Clients, row: JobRow, **changes: Any) -> JobRow:
     """Conditional update of a job row read with :func:`get` (``changes`` by field name);
     raises HttpResponseError 412 if it changed meanwhile. A change of state is checked by
-    the job state machine."""
+    the job state machine.
+
+    A write applied whose answer was lost, the client's retry then refused (the row had
+    changed: by this very write), is known by the row read again: its ``updated_at`` is
+    this write's own, to the microsecond, and that row is returned. Taken for another
+    writer's, it had left a releaser giving up a lease it held and a finisher its hold."""
     if "state" in changes:
         changes["state"] = job_transition(row.state, changes["state"])
     changes["updated_at"] = now()
-    meta = clients.jobs.update_entity(row.stored_changes(**changes), mode=UpdateMode.MERGE, **if_match(row.etag))
+    try:
+        meta = clients.jobs.update_entity(row.stored_changes(**changes), mode=UpdateMode.MERGE, **if_match(row.etag))
+    except HttpResponseError as exc:
+        if not tasks.is_conflict(exc) or (again := get(clients, row.job)).updated_at != changes["updated_at"]:
+            raise
+        return again
     return dataclasses.replace(row, **changes, etag=meta["etag"])
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from azure.core.exceptions import AzureError
 
@@ -107,22 +106,6 @@ def _start(clients: Clients, row: jobs.JobRow) -> None:
         release(clients, row.job)
 
 
-def _fenced(clients: Clients, row: jobs.JobRow, **changes: Any) -> jobs.JobRow | None:
-    """``jobs.update`` of a releaser, fenced on ``row``. Refused, it reads the row again: one
-    that shows every change is this write's, applied with its answer lost and the client's
-    retry refused (the lease's time is this releaser's own, to the microsecond), and it goes
-    on with it; else None: another releaser holds the cursor now, or the job moved on.
-    Before, a lost answer left the releaser giving up a lease it held, and the window unfed
-    until the lease ran out."""
-    try:
-        return jobs.update(clients, row, **changes)
-    except Exception as exc:
-        if not tasks.is_conflict(exc):
-            raise
-    now = jobs.get(clients, row.job)
-    return now if all(getattr(now, name) == value for name, value in changes.items()) else None
-
-
 def settle(clients: Clients, row: jobs.JobRow) -> int:
     """Settle at planning (``transitions.settle``: PENDING → CACHED, no message, no worker)
     each of the tile tasks of the job (its ``row``) whose every output the cache holds already (as
@@ -188,17 +171,13 @@ def release(clients: Clients, job: str, *, min_room: float = 0.0, row: jobs.JobR
             break
         try:
             if not holding:
-                if (taken := _fenced(clients, row, releaser_until=tasks.now() + lease)) is None:
-                    return total_released  # another releaser holds it now, or the job moved on
-                row, holding = taken, True
+                row = jobs.update(clients, row, releaser_until=tasks.now() + lease)
+                holding = True
             listed = tasks.list_tasks(clients.tasks, row.parts, released, count)
             queued = transitions.queue(clients, listed)
             dispatch.send(clients, map(dispatch.ref_of, queued), per_message=clients.settings.tasks_per_message)
             # The cursor moves only after the sends, and renews the lease as it moves.
-            if (moved := _fenced(clients, row, released=released + count,
-                                 releaser_until=tasks.now() + lease)) is None:
-                return total_released
-            row = moved
+            row = jobs.update(clients, row, released=released + count, releaser_until=tasks.now() + lease)
         except Exception as exc:
             if tasks.is_conflict(exc):
                 return total_released  # another releaser holds it now, or the job was cancelled
