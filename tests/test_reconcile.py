@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from datetime import timedelta
 from email.message import EmailMessage
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from bagpipe.mailserver import MailServer
 from pipeline.lifecycle import claims, completion, dispatch, jobs, sweep, tasks
 from pipeline.lifecycle.failures import FailureClass
 from pipeline.lifecycle.notify import mailer_for
-from pipeline.lifecycle.status import TaskStatus
+from pipeline.lifecycle.status import JobState, TaskStatus
 from pipeline.modis.products import CATALOG
 from pipeline.reduction import reducers
 from pipeline.reduction.stage import MAX_OUTPUTS, run_program
@@ -285,6 +286,30 @@ def test_a_finisher_whose_write_applied_with_its_answer_lost_goes_on(
     assert lost and jobs.get(clients, job).state == "SUCCEEDED"
     sweep.sweep(clients)
     assert len(emails_for(mail, job)) == 1
+
+
+def test_a_finisher_refused_by_another_writing_at_the_same_microsecond_leaves_the_job_to_it(
+        settings: Settings, mail: MailServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another finisher takes its hold between this finisher's read of the row and its own
+    hold, their clocks agreeing to the microsecond: the refused hold is not taken for this
+    finisher's own (as a row's time would have it), so it leaves the job to the other — not
+    two finishers holding it, each sending the email."""
+    settings, clients, job = ended_job(settings)
+    final_state, moment, other = completion._final_state, tasks.now(), "another finisher"
+
+    def another_finisher_meanwhile(clients: Clients, row: jobs.JobRow) -> Any:
+        outcome = final_state(clients, row)
+        if row.state is JobState.RUNNING:  # after this finisher's read of the row
+            jobs.update(clients, row, state=JobState.FINISHING, outcome=outcome, finisher=other,
+                        finisher_until=tasks.now() + timedelta(minutes=5))
+        return outcome
+
+    monkeypatch.setattr(completion, "_final_state", another_finisher_meanwhile)
+    monkeypatch.setattr(jobs, "now", lambda: moment)
+    assert not completion.complete(clients, mailer_for(settings), job)
+    row = jobs.get(clients, job)
+    assert (row.state, row.finisher) == (JobState.FINISHING, other)
+    assert emails_for(mail, job) == []
 
 
 def test_a_finisher_that_dies_after_recording_its_message_is_taken_over_with_the_same_message_id(

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import logging
 import secrets
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
@@ -64,6 +65,7 @@ class JobRow(Row):
     buckets: int = 1  # the table partitions its tasks are spread over (``pipeline.lifecycle.partitions``)
     created_at: datetime
     updated_at: datetime
+    last_write: str = ""  # the mark of the last write by :func:`update`: its own, read back
     planned: int = 0  # task rows the planner has written
     released: int = 0  # the release cursor: tile tasks sent to the queues
     label: str = ""
@@ -195,16 +197,17 @@ def update(clients: Clients, row: JobRow, **changes: Any) -> JobRow:
     the job state machine.
 
     A write applied whose answer was lost, the client's retry then refused (the row had
-    changed: by this very write), is known by the row read again: its ``updated_at`` is
-    this write's own, to the microsecond, and that row is returned. Taken for another
-    writer's, it had left a releaser giving up a lease it held and a finisher its hold."""
+    changed: by this very write), is known by the row read again: its ``last_write`` is
+    this write's own random mark (as a task row's), and that row is returned. Taken for
+    another writer's, it had left a releaser giving up a lease it held and a finisher its
+    hold. (Its time would not do: two writers' clocks can agree to the microsecond.)"""
     if "state" in changes:
         changes["state"] = job_transition(row.state, changes["state"])
-    changes["updated_at"] = now()
+    changes |= {"updated_at": now(), "last_write": uuid.uuid4().hex}
     try:
         meta = clients.jobs.update_entity(row.stored_changes(**changes), mode=UpdateMode.MERGE, **if_match(row.etag))
     except HttpResponseError as exc:
-        if not tasks.is_conflict(exc) or (again := get(clients, row.job)).updated_at != changes["updated_at"]:
+        if not tasks.is_conflict(exc) or (again := get(clients, row.job)).last_write != changes["last_write"]:
             raise
         return again
     return dataclasses.replace(row, **changes, etag=meta["etag"])
