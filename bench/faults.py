@@ -51,7 +51,8 @@ from typing import Any
 
 from bagpipe.azurite import Azurite
 from bench import fault_run, fault_stage
-from bench.fault_run import KINDS, run_one, warm_fork_server
+from bench.fault_plan import KINDS
+from bench.fault_run import run_one, warm_fork_server
 from pipeline.lifecycle import rollups
 
 

@@ -35,12 +35,11 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 from pipeline import telemetry
-from pipeline.lifecycle import attempts, claims, health, policy, progress, runtimes, speculation, tasks, transitions
+from pipeline.lifecycle import claims, health, policy, progress, runtimes, speculation, tasks, transitions
 from pipeline.lifecycle.failures import FailureClass
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.redact import redact
 from pipeline.settings import Settings
-from pipeline.storage import names
 from pipeline.storage.clients import Clients, clients_for
 from worker import private
 from worker.child import Outcome
@@ -49,8 +48,8 @@ from worker.delivery import Delivery
 from worker.handout import Handed, Handout
 from worker.inbox import Inbox
 from worker.lease import Lease
-from worker.pace import Pace, bound_to_overrun
-from worker.slot import Slot
+from worker.pace import Pace
+from worker.slot import BOUND_PAST_KILL_TIME, PAST_KILL_TIME, Slot
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +57,6 @@ AHEAD_BELOW_S = 1.0  # receive ahead of free slots while attempts take less than
 AHEAD_HOLD_S = 2.0  # an attempt received ahead that waits this long is given back
 CLAIM_LINGER_S = 0.005  # a pass waits this long for slots ending together, to claim their next attempts at once
 BACKUP_PASSES = 5  # a backup received by the worker that runs its attempt is handed back this often
-PAST_KILL_TIME = "ran past its kill time"  # the error of an attempt its own worker revoked
-BOUND_PAST_KILL_TIME = "bound to run far past its kill time at its pace"  # ... revoked sooner
 
 
 class Worker:
@@ -278,7 +275,7 @@ class Worker:
         self.pace.started(held.ref, expected)
         try:
             with Lease(self.clients, delivery, held) as lease:
-                outcome = self.run_stage(held, lease, slot)
+                outcome = slot.run(self.clients, held, lease, self.draining, self.id)
         finally:
             self.pace.stopped(held.ref)
         if lease.revoked.is_set():
@@ -362,46 +359,3 @@ class Worker:
         log.info("%s %s: revoked by its worker, task now %s", ref, why, after)
         if after is TaskStatus.DEAD:
             self.progress.task_ended(ref.job)
-
-    def _backup_runs(self, held: claims.Claim) -> bool | None:
-        """Whether a backup of the attempt runs (None if that could not be read)."""
-        if held.ref.backup:
-            return False
-        try:
-            return attempts.is_running(self.clients, held.ref.partition, held.ref.task, held.ref.attempt, backup=True)
-        except Exception as exc:  # storage unreachable: the next look, or the monitor
-            log.info("backup of %s not read: %s", held.ref, exc)
-            return None
-
-    def run_stage(self, held: claims.Claim, lease: Lease, slot: Slot) -> Outcome:
-        """Run the attempt's stage in the slot's stage process (its own process group);
-        kill it if the attempt is revoked meanwhile, or once it runs past its kill time, or
-        as soon as the pace its stage reports will take it far past (``pace.bound_to_overrun``)."""
-        context = {
-            "job": held.ref.job, "task": held.ref.task, "attempt": held.ref.attempt, "params": held.params,
-            "backup": held.ref.backup, "part": held.ref.partition,
-            "output_prefix": names.output_prefix(held.ref.job, held.ref.task, held.ref.attempt, held.ref.backup),
-        }
-        process = slot.stage_process(self.settings)
-        process.start(held.stage, context)
-        allowed = (held.kill_at - held.started).total_seconds()
-        backed_up = False  # past its kill time with a backup running: left to the monitor
-        while True:
-            outcome = process.poll(0.2)
-            if outcome is not None:
-                return outcome
-            if lease.revoked.is_set():
-                process.kill(self.settings.kill_grace_s)
-                return Outcome(failure=FailureClass.EXECUTION_TIMEOUT, error="revoked")
-            now = tasks.now()
-            if not backed_up and (now >= held.kill_at or bound_to_overrun(
-                    (now - held.started).total_seconds(), allowed, process.projected_s())):
-                runs = self._backup_runs(held)
-                if runs is False:
-                    process.kill(self.settings.kill_grace_s)
-                    return Outcome(failure=FailureClass.EXECUTION_TIMEOUT,
-                                   error=PAST_KILL_TIME if now >= held.kill_at else BOUND_PAST_KILL_TIME)
-                backed_up = runs is True
-            if self.draining.is_set():  # found slow: a healthy worker runs it sooner
-                process.kill(self.settings.kill_grace_s)
-                return Outcome(failure=FailureClass.WORKER_SLOW, error=f"worker {self.id} found slow: given up")
