@@ -8,6 +8,7 @@ from collections import Counter
 
 import pytest
 
+from pipeline import stages
 from pipeline.lifecycle import claims, dispatch, jobs, partitions, planner, sweep, tasks, transitions
 from pipeline.lifecycle.failures import FailureClass
 from pipeline.lifecycle.request import expand
@@ -204,6 +205,24 @@ def test_a_releaser_whose_write_applied_with_its_answer_lost_goes_on(
     row = jobs.get(clients, job)
     assert refused and row.released == window + 10
     assert row.releaser_until == planner.NO_RELEASER, "the lease given back"
+
+
+def test_a_job_all_settled_at_planning_is_left_still_by_a_release(
+        clients: Clients, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every tile task made already, so settled at planning (the job announced at once): a
+    release, as the sweep makes one at each pass over a running job, sends nothing and leaves
+    the job row as it is — its walk of the cursor over the settled tasks changed the row
+    under the finisher, and kept the sweep from finding the job still."""
+    monkeypatch.setitem(stages.MADE_ALREADY, clients.settings.tile_stage,
+                        lambda clients, rows: {r.task: [f"tiles:made/{r.task}"] for r in rows})
+    job = jobs.submit(clients, small_request()).job
+    planner.plan(clients, job)
+    row = jobs.get(clients, job)
+    assert row.state is JobState.RUNNING and row.released == 0
+    assert {r.status for r in task_rows(clients, job)} == {TaskStatus.CACHED}
+    assert planner.release(clients, job) == 0
+    assert jobs.get(clients, job).etag == row.etag
+    assert queue_depth(clients) == 0
 
 
 def test_a_reduction_counts_its_tile_tasks_off_and_is_released_once_at_zero(clients: Clients) -> None:

@@ -145,9 +145,8 @@ def complete(clients: Clients, mailer: Mailer, job: str) -> bool:
 
     Its hold on the job is fenced on the row it read. A row changed meanwhile is read and
     looked at again (up to :data:`LOOKS` times): the change may be another finisher's, but
-    also one that finishes nothing — a release's lease on the cursor (the sweep's release
-    of a job whose every task was settled at planning walks the cursor over them), a
-    cancellation. Giving up there left the job to the sweep, a lease later. (Its own hold
+    also one that finishes nothing — a release's lease on the cursor, a cancellation.
+    Giving up there left the job to the sweep, a lease later. (Its own hold
     applied with the answer lost, ``jobs.update`` knows it and returns it.)"""
     for _ in range(LOOKS):
         row = jobs.get(clients, job)

@@ -136,7 +136,9 @@ def release(clients: Clients, job: str, *, min_room: float = 0.0, row: jobs.JobR
     counted once a call: a release that counted again after each chunk chased a window
     draining as fast as it sent, a few tasks a chunk, each chunk a read of the job's counts
     and of its rows in every partition, its messages a few tasks each; the next look tops up
-    what drained meanwhile. With ``min_room`` > 0 it does nothing until that share of the
+    what drained meanwhile. A job whose every task has ended (all settled at planning) is
+    left as it is: the sweep's walk of its cursor changed its row under the finisher, and
+    kept the sweep from finding it still. With ``min_room`` > 0 it does nothing until that share of the
     window has drained (so it is cheap to call after every task). Returns how many tasks it
     released.
 
@@ -162,8 +164,10 @@ def release(clients: Clients, job: str, *, min_room: float = 0.0, row: jobs.JobR
         if released >= total or (not holding and holder is not None and holder > tasks.now()):
             break
         if room is None:
-            room = window - tasks.in_flight(counts if counts is not None else
-                                            tasks.state_counts(clients.tasks, row.parts))
+            counts = counts if counts is not None else tasks.state_counts(clients.tasks, row.parts)
+            if completion.all_terminal(clients, row, sum(tasks.terminal_of(counts).values())):
+                break  # all settled at planning: a walk of the cursor would send nothing, only move the row
+            room = window - tasks.in_flight(counts)
             if room <= 0 or room < window * min_room:
                 break
         count = min(room - filled, total - released, RELEASE_CHUNK)
