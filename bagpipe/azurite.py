@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -16,6 +17,7 @@ ACCOUNT_KEY = (
     "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 )
 REPO = Path(__file__).resolve().parents[1]
+LISTENING = re.compile(r"Azurite (Blob|Queue|Table) service is successfully listening at http://127\.0\.0\.1:(\d+)")
 
 
 def free_port() -> int:
@@ -54,11 +56,13 @@ class Azurite:
         )
 
     def start(self, timeout: float = 60) -> Azurite:
+        """Start Azurite on its ports; those still 0 it picks itself and names in its log, so
+        that no other process can take one between its choice and its listening (as one
+        could take a port found free and let go). A restart keeps the ports it had."""
         self.location.mkdir(parents=True, exist_ok=True)
-        self.blob_port = self.blob_port or free_port()
-        self.queue_port = self.queue_port or free_port()
-        self.table_port = self.table_port or free_port()
-        log = open(self.location / "azurite.log", "ab")
+        log_path = self.location / "azurite.log"
+        log = open(log_path, "ab")
+        written = log.tell()  # the log of this start begins here (a restart appends to it)
         self.process = subprocess.Popen(
             [
                 azurite_command(), "--location", str(self.location),
@@ -73,18 +77,14 @@ class Azurite:
         )
         log.close()
         deadline = time.monotonic() + timeout
-        for port in (self.blob_port, self.queue_port, self.table_port):
-            while True:
-                if self.process.poll() is not None:
-                    raise RuntimeError(f"azurite exited early; see {self.location / 'azurite.log'}")
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        self.stop()
-                        raise TimeoutError(f"azurite did not listen on {port}") from None
-                    time.sleep(0.1)
+        while len(ports := dict(LISTENING.findall(log_path.read_bytes()[written:].decode(errors="replace")))) < 3:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"azurite exited early; see {log_path}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"azurite did not listen; see {log_path}")
+            time.sleep(0.05)
+        self.blob_port, self.queue_port, self.table_port = (int(ports[s]) for s in ("Blob", "Queue", "Table"))
         return self
 
     def stop(self) -> None:

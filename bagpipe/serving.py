@@ -11,19 +11,23 @@ from typing import Any
 import uvicorn
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def is_free(host: str, port: int) -> bool:
-    with socket.socket() as s:
+def bound(host: str, port: int = 0) -> socket.socket:
+    """A listening socket's address taken on ``host``: ``port`` if it is free, else any free
+    one. It is held from here on and handed to the server, so that no other process takes the
+    port before the server listens, as one could take a port found free and let go."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds its own
+    try:
         try:
-            s.bind((host, port))
+            sock.bind((host, port))
         except OSError:
-            return False
-        return True
+            if not port:
+                raise
+            sock.bind((host, 0))  # the port asked for is taken: any free one
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 class Served:
@@ -33,11 +37,13 @@ class Served:
                  port: int = 0) -> None:
         """``own_headers``: uvicorn adds its ``server`` and ``date`` headers (not to a
         pass-through's answers, which carry their origin's); ``port``: this one if it is free."""
-        self.host, self.port = host, port if port and is_free(host, port) else free_port(host)
+        self.socket = bound(host, port)
+        self.host, self.port = host, int(self.socket.getsockname()[1])
         self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=self.port, log_level="warning",
                                                     access_log=False, server_header=own_headers,
                                                     date_header=own_headers))
-        self.thread = threading.Thread(target=self.server.run, name=name, daemon=True)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, name=name,
+                                       daemon=True)
 
     @property
     def url(self) -> str:

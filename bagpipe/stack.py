@@ -19,14 +19,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import uvicorn
-
 from bagpipe import control
-from bagpipe.azurite import Azurite, free_port
+from bagpipe.azurite import Azurite
 from bagpipe.client import STATE_FILE, TOKEN_FILE, token_in
 from bagpipe.earthdata import Earthdata
 from bagpipe.mailserver import MailServer
 from bagpipe.planetary import Planetary
+from bagpipe.serving import Served
 from pipeline.lifecycle.health import REPLACE_EXIT
 from pipeline.settings import Settings, env_name
 from pipeline.storage import names
@@ -69,7 +68,7 @@ class LocalStack:
     _workers: list[subprocess.Popen[bytes]] = field(init=False, default_factory=list)
     _supervising: threading.Event = field(init=False, default_factory=threading.Event)
     replaced: int = field(init=False, default=0)  # workers that exited and were started again
-    _server: uvicorn.Server | None = field(init=False, default=None)
+    _api: Served | None = field(init=False, default=None)
 
     def start(self) -> LocalStack:
         self.home.mkdir(parents=True, exist_ok=True)
@@ -133,19 +132,8 @@ class LocalStack:
             return {}
 
     def _start_api(self) -> None:
-        port = free_port()
-        config = uvicorn.Config(create_app(self.settings), host="127.0.0.1", port=port,
-                                log_level="warning", access_log=False)
-        self._server = uvicorn.Server(config)
-        thread = threading.Thread(target=self._server.run, name="api", daemon=True)
-        thread.start()
-        self._threads.append(thread)
-        deadline = time.monotonic() + 30
-        while not self._server.started:
-            if time.monotonic() > deadline or not thread.is_alive():
-                raise RuntimeError("the API server did not start")
-            time.sleep(0.05)
-        self.api_url = f"http://127.0.0.1:{port}"
+        self._api = Served(create_app(self.settings), name="api").start()
+        self.api_url = self._api.url
 
     def worker_env(self) -> dict[str, str]:
         """A worker's environment: the deployment's settings, and none of the shell's secrets
@@ -212,8 +200,8 @@ class LocalStack:
                 process.kill()
                 process.wait()
         self._stop.set()
-        if self._server is not None:
-            self._server.should_exit = True
+        if self._api is not None:
+            self._api.stop()
         for thread in self._threads:
             thread.join(30)
         clients_for(self.settings).close()  # idle connections would hold Azurite's shutdown

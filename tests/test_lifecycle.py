@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 import subprocess
 import sys
 from datetime import UTC, date, datetime, timedelta
@@ -12,11 +13,14 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import httpx
+import pytest
 import rasterio
+from fastapi import FastAPI
 
 from bagpipe import modis_world as world
 from bagpipe.azurite import Azurite
 from bagpipe.client import Api, download_results
+from bagpipe.serving import Served
 from bagpipe.stack import LocalStack
 from pipeline.modis.access import Access
 from pipeline.modis.cmr import CmrCatalog
@@ -168,3 +172,17 @@ def test_a_granule_found_before_a_restart_of_the_stack_is_read_after_it(
         assert signed.data == (world.REAL_DATA / f"{from_stac.id}_Maximum_Snow_Extent.tif").read_bytes()
         logged_in = Access("", again.nasa.token, again.nasa.hosts).fetch(from_cmr.href("hdf"))
         assert logged_in.data == (world.REAL_DATA / f"{from_cmr.id}.hdf").read_bytes()
+
+
+def test_a_served_app_holds_its_port_from_the_moment_it_is_made() -> None:
+    """The local stack's servers (its API, the imitations of Planetary Computer and NASA)
+    take their port when they are made, not when they listen: no other process can take it in
+    between, as one took a port found free and let go before the server bound it."""
+    served = Served(FastAPI(), name="held")
+    with socket.socket() as other, pytest.raises(OSError):
+        other.bind((served.host, served.port))
+    served.start()
+    try:
+        assert httpx.get(f"{served.url}/openapi.json").status_code == 200
+    finally:
+        served.stop()
