@@ -3,16 +3,20 @@ as an ``.eml`` file."""
 
 from __future__ import annotations
 
+import asyncio
 import email
 import email.policy
+import socket
 import threading
+from collections.abc import Awaitable
 from email.message import EmailMessage
 from pathlib import Path
+from typing import Any
 
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP, Envelope, Session
 
-from bagpipe.azurite import free_port
+from bagpipe.serving import bound
 
 
 class _Store:
@@ -29,14 +33,28 @@ class _Store:
         return "250 Message accepted for delivery"
 
 
-class MailServer:
-    """SMTP on 127.0.0.1 (a free port unless given), storing messages in ``folder``."""
+class _HeldPort(Controller):
+    """aiosmtpd's threaded controller serving on a socket bound beforehand (``serving.bound``),
+    through the hook aiosmtpd leaves for it (``_create_server``): its port is held from the
+    moment the server is made, as the stack's other servers hold theirs."""
 
-    def __init__(self, folder: Path, port: int = 0) -> None:
+    def __init__(self, handler: Any, held: socket.socket) -> None:
+        self.held = held
+        host, port = held.getsockname()[:2]
+        super().__init__(handler, hostname=host, port=port)
+
+    def _create_server(self) -> Awaitable[asyncio.AbstractServer]:
+        return self.loop.create_server(self._factory_invoker, sock=self.held, ssl=self.ssl_context)
+
+
+class MailServer:
+    """SMTP on a free port of 127.0.0.1, storing messages in ``folder``."""
+
+    def __init__(self, folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         self.folder = folder
-        self.port = port or free_port()
-        self._controller = Controller(_Store(folder), hostname="127.0.0.1", port=self.port)
+        self._controller = _HeldPort(_Store(folder), bound("127.0.0.1"))
+        self.port = self._controller.port
 
     def start(self) -> MailServer:
         self._controller.start()

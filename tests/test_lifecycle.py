@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import smtplib
 import socket
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from fastapi import FastAPI
 from bagpipe import modis_world as world
 from bagpipe.azurite import Azurite
 from bagpipe.client import Api, download_results
+from bagpipe.mailserver import MailServer
 from bagpipe.serving import Served
 from bagpipe.stack import LocalStack
 from pipeline.modis.access import Access
@@ -186,3 +188,17 @@ def test_a_served_app_holds_its_port_from_the_moment_it_is_made() -> None:
         assert httpx.get(f"{served.url}/openapi.json").status_code == 200
     finally:
         served.stop()
+
+
+def test_the_mail_server_holds_its_port_from_the_moment_it_is_made(tmp_path: Path) -> None:
+    """The local SMTP server takes its port when it is made, as the stack's other servers do."""
+    mail = MailServer(tmp_path / "mail")
+    with socket.socket() as other, pytest.raises(OSError):
+        other.bind(("127.0.0.1", mail.port))
+    mail.start()
+    try:
+        with smtplib.SMTP("127.0.0.1", mail.port) as smtp:
+            smtp.sendmail("a@example.org", ["b@example.org"], b"Subject: held\r\n\r\nits port held")
+        assert [message["Subject"] for _, message in mail.messages()] == ["held"]
+    finally:
+        mail.stop()
