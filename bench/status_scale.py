@@ -218,10 +218,14 @@ per writer (one key-range query), the fleet's health rows, and for the view the 
 page of the failure index. Its time does not stay flat on Azurite: status at 100,000 tasks
 takes {figures.get("status_ratio_100k_to_100", "?")}× its time at 100 (`status_ratio_100k_to_100`;
 the goal was 1.5), the job view {figures.get("view_ratio_100k_to_100", "?")}×. The growth is the
-key-range query's: Azurite filters every row of the table for every query, so a query that
-matches no row at all (the sixth column) grows with the table as much; status less that one
-query is the seventh. Azure Table storage serves a key range from its index, where the
-rollup query costs what its few rows cost. Point reads of a registry of writers would make
+key-range query's: Azurite filters every row of the table for every query (its
+`queryTableEntities` runs the filter as a function over the table's whole collection; only a
+point read finds its row by an index), so a query that matches no row at all (the sixth
+column) grows with the table as much; status less that one query is the seventh. Azure
+Table storage serves a key range from its index, where the rollup query costs what its few
+rows cost. The rollup rows cannot move to a small table of their own: a claim or a commit
+moves its task row and its writer's rollup row in one transaction, which Table storage
+allows within one partition of one table. Point reads of a registry of writers would make
 the figure flat here, at the price of one read per writer on Azure, where a job's writers are
 its workers' slots (hundreds): the key-range query stays.
 """
