@@ -17,7 +17,7 @@ ACCOUNT_KEY = (
     "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 )
 REPO = Path(__file__).resolve().parents[1]
-LISTENING = re.compile(r"Azurite (Blob|Queue|Table) service is successfully listening at http://127\.0\.0\.1:(\d+)")
+LISTENING = re.compile(r"Azurite (Blob|Queue|Table) service is successfully listening at http://127\.0\.0\.1:(\d+)\r?\n")
 
 
 def free_port() -> int:

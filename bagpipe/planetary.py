@@ -104,8 +104,9 @@ class Planetary:
                 self.blobs.create_container(name)
             except ResourceExistsError:
                 pass
-        self.served = Served(self.app(), name="planetary")
+        # the kept port first: a port taken for any free one could otherwise be it
         self.storage = Served(self._storage(), name="planetary-storage", own_headers=False, port=storage_port)
+        self.served = Served(self.app(), name="planetary")
 
     @property
     def url(self) -> str:

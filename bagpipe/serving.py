@@ -12,9 +12,11 @@ import uvicorn
 
 
 def bound(host: str, port: int = 0) -> socket.socket:
-    """A listening socket's address taken on ``host``: ``port`` if it is free, else any free
-    one. It is held from here on and handed to the server, so that no other process takes the
-    port before the server listens, as one could take a port found free and let go."""
+    """A socket listening on ``host``: on ``port`` if it is free, else on any free one. It is
+    held from here on and handed to the server, so that no other process takes the port before
+    the server serves, as one could take a port found free and let go. It listens at once: a
+    socket only bound shares its port with any other that asks for reuse (SO_REUSEADDR), as
+    servers do."""
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds its own
     try:
@@ -24,6 +26,7 @@ def bound(host: str, port: int = 0) -> socket.socket:
             if not port:
                 raise
             sock.bind((host, 0))  # the port asked for is taken: any free one
+        sock.listen()
     except OSError:
         sock.close()
         raise

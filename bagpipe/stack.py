@@ -76,13 +76,13 @@ class LocalStack:
         if not self.connection:
             self.azurite = Azurite(self.home / "azurite").start()
             self.connection = self.azurite.connection_string
-        self.mail = MailServer(self.home / "mail").start()
-        kept = self._kept_ports()
+        kept = self._kept_ports()  # taken before the servers on any free port, which could take them
         self.planetary = Planetary(self.connection, self.token_minutes,
                                    storage_port=kept.get("planetary_storage", 0)).start()
         self.nasa = Earthdata(archive_port=kept.get("archive", 0)).start()
         (self.home / PORTS_FILE).write_text(json.dumps({"planetary_storage": self.planetary.storage.port,
                                                         "archive": self.nasa.archive.port}))
+        self.mail = MailServer(self.home / "mail").start()
         self.settings = self._settings()
         clients_for(self.settings).ensure_resources()
         self.token = identity.bootstrap_admin(clients_for(self.settings), token_in(self.home))

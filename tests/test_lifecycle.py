@@ -182,6 +182,7 @@ def test_a_served_app_holds_its_port_from_the_moment_it_is_made() -> None:
     between, as one took a port found free and let go before the server bound it."""
     served = Served(FastAPI(), name="held")
     with socket.socket() as other, pytest.raises(OSError):
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind theirs
         other.bind((served.host, served.port))
     served.start()
     try:
@@ -194,6 +195,7 @@ def test_the_mail_server_holds_its_port_from_the_moment_it_is_made(tmp_path: Pat
     """The local SMTP server takes its port when it is made, as the stack's other servers do."""
     mail = MailServer(tmp_path / "mail")
     with socket.socket() as other, pytest.raises(OSError):
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind theirs
         other.bind(("127.0.0.1", mail.port))
     mail.start()
     try:
