@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -18,12 +17,6 @@ ACCOUNT_KEY = (
 )
 REPO = Path(__file__).resolve().parents[1]
 LISTENING = re.compile(r"Azurite (Blob|Queue|Table) service is successfully listening at http://127\.0\.0\.1:(\d+)\r?\n")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def azurite_command() -> str:

@@ -11,6 +11,14 @@ from typing import Any
 import uvicorn
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free now, let go: for a separate program told to listen there (Toxiproxy), or
+    for an address nothing is to listen on. A server of this process takes :func:`bound`."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
 def bound(host: str, port: int = 0) -> socket.socket:
     """A socket listening on ``host``: on ``port`` if it is free, else on any free one. It is
     held from here on and handed to the server, so that no other process takes the port before

@@ -76,7 +76,7 @@ class LocalStack:
         if not self.connection:
             self.azurite = Azurite(self.home / "azurite").start()
             self.connection = self.azurite.connection_string
-        kept = self._kept_ports()  # taken before the servers on any free port, which could take them
+        kept = self._kept_ports()  # bound before the mail server's any free port, which could be one of them
         self.planetary = Planetary(self.connection, self.token_minutes,
                                    storage_port=kept.get("planetary_storage", 0)).start()
         self.nasa = Earthdata(archive_port=kept.get("archive", 0)).start()

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from bagpipe.azurite import free_port
+from bagpipe.serving import free_port
 
 VERSION = "v2.12.0"
 PACKAGE = f"github.com/Shopify/toxiproxy/v2/cmd/server@{VERSION}"

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from bagpipe.azurite import ACCOUNT, ACCOUNT_KEY, free_port
+from bagpipe.azurite import ACCOUNT, ACCOUNT_KEY
+from bagpipe.serving import free_port
 from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.clients import Clients

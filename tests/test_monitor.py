@@ -20,7 +20,8 @@ import pytest
 from azure.core.exceptions import ServiceResponseError
 from azure.data.tables import TableClient, UpdateMode
 
-from bagpipe.azurite import Azurite, free_port
+from bagpipe.azurite import Azurite
+from bagpipe.serving import free_port
 from pipeline.lifecycle import attempts, claims, jobs, policy, runtimes, sweep, tasks, transitions
 from pipeline.lifecycle.failures import FailureClass
 from pipeline.lifecycle.request import expand

@@ -138,9 +138,9 @@ def release(clients: Clients, job: str, *, min_room: float = 0.0, row: jobs.JobR
     and of its rows in every partition, its messages a few tasks each; the next look tops up
     what drained meanwhile. A job whose every task has ended (all settled at planning) is
     left as it is: the sweep's walk of its cursor changed its row under the finisher, and
-    kept the sweep from finding it still. With ``min_room`` > 0 it does nothing until that share of the
-    window has drained (so it is cheap to call after every task). Returns how many tasks it
-    released.
+    kept the sweep from finding it still. With ``min_room`` > 0 it does nothing until that
+    share of the window has drained (so it is cheap to call after every task). Returns how
+    many tasks it released.
 
     One releaser at a time per job holds a short lease on the job row (``ReleaserUntil``),
     so that the workers finishing tasks together do not all send the same messages. It moves
