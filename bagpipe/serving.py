@@ -24,8 +24,11 @@ def bound(host: str, port: int = 0) -> socket.socket:
     held from here on and handed to the server, so that no other process takes the port before
     the server serves, as one could take a port found free and let go. It listens at once: a
     socket only bound shares its port with any other that asks for reuse (SO_REUSEADDR), as
-    servers do."""
-    sock = socket.socket()
+    servers do. It is made as a TCP socket by name (``IPPROTO_TCP``, where ``socket()`` says
+    0): asyncio turns Nagle's algorithm off only on connections it accepts from such a
+    socket, and with it on, an answer written in pieces (an SMTP reply of several lines, a
+    header and then a body) waited out the client's delayed acknowledgement, 40 ms."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds its own
     try:
         try:

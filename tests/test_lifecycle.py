@@ -3,6 +3,7 @@ real worker processes, Azurite, SMTP — then the CLI on the finished job."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import smtplib
@@ -22,7 +23,7 @@ from bagpipe import modis_world as world
 from bagpipe.azurite import Azurite
 from bagpipe.client import Api, download_results
 from bagpipe.mailserver import MailServer
-from bagpipe.serving import Served
+from bagpipe.serving import Served, bound
 from bagpipe.stack import LocalStack
 from pipeline.modis.access import Access
 from pipeline.modis.cmr import CmrCatalog
@@ -204,3 +205,28 @@ def test_the_mail_server_holds_its_port_from_the_moment_it_is_made(tmp_path: Pat
         assert [message["Subject"] for _, message in mail.messages()] == ["held"]
     finally:
         mail.stop()
+
+
+def test_connections_to_a_held_port_send_their_small_writes_at_once() -> None:
+    """A held port's server (uvicorn, aiosmtpd: asyncio's ``create_server`` on the socket)
+    turns Nagle's algorithm off on each connection it accepts, as on a port it binds itself:
+    with it on, the mail server's reply to EHLO, written a line at a time, waited out the
+    client's delayed acknowledgement (40 ms an email)."""
+    async def accepted() -> int:
+        loop = asyncio.get_running_loop()
+        nodelay: asyncio.Future[int] = loop.create_future()
+
+        class Accepted(asyncio.Protocol):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                sock = transport.get_extra_info("socket")
+                nodelay.set_result(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+
+        server = await loop.create_server(Accepted, sock=bound("127.0.0.1"))
+        async with server:
+            _, writer = await asyncio.open_connection(*server.sockets[0].getsockname()[:2])
+            try:
+                return await asyncio.wait_for(nodelay, 10)
+            finally:
+                writer.close()
+
+    assert asyncio.run(accepted())
