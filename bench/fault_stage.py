@@ -54,7 +54,8 @@ def made_already(clients: Clients, rows: list[Any]) -> dict[str, list[str]]:
     """The planned tasks whose tile is in the cache (a repeat of a job): settled at planning."""
     wanted = {r.task: _name(r.parameters()) for r in rows
               if r.stage == "fault_tile" and r.status is TaskStatus.PENDING}
-    there = cache.present(clients, clients.tiles.container_name, wanted.values())
+    with cache.Looks(clients) as looks:
+        there = looks.present(clients.tiles.container_name, wanted.values())
     return {task: [names.TILE_OUTPUT_PREFIX + name] for task, name in wanted.items() if name in there}
 
 

@@ -116,9 +116,10 @@ slots, in one process), each timed from its submission to SUCCEEDED by its job r
 times (`created_at`, `finished_at`); the median repeat is reported, with the range of the
 {REPEATS}. Every repeat finds every tile in the cache: the planner computes each tile task's
 content address from its granules and the MD5s of its cached sources, looks at the cache in
-batches (the asynchronous client, one event loop), and settles the tasks whose every output
-is there at planning (PENDING → CACHED, `transitions.settle`), with no message, no claim and
-no attempt. The finisher then finds the job's overviews and packs made already: an overview
+batches (a one-byte read of each blob, 32 at a time on one asynchronous client whose
+connections the sources' and the tiles' looks share: `cache.Looks`), and settles the tasks
+whose every output is there at planning (PENDING → CACHED, `transitions.settle`), with no
+message, no claim and no attempt. The finisher then finds the job's overviews and packs made already: an overview
 of cached tiles and the packs of a job's cached tiles are content-addressed by their tiles'
 names (`overview.cache_key`, `packing.cache_address`), so the repeat copies its overviews
 (several at once) and names the same packs, reading no tile. Reductions are not cached: a

@@ -1,15 +1,20 @@
 """Blobs made once, against Azurite: a maker that is alive keeps its marker fresh however
 long it works, so nobody makes the blob twice; a maker that died (its marker untouched)
-is taken over after seconds."""
+is taken over after seconds. And many cached blobs looked at together (``cache.Looks``,
+the planner's look before it settles a repeat): the whole blob's MD5 by a one-byte read,
+only for a blob surely there and whole."""
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
+from typing import Any
 
 import pytest
 
 from pipeline.storage import cache, names
+from pipeline.storage import clients as clients_module
 from pipeline.storage.clients import Clients
 
 
@@ -89,3 +94,41 @@ def test_the_sweep_removes_the_markers_of_makers_that_are_gone(clients: Clients)
     ended = {"j1/000000001": True, "j1/000000002": False}
     assert cache.sweep_markers([clients.tiles, clients.sources], ended.__getitem__) == 2
     assert sorted(b.name for b in clients.tiles.list_blobs()) == [names.marker_blob("live.tif"), "kept.tif"]
+
+
+def test_many_blobs_are_looked_at_by_a_one_byte_read_each_and_only_whole_ones_count(
+        clients: Clients, monkeypatch: pytest.MonkeyPatch) -> None:
+    whole = {name: f"{name} made".encode() * 100 for name in ("ab/plain.tif", "cd/a name, 50% #1 é.tif")}
+    for name, data in whole.items():
+        clients.tiles.upload_blob(name, data)
+    unhashed = clients.tiles.get_blob_client("ef/staged.tif")  # a block list committed: no MD5 stored
+    unhashed.stage_block("b1", b"staged")
+    unhashed.commit_block_list(["b1"])
+    clients.tiles.upload_blob("gh/making.tif", b"half")
+    clients.tiles.upload_blob(names.marker_blob("gh/making.tif"), b"")  # a maker at work on it
+    clients.sources.upload_blob("src.hdf", b"source")
+    sent: list[tuple[str, str]] = []
+    monkeypatch.setitem(clients_module.HOOKS, "raw_request_hook",
+                        lambda r: sent.append((r.http_request.method, r.http_request.headers.get("x-ms-range", ""))))
+    asked = [*whole, "ef/staged.tif", "gh/making.tif", "ij/missing.tif"]
+    with cache.Looks(clients) as looks:
+        found = looks.present(clients.tiles.container_name, asked + asked)
+        sources = looks.present(clients.sources.container_name, ["src.hdf"])
+    assert found == {name: hashlib.md5(data).digest() for name, data in whole.items()}  # the whole blob's
+    assert sources == {"src.hdf": hashlib.md5(b"source").digest()}
+    reads = [request for request in sent if request[0] != "GET" or request[1]]
+    assert sorted(reads) == [("GET", "bytes=0-0")] * 5  # one read each (an access), no look at the marked one
+
+
+def test_a_look_that_fails_leaves_the_blob_out_and_the_others_in(clients: Clients,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("a.tif", "b.tif"):
+        clients.tiles.upload_blob(name, name.encode())
+
+    def refuse(request: Any) -> None:
+        if request.http_request.url.split("?")[0].endswith("/b.tif"):
+            request.http_request.headers["x-ms-range"] = "bytes=100-200"  # past its end: refused (416)
+    monkeypatch.setitem(clients_module.HOOKS, "raw_request_hook", refuse)
+    with cache.Looks(clients) as looks:
+        found = looks.present(clients.tiles.container_name, ["a.tif", "b.tif"])
+    assert found == {"a.tif": hashlib.md5(b"a.tif").digest()}

@@ -5,7 +5,7 @@ content addresses can be computed before it runs: the MD5s of its cached source 
 the key of each reprojected layer (``tilestage.tile_name``, the stage's own). The planner
 asks here which of a job's PENDING tile tasks have every output in ``tiles`` already, and
 settles those without a message or a worker. The looks are batched — each distinct source
-and tile read once, a bounded number at a time (``cache.present``) — and anything
+and tile read once, a bounded number at a time (``cache.Looks``) — and anything
 uncertain (a source or tile missing, a read that failed, a maker at work) leaves its task
 to the ordinary way, where the stage finds out for itself.
 """
@@ -37,13 +37,16 @@ def made_already(clients: Clients, rows: list[TaskRow]) -> dict[str, list[str]]:
             continue  # a catalog entry the stage would refuse: its failure is the stage's to report
         if sources:  # none: the catalog has no granule of it, NO_DATA is the stage's to say
             wanted[row.task] = (params, sources)
-    digests = cache.present(clients, clients.sources.container_name,
-                            (blob for _, sources in wanted.values() for blob in sources.values()))
-    made: dict[str, list[str]] = {}
-    for task, (params, sources) in wanted.items():
-        if all(blob in digests for blob in sources.values()):
-            hexes = {item: digests[blob].hex() for item, blob in sources.items()}
-            made[task] = [tilestage.tile_name(params, layer, hexes) for layer in tilestage.layers_of(params)]
-    tiles = cache.present(clients, clients.tiles.container_name, (blob for blobs in made.values() for blob in blobs))
+    if not wanted:
+        return {}
+    with cache.Looks(clients) as looks:
+        digests = looks.present(clients.sources.container_name,
+                                (blob for _, sources in wanted.values() for blob in sources.values()))
+        made: dict[str, list[str]] = {}
+        for task, (params, sources) in wanted.items():
+            if all(blob in digests for blob in sources.values()):
+                hexes = {item: digests[blob].hex() for item, blob in sources.items()}
+                made[task] = [tilestage.tile_name(params, layer, hexes) for layer in tilestage.layers_of(params)]
+        tiles = looks.present(clients.tiles.container_name, (blob for blobs in made.values() for blob in blobs))
     return {task: [names.TILE_OUTPUT_PREFIX + blob for blob in blobs]
             for task, blobs in made.items() if all(blob in tiles for blob in blobs)}

@@ -11,17 +11,21 @@ sweep (:func:`sweep_markers`): the markers share one prefix, so it lists only th
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AsyncExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from urllib.parse import quote
 
 from azure.core import MatchConditions
 from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
+from azure.core.rest import HttpRequest
 from azure.storage.blob import BlobClient, ContainerClient
+from azure.storage.blob.aio import BlobServiceClient as AsyncBlobServiceClient
 from azure.storage.blob.aio import ContainerClient as AsyncContainerClient
 
 from pipeline.lifecycle.failures import FailureClass, StageFailure
@@ -33,7 +37,7 @@ TOUCH_S = 5.0  # a live maker refreshes its marker this often
 STALE_S = 30.0  # a marker untouched this long belongs to a maker that died
 WAIT_S = 900.0  # the longest a task waits for another's maker
 POLL_S = 0.5
-PEEKS_AT_ONCE = 32  # reads in flight when many cached blobs are looked at together (``present``)
+PEEKS_AT_ONCE = 32  # reads in flight when many cached blobs are looked at together (``Looks``)
 log = logging.getLogger(__name__)
 
 
@@ -65,46 +69,82 @@ def _peek(container: ContainerClient, name: str) -> Cached:
     return Cached(name, bytes(props.content_settings.content_md5 or b""), None, False)
 
 
-def present(clients: Clients, container: str, wanted: Iterable[str]) -> dict[str, bytes]:
-    """Of the blobs ``wanted`` in ``container``, those surely there and whole: their MD5s,
-    looked at as :func:`ensure` looks at a blob it does not need the bytes of (a read of the
-    first byte, an access to the retention rule), :data:`PEEKS_AT_ONCE` at a time on the
-    asynchronous client (one event loop, no thread per read). A blob missing, one whose read
-    failed, one stored without an MD5 or one whose marker says a maker is at work is left
-    out: whoever asks makes or reads it the ordinary way."""
-    wanted = sorted(set(wanted))
-    if not wanted:
-        return {}
+class Looks:
+    """Looks at many cached blobs at once, as :func:`ensure` looks at a blob it does not need
+    the bytes of (a read of the first byte, an access to the retention rule): on one
+    asynchronous client and its event loop, kept for the block (``with Looks(clients) as
+    looks``), so that a planning page's looks at its sources and then at its tiles share
+    their connections; :data:`PEEKS_AT_ONCE` reads in flight, no thread per read."""
 
-    async def run() -> dict[str, bytes]:
-        async with clients.async_blob_service() as service:
-            blobs = service.get_container_client(container)
-            making = {blob.name.removeprefix(names.MARKER_PREFIX)
-                      async for blob in blobs.list_blobs(name_starts_with=names.MARKER_PREFIX)}
-            gate = asyncio.Semaphore(PEEKS_AT_ONCE)
+    def __init__(self, clients: Clients) -> None:
+        self._clients = clients
+        self._runner = asyncio.Runner()
+        self._opened = AsyncExitStack()
+        self._service: AsyncBlobServiceClient | None = None
 
-            async def look(name: str) -> bytes:
-                if name in making:
-                    return b""
-                try:
-                    async with gate:
-                        return await _apeek(blobs, name)
-                except Exception as exc:  # missing, or unreadable now: the ordinary way will tell
-                    if not isinstance(exc, ResourceNotFoundError):
-                        log.info("cached %s not looked at: %s", name, exc)
-                    return b""
+    def __enter__(self) -> Looks:
+        try:
+            self._service = self._runner.run(self._opened.enter_async_context(self._clients.async_blob_service()))
+        except BaseException:
+            self._runner.close()
+            raise
+        return self
 
-            found = await asyncio.gather(*(look(name) for name in wanted))
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self._runner.run(self._opened.aclose())
+        finally:
+            self._runner.close()
+
+    def present(self, container: str, wanted: Iterable[str]) -> dict[str, bytes]:
+        """Of the blobs ``wanted`` in ``container``, those surely there and whole: their MD5s.
+        A blob missing, one whose read failed, one stored without an MD5 or one whose marker
+        says a maker is at work is left out: whoever asks makes or reads it the ordinary way."""
+        assert self._service is not None, "Looks is used in a with block"
+        wanted = sorted(set(wanted))
+        if not wanted:
+            return {}
+        found = self._runner.run(self._look(self._service.get_container_client(container), wanted))
         return {name: md5 for name, md5 in zip(wanted, found, strict=True) if md5}
 
-    return asyncio.run(run())
+    @staticmethod
+    async def _look(blobs: AsyncContainerClient, wanted: list[str]) -> list[bytes]:
+        making = {blob.name.removeprefix(names.MARKER_PREFIX)
+                  async for blob in blobs.list_blobs(name_starts_with=names.MARKER_PREFIX)}
+        gate = asyncio.Semaphore(PEEKS_AT_ONCE)
+
+        async def look(name: str) -> bytes:
+            if name in making:
+                return b""
+            try:
+                async with gate:
+                    return await _apeek(blobs, name)
+            except Exception as exc:  # missing, or unreadable now: the ordinary way will tell
+                if not isinstance(exc, ResourceNotFoundError):
+                    log.info("cached %s not looked at: %s", name, exc)
+                return b""
+
+        return await asyncio.gather(*(look(name) for name in wanted))
 
 
 async def _apeek(blobs: AsyncContainerClient, name: str) -> bytes:
-    """:func:`_peek` on the asynchronous client: the blob's MD5, by a read of its first byte."""
-    downloader = await blobs.get_blob_client(name).download_blob(offset=0, length=1)
-    await downloader.readall()
-    return bytes(downloader.properties.content_settings.content_md5 or b"")
+    """:func:`_peek` on the asynchronous client: the blob's MD5 (the whole blob's, which a
+    ranged read names in ``x-ms-blob-content-md5``), by a read of its first byte;
+    ResourceNotFoundError if it is not there. The request goes through the client's own
+    pipeline (its authentication, its retries) but not through the SDK's downloader, which
+    makes a client per blob and decodes every header of the answer into its properties: a
+    look costs half the CPU this way (``docs/performance.md``), and a repeat is mostly looks."""
+    base, _, query = blobs.url.partition("?")
+    request = HttpRequest("GET", f"{base}/{quote(name, safe='~/')}" + (f"?{query}" if query else ""),
+                          headers={"x-ms-range": "bytes=0-0", "x-ms-version": blobs.api_version})
+    response = await blobs._client._send_request(request, stream=True)  # no decoding policy
+    try:
+        if response.status_code == 404:
+            raise ResourceNotFoundError(response=response)
+        response.raise_for_status()
+        return base64.b64decode(response.headers.get("x-ms-blob-content-md5", ""))
+    finally:
+        await response.close()
 
 
 def touch(container: ContainerClient, name: str) -> None:
