@@ -7,11 +7,13 @@ only for a blob surely there and whole."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 import time
 from typing import Any
 
 import pytest
+from azure.core.exceptions import AzureError
 
 from pipeline.storage import cache, names
 from pipeline.storage import clients as clients_module
@@ -120,8 +122,8 @@ def test_many_blobs_are_looked_at_by_a_one_byte_read_each_and_only_whole_ones_co
     assert sorted(reads) == [("GET", "bytes=0-0")] * 5  # one read each (an access), no look at the marked one
 
 
-def test_a_look_that_fails_leaves_the_blob_out_and_the_others_in(clients: Clients,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_look_that_fails_leaves_the_blob_out_and_the_others_in(clients: Clients, monkeypatch: pytest.MonkeyPatch,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
     for name in ("a.tif", "b.tif"):
         clients.tiles.upload_blob(name, name.encode())
 
@@ -129,6 +131,23 @@ def test_a_look_that_fails_leaves_the_blob_out_and_the_others_in(clients: Client
         if request.http_request.url.split("?")[0].endswith("/b.tif"):
             request.http_request.headers["x-ms-range"] = "bytes=100-200"  # past its end: refused (416)
     monkeypatch.setitem(clients_module.HOOKS, "raw_request_hook", refuse)
+    caplog.set_level(logging.INFO, logger=cache.__name__)
     with cache.Looks(clients) as looks:
         found = looks.present(clients.tiles.container_name, ["a.tif", "b.tif"])
     assert found == {"a.tif": hashlib.md5(b"a.tif").digest()}
+    told = [r.getMessage() for r in caplog.records if "not looked at" in r.getMessage()]
+    assert len(told) == 1 and "b.tif" in told[0] and "InvalidRange" in told[0]  # a failure, not a blob without MD5
+
+
+def test_a_look_whose_listing_of_markers_fails_raises_for_the_planner_to_leave_its_tasks(
+        clients: Clients, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which blobs have a maker at work is not known: nothing may count as there. The error
+    goes up, an AzureError, which the planner takes as "leave these tasks to the ordinary way"."""
+    clients.tiles.upload_blob("a.tif", b"a")
+
+    def refuse(request: Any) -> None:
+        if "comp=list" in request.http_request.url:
+            request.http_request.url += "&maxresults=-1"  # a listing the service refuses (400)
+    monkeypatch.setitem(clients_module.HOOKS, "raw_request_hook", refuse)
+    with cache.Looks(clients) as looks, pytest.raises(AzureError):
+        looks.present(clients.tiles.container_name, ["a.tif"])
