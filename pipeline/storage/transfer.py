@@ -104,10 +104,14 @@ class Transfers:
     ``read_timeout`` bounds a stalled socket read (not a whole transfer)."""
 
     def __init__(self, service: BlobServiceClient, read_timeout: float = 60, retries: int = 5,
-                 hooks: dict[str, Any] | None = None) -> None:
-        self._service, self._hooks = service, hooks or {}
+                 options: dict[str, Any] | None = None) -> None:
+        """``options``: the keyword arguments its SDK clients are built with beside their own
+        (``clients.sdk_options``: hooks, whether to look the environment over for a proxy)."""
+        self._service, self._options = service, options or {}
         self._read_timeout, self._retries = read_timeout, retries
         self._session = requests.Session()
+        # the SDK's transport sets this only on a session of its own, not on one it is given
+        self._session.trust_env = self._options.get("use_env_settings", True)
         self._session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=POOL))
         self._session.mount("https://", requests.adapters.HTTPAdapter(pool_maxsize=POOL))
         self._by_block: dict[int, BlobServiceClient] = {}
@@ -124,7 +128,7 @@ class Transfers:
                                                 connection_data_block_size=READ_CHUNK),
                     retry_policy=retry_policy(self._retries),
                     max_block_size=block, max_single_put_size=block,
-                    max_chunk_get_size=block, max_single_get_size=block, **self._hooks,
+                    max_chunk_get_size=block, max_single_get_size=block, **self._options,
                 )
             return self._by_block[block]
 
