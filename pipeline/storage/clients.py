@@ -7,6 +7,7 @@ Azure) and shares one connection pool per process.
 
 from __future__ import annotations
 
+import os
 import threading
 import urllib.request
 from collections.abc import AsyncIterator
@@ -35,16 +36,22 @@ from pipeline.storage.transfer import Transfers, retry_policy
 HOOKS: dict[str, Any] = {}
 
 
+CA_BUNDLE_VARIABLES = ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")  # requests reads these per request
+
+
 def sdk_options() -> dict[str, Any]:
     """The keyword arguments an SDK client is built with beside its own: :data:`HOOKS`, and
-    ``use_env_settings=False`` when the environment names no proxy. Left to themselves, the
-    SDK's transports look the environment over on every request, for a proxy and for a
-    login in ``~/.netrc`` (aiohttp in two hops to a thread): measured against Azurite, that
-    was about half the CPU of a small asynchronous read and a sixth of a table read's
-    (``python -m bench.looks``); and a login found there for the storage host took the place
-    of the request's own signature. A proxy set in the environment (``HTTPS_PROXY`` and the
-    like) is honoured as before; the lookups are then left on."""
-    return ({} if urllib.request.getproxies() else {"use_env_settings": False}) | HOOKS
+    ``use_env_settings=False`` when the environment names nothing the transports read from
+    it on each request: no proxy (``NO_PROXY`` alone names none) and no CA bundle for
+    requests (:data:`CA_BUNDLE_VARIABLES`). Left to themselves, the transports look the
+    environment over on every request, and ``~/.netrc`` with it (aiohttp in two hops to a
+    thread): measured against Azurite, about half the CPU of a small asynchronous read and a
+    sixth of a table read's (``python -m bench.looks``). And a ``~/.netrc`` login for the
+    storage host took the place of the request's own signature; with a proxy or a bundle
+    named, the transports look as the SDK has them, and that is so still."""
+    named = any(scheme != "no" for scheme in urllib.request.getproxies()) or any(
+        os.environ.get(name) for name in CA_BUNDLE_VARIABLES)
+    return ({} if named else {"use_env_settings": False}) | HOOKS
 
 
 @dataclass
