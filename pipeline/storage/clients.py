@@ -46,9 +46,9 @@ def sdk_options() -> dict[str, Any]:
     requests (:data:`CA_BUNDLE_VARIABLES`). Left to themselves, the transports look the
     environment over on every request, and ``~/.netrc`` with it (aiohttp in two hops to a
     thread): measured against Azurite, about half the CPU of a small asynchronous read and a
-    sixth of a table read's (``python -m bench.looks``). And a ``~/.netrc`` login for the
-    storage host took the place of the request's own signature; with a proxy or a bundle
-    named, the transports look as the SDK has them, and that is so still."""
+    sixth of a table read's (``python -m bench.looks``); and a ``~/.netrc`` login for the
+    storage host took the place of a request's signature. With a proxy or a bundle named,
+    the transports look as the SDK has them, the login's hazard included."""
     named = any(scheme != "no" for scheme in urllib.request.getproxies()) or any(
         os.environ.get(name) for name in CA_BUNDLE_VARIABLES)
     return ({} if named else {"use_env_settings": False}) | HOOKS
