@@ -1,10 +1,11 @@
 """The storage clients and the environment, against Azurite: a proxy the environment names
 (``HTTP_PROXY``) carries every storage request, on the blocking and the asynchronous
-clients, and a CA bundle it names for requests (``REQUESTS_CA_BUNDLE``) is trusted; with
-neither named, the clients do not look the environment over on each request, and a login
-that ``~/.netrc`` holds for the storage host does not replace a request's own signature (it
-did: the blocking client sent it instead, refused, and the asynchronous one refused to send
-at all)."""
+clients, and a CA bundle it names for requests (``REQUESTS_CA_BUNDLE``) is trusted by the
+blocking clients (aiohttp, under the asynchronous one, trusts the system's store); with no
+proxy named, a CA bundle named or not, the clients do not look the environment over on each
+request, and a login that ``~/.netrc`` holds for the storage host does not replace a
+request's own signature (it did: the blocking client sent it instead, refused, and the
+asynchronous one refused to send at all)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import certifi
 import pytest
-from azure.core.exceptions import ResourceNotFoundError
+from azure.core.exceptions import HttpResponseError
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -34,11 +36,12 @@ from pipeline.storage.clients import CA_BUNDLE_VARIABLES, Clients
 
 class _Forward(BaseHTTPRequestHandler):
     """A forward proxy for plain HTTP: each request (its target in absolute form) sent on
-    to its host, and the answer back; the targets are kept in ``server.seen``."""
+    to its host, and the answer back; the targets are kept in ``server.seen``, each with the
+    range it asked for (``x-ms-range``)."""
 
     def do_GET(self) -> None:
         target = urlsplit(self.path)
-        self.server.seen.append(self.path)  # type: ignore[attr-defined]
+        self.server.seen.append((self.path, self.headers.get("x-ms-range")))  # type: ignore[attr-defined]
         upstream = http.client.HTTPConnection(target.netloc, timeout=30)
         try:
             path = target.path + (f"?{target.query}" if target.query else "")
@@ -129,13 +132,15 @@ def test_a_proxy_the_environment_names_carries_the_storage_requests(
     assert proxy.seen == []  # type: ignore[attr-defined]
     monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.server_address[1]}")
     assert reads(stored) == before
-    seen = [urlsplit(target).path for target in proxy.seen]  # type: ignore[attr-defined]
-    assert sum(path.endswith("/a.tif") for path in seen) >= 3  # the blob read, transferred and looked at
-    assert any("(PartitionKey='p',RowKey='r')" in path for path in seen)  # the table row
+    seen = [(urlsplit(target).path, asked) for target, asked in proxy.seen]  # type: ignore[attr-defined]
+    assert sum(path.endswith("/a.tif") for path, _ in seen) >= 3  # the blob read, transferred and looked at
+    assert any(path.endswith("/a.tif") and asked == "bytes=0-0" for path, asked in seen)  # the look's read
+    assert any("(PartitionKey='p',RowKey='r')" in path for path, _ in seen)  # the table row
 
 
+@pytest.mark.parametrize("bundle", [False, True], ids=["nothing named", "a CA bundle named"])
 def test_a_netrc_login_for_the_storage_host_does_not_replace_a_request_signature(
-        stored: Settings, nothing_named: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        stored: Settings, nothing_named: None, bundle: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     host = urlsplit(Clients(stored).blob_service.url).hostname
     netrc = tmp_path / ".netrc"
     netrc.write_text(f"machine {host}\n  login someone\n  password not-the-account-key\n")
@@ -143,6 +148,8 @@ def test_a_netrc_login_for_the_storage_host_does_not_replace_a_request_signature
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("NETRC", str(netrc))
     monkeypatch.setenv("NO_PROXY", "example.org")  # names no proxy
+    if bundle:  # as many systems do (Debian's, Nix's): the transports read nothing else from it
+        monkeypatch.setenv("REQUESTS_CA_BUNDLE", certifi.where())
     blob, transferred, value, looked = reads(stored)
     assert (blob, transferred, value, set(looked)) == (b"a tile", b"a tile", 7, {"a.tif"})
 
@@ -180,8 +187,11 @@ def test_a_ca_bundle_the_environment_names_is_trusted_by_the_blocking_clients(
         clients = Clients(Settings(storage_connection=(
             "DefaultEndpointsProtocol=https;AccountName=devstoreaccount1;AccountKey=a2V5;"
             f"BlobEndpoint={endpoint};QueueEndpoint={endpoint};TableEndpoint={endpoint};"), namespace="tls"))
-        try:
-            with pytest.raises(ResourceNotFoundError):  # answered over TLS: the certificate was trusted
-                clients.tiles.get_container_properties()
+        try:  # each answered over TLS, 404 (an untrusted certificate: ServiceRequestError)
+            for call in (clients.tiles.get_container_properties, lambda: clients.jobs.get_entity("p", "r"),
+                         lambda: clients.transfers.download(clients.tiles, "a.tif")):
+                with pytest.raises(HttpResponseError) as answer:
+                    call()
+                assert answer.value.status_code == 404
         finally:
             clients.close()

@@ -36,22 +36,30 @@ from pipeline.storage.transfer import Transfers, retry_policy
 HOOKS: dict[str, Any] = {}
 
 
-CA_BUNDLE_VARIABLES = ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")  # requests reads these per request
+CA_BUNDLE_VARIABLES = ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")  # the CA bundle requests takes, the first named
+ASYNC_PROXY_SCHEMES = ("http", "https", "ws", "wss")  # the proxies aiohttp takes from the environment
 
 
-def sdk_options() -> dict[str, Any]:
+def sdk_options(asynchronous: bool = False) -> dict[str, Any]:
     """The keyword arguments an SDK client is built with beside its own: :data:`HOOKS`, and
-    ``use_env_settings=False`` when the environment names nothing the transports read from
-    it on each request: no proxy (``NO_PROXY`` alone names none) and no CA bundle for
-    requests (:data:`CA_BUNDLE_VARIABLES`). Left to themselves, the transports look the
-    environment over on every request, and ``~/.netrc`` with it (aiohttp in two hops to a
-    thread): measured against Azurite, about half the CPU of a small asynchronous read and a
-    sixth of a table read's (``python -m bench.looks``); and a ``~/.netrc`` login for the
-    storage host took the place of a request's signature. With a proxy or a bundle named,
-    the transports look as the SDK has them, the login's hazard included."""
-    named = any(scheme != "no" for scheme in urllib.request.getproxies()) or any(
-        os.environ.get(name) for name in CA_BUNDLE_VARIABLES)
-    return ({} if named else {"use_env_settings": False}) | HOOKS
+    ``use_env_settings=False`` unless the environment names a proxy the client's transport
+    would use (requests': any but ``NO_PROXY``; aiohttp's, for an ``asynchronous`` client:
+    :data:`ASYNC_PROXY_SCHEMES`), with, for the blocking clients, the CA bundle the
+    environment names for requests (:data:`CA_BUNDLE_VARIABLES`), read here once, as
+    ``connection_verify`` (aiohttp reads none: it trusts the system's store, and the
+    SDK's aiohttp transport would load a bundle given it on every request). Left to
+    themselves, the transports look the environment over on every request, and
+    ``~/.netrc`` with it (aiohttp in two hops to a thread): measured against Azurite, about
+    half the CPU of a small asynchronous read and a sixth of a table read's (``python -m
+    bench.looks``); and a ``~/.netrc`` login for the storage host took the place of a
+    request's signature. With a proxy named, the transports look as the SDK has them
+    (``NO_PROXY`` is matched per request), the login's hazard included."""
+    proxies = set(urllib.request.getproxies()) - {"no"}
+    if proxies & set(ASYNC_PROXY_SCHEMES) if asynchronous else proxies:
+        return dict(HOOKS)
+    bundle = None if asynchronous else next(
+        (os.environ[name] for name in CA_BUNDLE_VARIABLES if os.environ.get(name)), None)
+    return {"use_env_settings": False, **({"connection_verify": bundle} if bundle else {})} | HOOKS
 
 
 @dataclass
@@ -99,15 +107,15 @@ class Clients:
         retry = AsyncExponentialRetry(  # its hints say int; it sleeps any number of seconds
             initial_backoff=0.5, increment_base=2, retry_total=5, random_jitter_range=0.5)  # type: ignore[arg-type]  # annotated int, takes seconds as a float
         if self.settings.storage_connection:
-            async with AsyncBlobServiceClient.from_connection_string(self.settings.storage_connection,
-                                                                     retry_policy=retry, **sdk_options()) as service:
+            async with AsyncBlobServiceClient.from_connection_string(
+                    self.settings.storage_connection, retry_policy=retry, **sdk_options(asynchronous=True)) as service:
                 yield service
             return
         from azure.identity.aio import DefaultAzureCredential
 
         async with DefaultAzureCredential() as credential, \
                 AsyncBlobServiceClient(self._url("blob"), credential=credential, retry_policy=retry,
-                                       **sdk_options()) as service:
+                                       **sdk_options(asynchronous=True)) as service:
             yield service
 
     # --- the resources bagpipe uses, by role -------------------------------------------

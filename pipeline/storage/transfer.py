@@ -106,9 +106,11 @@ class Transfers:
     def __init__(self, service: BlobServiceClient, read_timeout: float = 60, retries: int = 5,
                  options: dict[str, Any] | None = None) -> None:
         """``options``: the keyword arguments its SDK clients are built with beside their own
-        (``clients.sdk_options``: hooks, whether to look the environment over for a proxy)."""
-        self._service, self._options = service, options or {}
-        self._read_timeout, self._retries = read_timeout, retries
+        (``clients.sdk_options``: hooks, whether to look the environment over for a proxy, the
+        CA bundle to trust)."""
+        self._options = dict(options or {})
+        self._verify: bool | str = self._options.pop("connection_verify", True)  # the transport's, given it here
+        self._service, self._read_timeout, self._retries = service, read_timeout, retries
         self._session = requests.Session()
         # the SDK's transport sets this only on a session of its own, not on one it is given
         self._session.trust_env = self._options.get("use_env_settings", True)
@@ -125,7 +127,8 @@ class Transfers:
                     self._service.url, credential=self._service.credential,
                     transport=RequestsTransport(session=self._session, session_owner=False,
                                                 connection_timeout=20, read_timeout=self._read_timeout,
-                                                connection_data_block_size=READ_CHUNK),
+                                                connection_data_block_size=READ_CHUNK,
+                                                connection_verify=self._verify),
                     retry_policy=retry_policy(self._retries),
                     max_block_size=block, max_single_put_size=block,
                     max_chunk_get_size=block, max_single_get_size=block, **self._options,
