@@ -6,6 +6,7 @@ opened with ``pystac_client`` and loaded over signed links, to their owner only.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date
@@ -76,7 +77,12 @@ def finished(azurite: Azurite, tmp_path_factory: pytest.TempPathFactory) -> Iter
         again, rerun = run("stac again")
         assert rerun["counts"].get("CACHED") == 6, rerun
         download_results(api, first, tmp / "first")
-        download_results(api, again, tmp / "again")
+        here = os.getcwd()
+        os.chdir(tmp)  # the rerun's folder named as a scientist names it, from where they are (`--out again`)
+        try:
+            download_results(api, again, Path("again"))
+        finally:
+            os.chdir(here)
         email = wait_for(lambda: [m for _, m in stack.mail.messages() if first in str(m["Subject"])], 30, "the email")
         found = StacCatalog(stack.planetary.stac_url).search(CATALOG["MOD10A2"], tuple(BOX),  # type: ignore[arg-type]
                                                              date(2022, 2, 2), date(2022, 2, 17))
@@ -175,6 +181,15 @@ def test_an_all_cached_rerun_writes_the_same_items(finished: Finished) -> None:
     assert set(first) == set(again) and len(first) == 12
     for key, item in first.items():
         assert comparable(item) == comparable(again[key]), key
+
+
+def test_every_asset_of_an_item_is_a_file_beside_it_whatever_the_folder_was_named(finished: Finished) -> None:
+    for folder in (finished.first, finished.again):  # named absolute, and relative to where it was fetched
+        items = items_of(folder)
+        assert len(items) == 12
+        for item in items.values():
+            for asset in item.assets.values():
+                assert Path(asset.get_absolute_href() or "").is_file(), (folder.name, item.id, asset.href)
 
 
 def test_the_folder_loads_with_odc_stac_equal_to_the_files(finished: Finished) -> None:

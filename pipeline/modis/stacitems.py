@@ -175,6 +175,7 @@ def write_catalog(out: Path, manifest: dict[str, Any]) -> Path:
     """Write the job's STAC collection (``collection.json``) and an item beside each task's
     files, every link relative; each manifest task gets ``item`` (its item's path), the
     manifest ``stac``. Returns the collection's path."""
+    out = out.resolve()  # pystac takes a relative path for one relative to its item: each file named from here
     catalog = manifest.get("catalog") or {}
     by_key = {task["task"]: task for task in manifest["tasks"]}
     items: list[pystac.Item] = []
