@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, Optional
 
+import httpx
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -66,10 +67,13 @@ def up(home: HomeOpt = DEFAULT_HOME,
        workers: Annotated[int, typer.Option(min=0, help="Worker processes.")] = 2,
        slots: Annotated[int, typer.Option(min=1, help="Tasks each worker runs at once.")] = 2) -> None:
     """Run the local stack (Azurite, API, planner/sweep loop, workers, SMTP) until Ctrl-C."""
-    from bagpipe.stack import LocalStack
+    from bagpipe.stack import LocalStack, StackRunning
 
     _logging()
-    stack = LocalStack(home, workers=workers, slots=slots).start()
+    try:
+        stack = LocalStack(home, workers=workers, slots=slots).start()
+    except StackRunning as exc:
+        _fail(exc)
     console.print(f"bagpipe is up: portal {stack.api_url}/  API {stack.api_url}/api  "
                   f"(the admin's API token in {home / 'api-key'})")
     console.print(f"  mail in {stack.mail.folder}, logs in {home / 'logs'}; Ctrl-C stops it")
@@ -126,9 +130,11 @@ def submit(
     api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFAULT_HOME,
 ) -> None:
     """Submit a request (from --file, or from the flags) and print its job id."""
-    request: dict[str, Any] = json.loads(file.read_text()) if file else {}
+    request: dict[str, Any] = _request_in(file) if file else {}
+    if bbox and tiles:
+        _fail(ValueError("--bbox or --tiles: a region is one or the other"))
     if bbox:
-        request["region"] = {"bbox": [float(v) for v in bbox.split(",")]}
+        request["region"] = {"bbox": _bbox(bbox)}
     if tiles:
         request["region"] = {"tiles": tiles.split(",")}
     for name, value in (("start", start), ("end", end), ("email", email)):
@@ -138,7 +144,7 @@ def submit(
         request["products"] = product
     if label:
         request["label"] = label
-    grid = {k: v for k, v in (("crs", crs), ("tile_size", tile_size), ("resolution", resolution)) if v}
+    grid = {k: v for k, v in (("crs", crs), ("tile_size", tile_size), ("resolution", resolution)) if v is not None}
     if grid:
         request["grid"] = request.get("grid", {}) | grid
     if reducer:
@@ -149,6 +155,28 @@ def submit(
         _fail(exc)
     console.print(f"submitted {created['job']}: {created['total']} tasks")
     print(created["job"])
+
+
+def _request_in(file: Path) -> dict[str, Any]:
+    """The request a ``--file`` holds (a JSON object)."""
+    try:
+        found = json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        _fail(ValueError(f"--file {file}: {exc}"))
+    if not isinstance(found, dict):
+        _fail(ValueError(f"--file {file}: a request is a JSON object"))
+    return found
+
+
+def _bbox(text: str) -> list[float]:
+    """``--bbox``'s four numbers."""
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if len(values) != 4:
+        _fail(ValueError(f"--bbox: four numbers, west,south,east,north in degrees (not {text!r})"))
+    return values
 
 
 @app.command()
@@ -230,7 +258,7 @@ def results(job: str, out: Annotated[Path, typer.Option(help="Where to put the p
     """Download a finished job's products and manifest."""
     try:
         manifest, files = download_results(Api.resolve(api, key, home), job, out)
-    except (ApiError, RuntimeError) as exc:
+    except (ApiError, RuntimeError, httpx.HTTPError) as exc:  # the last: a product's download
         _fail(exc)
     console.print(f"{files} files and {manifest} written")
 
@@ -251,23 +279,26 @@ def demo(out: Annotated[Path, typer.Option(help="Where the products go.")] = Pat
          workers: Annotated[int, typer.Option(min=1)] = 2,
          slots: Annotated[int, typer.Option(min=1)] = 4) -> None:
     """Up, submit the sample request, watch it, download the products and the email, down."""
-    from bagpipe.stack import LocalStack
+    from bagpipe.stack import LocalStack, StackRunning
 
     _logging()
     logging.getLogger().setLevel(logging.WARNING)
     started = time.monotonic()
-    with LocalStack(home, workers=workers, slots=slots) as stack:
-        console.print(f"local stack up in {time.monotonic() - started:.1f} s: API {stack.api_url}")
-        client = Api(stack.api_url, stack.token)
-        request = DEMO_REQUEST
-        job = client.submit(request)["job"]
-        console.print(f"submitted {job}: {request['label']}")
-        found = watch_job(client, job, healthy=lambda: any(
-            p.poll() is None for p in stack.worker_processes))
-        target = out / job
-        manifest, files = download_results(client, job, target)
-        email = _wait_for_email(stack, job)
-        shutil.copy(email, target / "email.eml")
+    try:
+        with LocalStack(home, workers=workers, slots=slots) as stack:
+            console.print(f"local stack up in {time.monotonic() - started:.1f} s: API {stack.api_url}")
+            client = Api(stack.api_url, stack.token)
+            request = DEMO_REQUEST
+            job = client.submit(request)["job"]
+            console.print(f"submitted {job}: {request['label']}")
+            found = watch_job(client, job, healthy=lambda: any(
+                p.poll() is None for p in stack.worker_processes))
+            target = out / job
+            manifest, files = download_results(client, job, target)
+            email = _wait_for_email(stack, job)
+            shutil.copy(email, target / "email.eml")
+    except StackRunning as exc:
+        _fail(exc)
     console.print(f"{job} {found['state']}: {files} products, {manifest}, "
                   f"{target / 'email.eml'}; {time.monotonic() - started:.0f} s in all")
     if found["state"] != "SUCCEEDED":
@@ -315,6 +346,9 @@ def _reproject(inputs: list[Path], out: Path, dst_crs: str, res: float,
 
     if bounds is None:
         _fail(ValueError("--bounds west south east north is required"))
+    west, south, east, north = bounds
+    if not (west < east and south < north):
+        _fail(ValueError(f"--bounds: west south east north, west < east and south < north (not {bounds})"))
     if product not in CATALOG:
         _fail(ValueError(f"--product: one of {', '.join(CATALOG)}"))
     spec = CATALOG[product].default if layer is None else next(

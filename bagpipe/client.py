@@ -27,6 +27,10 @@ def token_in(home: Path) -> str | None:
     return path.read_text().strip() if path.exists() else None
 
 
+class ApiUnreachable(RuntimeError):
+    """The API did not answer at all: no server at its address, or no address to reach."""
+
+
 class ApiError(RuntimeError):
     def __init__(self, status: int, body: Any) -> None:
         detail = body.get("detail") if isinstance(body, dict) else body
@@ -50,14 +54,22 @@ class Api:
         key = key or os.environ.get(names.CLI_TOKEN) or token_in(home)
         state = home / STATE_FILE
         if not url and state.exists():
-            url = json.loads(state.read_text())["api"]
+            found = json.loads(state.read_text())
+            if not _alive(int(found.get("pid", 0))):
+                raise RuntimeError(f"no API: the local stack of {home} has stopped (its {STATE_FILE} was left "
+                                   "behind): start `bagpipe up`")
+            url = found["api"]
         if not url or not key:
             raise RuntimeError("no API: start `bagpipe up`, or pass --api and --key (a personal API token)")
         return cls(url.rstrip("/"), key)
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         headers = {names.TOKEN_HEADER: self.key} | kwargs.pop("headers", {})
-        response = httpx.request(method, f"{self.url}{path}", timeout=self.timeout, headers=headers, **kwargs)
+        try:
+            response = httpx.request(method, f"{self.url}{path}", timeout=self.timeout, headers=headers, **kwargs)
+        except (httpx.TransportError, httpx.InvalidURL) as exc:
+            raise ApiUnreachable(f"the API at {self.url} did not answer ({exc or type(exc).__name__}): is its "
+                                 "stack up (`bagpipe up`), or --api right?") from exc
         try:
             body = response.json() if response.content else None
         except ValueError:
@@ -90,6 +102,19 @@ class Api:
     def push(self, archive: bytes) -> dict[str, Any]:
         """Upload a reducer bundle (a tar.gz)."""
         return self._call("POST", "/api/reducers", content=archive, headers={"content-type": "application/gzip"})
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (another user's counts: it is there)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 _SEGMENT = re.compile(r"^(?!\.{1,2}$)[A-Za-z0-9._+-]{1,200}$")  # one plain path segment, not . or ..

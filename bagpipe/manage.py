@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from bagpipe.client import DEFAULT_HOME, Api, ApiError
+from bagpipe.client import DEFAULT_HOME, Api, ApiError, ApiUnreachable
 
 console = Console()
 users = typer.Typer(help="Users (admin).", no_args_is_help=True)
@@ -42,7 +42,7 @@ def _fail(exc: Exception) -> None:
 def _run(call: Any) -> Any:
     try:
         return call()
-    except ApiError as exc:
+    except (ApiError, ApiUnreachable) as exc:
         _fail(exc)
 
 

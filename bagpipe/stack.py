@@ -7,6 +7,7 @@ CLI finds it there."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -18,6 +19,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from bagpipe import control
 from bagpipe.azurite import Azurite
@@ -37,6 +39,11 @@ log = logging.getLogger(__name__)
 
 PORTS_FILE = "ports.json"  # the ports whose URLs task rows keep, the same at every start
 READY = re.compile(r"worker \S+ ready")  # what a worker logs once its slots are warm
+LOCK_FILE = "stack.lock"  # held while a stack runs in its home: one stack a home (the OS lets go if it dies)
+
+
+class StackRunning(RuntimeError):
+    """Another local stack runs in this home: two would share its Azurite's files and ports."""
 
 
 @dataclass
@@ -69,9 +76,11 @@ class LocalStack:
     _supervising: threading.Event = field(init=False, default_factory=threading.Event)
     replaced: int = field(init=False, default=0)  # workers that exited and were started again
     _api: Served | None = field(init=False, default=None)
+    _lock: IO[bytes] | None = field(init=False, default=None)
 
     def start(self) -> LocalStack:
         self.home.mkdir(parents=True, exist_ok=True)
+        self._hold_home()
         (self.home / "logs").mkdir(exist_ok=True)
         if not self.connection:
             self.azurite = Azurite(self.home / "azurite").start()
@@ -211,7 +220,24 @@ class LocalStack:
         if self.azurite is not None:
             self.azurite.stop()
         (self.home / STATE_FILE).unlink(missing_ok=True)
+        if self._lock is not None:
+            self._lock.close()  # the home is free for the next start
+            self._lock = None
         log.info("local stack stopped in %.1f s", time.monotonic() - started)
+
+    def _hold_home(self) -> None:
+        """Take the home's lock, or refuse to start: a second stack in a running one's home
+        would start a second Azurite on its files, take new ports and, stopping, remove the
+        first one's state file. Held until :meth:`stop` (a start that fails keeps it until its
+        process ends: what it started may still run)."""
+        lock = (self.home / LOCK_FILE).open("ab")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            raise StackRunning(f"a local stack runs in {self.home} already (bagpipe up, or a demo): use it, "
+                               "stop it, or give this one another --home") from None
+        self._lock = lock
 
     def __enter__(self) -> LocalStack:
         return self.start()

@@ -66,6 +66,14 @@ def test_up_submit_watch_stop_and_restart(tmp_path: Path) -> None:
     refused = subprocess.run([*CLI, "submit", "--home", str(home), "--tiles", "h99v99", "--start", "2022-03-01",
                               "--end", "2022-03-20", "--product", "MOD10A2"], capture_output=True, text=True, env=env)
     assert refused.returncode == 1 and "region.tiles" in refused.stdout
+    # a second stack in the running one's home is refused, and leaves the first as it was
+    state = {name: (home / name).read_text() for name in ("stack.json", "ports.json")}
+    second = subprocess.run([*CLI, "up", "--home", str(home), "--workers", "0"], capture_output=True, text=True,
+                            env=env, timeout=60)
+    assert second.returncode == 1 and "runs in" in second.stdout and "Traceback" not in second.stdout, second.stdout
+    assert {name: (home / name).read_text() for name in state} == state
+    assert subprocess.run([*CLI, "status", job, "--home", str(home)], capture_output=True, env=env,
+                          timeout=60).returncode == 0
     children = children_of(up.pid)
     stop_up(up, home)
     for pid in children:
@@ -87,6 +95,45 @@ def test_up_submit_watch_stop_and_restart(tmp_path: Path) -> None:
             w["worker"][:40] in shown.stdout for w in status["workers"])
     finally:
         stop_up(again, home)
+
+
+def test_mistakes_on_the_command_line_are_named_not_traced(tmp_path: Path) -> None:
+    """What a scientist mistypes, and an API that is not there, each end in a message that
+    names it (exit code 1), never a traceback; nothing is sent or written."""
+    from typer.testing import CliRunner
+
+    from bagpipe.cli import app
+    from bagpipe.modis_world import REAL_DATA
+    from bagpipe.serving import free_port
+
+    runner = CliRunner()
+    unset = {k: None for k in os.environ if k.startswith("BAGPIPE_")}
+    nowhere = ["--api", f"http://127.0.0.1:{free_port()}", "--key", "bgp_x_y"]  # an API that would be refused
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    stale = tmp_path / "stale"  # a stack's home whose stack died without cleaning up
+    stale.mkdir()
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    (stale / "stack.json").write_text(json.dumps({"api": "http://127.0.0.1:1", "pid": ended.pid}))
+    (stale / "api-key").write_text("bgp_x_y")
+    snow = REAL_DATA / "MOD10A2.A2022033.h09v05.061.2022042050729_Maximum_Snow_Extent.tif"
+    cases = {
+        "--bbox": ["submit", "--bbox", "-112,34,-108,abc", *nowhere],
+        "--bbox or --tiles": ["submit", "--bbox", "-112,34,-108,35", "--tiles", "h09v05", *nowhere],
+        "bad.json": ["submit", "--file", str(tmp_path / "bad.json"), *nowhere],
+        "a JSON object": ["submit", "--file", str(tmp_path / "list.json"), *nowhere],
+        "did not answer": ["status", "j1", *nowhere],
+        "is its stack up": ["jobs", "--api", "notaurl", "--key", "bgp_x_y"],
+        "has stopped": ["status", "j1", "--home", str(stale)],
+        "--bounds": ["run-stage", "reproject", "--input", str(snow), "--out", str(tmp_path / "x.tif"),
+                     "--bounds", "-105", "34", "-106", "35"],
+    }
+    for said, args in cases.items():
+        found = runner.invoke(app, args, env=unset)
+        assert found.exit_code == 1 and isinstance(found.exception, SystemExit), (args, found.exception)
+        assert said in found.stdout and "Traceback" not in found.stdout, (args, found.stdout)
+    assert not (tmp_path / "x.tif").exists()
 
 
 def test_run_stage_reproject_then_reduce_with_no_azure(tmp_path: Path) -> None:
@@ -171,6 +218,9 @@ def test_accounts_and_reducers_from_the_command_line(azurite: Azurite, tmp_path:
         assert cli("tokens", "revoke", token_id, key=token).returncode == 0
         gone = cli("whoami", key=token)
         assert gone.returncode == 1 and "401" in gone.stdout
+        zero = cli("submit", "--tiles", "h09v05", "--start", "2022-01-01", "--end", "2022-01-09", "--product",
+                   "MOD10A2", "--resolution", "0")  # sent as given (it was taken for no value: the default grid)
+        assert zero.returncode == 1 and "grid.resolution" in zero.stdout, zero.stdout
         audit = cli("audit", "--user", "grace")
         assert "reducer.push" in audit.stdout and "token.revoke" in audit.stdout
         # the first admin of a deployment without Entra sign-in, made straight in storage
