@@ -49,6 +49,9 @@ DEMO_REQUEST: dict[str, Any] = {
 }
 
 
+FAILURES_SHOWN = 5  # the newest failed attempts ``status`` shows
+
+
 def _logging(verbose: bool = False) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -182,9 +185,12 @@ def _bbox(text: str) -> list[float]:
 @app.command()
 def status(job: str, as_json: Annotated[bool, typer.Option("--json")] = False,
            api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFAULT_HOME) -> None:
-    """Show a job's state, task counts, failure classes and the workers that ran it."""
+    """Show a job's state, task counts, failure classes, its newest failed attempts (their
+    errors and logs) and the workers that ran it."""
     try:
-        found = Api.resolve(api, key, home).status(job)
+        client = Api.resolve(api, key, home)
+        found = client.status(job)
+        failed = client.get(f"/api/jobs/{job}/view")["failed_attempts"] if found["failures"] and not as_json else []
     except (ApiError, RuntimeError) as exc:
         _fail(exc)
     if as_json:
@@ -203,6 +209,11 @@ def status(job: str, as_json: Annotated[bool, typer.Option("--json")] = False,
     if found.get("speculative_attempts"):
         table.add_row("[cyan]backup attempts[/cyan]", str(found["speculative_attempts"]))
     console.print(table)
+    for attempt in failed[:FAILURES_SHOWN]:
+        console.print(f"[red]{attempt['class']}[/red] task {attempt['task']} attempt {attempt['attempt']} "
+                      f"({attempt['stage']}): {attempt['error']}", highlight=False, soft_wrap=True)
+        for name, link in attempt["logs"].items():
+            console.print(f"  {name}: {link}", highlight=False, soft_wrap=True)
     if found.get("workers"):
         workers = Table(title="workers")
         for column in ("worker", "attempts", "committed", "runtime / history", "state"):

@@ -66,6 +66,24 @@ def test_up_submit_watch_stop_and_restart(tmp_path: Path) -> None:
     refused = subprocess.run([*CLI, "submit", "--home", str(home), "--tiles", "h99v99", "--start", "2022-03-01",
                               "--end", "2022-03-20", "--product", "MOD10A2"], capture_output=True, text=True, env=env)
     assert refused.returncode == 1 and "region.tiles" in refused.stdout
+    # a job whose reduction crashes: its status says why, and where the program's output is
+    crash = tmp_path / "crash"
+    crash.mkdir()
+    (crash / "reducer.json").write_text(json.dumps({"name": "crash", "argv": [
+        "{python}", "-c", "import sys; print('boom', file=sys.stderr); raise SystemExit(3)"]}))
+    pushed = subprocess.run([*CLI, "reducers", "push", str(crash), "--home", str(home)], capture_output=True,
+                            text=True, env=env, timeout=60)
+    assert pushed.returncode == 0, pushed.stdout
+    crashing = subprocess.run([*CLI, "submit", "--home", str(home), "--tiles", "h09v05", "--start", "2022-03-01",
+                               "--end", "2022-03-08", "--product", "MOD10A2", "--reducer", "crash"],
+                              capture_output=True, text=True, env=env, timeout=60)
+    assert crashing.returncode == 0, crashing.stdout
+    failed = crashing.stdout.strip().splitlines()[-1]
+    subprocess.run([*CLI, "watch", failed, "--home", str(home)], capture_output=True, env=env, timeout=120)
+    shown = subprocess.run([*CLI, "status", failed, "--home", str(home)], capture_output=True, text=True, env=env,
+                           timeout=60)
+    assert shown.returncode == 0 and "FAILED" in shown.stdout, shown.stdout
+    assert "exited with code 3" in shown.stdout and "stderr.txt: http" in shown.stdout, shown.stdout
     # a second stack in the running one's home is refused, and leaves the first as it was
     state = {name: (home / name).read_text() for name in ("stack.json", "ports.json")}
     second = subprocess.run([*CLI, "up", "--home", str(home), "--workers", "0"], capture_output=True, text=True,
