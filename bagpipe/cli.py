@@ -196,7 +196,8 @@ def status(job: str, as_json: Annotated[bool, typer.Option("--json")] = False,
     if as_json:
         print(json.dumps(found, indent=1))
         return
-    table = Table(title=f"{job}  {found['state']}  {found['progress']:.0%}")
+    console.print(f"{job}  {found['state']}  {found['progress']:.0%}", highlight=False)  # whole, to copy
+    table = Table()
     table.add_column("status")
     table.add_column("tasks", justify="right")
     for name, count in found["counts"].items():

@@ -46,10 +46,13 @@ def _run(call: Any) -> Any:
         _fail(exc)
 
 
-def _table(title: str, rows: list[dict[str, Any]], columns: list[str]) -> None:
+def _table(title: str, rows: list[dict[str, Any]], columns: list[str], whole: str = "") -> None:
+    """A table of ``rows``; the column ``whole`` (an id to copy) never cut, whatever the
+    terminal's width."""
     table = Table(title=title)
     for column in columns:
-        table.add_column(column)
+        widest = max((len(str(row.get(column, ""))) for row in rows), default=0)
+        table.add_column(column, no_wrap=column == whole, min_width=widest if column == whole else None)
     for row in rows:
         table.add_row(*(str(row.get(c, "")) for c in columns))
     console.print(table)
@@ -227,7 +230,7 @@ def register(app: typer.Typer) -> None:
                   limit: int = 50, api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFAULT_HOME) -> None:
         """Your jobs, newest first."""
         found = _run(lambda: _api(api, key, home).get("/api/jobs", limit=limit, all="true" if all_ else None))
-        _table("jobs", found, ["job", "owner", "state", "total", "created", "label"])
+        _table("jobs", found, ["job", "owner", "state", "total", "created", "label"], whole="job")
 
     @app.command()
     def audit(day: Annotated[Optional[str], typer.Option(help="YYYY-MM-DD (UTC); default today.")] = None,

@@ -95,7 +95,7 @@ def test_bad_request_is_refused_naming_the_field(
 def test_request_that_is_not_json_is_422(api: TestClient, clients: Clients) -> None:
     response = api.post("/api/jobs", content=b"{not json", headers={"content-type": "application/json"})
     assert response.status_code == 422
-    assert response.json()["detail"]
+    assert response.json()["field"] == "body" and "at character 1" in response.json()["detail"], response.json()
     assert nothing_written(clients)
 
 

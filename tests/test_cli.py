@@ -239,6 +239,9 @@ def test_accounts_and_reducers_from_the_command_line(azurite: Azurite, tmp_path:
         zero = cli("submit", "--tiles", "h09v05", "--start", "2022-01-01", "--end", "2022-01-09", "--product",
                    "MOD10A2", "--resolution", "0")  # sent as given (it was taken for no value: the default grid)
         assert zero.returncode == 1 and "grid.resolution" in zero.stdout, zero.stdout
+        job = cli("submit", "--tiles", "h09v05", "--start", "2022-01-01", "--end", "2022-01-09", "--product",
+                  "MOD10A2").stdout.strip().splitlines()[-1]
+        assert job in cli("jobs").stdout and job in cli("status", job).stdout  # whole on 80 columns, to copy
         audit = cli("audit", "--user", "grace")
         assert "reducer.push" in audit.stdout and "token.revoke" in audit.stdout
         # the first admin of a deployment without Entra sign-in, made straight in storage

@@ -146,8 +146,9 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [
-            {"field": ".".join(str(p) for p in e["loc"] if p != "body") or "body", "message": e["msg"]}
+        errors = [  # a body that is not JSON is the body's fault (its loc's last part is a character offset)
+            {"field": "body", "message": f"{e['msg']} (at character {e['loc'][-1]})"} if e["type"] == "json_invalid"
+            else {"field": ".".join(str(p) for p in e["loc"] if p != "body") or "body", "message": e["msg"]}
             for e in exc.errors()
         ]
         detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
