@@ -350,6 +350,7 @@ def _reproject(inputs: list[Path], out: Path, dst_crs: str, res: float,
                layer: str | None) -> None:
     """Warp a layer of local granule files: HDF4 files are masked by their quality layer;
     a single layer's GeoTIFF is warped as it is (its quality layer is another file)."""
+    import rasterio
     from rasterio.enums import Resampling
 
     from pipeline.modis.granules import HDF
@@ -378,6 +379,10 @@ def _reproject(inputs: list[Path], out: Path, dst_crs: str, res: float,
         _fail(exc)
     out.write_bytes(data)
     console.print(f"wrote {out} ({len(data)} bytes)")
+    with rasterio.MemoryFile(data) as memory, memory.open() as written:
+        if not written.dataset_mask().any():
+            console.print("[yellow]warning:[/yellow] no valid pixel in --bounds: do the --input granules cover "
+                          "them (or are they all fill there)?")
 
 
 def _reduce(inputs: list[Path], out: Path, name: str | None, path: str, args: dict[str, str]) -> None:

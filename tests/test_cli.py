@@ -166,6 +166,9 @@ def test_run_stage_reproject_then_reduce_with_no_azure(tmp_path: Path) -> None:
         subprocess.run([*CLI, "run-stage", "reproject", "--input", str(snow), "--out", str(tile), "--res", "0.01",
                         "--bounds", str(west), "35", str(west + 1), "36"], check=True, env=env, capture_output=True)
         tiles += ["--input", str(tile)]
+    outside = subprocess.run([*CLI, "run-stage", "reproject", "--input", str(snow), "--out", str(tmp_path / "o.tif"),
+                              "--bounds", "-111", "34", "-110", "35"], env=env, capture_output=True, text=True)
+    assert outside.returncode == 0 and "no valid pixel" in outside.stdout, outside.stdout  # h08v05's, not h09v05's
     done = subprocess.run([*CLI, "run-stage", "reduce", "--reducer", "snow_fraction", *tiles,
                            "--out", str(tmp_path / "result")], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
