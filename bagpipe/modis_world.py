@@ -4,7 +4,8 @@ granules exist, their names, and their content.
 As in reality: land products exist only for tiles with land on them (Natural Earth's 1:50m
 land, the portal's map data, rasterized at 0.25°: about 300 of the 460 tiles on the globe),
 not for dates before a platform's first data nor during an outage (Terra's safe mode of
-February 2016), and a granule's name carries its production timestamp. The real granule in
+February 2016) nor before it is produced (days after its period), and a granule's name
+carries its production timestamp. The real granule in
 ``data/modis`` (MOD10A2 h09v05, 2 February 2022) is served as it is, HDF4 and COG layers;
 every other granule is synthesized on the exact MODIS grid in the product catalog's
 encoding, deterministic from (product, tile, date), and written as NASA writes it (HDF4-EOS,
@@ -84,23 +85,35 @@ def land_tiles() -> frozenset[str]:
 
 
 def exists(product: Product, tile: str, day: date) -> bool:
-    """Whether the archive has the product's granule of that tile and period."""
+    """Whether the archive has the product's granule of that tile and period: not before the
+    platform's first data, nor during an outage, nor before it is produced (a period still
+    running, or ended days ago, has none yet)."""
     if day < FIRST_DAY[product.platform] or tile not in land_tiles():
+        return False
+    if _produced(product, tile, day) > datetime.now():
         return False
     return not any(first <= day <= last for platform in product.platform.split(",")
                    for first, last in OUTAGES.get(platform, []))
 
 
+def _stamp(product: Product, tile: str, day: date) -> str:
+    return f"{product.name}.A{day.year}{day.timetuple().tm_yday:03d}.{tile}.{product.collection}."
+
+
+def _produced(product: Product, tile: str, day: date) -> datetime:
+    """When a synthesized granule was produced: a few days after its period."""
+    seed = int.from_bytes(hashlib.sha256(_stamp(product, tile, day).encode()).digest()[:8], "big")
+    return datetime.combine(day, datetime.min.time()) + timedelta(days=product.period_days + 2 + seed % 7,
+                                                                   seconds=seed % 86400)
+
+
 def granule_name(product: Product, tile: str, day: date) -> str:
     """The granule's name, its production timestamp (a few days after the period) included."""
-    stamp = f"{product.name}.A{day.year}{day.timetuple().tm_yday:03d}.{tile}.{product.collection}."
+    stamp = _stamp(product, tile, day)
     real = [name for name in REAL_NAMES if name.startswith(stamp)]
     if real:
         return real[0]
-    seed = int.from_bytes(hashlib.sha256(stamp.encode()).digest()[:8], "big")
-    made = datetime.combine(day, datetime.min.time()) + timedelta(days=product.period_days + 2 + seed % 7,
-                                                                   seconds=seed % 86400)
-    return f"{stamp}{made:%Y%j%H%M%S}"
+    return f"{stamp}{_produced(product, tile, day):%Y%j%H%M%S}"
 
 
 def real_file(name: str, layer: str | None = None) -> Path | None:

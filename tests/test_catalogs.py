@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
-from datetime import date
+from datetime import date, timedelta
 
 import httpx
 import pytest
@@ -22,7 +22,7 @@ from pipeline.lifecycle.request import expand
 from pipeline.modis import catalogs
 from pipeline.modis.cmr import CmrCatalog
 from pipeline.modis.granules import Granule, pick
-from pipeline.modis.products import CATALOG
+from pipeline.modis.products import CATALOG, periods
 from pipeline.modis.stac import StacCatalog
 from pipeline.modis.targets import GridSpec
 from pipeline.settings import NASA_CMR, PLANETARY_COMPUTER_STAC, Settings
@@ -140,3 +140,15 @@ def test_a_reprocessed_granule_supersedes_the_one_it_replaces_and_is_a_new_sourc
     key = ("MOD10A2", "h09v05", date(2022, 2, 2))
     assert pick([old, new]) == {key: new} and pick([new, old]) == {key: new}  # the latest production, either order
     assert names.source_blob("MOD10A2", old.id, "f") != names.source_blob("MOD10A2", new.id, "f")
+
+
+def test_the_imitations_have_no_granule_before_it_is_produced(planetary: Planetary, nasa: Earthdata) -> None:
+    """As the real archives: a period still running, or ended days ago, has no granule yet;
+    one ended a fortnight ago has (MOD10A2's periods are 8 days; produced 2–9 days after)."""
+    product, box = CATALOG["MOD10A2"], (-107.5, 35.0, -107.0, 35.5)
+    days = periods(product, date.today() - timedelta(days=40), date.today())
+    produced = [day for day in days if day + timedelta(days=18) <= date.today()]
+    assert produced and len(produced) < len(days)
+    for catalog in (StacCatalog(planetary.stac_url), CmrCatalog(nasa.cmr_url)):
+        found = {g.day for g in catalog.search(product, box, days[0], date.today())}
+        assert set(produced) <= found and max(found) < days[-1], (type(catalog).__name__, found, days)
