@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from bagpipe import manage
+from bagpipe import manage, runstage
 from bagpipe.client import DEFAULT_HOME, Api, ApiError, download_results
 from pipeline.redact import protect_logging
 
@@ -185,8 +185,7 @@ def _bbox(text: str) -> list[float]:
 @app.command()
 def status(job: str, as_json: Annotated[bool, typer.Option("--json")] = False,
            api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFAULT_HOME) -> None:
-    """Show a job's state, task counts, failure classes, its newest failed attempts (their
-    errors and logs) and the workers that ran it."""
+    """Show a job's state, task counts, failures (the newest with their errors and logs) and its workers."""
     try:
         client = Api.resolve(api, key, home)
         found = client.status(job)
@@ -317,101 +316,6 @@ def demo(out: Annotated[Path, typer.Option(help="Where the products go.")] = Pat
         raise typer.Exit(1)
 
 
-@app.command("run-stage")
-def run_stage(
-    stage: Annotated[str, typer.Argument(help="reproject, or reduce.")],
-    inputs: Annotated[list[Path], typer.Option("--input", exists=True, dir_okay=False,
-                                               help="A source file (repeat: a mosaic, or a reduction's span); "
-                                                    "reproject: a granule's HDF4 file or a layer's GeoTIFF.")],
-    out: Annotated[Path, typer.Option(help="The output file (reproject) or folder (reduce).")],
-    dst_crs: Annotated[str, typer.Option(help="reproject: target CRS, as for rio warp.")] = "EPSG:4326",
-    res: Annotated[float, typer.Option(min=0.0, help="reproject: target pixel size in CRS units.")] = 0.005,
-    bounds: Annotated[Optional[tuple[float, float, float, float]], typer.Option(
-        help="reproject: west south east north, in the target CRS.")] = None,
-    resampling: Annotated[Optional[str], typer.Option(
-        help="reproject: nearest, bilinear, average, ... (default: the layer's)")] = None,
-    product: Annotated[str, typer.Option(help="reproject: the product the sources are of.")] = "MOD10A2",
-    layer: Annotated[Optional[str], typer.Option(help="reproject: the layer (default: the product's).")] = None,
-    reducer: Annotated[Optional[str], typer.Option(help="reduce: the reducer's name.")] = None,
-    reducers_path: Annotated[str, typer.Option(help="reduce: more folders of reducers (:-separated).")] = "",
-    arg: Annotated[Optional[list[str]], typer.Option(help="reduce: an argument for task.json, NAME=VALUE.")] = None,
-) -> None:
-    """Run one stage on local files, with no Azure at all: the code workers run."""
-    if stage == "reproject":
-        _reproject(inputs, out, dst_crs, res, bounds, resampling, product, layer)
-    elif stage == "reduce":
-        _reduce(inputs, out, reducer, reducers_path, dict(a.split("=", 1) for a in arg or []))
-    else:
-        _fail(ValueError(f"unknown stage {stage!r}: reproject or reduce"))
-
-
-def _reproject(inputs: list[Path], out: Path, dst_crs: str, res: float,
-               bounds: tuple[float, float, float, float] | None, resampling: str | None, product: str,
-               layer: str | None) -> None:
-    """Warp a layer of local granule files: HDF4 files are masked by their quality layer;
-    a single layer's GeoTIFF is warped as it is (its quality layer is another file)."""
-    import rasterio
-    from rasterio.enums import Resampling
-
-    from pipeline.modis.granules import HDF
-    from pipeline.modis.products import CATALOG
-    from pipeline.modis.reprojection import Source, Target, warp
-
-    if bounds is None:
-        _fail(ValueError("--bounds west south east north is required"))
-    west, south, east, north = bounds
-    if not (west < east and south < north):
-        _fail(ValueError(f"--bounds: west south east north, west < east and south < north (not {bounds})"))
-    if product not in CATALOG:
-        _fail(ValueError(f"--product: one of {', '.join(CATALOG)}"))
-    spec = CATALOG[product].default if layer is None else next(
-        (x for x in CATALOG[product].layers if x.name == layer), None)
-    if spec is None:
-        _fail(ValueError(f"--layer: one of {', '.join(CATALOG[product].layer_names)}"))
-    resampling = resampling or spec.resampling
-    if resampling not in Resampling.__members__:
-        _fail(ValueError(f"unknown resampling {resampling!r}"))
-    sources = [Source(p.name, {HDF if p.suffix == ".hdf" else spec.name: p}) for p in inputs]
-    try:
-        data = warp(sources, CATALOG[product], spec.name, Target(dst_crs, bounds, res, resampling),
-                    masks=all(p.suffix == ".hdf" for p in inputs))
-    except Exception as exc:  # a scientist's command line: say what went wrong
-        _fail(exc)
-    out.write_bytes(data)
-    console.print(f"wrote {out} ({len(data)} bytes)")
-    with rasterio.MemoryFile(data) as memory, memory.open() as written:
-        if not written.dataset_mask().any():
-            console.print("[yellow]warning:[/yellow] no valid pixel in --bounds: do the --input granules cover "
-                          "them (or are they all fill there)?")
-
-
-def _reduce(inputs: list[Path], out: Path, name: str | None, path: str, args: dict[str, str]) -> None:
-    import tempfile
-
-    from pipeline.reduction import reducers
-    from pipeline.reduction.stage import run_program
-
-    known = reducers.catalog(path)
-    if name not in known:
-        _fail(ValueError(f"--reducer: one of {', '.join(sorted(known))}"))
-    program = known[name]
-    with tempfile.TemporaryDirectory(prefix="bagpipe-run-") as top:
-        run = run_program(program, [(p.stem, p) for p in inputs], Path(top), {"args": args, "missing_dates": []})
-        for stream in ("stdout.txt", "stderr.txt"):
-            text = (run.folder / stream).read_text(errors="replace").strip()
-            if text:
-                console.print(f"[dim]{stream}:[/dim] {text[-2000:]}")
-        failure = run.failure(program)
-        out.mkdir(parents=True, exist_ok=True)
-        for path in run.outputs:
-            target = out / path.relative_to(run.folder / "outputs")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, target)
-            console.print(f"wrote {target}")
-    if failure is not None:
-        _fail(failure)
-
-
 def _wait_for_email(stack: Any, job: str, timeout: float = 60) -> Path:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -423,6 +327,7 @@ def _wait_for_email(stack: Any, job: str, timeout: float = 60) -> Path:
 
 
 manage.register(app)
+app.command("run-stage")(runstage.run_stage)
 
 
 def main() -> None:
