@@ -124,6 +124,8 @@ def submit(
     start: Annotated[Optional[str], typer.Option(help="First day, YYYY-MM-DD.")] = None,
     end: Annotated[Optional[str], typer.Option(help="Last day, YYYY-MM-DD.")] = None,
     product: Annotated[Optional[list[str]], typer.Option(help="A product (repeat).")] = None,
+    layer: Annotated[Optional[list[str]], typer.Option(
+        help="A layer to make, PRODUCT:LAYER (repeat; a product not named: its default layer).")] = None,
     email: Annotated[Optional[str], typer.Option(help="Where to send the notification.")] = None,
     label: Annotated[str, typer.Option(help="A name for the job.")] = "",
     crs: Annotated[Optional[str], typer.Option(help="Output grid CRS, e.g. EPSG:4326.")] = None,
@@ -145,6 +147,11 @@ def submit(
             request[name] = value
     if product:
         request["products"] = product
+    for named in layer or []:
+        of, _, name = named.partition(":")
+        if not (of and name):
+            _fail(ValueError(f"--layer: PRODUCT:LAYER, e.g. MOD13A1:NDVI (not {named!r})"))
+        request.setdefault("layers", {}).setdefault(of, []).append(name)
     if label:
         request["label"] = label
     grid = {k: v for k, v in (("crs", crs), ("tile_size", tile_size), ("resolution", resolution)) if v is not None}

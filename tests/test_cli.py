@@ -138,6 +138,7 @@ def test_mistakes_on_the_command_line_are_named_not_traced(tmp_path: Path) -> No
     snow = REAL_DATA / "MOD10A2.A2022033.h09v05.061.2022042050729_Maximum_Snow_Extent.tif"
     cases = {
         "--bbox": ["submit", "--bbox", "-112,34,-108,abc", *nowhere],
+        "--layer": ["submit", "--tiles", "h09v05", "--layer", "MOD13A1", *nowhere],
         "--bbox or --tiles": ["submit", "--bbox", "-112,34,-108,35", "--tiles", "h09v05", *nowhere],
         "bad.json": ["submit", "--file", str(tmp_path / "bad.json"), *nowhere],
         "a JSON object": ["submit", "--file", str(tmp_path / "list.json"), *nowhere],
@@ -242,8 +243,13 @@ def test_accounts_and_reducers_from_the_command_line(azurite: Azurite, tmp_path:
         zero = cli("submit", "--tiles", "h09v05", "--start", "2022-01-01", "--end", "2022-01-09", "--product",
                    "MOD10A2", "--resolution", "0")  # sent as given (it was taken for no value: the default grid)
         assert zero.returncode == 1 and "grid.resolution" in zero.stdout, zero.stdout
+        unknown = cli("submit", "--tiles", "h09v05", "--start", "2022-01-01", "--end", "2022-01-09", "--product",
+                      "MOD10A2", "--layer", "MOD10A2:Nope")
+        assert unknown.returncode == 1 and "no layer 'Nope'" in unknown.stdout, unknown.stdout
         job = cli("submit", "--tiles", "h09v05", "--start", "2022-01-01", "--end", "2022-01-09", "--product",
-                  "MOD10A2").stdout.strip().splitlines()[-1]
+                  "MOD10A2", "--layer", "MOD10A2:Eight_Day_Snow_Cover").stdout.strip().splitlines()[-1]
+        shown = json.loads(cli("status", job, "--json").stdout)
+        assert shown["request"]["layers"] == {"MOD10A2": ["Eight_Day_Snow_Cover"]}, shown["request"]
         assert job in cli("jobs").stdout and job in cli("status", job).stdout  # whole on 80 columns, to copy
         audit = cli("audit", "--user", "grace")
         assert "reducer.push" in audit.stdout and "token.revoke" in audit.stdout
