@@ -37,6 +37,7 @@ class Azurite:
     queue_port: int = 0
     table_port: int = 0
     process: subprocess.Popen[bytes] | None = None
+    hold: tuple[int, ...] = ()  # descriptors it inherits (the local stack's lock on its home: held while it runs)
 
     @property
     def connection_string(self) -> str:
@@ -66,7 +67,7 @@ class Azurite:
                 "--disableTelemetry",
             ],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True,
+            start_new_session=True, pass_fds=self.hold,
         )
         log.close()
         deadline = time.monotonic() + timeout

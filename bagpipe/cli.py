@@ -75,7 +75,7 @@ def up(home: HomeOpt = DEFAULT_HOME,
     _logging()
     try:
         stack = LocalStack(home, workers=workers, slots=slots).start()
-    except StackRunning as exc:
+    except (StackRunning, OSError, RuntimeError) as exc:  # another stack; Azurite not installed, not started
         _fail(exc)
     console.print(f"bagpipe is up: portal {stack.api_url}/  API {stack.api_url}/api  "
                   f"(the admin's API token in {home / 'api-key'})")
@@ -192,7 +192,7 @@ def _bbox(text: str) -> list[float]:
 @app.command()
 def status(job: str, as_json: Annotated[bool, typer.Option("--json")] = False,
            api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFAULT_HOME) -> None:
-    """Show a job's state, task counts, failures (the newest with their errors and logs) and its workers."""
+    """Show a job's state, task counts, failures (the newest with errors and logs) and workers; --json: the API's."""
     try:
         client = Api.resolve(api, key, home)
         found = client.status(job)
@@ -315,7 +315,7 @@ def demo(out: Annotated[Path, typer.Option(help="Where the products go.")] = Pat
             manifest, files = download_results(client, job, target)
             email = _wait_for_email(stack, job)
             shutil.copy(email, target / "email.eml")
-    except StackRunning as exc:
+    except (StackRunning, OSError, RuntimeError) as exc:  # as up's, and the API's refusals, a stack that died
         _fail(exc)
     console.print(f"{job} {found['state']}: {files} products, {manifest}, "
                   f"{target / 'email.eml'}; {time.monotonic() - started:.0f} s in all")

@@ -54,8 +54,11 @@ class Api:
         key = key or os.environ.get(names.CLI_TOKEN) or token_in(home)
         state = home / STATE_FILE
         if not url and state.exists():
-            found = json.loads(state.read_text())
-            if not _alive(int(found.get("pid", 0))):
+            try:
+                found = json.loads(state.read_text())
+            except ValueError as exc:
+                raise RuntimeError(f"no API: {state} is not the local stack's state ({exc}): is it starting?") from exc
+            if "pid" in found and not _alive(int(found["pid"])):
                 raise RuntimeError(f"no API: the local stack of {home} has stopped (its {STATE_FILE} was left "
                                    "behind): start `bagpipe up`")
             url = found["api"]

@@ -18,7 +18,7 @@ import hashlib
 import json
 import math
 import tempfile
-from datetime import date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from functools import cache, lru_cache
 from pathlib import Path
 
@@ -90,7 +90,7 @@ def exists(product: Product, tile: str, day: date) -> bool:
     running, or ended days ago, has none yet)."""
     if day < FIRST_DAY[product.platform] or tile not in land_tiles():
         return False
-    if _produced(product, tile, day) > datetime.now():
+    if _produced(product, tile, day) > datetime.now(UTC).replace(tzinfo=None):  # the name's time is UTC
         return False
     return not any(first <= day <= last for platform in product.platform.split(",")
                    for first, last in OUTAGES.get(platform, []))

@@ -183,10 +183,11 @@ class Planetary:
                  ) -> list[tuple[str, str, date]]:
         """(product, tile, day) of every granule a search matches, in the order pages list them
         (worked out once per search, not once per page)."""
-        return self._matching(tuple(collections), tuple(tuple(b) for b in boxes), start, end)
+        hour = datetime.now(UTC).strftime("%Y%m%d%H")  # granules are produced as time goes: an answer kept an hour
+        return self._matching(tuple(collections), tuple(tuple(b) for b in boxes), start, end, hour)
 
-    def _match(self, collections: tuple[str, ...], boxes: tuple[tuple[float, ...], ...], start: date, end: date
-               ) -> list[tuple[str, str, date]]:
+    def _match(self, collections: tuple[str, ...], boxes: tuple[tuple[float, ...], ...], start: date, end: date,
+               hour: str) -> list[tuple[str, str, date]]:
         found = set()
         for collection in collections:
             for product in self.products_of(collection):

@@ -83,7 +83,7 @@ class LocalStack:
         self._hold_home()
         (self.home / "logs").mkdir(exist_ok=True)
         if not self.connection:
-            self.azurite = Azurite(self.home / "azurite").start()
+            self.azurite = Azurite(self.home / "azurite", hold=self._held()).start()
             self.connection = self.azurite.connection_string
         kept = self._kept_ports()  # bound before the mail server's any free port, which could be one of them
         self.planetary = Planetary(self.connection, self.token_minutes,
@@ -110,11 +110,13 @@ class LocalStack:
         supervisor = threading.Thread(target=self._supervise, name="supervisor", daemon=True)
         supervisor.start()
         self._threads.append(supervisor)
-        (self.home / STATE_FILE).write_text(json.dumps(
+        written = self.home / f"{STATE_FILE}.new"  # whole or not at all: the command line may read it now
+        written.write_text(json.dumps(
             {"api": self.api_url, "pid": os.getpid(), "mail": str(self.mail.folder),
              "stac": self.planetary.stac_url, "cmr": self.nasa.cmr_url,
              "logs": str(self.home / "logs")}
         ))
+        written.replace(self.home / STATE_FILE)
         return self
 
     def _settings(self) -> Settings:
@@ -155,7 +157,7 @@ class LocalStack:
         process = subprocess.Popen(
             [sys.executable, "-m", "bagpipe.cli", "worker", "--slots", str(self.slots)],
             env=self.worker_env(), stdout=log_file, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
+            stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=self._held(),
         )
         log_file.close()
         if index < len(self._workers):
@@ -228,19 +230,41 @@ class LocalStack:
     def _hold_home(self) -> None:
         """Take the home's lock, or refuse to start: a second stack in a running one's home
         would start a second Azurite on its files, take new ports and, stopping, remove the
-        first one's state file. Held until :meth:`stop` (a start that fails keeps it until its
-        process ends: what it started may still run)."""
-        lock = (self.home / LOCK_FILE).open("ab")
+        first one's state file. Azurite and the workers inherit the lock, so that it is held
+        while anything the stack started runs (its process killed, they may go on); a home
+        whose file system has no locks is used without one, with a warning."""
+        path = self.home / LOCK_FILE
+        lock = path.open("ab")
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             lock.close()
-            raise StackRunning(f"a local stack runs in {self.home} already (bagpipe up, or a demo): use it, "
-                               "stop it, or give this one another --home") from None
+            holders = ", ".join(map(str, _holders(path))) or "unknown"
+            raise StackRunning(f"a local stack runs in {self.home} already, or what it started does (processes "
+                               f"{holders}): stop it, or give this one another --home") from None
+        except OSError as exc:
+            log.warning("%s cannot be locked (%s): nothing stops a second stack in this home", path, exc)
         self._lock = lock
+
+    def _held(self) -> tuple[int, ...]:
+        """The descriptors the stack's processes inherit: its lock on the home."""
+        return (self._lock.fileno(),) if self._lock is not None else ()
+
 
     def __enter__(self) -> LocalStack:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _holders(path: Path) -> list[int]:
+    """The processes that have ``path`` open (Linux's /proc), this one aside."""
+    found = []
+    for fd in Path("/proc").glob("[0-9]*/fd/*"):
+        try:
+            if os.readlink(fd) == str(path.resolve()) and int(fd.parts[2]) != os.getpid():
+                found.append(int(fd.parts[2]))
+        except OSError:
+            continue
+    return sorted(set(found))

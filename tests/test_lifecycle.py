@@ -24,7 +24,7 @@ from bagpipe.azurite import Azurite
 from bagpipe.client import Api, download_results
 from bagpipe.mailserver import MailServer
 from bagpipe.serving import Served, bound
-from bagpipe.stack import LocalStack
+from bagpipe.stack import LocalStack, StackRunning
 from pipeline.modis.access import Access
 from pipeline.modis.cmr import CmrCatalog
 from pipeline.modis.products import CATALOG
@@ -175,6 +175,27 @@ def test_a_granule_found_before_a_restart_of_the_stack_is_read_after_it(
         assert signed.data == (world.REAL_DATA / f"{from_stac.id}_Maximum_Snow_Extent.tif").read_bytes()
         logged_in = Access("", again.nasa.token, again.nasa.hosts).fetch(from_cmr.href("hdf"))
         assert logged_in.data == (world.REAL_DATA / f"{from_cmr.id}.hdf").read_bytes()
+
+
+def test_a_stack_home_is_held_while_anything_the_stack_started_runs(tmp_path: Path) -> None:
+    """One stack a home: a second is refused, naming what holds it, and so it is while the
+    Azurite a stack started runs on the home's files, the stack's own process gone (here: its
+    hold on the lock let go); once all is stopped the home is free."""
+    home = tmp_path / "stack"
+    stack = LocalStack(home, workers=0).start()  # its own Azurite, in the home
+    try:
+        assert stack.azurite is not None and stack.azurite.process is not None
+        azurite = str(stack.azurite.process.pid)
+        with pytest.raises(StackRunning, match=azurite):
+            LocalStack(home, workers=0).start()
+        assert stack._lock is not None
+        stack._lock.close()  # as when its process is killed: its Azurite runs on, in its own session
+        stack._lock = None
+        with pytest.raises(StackRunning, match=azurite):
+            LocalStack(home, workers=0).start()
+    finally:
+        stack.stop()
+    LocalStack(home, workers=0).start().stop()
 
 
 def test_a_served_app_holds_its_port_from_the_moment_it_is_made() -> None:
