@@ -8,8 +8,11 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from bagpipe.azurite import Azurite
 from tests.conftest import wait_for
@@ -17,9 +20,26 @@ from tests.conftest import wait_for
 CLI = [sys.executable, "-m", "bagpipe.cli"]
 
 
-def start_up(home: Path) -> subprocess.Popen[str]:
+@pytest.fixture
+def started() -> Iterator[list[subprocess.Popen[str]]]:
+    """The ``bagpipe up`` processes a test starts, stopped at its end if it failed before
+    stopping them (Ctrl-C, as a user stops one: the stack stops what it started)."""
+    processes: list[subprocess.Popen[str]] = []
+    yield processes
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.communicate(timeout=90)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.communicate()
+
+
+def start_up(home: Path, started: list[subprocess.Popen[str]]) -> subprocess.Popen[str]:
     process = subprocess.Popen([*CLI, "up", "--home", str(home), "--workers", "1"], text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    started.append(process)
     wait_for(lambda: (home / "stack.json").exists() or process.poll() is not None, 60, "bagpipe up")
     assert process.poll() is None, process.stdout.read() if process.stdout else ""
     return process
@@ -46,10 +66,10 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
-def test_up_submit_watch_stop_and_restart(tmp_path: Path) -> None:
+def test_up_submit_watch_stop_and_restart(tmp_path: Path, started: list[subprocess.Popen[str]]) -> None:
     home = tmp_path / "home"
     env = {k: v for k, v in os.environ.items() if not k.startswith("BAGPIPE_")}
-    up = start_up(home)
+    up = start_up(home, started)
     assert len(children_of(up.pid)) >= 2, "azurite and a worker run under bagpipe up"
     submitted = subprocess.run(
         [*CLI, "submit", "--home", str(home), "--tiles", "h09v05,h08v05", "--start", "2022-03-01",
@@ -98,7 +118,7 @@ def test_up_submit_watch_stop_and_restart(tmp_path: Path) -> None:
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
 
     # the jobs survive a restart of the stack (Azurite keeps them on disk in the home)
-    again = start_up(home)
+    again = start_up(home, started)
     try:
         shown = subprocess.run([*CLI, "status", job, "--json", "--home", str(home)], capture_output=True,
                                text=True, env=env, timeout=60)
