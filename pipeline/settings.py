@@ -66,7 +66,8 @@ class Settings:
         "a receive and a delete. 1: a message per task; above 24, 24.", minimum=1)
     max_tasks: int = setting("BAGPIPE_MAX_TASKS", 50_000, "A request that would make more tasks is refused (413).",
                              minimum=1)
-    max_attempts: int = setting("BAGPIPE_MAX_ATTEMPTS", 3, "Attempts a task gets before it is DEAD.", minimum=1)
+    max_attempts: int = setting("BAGPIPE_MAX_ATTEMPTS", 3, "Attempts a task gets before it is DEAD; two, when the "
+                                "same input fails the same way twice (a program's error, a broken source).", minimum=1)
     max_transient_attempts: int = setting(
         "BAGPIPE_MAX_TRANSIENT_ATTEMPTS", 10, "Attempts a task gets while its failures are the platform's "
         "(a lost worker, a stall, a connection, a monitor kill), not its own.", minimum=1)
