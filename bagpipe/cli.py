@@ -258,7 +258,7 @@ def watch_job(client: Api, job: str, interval: float = 1.0,
 
 @app.command()
 def watch(job: str, api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFAULT_HOME) -> None:
-    """Follow a job with a progress bar until it ends."""
+    """Follow a job with a progress bar until it ends; exit status 0 only if it SUCCEEDED."""
     try:
         found = watch_job(Api.resolve(api, key, home), job)
     except (ApiError, RuntimeError) as exc:
@@ -268,6 +268,8 @@ def watch(job: str, api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFA
     cost = found.get("cost")
     console.print(f"{job}: {found['state']}" + (f", {cost['compute_s'] / 3600:.2f} slot-hours of compute, "
                                                  f"about {dollars(cost['usd'])}" if cost else ""))
+    if found["state"] != "SUCCEEDED":  # for a script: `bagpipe watch JOB && bagpipe results JOB …`
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -99,7 +99,9 @@ def test_up_submit_watch_stop_and_restart(tmp_path: Path, started: list[subproce
                               capture_output=True, text=True, env=env, timeout=60)
     assert crashing.returncode == 0, crashing.stdout
     failed = crashing.stdout.strip().splitlines()[-1]
-    subprocess.run([*CLI, "watch", failed, "--home", str(home)], capture_output=True, env=env, timeout=120)
+    watched = subprocess.run([*CLI, "watch", failed, "--home", str(home)], capture_output=True, text=True, env=env,
+                             timeout=120)
+    assert watched.returncode == 1 and "FAILED" in watched.stdout, watched.stdout  # `watch && results` stops here
     shown = subprocess.run([*CLI, "status", failed, "--home", str(home)], capture_output=True, text=True, env=env,
                            timeout=60)
     assert shown.returncode == 0 and "FAILED" in shown.stdout, shown.stdout
