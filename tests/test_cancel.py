@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 from bagpipe.mailserver import MailServer
@@ -48,3 +49,9 @@ def test_cancel_before_planning_plans_nothing_runnable(
     assert jobs.get(clients, job).state == "CANCELLED"
     assert all(r.status == "CANCELLED" for r in tasks.list_tasks(clients.tasks, parts(clients, job)))
     assert sum(q.get_queue_properties().approximate_message_count for q in clients.shard_queues) == 0
+    # the tasks it never planned are cancelled too, in its status and its manifest: it ended, all of it
+    row = jobs.get(clients, job)
+    status = jobs.status(clients, job)
+    assert status["counts"]["CANCELLED"] == status["total"] == row.total and status["progress"] == 1.0, status
+    manifest = json.loads(clients.products.download_blob(row.manifest).readall())
+    assert manifest["counts"] == {"CANCELLED": row.total}, manifest["counts"]

@@ -218,6 +218,8 @@ def write_manifest(clients: Clients, row: JobRow, final: JobState) -> dict[str, 
                 "failure": task.last_failure or None,
             }
         )
+    if final is JobState.CANCELLED and row.total > len(entries):  # cancelled while it was being planned
+        counts[TaskStatus.CANCELLED.value] = counts.get(TaskStatus.CANCELLED.value, 0) + row.total - len(entries)
     name_installed_reducers(clients.settings, entries)
     found = {
         "job": job,

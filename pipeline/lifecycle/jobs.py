@@ -95,6 +95,12 @@ class JobRow(Row):
         return {"tiles": found["total"]} | found
 
     @property
+    def cancelled(self) -> bool:
+        """Cancelled, or being cancelled: a task not planned by now never will be (its planner
+        cancels any it writes after the cancel)."""
+        return JobState.CANCELLED in (self.state, self.outcome) or self.state is JobState.CANCELLING
+
+    @property
     def parts(self) -> list[str]:
         """The PartitionKeys of its tasks in the tasks table."""
         return partitions.parts(self.job, self.buckets)
@@ -309,6 +315,8 @@ def status(clients: Clients, job: str, rollup: rollups.Rollup | None = None,
         rollup = rollups.read(clients.tasks, row.parts, tiles=False)
     counts = {s.value: rollup.counts.get(s.value, 0) for s in TaskStatus}
     counts[TaskStatus.PENDING.value] = max(0, row.planned - sum(counts.values()))
+    if row.cancelled:  # cancelled while it was being planned: what was not planned is cancelled
+        counts[TaskStatus.CANCELLED.value] += max(0, row.total - sum(counts.values()))
     total = row.total
     done = sum(counts[s.value] for s in TaskStatus if s.terminal)
     return {

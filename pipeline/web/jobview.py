@@ -67,8 +67,8 @@ def view(clients: Clients, job: str) -> dict[str, Any]:
     for tile, (crs, bounds, total) in (plan.tiles.items() if plan else ()):
         counts = +rollup.tiles.get(tile, Counter())
         pending = total - sum(counts.values())
-        if pending > 0:
-            counts[TaskStatus.PENDING.value] = pending
+        if pending > 0:  # of a job cancelled while it was being planned: never planned, so cancelled
+            counts[(TaskStatus.CANCELLED if row.cancelled else TaskStatus.PENDING).value] = pending
         tiles.append({"tile": tile, "bounds": lonlat_bounds(crs, bounds) if bounds else None,
                       "state": tile_state(counts), "counts": dict(counts)})
 
@@ -91,7 +91,7 @@ def view(clients: Clients, job: str) -> dict[str, Any]:
         history = runtimes.read(clients.runtimes, stage, key)
         threshold = policy.kill_after(policy.limits_for(clients.settings, stage), history, work=work)
         ended = sum(n for s, n in rollup.stages.get(stage, Counter()).items() if TaskStatus(s).terminal)
-        left = max(0, total - ended)
+        left = 0 if row.cancelled else max(0, total - ended)
         remaining_s += left * (history.mean * work if history.count else threshold / clients.settings.kill_factor)
         ran = Counter({rollups.bin_seconds(b): n for b, n in rollup.runtimes.get(stage, Counter()).items()})
         stages[stage] = {"mean_s": history.mean * work, "runs": history.count, "left": left,
