@@ -154,6 +154,9 @@ def test_submit_on_the_map_watch_it_finish_and_open_a_quicklook(page: Page, stac
     expect(page.locator("#stac-snippet")).to_contain_text(f"bagpipe results {job} --out {job}")
     expect(page.locator("#stac-snippet")).to_contain_text(f"{job}/collection.json")
     expect(page.locator("#stac-snippet")).to_contain_text("odc.stac.load(items, bands=['Maximum_Snow_Extent'])")
+    # the finished job's page fits the window: no line of it runs past the side
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"), page.evaluate(
+        "[document.documentElement.scrollWidth, window.innerWidth]")
     # where it lives: the API's collection, and the line that loads it from there, run as a scientist would
     link = page.locator("#stac-link").get_attribute("href") or ""
     served = httpx.get(link, headers={"Authorization": f"Bearer {stack.token}"}).json()
