@@ -301,7 +301,23 @@ def test_the_stac_search_finds_by_box_time_and_id_a_page_at_a_time(finished: Fin
     assert sorted(early) == sorted(i.id for i in everything if i.properties["start_datetime"] <= "2022-02-05")
     assert 0 < len(early) < 9
     assert [i.id for i in client.search(ids=[first.id], collections=[finished.job]).items()] == [first.id]
+    # a geometry: the corner as a polygon finds what the corner's box does; one elsewhere, nothing
+    polygon = {"type": "Polygon", "coordinates": [[[corner[0], corner[1]], [corner[2], corner[1]],
+                                                   [corner[2], corner[3]], [corner[0], corner[1]]]]}
+    assert sorted(i.id for i in client.search(collections=[finished.job], intersects=polygon).items()) == \
+        sorted(i.id for i in inside)
+    elsewhere = {"type": "Point", "coordinates": [10.0, 45.0]}
+    assert list(client.search(collections=[finished.job], intersects=elsewhere).items()) == []
     headers = {"Authorization": f"Bearer {finished.token}"}
+    # a box across ±180° (west > east): from 170° east, over the antimeridian, to 100° west takes them all
+    across = [httpx.get(f"{finished.api_url}/api/stac/search", headers=headers,
+                        params={"collections": finished.job, "bbox": box}).json()["features"]
+              for box in ("170,30,-100,40", "170,30,-112,40")]
+    assert [len(found) for found in across] == [9, 0]
+    for body in ({"intersects": {"type": "Polygon", "coordinates": "x"}},
+                 {"intersects": polygon, "bbox": corner}):
+        refused = httpx.post(f"{finished.api_url}/api/stac/search", json=body, headers=headers)
+        assert refused.status_code == 400 and "intersects" in refused.json()["detail"], refused.text
     wrong = httpx.get(f"{finished.api_url}/api/stac/search", params={"bbox": "1,2,x,4"}, headers=headers)
     assert wrong.status_code == 400 and "bbox" in wrong.json()["detail"]
     wrong = httpx.get(f"{finished.api_url}/api/stac/search", params={"datetime": "2022-02-09/2022-02-01"},

@@ -22,9 +22,12 @@ from typing import Any
 
 import pystac
 import rasterio
+import shapely.errors
+import shapely.geometry
 from azure.core.exceptions import ResourceNotFoundError
 from fastapi import Depends, FastAPI, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from shapely.geometry.base import BaseGeometry
 
 from pipeline.lifecycle import jobs, results
 from pipeline.modis import stacitems
@@ -148,7 +151,8 @@ class Search(BaseModel):
     model_config = ConfigDict(extra="ignore")
     collections: list[str] | None = None
     ids: list[str] | None = None
-    bbox: list[float] | None = Field(default=None, min_length=4, max_length=4)
+    bbox: list[float] | None = Field(default=None, min_length=4, max_length=4)  # west > east: across ±180°
+    intersects: dict[str, Any] | None = None  # a GeoJSON geometry (not with bbox)
     datetime: str | None = None
     limit: int = Field(default=PAGE, ge=1, le=MAX_PAGE)
     token: int = Field(default=0, ge=0)  # the offset of the page (the next link's)
@@ -167,16 +171,40 @@ def _span(text: str | None) -> tuple[datetime | None, datetime | None]:
     return (ends[0], ends[0]) if len(ends) == 1 else (ends[0], ends[1])
 
 
-def matches(item: dict[str, Any], search: Search, span: tuple[datetime | None, datetime | None]) -> bool:
+def _region(search: Search) -> BaseGeometry | None:
+    """The geometry a search's ``intersects`` names, or None; 400 naming the field."""
+    if search.intersects is None:
+        return None
+    if search.bbox is not None:
+        raise HTTPException(400, "bbox, intersects: one or the other, not both")
+    try:
+        return shapely.geometry.shape(search.intersects)
+    except (AttributeError, KeyError, TypeError, ValueError, shapely.errors.ShapelyError) as exc:
+        raise HTTPException(400, f"intersects: not a GeoJSON geometry ({exc})") from None
+
+
+def _lons(west: float, east: float) -> list[tuple[float, float]]:
+    """A box's longitudes as ranges: two for one across ±180° (west > east)."""
+    return [(west, east)] if west <= east else [(west, 180.0), (-180.0, east)]
+
+
+def matches(item: dict[str, Any], search: Search, span: tuple[datetime | None, datetime | None],
+            region: BaseGeometry | None = None) -> bool:
     """Whether an item is among what ``search`` asks for (ids, box, and ``span``: its
-    ``datetime`` read once by ``_span``)."""
+    ``datetime`` read once by ``_span``; ``region``: its ``intersects``, read once by
+    ``_region``)."""
     if search.ids is not None and item["id"] not in search.ids:
         return False
     if search.bbox is not None:
         west, south, east, north = search.bbox
         box = item.get("bbox") or []
-        if not box or box[0] > east or box[2] < west or box[1] > north or box[3] < south:
+        if not box or box[1] > north or box[3] < south or not any(
+                low <= high_item and low_item <= high
+                for low, high in _lons(west, east) for low_item, high_item in _lons(box[0], box[2])):
             return False
+    if region is not None and not (item.get("geometry")
+                                   and region.intersects(shapely.geometry.shape(item["geometry"]))):
+        return False
     start, end = span
     props = item["properties"]
     first = pystac.utils.str_to_datetime(props.get("start_datetime") or props["datetime"])
@@ -251,9 +279,9 @@ def add_routes(app: FastAPI, clients: Clients, signed_in: Callable[..., Caller])
 
     def run_search(search: Search, request: Request, caller: Caller,
                    next_link: Callable[[int], dict[str, Any]]) -> dict[str, Any]:
-        base, span = base_of(request), _span(search.datetime)
+        base, span, region = base_of(request), _span(search.datetime), _region(search)
         chosen = [item for job in (search.collections or list(own_finished(caller)))
-                  for item in finished(job, caller)["items"] if matches(item, search, span)]
+                  for item in finished(job, caller)["items"] if matches(item, search, span, region)]
         return _page(base, chosen, search.token, search.limit, _signer(clients), next_link)
 
     @app.get("/api/stac/search")
