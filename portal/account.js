@@ -9,12 +9,18 @@ export async function accountPage(main) {
   const list = h("tbody");
   const shown = h("p", { id: "new-token", class: "token", "aria-live": "polite" });
   const label = h("input", { type: "text", id: "token-label", maxlength: 100, placeholder: "what it is for" });
-  const make = h("form", { id: "token-form" }, h("label", { for: "token-label" }, "A new token"), label,
-    h("button", { type: "submit", class: "primary" }, "Make a token"), shown);
+  // the API's rule: an admin makes tokens, a scientist only while signed in with Microsoft (a token makes none)
+  const mayMake = me.role === "admin" || me.via === "entra";
+  const make = mayMake
+    ? h("form", { id: "token-form" }, h("label", { for: "token-label" }, "A new token"), label,
+      h("button", { type: "submit", class: "primary" }, "Make a token"), shown)
+    : h("p", { id: "token-form", class: "hint" },
+      "A token makes no other: sign in with Microsoft to make one, or ask an admin (bagpipe tokens create).");
   main.replaceChildren(h("h1", {}, "My account"),
     h("p", {}, `${me.user} · ${me.email} · ${me.role} · signed in ${me.via === "entra" ? "with Microsoft" : "with a token"}`),
     h("h2", {}, "Personal API tokens"),
-    h("p", { class: "hint" }, "For scripts and the command line: bagpipe --key TOKEN (or BAGPIPE_API_KEY=TOKEN)."),
+    h("p", { class: "hint" }, "For scripts and the command line: bagpipe COMMAND … --key TOKEN, or BAGPIPE_API_KEY=TOKEN " +
+      "in the environment (with BAGPIPE_API_URL)."),
     h("table", { class: "tokens" }, h("thead", {}, h("tr", {}, h("th", {}, "Id"), h("th", {}, "Label"),
       h("th", {}, "Made"), h("th", {}, "Last used"), h("th", {}, ""))), list), make);
 
