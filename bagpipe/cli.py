@@ -56,6 +56,7 @@ def _logging(verbose: bool = False) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("azure").setLevel(logging.WARNING)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request (the imitations' pass-through's)
     logging.getLogger("mail.log").setLevel(logging.WARNING)
     protect_logging()
 
