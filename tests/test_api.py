@@ -99,6 +99,15 @@ def test_request_that_is_not_json_is_422(api: TestClient, clients: Clients) -> N
     assert nothing_written(clients)
 
 
+def test_an_empty_region_asks_for_one_and_an_unknown_job_is_named_short(api: TestClient, clients: Clients) -> None:
+    response = api.post("/api/jobs", json=changed(region={}))
+    assert response.status_code == 422 and response.json()["field"] == "region", response.text
+    assert "give bbox" in response.json()["detail"] and "not both" not in response.json()["detail"]
+    response = api.get("/api/jobs/" + "j" * 5000)  # not echoed back whole
+    assert response.status_code == 404 and len(response.json()["detail"]) < 100, response.text
+    assert nothing_written(clients)
+
+
 def test_nan_in_a_box_is_422(api: TestClient, clients: Clients) -> None:
     body = json.dumps(changed(region={"bbox": [0, 0, 1, 1]})).replace("[0, 0, 1, 1]", "[0, 0, NaN, 1]")
     response = api.post("/api/jobs", content=body, headers={"content-type": "application/json"})

@@ -253,6 +253,8 @@ def test_accounts_and_reducers_from_the_command_line(azurite: Azurite, tmp_path:
         shown = json.loads(cli("reducers", "show", "mean", "--json", key=token).stdout)
         assert [v["version"] for v in shown["versions"]] == [1] and shown["sharing"]["users"] == ["bob"]
         assert "private" not in cli("reducers", "share", "mean", "--private", key=token).stdout
+        absent = cli("reducers", "delete", "mean@9", key=token)
+        assert absent.returncode == 1 and "no reducer grace/mean@9" in absent.stdout, absent.stdout
         deleted = cli("reducers", "delete", "mean@1", key=token)
         assert deleted.returncode == 0 and "version(s) 1" in deleted.stdout
         assert cli("reducers", "show", "mean", key=token).returncode == 1

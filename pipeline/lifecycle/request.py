@@ -49,7 +49,8 @@ class Region(BaseModel):
     @model_validator(mode="after")
     def _one_kind(self) -> Region:
         if (self.bbox is None) == (self.tiles is None):
-            raise ValueError("give either bbox [west, south, east, north] or tiles, not both")
+            raise ValueError("give either bbox [west, south, east, north] or tiles, not both" if self.bbox is not None
+                             else "give bbox [west, south, east, north] or tiles")
         return self
 
 

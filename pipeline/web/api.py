@@ -142,7 +142,8 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.exception_handler(jobs.JobNotFound)
     async def _no_job(_: Request, exc: jobs.JobNotFound) -> JSONResponse:
-        return JSONResponse({"detail": f"no job {exc.args[0]!r}"}, 404)
+        job = str(exc.args[0])
+        return JSONResponse({"detail": f"no job {job if len(job) <= 80 else job[:80] + '…'!r}"}, 404)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:

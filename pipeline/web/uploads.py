@@ -90,7 +90,7 @@ def add_routes(app: FastAPI, clients: Clients, signed_in: Callable[..., Caller])
 def _changing(change: Callable[[], Any], owner: str, name: str) -> Any:
     try:
         return change()
-    except LookupError:
-        raise HTTPException(404, f"no reducer {owner}/{name}") from None
+    except LookupError as exc:  # the reducer, or the version of it, that is not there
+        raise HTTPException(404, f"no reducer {exc.args[0] if exc.args else f'{owner}/{name}'}") from None
     except PermissionError as exc:
         raise HTTPException(403, str(exc)) from None
