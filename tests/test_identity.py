@@ -58,6 +58,11 @@ def test_a_token_is_shown_once_stored_hashed_and_refused_at_once_when_revoked(
     assert refused.status_code == 401 and "revoked" in refused.json()["detail"]
     assert api.post("/api/jobs", json=json.loads(small_request().model_dump_json()),
                     headers=signed(token)).status_code == 401
+    # two tokens in one request, a good one beside the revoked one: neither signs in (which did it mean?)
+    both = signed(admin_token) | {"Authorization": f"Bearer {token}"}
+    refused = api.get("/api/me", headers=both)
+    assert refused.status_code == 401 and "two different" in refused.json()["detail"]
+    assert api.get("/api/me", headers=both | {"Authorization": f"Bearer {admin_token}"}).status_code == 200
 
 
 def test_a_scientist_revokes_their_own_tokens_only_and_makes_none_with_a_token(

@@ -48,6 +48,8 @@ def authenticator(clients: Clients) -> Callable[..., Caller]:
 
     def authenticate(request: Request, token: str | None = Depends(token_header),
                      credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> Caller:
+        if token and credentials and credentials.credentials != token:  # which one signs in? neither
+            raise _refuse(clients, f"two different API tokens ({names.TOKEN_HEADER} and Bearer): send one")
         given = token or (credentials.credentials if credentials else "")
         if given:
             caller = identity.verify_token(clients, given)
