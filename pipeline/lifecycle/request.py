@@ -6,9 +6,9 @@ import json
 from dataclasses import dataclass, field
 from datetime import date
 from datetime import date as Day  # where a field named ``date`` hides the type
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, EmailStr, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, EmailStr, Field, field_validator, model_validator
 from pyproj import CRS
 from pyproj.exceptions import CRSError
 
@@ -23,8 +23,16 @@ from pipeline.reduction.reducers import Program
 TILE_STAGE = "modis"  # the stage a tile task runs (pipeline.modis.tilestage): collection, then reprojection
 REDUCE_STAGE = "reduce"  # registered by pipeline.reduction.stage
 
-Lon = Annotated[float, Field(ge=-180, le=180, allow_inf_nan=False)]
-Lat = Annotated[float, Field(ge=-90, le=90, allow_inf_nan=False)]
+def _number(value: Any) -> Any:
+    """A number as JSON writes one: true and false are not taken for 1 and 0."""
+    if isinstance(value, bool):
+        raise ValueError("a number, not true or false")
+    return value
+
+
+Lon = Annotated[float, BeforeValidator(_number), Field(ge=-180, le=180, allow_inf_nan=False)]
+Lat = Annotated[float, BeforeValidator(_number), Field(ge=-90, le=90, allow_inf_nan=False)]
+Size = Annotated[float, BeforeValidator(_number), Field(gt=0, allow_inf_nan=False)]
 # MODIS (Terra) data begins in 2000; the far bound keeps a typo from planning millennia.
 FIRST_DAY, LAST_DAY = date(2000, 1, 1), date(2100, 12, 31)
 ArgValue = Union[Annotated[str, Field(max_length=1000)], int, float, bool]
@@ -61,8 +69,8 @@ class Grid(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     crs: Annotated[str, Field(max_length=64)] = "EPSG:4326"
-    tile_size: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
-    resolution: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    tile_size: Size | None = None
+    resolution: Size | None = None
 
     @field_validator("crs")
     @classmethod
