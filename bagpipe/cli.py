@@ -11,20 +11,19 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, Optional
+from typing import Annotated, Any, Optional
 
 import httpx
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from bagpipe import manage, runstage
 from bagpipe.client import DEFAULT_HOME, Api, ApiError, download_results
+from bagpipe.terminal import console, fail
 from pipeline.redact import protect_logging
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
-console = Console()
 
 HomeOpt = Annotated[Path, typer.Option(help="Folder of the local stack's state.")]
 ApiOpt = Annotated[Optional[str], typer.Option("--api", help="API base URL.")]
@@ -61,11 +60,6 @@ def _logging(verbose: bool = False) -> None:
     protect_logging()
 
 
-def _fail(exc: Exception) -> NoReturn:
-    console.print(f"[red]error:[/red] {exc}")
-    raise typer.Exit(1)
-
-
 @app.command()
 def up(home: HomeOpt = DEFAULT_HOME,
        workers: Annotated[int, typer.Option(min=0, help="Worker processes.")] = 2,
@@ -77,7 +71,7 @@ def up(home: HomeOpt = DEFAULT_HOME,
     try:
         stack = LocalStack(home, workers=workers, slots=slots).start()
     except (StackRunning, OSError, RuntimeError) as exc:  # another stack; Azurite not installed, not started
-        _fail(exc)
+        fail(exc)
     console.print(f"bagpipe is up: portal {stack.api_url}/  API {stack.api_url}/api  "
                   f"(the admin's API token in {home / 'api-key'})")
     console.print(f"  mail in {stack.mail.folder}, logs in {home / 'logs'}; Ctrl-C stops it")
@@ -138,7 +132,7 @@ def submit(
     """Submit a request (from --file, or from the flags) and print its job id."""
     request: dict[str, Any] = _request_in(file) if file else {}
     if bbox and tiles:
-        _fail(ValueError("--bbox or --tiles: a region is one or the other"))
+        fail(ValueError("--bbox or --tiles: a region is one or the other"))
     if bbox:
         request["region"] = {"bbox": _bbox(bbox)}
     if tiles:
@@ -151,7 +145,7 @@ def submit(
     for named in layer or []:
         of, _, name = named.partition(":")
         if not (of and name):
-            _fail(ValueError(f"--layer: PRODUCT:LAYER, e.g. MOD13A1:NDVI (not {named!r})"))
+            fail(ValueError(f"--layer: PRODUCT:LAYER, e.g. MOD13A1:NDVI (not {named!r})"))
         request.setdefault("layers", {}).setdefault(of, []).append(name)
     if label:
         request["label"] = label
@@ -163,7 +157,7 @@ def submit(
     try:
         created = Api.resolve(api, key, home).submit(request)
     except (ApiError, RuntimeError) as exc:
-        _fail(exc)
+        fail(exc)
     console.print(f"submitted {created['job']}: {created['total']} tasks")
     print(created["job"])
 
@@ -173,9 +167,9 @@ def _request_in(file: Path) -> dict[str, Any]:
     try:
         found = json.loads(file.read_text())
     except (OSError, ValueError) as exc:
-        _fail(ValueError(f"--file {file}: {exc}"))
+        fail(ValueError(f"--file {file}: {exc}"))
     if not isinstance(found, dict):
-        _fail(ValueError(f"--file {file}: a request is a JSON object"))
+        fail(ValueError(f"--file {file}: a request is a JSON object"))
     return found
 
 
@@ -186,7 +180,7 @@ def _bbox(text: str) -> list[float]:
     except ValueError:
         values = []
     if len(values) != 4:
-        _fail(ValueError(f"--bbox: four numbers, west,south,east,north in degrees (not {text!r})"))
+        fail(ValueError(f"--bbox: four numbers, west,south,east,north in degrees (not {text!r})"))
     return values
 
 
@@ -199,7 +193,7 @@ def status(job: str, as_json: Annotated[bool, typer.Option("--json")] = False,
         found = client.status(job)
         failed = client.get(f"/api/jobs/{job}/view")["failed_attempts"] if found["failures"] and not as_json else []
     except (ApiError, RuntimeError) as exc:
-        _fail(exc)
+        fail(exc)
     if as_json:
         print(json.dumps(found, indent=1))
         return
@@ -263,7 +257,7 @@ def watch(job: str, api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFA
     try:
         found = watch_job(Api.resolve(api, key, home), job)
     except (ApiError, RuntimeError) as exc:
-        _fail(exc)
+        fail(exc)
     from pipeline.lifecycle.costs import dollars
 
     cost = found.get("cost")
@@ -280,7 +274,7 @@ def results(job: str, out: Annotated[Path, typer.Option(help="Where to put the p
     try:
         manifest, files = download_results(Api.resolve(api, key, home), job, out)
     except (ApiError, RuntimeError, httpx.HTTPError) as exc:  # the last: a product's download
-        _fail(exc)
+        fail(exc)
     console.print(f"{files} files and {manifest} written")
 
 
@@ -290,7 +284,7 @@ def cancel(job: str, api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEF
     try:
         found = Api.resolve(api, key, home).cancel(job)
     except (ApiError, RuntimeError) as exc:
-        _fail(exc)
+        fail(exc)
     console.print(f"{job}: {found['state']}")
 
 
@@ -319,7 +313,7 @@ def demo(out: Annotated[Path, typer.Option(help="Where the products go.")] = Pat
             email = _wait_for_email(stack, job)
             shutil.copy(email, target / "email.eml")
     except (StackRunning, OSError, RuntimeError) as exc:  # as up's, and the API's refusals, a stack that died
-        _fail(exc)
+        fail(exc)
     console.print(f"{job} {found['state']}: {files} products, {manifest}, "
                   f"{target / 'email.eml'}; {time.monotonic() - started:.0f} s in all")
     if found["state"] != "SUCCEEDED":

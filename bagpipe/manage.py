@@ -10,12 +10,11 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from bagpipe.client import DEFAULT_HOME, Api, ApiError, ApiUnreachable
+from bagpipe.terminal import console, fail
 
-console = Console()
 users = typer.Typer(help="Users (admin).", no_args_is_help=True)
 tokens = typer.Typer(help="Personal API tokens.", no_args_is_help=True)
 reducers = typer.Typer(help="Reducers you upload, share and run.", no_args_is_help=True)
@@ -30,20 +29,14 @@ def _api(api: str | None, key: str | None, home: Path) -> Api:
     try:
         return Api.resolve(api, key, home)
     except RuntimeError as exc:
-        _fail(exc)
-        raise
-
-
-def _fail(exc: Exception) -> None:
-    console.print(f"[red]error:[/red] {exc}")
-    raise typer.Exit(1)
+        fail(exc)
 
 
 def _run(call: Any) -> Any:
     try:
         return call()
     except (ApiError, ApiUnreachable) as exc:
-        _fail(exc)
+        fail(exc)
 
 
 def _table(title: str, rows: list[dict[str, Any]], columns: list[str], whole: str = "") -> None:
@@ -51,8 +44,11 @@ def _table(title: str, rows: list[dict[str, Any]], columns: list[str], whole: st
     terminal's width."""
     table = Table(title=title)
     for column in columns:
-        widest = max((len(str(row.get(column, ""))) for row in rows), default=0)
-        table.add_column(column, no_wrap=column == whole, min_width=widest if column == whole else None)
+        if column == whole:
+            table.add_column(column, no_wrap=True, min_width=max((len(str(row.get(column, ""))) for row in rows),
+                                                                 default=0))
+        else:
+            table.add_column(column)
     for row in rows:
         table.add_row(*(str(row.get(c, "")) for c in columns))
     console.print(table)
@@ -81,9 +77,9 @@ def users_bootstrap(name: str, email: Annotated[str, typer.Option(help="Their e-
         clients = clients_for(Settings.from_env())
         user = identity.get_user(clients, name) or identity.add_user(clients, name, email, "admin", by="bootstrap")
     except (ValueError, identity.IdentityError) as exc:
-        _fail(exc)
+        fail(exc)
     if not user.admin:
-        _fail(ValueError(f"{name} is not an admin"))
+        fail(ValueError(f"{name} is not an admin"))
     console.print(f"token for admin {name} (shown once, never again):", style="bold")
     print(identity.create_token(clients, user, "bootstrap", by="bootstrap")[0])
 
@@ -147,7 +143,7 @@ def reducers_push(folder: Path, api: ApiOpt = None, key: KeyOpt = None, home: Ho
     try:
         archive = pack(folder)
     except (OSError, ValueError) as exc:
-        _fail(exc)
+        fail(exc)
     made = _run(lambda: _api(api, key, home).push(archive))
     what = "new version" if made["new"] else "unchanged: still"
     console.print(f"{what} {made['ref']} ({made['files']} files, {made['size']} bytes, sha256 {made['digest'][:12]})")

@@ -5,17 +5,11 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Annotated, NoReturn, Optional
+from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 
-console = Console()
-
-
-def _fail(exc: Exception) -> NoReturn:
-    console.print(f"[red]error:[/red] {exc}")
-    raise typer.Exit(1)
+from bagpipe.terminal import console, fail
 
 
 def run_stage(
@@ -42,7 +36,7 @@ def run_stage(
     elif stage == "reduce":
         _reduce(inputs, out, reducer, reducers_path, dict(a.split("=", 1) for a in arg or []))
     else:
-        _fail(ValueError(f"unknown stage {stage!r}: reproject or reduce"))
+        fail(ValueError(f"unknown stage {stage!r}: reproject or reduce"))
 
 
 def _reproject(inputs: list[Path], out: Path, dst_crs: str, res: float,
@@ -58,25 +52,25 @@ def _reproject(inputs: list[Path], out: Path, dst_crs: str, res: float,
     from pipeline.modis.reprojection import Source, Target, warp
 
     if bounds is None:
-        _fail(ValueError("--bounds west south east north is required"))
+        fail(ValueError("--bounds west south east north is required"))
     west, south, east, north = bounds
     if not (west < east and south < north):
-        _fail(ValueError(f"--bounds: west south east north, west < east and south < north (not {bounds})"))
+        fail(ValueError(f"--bounds: west south east north, west < east and south < north (not {bounds})"))
     if product not in CATALOG:
-        _fail(ValueError(f"--product: one of {', '.join(CATALOG)}"))
+        fail(ValueError(f"--product: one of {', '.join(CATALOG)}"))
     spec = CATALOG[product].default if layer is None else next(
         (x for x in CATALOG[product].layers if x.name == layer), None)
     if spec is None:
-        _fail(ValueError(f"--layer: one of {', '.join(CATALOG[product].layer_names)}"))
+        fail(ValueError(f"--layer: one of {', '.join(CATALOG[product].layer_names)}"))
     resampling = resampling or spec.resampling
     if resampling not in Resampling.__members__:
-        _fail(ValueError(f"unknown resampling {resampling!r}"))
+        fail(ValueError(f"unknown resampling {resampling!r}"))
     sources = [Source(p.name, {HDF if p.suffix == ".hdf" else spec.name: p}) for p in inputs]
     try:
         data = warp(sources, CATALOG[product], spec.name, Target(dst_crs, bounds, res, resampling),
                     masks=all(p.suffix == ".hdf" for p in inputs))
     except Exception as exc:  # a scientist's command line: say what went wrong
-        _fail(exc)
+        fail(exc)
     out.write_bytes(data)
     console.print(f"wrote {out} ({len(data)} bytes)")
     with rasterio.MemoryFile(data) as memory, memory.open() as written:
@@ -93,7 +87,7 @@ def _reduce(inputs: list[Path], out: Path, name: str | None, path: str, args: di
 
     known = reducers.catalog(path)
     if name not in known:
-        _fail(ValueError(f"--reducer: one of {', '.join(sorted(known))}"))
+        fail(ValueError(f"--reducer: one of {', '.join(sorted(known))}"))
     program = known[name]
     with tempfile.TemporaryDirectory(prefix="bagpipe-run-") as top:
         run = run_program(program, [(p.stem, p) for p in inputs], Path(top), {"args": args, "missing_dates": []})
@@ -109,4 +103,4 @@ def _reduce(inputs: list[Path], out: Path, name: str | None, path: str, args: di
             shutil.copyfile(path, target)
             console.print(f"wrote {target}")
     if failure is not None:
-        _fail(failure)
+        fail(failure)

@@ -260,10 +260,10 @@ class LocalStack:
 
 def _holders(path: Path) -> list[int]:
     """The processes that have ``path`` open (Linux's /proc), this one aside."""
-    found = []
+    found, named, mine = [], str(path.resolve()), os.getpid()
     for fd in Path("/proc").glob("[0-9]*/fd/*"):
         try:
-            if os.readlink(fd) == str(path.resolve()) and int(fd.parts[2]) != os.getpid():
+            if os.readlink(fd) == named and int(fd.parts[2]) != mine:
                 found.append(int(fd.parts[2]))
         except OSError:
             continue

@@ -1,0 +1,16 @@
+"""What every ``bagpipe`` command writes to: one console, and the one way a command stops
+on an error the user can mend (a message in red, exit status 1, no traceback)."""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+import typer
+from rich.console import Console
+
+console = Console()
+
+
+def fail(exc: Exception) -> NoReturn:
+    console.print(f"[red]error:[/red] {exc}")
+    raise typer.Exit(1)
