@@ -214,9 +214,12 @@ def test_an_overdue_attempt_waits_for_its_running_backup_and_is_revoked_once_it_
 
 def test_real_workers_a_stragglers_backup_wins_and_the_straggler_is_killed(settings: Settings) -> None:
     # the marked task's first attempt takes 5 s where the others take 0.5 s; killing it would
-    # take 20× the mean: only a backup can end it early
+    # take 20× the mean: only a backup can end it early. Workers of one slot each: the
+    # straggler's worker, full, takes no message, so its backup goes straight to another (with
+    # two slots it could come to the straggler's worker, be handed back and come again, each
+    # pass a second, until the straggler had committed)
     clients = _seeded(settings, "straggler", kill_factor=20.0, speculate_share=0.5)
-    with running_control(clients.settings), running_workers(clients.settings, count=2, slots=2):
+    with running_control(clients.settings), running_workers(clients.settings, count=3, slots=1):
         job = jobs.submit(clients, small_request()).job
         wait_for(lambda: jobs.get(clients, job).state.finished, 120, "the job to finish")
     assert jobs.get(clients, job).state == "SUCCEEDED"
@@ -313,10 +316,11 @@ def _seeded(settings: Settings, stage: str, **changes: object) -> Clients:
 
 def test_real_workers_an_attempt_past_its_kill_time_is_left_to_its_running_backup(settings: Settings) -> None:
     # killed at 6 × 0.8 s, the marked task's first attempt (12 s) would be retried; its
-    # backup, asked for at about 1 s (and started by 4.8 s, on a loaded machine too), runs
-    # until 5.3 s after the attempt began: it is running at the kill time, and must be let win
+    # backup, asked for at the job's tail (about 2 s; started by 4.8 s, on a loaded machine
+    # too), runs until 5.3 s after the attempt began: it is running at the kill time, and must
+    # be let win (workers of one slot, so that the backup cannot come to its attempt's worker)
     clients = _seeded(settings, "slow_copy", speculate_share=0.5, kill_factor=6.0)
-    with running_control(clients.settings), running_workers(clients.settings, count=2, slots=2):
+    with running_control(clients.settings), running_workers(clients.settings, count=3, slots=1):
         job = jobs.submit(clients, small_request()).job
         wait_for(lambda: jobs.get(clients, job).state.finished, 120, "the job to finish")
     task = marked_task(clients, job)
