@@ -30,7 +30,7 @@ from azure.core.exceptions import (
 )
 from azure.data.tables import UpdateMode
 
-from pipeline.lifecycle import costs, health, partitions, rollups, tasks, transitions
+from pipeline.lifecycle import costs, health, partitions, rollups, snapshots, tasks, transitions
 from pipeline.lifecycle.request import JobRequest, expand, installed
 from pipeline.lifecycle.status import JobState, TaskStatus, job_transition
 from pipeline.lifecycle.tasks import TerminalCounter, if_match, now
@@ -306,13 +306,14 @@ def cancel(clients: Clients, job: str, owner: str) -> JobRow:
 
 
 def status(clients: Clients, job: str, rollup: rollups.Rollup | None = None,
-           row: JobRow | None = None) -> dict[str, Any]:
+           row: JobRow | None = None, as_of: datetime | None = None) -> dict[str, Any]:
     """What ``GET /api/jobs/{id}`` shows: state, counts per task status and per failure
-    class, progress and timestamps. From the job row and its rollups (``row`` and ``rollup``,
-    if the caller has read them): a few rows, whatever the job's size."""
+    class, progress and timestamps. From the job row and its rollups as the job's status
+    row has them (``snapshots.look``; ``row``, ``rollup`` and when it was summed, ``as_of``,
+    if the caller has read them): two rows read by key, whatever the job's size."""
     row = row if row is not None else get(clients, job)
     if rollup is None:
-        rollup = rollups.read(clients.tasks, row.parts, tiles=False)
+        rollup, as_of = snapshots.look(clients, job, row.parts, row.state.finished, tiles=False)
     counts = {s.value: rollup.counts.get(s.value, 0) for s in TaskStatus}
     counts[TaskStatus.PENDING.value] = max(0, row.planned - sum(counts.values()))
     if row.cancelled:  # cancelled while it was being planned: what was not planned is cancelled
@@ -333,6 +334,7 @@ def status(clients: Clients, job: str, rollup: rollups.Rollup | None = None,
         "progress": done / total if total else 1.0,
         "created": row.created_at.isoformat(),
         "updated": row.updated_at.isoformat(),
+        "as_of": (as_of or now()).isoformat(),  # when the counts were summed (a sweep interval or two ago, at most)
         "finished": row.finished_at.isoformat() if row.finished_at else None,
         "cost": {"compute_s": row.compute_s, "usd": row.cost_usd, "prices": costs.PRICE_LIST}
         if row.compute_s is not None else None,  # measured at completion

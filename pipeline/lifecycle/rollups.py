@@ -19,7 +19,8 @@ over writers is read with one key-range query per partition of the job, the fail
 with one bounded query per partition (``pipeline.lifecycle.partitions``). The sweep folds
 the rows of writers gone quiet into one row per partition (:func:`fold`), so a look reads
 a row per writer at work lately and the folded rows, whatever the job's size and however
-many workers it has had.
+many workers it has had. A look at a job reads their sum as the sweep last wrote it, in
+one row (``pipeline.lifecycle.snapshots``), while that is fresh.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ task QUEUED too long without being taken (a message lost, or poisoned), plans ag
 left ACCEPTED (its plan message lost), tops up the release window, goes on with a
 cancellation, announces a completion nobody made (a worker that died between its commit
 and its announcement, a finisher that died), folds the rollup rows of writers gone quiet
-(``rollups.fold``), and removes the cache markers of makers that
+(``rollups.fold``), writes each job's status row (their sum, which looks at the job read:
+``snapshots``), and removes the cache markers of makers that
 died with no task left to take them over — it never finishes a job itself, so a long
 completion never holds up revocations. One job's
 failure is logged and the pass goes on with the others. Locally it runs in a loop; in Azure
@@ -23,7 +24,7 @@ from datetime import timedelta
 
 from azure.core.exceptions import ResourceNotFoundError
 
-from pipeline.lifecycle import completion, dispatch, health, jobs, monitor, planner, progress, rollups, tasks
+from pipeline.lifecycle import completion, dispatch, health, jobs, monitor, planner, progress, rollups, snapshots, tasks
 from pipeline.lifecycle.notify import Mailer
 from pipeline.lifecycle.status import JobState
 from pipeline.lifecycle.tasks import TerminalCounter, message_bytes
@@ -43,9 +44,10 @@ def sweep(clients: Clients) -> dict[str, int]:
     """One pass over the active jobs. Returns what it did."""
     report = monitor.SweepReport()
     done: Counter[str] = Counter()
+    swept: list[jobs.JobRow] = []
     for job in jobs.active_jobs(clients):
         try:
-            _sweep_job(clients, job, report, done)
+            swept += _sweep_job(clients, job, report, done)
         except Exception:
             log.exception("sweep of job %s failed; the next pass tries again", job)
             done["errors"] += 1
@@ -61,10 +63,16 @@ def sweep(clients: Clients) -> dict[str, int]:
     except Exception:
         log.exception("cache markers not swept; the next pass tries again")
         done["errors"] += 1
+    for row in swept:  # last, so that they hold what this pass did
+        try:
+            done["summed"] += snapshots.write(clients, row.job, rollups.read(clients.tasks, row.parts))
+        except Exception:
+            log.exception("status row of job %s not written; the next pass tries again", row.job)
+            done["errors"] += 1
     return {"revoked": len(report.revoked), "stale": report.stale, "backups": report.backups,
             "resent": done["resent"],
             "replanned": done["replanned"], "announced": done["announced"], "slow_workers": done["slow"],
-            "markers": done["markers"], "folded": done["folded"], "errors": done["errors"]}
+            "markers": done["markers"], "folded": done["folded"], "summed": done["summed"], "errors": done["errors"]}
 
 
 def _ended(clients: Clients, owner: str) -> bool:
@@ -77,24 +85,26 @@ def _ended(clients: Clients, owner: str) -> bool:
         return True
 
 
-def _sweep_job(clients: Clients, job: str, report: monitor.SweepReport, done: Counter[str]) -> None:
+def _sweep_job(clients: Clients, job: str, report: monitor.SweepReport, done: Counter[str]) -> list[jobs.JobRow]:
+    """One job's part of the pass; the job's row if its status row is to be written."""
     try:
         row = jobs.get(clients, job)
     except jobs.JobNotFound:
         jobs.deactivate(clients, job, unless_younger_than=ORPHAN_AGE)
-        return
+        return []
     state = row.state
     if state.finished:
         jobs.deactivate(clients, job)
-        return
+        return []
     due = monitor.revoke_overdue(clients, row, report)
     done["resent"] += dispatch.redispatch_due(clients, row.parts)
     if state is JobState.ACCEPTED:
         done["replanned"] += jobs.replan_stale(clients, row)
-        return
+        return []
     done["announced"] += progress.follow_up(clients, _counter, job, row)
     monitor.speculate(clients, row, due, report)
     done["folded"] += sum(rollups.fold(clients.tasks, part) for part in row.parts)  # last: nothing waits on it
+    return [row]
 
 
 def job_of_message(body: bytes | str) -> str:

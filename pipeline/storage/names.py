@@ -58,6 +58,7 @@ CACHE_CONTAINERS = (SOURCES_CONTAINER, TILES_CONTAINER)  # kept by their last us
 
 # --- row keys inside the tables ----------------------------------------------------------
 JOB_ROW = "job"  # jobs: PK = job id, RK = JOB_ROW
+STATUS_ROW = "status"  # jobs: PK = job id, the job's rollups summed as of the sweep's last pass
 JOB_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")  # jobs: PK; anything else is refused before a lookup
 TASK_KEY_WIDTH = 9  # tasks: RK = zero-padded sequence, so a release cursor is a key range
 TASK_KEYS_END = ":"  # tasks: past every task key (digits), before the rows below

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from pipeline.lifecycle import jobs, policy, results, rollups, runtimes
+from pipeline.lifecycle import jobs, policy, results, rollups, runtimes, snapshots
 from pipeline.lifecycle.status import ENDED_WELL, JobState, TaskStatus
 from pipeline.modis.targets import lonlat_bounds
 from pipeline.storage import names
@@ -60,8 +60,8 @@ def histogram(seconds: list[float] | Counter[float], threshold: float | None) ->
 def view(clients: Clients, job: str) -> dict[str, Any]:
     """The job's status with its tiles, runtimes, failures and time left."""
     row = jobs.get(clients, job)
-    rollup = rollups.read(clients.tasks, row.parts)
-    status = jobs.status(clients, job, rollup, row)
+    rollup, as_of = snapshots.look(clients, job, row.parts, row.state.finished)
+    status = jobs.status(clients, job, rollup, row, as_of)
     plan = rollups.read_plan(clients.tasks, job)
     tiles = []
     for tile, (crs, bounds, total) in (plan.tiles.items() if plan else ()):

@@ -1,0 +1,114 @@
+"""A job's status as of the sweep's last pass: its rollups summed into one row, read by key.
+
+Summing a job's rollups (``rollups.read``) takes a key-range query of its writers' rows: a
+row per worker slot at work on the job (hundreds, on Azure), and on Azurite, which filters
+every row of a table for every query, a query that slows as the job grows
+(docs/scale.md). A scientist's portal and ``bagpipe watch`` ask for the status every few
+seconds, as many of them as watch. So the sweep, once a pass, writes the sum into the job's
+status row (jobs table, PK = job id, RK = ``names.STATUS_ROW``), and a look at the job reads
+that row by key while it is fresh: written within :data:`FRESH_PASSES` sweep intervals, so
+its figures are at most that old (the status's ``as_of`` says when they were summed). With
+none fresh (no sweep lately, or none yet), a look sums the rollups itself.
+
+A finished job's rollups no longer change: its row is written a last time, marked final,
+by the finisher before the job row says finished, or by the first look that finds it
+missing or not final (a sweep pass that read the rollups before the finish may write after
+it), and is then its status for good. A sum too large for one entity is not written: its
+job's looks sum the rollups.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from azure.core.exceptions import AzureError, ResourceNotFoundError
+from azure.data.tables import UpdateMode
+
+from pipeline.lifecycle import rollups
+from pipeline.lifecycle.tasks import now
+from pipeline.redact import redact
+from pipeline.storage import names
+from pipeline.storage.clients import Clients
+
+log = logging.getLogger(__name__)
+FRESH_PASSES = 2  # a row written within this many sweep intervals is read instead of the rollups
+PARTS = 7  # each of a row's two sums in at most this many properties of rollups.PART_CHARS (an entity: 1 MiB)
+SUMMARY, TILES = "Summary", "Tiles"  # the property names' stems: the sum without its tiles; the tiles'
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A job's rollups as summed at ``at``; ``final``: after every task had ended."""
+
+    at: datetime
+    final: bool
+    rollup: rollups.Rollup
+
+
+def _parts(stem: str, text: str) -> dict[str, str] | None:
+    size = rollups.PART_CHARS
+    if len(text) > PARTS * size:
+        return None
+    return {f"{stem}{i}": text[start:start + size] for i, start in enumerate(range(0, len(text), size))}
+
+
+def write(clients: Clients, job: str, rollup: rollups.Rollup, final: bool = False) -> bool:
+    """Write ``rollup`` as the job's status row (replacing the one there). False, writing
+    nothing, if it does not fit in one entity."""
+    summary = {"counts": rollup.counts, "stages": rollup.stages, "runtimes": rollup.runtimes,
+               "failures": rollup.failures, "kills": rollup.kills, "backups": rollup.backups,
+               "workers": rollup.workers, "rows": rollup.rows}
+    first = _parts(SUMMARY, json.dumps(summary, separators=(",", ":")))
+    second = _parts(TILES, json.dumps(rollup.tiles, separators=(",", ":")))
+    if first is None or second is None:
+        log.info("job %s: its rollups' sum does not fit in a status row; its looks sum them", job)
+        return False
+    clients.jobs.upsert_entity({"PartitionKey": job, "RowKey": names.STATUS_ROW, "At": now(), "Final": final,
+                                **first, **second}, mode=UpdateMode.REPLACE)
+    return True
+
+
+def read(clients: Clients, job: str, tiles: bool = True) -> Snapshot | None:
+    """The job's status row (``tiles``: with the counts per tile), or None."""
+    select = None if tiles else ["At", "Final", *(f"{SUMMARY}{i}" for i in range(PARTS))]
+    try:
+        row = clients.jobs.get_entity(job, names.STATUS_ROW, select=select)
+    except ResourceNotFoundError:
+        return None
+    summary = json.loads(_joined(row, SUMMARY))
+    rollup = rollups.Rollup(
+        counts=Counter(summary["counts"]), failures=Counter(summary["failures"]), kills=summary["kills"],
+        backups=summary["backups"], rows=summary["rows"],
+        stages={stage: Counter(counts) for stage, counts in summary["stages"].items()},
+        runtimes={stage: Counter({int(b): n for b, n in bins.items()}) for stage, bins in summary["runtimes"].items()},
+        workers={worker: Counter(figures) for worker, figures in summary["workers"].items()},
+        tiles={tile: Counter(counts) for tile, counts in json.loads(_joined(row, TILES) or "{}").items()}
+        if tiles else {})
+    return Snapshot(row["At"], bool(row["Final"]), rollup)
+
+
+def _joined(row: dict[str, Any], stem: str) -> str:
+    return "".join(row.get(f"{stem}{i}") or "" for i in range(PARTS))
+
+
+def look(clients: Clients, job: str, parts: list[str], finished: bool,
+         tiles: bool = True) -> tuple[rollups.Rollup, datetime | None]:
+    """The job's rollups for a look at it, and when they were summed (None: now). Its
+    status row if that is fresh, or final for a finished job; else the rollups, summed here
+    (and, the job finished, written as its final row)."""
+    found = read(clients, job, tiles)
+    fresh = timedelta(seconds=FRESH_PASSES * clients.settings.monitor_interval_s)
+    if found is not None and (found.final if finished else now() - found.at <= fresh):
+        return found.rollup, found.at
+    summed = rollups.read(clients.tasks, parts, tiles=tiles or finished)
+    if finished:
+        try:
+            write(clients, job, summed, final=True)
+        except AzureError as exc:  # the look has its figures; the next one writes the row
+            log.warning("job %s: its final status row not written: %s", job, redact(str(exc)))
+    return summed, None

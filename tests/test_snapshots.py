@@ -1,0 +1,140 @@
+"""A look at a job reads its status row (``pipeline.lifecycle.snapshots``): the sum of its
+rollups the sweep last wrote, by key, while it is fresh, and the rollups themselves once it
+is stale or could not be written; a finished job's final row, written by its finisher, or
+again by the first look that finds a late sweep pass's row in its place."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from azure.core.exceptions import ServiceResponseError
+
+from bagpipe.mailserver import MailServer
+from pipeline.lifecycle import claims, completion, jobs, rollups, snapshots, sweep, tasks, transitions
+from pipeline.lifecycle.notify import mailer_for
+from pipeline.lifecycle.status import TaskStatus
+from pipeline.settings import Settings
+from pipeline.storage import clients as clients_module
+from pipeline.storage import names
+from pipeline.storage.clients import Clients
+from pipeline.web import jobview
+from tests.conftest import in_an_hour, parts, with_stage
+from tests.test_finisher import ended_job
+from tests.test_status import job_of
+
+INTERVAL_S = 2.0  # the sweep's interval here: a status row is fresh for two of them
+
+
+@contextmanager
+def tables_read() -> Iterator[list[str]]:
+    """The tables each read of the block went to (their names, one per request)."""
+    read: list[str] = []
+
+    def hook(response: Any) -> None:
+        request = response.http_request
+        if request.method == "GET":
+            read.append(request.url.split("?")[0].rstrip("/").rsplit("/", 1)[-1].split("(")[0])
+
+    clients_module.HOOKS["raw_response_hook"] = hook
+    try:
+        yield read
+    finally:
+        clients_module.HOOKS.pop("raw_response_hook", None)
+
+
+def reads_by(settings: Settings, call: Callable[[Clients], object]) -> list[str]:
+    with tables_read() as read:
+        fresh = Clients(settings)  # built with the hook
+        call(fresh)
+        fresh.close()
+    return read
+
+
+def shown_counts(status: dict[str, Any]) -> dict[str, int]:
+    return {state: n for state, n in status["counts"].items() if n}
+
+
+def task_counts(clients: Clients, job: str) -> dict[str, int]:
+    return dict(Counter(r.status.value for r in tasks.list_tasks(clients.tasks, parts(clients, job))))
+
+
+def test_a_look_reads_the_sweeps_sum_while_it_is_fresh_and_the_rollups_once_it_is_stale(settings: Settings) -> None:
+    settings = with_stage(settings, "noop", window=300, partitions=1, monitor_interval_s=INTERVAL_S)
+    clients = Clients(settings)
+    clients.ensure_resources()
+    job = job_of(clients, "2022-01-31", commits=3)
+    tasks_table = clients.tasks.table_name
+    assert tasks_table in reads_by(settings, lambda c: jobs.status(c, job))  # no pass yet: the rollups
+    assert sweep.sweep(clients)["summed"] == 1
+    assert reads_by(settings, lambda c: jobs.status(c, job)) == [clients.jobs.table_name] * 2  # two rows, by key
+    shown = jobs.status(clients, job)
+    assert shown_counts(shown) == task_counts(clients, job)
+    assert shown["failures"] == {"user_code_error": 1, "connection_failure": 1}
+    view = jobview.view(clients, job)
+    assert {t["tile"]: t["counts"] for t in view["tiles"]} == {
+        tile: dict(Counter(r.status.value for r in tasks.list_tasks(clients.tasks, parts(clients, job))
+                           if r.parameters()["tile"] == tile)) for tile in ("h09v05", "h10v05")}
+    assert view["stages"]["noop"]["histogram"]["count"] == 3
+
+    # one more commit: a look shows the pass's figures, as of the pass, until they are stale
+    queued = next(r for r in tasks.list_tasks(clients.tasks, parts(clients, job)) if r.status is TaskStatus.QUEUED)
+    held = claims.claim(clients, queued.ref, "w", in_an_hour)
+    assert held is not None
+    assert transitions.commit(clients, tasks.TerminalCounter("slot-9"), held, TaskStatus.SUCCEEDED, [])
+    again = jobs.status(clients, job)
+    assert (shown_counts(again), again["as_of"]) == (shown_counts(shown), shown["as_of"])
+    time.sleep(snapshots.FRESH_PASSES * INTERVAL_S)
+    later = jobs.status(clients, job)
+    assert shown_counts(later) == task_counts(clients, job) != shown_counts(shown)
+    assert later["as_of"] > shown["as_of"]
+    assert sweep.sweep(clients)["summed"] == 1  # the next pass: read by key again
+    assert tasks_table not in reads_by(settings, lambda c: jobs.status(c, job))
+
+
+def test_a_sum_too_large_for_one_row_is_not_written_and_looks_sum_the_rollups(
+        settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = with_stage(settings, "noop", window=300, partitions=1)
+    clients = Clients(settings)
+    clients.ensure_resources()
+    job = job_of(clients, "2022-01-31", commits=3)
+    monkeypatch.setattr(snapshots, "PARTS", 0)
+    assert sweep.sweep(clients)["summed"] == 0
+    assert snapshots.read(clients, job) is None
+    assert clients.tasks.table_name in reads_by(settings, lambda c: jobs.status(c, job))
+    assert shown_counts(jobs.status(clients, job)) == task_counts(clients, job)
+
+
+def test_a_finished_jobs_status_is_its_final_row_and_a_late_pass_does_not_stay(
+        settings: Settings, mail: MailServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings, clients, job = ended_job(settings)
+    assert completion.complete(clients, mailer_for(settings), job)
+    written = snapshots.read(clients, job)
+    assert written is not None and written.final
+    assert dict(+written.rollup.counts) == task_counts(clients, job) == {"SUCCEEDED": 8}
+    status = jobs.status(clients, job)
+    assert status["state"] == "SUCCEEDED" and shown_counts(status) == {"SUCCEEDED": 8}
+    assert reads_by(settings, lambda c: jobs.status(c, job)).count(clients.tasks.table_name) == 0
+
+    snapshots.write(clients, job, rollups.Rollup())  # a pass that read the rollups before the finish, written after
+    assert shown_counts(jobs.status(clients, job)) == {"SUCCEEDED": 8}  # summed from the rollups ...
+    rewritten = snapshots.read(clients, job)
+    assert rewritten is not None and rewritten.final and dict(+rewritten.rollup.counts) == {"SUCCEEDED": 8}
+    assert clients.tasks.table_name not in reads_by(settings, lambda c: jobs.status(c, job))  # ... once
+
+    clients.jobs.delete_entity(job, names.STATUS_ROW)  # and with the storage failing that write:
+    with monkeypatch.context() as failing:
+        failing.setattr(type(clients.jobs), "upsert_entity", cut)
+        assert shown_counts(jobs.status(clients, job)) == {"SUCCEEDED": 8}  # the look has its figures
+    assert snapshots.read(clients, job) is None
+    assert shown_counts(jobs.status(clients, job)) == {"SUCCEEDED": 8}  # the next look writes it
+    final = snapshots.read(clients, job)
+    assert final is not None and final.final
+
+
+def cut(*_: object, **__: object) -> None:
+    raise ServiceResponseError("connection reset by peer")
