@@ -25,7 +25,7 @@ from typing import Any
 
 from azure.core.exceptions import HttpResponseError
 
-from pipeline.lifecycle import attempts, costs, jobs, results, rollups, snapshots, tasks
+from pipeline.lifecycle import attempts, costs, jobs, results, snapshots, tasks
 from pipeline.lifecycle.jobs import JobRow
 from pipeline.lifecycle.notify import Mailer
 from pipeline.lifecycle.status import JobState, TaskStatus
@@ -194,7 +194,7 @@ def _finish(clients: Clients, mailer: Mailer, hold: Finishing) -> None:
         mailer.send(completion_email(clients, hold.row, final, found, recipient, message_id))
         hold.update(notified_at=tasks.now())
     attempts.clear_indexes(clients, row.parts)
-    snapshots.write(clients, row.job, rollups.read(clients.tasks, row.parts), final=True)  # its status from now on
+    snapshots.final(clients, row.job, row.parts)  # its status from now on
     hold.update(state=final, finished_at=tasks.now(), manifest=names.manifest_blob(row.job),
                 compute_s=found["cost"]["compute_s"], cost_usd=found["cost"]["usd"])
 

@@ -6,9 +6,11 @@ every row of a table for every query, a query that slows as the job grows
 (docs/scale.md). A scientist's portal and ``bagpipe watch`` ask for the status every few
 seconds, as many of them as watch. So the sweep, once a pass, writes the sum into the job's
 status row (jobs table, PK = job id, RK = ``names.STATUS_ROW``), and a look at the job reads
-that row by key while it is fresh: written within :data:`FRESH_PASSES` sweep intervals, so
-its figures are at most that old (the status's ``as_of`` says when they were summed). With
-none fresh (no sweep lately, or none yet), a look sums the rollups itself.
+that row by key while it is fresh: until the time the pass wrote in it, two of its passes
+later (:data:`FRESH_PASSES`: intervals and the pass's own length, which grows with the jobs
+it sweeps), so its figures are at most that old (the status's ``as_of`` says when they were
+summed). With none fresh (the sweep stopped, or has not passed yet), a look sums the
+rollups itself.
 
 A finished job's rollups no longer change: its row is written a last time, marked final,
 by the finisher before the job row says finished, or by the first look that finds it
@@ -32,20 +34,23 @@ from azure.data.tables import UpdateMode
 from pipeline.lifecycle import rollups
 from pipeline.lifecycle.tasks import now
 from pipeline.redact import redact
+from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
 
 log = logging.getLogger(__name__)
-FRESH_PASSES = 2  # a row written within this many sweep intervals is read instead of the rollups
+FRESH_PASSES = 2  # a row is read instead of the rollups for this many sweep passes (interval and length)
 PARTS = 7  # each of a row's two sums in at most this many properties of rollups.PART_CHARS (an entity: 1 MiB)
 SUMMARY, TILES = "Summary", "Tiles"  # the property names' stems: the sum without its tiles; the tiles'
 
 
 @dataclass(frozen=True)
 class Snapshot:
-    """A job's rollups as summed at ``at``; ``final``: after every task had ended."""
+    """A job's rollups as summed at ``at``, to be read until ``until``; ``final``: after
+    every task had ended (then for good)."""
 
     at: datetime
+    until: datetime
     final: bool
     rollup: rollups.Rollup
 
@@ -57,8 +62,10 @@ def _parts(stem: str, text: str) -> dict[str, str] | None:
     return {f"{stem}{i}": text[start:start + size] for i, start in enumerate(range(0, len(text), size))}
 
 
-def write(clients: Clients, job: str, rollup: rollups.Rollup, final: bool = False) -> bool:
-    """Write ``rollup`` as the job's status row (replacing the one there). False, writing
+def write(clients: Clients, job: str, rollup: rollups.Rollup, at: datetime,
+          fresh_for: timedelta = timedelta(0), final: bool = False) -> bool:
+    """Write ``rollup``, summed at ``at`` (its rows' read begun then), as the job's status
+    row, to be read for ``fresh_for`` from now (replacing the row there). False, writing
     nothing, if it does not fit in one entity."""
     summary = {"counts": rollup.counts, "stages": rollup.stages, "runtimes": rollup.runtimes,
                "failures": rollup.failures, "kills": rollup.kills, "backups": rollup.backups,
@@ -68,18 +75,28 @@ def write(clients: Clients, job: str, rollup: rollups.Rollup, final: bool = Fals
     if first is None or second is None:
         log.info("job %s: its rollups' sum does not fit in a status row; its looks sum them", job)
         return False
-    clients.jobs.upsert_entity({"PartitionKey": job, "RowKey": names.STATUS_ROW, "At": now(), "Final": final,
-                                **first, **second}, mode=UpdateMode.REPLACE)
+    clients.jobs.upsert_entity({"PartitionKey": job, "RowKey": names.STATUS_ROW, "At": at,
+                                "Until": now() + fresh_for, "Final": final, **first, **second},
+                               mode=UpdateMode.REPLACE)
     return True
 
 
 def read(clients: Clients, job: str, tiles: bool = True) -> Snapshot | None:
-    """The job's status row (``tiles``: with the counts per tile), or None."""
-    select = None if tiles else ["At", "Final", *(f"{SUMMARY}{i}" for i in range(PARTS))]
+    """The job's status row (``tiles``: with the counts per tile), or None (none there, or
+    one this version cannot read: then its looks sum the rollups until the sweep's next)."""
+    select = None if tiles else ["At", "Until", "Final", *(f"{SUMMARY}{i}" for i in range(PARTS))]
     try:
         row = clients.jobs.get_entity(job, names.STATUS_ROW, select=select)
     except ResourceNotFoundError:
         return None
+    try:
+        return _parsed(row, tiles)
+    except (ValueError, KeyError, TypeError) as exc:
+        log.warning("job %s: its status row is not readable (%s); its looks sum the rollups", job, exc)
+        return None
+
+
+def _parsed(row: dict[str, Any], tiles: bool) -> Snapshot:
     summary = json.loads(_joined(row, SUMMARY))
     rollup = rollups.Rollup(
         counts=Counter(summary["counts"]), failures=Counter(summary["failures"]), kills=summary["kills"],
@@ -89,7 +106,23 @@ def read(clients: Clients, job: str, tiles: bool = True) -> Snapshot | None:
         workers={worker: Counter(figures) for worker, figures in summary["workers"].items()},
         tiles={tile: Counter(counts) for tile, counts in json.loads(_joined(row, TILES) or "{}").items()}
         if tiles else {})
-    return Snapshot(row["At"], bool(row["Final"]), rollup)
+    return Snapshot(row["At"], row["Until"], bool(row["Final"]), rollup)
+
+
+def final(clients: Clients, job: str, parts: list[str]) -> None:
+    """Write the job's final row: every task of it has ended (the finisher's last step
+    before the job row says finished). A write that fails is left to the first look."""
+    began = now()
+    try:
+        write(clients, job, rollups.read(clients.tasks, parts), began, final=True)
+    except AzureError as exc:
+        log.warning("job %s: its final status row not written: %s", job, redact(str(exc)))
+
+
+def fresh_for(settings: Settings, pass_s: float) -> timedelta:
+    """How long a row the sweep writes is read: :data:`FRESH_PASSES` passes, each an
+    interval and (about) the length of the pass writing it, ``pass_s``."""
+    return timedelta(seconds=FRESH_PASSES * (settings.monitor_interval_s + pass_s))
 
 
 def _joined(row: dict[str, Any], stem: str) -> str:
@@ -102,13 +135,13 @@ def look(clients: Clients, job: str, parts: list[str], finished: bool,
     status row if that is fresh, or final for a finished job; else the rollups, summed here
     (and, the job finished, written as its final row)."""
     found = read(clients, job, tiles)
-    fresh = timedelta(seconds=FRESH_PASSES * clients.settings.monitor_interval_s)
-    if found is not None and (found.final if finished else now() - found.at <= fresh):
+    if found is not None and (found.final if finished else now() <= found.until):
         return found.rollup, found.at
+    began = now()
     summed = rollups.read(clients.tasks, parts, tiles=tiles or finished)
     if finished:
         try:
-            write(clients, job, summed, final=True)
+            write(clients, job, summed, began, final=True)
         except AzureError as exc:  # the look has its figures; the next one writes the row
             log.warning("job %s: its final status row not written: %s", job, redact(str(exc)))
     return summed, None

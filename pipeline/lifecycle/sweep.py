@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from collections import Counter
 from datetime import timedelta
@@ -42,6 +43,7 @@ class BadMessage(ValueError):
 
 def sweep(clients: Clients) -> dict[str, int]:
     """One pass over the active jobs. Returns what it did."""
+    started = time.monotonic()
     report = monitor.SweepReport()
     done: Counter[str] = Counter()
     swept: list[jobs.JobRow] = []
@@ -65,7 +67,9 @@ def sweep(clients: Clients) -> dict[str, int]:
         done["errors"] += 1
     for row in swept:  # last, so that they hold what this pass did
         try:
-            done["summed"] += snapshots.write(clients, row.job, rollups.read(clients.tasks, row.parts))
+            began = tasks.now()
+            done["summed"] += snapshots.write(clients, row.job, rollups.read(clients.tasks, row.parts), began,
+                                              snapshots.fresh_for(clients.settings, time.monotonic() - started))
         except Exception:
             log.exception("status row of job %s not written; the next pass tries again", row.job)
             done["errors"] += 1
