@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 from azure.core.exceptions import ServiceResponseError
@@ -30,14 +31,17 @@ from tests.test_status import job_of
 
 
 @contextmanager
-def tables_read() -> Iterator[list[str]]:
-    """The tables each read of the block went to (their names, one per request)."""
+def tables_read(urls: list[str] | None = None) -> Iterator[list[str]]:
+    """The tables each read of the block went to (their names, one per request; ``urls``:
+    the requests' whole URLs too)."""
     read: list[str] = []
 
     def hook(response: Any) -> None:
         request = response.http_request
         if request.method == "GET":
             read.append(request.url.split("?")[0].rstrip("/").rsplit("/", 1)[-1].split("(")[0])
+            if urls is not None:
+                urls.append(unquote(request.url))
 
     clients_module.HOOKS["raw_response_hook"] = hook
     try:
@@ -46,8 +50,8 @@ def tables_read() -> Iterator[list[str]]:
         clients_module.HOOKS.pop("raw_response_hook", None)
 
 
-def reads_by(settings: Settings, call: Callable[[Clients], object]) -> list[str]:
-    with tables_read() as read:
+def reads_by(settings: Settings, call: Callable[[Clients], object], urls: list[str] | None = None) -> list[str]:
+    with tables_read(urls) as read:
         fresh = Clients(settings)  # built with the hook
         call(fresh)
         fresh.close()
@@ -115,7 +119,11 @@ def test_a_look_reads_the_sweeps_sum_while_it_is_fresh_and_the_rollups_once_it_i
     assert shown_counts(later) == task_counts(clients, job) != shown_counts(shown)
     assert later["as_of"] > shown["as_of"]
     summed_view = jobview.view(clients, job)
-    assert sweep.sweep(clients)["summed"] == 1  # the next pass: read by key again, the same figures
+    urls: list[str] = []
+    assert reads_by(settings, lambda c: sweep.sweep(c), urls) and sum(  # the next pass reads the rollups once
+        names.COUNTER_PREFIX in url for url in urls) == 1  # (one partition), for its fold and its sum
+    renewed = snapshots.read(clients, job)
+    assert renewed is not None and renewed.until > tasks.now()  # read by key again, the same figures
     assert tasks_table not in reads_by(settings, lambda c: jobs.status(c, job))
     assert but_when(jobview.view(clients, job)) == but_when(summed_view)
     assert {t["tile"]: t["counts"] for t in summed_view["tiles"]} == {

@@ -29,7 +29,7 @@ import json
 import math
 import zlib
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -234,10 +234,16 @@ def read(tasks: TableClient, parts: list[str], tiles: bool = True) -> Rollup:
     """The rollups of a job (its partitions ``parts``): one key-range query per partition, a
     row per writer there not folded yet and the folded row (``tiles``: with the counts per
     tile, which grow with the job's area; without, a few hundred bytes a row)."""
-    found = Rollup()
     select = None if tiles else ["RowKey", *(s.value for s in TaskStatus), KILLS, BACKUPS, DETAIL,
                                  *(f"Workers{shard}" for shard in range(WORKER_SHARDS))]
-    for row in rows(tasks, parts, select):
+    return summed(rows(tasks, parts, select))
+
+
+def summed(found_rows: Iterable[Mapping[str, Any]]) -> Rollup:
+    """The sum of rollup rows (those ``read`` queries, or that ``fold`` read: folding moves
+    sums between rows, so a partition's rows read before it sum to what they do after)."""
+    found = Rollup()
+    for row in found_rows:
         found.rows += 1
         moves = moves_of(row)
         found.counts.update(moves.counts)
@@ -256,7 +262,7 @@ def read(tasks: TableClient, parts: list[str], tiles: bool = True) -> Rollup:
 
 
 # --- folding: the rows of quiet writers, one row per partition -------------------------------
-def fold(tasks: TableClient, part: str) -> int:
+def fold(tasks: TableClient, part: str, found: list[TableEntity] | None = None) -> int:
     """Fold the rollup rows of partition ``part`` whose writers have written nothing for
     :data:`FOLD_IDLE_S` into its folded row (``names.FOLDED_ROW``), once there are
     :data:`FOLD_AT` of them, so that a look at the job reads a row per writer at work
@@ -264,9 +270,10 @@ def fold(tasks: TableClient, part: str) -> int:
     sums, and each row deleted, each fenced on the ETag it was read with; a writer that
     wrote meanwhile fails it whole (the next pass folds again), and a writer whose row was
     folded writes its next moves into a new one (``tasks.TerminalCounter``). Returns how
-    many rows it folded."""
+    many rows it folded. ``found``: the partition's rollup rows, if the caller has just read
+    them (``rows``, every property)."""
     quiet_since = datetime.now(UTC) - timedelta(seconds=FOLD_IDLE_S)
-    found = list(rows(tasks, [part]))
+    found = list(rows(tasks, [part])) if found is None else found
     into = next((row for row in found if row["RowKey"] == names.FOLDED_ROW), None)
     quiet = [row for row in found if row["RowKey"] != names.FOLDED_ROW
              and (row.metadata["timestamp"] or quiet_since) < quiet_since][:FOLD_MAX]

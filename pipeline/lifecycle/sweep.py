@@ -1,17 +1,17 @@
 """The periodic sweep: the monitor and the reconciler, one pass over the unfinished jobs.
 
-For each job it revokes the attempts past their deadline, sends again the message of every
-task QUEUED too long without being taken (a message lost, or poisoned), plans again a job
-left ACCEPTED (its plan message lost), tops up the release window, goes on with a
-cancellation, announces a completion nobody made (a worker that died between its commit
-and its announcement, a finisher that died), folds the rollup rows of writers gone quiet
-(``rollups.fold``), writes each job's status row (their sum, which looks at the job read:
-``snapshots``), and removes the cache markers of makers that
-died with no task left to take them over — it never finishes a job itself, so a long
-completion never holds up revocations. One job's
-failure is logged and the pass goes on with the others. Locally it runs in a loop; in Azure
-as a Durable Functions eternal orchestration. Cheap: key-range queries and a few key reads
-per job.
+First it takes their attempts from the workers found slow. Then for each job it revokes
+the attempts past their deadline, sends again the message of every task QUEUED too long
+without being taken (a message lost, or poisoned), plans again a job left ACCEPTED (its
+plan message lost), tops up the release window, goes on with a cancellation, announces a
+completion nobody made (a worker that died between its commit and its announcement, a
+finisher that died), and folds the rollup rows of writers gone quiet (``rollups.fold``),
+summing the rows it read for the job's status row, which looks at the job read
+(``snapshots``: written last, once the pass's length is known). Last it removes the cache
+markers of makers that died with no task left to take them over. It never finishes a job
+itself, so a long completion never holds up revocations. One job's failure is logged and
+the pass goes on with the others. Locally it runs in a loop; in Azure as a Durable
+Functions eternal orchestration. Cheap: key-range queries and a few key reads per job.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import logging
 import time
 import uuid
 from collections import Counter
-from datetime import timedelta
+from datetime import datetime, timedelta
+from itertools import chain
 
 from azure.core.exceptions import ResourceNotFoundError
 
@@ -34,6 +35,7 @@ from pipeline.storage.clients import Clients
 
 log = logging.getLogger(__name__)
 _counter = TerminalCounter(f"sweep-{uuid.uuid4().hex[:12]}")
+Sum = tuple[str, datetime, rollups.Rollup]  # a job, when its rollups were read, their sum
 ORPHAN_AGE = timedelta(minutes=5)  # an active-index entry this old whose job row does not exist is dropped
 
 
@@ -46,32 +48,31 @@ def sweep(clients: Clients) -> dict[str, int]:
     started = time.monotonic()
     report = monitor.SweepReport()
     done: Counter[str] = Counter()
-    swept: list[jobs.JobRow] = []
-    for job in jobs.active_jobs(clients):
-        try:
-            swept += _sweep_job(clients, job, report, done)
-        except Exception:
-            log.exception("sweep of job %s failed; the next pass tries again", job)
-            done["errors"] += 1
-    try:
+    try:  # first: the jobs' sums below then hold what it revoked
         slow = health.find_slow(clients, clients.settings.slow_ratio)
         done["slow"] = len(slow)
         monitor.revoke_slow(clients, slow, report)
     except Exception:
         log.exception("worker health not checked; the next pass tries again")
         done["errors"] += 1
+    sums: list[Sum] = []
+    for job in jobs.active_jobs(clients):
+        try:
+            sums += _sweep_job(clients, job, report, done)
+        except Exception:
+            log.exception("sweep of job %s failed; the next pass tries again", job)
+            done["errors"] += 1
     try:
         done["markers"] = cache.sweep_markers((clients.tiles, clients.sources), lambda owner: _ended(clients, owner))
     except Exception:
         log.exception("cache markers not swept; the next pass tries again")
         done["errors"] += 1
-    for row in swept:  # last, so that they hold what this pass did
+    fresh_for = snapshots.fresh_for(clients.settings, time.monotonic() - started)  # the pass's length known
+    for job, began, rollup in sums:
         try:
-            began = tasks.now()
-            done["summed"] += snapshots.write(clients, row.job, rollups.read(clients.tasks, row.parts), began,
-                                              snapshots.fresh_for(clients.settings, time.monotonic() - started))
+            done["summed"] += snapshots.write(clients, job, rollup, began, fresh_for)
         except Exception:
-            log.exception("status row of job %s not written; the next pass tries again", row.job)
+            log.exception("status row of job %s not written; the next pass tries again", job)
             done["errors"] += 1
     return {"revoked": len(report.revoked), "stale": report.stale, "backups": report.backups,
             "resent": done["resent"],
@@ -89,8 +90,8 @@ def _ended(clients: Clients, owner: str) -> bool:
         return True
 
 
-def _sweep_job(clients: Clients, job: str, report: monitor.SweepReport, done: Counter[str]) -> list[jobs.JobRow]:
-    """One job's part of the pass; the job's row if its status row is to be written."""
+def _sweep_job(clients: Clients, job: str, report: monitor.SweepReport, done: Counter[str]) -> list[Sum]:
+    """One job's part of the pass; the sum of its rollups, if its status row is to be written."""
     try:
         row = jobs.get(clients, job)
     except jobs.JobNotFound:
@@ -107,8 +108,10 @@ def _sweep_job(clients: Clients, job: str, report: monitor.SweepReport, done: Co
         return []
     done["announced"] += progress.follow_up(clients, _counter, job, row)
     monitor.speculate(clients, row, due, report)
-    done["folded"] += sum(rollups.fold(clients.tasks, part) for part in row.parts)  # last: nothing waits on it
-    return [row]
+    began = tasks.now()  # last: nothing waits on these; the rows read once for the fold and the sum
+    found = {part: list(rollups.rows(clients.tasks, [part])) for part in row.parts}
+    done["folded"] += sum(rollups.fold(clients.tasks, part, rows) for part, rows in found.items())
+    return [(job, began, rollups.summed(chain.from_iterable(found.values())))]
 
 
 def job_of_message(body: bytes | str) -> str:
