@@ -131,9 +131,17 @@ def counting_reads() -> Iterator[list[int]]:
         if isinstance(body, dict):
             reads.append(len(body["value"]) if "value" in body else int("odata.error" not in body))
 
+    with response_hook(hook):
+        yield reads
+
+
+@contextmanager
+def response_hook(hook: Callable[[Any], None]) -> Iterator[None]:
+    """Every client built inside calls ``hook`` with each response (the SDK's
+    ``raw_response_hook``)."""
     clients_module.HOOKS["raw_response_hook"] = hook
     try:
-        yield reads
+        yield
     finally:
         clients_module.HOOKS.pop("raw_response_hook", None)
 

@@ -17,11 +17,11 @@ from azure.core.exceptions import ServiceResponseError
 from azure.data.tables import UpdateMode
 
 from bagpipe.mailserver import MailServer
+from bench.status_scale import response_hook
 from pipeline.lifecycle import claims, completion, jobs, rollups, snapshots, sweep, tasks, transitions
 from pipeline.lifecycle.notify import mailer_for
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.settings import Settings
-from pipeline.storage import clients as clients_module
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
 from pipeline.web import jobview
@@ -43,11 +43,8 @@ def tables_read(urls: list[str] | None = None) -> Iterator[list[str]]:
             if urls is not None:
                 urls.append(unquote(request.url))
 
-    clients_module.HOOKS["raw_response_hook"] = hook
-    try:
+    with response_hook(hook):
         yield read
-    finally:
-        clients_module.HOOKS.pop("raw_response_hook", None)
 
 
 def reads_by(settings: Settings, call: Callable[[Clients], object], urls: list[str] | None = None) -> list[str]:

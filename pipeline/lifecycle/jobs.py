@@ -334,7 +334,7 @@ def status(clients: Clients, job: str, rollup: rollups.Rollup | None = None,
         "progress": done / total if total else 1.0,
         "created": row.created_at.isoformat(),
         "updated": row.updated_at.isoformat(),
-        "as_of": (as_of or now()).isoformat(),  # when the counts were summed (a sweep interval or two ago, at most)
+        "as_of": (as_of or now()).isoformat(),  # when the counts were summed (two sweep passes ago at most)
         "finished": row.finished_at.isoformat() if row.finished_at else None,
         "cost": {"compute_s": row.compute_s, "usd": row.cost_usd, "prices": costs.PRICE_LIST}
         if row.compute_s is not None else None,  # measured at completion

@@ -109,12 +109,14 @@ def _parsed(row: dict[str, Any], tiles: bool) -> Snapshot:
     return Snapshot(row["At"], row["Until"], bool(row["Final"]), rollup)
 
 
-def final(clients: Clients, job: str, parts: list[str]) -> None:
-    """Write the job's final row: every task of it has ended (the finisher's last step
-    before the job row says finished). A write that fails is left to the first look."""
-    began = now()
+def final(clients: Clients, job: str, parts: list[str], summed: rollups.Rollup | None = None,
+          began: datetime | None = None) -> None:
+    """Write the job's final row, every task of it ended: its rollups ``summed`` at
+    ``began`` (by a look), or summed here (by the finisher, its last step before the job row
+    says finished). A failure is logged and left to the next look."""
+    began = began or now()
     try:
-        write(clients, job, rollups.read(clients.tasks, parts), began, final=True)
+        write(clients, job, rollups.read(clients.tasks, parts) if summed is None else summed, began, final=True)
     except AzureError as exc:
         log.warning("job %s: its final status row not written: %s", job, redact(str(exc)))
 
@@ -140,8 +142,5 @@ def look(clients: Clients, job: str, parts: list[str], finished: bool,
     began = now()
     summed = rollups.read(clients.tasks, parts, tiles=tiles or finished)
     if finished:
-        try:
-            write(clients, job, summed, began, final=True)
-        except AzureError as exc:  # the look has its figures; the next one writes the row
-            log.warning("job %s: its final status row not written: %s", job, redact(str(exc)))
+        final(clients, job, parts, summed, began)  # failing, the look has its figures all the same
     return summed, None
