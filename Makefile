@@ -57,11 +57,13 @@ up: setup
 test: setup $(CHROMIUM)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 # `make bench` runs every benchmark in bench/ (the modules that run as a program; the others are
 # their parts); `make bench NAME=x` runs bench/x.py.

@@ -23,8 +23,9 @@ from bench import fault_stage
 from bench.fault_plan import Crash, Plan, hooked
 from pipeline.lifecycle import attempts, health, jobs, monitor, sweep, tasks
 from pipeline.lifecycle.notify import mailer_for
-from pipeline.lifecycle.request import JobRequest
 from pipeline.lifecycle.status import TERMINAL, JobState, TaskStatus
+from pipeline.requests import application
+from pipeline.requests.request import JobRequest
 from pipeline.settings import Settings
 from pipeline.storage import clients as clients_module
 from pipeline.storage import names
@@ -116,7 +117,7 @@ class Run:
         return self.clients[component]
 
     def api_submit(self, body: dict[str, Any]) -> None:
-        row = self._as("api", lambda: jobs.submit(self._clients_of("api"), JobRequest.model_validate(body)))
+        row = self._as("api", lambda: application.submit(self._clients_of("api"), JobRequest.model_validate(body)))
         if row is not None:
             self.jobs.append(row.job)
 

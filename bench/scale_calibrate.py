@@ -35,8 +35,9 @@ from azure.data.tables import UpdateMode
 from bagpipe.stack import LocalStack
 from bench.simcore import Cost, LogNormal
 from bench.throughput import fresh_azurite, kind_of, request_of, submit_and_wait
-from pipeline.lifecycle import jobs, planner
-from pipeline.lifecycle.request import JobRequest
+from pipeline.lifecycle import planner
+from pipeline.requests import application
+from pipeline.requests.request import JobRequest
 from pipeline.settings import Settings
 from pipeline.storage import clients as clients_module
 from pipeline.storage.clients import clients_for
@@ -275,7 +276,7 @@ def worker_per_task(connection: str, server_pid: int, costs: dict[str, Cost], n:
         settings = settings_for(connection, "wrk")
         clients = clients_for(settings)
         clients.ensure_resources()
-        job = jobs.submit(clients, JobRequest.model_validate(request_of(n))).job
+        job = application.submit(clients, JobRequest.model_validate(request_of(n))).job
         planner.plan(clients, job)
         worker = Worker(settings, slots=1)
         worker.warm()

@@ -28,7 +28,8 @@ from bagpipe.planetary import Planetary
 from bench.scale_report import Context, Part, table
 from bench.throughput import running
 from pipeline.lifecycle import jobs, tasks
-from pipeline.lifecycle.request import JobRequest
+from pipeline.requests import application
+from pipeline.requests.request import JobRequest
 from pipeline.settings import Settings
 from pipeline.storage.clients import Clients
 from worker.child import StageProcess
@@ -55,7 +56,7 @@ def timed_job(clients: Clients, body: dict[str, Any]) -> tuple[float, str, float
     the job row says (its ``created_at`` and ``finished_at``): polled only every
     :data:`POLL_S`, which neither rounds the time nor loads the storage the job uses; and
     when its last tile task was settled at planning, if any was (seconds after the submission)."""
-    job = jobs.submit(clients, JobRequest.model_validate(body)).job
+    job = application.submit(clients, JobRequest.model_validate(body)).job
     give_up = time.monotonic() + TIMEOUT_S
     while not (row := jobs.get(clients, job)).state.finished:
         if time.monotonic() > give_up:

@@ -1,7 +1,7 @@
 """The retention part of ``bench.scale``: what keeping each kind of intermediate costs against
 making it again, and so how long the deployment's lifecycle rule keeps it after its last
 use (``pipeline.lifecycle.costs.keep_days``, written into infra/bicep/names.json by
-``python -m pipeline.storage.deployment`` from ``pipeline.lifecycle.costs.CACHED``).
+``python -m pipeline.deployment`` from ``pipeline.lifecycle.costs.CACHED``).
 
 Measured here on the real granule in data/modis: its HDF4 file (a cached source), and one
 1° tile at 0.005° warped from it (a cached tile: its COG's size, and the warp's time, the

@@ -41,8 +41,8 @@ from azure.core.exceptions import ServiceRequestError, ServiceResponseError
 from bagpipe.azurite import Azurite
 from bench.scale_report import Context, Part, table
 from pipeline.lifecycle import attempts, jobs, rollups, snapshots, tasks
-from pipeline.lifecycle.request import JobRequest, expand
 from pipeline.lifecycle.status import JobState, TaskStatus
+from pipeline.requests.request import JobRequest, expand, plan_of
 from pipeline.settings import Settings
 from pipeline.storage import clients as clients_module
 from pipeline.storage import names
@@ -65,7 +65,7 @@ def request_for(size: int) -> JobRequest:
 def build(clients: Clients, size: int) -> str:
     """A finished-looking no-op job of ``size`` tasks, written row by row."""
     request = request_for(size)
-    specs = expand(request, 10**7)[:size]
+    specs = plan_of(expand(request, 10**7)[:size])
     job = jobs.new_job_id(tasks.now())
     created = tasks.now() - timedelta(hours=1)
     clients.jobs.create_entity(jobs.JobRow(

@@ -42,7 +42,8 @@ from bagpipe import control
 from bagpipe.azurite import Azurite
 from bagpipe.stack import LocalStack
 from pipeline.lifecycle import jobs
-from pipeline.lifecycle.request import JobRequest, expand
+from pipeline.requests import application
+from pipeline.requests.request import JobRequest, expand
 from pipeline.settings import Settings
 from pipeline.storage import clients as clients_module
 from pipeline.storage.clients import Clients
@@ -209,7 +210,7 @@ def calls_per_task(azurite: Azurite, body: dict, slots: int, window: int, per_me
         clients = Clients(settings)
         with running(settings, 2, slots):  # idle as deployed: a worker polls every 0.5 s
             counted.clear()
-            job = jobs.submit(clients, JobRequest.model_validate(body)).job
+            job = application.submit(clients, JobRequest.model_validate(body)).job
             watching.on = True
             while not (state := jobs.get(clients, job).state).finished:
                 time.sleep(0.2)

@@ -21,7 +21,7 @@ from bagpipe.earthdata import Earthdata
 from bagpipe.mailserver import MailServer
 from bagpipe.planetary import Planetary
 from pipeline.lifecycle import jobs
-from pipeline.lifecycle.request import JobRequest
+from pipeline.requests.request import JobRequest
 from pipeline.settings import Settings
 from pipeline.storage.clients import Clients
 from worker.runner import Worker

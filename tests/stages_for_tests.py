@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from pipeline import stages
-from pipeline.lifecycle.failures import FailureClass, StageFailure
+from pipeline.failures import FailureClass, StageFailure
 from pipeline.stages import StageContext, digest
 
 

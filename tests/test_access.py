@@ -18,7 +18,7 @@ import respx
 from bagpipe.azurite import Azurite
 from bagpipe.earthdata import Earthdata
 from bagpipe.planetary import Planetary
-from pipeline.lifecycle.failures import FailureClass, StageFailure
+from pipeline.failures import FailureClass, StageFailure
 from pipeline.modis.access import Access, SasSigner, blob_container
 from pipeline.modis.access import Earthdata as EarthdataClient
 from pipeline.modis.cmr import CmrCatalog

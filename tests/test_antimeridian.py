@@ -13,9 +13,10 @@ from rasterio.enums import Resampling
 from rasterio.warp import reproject
 
 from bench import antimeridian
-from pipeline.lifecycle.request import JobRequest, RequestError, expand
 from pipeline.modis.products import CATALOG
 from pipeline.modis.reprojection import Source, Target, warp_array
+from pipeline.planning import RequestError
+from pipeline.requests.request import JobRequest, expand
 
 
 def request(bbox: list[float], grid: dict | None = None) -> JobRequest:

@@ -22,13 +22,13 @@ from fastapi.testclient import TestClient
 
 from bagpipe.manage import pack
 from bagpipe.planetary import Planetary
+from pipeline.failures import FailureClass, StageFailure
 from pipeline.lifecycle import jobs
-from pipeline.lifecycle.failures import FailureClass, StageFailure
-from pipeline.reduction import bundlecache, bundles, registry
+from pipeline.reduction import bundlecache, bundles
 from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
-from pipeline.web import identity
+from pipeline.web import identity, registry
 from pipeline.web.api import create_app
 from tests.conftest import make_user, on_stac, running_control, running_workers, signed, wait_for
 from tests.test_reduction import GRID, REGION, SPAN, outputs_of, reduction_row, tiles_of

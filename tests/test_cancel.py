@@ -7,6 +7,7 @@ from collections import Counter
 
 from bagpipe.mailserver import MailServer
 from pipeline.lifecycle import attempts, jobs, tasks
+from pipeline.requests import application
 from pipeline.settings import Settings
 from pipeline.storage.clients import Clients
 from tests.conftest import parts, running_control, running_workers, small_request, wait_for, with_stage
@@ -17,7 +18,7 @@ def test_cancel_stops_new_tasks_and_ends_cancelled(settings: Settings, mail: Mai
     clients = Clients(settings)
     clients.ensure_resources()
     with running_control(settings), running_workers(settings):
-        job = jobs.submit(clients, small_request(start="2022-01-01", end="2022-12-31")).job
+        job = application.submit(clients, small_request(start="2022-01-01", end="2022-12-31")).job
         wait_for(lambda: sum(tasks.terminal_counts(clients.tasks, parts(clients, job)).values()) >= 5, 60,
                  "some progress")
         jobs.cancel(clients, job, owner="test-cancel")
@@ -43,7 +44,7 @@ def test_cancel_stops_new_tasks_and_ends_cancelled(settings: Settings, mail: Mai
 def test_cancel_before_planning_plans_nothing_runnable(
     clients: Clients, control_loop: object, mail: MailServer
 ) -> None:
-    job = jobs.submit(clients, small_request()).job
+    job = application.submit(clients, small_request()).job
     jobs.cancel(clients, job, owner="test-cancel")
     wait_for(lambda: jobs.get(clients, job).state.finished, 60, "the job to end")
     assert jobs.get(clients, job).state == "CANCELLED"

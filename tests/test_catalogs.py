@@ -18,13 +18,14 @@ import respx
 from bagpipe import modis_world as world
 from bagpipe.earthdata import Earthdata
 from bagpipe.planetary import Planetary
-from pipeline.lifecycle.request import expand
 from pipeline.modis import catalogs
 from pipeline.modis.cmr import CmrCatalog
 from pipeline.modis.granules import Granule, pick
 from pipeline.modis.products import CATALOG, periods
 from pipeline.modis.stac import StacCatalog
 from pipeline.modis.targets import GridSpec
+from pipeline.requests import search
+from pipeline.requests.request import expand
 from pipeline.settings import NASA_CMR, PLANETARY_COMPUTER_STAC, Settings
 from pipeline.storage import names
 from tests.conftest import small_request
@@ -114,7 +115,7 @@ def test_one_search_per_product_finds_the_granules_of_every_task(
     specs = expand(request, 1000, "modis")
     for mine in (settings.with_(catalog="stac", stac_url=planetary.stac_url, stac_sas_url=planetary.sas_url),
                  settings.with_(catalog="cmr", cmr_url=nasa.cmr_url)):
-        resolved = catalogs.resolve(mine, specs, "modis")
+        resolved = search.resolve(mine, specs, "modis")
         assert len(resolved) == len(specs)
         tiles = [s for s in resolved if s.stage == "modis"]
         assert all(s.granules is not None for s in tiles)

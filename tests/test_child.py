@@ -7,7 +7,7 @@ import os
 import uuid
 from pathlib import Path
 
-from pipeline.lifecycle.failures import FailureClass
+from pipeline.failures import FailureClass
 from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.clients import Clients

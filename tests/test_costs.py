@@ -14,7 +14,8 @@ from fastapi.testclient import TestClient
 
 from bagpipe.mailserver import MailServer
 from pipeline.lifecycle import attempts, costs, jobs, runtimes
-from pipeline.lifecycle.request import expand
+from pipeline.requests import application
+from pipeline.requests.request import expand
 from pipeline.settings import Settings
 from pipeline.storage import cache, names
 from pipeline.storage.clients import Clients
@@ -25,17 +26,17 @@ from tests.conftest import parts, running_control, running_workers, signed, smal
 def test_an_estimate_has_no_compute_figure_until_the_history_is_trusted_then_history_times_work(
         settings: Settings, clients: Clients, admin_token: str) -> None:
     request = small_request()
-    specs = expand(request, settings.max_tasks)
+    specs = expand(request, settings.max_tasks, settings.tile_stage)  # the stage the deployment runs
     body = request.model_dump(mode="json", exclude_none=True)
     with TestClient(create_app(settings), headers=signed(admin_token)) as api:
         cold = api.post("/api/estimate", json=body).json()
         assert cold["tasks"] == len(specs) == 8 and cold["known"] is False and cold["compute_s"] == 0
         assert cold["usd"] == pytest.approx(8 * costs.STORAGE_CALLS_PER_TASK * costs.STORAGE_USD_PER_CALL, abs=1e-4)
-        key = runtimes.history_key(specs[0].params())
+        key = specs[0].history()
         runtimes.merge(clients.runtimes, specs[0].stage, key,
                        runtimes.Runtime(settings.min_samples, 2.5, 0.0))  # 2.5 s per unit of work
         warm = api.post("/api/estimate", json=body).json()
-    work = sum(runtimes.work_of(spec.params()) for spec in specs)
+    work = sum(spec.work() for spec in specs)
     assert warm["known"] is True and warm["compute_s"] == pytest.approx(2.5 * work, rel=1e-3)
     assert warm["usd"] == pytest.approx(costs.usd(2.5 * work, 8), abs=1e-4) and warm["usd"] > cold["usd"]
     assert warm["prices"] == costs.PRICE_LIST
@@ -44,7 +45,7 @@ def test_an_estimate_has_no_compute_figure_until_the_history_is_trusted_then_his
 def test_a_finished_job_reports_the_compute_it_used_in_its_status_and_email(
         settings: Settings, clients: Clients, mail: MailServer) -> None:
     settings = with_stage(settings, "slow")  # 0.2 s a task
-    job = jobs.submit(clients, small_request()).job
+    job = application.submit(clients, small_request()).job
     with running_control(settings), running_workers(settings):
         wait_for(lambda: jobs.get(clients, job).state == "SUCCEEDED", 120, "the job")
     ran = [float(a.runtime_s) for a in attempts.list_attempts(clients.tasks, parts(clients, job))

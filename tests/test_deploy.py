@@ -23,11 +23,12 @@ import pytest
 import tree_sitter
 import tree_sitter_bicep
 
+from pipeline.deployment import deployment_names
 from pipeline.lifecycle import jobs, sweep
+from pipeline.requests import application
 from pipeline.settings import Settings, declared_fields
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
-from pipeline.storage.deployment import deployment_names
 from pipeline.web import auth as auth_module
 from tests.conftest import small_request, wait_for
 from tests.functions_index import index_app
@@ -196,7 +197,7 @@ def test_the_worker_image_command_runs_a_job_and_exits_when_idle(settings: Setti
     threading.Thread(target=ingestion.serve_forever, daemon=True).start()
     command = _image_command()
     assert command[:3] == ["python", "-m", "bagpipe.cli"] and "--exit-when-idle" in command
-    row = jobs.submit(clients, small_request())
+    row = application.submit(clients, small_request())
     job = row.job
     sweep.handle_plan(clients, json.dumps({"job": job}).encode())
     telemetry = settings.with_(log_format="json", appinsights_connection=(

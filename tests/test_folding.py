@@ -12,6 +12,7 @@ import pytest
 
 from pipeline.lifecycle import jobs, rollups, sweep, tasks
 from pipeline.lifecycle.status import JobState
+from pipeline.requests import application
 from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
@@ -46,7 +47,7 @@ def finished_job(settings: Settings) -> tuple[Clients, str]:
     clients = Clients(settings)
     clients.ensure_resources()
     with running_control(settings), running_workers(settings, count=2):
-        job = jobs.submit(clients, small_request(start="2022-01-01", end="2022-03-31")).job
+        job = application.submit(clients, small_request(start="2022-01-01", end="2022-03-31")).job
         wait_for(lambda: jobs.get(clients, job).state.finished, 120, "the job to end")
     assert jobs.get(clients, job).state is JobState.SUCCEEDED
     return clients, job
@@ -125,7 +126,7 @@ def test_a_fold_beaten_by_a_writer_changes_nothing_and_the_next_one_folds(
 def test_the_sweep_folds_the_quiet_writers_of_a_running_job(settings: Settings, eager: None) -> None:
     clients = Clients(settings.with_(partitions=BUCKETS, shards=BUCKETS))
     clients.ensure_resources()
-    job = jobs.submit(clients, small_request(start="2022-01-01", end="2022-03-31")).job
+    job = application.submit(clients, small_request(start="2022-01-01", end="2022-03-31")).job
     sweep.handle_plan(clients, f'{{"job": "{job}"}}'.encode())  # released: a mover's row in each partition
     parts = jobs.get(clients, job).parts
     other = tasks.TerminalCounter("other")

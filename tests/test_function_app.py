@@ -15,6 +15,7 @@ import pytest
 from bagpipe.mailserver import MailServer
 from pipeline.lifecycle import jobs, tasks
 from pipeline.lifecycle.status import JobState
+from pipeline.requests import application
 from pipeline.settings import Settings, env_name
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
@@ -87,7 +88,7 @@ def test_http_function_serves_the_api(app_env: Any, settings: Settings, clients:
 def test_planner_and_completion_functions_run_the_pipeline(
     app_env: Any, clients: Clients, mail: MailServer
 ) -> None:
-    job = jobs.submit(clients, small_request()).job
+    job = application.submit(clients, small_request()).job
     user_function(app_env, "planner")(func.QueueMessage(body=json.dumps({"job": job}).encode()))
     assert len(tasks.list_tasks(clients.tasks, parts(clients, job))) == 8
     assert jobs.get(clients, job).state == JobState.RUNNING.value

@@ -15,8 +15,9 @@ from datetime import timedelta
 from pathlib import Path
 
 from pipeline.lifecycle import attempts, claims, health, jobs, runtimes, sweep, tasks
-from pipeline.lifecycle.request import expand
 from pipeline.lifecycle.status import TaskStatus
+from pipeline.requests import application
+from pipeline.requests.request import expand
 from pipeline.settings import Settings
 from pipeline.storage.clients import Clients
 from tests.conftest import in_an_hour, parts, running_control, running_workers, small_request, wait_for, with_stage
@@ -194,7 +195,7 @@ def test_a_slow_worker_drains_exits_to_be_replaced_and_its_tasks_finish_elsewher
     clients = Clients(settings)
     clients.ensure_resources()
     request = small_request(end="2022-03-05")  # 2 tiles × 8 periods
-    work = runtimes.work_of(expand(request, 100)[0].params())
+    work = expand(request, 100)[0].work()
     runtimes.merge(clients.runtimes, "slow_machine", "MOD10A2", runtimes.Runtime(20, 1.0 / work, 0.0))  # 1 s a task
     log = tmp_path / "slow-worker.log"
     with open(log, "wb") as out:
@@ -204,7 +205,7 @@ def test_a_slow_worker_drains_exits_to_be_replaced_and_its_tasks_finish_elsewher
     try:
         wait_for(lambda: "ready" in log.read_text(errors="replace"), 120, "the slow worker to start")
         with running_control(settings):
-            job = jobs.submit(clients, request).job
+            job = application.submit(clients, request).job
             wait_for(lambda: any(f"-{slow.pid}-" in row.worker
                                  for row in tasks.list_tasks(clients.tasks, parts(clients, job))), 60,
              "the slow worker to claim")

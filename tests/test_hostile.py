@@ -20,8 +20,8 @@ from bagpipe.azurite import Azurite
 from bagpipe.mailserver import MailServer
 from bagpipe.modis_world import REAL_DATA
 from bagpipe.planetary import Planetary
+from pipeline.failures import FailureClass, StageFailure
 from pipeline.lifecycle import attempts, jobs, tasks
-from pipeline.lifecycle.failures import FailureClass, StageFailure
 from pipeline.lifecycle.status import JobState, TaskStatus
 from pipeline.modis.granules import from_param
 from pipeline.modis.products import CATALOG

@@ -19,6 +19,7 @@ from azure.core.exceptions import ServiceResponseError
 from pipeline.lifecycle import claims, dispatch, jobs, sweep, tasks, transitions
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.lifecycle.tasks import MESSAGE_TASKS, TaskRef
+from pipeline.requests import application
 from pipeline.settings import Settings
 from pipeline.storage import clients as clients_module
 from pipeline.storage import names
@@ -39,7 +40,7 @@ def several(settings: Settings, **changes: object) -> Clients:
 
 
 def planned(clients: Clients, **request: object) -> str:
-    job = jobs.submit(clients, small_request(**request)).job
+    job = application.submit(clients, small_request(**request)).job
     sweep.handle_plan(clients, json.dumps({"job": job}).encode())
     return job
 
@@ -215,7 +216,7 @@ def test_a_job_runs_to_its_end_on_messages_of_several_with_a_retry_and_waits_giv
     clients = Clients(settings)
     clients.ensure_resources()
     with running_control(settings), running_workers(settings, count=2, slots=1) as pool:
-        job = jobs.submit(clients, small_request(end="2022-03-31")).job
+        job = application.submit(clients, small_request(end="2022-03-31")).job
         wait_for(lambda: jobs.get(clients, job).state.finished, 120, "the job to finish")
     rows = tasks.list_tasks(clients.tasks, parts(clients, job))
     assert {r.status for r in rows} == {TaskStatus.SUCCEEDED} and len(rows) == 24

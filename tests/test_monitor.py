@@ -22,10 +22,11 @@ from azure.data.tables import TableClient, UpdateMode
 
 from bagpipe.azurite import Azurite
 from bagpipe.serving import free_port
+from pipeline.failures import FailureClass
 from pipeline.lifecycle import attempts, claims, jobs, policy, runtimes, sweep, tasks, transitions
-from pipeline.lifecycle.failures import FailureClass
-from pipeline.lifecycle.request import expand
 from pipeline.lifecycle.status import TaskStatus
+from pipeline.requests import application
+from pipeline.requests.request import expand
 from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
@@ -191,11 +192,11 @@ def test_straggler_is_revoked_at_about_4x_and_succeeds_on_retry(settings: Settin
     clients.ensure_resources()
     mean = 0.8  # what a 0.5 s sleep costs end to end here, seeded as history: fifty samples,
     # so that the job's own tasks, slow on a loaded machine, cannot lift 4× the mean past 5 s
-    work = runtimes.work_of(expand(small_request(), 100)[0].params())  # the history is per megapixel
+    work = expand(small_request(), 100)[0].work()  # the history is per megapixel
     runtimes.merge(runtimes_table(clients), "straggler", "MOD10A2",
                    runtimes.Runtime(50, mean / work, 50 * (0.1 / work) ** 2))
     with running_control(settings), running_workers(settings, slots=2) as pool:
-        job = jobs.submit(clients, small_request()).job
+        job = application.submit(clients, small_request()).job
         wait_for(lambda: jobs.get(clients, job).state.finished, 120, "the job to finish")
     assert jobs.get(clients, job).state == "SUCCEEDED"
     task = marked_task(clients, job)
@@ -224,7 +225,7 @@ def with_history(settings: Settings, stage: str) -> tuple[Settings, Clients]:
     settings = with_stage(settings, stage, kill_floor_s=0.5, min_samples=3, kill_grace_s=1.0)
     clients = Clients(settings)
     clients.ensure_resources()
-    work = runtimes.work_of(expand(small_request(), 100)[0].params())
+    work = expand(small_request(), 100)[0].work()
     runtimes.merge(runtimes_table(clients), stage, "MOD10A2", runtimes.Runtime(50, 0.8 / work, 50 * (0.1 / work) ** 2))
     return settings, clients
 
@@ -232,7 +233,7 @@ def with_history(settings: Settings, stage: str) -> tuple[Settings, Clients]:
 def test_a_worker_revokes_its_own_attempt_at_its_kill_time(settings: Settings) -> None:
     # no monitor runs: the worker, which knows its attempt's kill time, makes the move itself
     settings, clients = with_history(settings, "straggler")
-    job = jobs.submit(clients, small_request()).job
+    job = application.submit(clients, small_request()).job
     sweep.handle_plan(clients, json.dumps({"job": job}).encode())
     with running_workers(settings, slots=2):
         task = wait_for(lambda: (found := marked_task(clients, job)).status == "SUCCEEDED" and found, 60,
@@ -252,7 +253,7 @@ def test_a_worker_revokes_an_attempt_whose_pace_takes_it_far_past_its_kill_time(
     # those 3.2 s, not at them; the job's other tasks, saying a pace within their history, run on
     settings, clients = with_history(settings, "paced_straggler")
     with running_control(settings), running_workers(settings, slots=2):
-        job = jobs.submit(clients, small_request()).job
+        job = application.submit(clients, small_request()).job
         wait_for(lambda: jobs.get(clients, job).state.finished, 60, "the job to finish")
     task = marked_task(clients, job)
     assert task.attempt == 2 and task.timeouts == 1 and task.last_failure == "execution_timeout"
@@ -269,7 +270,7 @@ def test_stage_that_ignores_sigterm_is_sigkilled_with_its_children(settings: Set
     clients = Clients(settings)
     clients.ensure_resources()
     with running_control(settings), running_workers(settings, slots=2):
-        job = jobs.submit(clients, small_request()).job
+        job = application.submit(clients, small_request()).job
         pid_file = PIDS / f"{job}-stubborn.pid"
         pids = wait_for(lambda: pid_file.exists() and [int(p) for p in pid_file.read_text().split()],
                         60, "the stubborn stage")
@@ -286,7 +287,7 @@ def test_worker_killed_mid_stage_task_finishes_elsewhere(settings: Settings) -> 
     clients.ensure_resources()
     env = {**os.environ, **settings.to_env()}
     with running_control(settings):
-        job = jobs.submit(clients, small_request()).job
+        job = application.submit(clients, small_request()).job
         doomed = subprocess.Popen([sys.executable, "-m", "bagpipe.cli", "worker", "--slots", "8"], env=env,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         marked = wait_for(lambda: jobs.get(clients, job).state == "RUNNING" and marked_task(clients, job),
@@ -310,7 +311,7 @@ def test_worker_killed_mid_stage_task_finishes_elsewhere(settings: Settings) -> 
 
 
 def test_sweep_activity_revokes_an_overdue_attempt(clients: Clients, settings: Settings) -> None:
-    job = jobs.submit(clients, small_request()).job
+    job = application.submit(clients, small_request()).job
     sweep.handle_plan(clients, json.dumps({"job": job}).encode())
     queue = clients.shard_queues[0]
     message = next(iter(queue.receive_messages(max_messages=1, visibility_timeout=60)))
@@ -328,7 +329,7 @@ def test_sweep_activity_revokes_an_overdue_attempt(clients: Clients, settings: S
 
 
 def test_the_index_moves_with_the_task_row_in_one_write(clients: Clients) -> None:
-    job = jobs.submit(clients, small_request()).job
+    job = application.submit(clients, small_request()).job
     sweep.handle_plan(clients, json.dumps({"job": job}).encode())
     ref = tasks.list_tasks(clients.tasks, parts(clients, job))[0].ref
 
@@ -359,7 +360,7 @@ def test_the_index_moves_with_the_task_row_in_one_write(clients: Clients) -> Non
 
 def test_a_heartbeat_written_but_answered_with_an_error_leaves_no_row_to_revoke_the_live_attempt(
         clients: Clients, monkeypatch: pytest.MonkeyPatch) -> None:
-    job = jobs.submit(clients, small_request()).job
+    job = application.submit(clients, small_request()).job
     sweep.handle_plan(clients, json.dumps({"job": job}).encode())
     queue = clients.shard_queues[0]
     message = next(iter(queue.receive_messages(max_messages=1, visibility_timeout=60)))

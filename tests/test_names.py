@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.deployment import deployment_names
 from pipeline.storage import names
-from pipeline.storage.deployment import deployment_names
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def test_bicep_names_are_the_codes() -> None:
     written = json.loads((REPO / "infra/bicep/names.json").read_text())
-    assert written == deployment_names(), "run: python -m pipeline.storage.deployment > infra/bicep/names.json"
+    assert written == deployment_names(), "run: python -m pipeline.deployment > infra/bicep/names.json"
     bicep = (REPO / "infra/bicep/main.bicep").read_text()
     assert "loadJsonContent('names.json')" in bicep
     for name in ("'plan'", "'tasks'", "'jobs'", "'products'"):

@@ -10,7 +10,7 @@ import tracemalloc
 import pytest
 from azure.storage.blob import ContentSettings
 
-from pipeline.lifecycle.failures import FailureClass, StageFailure
+from pipeline.failures import FailureClass, StageFailure
 from pipeline.storage import names, packing
 from pipeline.storage.clients import Clients
 from pipeline.storage.transfer import md5_of

@@ -11,9 +11,10 @@ from collections import Counter
 import pytest
 
 from bench.status_scale import counting_reads
+from pipeline.failures import FailureClass
 from pipeline.lifecycle import attempts, claims, jobs, partitions, planner, rollups, sweep, tasks, transitions
-from pipeline.lifecycle.failures import FailureClass
 from pipeline.lifecycle.status import JobState, TaskStatus
+from pipeline.requests import application
 from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
@@ -68,7 +69,7 @@ def test_a_message_names_its_partition_and_a_forged_one_is_refused() -> None:
 def test_plan_spreads_the_tasks_and_keeps_each_reduction_with_its_tile_tasks(settings: Settings) -> None:
     clients = spread(settings)
     body = small_request(start="2022-01-01", end="2022-02-28", reducer={"name": "snow_fraction"})
-    job = jobs.submit(clients, body).job  # 2 tiles × 8 periods + 2 reductions
+    job = application.submit(clients, body).job  # 2 tiles × 8 periods + 2 reductions
     planner.plan(clients, job)
     row = jobs.get(clients, job)
     assert row.buckets == BUCKETS and row.parts == [job, f"{job}.1", f"{job}.2"]
@@ -82,7 +83,7 @@ def test_plan_spreads_the_tasks_and_keeps_each_reduction_with_its_tile_tasks(set
                 assert {r.seq for r in rows} >= set(range(first, first + count)), "its tile tasks beside it"
     assert len(found) == 2, "two reductions: their two partitions hold every task"
     # tile tasks no reduction waits for spread over every partition, by sequence
-    plain = jobs.submit(clients, small_request(start="2022-01-01", end="2022-03-31")).job
+    plain = application.submit(clients, small_request(start="2022-01-01", end="2022-03-31")).job
     planner.plan(clients, plain)
     by_part = rows_by_part(clients, plain)
     assert sorted(by_part) == jobs.get(clients, plain).parts
@@ -96,7 +97,7 @@ def test_plan_spreads_the_tasks_and_keeps_each_reduction_with_its_tile_tasks(set
 def test_a_reduction_is_counted_off_and_released_in_its_own_partition(settings: Settings) -> None:
     clients = spread(settings)
     body = small_request(start="2022-01-01", end="2022-01-20", reducer={"name": "snow_fraction"})
-    job = jobs.submit(clients, body).job  # 2 tiles × 3 periods + 2 reductions (seqs 6 and 7)
+    job = application.submit(clients, body).job  # 2 tiles × 3 periods + 2 reductions (seqs 6 and 7)
     planner.plan(clients, job)
     rows = {r.seq: r for r in tasks.list_tasks(clients.tasks, jobs.get(clients, job).parts)}
     assert rows[6].part == names.partition(job, 6 % BUCKETS) and rows[7].part == names.partition(job, 7 % BUCKETS)
@@ -115,7 +116,7 @@ def test_a_reduction_is_counted_off_and_released_in_its_own_partition(settings: 
 
 def test_the_monitor_and_the_reconciler_look_in_every_partition(settings: Settings) -> None:
     clients = spread(settings)
-    job = jobs.submit(clients, small_request()).job  # 8 tasks over 3 partitions
+    job = application.submit(clients, small_request()).job  # 8 tasks over 3 partitions
     planner.plan(clients, job)
     row = jobs.get(clients, job)
     by_part = rows_by_part(clients, job)
@@ -154,9 +155,9 @@ def test_a_partitioned_job_runs_to_its_end_and_cancels_in_every_partition(settin
     clients = Clients(settings)
     clients.ensure_resources()
     with running_control(settings), running_workers(settings, count=2):
-        job = jobs.submit(clients, small_request(start="2022-01-01", end="2022-03-31")).job  # 24 tasks
+        job = application.submit(clients, small_request(start="2022-01-01", end="2022-03-31")).job  # 24 tasks
         wait_for(lambda: jobs.get(clients, job).state.finished, 120, "the job to end")
-        slow = jobs.submit(clients, small_request(start="2022-01-01", end="2022-12-31")).job
+        slow = application.submit(clients, small_request(start="2022-01-01", end="2022-12-31")).job
         wait_for(lambda: jobs.get(clients, slow).state is JobState.RUNNING, 60, "the second job to run")
         jobs.cancel(clients, slow, owner="test")
         wait_for(lambda: jobs.get(clients, slow).state.finished, 120, "the cancel to end")
@@ -181,8 +182,8 @@ def test_a_partitioned_job_runs_to_its_end_and_cancels_in_every_partition(settin
 
 def test_status_reads_each_partition_s_rollups_and_no_task_row(settings: Settings) -> None:
     clients = spread(settings)
-    small = jobs.submit(clients, small_request()).job  # 8 tasks
-    large = jobs.submit(clients, small_request(start="2021-01-01", end="2022-12-31")).job  # 184 tasks
+    small = application.submit(clients, small_request()).job  # 8 tasks
+    large = application.submit(clients, small_request(start="2021-01-01", end="2022-12-31")).job  # 184 tasks
     read: dict[str, int] = {}
     for job in (small, large):
         planner.plan(clients, job)  # its releaser's rollup row in each partition

@@ -9,10 +9,11 @@ from collections import Counter
 import pytest
 
 from pipeline import stages
+from pipeline.failures import FailureClass
 from pipeline.lifecycle import claims, dispatch, jobs, partitions, planner, sweep, tasks, transitions
-from pipeline.lifecycle.failures import FailureClass
-from pipeline.lifecycle.request import expand
 from pipeline.lifecycle.status import JobState, TaskStatus
+from pipeline.requests import application
+from pipeline.requests.request import expand, plan_of
 from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
@@ -33,7 +34,7 @@ def task_rows(clients: Clients, job: str) -> list[tasks.TaskRow]:
 
 def window_job(clients: Clients) -> tuple[str, list[tasks.TaskRow]]:
     """A job of 184 tasks planned, its first window released, and its rows."""
-    job = jobs.submit(clients, small_request(start="2021-01-01", end="2022-12-31")).job
+    job = application.submit(clients, small_request(start="2021-01-01", end="2022-12-31")).job
     planner.plan(clients, job)
     assert jobs.get(clients, job).released == clients.settings.window
     return job, task_rows(clients, job)
@@ -49,7 +50,7 @@ def end(clients: Clients, rows: list[tasks.TaskRow], seqs: range) -> None:
 
 def test_plan_message_twice_makes_no_duplicate(clients: Clients) -> None:
     request = small_request(start="2022-01-01", end="2022-12-31")  # 2 tiles × 46 = 92 tasks
-    job = jobs.submit(clients, request).job
+    job = application.submit(clients, request).job
     body = f'{{"job": "{job}"}}'.encode()
     threads = [threading.Thread(target=sweep.handle_plan, args=(clients, body)) for _ in range(3)]
     for t in threads:
@@ -69,8 +70,8 @@ def test_plan_message_twice_makes_no_duplicate(clients: Clients) -> None:
 
 def test_plan_resumes_after_a_crash_midway(clients: Clients) -> None:
     request = small_request(start="2022-01-01", end="2022-12-31")
-    job = jobs.submit(clients, request).job
-    specs = expand(request, 1000)
+    job = application.submit(clients, request).job
+    specs = plan_of(expand(request, 1000))
     # a planner that died after writing its first batch, before moving its cursor
     row = jobs.get(clients, job)
     first = [tasks.task_entity(names.partition(job, partitions.bucket_of(seq, specs[seq], row.buckets)), seq,
@@ -89,7 +90,7 @@ def test_release_never_puts_more_than_the_window_in_the_queues(
     settings_small = settings  # window 64 (conftest)
     clients = Clients(settings_small)
     clients.ensure_resources()
-    job = jobs.submit(clients, small_request(start="2021-01-01", end="2022-12-31")).job
+    job = application.submit(clients, small_request(start="2021-01-01", end="2022-12-31")).job
     total = 2 * 2 * 46
     depths: list[int] = []
     stop = threading.Event()
@@ -133,7 +134,7 @@ def test_a_release_slower_than_the_lease_still_sends_each_task_once(settings: Se
         queue.send_message = slow_send  # type: ignore[method-assign]
     fast = Clients(settings.with_(lease_seconds=1))
     request = small_request(start="2021-01-01", end="2022-12-31")  # 184 tasks, window 64
-    job = jobs.submit(fast, request).job
+    job = application.submit(fast, request).job
     planned = threading.Thread(target=planner.plan, args=(slow, job))
     planned.start()
     while planned.is_alive():  # others (workers, the sweep) call release all the while
@@ -215,7 +216,7 @@ def test_a_job_all_settled_at_planning_is_left_still_by_a_release(
     under the finisher, and kept the sweep from finding the job still."""
     monkeypatch.setitem(stages.MADE_ALREADY, clients.settings.tile_stage,
                         lambda clients, rows: {r.task: [f"tiles:made/{r.task}"] for r in rows})
-    job = jobs.submit(clients, small_request()).job
+    job = application.submit(clients, small_request()).job
     planner.plan(clients, job)
     row = jobs.get(clients, job)
     assert row.state is JobState.RUNNING and row.released == 0
@@ -230,7 +231,7 @@ def test_a_reduction_counts_its_tile_tasks_off_and_is_released_once_at_zero(clie
     transaction; the last releases it (QUEUED, its dispatch entry, one message), also when
     the last few end at once; nothing lists the reduction's tile tasks."""
     body = small_request(start="2022-01-01", end="2022-01-20", reducer={"name": "snow_fraction"})
-    job = jobs.submit(clients, body).job  # 2 tiles × 3 periods + 2 reductions
+    job = application.submit(clients, body).job  # 2 tiles × 3 periods + 2 reductions
     planner.plan(clients, job)
     rows = task_rows(clients, job)
     reductions = [r for r in rows if r.stage == "reduce"]

@@ -4,8 +4,8 @@ task's own the smaller and none when they repeat, and retries wait longer each t
 
 from __future__ import annotations
 
+from pipeline.failures import FailureClass
 from pipeline.lifecycle import policy
-from pipeline.lifecycle.failures import FailureClass
 from pipeline.settings import Settings
 
 

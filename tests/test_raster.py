@@ -18,7 +18,7 @@ from rasterio.io import MemoryFile
 from rio_cogeo.cogeo import cog_validate
 
 from bagpipe import modis_world as world
-from pipeline.lifecycle.failures import FailureClass, StageFailure
+from pipeline.failures import FailureClass, StageFailure
 from pipeline.modis import quality, tilestage
 from pipeline.modis.access import Fetched
 from pipeline.modis.collection import verify

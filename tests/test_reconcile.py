@@ -15,12 +15,13 @@ import pytest
 from azure.core.exceptions import ServiceRequestError
 
 from bagpipe.mailserver import MailServer
+from pipeline.failures import FailureClass
 from pipeline.lifecycle import claims, dispatch, jobs, sweep, tasks
-from pipeline.lifecycle.failures import FailureClass
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.modis.products import CATALOG
 from pipeline.reduction import reducers
 from pipeline.reduction.stage import MAX_OUTPUTS, run_program
+from pipeline.requests import application
 from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
@@ -163,7 +164,7 @@ def test_a_job_whose_plan_message_was_not_sent_is_planned_by_the_sweep(
         raise ServiceRequestError("queue service unreachable")
 
     monkeypatch.setattr(clients.plan_queue, "send_message", refused)
-    job = jobs.submit(clients, small_request()).job  # accepted all the same
+    job = application.submit(clients, small_request()).job  # accepted all the same
     assert jobs.get(clients, job).state == "ACCEPTED"
     monkeypatch.undo()
     with running_control(settings), running_workers(settings):
@@ -196,7 +197,7 @@ def test_a_job_that_no_longer_fits_the_deployment_fails_saying_why(
     in its status, its manifest and its one email (not a plan message poisoned and the job
     ACCEPTED for ever)."""
     settings, clients = fast(settings)
-    job = jobs.submit(clients, small_request()).job
+    job = application.submit(clients, small_request()).job
     monkeypatch.delitem(CATALOG, "MOD10A2")
     with running_control(settings):
         wait_for(lambda: finished(clients, job), 60, "the job to end")

@@ -18,8 +18,9 @@ from rasterio.io import MemoryFile
 from bagpipe.azurite import Azurite
 from bagpipe.planetary import Planetary
 from pipeline.lifecycle import jobs, tasks
-from pipeline.lifecycle.request import JobRequest
 from pipeline.reduction import reducers
+from pipeline.requests import application
+from pipeline.requests.request import JobRequest
 from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
@@ -33,7 +34,7 @@ GRID = {"tile_size": 1.0, "resolution": 0.01}
 def run_job(settings: Settings, body: dict, timeout: float = 180) -> tuple[Clients, str, dict]:
     clients = Clients(settings)
     clients.ensure_resources()
-    job = jobs.submit(clients, JobRequest.model_validate(body)).job
+    job = application.submit(clients, JobRequest.model_validate(body)).job
     with running_control(settings), running_workers(settings, 1, slots=2):
         wait_for(lambda: jobs.get(clients, job).state in ("SUCCEEDED", "FAILED"), timeout, "the job")
     return clients, job, jobs.status(clients, job)

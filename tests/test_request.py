@@ -9,9 +9,10 @@ from datetime import date, timedelta
 import pytest
 from pydantic import ValidationError
 
-from pipeline.lifecycle.request import JobRequest, RequestError, expand
 from pipeline.modis.grid import RADIUS, TILE_SIZE, X_MIN, Y_MAX, Tile, tiles_for_bbox
 from pipeline.modis.products import CATALOG, period_count, periods
+from pipeline.planning import RequestError
+from pipeline.requests.request import JobRequest, expand
 from tests.conftest import small_request
 
 

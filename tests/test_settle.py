@@ -18,7 +18,8 @@ from azure.core.exceptions import ServiceResponseError
 from bagpipe.mailserver import MailServer
 from bagpipe.planetary import Planetary
 from pipeline.lifecycle import attempts, jobs, planner, results, rollups, sweep, tasks, transitions
-from pipeline.lifecycle.request import JobRequest
+from pipeline.requests import application
+from pipeline.requests.request import JobRequest
 from pipeline.settings import Settings
 from pipeline.storage import cache, names
 from pipeline.storage.clients import Clients
@@ -31,7 +32,7 @@ TILES = 3
 
 
 def submit(clients: Clients) -> str:
-    return jobs.submit(clients, JobRequest.model_validate(BODY)).job
+    return application.submit(clients, JobRequest.model_validate(BODY)).job
 
 
 def finish(settings: Settings, clients: Clients, job: str) -> None:
@@ -183,7 +184,7 @@ def test_tasks_settled_ahead_of_the_cursor_take_no_place_in_the_window(
     narrow = settings.with_(window=2)
     clients = Clients(narrow)
     clients.ensure_resources()
-    job = jobs.submit(clients, small_request()).job
+    job = application.submit(clients, small_request()).job
     sweep.handle_plan(clients, json.dumps({"job": job}).encode())  # tasks 0 and 1 released
     ahead = tasks.list_tasks(clients.tasks, parts(clients, job), 4, 4)
     assert transitions.settle(clients, ahead, {r.task: [f"tiles:made/{r.task}"] for r in ahead}) == 4

@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 from azure.core.exceptions import ServiceResponseError
 
+from pipeline.failures import FailureClass
 from pipeline.lifecycle import attempts, claims, jobs, rollups, runtimes, speculation, sweep, tasks, transitions
-from pipeline.lifecycle.failures import FailureClass
-from pipeline.lifecycle.request import expand
 from pipeline.lifecycle.status import TaskStatus
+from pipeline.requests import application
+from pipeline.requests.request import expand
 from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
@@ -220,7 +221,7 @@ def test_real_workers_a_stragglers_backup_wins_and_the_straggler_is_killed(setti
     # pass a second, until the straggler had committed)
     clients = _seeded(settings, "straggler", kill_factor=20.0, speculate_share=0.5)
     with running_control(clients.settings), running_workers(clients.settings, count=3, slots=1):
-        job = jobs.submit(clients, small_request()).job
+        job = application.submit(clients, small_request()).job
         wait_for(lambda: jobs.get(clients, job).state.finished, 120, "the job to finish")
     assert jobs.get(clients, job).state == "SUCCEEDED"
     task = marked_task(clients, job)
@@ -309,7 +310,7 @@ def _seeded(settings: Settings, stage: str, **changes: object) -> Clients:
     clients = Clients(with_stage(settings, stage, kill_floor_s=0.5, min_samples=3, kill_grace_s=1.0,
                                  lease_seconds=3, **changes))
     clients.ensure_resources()
-    work = runtimes.work_of(expand(small_request(), 100)[0].params())  # the history is per megapixel
+    work = expand(small_request(), 100)[0].work()  # the history is per megapixel
     runtimes.merge(clients.runtimes, stage, "MOD10A2", runtimes.Runtime(50, 0.8 / work, 50 * (0.1 / work) ** 2))
     return clients
 
@@ -321,7 +322,7 @@ def test_real_workers_an_attempt_past_its_kill_time_is_left_to_its_running_backu
     # be let win (workers of one slot, so that the backup cannot come to its attempt's worker)
     clients = _seeded(settings, "slow_copy", speculate_share=0.5, kill_factor=6.0)
     with running_control(clients.settings), running_workers(clients.settings, count=3, slots=1):
-        job = jobs.submit(clients, small_request()).job
+        job = application.submit(clients, small_request()).job
         wait_for(lambda: jobs.get(clients, job).state.finished, 120, "the job to finish")
     task = marked_task(clients, job)
     assert task.attempt == 1 and task.timeouts == 0
@@ -334,7 +335,7 @@ def test_a_backup_that_reaches_the_worker_of_its_attempt_goes_back_and_is_not_ru
         settings: Settings) -> None:
     clients = _seeded(settings, "straggler", kill_factor=20.0, speculate_share=0.5)
     with running_control(clients.settings), running_workers(clients.settings, count=1, slots=2):
-        job = jobs.submit(clients, small_request()).job
+        job = application.submit(clients, small_request()).job
         wait_for(lambda: jobs.get(clients, job).state.finished, 120, "the job to finish")
         task = marked_task(clients, job)
         # its message, handed back, comes to the worker once more: the backup was never run

@@ -9,9 +9,10 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.status_scale import counting_reads
+from pipeline.failures import FailureClass
 from pipeline.lifecycle import claims, jobs, planner, rollups, tasks, transitions
-from pipeline.lifecycle.failures import FailureClass
 from pipeline.lifecycle.status import TaskStatus
+from pipeline.requests import application
 from pipeline.settings import Settings
 from pipeline.storage.clients import Clients
 from pipeline.web import jobview
@@ -42,7 +43,7 @@ def run_some(clients: Clients, job: str, commits: int) -> None:
 
 
 def job_of(clients: Clients, end: str, commits: int) -> str:
-    job = jobs.submit(clients, small_request(start="2022-01-01", end=end)).job
+    job = application.submit(clients, small_request(start="2022-01-01", end=end)).job
     planner.plan(clients, job)
     run_some(clients, job, commits)
     return job

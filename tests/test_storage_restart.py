@@ -10,6 +10,7 @@ from pathlib import Path
 from bagpipe.azurite import Azurite
 from bagpipe.mailserver import MailServer
 from pipeline.lifecycle import jobs, tasks
+from pipeline.requests import application
 from pipeline.settings import Settings
 from pipeline.storage.clients import Clients
 from tests.conftest import parts, running_control, running_workers, small_request, wait_for, with_stage
@@ -22,7 +23,7 @@ def test_job_survives_a_storage_restart(tmp_path: Path, settings: Settings, mail
         clients = Clients(settings)
         clients.ensure_resources()
         with running_control(settings), running_workers(settings, count=2, slots=2):
-            job = jobs.submit(clients, small_request(start="2022-01-01", end="2022-06-30")).job
+            job = application.submit(clients, small_request(start="2022-01-01", end="2022-06-30")).job
             for done in (10, 20):
                 wait_for(lambda d=done: sum(tasks.terminal_counts(clients.tasks, parts(clients, job)).values()) >= d,
                          90, "progress")

@@ -18,13 +18,14 @@ from bagpipe import modis_world as world
 from bagpipe.earthdata import Earthdata
 from bagpipe.planetary import Planetary
 from pipeline import stages
-from pipeline.lifecycle.failures import FailureClass, StageFailure
-from pipeline.lifecycle.request import TaskSpec
-from pipeline.modis import catalogs, tilestage
+from pipeline.failures import FailureClass, StageFailure
+from pipeline.modis import tilestage
 from pipeline.modis.granules import from_param
 from pipeline.modis.products import CATALOG
 from pipeline.modis.reprojection import Source, warp
 from pipeline.modis.targets import GridSpec
+from pipeline.requests import search
+from pipeline.requests.request import TaskSpec
 from pipeline.settings import Settings
 from pipeline.stages import StageContext
 from pipeline.storage import names
@@ -39,7 +40,7 @@ def params_for(settings: Settings, west: float, south: float, day: date, product
     """The tile task of the 1° target tile whose south-west corner is (west, south), its
     granules found as the planner finds them."""
     (target,) = GridSpec().tiles_for_lonlat_box(west + 0.1, south + 0.1, west + 0.2, south + 0.2)
-    (spec,) = catalogs.resolve(settings, [TaskSpec("modis", product, target, day, layers=layers)], "modis")
+    (spec,) = search.resolve(settings, [TaskSpec("modis", product, target, day, layers=layers)], "modis")
     return spec.params()
 
 

@@ -8,7 +8,7 @@ import os
 import pytest
 from azure.storage.blob import ContentSettings
 
-from pipeline.lifecycle.failures import FailureClass, StageFailure
+from pipeline.failures import FailureClass, StageFailure
 from pipeline.storage import cache
 from pipeline.storage.clients import Clients
 from pipeline.storage.transfer import MiB, md5_of, plan_for

@@ -15,7 +15,7 @@ from azure.storage.blob import BlobServiceClient
 
 from bagpipe.azurite import ACCOUNT, ACCOUNT_KEY, Azurite
 from bagpipe.toxiproxy import Toxiproxy
-from pipeline.lifecycle.failures import FailureClass, classify
+from pipeline.failures import FailureClass, classify
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
 from pipeline.storage.transfer import NEAR_S, WIDE_RATE, MiB, Transfers, md5_of

@@ -19,6 +19,7 @@ from bagpipe.mailserver import MailServer
 from pipeline.lifecycle import attempts, claims, completion, jobs, planner, sweep, tasks, transitions
 from pipeline.lifecycle.notify import mailer_for
 from pipeline.lifecycle.status import TaskStatus
+from pipeline.requests import application
 from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
@@ -36,7 +37,7 @@ from worker import runner
 
 
 def planned_job(clients: Clients, **request: object) -> str:
-    job = jobs.submit(clients, small_request(**request)).job
+    job = application.submit(clients, small_request(**request)).job
     sweep.handle_plan(clients, json.dumps({"job": job}).encode())
     return job
 

@@ -24,7 +24,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from pipeline import stages
-from pipeline.lifecycle.failures import FailureClass, classify
+from pipeline.failures import FailureClass, classify
 from pipeline.redact import protect_logging
 from pipeline.settings import Settings
 from pipeline.storage.clients import Clients

@@ -14,6 +14,7 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime
 
+from pipeline import planning
 from pipeline.lifecycle import claims, policy, runtimes, tasks
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.storage.clients import Clients
@@ -44,12 +45,12 @@ class Handout:
         self.history, self.rows, self.counter = history, rows, counter
 
     def kill_time(self, current: tasks.TaskRef, stage: str, params: dict[str, str], timeouts: int) -> datetime:
-        history = self.history.read(stage, runtimes.history_key(params))
-        return policy.kill_time(self.settings, stage, history, timeouts, tasks.now(), runtimes.work_of(params))
+        history = self.history.read(stage, planning.history_of(params))
+        return policy.kill_time(self.settings, stage, history, timeouts, tasks.now(), planning.work_of(params))
 
     def speculate_time(self, stage: str, params: dict[str, str], started: datetime) -> datetime | None:
-        history = self.history.read(stage, runtimes.history_key(params))
-        return policy.speculate_time(self.settings, stage, history, started, runtimes.work_of(params))
+        history = self.history.read(stage, planning.history_of(params))
+        return policy.speculate_time(self.settings, stage, history, started, planning.work_of(params))
 
     def claim_together(self, popped: list[tuple[Delivery, tasks.TaskRef]]) -> list[Handed]:
         """The attempts going to slots now, those that can be claimed together claimed."""

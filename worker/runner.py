@@ -34,9 +34,9 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
-from pipeline import telemetry
+from pipeline import planning, telemetry
+from pipeline.failures import FailureClass
 from pipeline.lifecycle import claims, health, policy, progress, runtimes, speculation, tasks, transitions
-from pipeline.lifecycle.failures import FailureClass
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.redact import redact
 from pipeline.settings import Settings
@@ -218,10 +218,10 @@ class Worker:
 
     def _expected_s(self, held: claims.Claim) -> float | None:
         """The attempt's expected seconds from its history (None while it is not trusted)."""
-        history = self.history.read(held.stage, runtimes.history_key(held.params))
+        history = self.history.read(held.stage, planning.history_of(held.params))
         if history.count < self.settings.min_samples:
             return None
-        return history.mean * runtimes.work_of(held.params) or None
+        return history.mean * planning.work_of(held.params) or None
 
     def _busy(self) -> bool:
         with self._pool_lock:
@@ -307,8 +307,8 @@ class Worker:
             telemetry.attempt_ended(held.stage, status.value if committed else "DISCARDED", seconds)
             if committed:
                 if status is TaskStatus.SUCCEEDED:  # computed: a cache hit or no data measures nothing
-                    self.history.add(held.stage, runtimes.history_key(held.params),
-                                     seconds / runtimes.work_of(held.params))
+                    self.history.add(held.stage, planning.history_of(held.params),
+                                     seconds / planning.work_of(held.params))
                     self.pace.ran(seconds, expected)
                 self.progress.task_ended(held.ref.job)
             return

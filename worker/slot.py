@@ -13,8 +13,8 @@ import logging
 import threading
 from dataclasses import dataclass
 
+from pipeline.failures import FailureClass
 from pipeline.lifecycle import attempts, claims, tasks
-from pipeline.lifecycle.failures import FailureClass
 from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.clients import Clients

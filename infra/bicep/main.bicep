@@ -1,7 +1,7 @@
 // bagpipe on Azure, from one command (docs/deploy.md):
 //   az deployment group create -g RG -f infra/bicep/main.bicep -p prefix=bagpipe
 // Storage (the queues, tables and containers the code names, loaded from names.json, which
-// `python -m pipeline.storage.deployment` writes from the code's names and settings), the Function App
+// `python -m pipeline.deployment` writes from the code's names and settings), the Function App
 // (API and portal, planner, completion, monitor), the workers (a Container Apps Job scaled
 // from zero on the task queues), email (Communication Services), monitoring (Application
 // Insights on Log Analytics). Everything reaches storage by managed identity.

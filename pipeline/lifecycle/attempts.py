@@ -28,8 +28,8 @@ from typing import Any, ClassVar
 from azure.core.exceptions import ResourceNotFoundError
 from azure.data.tables import TableClient, TableTransactionError, UpdateMode
 
+from pipeline.failures import FailureClass, error_code
 from pipeline.lifecycle import partitions
-from pipeline.lifecycle.failures import FailureClass, error_code
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
 from pipeline.storage.rows import Row, stored

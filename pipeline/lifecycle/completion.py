@@ -25,14 +25,11 @@ from typing import Any
 
 from azure.core.exceptions import HttpResponseError
 
+from pipeline import planning
 from pipeline.lifecycle import attempts, costs, jobs, results, snapshots, tasks
 from pipeline.lifecycle.jobs import JobRow
 from pipeline.lifecycle.notify import Mailer
 from pipeline.lifecycle.status import JobState, TaskStatus
-from pipeline.modis import overview
-from pipeline.redact import redact
-from pipeline.reduction import bundles, reducers
-from pipeline.settings import Settings
 from pipeline.storage import names, packing
 from pipeline.storage.clients import Clients
 
@@ -187,11 +184,11 @@ def _finish(clients: Clients, mailer: Mailer, hold: Finishing) -> None:
     final = row.outcome
     if final is None:
         raise ValueError(f"job {row.job} is finishing with no outcome")
-    found = write_manifest(clients, row, final)
-    recipient = jobs.request_of(row).email
+    found, lines = write_manifest(clients, row, final)
+    recipient = row.email
     if recipient and not row.notified_at:
         message_id = row.mail_id or hold.update(mail_id=make_msgid(idstring=row.job, domain="bagpipe")).mail_id
-        mailer.send(completion_email(clients, hold.row, final, found, recipient, message_id))
+        mailer.send(completion_email(clients, hold.row, final, found, lines, recipient, message_id))
         hold.update(notified_at=tasks.now())
     attempts.clear_indexes(clients, row.parts)
     snapshots.final(clients, row.job, row.parts)  # its status from now on
@@ -199,9 +196,10 @@ def _finish(clients: Clients, mailer: Mailer, hold: Finishing) -> None:
                 compute_s=found["cost"]["compute_s"], cost_usd=found["cost"]["usd"])
 
 
-def write_manifest(clients: Clients, row: JobRow, final: JobState) -> dict[str, Any]:
-    """The manifest blob: every task's state and the outputs its committed attempt made, and
-    where the small ones are packed."""
+def write_manifest(clients: Clients, row: JobRow, final: JobState) -> tuple[dict[str, Any], list[str]]:
+    """The manifest blob: every task's state and the outputs its committed attempt made,
+    where the small ones are packed, and what the job's application adds of its products
+    (``planning.Application.finished``); with the paragraphs that adds to the email."""
     job = row.job
     entries: list[dict[str, Any]] = []
     counts: dict[str, int] = {}
@@ -221,7 +219,7 @@ def write_manifest(clients: Clients, row: JobRow, final: JobState) -> dict[str, 
         )
     if final is JobState.CANCELLED and row.total > len(entries):  # cancelled while it was being planned
         counts[TaskStatus.CANCELLED.value] = counts.get(TaskStatus.CANCELLED.value, 0) + row.total - len(entries)
-    name_installed_reducers(clients.settings, entries)
+    added = planning.application().finished(clients, row, entries)
     found = {
         "job": job,
         "state": final.value,
@@ -231,9 +229,8 @@ def write_manifest(clients: Clients, row: JobRow, final: JobState) -> dict[str, 
         "created": row.created_at.isoformat(),
         "total": row.total,
         "counts": counts,
-        "catalog": catalog_of(clients.settings),
+        **added.manifest,
         "cost": costs.measured(_attempt_seconds(clients, row.parts), len(entries)),
-        "overviews": overview.build(clients, job, entries) if final is not JobState.CANCELLED else [],
         "tasks": entries,
         "packed": packing.as_manifest(packing.pack(clients, job, (
             packing.Output(output, *results.locate(clients, output)) for entry in entries for output in entry["outputs"]
@@ -241,7 +238,7 @@ def write_manifest(clients: Clients, row: JobRow, final: JobState) -> dict[str, 
     }
     clients.transfers.upload(clients.products, names.manifest_blob(job), json.dumps(found, indent=1).encode(),
                              "application/json")
-    return found
+    return found, added.lines
 
 
 def _attempt_seconds(clients: Clients, parts: list[str]) -> list[float]:
@@ -251,33 +248,13 @@ def _attempt_seconds(clients: Clients, parts: list[str]) -> list[float]:
     return [seconds for seconds in ran if seconds is not None]
 
 
-def name_installed_reducers(settings: Settings, entries: list[dict[str, Any]]) -> None:
-    """Give each reduction that ran a reducer installed on the workers its ``digest``, as a
-    bundle's is named (the same canonical SHA-256 of its folder): its products' provenance."""
-    installed = reducers.catalog(settings.reducers_path)
-    digests: dict[str, str] = {}
-    for entry in entries:
-        name = entry.get("reducer")
-        if name and not entry.get("bundle") and name in installed:
-            if name not in digests:
-                digests[name] = bundles.digest_of(installed[name].here)
-            entry["digest"] = digests[name]
-
-
-def catalog_of(settings: Settings) -> dict[str, str]:
-    """Where the job's granules were searched (the provenance its STAC items name): the
-    catalog's kind and its URL (secrets redacted)."""
-    url = settings.stac_url if settings.catalog == "stac" else settings.cmr_url
-    return {"kind": settings.catalog, "url": redact(url)}
-
-
 def one_line(text: str) -> str:
     """``text`` fit for a header: its whitespace runs (line breaks too) made one space, other
     control characters dropped."""
     return "".join(c for c in " ".join(text.split()) if c.isprintable())
 
 
-def completion_email(clients: Clients, row: JobRow, final: JobState, found: dict[str, Any],
+def completion_email(clients: Clients, row: JobRow, final: JobState, found: dict[str, Any], lines: list[str],
                      recipient: str, message_id: str) -> EmailMessage:
     job = row.job
     label = f" ({one_line(row.label)})" if row.label else ""
@@ -296,17 +273,7 @@ def completion_email(clients: Clients, row: JobRow, final: JobState, found: dict
         f"about {costs.dollars(found['cost']['usd'])} at Azure's pay-as-you-go prices.\n\n"
         f"Manifest with every product (link valid for {clients.settings.sas_minutes} minutes):\n"
         f"{link}\n\n"
-        f"{_overview_line(clients, found)}"
+        f"{''.join(lines)}"
         f"Fresh download links at any time: bagpipe results {job} --out DIR\n"
     )
     return message
-
-
-def _overview_line(clients: Clients, found: dict[str, Any]) -> str:
-    """The email's link to the job's first overview (its region, coloured, with a legend)."""
-    if not found.get("overviews"):
-        return ""
-    first = found["overviews"][0]
-    link = results.sas_url(clients, clients.products.container_name, first["picture"])
-    span = f"{first['date']} to {first['last']}" if first.get("last") else first["date"]
-    return f"Overview of the region ({first['product']} {first['layer']}, {span}):\n{link}\n\n"

@@ -19,7 +19,7 @@ from typing import Any
 from azure.data.tables import TableClient
 
 from pipeline.lifecycle import runtimes
-from pipeline.lifecycle.request import TaskSpec
+from pipeline.planning import TaskPlan
 from pipeline.storage import names
 
 
@@ -83,14 +83,13 @@ def usd(compute_s: float, tasks: int) -> float:
     return compute_s * SLOT_USD_PER_S + tasks * STORAGE_CALLS_PER_TASK * STORAGE_USD_PER_CALL
 
 
-def estimate(history: TableClient, specs: Iterable[TaskSpec], min_samples: int) -> dict[str, Any]:
+def estimate(history: TableClient, plan: Iterable[TaskPlan], min_samples: int) -> dict[str, Any]:
     """Before submitting: per stage its tasks and their compute time, from the history of
     each (stage, product[, reducer]) times each task's work; a stage with too short a history
     says so (its time unknown). One history read per stage and key."""
     groups: dict[tuple[str, str], list[float]] = {}
-    for spec in specs:
-        params = spec.params()
-        groups.setdefault((spec.stage, runtimes.history_key(params)), []).append(runtimes.work_of(params))
+    for task in plan:
+        groups.setdefault((task.stage, task.history), []).append(task.work)
     stages: dict[str, dict[str, Any]] = {}
     for (stage, key), works in sorted(groups.items()):
         found = runtimes.read(history, stage, key)

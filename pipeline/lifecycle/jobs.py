@@ -18,7 +18,7 @@ import secrets
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from azure.core.exceptions import (
     AzureError,
@@ -31,15 +31,13 @@ from azure.core.exceptions import (
 from azure.data.tables import UpdateMode
 
 from pipeline.lifecycle import costs, health, partitions, rollups, snapshots, tasks, transitions
-from pipeline.lifecycle.request import JobRequest, expand, installed
 from pipeline.lifecycle.status import JobState, TaskStatus, job_transition
 from pipeline.lifecycle.tasks import TerminalCounter, if_match, now
+from pipeline.planning import TaskPlan, releasable
 from pipeline.redact import redact
-from pipeline.reduction.reducers import Program
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
 from pipeline.storage.rows import Row, stored
-from pipeline.web.identity import User
 
 log = logging.getLogger(__name__)
 ACTIVE = "~active"
@@ -69,8 +67,9 @@ class JobRow(Row):
     planned: int = 0  # task rows the planner has written
     released: int = 0  # the release cursor: tile tasks sent to the queues
     label: str = ""
+    email: str = ""  # where its completion is mailed ("" for nowhere)
     owner: str = ""  # the user whose job it is ("" on a stack without sign-in)
-    program: str = ""  # the reduction resolved at submission (a Program, as JSON), or ""
+    program: str = ""  # what its application resolved at submission (a reduction's program), as it wrote it
     error: str = ""  # why the job failed as a whole (its tasks' errors are on their rows)
     plan_tries: int = 0  # plan messages the sweep has sent again
     planning_until: datetime | None = None  # a planner is searching the catalogs until then
@@ -87,7 +86,7 @@ class JobRow(Row):
     key: str = field(default=names.JOB_ROW, metadata=stored("RowKey"))
     etag: str = field(default="", compare=False)
     # what a submitted job's row has always said, if only that it is nothing yet
-    written: ClassVar[frozenset[str]] = frozenset({"planned", "released", "label", "owner", "program"})
+    written: ClassVar[frozenset[str]] = frozenset({"planned", "released", "label", "email", "owner", "program"})
 
     @classmethod
     def completed(cls, found: dict[str, Any]) -> dict[str, Any]:
@@ -125,25 +124,25 @@ def listing(owner: str | None) -> str:
     return LISTING if owner is None else f"{LISTING}~{owner}"
 
 
-def submit(clients: Clients, request: JobRequest, owner: str = "", program: Program | None = None) -> JobRow:
-    """Store a valid request as ``owner``'s job and enqueue its plan message; RequestError
-    if it cannot run (then nothing is written). ``program`` is the reduction the request's
-    reducer resolved to (an uploaded bundle's exact digest), kept on the row for the planner.
+def submit(clients: Clients, request: str, plan: list[TaskPlan], owner: str = "", resolved: str = "",
+           label: str = "", email: str = "") -> JobRow:
+    """Store a valid request (its JSON, as its application wrote it) as ``owner``'s job of
+    the tasks ``plan`` (``planning.Application.plan``'s, without the catalog: the planner
+    makes the same again with it) and enqueue its plan message. ``resolved`` is what the
+    application resolved of it at submission (an uploaded reducer's exact digest), kept on
+    the row for the planner; ``label`` and ``email`` (where its completion is mailed, if
+    anywhere) are the request's.
 
     The indexes are written before the job row (an index entry whose job does not exist
     yet is skipped by its readers), so a job never exists that the sweep cannot find; the
     plan message last, and only as a hint: a job that stays ACCEPTED because its message
     was lost (a failed send, a crash here) is planned by the sweep (:func:`replan_stale`)."""
-    if request.reducer is not None and program is None:
-        program = installed(request.reducer.name, clients.settings.reducers_path)
-    specs = expand(request, clients.settings.max_tasks, program=program)
     created = now()
     job = new_job_id(created)
     row = JobRow(
-        job=job, request=request.model_dump_json(), state=JobState.ACCEPTED, total=len(specs),
-        tiles=sum(1 for s in specs if s.reducer is None), created_at=created, updated_at=created,
-        buckets=partitions.buckets_for(clients.settings, len(specs)),
-        label=request.label, owner=owner, program=program.to_json() if program else "",
+        job=job, request=request, state=JobState.ACCEPTED, total=len(plan), tiles=releasable(plan),
+        created_at=created, updated_at=created, buckets=partitions.buckets_for(clients.settings, len(plan)),
+        label=label, email=email, owner=owner, program=resolved,
     )
     clients.jobs.upsert_entity({"PartitionKey": ACTIVE, "RowKey": job})
     for index in {listing(None), listing(owner or None)}:
@@ -179,22 +178,23 @@ def get(clients: Clients, job: str) -> JobRow:
     return JobRow.from_entity(entity)
 
 
-def get_for(clients: Clients, job: str, user: User) -> JobRow:
+class Viewer(Protocol):
+    """Who looks at a job: a user, by name, who may be an admin (``pipeline.web.identity.User``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def admin(self) -> bool: ...
+
+
+def get_for(clients: Clients, job: str, user: Viewer) -> JobRow:
     """The job row if ``user`` may see it (its owner, or an admin); else JobNotFound, as
     for a job that does not exist, so that another user's job is not disclosed."""
     row = get(clients, job)
     if not user.admin and row.owner != user.name:
         raise JobNotFound(job)
     return row
-
-
-def request_of(row: JobRow) -> JobRequest:
-    return JobRequest.model_validate_json(row.request)
-
-
-def program_of(row: JobRow) -> Program | None:
-    """The reduction the job runs, as resolved when it was submitted."""
-    return Program.from_json(row.program) if row.program else None
 
 
 def update(clients: Clients, row: JobRow, **changes: Any) -> JobRow:

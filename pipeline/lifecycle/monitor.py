@@ -20,9 +20,9 @@ from typing import Any
 
 from azure.core.exceptions import ResourceNotFoundError
 
+from pipeline.failures import FailureClass
 from pipeline.lifecycle import attempts, jobs, policy, progress, speculation, transitions
 from pipeline.lifecycle.attempts import Deadline
-from pipeline.lifecycle.failures import FailureClass
 from pipeline.lifecycle.jobs import JobRow
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.lifecycle.tasks import TaskRef, TerminalCounter, get_task, now

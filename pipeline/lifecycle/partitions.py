@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 from azure.data.tables import TableClient, TableEntity
 
-from pipeline.lifecycle.request import TaskSpec
+from pipeline.planning import TaskPlan
 from pipeline.settings import Settings
 from pipeline.storage import names
 
@@ -55,11 +55,12 @@ def buckets_for(settings: Settings, count: int) -> int:
     return next((b for b in range(max(1, wanted), shards) if shards % b == 0), shards)
 
 
-def bucket_of(seq: int, spec: TaskSpec, buckets: int) -> int:
-    """The bucket of task ``seq``: a tile task that a reduction waits for is in that
-    reduction's (its count-off is part of the tile task's commit); any other task by its
-    sequence number, so that the tasks released together spread over every bucket."""
-    return (seq if spec.reduction is None else spec.reduction) % buckets
+def bucket_of(seq: int, plan: TaskPlan, buckets: int) -> int:
+    """The bucket of task ``seq``: that of its group, if its plan gives one (a task that
+    waits and those it waits for: a task's count-off is part of its own commit); any other
+    task by its sequence number, so that the tasks released together spread over every
+    bucket."""
+    return (seq if plan.group is None else plan.group) % buckets
 
 
 def chunks(items: Iterable[T], part_of: Callable[[T], str], size: int) -> Iterator[tuple[str, list[T]]]:

@@ -19,12 +19,11 @@ from datetime import UTC, datetime, timedelta
 
 from azure.core.exceptions import AzureError
 
-from pipeline import stages
+from pipeline import planning, stages
 from pipeline.lifecycle import completion, dispatch, jobs, partitions, rollups, tasks, transitions
-from pipeline.lifecycle.request import TILE_STAGE, RequestError, expand
 from pipeline.lifecycle.status import JobState, TaskStatus
 from pipeline.lifecycle.tasks import TerminalCounter
-from pipeline.modis import catalogs
+from pipeline.planning import RequestError
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
 
@@ -32,7 +31,6 @@ log = logging.getLogger(__name__)
 NO_RELEASER = datetime(1970, 1, 1, tzinfo=UTC)  # a lease that has long expired
 RELEASE_CHUNK = 64  # tasks sent per move of the cursor: bounds the work done under one lease
 RELEASE_LEASE_S = 15.0  # a releaser's hold on the cursor, renewed at each move
-MADE_ALREADY_MODULES = "pipeline.modis.cachedtiles"  # the built-in stages' checks (stages.MADE_ALREADY)
 SETTLE_PAGE = 1000  # task rows looked at together for outputs the cache holds already
 SEARCH_LEASE = timedelta(minutes=15)  # the longest a planner's catalog searches may take before the sweep plans again
 
@@ -44,23 +42,24 @@ def plan(clients: Clients, job: str) -> None:
         if row.state is JobState.RUNNING:  # planned already (a message handled twice, a planner died)
             _start(clients, row)
         return
-    settings = clients.settings
+    settings, application = clients.settings, planning.application()
     try:
-        specs = expand(jobs.request_of(row), max(settings.max_tasks, row.total), settings.tile_stage,
-                       jobs.program_of(row))
+        specs = application.plan(settings, row.request, row.program, search=False,
+                                 limit=max(settings.max_tasks, row.total))
     except RequestError as exc:  # it fitted the deployment when submitted, not any more
         log.warning("job %s cannot be planned: %s", job, exc.message)
         jobs.refuse(clients, row, f"the request cannot be planned: {exc.field}: {exc.message}")
         return
     planned = row.planned
-    if planned < len(specs):  # the granules: one catalog search per product (again, if a planner died here)
+    if planned < len(specs):  # its inputs: the catalog searched (again, if a planner died here)
         try:  # however long the search, the sweep does not take the job for one whose plan was lost
             row = jobs.update(clients, row, planning_until=tasks.now() + SEARCH_LEASE)
         except Exception as exc:
             if not tasks.is_conflict(exc):
                 raise
             return plan(clients, job)  # moved meanwhile (cancelled, another planner): look again
-        specs = catalogs.resolve(settings, specs, TILE_STAGE)
+        specs = application.plan(settings, row.request, row.program, search=True,
+                                 limit=max(settings.max_tasks, row.total))
         clients.tasks.upsert_entity(rollups.plan_row(job, specs))  # its tiles and totals, for its status
     while planned < len(specs):
         end = min(planned + tasks.BATCH * row.buckets, len(specs))
@@ -108,19 +107,20 @@ def _start(clients: Clients, row: jobs.JobRow) -> None:
 
 def settle(clients: Clients, row: jobs.JobRow) -> int:
     """Settle at planning (``transitions.settle``: PENDING → CACHED, no message, no worker)
-    each of the tile tasks of the job (its ``row``) whose every output the cache holds already (as
-    its stage says: ``stages.MADE_ALREADY``, ``cachedtiles`` for MODIS), a page at a time.
-    A storage error here only leaves the tasks to the ordinary way: the stage finds them
-    made. Returns how many."""
-    stages.load(f"{MADE_ALREADY_MODULES},{clients.settings.stage_modules}")
-    made_already = stages.MADE_ALREADY.get(clients.settings.tile_stage)
-    if made_already is None:
-        return 0
+    each of the released tasks of the job (its ``row``) whose every output the cache holds
+    already (as its stage says: ``stages.MADE_ALREADY``, which the application's stages
+    register), a page at a time. A storage error here only leaves the tasks to the ordinary
+    way: the stage finds them made. Returns how many."""
+    planning.application()  # its stages' checks registered
+    stages.load(clients.settings.stage_modules)
     settled, job, tiles = 0, row.job, row.tiles
     try:
         for first in range(0, tiles, SETTLE_PAGE):
             rows = tasks.list_tasks(clients.tasks, row.parts, first, min(SETTLE_PAGE, tiles - first))
-            settled += transitions.settle(clients, rows, made_already(clients, rows))
+            made: dict[str, list[str]] = {}
+            for stage in sorted({r.stage for r in rows} & set(stages.MADE_ALREADY)):
+                made |= stages.MADE_ALREADY[stage](clients, rows)
+            settled += transitions.settle(clients, rows, made)
     except AzureError as exc:
         log.warning("job %s: tasks left to run as they are (%d settled at planning): %s", job, settled, exc)
     if settled:

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from pipeline.failures import FailureClass
 from pipeline.lifecycle import runtimes
-from pipeline.lifecycle.failures import FailureClass
 from pipeline.settings import Settings, env_name
 
 RETRY_BACKOFF_S = (2, 10, 30)  # visibility delay before attempt 2, 3, 4+

@@ -40,9 +40,8 @@ from azure.data.tables import TableClient, TableEntity, TableTransactionError, U
 
 from pipeline.lifecycle import partitions
 from pipeline.lifecycle.attempts import AttemptRow
-from pipeline.lifecycle.request import TaskSpec
-from pipeline.lifecycle.runtimes import history_key, work_of
 from pipeline.lifecycle.status import ENDED_WELL, TaskStatus
+from pipeline.planning import TaskPlan
 from pipeline.storage import names
 
 UNCOUNTED = frozenset({TaskStatus.PENDING, TaskStatus.FAILED, TaskStatus.TIMED_OUT})
@@ -310,25 +309,25 @@ def fold(tasks: TableClient, part: str, found: list[TableEntity] | None = None) 
 class Plan:
     """What a job was planned as: per target tile its grid, bounds and task count; per
     stage its task count, the key of its runtime history and each task's work (the unit
-    its history is kept in: ``runtimes.work_of``)."""
+    its history is kept in: ``planning.TaskPlan.work``)."""
 
     tiles: dict[str, tuple[str, str, int]]
     stages: dict[str, tuple[int, str, float]]  # count, runtime history key, work per task
 
 
-def plan_row(job: str, specs: list[TaskSpec]) -> dict[str, Any]:
-    """The ``~tiles`` row of a job planned as ``specs``. A job of more tiles than the row
-    holds keeps their totals only (no bounds: the map leaves them out)."""
+def plan_row(job: str, plan: list[TaskPlan]) -> dict[str, Any]:
+    """The ``~tiles`` row of a job planned as ``plan``: its places (a task's ``tile``, with
+    the ``crs`` and ``bounds`` its parameters give). A job of more tiles than the row holds
+    keeps their totals only (no bounds: the map leaves them out)."""
     tiles: dict[str, list[Any]] = {}
     stages: dict[str, list[Any]] = {}
-    for spec in specs:
-        if spec.tile not in tiles:
-            params = spec.params()
-            tiles[spec.tile] = [params["crs"], params["bounds"], 0]
-        tiles[spec.tile][2] += 1
-        if spec.stage not in stages:  # a job's tasks of one stage share its grid: one size of work
-            stages[spec.stage] = [0, history_key(spec.params()), work_of(spec.params())]
-        stages[spec.stage][0] += 1
+    for task in plan:
+        if task.tile not in tiles:
+            tiles[task.tile] = [task.params.get("crs", ""), task.params.get("bounds", ""), 0]
+        tiles[task.tile][2] += 1
+        if task.stage not in stages:  # a job's tasks of one stage share its grid: one size of work
+            stages[task.stage] = [0, task.history, task.work]
+        stages[task.stage][0] += 1
     text = _compact({"tiles": tiles, "stages": stages})
     if len(text) > PART_CHARS * PLAN_PARTS:
         text = _compact({"tiles": {t: ["", "", v[2]] for t, v in tiles.items()}, "stages": stages})

@@ -2,8 +2,8 @@
 M2 (Welford), updated with conditional writes so concurrent updates are never lost.
 
 The history measures work, not tasks: each sample is an attempt's seconds per megapixel of
-its work (:func:`work_of`: the target tile's pixels per layer made, and for a reduction the
-pixels of all its inputs), so that jobs on different grids share one history and each
+its work (``planning.work_of``, as its application planned it: the target tile's pixels per layer
+made, and for a reduction the pixels of all its inputs), so that jobs on different grids share one history and each
 attempt's kill threshold follows its own size. Only computed outputs are samples: a task
 that ended CACHED or NO_DATA did no work worth the name, and a mostly cached rerun would
 otherwise drag the mean to the floor and get real computations killed.
@@ -26,9 +26,6 @@ from typing import Any
 from azure.core import MatchConditions
 from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
 from azure.data.tables import TableClient, UpdateMode
-
-from pipeline.modis.products import CATALOG
-from pipeline.modis.targets import NATIVE
 
 log = logging.getLogger(__name__)
 
@@ -60,34 +57,6 @@ class Runtime:
         delta = other.mean - self.mean
         return Runtime(count, self.mean + delta * other.count / count,
                        self.m2 + other.m2 + delta * delta * self.count * other.count / count)
-
-
-def history_key(params: dict[str, str]) -> str:
-    """What a runtime is kept per within a stage: the product (and reducer, if any: an
-    uploaded bundle by its digest, as two users' bundles may share a name)."""
-    key = params.get("product", "")
-    if params.get("bundle"):
-        return f"{key}~{params['bundle'][:16]}"
-    return f"{key}~{params['reducer']}" if params.get("reducer") else key
-
-
-def work_of(params: dict[str, str]) -> float:
-    """The attempt's work in megapixels: the target tile's pixels times the layers it makes,
-    times the dates a reduction reads (its inputs' size: bytes in, at a fixed pixel type).
-    1.0 for a task whose parameters name no grid (its history is then per task)."""
-    try:
-        product = CATALOG[params["product"]]
-        if params["crs"] == NATIVE:
-            pixels = float(product.pixels) ** 2
-        else:
-            west, south, east, north = (float(b) for b in params["bounds"].split(","))
-            res = float(params["res"])
-            pixels = round(abs(east - west) / res) * round(abs(north - south) / res)
-    except (KeyError, ValueError, ZeroDivisionError):
-        return 1.0
-    layers = max(1, len([name for name in params.get("layers", "").split(",") if name]))
-    dates = int(params["deps"].split(",")[1]) if params.get("deps") else 1
-    return max(pixels * layers * max(dates, 1) / 1e6, 1e-6)
 
 
 def _of(row: Mapping[str, Any]) -> Runtime:

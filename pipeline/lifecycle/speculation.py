@@ -31,9 +31,9 @@ from datetime import datetime, timedelta
 from azure.core.exceptions import ResourceModifiedError, ResourceNotFoundError
 from azure.data.tables import TableTransactionError, UpdateMode
 
+from pipeline.failures import FailureClass, error_code
 from pipeline.lifecycle import attempts, claims, dispatch, rollups, transitions
 from pipeline.lifecycle.attempts import AttemptRow, Deadline
-from pipeline.lifecycle.failures import FailureClass, error_code
 from pipeline.lifecycle.jobs import JobRow
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.lifecycle.tasks import TaskRef, TerminalCounter, get_task, if_match, is_conflict, now

@@ -31,10 +31,10 @@ from azure.core.exceptions import (
 )
 from azure.data.tables import TableClient, TableEntity, TableTransactionError, UpdateMode
 
+from pipeline.failures import error_code
 from pipeline.lifecycle import partitions, rollups
-from pipeline.lifecycle.failures import error_code
-from pipeline.lifecycle.request import TaskSpec
 from pipeline.lifecycle.status import TERMINAL, TaskStatus
+from pipeline.planning import TaskPlan
 from pipeline.storage import names
 from pipeline.storage.rows import Row, stored
 
@@ -234,10 +234,10 @@ class TaskRow(Row):
 
 
 # --- creation ----------------------------------------------------------------------------
-def task_entity(part: str, seq: int, spec: TaskSpec, shards: int) -> dict[str, Any]:
-    return TaskRow(part=part, task=names.task_key(seq), seq=seq, shard=seq % shards, stage=spec.stage,
-                   params=json.dumps(spec.params()),
-                   deps=spec.deps[1] if spec.reducer is not None else None).to_entity()
+def task_entity(part: str, seq: int, plan: TaskPlan, shards: int) -> dict[str, Any]:
+    """The new row of task ``seq`` of a job, planned as ``plan``, in partition ``part``."""
+    return TaskRow(part=part, task=names.task_key(seq), seq=seq, shard=seq % shards, stage=plan.stage,
+                   params=json.dumps(plan.stored_params()), deps=plan.waits_for or None).to_entity()
 
 
 def create_batch(tasks: TableClient, entities: list[dict[str, Any]]) -> int:

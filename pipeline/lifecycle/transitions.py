@@ -36,10 +36,10 @@ from azure.core.exceptions import (
 )
 from azure.data.tables import TableTransactionError
 
+from pipeline.failures import FailureClass
 from pipeline.lifecycle import attempts, dependencies, dispatch, partitions, rollups, tasks
 from pipeline.lifecycle.attempts import Op
 from pipeline.lifecycle.claims import Claim
-from pipeline.lifecycle.failures import FailureClass
 from pipeline.lifecycle.rollups import Moves
 from pipeline.lifecycle.status import TaskStatus, after_failure, transition
 from pipeline.lifecycle.tasks import TaskRef, TaskRow, TerminalCounter, now, tile_of, update_op
@@ -114,12 +114,12 @@ def settle(clients: Clients, rows: list[TaskRow], outputs: dict[str, list[str]],
                                    status=transition(row.status, TaskStatus.CACHED),
                                    outputs=json.dumps(outputs[row.task])))
                 moves.move(row.stage, tile_of(row.params), TaskStatus.PENDING, TaskStatus.CACHED)
-                if key := dependencies.waiting(row.parameters(), TaskStatus.CACHED):
+                for key in dependencies.waiting(row.parameters(), TaskStatus.CACHED):
                     waiting[key] = waiting.get(key, 0) + 1
             messages: list[tuple[int, TaskRef]] = []
             for key, count in waiting.items():
-                counted, more, message, _ = dependencies.counted_off(clients, part, key, count)
-                ops, moves, messages = ops + counted, moves.merged(more), messages + ([message] if message else [])
+                counted, more, sent, _ = dependencies.counted_off(clients, part, [key], count)
+                ops, moves, messages = ops + counted, moves.merged(more), messages + sent
             try:
                 if ops:
                     tasks.MOVER.write(clients.tasks, part, ops, moves)
@@ -134,17 +134,18 @@ def settle(clients: Clients, rows: list[TaskRow], outputs: dict[str, list[str]],
 
 # --- RUNNING -> terminal, or back to QUEUED: fenced on the attempt ----------------------------
 def _fenced(clients: Clients, part: str, task: str, etag: str, change: dict[str, Any], ops: list[Op],
-            index: str, counter: TerminalCounter, moves: Moves, waiting: str = "", tries: int = 5) -> bool:
+            index: str, counter: TerminalCounter, moves: Moves, waiting: tuple[str, ...] = (),
+            tries: int = 5) -> bool:
     """Apply ``change`` to the task row if its ETag is still ``etag``, with ``ops`` and the
     removal of the deadline entry ``index`` in the same transaction, the writer's rollup
-    (``counter``) moved by ``moves``, and (a tile task ending) the count of the reduction
-    ``waiting`` for it taken down by one — released at zero. True if applied, False if the
+    (``counter``) moved by ``moves``, and (a task ending) the count of each task ``waiting``
+    for it taken down by one — released at zero. True if applied, False if the
     row had moved on. A write whose answer was lost is settled by reading the row back. The
     deadline entry goes either way."""
     change = change | {"last_write": uuid.uuid4().hex}  # to recognise this write when read back
     with_index, attempt, conflicts = True, 0, 0
     while attempt < tries:
-        counted, more, message, version = dependencies.counted_off(clients, part, waiting)
+        counted, more, sent, version = dependencies.counted_off(clients, part, waiting)
         batch = [update_op(part, task, etag, **change), *ops, *counted,
                  *([attempts.unindex_op(part, index)] if with_index else [])]
         try:
@@ -165,14 +166,14 @@ def _fenced(clients: Clients, part: str, task: str, etag: str, change: dict[str,
             if row.etag == etag:
                 again = version and conflicts < dependencies.CONFLICTS
                 if again and dependencies.counted_off(clients, part, waiting)[3] != version:
-                    conflicts += 1  # another task of the reduction ended meanwhile: count off again
+                    conflicts += 1  # another task a waiting one waits for ended meanwhile: count off again
                     time.sleep(random.uniform(0, 0.05))
                     continue
                 with_index, attempt = False, attempt + 1
                 continue  # untouched: write again, the deadline entry (may be what failed) on its own
             applied = row.last_write == change["last_write"]  # applied, or moved on meanwhile
-        if applied and message is not None:
-            dispatch.send(clients, [message])  # lost, it is resent by the reconciler (its dispatch entry)
+        if applied and sent:
+            dispatch.send(clients, sent)  # lost, it is resent by the reconciler (its dispatch entry)
         if not applied or not with_index:
             attempts.unindex(clients, part, index)
         return bool(applied)

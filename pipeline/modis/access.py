@@ -35,7 +35,7 @@ import httpx
 from azure.core.exceptions import AzureError, HttpResponseError, ResourceNotFoundError
 from azure.storage.blob import BlobClient
 
-from pipeline.lifecycle.failures import FailureClass, StageFailure, error_code
+from pipeline.failures import FailureClass, StageFailure, error_code
 from pipeline.redact import redact
 from pipeline.settings import Settings, env_name
 

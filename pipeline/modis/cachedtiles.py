@@ -13,11 +13,10 @@ to the ordinary way, where the stage finds out for itself.
 from __future__ import annotations
 
 from pipeline import stages
-from pipeline.lifecycle.failures import StageFailure
-from pipeline.lifecycle.request import TILE_STAGE
+from pipeline.failures import StageFailure
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.lifecycle.tasks import TaskRow
-from pipeline.modis import tilestage
+from pipeline.modis import TILE_STAGE, tilestage
 from pipeline.storage import cache, names
 from pipeline.storage.clients import Clients
 

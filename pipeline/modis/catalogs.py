@@ -12,17 +12,15 @@ the task rows, and keeps them in the task's params; a (tile, date) the catalog d
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import replace
-from datetime import date, timedelta
+from collections.abc import Iterable
+from datetime import date
 from typing import Protocol
 
 import numpy as np
 from pyproj import Transformer
 
-from pipeline.lifecycle.request import TaskSpec
-from pipeline.modis.granules import Granule, pick
-from pipeline.modis.products import CATALOG, Product
+from pipeline.modis.granules import Granule
+from pipeline.modis.products import Product
 from pipeline.modis.targets import TargetTile
 from pipeline.settings import Settings
 
@@ -88,31 +86,3 @@ def split(box: Box) -> list[Box]:
 
 def _to_lonlat(crs: str) -> Transformer:
     return Transformer.from_crs(crs, "EPSG:4326", always_xy=True)
-
-
-def resolve(settings: Settings, specs: Sequence[TaskSpec], stage: str) -> list[TaskSpec]:
-    """The task specs with each ``stage`` task's granules attached: one search per product
-    over the lon/lat box of its target tiles and the span of its periods. A pure function
-    of the catalog's answers: a planner that runs it again (a plan message handled twice, a
-    planner that died mid-search) gets the same granules."""
-    wanted: dict[str, list[TaskSpec]] = {}
-    for spec in specs:
-        if spec.stage == stage:
-            wanted.setdefault(spec.product, []).append(spec)
-    if not wanted:
-        return list(specs)
-    catalog = catalog_for(settings)
-    found: dict[tuple[str, str, date], Granule] = {}
-    for name, tasks in wanted.items():
-        product = CATALOG[name]
-        box = footprint({t.target for t in tasks})
-        days = sorted({t.date for t in tasks})
-        last = days[-1] + timedelta(days=product.period_days - 1)
-        found |= pick(g for g in catalog.search(product, box, days[0], last) if g.product == name)
-    out: list[TaskSpec] = []
-    for spec in specs:
-        if spec.stage == stage:
-            spec = replace(spec, granules=tuple(found[key] for tile in spec.target.sources()
-                                                 if (key := (spec.product, tile.name, spec.date)) in found))
-        out.append(spec)
-    return out

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 from rasterio.errors import RasterioIOError
 from rasterio.io import MemoryFile
 
-from pipeline.lifecycle.failures import FailureClass, StageFailure
+from pipeline.failures import FailureClass, StageFailure
 from pipeline.lifecycle.tasks import now
 from pipeline.modis import hdf
 from pipeline.modis.access import Fetched, access_for

@@ -17,9 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pipeline import stages
-from pipeline.lifecycle.failures import FailureClass, StageFailure
-from pipeline.lifecycle.request import TILE_STAGE
-from pipeline.modis import collection, reprojection
+from pipeline.failures import FailureClass, StageFailure
+from pipeline.modis import TILE_STAGE, collection, reprojection
 from pipeline.modis.granules import HDF, Granule, from_param
 from pipeline.modis.grid import TILE_SIZE
 from pipeline.modis.products import CATALOG, Product

@@ -26,8 +26,9 @@ from pathlib import Path
 
 from azure.core.exceptions import ResourceNotFoundError
 
-from pipeline.lifecycle.failures import FailureClass, StageFailure
-from pipeline.reduction import bundles, reducers, registry
+from pipeline.failures import FailureClass, StageFailure
+from pipeline.reduction import bundles, reducers
+from pipeline.storage import names
 from pipeline.storage.clients import Clients
 
 KEEP_S = 2 * 86_400  # a reducer's timeout is at most a day
@@ -71,7 +72,7 @@ def _intact(folder: Path, digest: str) -> bool:
 
 def _fetch(clients: Clients, digest: str, root: Path, final: Path) -> None:
     try:
-        data = registry.fetch(clients, digest)
+        data = clients.transfers.download(clients.bundles, names.bundle_blob(digest))[0]  # its MD5 checked
     except ResourceNotFoundError:
         raise StageFailure(FailureClass.USER_CODE, f"reducer bundle {digest[:12]} is no longer stored "
                            "(deleted after this job was submitted)") from None

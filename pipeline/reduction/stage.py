@@ -26,11 +26,10 @@ from typing import Any
 import rasterio.shutil
 
 from pipeline import stages
+from pipeline.failures import FailureClass, StageFailure
 from pipeline.lifecycle import tasks
-from pipeline.lifecycle.failures import FailureClass, StageFailure
 from pipeline.lifecycle.status import TaskStatus
-from pipeline.modis.products import CATALOG
-from pipeline.reduction import bundlecache, reducers, sandbox
+from pipeline.reduction import REDUCE_STAGE, bundlecache, reducers, sandbox
 from pipeline.stages import StageContext
 from pipeline.storage import names
 
@@ -180,7 +179,7 @@ def run_program(reducer: reducers.Reducer, tiles: list[tuple[str, Path]], root: 
     return Run(result, made, root)
 
 
-@stages.stage("reduce")
+@stages.stage(REDUCE_STAGE)
 def reduce(ctx: StageContext) -> None:
     params = ctx.params
     if params.get("bundle"):  # an uploaded reducer: its checked, cached folder is its {here}
@@ -198,7 +197,7 @@ def reduce(ctx: StageContext) -> None:
         return
     if not ready:
         raise StageFailure(FailureClass.DEPENDENCY_FAILED, "not one tile of the span was made")
-    layers = [name for name in params.get("layers", "").split(",") if name] or [CATALOG[params["product"]].default.name]
+    layers = [name for name in params["layers"].split(",") if name]  # the planner names them all
     with tempfile.TemporaryDirectory(prefix="bagpipe-reduce-") as top:
         downloads = Path(top, "downloads")
         downloads.mkdir()

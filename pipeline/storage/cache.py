@@ -28,7 +28,7 @@ from azure.storage.blob import BlobClient, ContainerClient
 from azure.storage.blob.aio import BlobServiceClient as AsyncBlobServiceClient
 from azure.storage.blob.aio import ContainerClient as AsyncContainerClient
 
-from pipeline.lifecycle.failures import FailureClass, StageFailure
+from pipeline.failures import FailureClass, StageFailure
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
 from pipeline.storage.transfer import Transfers, md5_of

@@ -2,7 +2,7 @@
 clients use.
 
 One module owns them (as arq keeps its keys in ``constants.py``); ``infra/bicep/`` loads the
-same names from ``names.json`` (written by ``python -m pipeline.storage.deployment``, checked by a
+same names from ``names.json`` (written by ``python -m pipeline.deployment``, checked by a
 test). A *namespace* prefix lets several deployments (or test cases) share one storage account
 without seeing each other's data; in Azure it is empty.
 """

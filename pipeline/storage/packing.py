@@ -34,7 +34,7 @@ from azure.core.exceptions import AzureError, HttpResponseError, ResourceNotFoun
 from azure.storage.blob import BlobBlock, ContentSettings
 from azure.storage.blob.aio import BlobServiceClient as AsyncBlobServiceClient
 
-from pipeline.lifecycle.failures import FailureClass, StageFailure, error_code
+from pipeline.failures import FailureClass, StageFailure, error_code
 from pipeline.storage import cache, names
 from pipeline.storage.clients import Clients
 from pipeline.storage.transfer import MiB, md5_of

@@ -26,7 +26,7 @@ from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.core.pipeline.transport import RequestsTransport
 from azure.storage.blob import BlobServiceClient, ContainerClient, ContentSettings, ExponentialRetry
 
-from pipeline.lifecycle.failures import FailureClass, StageFailure, classify
+from pipeline.failures import FailureClass, StageFailure, classify
 from pipeline.storage import names
 
 MiB = 1024 * 1024

@@ -20,11 +20,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pipeline.lifecycle import costs, jobs, results
-from pipeline.lifecycle.request import JobRequest, RequestError, expand
-from pipeline.reduction import bundles, registry
+from pipeline.planning import RequestError
+from pipeline.reduction import bundles
+from pipeline.requests import application
+from pipeline.requests.request import JobRequest
 from pipeline.settings import Settings
 from pipeline.storage.clients import clients_for
-from pipeline.web import accounts, audit, auth, stacapi, uploads
+from pipeline.web import accounts, audit, auth, registry, stacapi, uploads
 from pipeline.web.identity import Caller, IdentityError
 from pipeline.web.portal import add_portal
 
@@ -159,7 +161,7 @@ def create_app(settings: Settings) -> FastAPI:
     def submit(request: JobRequest, caller: Caller = Depends(signed_in)) -> dict[str, Any]:
         """Submit a processing request; it is planned into tasks asynchronously."""
         program = registry.resolve(clients, caller.user, request.reducer.name) if request.reducer else None
-        row = jobs.submit(clients, request, owner=caller.user.name, program=program)
+        row = application.submit(clients, request, owner=caller.user.name, program=program)
         job = row.job
         if program is not None:
             registry.record_use(clients, program, job, caller.user.name)
@@ -172,8 +174,8 @@ def create_app(settings: Settings) -> FastAPI:
         """How many tasks a request would make, their compute time (from the runtime history)
         and what they would cost at Azure's public prices, without submitting it."""
         program = registry.resolve(clients, caller.user, request.reducer.name) if request.reducer else None
-        specs = expand(request, settings.max_tasks, program=program)
-        return costs.estimate(clients.runtimes, specs, settings.min_samples) | {"limit": settings.max_tasks}
+        plan = application.plan(settings, request, program)
+        return costs.estimate(clients.runtimes, plan, settings.min_samples) | {"limit": settings.max_tasks}
 
     @app.get("/api/jobs")
     def list_jobs(limit: int = 50, all: bool = False, caller: Caller = Depends(signed_in)) -> list[dict[str, Any]]:

@@ -14,9 +14,8 @@ from fastapi.staticfiles import StaticFiles
 
 from pipeline.lifecycle import jobs
 from pipeline.modis.products import CATALOG
-from pipeline.reduction import registry
 from pipeline.storage.clients import Clients
-from pipeline.web import auth, jobview
+from pipeline.web import auth, jobview, registry
 from pipeline.web.identity import Caller
 
 STATIC = Path(__file__).resolve().parents[2] / "portal"

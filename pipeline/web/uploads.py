@@ -1,5 +1,5 @@
 """The API's routes for reducers scientists upload (``pipeline.reduction.bundles``: the archive and
-its checks; ``pipeline.reduction.registry``: versions, sharing, use).
+its checks; ``pipeline.web.registry``: versions, sharing, use).
 
 ``POST /api/reducers`` takes a bundle as a tar.gz body (``bagpipe reducers push DIR``) or as
 multipart form files whose file names are their paths in the bundle (the portal). Its body
@@ -16,8 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
-from pipeline.reduction import bundles, registry
+from pipeline.reduction import bundles
 from pipeline.storage.clients import Clients
+from pipeline.web import registry
 from pipeline.web.identity import Caller
 
 UPLOAD_PATH = "/api/reducers"

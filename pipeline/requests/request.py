@@ -12,16 +12,16 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, EmailStr, Field, fi
 from pyproj import CRS
 from pyproj.exceptions import CRSError
 
+from pipeline.modis import TILE_STAGE
 from pipeline.modis.granules import Granule, as_param
 from pipeline.modis.grid import Tile
 from pipeline.modis.products import CATALOG, period_count, periods
 from pipeline.modis.targets import MAX_TILE_PIXELS, GridSpec, TargetTile
 from pipeline.modis.targets import NATIVE as NATIVE_CRS
-from pipeline.reduction import reducers
+from pipeline.planning import RequestError, TaskPlan
+from pipeline.reduction import REDUCE_STAGE, reducers
 from pipeline.reduction.reducers import Program
 
-TILE_STAGE = "modis"  # the stage a tile task runs (pipeline.modis.tilestage): collection, then reprojection
-REDUCE_STAGE = "reduce"  # registered by pipeline.reduction.stage
 
 def _number(value: Any) -> Any:
     """A number as JSON writes one: true and false are not taken for 1 and 0."""
@@ -131,14 +131,6 @@ class JobRequest(BaseModel):
         return label
 
 
-class RequestError(ValueError):
-    """A request that is well-formed but cannot be run: ``status`` is the HTTP answer."""
-
-    def __init__(self, status: int, field: str, message: str, **extra: object) -> None:
-        super().__init__(message)
-        self.status, self.field, self.message, self.extra = status, field, message, extra
-
-
 @dataclass(frozen=True)
 class TaskSpec:
     """One task a request expands to: a stage run over one (target tile, date, product) —
@@ -172,13 +164,42 @@ class TaskSpec:
             "layers": ",".join(self.layers),
         } | self._links() | ({} if self.granules is None else {"granules": as_param(self.granules)})
 
+    def work(self) -> float:
+        """Its work in megapixels (the unit of the runtime history): the target tile's pixels
+        times the layers it makes, times the dates a reduction reads (its inputs' size)."""
+        grid = self.target.grid
+        if grid.native:
+            pixels = float(CATALOG[self.product].pixels) ** 2
+        else:
+            west, south, east, north = self.target.bounds()
+            pixels = round(abs(east - west) / grid.resolution) * round(abs(north - south) / grid.resolution)
+        dates = self.deps[1] if self.reducer is not None else 1
+        return max(pixels * max(1, len(self.layers)) * max(dates, 1) / 1e6, 1e-6)
+
+    def history(self) -> str:
+        """What its runtime is kept per within its stage: the product (and reducer, if any:
+        an uploaded bundle by its digest, as two users' bundles may share a name)."""
+        if self.reducer is None:
+            return self.product
+        program = self.program or Program(self.reducer.name)
+        return f"{self.product}~{program.digest[:16]}" if program.digest else f"{self.product}~{program.name}"
+
     def _links(self) -> dict[str, str]:
         if self.reducer is not None:
             program = self.program or Program(self.reducer.name)
             return program.params() | {"args": json.dumps(self.reducer.args),
                     "on_failure": self.reducer.on_dependency_failure, "deps": f"{self.deps[0]},{self.deps[1]}",
                     "last": self.last.isoformat() if self.last else ""}
-        return {"reduction": str(self.reduction)} if self.reduction is not None else {}
+        return {}
+
+
+def plan_of(specs: list[TaskSpec]) -> list[TaskPlan]:
+    """The lifecycle's plan of the tasks ``specs``: a tile task feeds the reduction waiting
+    for it, and shares its partition."""
+    return [TaskPlan(spec.stage, spec.params(), waits_for=spec.deps[1] if spec.reducer is not None else 0,
+                     feeds=(spec.reduction,) if spec.reduction is not None else (),
+                     group=seq if spec.reducer is not None else spec.reduction,
+                     work=spec.work(), history=spec.history()) for seq, spec in enumerate(specs)]
 
 
 def installed(name: str, reducers_path: str = "") -> Program:
@@ -222,7 +243,7 @@ def expand(request: JobRequest, max_tasks: int, tile_stage: str = TILE_STAGE,
            program: Program | None = None) -> list[TaskSpec]:
     """The tasks of a request, in release order — each target tile's dates together, so
     that its reduction (if any) can run early — then the reductions; or a RequestError.
-    ``program`` is what the request's reducer resolved to (``pipeline.reduction.registry.resolve``
+    ``program`` is what the request's reducer resolved to (``pipeline.web.registry.resolve``
     checks the name first); without it the reducer is an installed one of that name."""
     unknown = [p for p in request.products if p not in CATALOG]
     if unknown:

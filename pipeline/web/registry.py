@@ -27,8 +27,8 @@ from typing import Any
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 
 from pipeline.lifecycle import jobs
-from pipeline.lifecycle.request import RequestError
 from pipeline.lifecycle.tasks import now
+from pipeline.planning import RequestError
 from pipeline.reduction import reducers
 from pipeline.reduction.bundles import Bundle
 from pipeline.reduction.reducers import Program
@@ -248,12 +248,8 @@ def _running(clients: Clients, digest: str) -> bool:
             row = jobs.get(clients, job)
         except jobs.JobNotFound:
             continue
-        program = jobs.program_of(row)
+        program = Program.from_json(row.program) if row.program else None
         if program and program.digest == digest and not row.state.finished:
             return True
     return False
 
-
-def fetch(clients: Clients, digest: str) -> bytes:
-    """A stored bundle's archive (its MD5 checked on the way; its digest is the caller's to check)."""
-    return clients.transfers.download(clients.bundles, names.bundle_blob(digest))[0]

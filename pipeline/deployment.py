@@ -2,7 +2,7 @@
 the app settings of :mod:`pipeline.settings` and the cache containers' retention
 (:func:`pipeline.lifecycle.costs.keep_days`), so that Bicep never retypes a name or a figure.
 
-    python -m pipeline.storage.deployment > infra/bicep/names.json
+    python -m pipeline.deployment > infra/bicep/names.json
 
 A test keeps the file equal to this module's answer.
 """

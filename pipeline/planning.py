@@ -1,0 +1,138 @@
+"""What a job is made of: the seam between the lifecycle, which runs any bag of tasks, and
+the application that says what a request becomes (``pipeline.requests``: MODIS requests).
+
+The lifecycle stores a job's request as its application wrote it and never reads inside;
+it asks the application for the job's :class:`TaskPlan` list (at submission, to count and
+estimate it; at planning, with the catalog searched) and, once every task has ended, for
+what the job's products add to its manifest and email. It knows of a plan only what
+running it needs: each task's stage and parameters, which tasks wait for which (counters:
+``pipeline.lifecycle.dependencies``), which share a table partition, and how much work
+each is for the runtime history.
+
+A plan lists first the tasks nothing holds back (the release window walks them in order),
+then those that wait for others: a task waits only for tasks listed before it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from pipeline.lifecycle.jobs import JobRow
+    from pipeline.settings import Settings
+    from pipeline.storage.clients import Clients
+
+APPLICATION = "pipeline.requests.application"  # the module that registers the deployment's application
+WORK, HISTORY, FEEDS = "work", "history", "feeds"  # the parameters the lifecycle reads (set from a TaskPlan)
+
+
+class RequestError(ValueError):
+    """A request that is well-formed but cannot be run: ``status`` is the HTTP answer,
+    ``field`` the request's field at fault."""
+
+    def __init__(self, status: int, field: str, message: str, **extra: object) -> None:
+        super().__init__(message)
+        self.status, self.field, self.message, self.extra = status, field, message, extra
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    """One task of a job, as its application plans it."""
+
+    stage: str  # the stage a worker runs (``pipeline.stages``)
+    params: dict[str, str]  # the stage's parameters: strings, as a table row keeps them
+    waits_for: int = 0  # how many tasks must end before it runs (0: the job's window releases it)
+    feeds: tuple[int, ...] = ()  # the tasks (indexes in the plan) that wait for this one
+    group: int | None = None  # tasks of one group share a table partition (one that waits and what it waits for)
+    work: float = 1.0  # its work, in the unit its runtime history is kept in (megapixels)
+    history: str = ""  # the key of its runtime history within its stage (a product, a reducer)
+    meta: dict[str, Any] = field(default_factory=dict, compare=False)  # the application's own, never stored
+
+    @property
+    def tile(self) -> str:
+        """The place it works on, for the counts per place ("" for none)."""
+        return self.params.get("tile", "")
+
+    def stored_params(self) -> dict[str, str]:
+        """Its parameters as its row keeps them, with what the lifecycle reads of it."""
+        return self.params | {WORK: repr(self.work), HISTORY: self.history} | (
+            {FEEDS: ",".join(map(str, self.feeds))} if self.feeds else {})
+
+
+@dataclass(frozen=True)
+class Finished:
+    """What a job's products add to its manifest (``manifest``: fields) and to its email
+    (``lines``: paragraphs, after the link to the manifest)."""
+
+    manifest: dict[str, Any] = field(default_factory=dict)
+    lines: list[str] = field(default_factory=list)
+
+
+class Application(Protocol):
+    """What turns a deployment's requests into tasks, and its products into results."""
+
+    def plan(self, settings: Settings, request: str, resolved: str, *, search: bool, limit: int) -> list[TaskPlan]:
+        """The tasks of ``request`` (its stored JSON; ``resolved``: what was resolved of it at
+        submission, as the job row keeps it): without the catalog (``search`` False: to count
+        or estimate it, in milliseconds) or with each task's inputs found (at planning: the
+        same tasks, in the same order). RequestError if it cannot run, or makes more than
+        ``limit`` tasks."""
+        ...
+
+    def finished(self, clients: Clients, row: JobRow, entries: list[dict[str, Any]]) -> Finished:
+        """What the finished job's products add to its manifest and email (``entries``: the
+        manifest's task entries): mosaics, overviews, provenance."""
+        ...
+
+
+_registered: list[Application] = []
+
+
+def register(application: Application) -> None:
+    """Make ``application`` the deployment's (its module does it when imported)."""
+    _registered[:] = [application]
+
+
+def application() -> Application:
+    """The deployment's application (importing :data:`APPLICATION` the first time)."""
+    if not _registered:
+        importlib.import_module(APPLICATION)
+    return _registered[0]
+
+
+def releasable(plan: list[TaskPlan]) -> int:
+    """How many of a plan's tasks the window releases (its first ones); ValueError if a task
+    that waits comes before one that does not, or waits for a task after it."""
+    count = next((i for i, task in enumerate(plan) if task.waits_for), len(plan))
+    if any(not task.waits_for for task in plan[count:]):
+        raise ValueError("a plan lists the tasks that wait after all those that do not")
+    fed: dict[int, int] = {}
+    for seq, task in enumerate(plan):
+        for waiting in task.feeds:
+            if not seq < waiting < len(plan):
+                raise ValueError(f"task {seq} feeds a task that is not after it in the plan")
+            fed[waiting] = fed.get(waiting, 0) + 1
+    wrong = [seq for seq, task in enumerate(plan) if task.waits_for != fed.get(seq, 0)]
+    if wrong:
+        raise ValueError(f"task {wrong[0]} waits for {plan[wrong[0]].waits_for} tasks, {fed.get(wrong[0], 0)} feed it")
+    return count
+
+
+def work_of(params: dict[str, str]) -> float:
+    """A task's work as its parameters say (1.0 when they do not: its history is then per task)."""
+    try:
+        return max(float(params.get(WORK, 1.0)), 1e-6)
+    except ValueError:
+        return 1.0
+
+
+def history_of(params: dict[str, str]) -> str:
+    """The key of a task's runtime history within its stage."""
+    return params.get(HISTORY, "")
+
+
+def feeds_of(params: dict[str, str]) -> list[int]:
+    """The sequence numbers of the tasks that wait for this one."""
+    return [int(seq) for seq in params.get(FEEDS, "").split(",") if seq]

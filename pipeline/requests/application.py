@@ -1,0 +1,93 @@
+"""bagpipe's application: what a scientist's request (``request.JobRequest``) becomes — tile
+tasks, then reductions — and what its finished products add to the job's manifest and
+email. Importing it registers it with the lifecycle (``pipeline.planning``), with the
+stages its tasks run and the checks that settle the ones the cache has made already.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline import planning
+from pipeline.lifecycle import jobs, results
+from pipeline.lifecycle.jobs import JobRow
+from pipeline.lifecycle.status import JobState
+from pipeline.modis import TILE_STAGE, cachedtiles, overview, tilestage
+from pipeline.planning import Finished, TaskPlan
+from pipeline.redact import redact
+from pipeline.reduction import bundles, reducers
+from pipeline.reduction import stage as reduction_stage
+from pipeline.reduction.reducers import Program
+from pipeline.requests.request import JobRequest, expand, installed, plan_of
+from pipeline.requests.search import resolve
+from pipeline.settings import Settings
+from pipeline.storage.clients import Clients
+
+STAGES = (tilestage, reduction_stage, cachedtiles)  # imported for what they register: the stages, the checks
+
+
+class Requests:
+    """The application of ``planning.Application``: MODIS requests as tile tasks and reductions."""
+
+    def plan(self, settings: Settings, request: str, resolved: str, *, search: bool, limit: int) -> list[TaskPlan]:
+        specs = expand(JobRequest.model_validate_json(request), limit, settings.tile_stage,
+                       Program.from_json(resolved) if resolved else None)
+        return plan_of(resolve(settings, specs, TILE_STAGE) if search else specs)
+
+    def finished(self, clients: Clients, row: JobRow, entries: list[dict[str, Any]]) -> Finished:
+        name_installed_reducers(clients.settings, entries)
+        pictures = overview.build(clients, row.job, entries) if row.outcome is not JobState.CANCELLED else []
+        return Finished({"catalog": catalog_of(clients.settings), "overviews": pictures},
+                        [_overview_line(clients, pictures)] if pictures else [])
+
+
+planning.register(Requests())
+
+
+def plan(settings: Settings, request: JobRequest, program: Program | None = None) -> list[TaskPlan]:
+    """The tasks ``request`` makes (the catalog not searched: what submission counts and an
+    estimate prices), its reducer resolved to ``program`` (else the installed one of its
+    name); RequestError if it cannot run here."""
+    if request.reducer is not None and program is None:
+        program = installed(request.reducer.name, settings.reducers_path)
+    return Requests().plan(settings, request.model_dump_json(), program.to_json() if program else "",
+                           search=False, limit=settings.max_tasks)
+
+
+def submit(clients: Clients, request: JobRequest, owner: str = "", program: Program | None = None) -> JobRow:
+    """Store a valid request as ``owner``'s job and enqueue its plan message
+    (``jobs.submit``); RequestError if it cannot run (then nothing is written). ``program``
+    is the reduction the request's reducer resolved to (an uploaded bundle's exact digest)."""
+    if request.reducer is not None and program is None:
+        program = installed(request.reducer.name, clients.settings.reducers_path)
+    tasks = plan(clients.settings, request, program)
+    return jobs.submit(clients, request.model_dump_json(), tasks, owner, program.to_json() if program else "",
+                       request.label, request.email or "")
+
+
+def name_installed_reducers(settings: Settings, entries: list[dict[str, Any]]) -> None:
+    """Give each reduction that ran a reducer installed on the workers its ``digest``, as a
+    bundle's is named (the same canonical SHA-256 of its folder): its products' provenance."""
+    installed_here = reducers.catalog(settings.reducers_path)
+    digests: dict[str, str] = {}
+    for entry in entries:
+        name = entry.get("reducer")
+        if name and not entry.get("bundle") and name in installed_here:
+            if name not in digests:
+                digests[name] = bundles.digest_of(installed_here[name].here)
+            entry["digest"] = digests[name]
+
+
+def catalog_of(settings: Settings) -> dict[str, str]:
+    """Where the job's granules were searched (the provenance its STAC items name): the
+    catalog's kind and its URL (secrets redacted)."""
+    url = settings.stac_url if settings.catalog == "stac" else settings.cmr_url
+    return {"kind": settings.catalog, "url": redact(url)}
+
+
+def _overview_line(clients: Clients, pictures: list[dict[str, Any]]) -> str:
+    """The email's link to the job's first overview (its region, coloured, with a legend)."""
+    first = pictures[0]
+    link = results.sas_url(clients, clients.products.container_name, first["picture"])
+    span = f"{first['date']} to {first['last']}" if first.get("last") else first["date"]
+    return f"Overview of the region ({first['product']} {first['layer']}, {span}):\n{link}\n\n"

@@ -1,0 +1,48 @@
+"""The catalog searches of a request's plan, at planning: each tile task's granules found.
+
+A real MODIS granule's name carries its production timestamp: it is found by searching the
+catalog (``pipeline.modis.catalogs``), never guessed. The planner searches once per product
+per job, over the lon/lat box of its target tiles and the span of its periods, and each tile
+task keeps its granules in its params; a (tile, date) the catalog does not have (an ocean
+tile, an outage) is simply absent there, and a task left with none ends NO_DATA.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import date, timedelta
+
+from pipeline.modis.catalogs import catalog_for, footprint
+from pipeline.modis.granules import Granule, pick
+from pipeline.modis.products import CATALOG
+from pipeline.requests.request import TaskSpec
+from pipeline.settings import Settings
+
+
+def resolve(settings: Settings, specs: Sequence[TaskSpec], stage: str) -> list[TaskSpec]:
+    """The task specs with each ``stage`` task's granules attached: one search per product
+    over the lon/lat box of its target tiles and the span of its periods. A pure function
+    of the catalog's answers: a planner that runs it again (a plan message handled twice, a
+    planner that died mid-search) gets the same granules."""
+    wanted: dict[str, list[TaskSpec]] = {}
+    for spec in specs:
+        if spec.stage == stage:
+            wanted.setdefault(spec.product, []).append(spec)
+    if not wanted:
+        return list(specs)
+    catalog = catalog_for(settings)
+    found: dict[tuple[str, str, date], Granule] = {}
+    for name, tasks in wanted.items():
+        product = CATALOG[name]
+        box = footprint({t.target for t in tasks})
+        days = sorted({t.date for t in tasks})
+        last = days[-1] + timedelta(days=product.period_days - 1)
+        found |= pick(g for g in catalog.search(product, box, days[0], last) if g.product == name)
+    out: list[TaskSpec] = []
+    for spec in specs:
+        if spec.stage == stage:
+            spec = replace(spec, granules=tuple(found[key] for tile in spec.target.sources()
+                                                 if (key := (spec.product, tile.name, spec.date)) in found))
+        out.append(spec)
+    return out
