@@ -287,14 +287,14 @@ def test_the_cache_fetches_a_bundle_once_for_concurrent_slots_and_checks_it(
     digest = registry.push(clients, alice, bundle)["digest"]
     mine = clients.settings.with_(bundle_cache=str(tmp_path / "cache"))
     fetched: list[str] = []
-    real_fetch = registry.fetch
+    real_fetch = bundlecache.fetch
 
     def counted(clients: Clients, digest: str) -> bytes:
         fetched.append(digest)
         time.sleep(0.2)  # a slow download: the others must wait for it, not start their own
         return real_fetch(clients, digest)
 
-    monkeypatch.setattr(registry, "fetch", counted)
+    monkeypatch.setattr(bundlecache, "fetch", counted)
     found: list[Path] = []
     threads = [threading.Thread(target=lambda: found.append(bundlecache.folder_for(Clients(mine), digest)))
                for _ in range(6)]

@@ -113,8 +113,8 @@ def test_bagpipe_up_hands_the_environments_settings_to_its_planner_and_workers(t
 
 
 def test_the_tile_stage_setting_defaults_to_the_stage_tile_tasks_are_planned_for() -> None:
-    """The planner searches granules for the tasks of ``request.TILE_STAGE``; a deployment
-    that sets nothing runs exactly those (the setting cannot import the request model)."""
-    from pipeline.lifecycle import request
+    """The planner searches granules for the tasks of ``modis.TILE_STAGE``; a deployment
+    that sets nothing runs exactly those (the setting cannot import the MODIS stages)."""
+    from pipeline import modis
 
-    assert Settings(storage_connection="UseDevelopmentStorage=true").tile_stage == request.TILE_STAGE
+    assert Settings(storage_connection="UseDevelopmentStorage=true").tile_stage == modis.TILE_STAGE

@@ -72,7 +72,7 @@ def _intact(folder: Path, digest: str) -> bool:
 
 def _fetch(clients: Clients, digest: str, root: Path, final: Path) -> None:
     try:
-        data = clients.transfers.download(clients.bundles, names.bundle_blob(digest))[0]  # its MD5 checked
+        data = fetch(clients, digest)
     except ResourceNotFoundError:
         raise StageFailure(FailureClass.USER_CODE, f"reducer bundle {digest[:12]} is no longer stored "
                            "(deleted after this job was submitted)") from None
@@ -113,3 +113,8 @@ def _remove(folder: Path) -> None:
 def reducer_for(clients: Clients, digest: str) -> reducers.Reducer:
     """The reducer of an uploaded bundle, its ``{here}`` the bundle's cached folder."""
     return reducers.load(folder_for(clients, digest) / bundles.MANIFEST)
+
+
+def fetch(clients: Clients, digest: str) -> bytes:
+    """A stored bundle's archive (its MD5 checked on the way; its digest is the caller's to check)."""
+    return clients.transfers.download(clients.bundles, names.bundle_blob(digest))[0]
