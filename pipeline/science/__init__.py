@@ -1,0 +1,2 @@
+"""The computational core of grouped reductions, with no storage and no lifecycle in it:
+``groups`` (dates into groups in time)."""
