@@ -1,0 +1,129 @@
+"""Values in and out: a layer's stored values decoded into physical ones, and physical values
+encoded into an output's stored ones.
+
+An :class:`Encoding` says how a raster stores its values: data type, fill value (nodata),
+scale and offset (physical = stored × scale + offset), unit, the valid range of the stored
+values, whether its values are class codes (and, optionally, the classes' names). The MODIS
+side builds one from its catalog's ``Layer``; this package knows nothing of MODIS.
+
+Decoded values are floats with NaN wherever there is no value: the fill value, a value
+outside the valid range, a non-finite stored float. NaN is the mask: one array instead of two
+(a boolean mask beside a year of daily 2400 × 2400 values is 2 GB more), numpy's arithmetic
+carries it, and its sort puts it last, which the order statistics use.
+
+Float outputs are float32 with NaN as nodata (:func:`float32`): GDAL writes NaN as the
+``GDAL_NODATA`` tag and reads it back, ``rasterio`` reports it as the band's nodata,
+``rioxarray`` and ``odc-stac`` load a float band's NaN as missing with no ``mask_and_scale``
+step, and a tool that ignores the nodata tag (plain numpy, an xarray opened without masking)
+still cannot mistake a missing pixel for a value, as it would a -9999 (which would enter
+every mean that forgot to mask it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+Range = tuple[float, float]
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """How a raster stores its values. ``nodata`` None: the layer has no fill value (a bit
+    field using every value); NaN: a float layer's missing values are NaN. ``valid``: the
+    range of stored values that are values (None: every value of the type)."""
+
+    dtype: str
+    nodata: float | None
+    scale: float = 1.0
+    offset: float = 0.0
+    unit: str = ""
+    valid: Range | None = None
+    categorical: bool = False
+    classes: tuple[tuple[int, str], ...] = ()  # (code, name) of a categorical layer's classes
+
+    def __post_init__(self) -> None:
+        kind = np.dtype(self.dtype).kind
+        if kind not in "iuf":
+            raise ValueError(f"an encoding's data type is a number type, not {self.dtype}")
+        if not (math.isfinite(self.scale) and self.scale != 0 and math.isfinite(self.offset)):
+            raise ValueError(f"scale {self.scale} and offset {self.offset}: a finite, non-zero scale and finite offset")
+        if self.valid is not None and not self.valid[0] <= self.valid[1]:
+            raise ValueError(f"valid range {self.valid}: its low end is above its high end")
+        if self.nodata is not None and kind != "f":
+            info = np.iinfo(self.dtype)
+            if not (float(self.nodata).is_integer() and info.min <= self.nodata <= info.max):
+                raise ValueError(f"nodata {self.nodata} is not a value of {self.dtype}")
+
+    @property
+    def is_float(self) -> bool:
+        return np.dtype(self.dtype).kind == "f"
+
+    @property
+    def fill(self) -> float:
+        """What a masked pixel is written as: the nodata value; with none, NaN for a float
+        type, else the type's largest value (as the MODIS catalog writes such a layer's
+        empty pixels)."""
+        if self.nodata is not None:
+            return self.nodata
+        return math.nan if self.is_float else float(np.iinfo(self.dtype).max)
+
+    def bounds(self) -> Range:
+        """The stored values an encoded value may take: the valid range, within the type's."""
+        info = np.finfo(self.dtype) if self.is_float else np.iinfo(self.dtype)
+        low, high = float(info.min), float(info.max)
+        if self.valid is not None:
+            low, high = max(low, self.valid[0]), min(high, self.valid[1])
+        return low, high
+
+
+def float32(unit: str = "") -> Encoding:
+    """The encoding of a computed float output: float32, NaN where there is no value."""
+    return Encoding("float32", math.nan, unit=unit)
+
+
+def usable(stored: np.ndarray, encoding: Encoding) -> np.ndarray:
+    """Where the stored values are values: not the fill, within the valid range, finite."""
+    good = np.isfinite(stored) if encoding.is_float else np.ones(stored.shape, bool)
+    if encoding.valid is not None:
+        with np.errstate(invalid="ignore"):
+            good &= (stored >= encoding.valid[0]) & (stored <= encoding.valid[1])
+    if encoding.nodata is not None and not math.isnan(encoding.nodata):
+        good &= stored != encoding.nodata
+    return good
+
+
+def decode(stored: np.ndarray, encoding: Encoding, dtype: type[np.floating] = np.float32) -> np.ndarray:
+    """The physical values of stored ones (stored × scale + offset), as ``dtype`` (float32:
+    exact enough that a stored integer of up to 2^22 encodes back to itself; float64 for
+    wider ones), NaN wherever :func:`usable` says there is no value."""
+    good = usable(stored, encoding)
+    values = stored.astype(dtype)
+    if encoding.scale != 1.0:
+        values *= dtype(encoding.scale)
+    if encoding.offset != 0.0:
+        values += dtype(encoding.offset)
+    values[~good] = np.nan
+    return values
+
+
+def encode(values: np.ndarray, encoding: Encoding) -> np.ndarray:
+    """Physical values (NaN: none) as ``encoding`` stores them: (value − offset) / scale,
+    rounded to the nearest integer for an integer type (halves to even), clipped to the valid
+    range within the type's (so that every written value reads back as a value), and the fill
+    (:attr:`Encoding.fill`) wherever there is no value."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        stored = np.asarray(values, np.float64)
+        if encoding.offset != 0.0:
+            stored = stored - encoding.offset
+        if encoding.scale != 1.0:
+            stored = stored / encoding.scale
+        missing = ~np.isfinite(stored)
+        if not encoding.is_float:
+            stored = np.rint(stored)
+        low, high = encoding.bounds()
+        stored = np.clip(stored, low, high)
+        stored[missing] = encoding.fill
+        return stored.astype(encoding.dtype)
