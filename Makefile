@@ -12,6 +12,8 @@ REDUCER_C := reducers/max_composite/max_composite
 
 # Toxiproxy, the fault-injection proxy of the transfer tests and benchmarks (go install)
 TOXIPROXY := .tools/toxiproxy/server
+# the STAC validators the tests run (stac-api-validator, stac-validator), in a virtualenv of their own
+STAC_TOOLS := .tools/stac/.installed
 
 # the portal's map data, copied from npm packages (served by the API, no CDN)
 VENDOR := portal/vendor/.copied
@@ -19,7 +21,7 @@ VENDOR := portal/vendor/.copied
 CHROMIUM := /usr/bin/chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-setup: $(STAMP) node_modules/.bin/azurite $(REDUCER_C) $(TOXIPROXY) $(VENDOR)
+setup: $(STAMP) node_modules/.bin/azurite $(REDUCER_C) $(TOXIPROXY) $(VENDOR) $(STAC_TOOLS)
 
 $(VENDOR): node_modules/.bin/azurite
 	mkdir -p $(@D)
@@ -32,6 +34,12 @@ $(CHROMIUM):
 
 $(TOXIPROXY): bagpipe/toxiproxy.py | $(STAMP)
 	$(BIN)/python -c "from bagpipe.toxiproxy import install; install()"
+	touch $@
+
+$(STAC_TOOLS): requirements-stac.txt
+	test -x $(@D)/bin/python || $(PYTHON) -m venv $(@D)
+	$(@D)/bin/pip install --quiet --upgrade pip
+	$(@D)/bin/pip install --quiet -r requirements-stac.txt
 	touch $@
 
 $(REDUCER_C): $(REDUCER_C).c

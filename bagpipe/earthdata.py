@@ -34,7 +34,7 @@ from bagpipe import modis_world as world
 from bagpipe.planetary import footprint
 from pipeline.modis.cmr import DATA_REL, SEARCH_AFTER
 from pipeline.modis.grid import Tile, tiles_for_bbox
-from pipeline.modis.products import CATALOG, Product, periods
+from pipeline.modis.products import CATALOG, Product, last_day, periods
 
 SNOW_DAACS = {"MOD": "MOST", "MYD": "MOSA"}
 
@@ -99,7 +99,7 @@ class Earthdata:
     def entry(self, product: Product, tile: str, day: date) -> dict[str, Any]:
         """A granule as CMR's JSON answer lists it (from its ECS metadata where it is real)."""
         name = world.granule_name(product, tile, day)
-        end = day + timedelta(days=product.period_days - 1)
+        end = last_day(product, day)  # a year's last composite ends with the year
         geometry, _ = footprint(Tile.parse(tile))
         polygon = " ".join(f"{lat} {lon}" for lon, lat in geometry["coordinates"][0])
         meta = {"title": f"SC:{product.name}.061:{int(hashlib.sha1(name.encode()).hexdigest()[:8], 16)}",

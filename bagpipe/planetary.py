@@ -40,7 +40,7 @@ from bagpipe.azurite import ACCOUNT, ACCOUNT_KEY
 from bagpipe.serving import Served
 from pipeline.modis.granules import Granule
 from pipeline.modis.grid import RADIUS, Tile, tiles_for_bbox
-from pipeline.modis.products import CATALOG, Product, periods
+from pipeline.modis.products import CATALOG, Product, last_day, periods
 from pipeline.storage.transfer import md5_of
 
 STAC = "/api/stac/v1"
@@ -155,7 +155,7 @@ class Planetary:
         collection = self.collections[product.stac_collection]
         parsed = Tile.parse(tile)
         geometry, bbox = footprint(parsed)
-        end = day + timedelta(days=product.period_days - 1)
+        end = last_day(product, day)  # a year's last composite ends with the year
         assets = {layer.name: {
             "href": self.href("cogs", product, tile, day, f"{name}_{layer.name}.tif"), "type": COG_TYPE,
             "title": collection["item_assets"].get(layer.name, {}).get("title", layer.name), "roles": ["data"],

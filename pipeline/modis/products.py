@@ -150,13 +150,18 @@ def periods(product: Product, start: date, end: date) -> list[date]:
         offset = max(0, (start - first).days // product.period_days - 1)
         day = first + offset * step
         while day.year == year and day <= end:
-            last = day + step - timedelta(days=1)
-            if not product.phase_days:  # the year's last composite is cut short at its end
-                last = min(last, date(year, 12, 31))
-            if last >= start:
+            if last_day(product, day) >= start:
                 found.append(day)
             day += step
     return found
+
+
+def last_day(product: Product, first: date) -> date:
+    """The last day of the product's compositing period that starts on ``first``: a
+    phase-free composite's last period of a year is cut short at 31 December (MOD10A2's of
+    27 December 2021 covers five days, not eight)."""
+    last = first + timedelta(days=product.period_days - 1)
+    return last if product.phase_days else min(last, date(first.year, 12, 31))
 
 
 def period_count(product: Product, start: date, end: date) -> int:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from datetime import UTC, date, datetime, time, timedelta
+from datetime import UTC, date, datetime, time
 from importlib import metadata
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -31,7 +31,7 @@ from rio_stac import create_stac_item
 from rio_stac.stac import get_raster_info
 
 from pipeline.modis.granules import from_param
-from pipeline.modis.products import CATALOG
+from pipeline.modis.products import CATALOG, last_day
 from pipeline.modis.targets import lonlat_bounds
 from pipeline.storage import names
 
@@ -52,10 +52,10 @@ def bagpipe_version() -> str:
 
 
 def period(product: str, first: str, last: str | None = None) -> tuple[datetime, datetime]:
-    """The first and last instant of the periods from ``first`` to ``last`` (their first days)."""
-    days = CATALOG[product].period_days
+    """The first and last instant of the periods from ``first`` to ``last`` (their first days;
+    a year's last composite ends with the year: ``products.last_day``)."""
     start = datetime.combine(date.fromisoformat(first), time(), UTC)
-    end_day = date.fromisoformat(last or first) + timedelta(days=days - 1)
+    end_day = last_day(CATALOG[product], date.fromisoformat(last or first))
     return start, datetime.combine(end_day, time(23, 59, 59), UTC)
 
 
@@ -145,17 +145,15 @@ def build_collection(manifest: dict[str, Any], items: list[pystac.Item]) -> pyst
                                max(b[2] for b in boxes), max(b[3] for b in boxes)]]),
         pystac.TemporalExtent([span]))
     label = manifest.get("label") or ""
+    # a summary lists what the items hold: none for a job without products (the schema wants a value)
+    summaries = {key: sorted({i.properties[key] for i in items})
+                 for key in (f"{PREFIX}:product", f"{PREFIX}:tile", f"{PREFIX}:stage", "platform")}
     collection = pystac.Collection(
         id=manifest["job"], title=label or f"bagpipe job {manifest['job']}", extent=extent, license="other",
         description=f"The products of bagpipe job {manifest['job']}{f' ({label})' if label else ''}: "
                     f"{', '.join(request['products'])} from {request['start']} to {request['end']}, "
                     f"{manifest['state'].lower()}.",
-        summaries=pystac.Summaries({
-            f"{PREFIX}:product": sorted({i.properties[f"{PREFIX}:product"] for i in items}),
-            f"{PREFIX}:tile": sorted({i.properties[f"{PREFIX}:tile"] for i in items}),
-            f"{PREFIX}:stage": sorted({i.properties[f"{PREFIX}:stage"] for i in items}),
-            "platform": sorted({i.properties["platform"] for i in items}),
-        }),
+        summaries=pystac.Summaries({key: values for key, values in summaries.items() if values}),
         extra_fields={f"{PREFIX}:job": manifest["job"],  # the request without its owner's address
                       f"{PREFIX}:request": {k: v for k, v in request.items() if k != "email"},
                       f"{PREFIX}:version": bagpipe_version()})

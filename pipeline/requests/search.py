@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from datetime import date, timedelta
+from datetime import date
 
 from pipeline.modis.catalogs import catalog_for, footprint
 from pipeline.modis.granules import Granule, pick
-from pipeline.modis.products import CATALOG
+from pipeline.modis.products import CATALOG, last_day
 from pipeline.requests.request import TaskSpec
 from pipeline.settings import Settings
 
@@ -37,7 +37,7 @@ def resolve(settings: Settings, specs: Sequence[TaskSpec], stage: str) -> list[T
         product = CATALOG[name]
         box = footprint({t.target for t in tasks})
         days = sorted({t.date for t in tasks})
-        last = days[-1] + timedelta(days=product.period_days - 1)
+        last = last_day(product, days[-1])  # a year's last composite ends with the year
         found |= pick(g for g in catalog.search(product, box, days[0], last) if g.product == name)
     out: list[TaskSpec] = []
     for spec in specs:
