@@ -111,9 +111,9 @@ class LocalStack:
         supervisor.start()
         self._threads.append(supervisor)
         written = self.home / f"{STATE_FILE}.new"  # whole or not at all: the command line may read it now
-        written.write_text(json.dumps(
-            {"api": self.api_url, "pid": os.getpid(), "mail": str(self.mail.folder),
-             "stac": self.planetary.stac_url, "cmr": self.nasa.cmr_url,
+        written.write_text(json.dumps(  # the catalogs the stack uses: its imitations', or those the environment names
+            {"api": self.api_url, "pid": os.getpid(), "mail": str(self.mail.folder), "catalog": self.settings.catalog,
+             "stac": self.settings.stac_url, "stac_sas": self.settings.stac_sas_url, "cmr": self.settings.cmr_url,
              "logs": str(self.home / "logs")}
         ))
         written.replace(self.home / STATE_FILE)

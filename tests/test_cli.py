@@ -283,3 +283,23 @@ def test_accounts_and_reducers_from_the_command_line(azurite: Azurite, tmp_path:
         boot = runner.invoke(app, ["users", "bootstrap", "root", "--email", "root@example.org"], env=unset | storage)
         assert boot.exit_code == 0, boot.stdout
         assert "root (admin" in cli("whoami", key=boot.stdout.strip().splitlines()[-1]).stdout
+
+
+def test_stack_json_names_the_catalogs_the_stack_uses(azurite: Azurite, tmp_path: Path) -> None:
+    """Its imitations', unless the environment names a STAC API or a CMR of its own: then
+    that one (it named the imitation, which nothing used)."""
+    from bagpipe.stack import LocalStack
+
+    for env, named in (({}, None), ({"BAGPIPE_STAC_URL": "https://stac.example.org/v1", "BAGPIPE_STAC_SAS_URL": "none",
+                                     "BAGPIPE_CMR_URL": "https://cmr.example.org/search/"}, "example")):
+        home = tmp_path / ("own" if named else "imitated")
+        with LocalStack(home, workers=0, connection=azurite.connection_string, namespace=f"cli{len(env)}",
+                        env=env) as stack:
+            state = json.loads((home / "stack.json").read_text())
+            assert state["catalog"] == "stac"
+            if named:
+                assert (state["stac"], state["stac_sas"], state["cmr"]) == (
+                    "https://stac.example.org/v1", "", "https://cmr.example.org/search/")
+            else:
+                assert (state["stac"], state["stac_sas"], state["cmr"]) == (
+                    stack.planetary.stac_url, stack.planetary.sas_url, stack.nasa.cmr_url)
