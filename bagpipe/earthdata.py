@@ -2,7 +2,9 @@
 the bucket the archive hands its files out from — each on a loopback address of its own, so
 that they are different hosts, as they are in reality.
 
-- **CMR** (127.0.0.1): ``/search/granules.json`` with ``short_name``, ``version``,
+- **CMR** (127.0.0.1): ``/search/collections.json`` by ``short_name`` and ``version`` (the
+  collections it holds: ``collections``, every product of the catalog; none for another);
+  ``/search/granules.json`` with ``short_name``, ``version``,
   ``temporal``, ``bounding_box[]`` (``options[bounding_box][or]``) and ``page_size``, paged
   by the ``CMR-Search-After`` header; entries shaped as CMR's JSON answer, built from the
   granule's ECS metadata (the real ``.hdf.xml`` for the real granule).
@@ -48,6 +50,7 @@ class Earthdata:
         from bagpipe.serving import Served
 
         self.tokens = tokens if tokens is not None else {secrets.token_urlsafe(24)}
+        self.collections = {p.name: p for p in CATALOG.values()}  # what CMR knows, by short name (tests drop one)
         self.codes: dict[str, float] = {}
         self.sessions: set[str] = set()
         self.key = secrets.token_bytes(16)
@@ -129,10 +132,22 @@ class Earthdata:
     def _cmr(self) -> FastAPI:
         app = FastAPI(title="CMR (bagpipe's local imitation)")
 
+        @app.get("/search/collections.json")
+        def collections(request: Request, response: Response) -> dict[str, Any]:
+            """The collections of a short name (and version), as CMR's JSON answer lists them."""
+            query = request.query_params
+            product = self.collections.get(query.get("short_name", ""))
+            found = [product] if product and query.get("version", product.cmr_version) == product.cmr_version else []
+            response.headers["CMR-Hits"] = str(len(found))
+            return {"feed": {"updated": "", "id": str(request.url), "title": "ECHO dataset metadata", "entry": [
+                {"id": f"C0000000{len(p.name)}-{'NSIDC_ECS' if p.name[3:] == '10A2' else 'LPCLOUD'}",
+                 "short_name": p.name, "version_id": p.cmr_version, "title": f"{p.title} V{p.collection}",
+                 "dataset_id": f"{p.title} V{p.collection}", "online_access_flag": True} for p in found]}}
+
         @app.get("/search/granules.json")
         def granules(request: Request, response: Response) -> dict[str, Any]:
             query = request.query_params
-            product = CATALOG.get(query.get("short_name", ""))
+            product = self.collections.get(query.get("short_name", ""))
             if product is None or query.get("version") != product.cmr_version:
                 return {"feed": {"entry": []}}
             start, end = (date.fromisoformat(v[:10]) for v in query.get("temporal", "2000-01-01,2100-12-31").split(","))

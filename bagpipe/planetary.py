@@ -14,13 +14,17 @@ SAS checks included) that, where Azurite answers an authorized read 404 for a fi
 has, makes the file, stores it and answers again — so every file the catalog lists is there
 when it is read, as on Planetary Computer, made once, and never made for a search alone.
 Blobs are private: only a SAS token from the endpoint, short-lived (``token_minutes``),
-reads them.
+reads them. ``GET /collections/{id}`` answers the collections it holds (``collections``; a test
+may drop one), 404 for any other, as Planetary Computer does; the token endpoint can be made
+to answer its rate limit (``busy_tokens``: 429 with ``Retry-After``); every request's headers
+are kept (``seen``).
 """
 
 from __future__ import annotations
 
 import json
 import threading
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, date, datetime, timedelta
@@ -34,6 +38,7 @@ import numpy as np
 from azure.core.exceptions import ResourceExistsError
 from azure.storage.blob import BlobServiceClient, ContainerSasPermissions, ContentSettings, generate_container_sas
 from fastapi import FastAPI, HTTPException, Request, Response
+from fastapi.responses import JSONResponse
 
 from bagpipe import modis_world as world
 from bagpipe.azurite import ACCOUNT, ACCOUNT_KEY
@@ -95,6 +100,8 @@ class Planetary:
         self.containers = {"cogs": f"{prefix}{COGS}", "hdf": f"{prefix}{HDFS}"}
         self.collections, self.templates = _collections(), _items()
         self.tokens_issued = 0
+        self.busy_tokens = 0  # token requests still to answer 429 (its rate limit), Retry-After 1 s: tests set it
+        self.seen: deque[tuple[str, dict[str, str]]] = deque(maxlen=1000)  # (path, headers) of the last requests
         self.files_made = 0  # files made on their first read (the tests watch laziness)
         self._making: dict[str, threading.Lock] = {}
         self._matching = lru_cache(maxsize=16)(self._match)
@@ -190,7 +197,7 @@ class Planetary:
                hour: str) -> list[tuple[str, str, date]]:
         found = set()
         for collection in collections:
-            for product in self.products_of(collection):
+            for product in self.products_of(collection) if collection in self.collections else []:
                 days = periods(product, start, end)
                 tiles = {tile.name for box in boxes for tile in tiles_for_bbox(*box)}
                 found |= {(product.name, tile, day) for tile in tiles for day in days
@@ -322,6 +329,13 @@ class Planetary:
 
     def app(self) -> FastAPI:
         app = FastAPI(title="Planetary Computer (bagpipe's local imitation)")
+
+        @app.middleware("http")
+        async def record(request: Request, call_next: Callable[[Request], Any]) -> Response:
+            with self._lock:
+                self.seen.append((request.url.path, dict(request.headers)))
+            answer: Response = await call_next(request)
+            return answer
         links = lambda: [  # noqa: E731
             {"rel": "self", "href": f"{self.stac_url}/", "type": "application/json"},
             {"rel": "root", "href": f"{self.stac_url}/", "type": "application/json"},
@@ -362,8 +376,13 @@ class Planetary:
             return self.search(await request.json(), f"{self.stac_url}/search", "POST")
 
         @app.get(SAS + "/{account}/{container}")
-        def token(account: str, container: str) -> dict[str, str]:
-            return self.token(account, container)
+        def token(account: str, container: str) -> Response:
+            with self._lock:
+                busy, self.busy_tokens = self.busy_tokens > 0, max(0, self.busy_tokens - 1)
+            if busy:  # as Azure API Management answers past the rate limit
+                return JSONResponse({"statusCode": 429, "message": "Rate limit is exceeded. Try again in 1 seconds."},
+                                    429, headers={"Retry-After": "1"})
+            return JSONResponse(self.token(account, container))
 
         return app
 

@@ -2,9 +2,10 @@
 rows, the portal's view, log lines and telemetry.
 
 A source URL may carry a SAS signature (``?...&sig=...``), an FTP ``user:password@``, an
-access token in its query; an exception may quote a connection string or an
-``Authorization`` header. :func:`redact` replaces the secret part and keeps the rest (the
-host, the path, the SAS's expiry), so that an error still says what failed where.
+access token or a subscription key in its query; an exception may quote a connection string,
+an ``Authorization`` header or Planetary Computer's ``Ocp-Apim-Subscription-Key``.
+:func:`redact` replaces the secret part and keeps the rest (the host, the path, the SAS's
+expiry), so that an error still says what failed where.
 """
 
 from __future__ import annotations
@@ -19,15 +20,16 @@ _USERINFO = re.compile(r"(?P<scheme>\b[a-z][a-z0-9+.-]*://)[^/\s@:?#]*:[^/\s@?#]
 # query parameters that carry a secret: a SAS's signature, tokens, keys, passwords
 _QUERY = re.compile(
     r"(?P<name>[?&;](?:sig|signature|token|access_token|id_token|refresh_token|code|api[-_]?key|key|"
-    r"password|passwd|secret|client_secret|x-functions-key)=)[^&\s#\"'<>]+",
+    r"password|passwd|secret|client_secret|x-functions-key|subscription-key)=)[^&\s#\"'<>]+",
     re.IGNORECASE,
 )
 # header-like and connection-string-like secrets
 _BEARER = re.compile(r"(?P<name>\b(?:Bearer|Basic)\s+)[A-Za-z0-9._~+/=-]{8,}")
 _PAIRS = re.compile(
     r"(?P<name>\b(?:AccountKey|SharedAccessSignature|SharedAccessKey|Password|Pwd|ClientSecret|"
-    r"x-functions-key|x-bagpipe-token|x-ms-token-aad-[a-z-]+|x-ms-(?:copy-source-)?authorization|Authorization)"
-    r"\s*[=:]\s*['\"]?)[^;,\s'\"]+",
+    r"x-functions-key|x-bagpipe-token|x-ms-token-aad-[a-z-]+|x-ms-(?:copy-source-)?authorization|Authorization|"
+    r"Ocp-Apim-Subscription-Key)"
+    r"['\"]?\s*[=:]\s*['\"]?)[^;,\s'\"]+",  # a header's name quoted too: a dict of headers, printed
     re.IGNORECASE,
 )
 # a personal API token anywhere (pipeline.web.identity): its id is kept, its secret is not

@@ -20,6 +20,7 @@ from pipeline.storage import names
 
 PLANETARY_COMPUTER_STAC = "https://planetarycomputer.microsoft.com/api/stac/v1"
 PLANETARY_COMPUTER_SAS = "https://planetarycomputer.microsoft.com/api/sas/v1/token"
+PLANETARY_COMPUTER_HOSTS = frozenset({"planetarycomputer.microsoft.com"})  # where its subscription key may go
 NASA_CMR = "https://cmr.earthdata.nasa.gov/search/"
 EARTHDATA_HOSTS = ("urs.earthdata.nasa.gov,data.nsidc.earthdatacloud.nasa.gov,n5eil01u.ecs.nsidc.org,"
                    "data.lpdaac.earthdatacloud.nasa.gov,e4ftl01.cr.usgs.gov")
@@ -138,6 +139,10 @@ class Settings:
     stac_sas_url: str = setting(
         "BAGPIPE_STAC_SAS_URL", PLANETARY_COMPUTER_SAS, "The token endpoint that signs the STAC assets' Blob "
         "hrefs (`{url}/{account}/{container}`); `none`: the hrefs are public.", off=True)
+    pc_subscription_key: str = setting(
+        "BAGPIPE_PC_SUBSCRIPTION_KEY", "", "A Planetary Computer subscription key (`Ocp-Apim-Subscription-Key`), "
+        "which raises its rate limits: sent with the STAC API's and the token endpoint's requests to Planetary "
+        "Computer's hosts only, over HTTPS; a Key Vault reference in Azure. Never logged.", secret=True)
     cmr_url: str = setting("BAGPIPE_CMR_URL", NASA_CMR, "NASA CMR's search API.")
     earthdata_token: str = setting(
         "BAGPIPE_EARTHDATA_TOKEN", "", "An Earthdata Login bearer token, for files from NASA's archives "

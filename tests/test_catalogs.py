@@ -2,12 +2,13 @@
 ``responses``, NASA CMR's with ``respx``, both built from the real STAC item and the real
 granule's ECS metadata in data/modis) and on the local imitations: granules named with their
 production timestamp, Terra told from Aqua, every page read, boxes across ±180°, one search
-per product per job."""
+per product per job; a collection the catalog does not hold fails the job at planning."""
 
 from __future__ import annotations
 
 import copy
 import json
+import re
 from datetime import date, timedelta
 
 import httpx
@@ -16,21 +17,27 @@ import responses
 import respx
 
 from bagpipe import modis_world as world
+from bagpipe.azurite import Azurite
 from bagpipe.earthdata import Earthdata
 from bagpipe.planetary import Planetary
+from pipeline.lifecycle import jobs, planner
+from pipeline.lifecycle.status import JobState
 from pipeline.modis import catalogs
 from pipeline.modis.cmr import CmrCatalog
 from pipeline.modis.granules import Granule, pick
 from pipeline.modis.products import CATALOG, periods
 from pipeline.modis.stac import StacCatalog
 from pipeline.modis.targets import GridSpec
-from pipeline.requests import search
+from pipeline.planning import RequestError
+from pipeline.requests import application, search
 from pipeline.requests.request import expand
 from pipeline.settings import NASA_CMR, PLANETARY_COMPUTER_STAC, Settings
 from pipeline.storage import names
-from tests.conftest import small_request
+from pipeline.storage.clients import Clients
+from tests.conftest import on_cmr, on_stac, small_request
 
 ITEM = json.loads((world.STAC_DATA / "MOD10A2.A2022033.h09v05.061.json").read_text())
+COLLECTION = json.loads((world.STAC_DATA / "MOD10A2-061.collection.json").read_text())
 NAME = "MOD10A2.A2022033.h09v05.061.2022042050729"
 PC_BLOB = "https://modiseuwest.blob.core.windows.net"
 
@@ -49,9 +56,11 @@ def recorded_item(short: str, tile: str, made: str) -> dict:
     return item
 
 
+@respx.mock
 @responses.activate
 def test_stac_search_on_recorded_planetary_computer_answers() -> None:
     root = PLANETARY_COMPUTER_STAC
+    respx.get(f"{root}/collections/modis-10A2-061").mock(return_value=httpx.Response(200, json=COLLECTION))
     responses.get(root, json={"type": "Catalog", "id": "microsoft-pc", "stac_version": "1.0.0", "description": "",
                               "conformsTo": ["https://api.stacspec.org/v1.0.0/core",
                                              "https://api.stacspec.org/v1.0.0/item-search"],
@@ -89,6 +98,9 @@ def test_cmr_search_on_recorded_answers_pages_with_search_after(monkeypatch: pyt
     pages = [httpx.Response(200, json={"feed": {"entry": [real]}}, headers={"CMR-Search-After": "a1"}),
              httpx.Response(200, json={"feed": {"entry": [other]}})]
     route = respx.get(url).mock(side_effect=pages)
+    respx.get(NASA_CMR + "collections.json").mock(return_value=httpx.Response(200, json={"feed": {"entry": [
+        {"short_name": "MOD10A2", "version_id": "61", "title": "MODIS/Terra Snow Cover 8-Day L3 Global 500m SIN "
+                                                               "Grid V061"}]}}))
     monkeypatch.setattr("pipeline.modis.cmr.PAGE", 1)  # one granule a page: the second page is asked for
     found = CmrCatalog(NASA_CMR).search(CATALOG["MOD10A2"], (170.0, -20.0, -170.0, -10.0), date(2022, 2, 2),
                                         date(2022, 2, 9))
@@ -153,3 +165,45 @@ def test_the_imitations_have_no_granule_before_it_is_produced(planetary: Planeta
     for catalog in (StacCatalog(planetary.stac_url), CmrCatalog(nasa.cmr_url)):
         found = {g.day for g in catalog.search(product, box, days[0], date.today())}
         assert set(produced) <= found and max(found) < days[-1], (type(catalog).__name__, found, days)
+
+
+def test_the_imitations_answer_for_the_collections_they_hold_and_no_other(planetary: Planetary,
+                                                                          nasa: Earthdata) -> None:
+    assert httpx.get(f"{planetary.stac_url}/collections/modis-10A2-061").json()["id"] == "modis-10A2-061"
+    assert httpx.get(f"{planetary.stac_url}/collections/modis-10A2-006").status_code == 404
+    known = httpx.get(nasa.cmr_url + "collections.json", params={"short_name": "MOD10A2", "version": "61"}).json()
+    assert [e["short_name"] for e in known["feed"]["entry"]] == ["MOD10A2"]
+    for params in ({"short_name": "MOD10A2", "version": "6"}, {"short_name": "MOD10A9", "version": "61"}):
+        assert httpx.get(nasa.cmr_url + "collections.json", params=params).json()["feed"]["entry"] == []
+
+
+def test_a_collection_the_catalog_does_not_hold_fails_the_job_at_planning(
+        settings: Settings, azurite: Azurite) -> None:
+    """A wrong BAGPIPE_STAC_URL or a retired collection answers every search with nothing:
+    every task ended NO_DATA and the job SUCCEEDED. Planning checks the collection and fails
+    the job, saying which and why; CMR's short name and version likewise."""
+    request = small_request(products=["MOD10A2"])
+    with Planetary(azurite.connection_string) as planetary, Earthdata() as nasa:
+        del planetary.collections["modis-10A2-061"]  # a STAC API without it
+        del nasa.collections["MOD10A2"]  # a CMR that does not know it
+        for mine, said in ((on_stac(settings, planetary), "has no collection modis-10A2-061 (MOD10A2's): is "
+                                                          "BAGPIPE_STAC_URL the right catalog?"),
+                           (on_cmr(settings, nasa), "has no collection MOD10A2 version 61: is BAGPIPE_CMR_URL")):
+            with pytest.raises(catalogs.CollectionMissing, match=re.escape(said)):
+                catalogs.catalog_for(mine).search(CATALOG["MOD10A2"], (-112.0, 34.0, -108.0, 37.0),
+                                                  date(2022, 1, 1), date(2022, 1, 31))
+            with pytest.raises(RequestError, match=re.escape(said)) as refused:
+                search.resolve(mine, expand(request, 1000, "modis"), "modis")
+            assert refused.value.field == "products"
+            clients = Clients(mine)
+            clients.ensure_resources()
+            job = application.submit(clients, request).job
+            planner.plan(clients, job)
+            row = jobs.get(clients, job)
+            assert row.outcome is JobState.FAILED and said in row.error, row.error
+            assert row.planned == 0  # no task was made to end NO_DATA
+        # the products they hold are planned as ever
+        mine = on_stac(settings, planetary)
+        job = application.submit(Clients(mine), small_request(products=["MYD13A1"])).job
+        planner.plan(Clients(mine), job)
+        assert jobs.get(Clients(mine), job).state is JobState.RUNNING

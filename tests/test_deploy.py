@@ -278,11 +278,20 @@ def test_app_service_authentication_is_what_the_code_expects() -> None:
     assert http["authLevel"].lower() == "anonymous"
 
 
-def test_the_earthdata_token_is_a_key_vault_secret_for_both_identities() -> None:
+def test_the_earthdata_token_and_the_subscription_key_are_key_vault_secrets_for_both_identities() -> None:
     main = (BICEP / "main.bicep").read_text()
     settings = _text(_declaration(BICEP / "main.bicep", "variable_declaration", "settings"))
     assert "'@Microsoft.KeyVault(SecretUri=${vault.outputs.secretUri})'" in settings  # the Function App's syntax
     assert "@secure()\nparam earthdataToken" in main
+    # Planetary Computer's subscription key: its own secret, read the same ways
+    assert "'${names.settings.pcSubscriptionKey}': empty(pcSubscriptionKey) ? '' : " \
+           "'@Microsoft.KeyVault(SecretUri=${vault.outputs.keyUri})'" in settings
+    assert "@secure()\nparam pcSubscriptionKey" in main
+    vault = (BICEP / "modules/vault.bicep").read_text()
+    assert "name: 'pc-subscription-key'" in vault and "@secure()\nparam pcSubscriptionKey" in vault
+    workers_module = _text(_declaration(BICEP / "main.bicep", "module_declaration", "workers"))
+    assert "'${names.settings.pcSubscriptionKey}': vault.outputs.keyUri" in workers_module
+    assert "if (secrets)" in _text(_declaration(BICEP / "main.bicep", "module_declaration", "vault"))
     workers = (BICEP / "modules/workers.bicep").read_text()
     assert "keyVaultUrl: s.value, identity: identity.id" in workers and "secretRef:" in workers
     assert "!contains(secretSettings, s.key)" in workers  # the reference string never reaches a worker

@@ -34,6 +34,10 @@ param catalog string = 'stac'
 @secure()
 param earthdataToken string = ''
 
+@description('A Planetary Computer subscription key (catalog stac; raises its rate limits), kept in the deployment\'s Key Vault.')
+@secure()
+param pcSubscriptionKey string = ''
+
 @description('The worker image in this deployment\'s registry (empty until the first `az acr build`).')
 param workerImage string = ''
 
@@ -85,9 +89,11 @@ module monitoring 'modules/monitoring.bicep' = {
   params: { prefix: prefix, suffix: suffix, location: location, retentionDays: min(retentionDays, 730) }
 }
 
-module vault 'modules/vault.bicep' = if (!empty(earthdataToken)) {
+var secrets = !empty(earthdataToken) || !empty(pcSubscriptionKey)
+
+module vault 'modules/vault.bicep' = if (secrets) {
   name: 'vault'
-  params: { prefix: prefix, suffix: suffix, location: location, earthdataToken: earthdataToken }
+  params: { prefix: prefix, suffix: suffix, location: location, earthdataToken: earthdataToken, pcSubscriptionKey: pcSubscriptionKey }
 }
 
 module mail 'modules/email.bicep' = if (email) {
@@ -128,6 +134,7 @@ var settings = {
   '${names.settings.catalog}': catalog
   '${names.settings.stacUrl}': contains(tuning, 'stacUrl') ? tuning.stacUrl : ''
   '${names.settings.stacSasUrl}': contains(tuning, 'stacSasUrl') ? tuning.stacSasUrl : ''
+  '${names.settings.pcSubscriptionKey}': empty(pcSubscriptionKey) ? '' : '@Microsoft.KeyVault(SecretUri=${vault.outputs.keyUri})'
   '${names.settings.cmrUrl}': contains(tuning, 'cmrUrl') ? tuning.cmrUrl : ''
   '${names.settings.earthdataToken}': empty(earthdataToken) ? '' : '@Microsoft.KeyVault(SecretUri=${vault.outputs.secretUri})'
   '${names.settings.earthdataHosts}': contains(tuning, 'earthdataHosts') ? tuning.earthdataHosts : ''
@@ -164,7 +171,8 @@ module workers 'modules/workers.bicep' = {
     storageName: storage.outputs.name
     settings: settings
     // the Key Vault reference above is the Functions host's syntax: the job reads the secret itself
-    secretSettings: empty(earthdataToken) ? {} : { '${names.settings.earthdataToken}': vault.outputs.secretUri }
+    secretSettings: union(empty(earthdataToken) ? {} : { '${names.settings.earthdataToken}': vault.outputs.secretUri },
+      empty(pcSubscriptionKey) ? {} : { '${names.settings.pcSubscriptionKey}': vault.outputs.keyUri })
     workspaceCustomerId: monitoring.outputs.workspaceCustomerId
     workspaceKey: monitoring.outputs.workspaceKey
     image: workerImage
@@ -198,7 +206,7 @@ module workerRoles 'modules/roles.bicep' = {
   }
 }
 
-module vaultReaders 'modules/vaultroles.bicep' = if (!empty(earthdataToken)) {
+module vaultReaders 'modules/vaultroles.bicep' = if (secrets) {
   name: 'vault-readers'
   params: {
     vaultName: vault.outputs.name

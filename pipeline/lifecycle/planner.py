@@ -58,8 +58,13 @@ def plan(clients: Clients, job: str) -> None:
             if not tasks.is_conflict(exc):
                 raise
             return plan(clients, job)  # moved meanwhile (cancelled, another planner): look again
-        specs = application.plan(settings, row.request, row.program, search=True,
-                                 limit=max(settings.max_tasks, row.total))
+        try:
+            specs = application.plan(settings, row.request, row.program, search=True,
+                                     limit=max(settings.max_tasks, row.total))
+        except RequestError as exc:  # its inputs cannot be found (a catalog without its collection)
+            log.warning("job %s cannot be planned: %s", job, exc.message)
+            jobs.refuse(clients, row, f"the request cannot be planned: {exc.field}: {exc.message}")
+            return
         clients.tasks.upsert_entity(rollups.plan_row(job, specs))  # its tiles and totals, for its status
     while planned < len(specs):
         end = min(planned + tasks.BATCH * row.buckets, len(specs))

@@ -5,30 +5,48 @@ ever seeing them.
   for its storage container, from Planetary Computer's token endpoint
   (``{BAGPIPE_STAC_SAS_URL}/{account}/{container}``, answer ``{"msft:expiry", "token"}``). A
   token is kept per container until shortly before its expiry, then renewed (and at once if
-  storage refuses it), so a job longer than a token's life keeps working. A small client
-  rather than the ``planetary-computer`` package: that one signs only
-  ``*.blob.core.windows.net`` hosts (never the local stack's Azurite, which names its account
-  in the path), keeps its tokens in a module-wide cache renewed a fixed minute before expiry,
-  and reads its settings once from the environment.
+  storage refuses it), so a job longer than a token's life keeps working. The worker's stage
+  processes share their tokens (a file per container in a folder of the user's own, read and
+  fetched under a lock on it): a worker asks once per container, not once per slot, nor again
+  when a slot's process is replaced — when a large job starts, every new worker asks at
+  once. An endpoint that answers busy (429 or 5xx: its rate limit) is asked again after its
+  ``Retry-After`` (or an exponential backoff), with jitter, a few times, and then the
+  attempt fails ``server_busy``, a transient failure the task is retried for, as a busy blob
+  is. Planetary Computer's subscription key (``BAGPIPE_PC_SUBSCRIPTION_KEY``, which raises its
+  rate limits) goes with each token request, as with each STAC API request
+  (:mod:`pipeline.modis.stac`), to Planetary Computer's own hosts only, over HTTPS
+  (:func:`subscription_headers`). A small client rather than the ``planetary-computer``
+  package: that one signs only ``*.blob.core.windows.net`` hosts (never the local stack's
+  Azurite, which names its account in the path), keeps its tokens in a module-wide cache
+  renewed a fixed minute before expiry, and reads its settings once from the environment.
 - **NASA** (Earthdata Login): an Earthdata bearer token (``BAGPIPE_EARTHDATA_TOKEN``) is sent
   to the hosts of ``BAGPIPE_EARTHDATA_HOSTS`` only — the login host and the DAACs — and only
   over HTTPS (or to this machine), across the archive's redirect to the login host and back;
   a redirect to any other host (a signed bucket URL) goes there without it.
 - Anything else: a plain GET.
 
-No error text carries a token or a signed URL: messages name the unsigned href.
+No error text carries a token, a key or a signed URL: messages name the unsigned href.
 """
 
 from __future__ import annotations
 
 import base64
+import fcntl
+import hashlib
 import ipaddress
+import json
+import os
+import random
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from functools import lru_cache
+from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
 import httpx
@@ -37,11 +55,16 @@ from azure.storage.blob import BlobClient
 
 from pipeline.failures import FailureClass, StageFailure, error_code
 from pipeline.redact import redact
-from pipeline.settings import Settings, env_name
+from pipeline.settings import PLANETARY_COMPUTER_HOSTS, Settings, env_name
 
 TIMEOUT_S = 120.0
 MAX_REDIRECTS = 10
 RENEW_BEFORE_S = 300.0  # renew a SAS token this long before its expiry (or at 3/4 of a shorter life)
+TOKEN_TRIES = 5  # asks of a busy token endpoint before the attempt fails server_busy
+TOKEN_BACKOFF_S = 0.5  # the first wait between them (doubling, with full jitter) when it says no Retry-After
+TOKEN_WAIT_S = 30.0  # the longest Retry-After waited for here; longer, the task is retried later
+KEPT_TOKENS_S = 86_400.0  # a shared token file older than this is removed when another is written
+SUBSCRIPTION_HEADER = "Ocp-Apim-Subscription-Key"
 
 
 @dataclass(frozen=True)
@@ -92,15 +115,44 @@ def _is_local(host: str) -> bool:
         return host == "localhost"
 
 
+def subscription_headers(url: str, key: str) -> dict[str, str]:
+    """The header carrying Planetary Computer's subscription key, for a request to ``url``:
+    none unless there is a key and ``url`` is one of Planetary Computer's hosts, over HTTPS."""
+    parts = urlsplit(url)
+    if key and parts.scheme == "https" and (parts.hostname or "").lower() in PLANETARY_COMPUTER_HOSTS:
+        return {SUBSCRIPTION_HEADER: key}
+    return {}
+
+
+def unresolved(value: str, field: str) -> str:
+    """``value``, refused if it is a Key Vault reference the platform did not resolve."""
+    if value.startswith("@Microsoft.KeyVault("):
+        raise ValueError(f"{env_name(field)} is an unresolved Key Vault reference")
+    return value
+
+
+def token_folder() -> Path:
+    """Where this machine's stage processes of this user share their SAS tokens."""
+    return Path(tempfile.gettempdir()) / f"bagpipe-sas-{os.getuid()}"
+
+
+Token = tuple[str, float, float]  # the token, its expiry and when to renew it (epoch seconds)
+
+
 class SasSigner:
     """Read SAS tokens per storage container from a Planetary Computer-style token endpoint,
-    kept until shortly before they expire."""
+    kept until shortly before they expire: in this process, and in ``folder`` for every
+    process that signs with the same endpoint (None: in this process only)."""
 
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, folder: Path | None = None, key: str = "",
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         self.endpoint = endpoint.rstrip("/")
-        self._tokens: dict[tuple[str, str], tuple[str, float, float]] = {}  # token, expiry, renew at
+        self.folder = folder
+        self._key = key
+        self._sleep = sleep
+        self._tokens: dict[tuple[str, str], Token] = {}
         self._lock = threading.Lock()
-        self.issued = 0  # tokens fetched (the tests watch renewals)
+        self.issued = 0  # tokens this signer fetched (the tests watch renewals)
 
     def sign(self, href: str) -> str:
         container = blob_container(href)
@@ -113,45 +165,131 @@ class SasSigner:
             held = self._tokens.get((account, container))
             if held and time.time() < held[2]:
                 return held[0]
-            token, expiry = self._fetch(account, container)
-            now = time.time()
-            life = max(0.0, expiry - now)
-            self._tokens[(account, container)] = (token, expiry, expiry - min(RENEW_BEFORE_S, life / 4))
-            self.issued += 1
-            return token
+            with self._shared(account, container) as path:  # one process asks; the others wait, then read
+                held = _read(path)
+                if held is None or time.time() >= held[2]:
+                    token, expiry = self._fetch(account, container)
+                    life = max(0.0, expiry - time.time())
+                    held = (token, expiry, expiry - min(RENEW_BEFORE_S, life / 4))
+                    self.issued += 1
+                    _write(path, held)
+            self._tokens[(account, container)] = held
+            return held[0]
 
     def forget(self, href: str) -> None:
-        """Drop the container's token (storage refused it): the next sign fetches a new one."""
+        """Drop the container's token (storage refused it): the next sign fetches a new one
+        (and so does every process that shares it, unless one has already)."""
         container = blob_container(href)
         if container is None:
             return
         with self._lock:
-            self._tokens.pop(container, None)
+            held = self._tokens.pop(container, None)
+            with self._shared(*container) as path:
+                kept = _read(path)
+                if path is not None and held is not None and kept is not None and kept[0] == held[0]:
+                    path.unlink(missing_ok=True)
+
+    @contextmanager
+    def _shared(self, account: str, container: str) -> Iterator[Path | None]:
+        """The file of the container's shared token, held locked; None where there is none
+        (no folder, or one that is not this user's alone)."""
+        folder = self.folder
+        if folder is None:
+            yield None
+            return
+        try:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            status = folder.stat()
+        except OSError:
+            yield None
+            return
+        if status.st_uid != os.getuid() or status.st_mode & 0o077:  # another's, or open to others: not trusted
+            yield None
+            return
+        name = hashlib.sha256(f"{self.endpoint}\n{account}\n{container}".encode()).hexdigest()[:32]
+        lock = os.open(folder / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield folder / f"{name}.json"
+        finally:
+            os.close(lock)  # and the lock with it
 
     def _fetch(self, account: str, container: str) -> tuple[str, float]:
+        """A new token, asking a busy endpoint again after its Retry-After (else a backoff)."""
         url = f"{self.endpoint}/{account}/{container}"
-        try:
-            response = httpx.get(url, timeout=30.0)
-        except httpx.HTTPError as exc:
-            raise StageFailure(FailureClass.CONNECTION, f"SAS token endpoint {url}: {type(exc).__name__}") from None
-        if response.status_code != 200:
-            raise StageFailure(FailureClass.SOURCE_DOWNLOAD,
-                               f"SAS token endpoint {url} answered HTTP {response.status_code}")
-        try:
-            body = response.json()
-            return str(body["token"]).lstrip("?"), datetime.fromisoformat(body["msft:expiry"]).timestamp()
-        except (ValueError, KeyError, TypeError):
-            raise StageFailure(FailureClass.SOURCE_DOWNLOAD, f"SAS token endpoint {url}: no token in its answer"
-                               ) from None
+        for attempt in range(1, TOKEN_TRIES + 1):
+            try:
+                response = httpx.get(url, headers=subscription_headers(url, self._key), timeout=30.0)
+            except httpx.HTTPError as exc:
+                raise StageFailure(FailureClass.CONNECTION, f"SAS token endpoint {redact(url)}: "
+                                   f"{type(exc).__name__}") from None
+            if response.status_code in BUSY:
+                wait = retry_after(response)
+                if attempt == TOKEN_TRIES or (wait is not None and wait > TOKEN_WAIT_S):
+                    raise refused(url, response.status_code, f"SAS token endpoint answered HTTP "
+                                  f"{response.status_code} (busy) {attempt} times")
+                backoff = TOKEN_BACKOFF_S * 2 ** (attempt - 1)
+                self._sleep(wait + random.uniform(0, TOKEN_BACKOFF_S) if wait is not None
+                            else random.uniform(0, backoff))
+                continue
+            if response.status_code != 200:
+                raise StageFailure(FailureClass.SOURCE_DOWNLOAD,
+                                   f"SAS token endpoint {redact(url)} answered HTTP {response.status_code}")
+            try:
+                body = response.json()
+                return str(body["token"]).lstrip("?"), datetime.fromisoformat(body["msft:expiry"]).timestamp()
+            except (ValueError, KeyError, TypeError):
+                raise StageFailure(FailureClass.SOURCE_DOWNLOAD,
+                                   f"SAS token endpoint {redact(url)}: no token in its answer") from None
+        raise AssertionError("unreachable")
+
+
+def retry_after(response: httpx.Response) -> float | None:
+    """The seconds a busy answer's ``Retry-After`` asks for (seconds, or an HTTP date), if any."""
+    value = response.headers.get("retry-after", "").strip()
+    if not value:
+        return None
+    if value.isdigit():
+        return float(value)
+    try:
+        return max(0.0, (parsedate_to_datetime(value) - datetime.now(UTC)).total_seconds())
+    except (TypeError, ValueError):
+        return None
+
+
+def _read(path: Path | None) -> Token | None:
+    if path is None:
+        return None
+    try:
+        found = json.loads(path.read_text())
+        return str(found["token"]), float(found["expiry"]), float(found["renew"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write(path: Path | None, held: Token) -> None:
+    """Keep a token for the other processes (whole or not at all), and drop long-expired ones."""
+    if path is None:
+        return
+    written = path.with_suffix(f".{os.getpid()}.new")
+    try:
+        descriptor = os.open(written, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as file:
+            json.dump({"token": held[0], "expiry": held[1], "renew": held[2]}, file)
+        written.replace(path)
+        for old in path.parent.glob("*.json"):
+            if time.time() - old.stat().st_mtime > KEPT_TOKENS_S:
+                old.unlink(missing_ok=True)
+                old.with_suffix(".lock").unlink(missing_ok=True)
+    except OSError:  # a full or read-only disk: the token is still this process's
+        written.unlink(missing_ok=True)
 
 
 class Earthdata:
     """GETs that carry an Earthdata bearer token to the allowed hosts only."""
 
     def __init__(self, token: str, hosts: frozenset[str]) -> None:
-        if token.startswith("@Microsoft.KeyVault("):
-            raise ValueError(f"{env_name('earthdata_token')} is an unresolved Key Vault reference")
-        self._token = token
+        self._token = unresolved(token, "earthdata_token")
         self.hosts = hosts
 
     def allowed(self, url: str) -> bool:
@@ -177,8 +315,11 @@ class Earthdata:
 class Access:
     """How this process fetches catalog hrefs (one per settings, kept warm with its tokens)."""
 
-    def __init__(self, sas_url: str, earthdata_token: str, earthdata_hosts: str) -> None:
-        self.signer = SasSigner(sas_url) if sas_url else None
+    def __init__(self, sas_url: str, earthdata_token: str, earthdata_hosts: str, subscription_key: str = "",
+                 token_folder: Path | None = None) -> None:
+        """``token_folder``: where SAS tokens are shared with other processes (None: not shared)."""
+        self.signer = SasSigner(sas_url, token_folder, unresolved(subscription_key, "pc_subscription_key")) \
+            if sas_url else None
         self.earthdata = Earthdata(earthdata_token, frozenset(
             h.strip().lower() for h in earthdata_hosts.split(",") if h.strip()))
 
@@ -228,12 +369,13 @@ class Access:
 
 
 @lru_cache(maxsize=4)
-def _access(sas_url: str, token: str, hosts: str) -> Access:
-    return Access(sas_url, token, hosts)
+def _access(sas_url: str, token: str, hosts: str, key: str) -> Access:
+    return Access(sas_url, token, hosts, key, token_folder())
 
 
 def access_for(settings: Settings) -> Access:
-    """This process's Access for these settings: its SAS tokens live as long as the process.
-    Hrefs are signed only when they come from the STAC catalog (NASA's are not Blob URLs)."""
+    """This process's Access for these settings: its SAS tokens live as long as the process,
+    shared with the machine's other stage processes (:func:`token_folder`). Hrefs are signed
+    only when they come from the STAC catalog (NASA's are not Blob URLs)."""
     return _access(settings.stac_sas_url if settings.catalog == "stac" else "", settings.earthdata_token,
-                   settings.earthdata_hosts)
+                   settings.earthdata_hosts, settings.pc_subscription_key)

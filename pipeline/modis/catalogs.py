@@ -31,10 +31,16 @@ class CatalogError(RuntimeError):
     """A catalog that could not be searched (its message names no credential)."""
 
 
+class CollectionMissing(CatalogError):
+    """The catalog answers, and does not hold the product's collection (a wrong catalog URL,
+    a retired collection): its search would find nothing, and every task end NO_DATA. The
+    job is refused at planning with this message."""
+
+
 class Catalog(Protocol):
     def search(self, product: Product, box: Box, start: date, end: date) -> list[Granule]:
         """Every granule of the product intersecting ``box`` whose period overlaps [start, end]
-        (all pages)."""
+        (all pages); CollectionMissing if the catalog has no collection of the product."""
         ...
 
 
@@ -45,7 +51,7 @@ def catalog_for(settings: Settings) -> Catalog:
         return CmrCatalog(settings.cmr_url)
     from pipeline.modis.stac import StacCatalog
 
-    return StacCatalog(settings.stac_url)
+    return StacCatalog(settings.stac_url, subscription_key=settings.pc_subscription_key)
 
 
 def footprint(targets: Iterable[TargetTile], samples: int = 16) -> Box:

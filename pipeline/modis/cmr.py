@@ -6,7 +6,9 @@ stalled connection would hold the planner forever) and adds nothing here but bui
 query string. A granule is found by short name, version, bounding box (two boxes, OR-ed,
 across ±180°) and temporal range; its file is the HDF4 link of rel ``…/data#`` on the DAAC
 that holds the product (NSIDC for snow, LP DAAC for the others), fetched behind Earthdata
-Login (:mod:`pipeline.modis.access`).
+Login (:mod:`pipeline.modis.access`). Before it searches, it checks that CMR knows the
+collection (``/search/collections.json`` by short name and version), which a granule search
+of an unknown one does not say.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from pipeline.modis.catalogs import Box, CatalogError, split
+from pipeline.modis.catalogs import Box, CatalogError, CollectionMissing, split
 from pipeline.modis.granules import HDF, Granule
 from pipeline.modis.products import Product
 from pipeline.redact import redact
+from pipeline.settings import env_name
 
 TIMEOUT_S = 60.0
 PAGE = 2000  # CMR's largest page
@@ -32,9 +35,27 @@ SEARCH_AFTER = "CMR-Search-After"
 class CmrCatalog:
     def __init__(self, url: str, timeout: float = TIMEOUT_S) -> None:
         self.url = url.rstrip("/") + "/granules.json"
+        self.collections_url = url.rstrip("/") + "/collections.json"
         self.timeout = timeout
 
+    def check(self, product: Product) -> None:
+        """CMR knows the product's collection (its short name and version): for one it does
+        not, a granule search answers nothing rather than an error."""
+        params = {"short_name": product.name, "version": product.cmr_version, "page_size": "1"}
+        try:
+            response = httpx.get(self.collections_url, params=params, headers={"Accept": "application/json"},
+                                 timeout=self.timeout)
+        except httpx.HTTPError as exc:
+            raise CatalogError(f"CMR at {redact(self.collections_url)} unreachable: {type(exc).__name__}") from None
+        if response.status_code != 200:
+            raise CatalogError(f"CMR collection search of {product.name} at {redact(self.collections_url)} "
+                               f"answered HTTP {response.status_code}")
+        if not response.json().get("feed", {}).get("entry"):
+            raise CollectionMissing(f"CMR at {redact(self.collections_url)} has no collection {product.name} "
+                                    f"version {product.cmr_version}: is {env_name('cmr_url')} the right catalog?")
+
     def search(self, product: Product, box: Box, start: date, end: date) -> list[Granule]:
+        self.check(product)
         params: list[tuple[str, str | int | float | bool | None]] = [
             ("short_name", product.name), ("version", product.cmr_version),
             ("temporal", f"{start.isoformat()}T00:00:00Z,{end.isoformat()}T23:59:59Z"),

@@ -13,9 +13,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import date
 
-from pipeline.modis.catalogs import catalog_for, footprint
+from pipeline.modis.catalogs import CollectionMissing, catalog_for, footprint
 from pipeline.modis.granules import Granule, pick
 from pipeline.modis.products import CATALOG, last_day
+from pipeline.planning import RequestError
 from pipeline.requests.request import TaskSpec
 from pipeline.settings import Settings
 
@@ -24,7 +25,8 @@ def resolve(settings: Settings, specs: Sequence[TaskSpec], stage: str) -> list[T
     """The task specs with each ``stage`` task's granules attached: one search per product
     over the lon/lat box of its target tiles and the span of its periods. A pure function
     of the catalog's answers: a planner that runs it again (a plan message handled twice, a
-    planner that died mid-search) gets the same granules."""
+    planner that died mid-search) gets the same granules. RequestError (``products``) if the
+    catalog holds no collection of a product the request names: the planner refuses the job."""
     wanted: dict[str, list[TaskSpec]] = {}
     for spec in specs:
         if spec.stage == stage:
@@ -38,7 +40,11 @@ def resolve(settings: Settings, specs: Sequence[TaskSpec], stage: str) -> list[T
         box = footprint({t.target for t in tasks})
         days = sorted({t.date for t in tasks})
         last = last_day(product, days[-1])  # a year's last composite ends with the year
-        found |= pick(g for g in catalog.search(product, box, days[0], last) if g.product == name)
+        try:
+            searched = catalog.search(product, box, days[0], last)
+        except CollectionMissing as exc:  # every task would end NO_DATA, and the job "succeed"
+            raise RequestError(422, "products", str(exc)) from None
+        found |= pick(g for g in searched if g.product == name)
     out: list[TaskSpec] = []
     for spec in specs:
         if spec.stage == stage:
