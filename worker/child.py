@@ -3,19 +3,20 @@ attempt can really be killed — the stage and everything it started — SIGTERM
 SIGKILL after a grace period.
 
 Each worker slot keeps one such child warm and hands it attempt after attempt; a kill, a
-failure or a long service replaces it. Children come from a ``forkserver``: a
-single-threaded server that preloads the stage modules, so a worker's threads and
-connection pools never leak into a stage.
+failure or a long service replaces it. Children come from the worker's fork server
+(``worker.forkserver``): a single-threaded process that has imported the stage modules, so a
+worker's threads and connection pools never leak into a stage, reached only through a socket
+pair the worker holds.
 """
 
 from __future__ import annotations
 
 import ctypes
 import math
-import multiprocessing
 import os
 import select
 import signal
+import socket
 import sys
 import threading
 import time
@@ -28,20 +29,12 @@ from pipeline.failures import FailureClass, classify
 from pipeline.redact import protect_logging
 from pipeline.settings import Settings
 from pipeline.storage.clients import Clients
-from worker import private
+from worker import forkserver, private
 
 _PR_SET_PDEATHSIG = 1
 REDELIVER_S = 0.5  # SIGTERM is sent again to a stage process's main thread this often until taken
 _sending = threading.Lock()  # one message at a time on the pipe to the worker
 _unwound = threading.Event()  # a stage process has ended its stage, or is ending: SIGTERM has done its work
-_context = multiprocessing.get_context("forkserver")
-# and the CLI's imports: a child runs the main module again (the CLI, for `bagpipe worker`),
-# cheap once they are in the server; not the CLI itself, which runpy would find imported
-# already (and say so, in every stage process's log).
-_context.set_forkserver_preload(["worker.private", "pipeline.stages", "pipeline.modis.tilestage",
-                                 "pipeline.reduction.stage", "pipeline.storage.clients", "worker.child",
-                                 "typer", "rich.console", "rich.progress", "rich.table", "bagpipe.manage",
-                                 "bagpipe.client"])
 
 
 @dataclass(frozen=True)
@@ -80,10 +73,8 @@ def _die_with_parent() -> None:
 def _watch(conn: Connection) -> None:
     """Start the stage process's one helper thread, which watches for two things:
 
-    - its worker gone (no reader is left on the outcome pipe): SIGKILL this process group.
-      The fork server alone would not see to it: every child it forks holds a copy of the
-      server's liveness pipe, so the server outlives a killed worker for as long as that
-      worker's stages run, and they would run to the end for nothing.
+    - its worker gone (no reader is left on the outcome pipe): SIGKILL this process group
+      at once, whether or not the fork server has noticed yet.
     - SIGTERM: it is sent again to the main thread every REDELIVER_S until the process has
       unwound (``_unwind``). Python runs a handler only in the main thread, once that thread
       wakes, and a signal caught by another thread (a stage's upload threads, a cache
@@ -144,7 +135,7 @@ def _unwinding() -> bool:
     return False
 
 
-def _serve(settings: Settings, conn: Connection, tasks: int) -> None:
+def _serve(conn: Connection, settings: Settings, tasks: int) -> None:
     """The stage process: run the stages the worker sends, one at a time, up to ``tasks``
     of them; stop at the first that fails, so that a failure never leaves its state to the
     next attempt."""
@@ -216,10 +207,9 @@ class StageProcess:
     ``tasks`` attempts, then is replaced (whatever a stage leaks does not accumulate)."""
 
     def __init__(self, settings: Settings, tasks: int = TASKS_PER_PROCESS) -> None:
-        self._conn, child_end = _context.Pipe(duplex=True)
-        self.process = _context.Process(target=_serve, args=(settings, child_end, tasks), daemon=False)
-        self.process.start()
-        child_end.close()
+        ours, theirs = socket.socketpair()
+        self._conn = Connection(ours.detach())
+        self.process = forkserver.spawn(_serve, (settings, tasks), theirs)
         self._left = tasks  # attempts it will still take: it ends after a failure or the last
         self._began = 0.0  # when the running stage started (monotonic)
         self._said: list[tuple[float, float]] = []  # its first and latest word: (s since it began, share done)
@@ -278,8 +268,6 @@ class StageProcess:
     def kill(self, grace: float) -> None:
         """SIGTERM the process group, then SIGKILL it if still there after ``grace`` s."""
         pid = self.process.pid
-        if pid is None:
-            return
         for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
             try:
                 os.killpg(pid, sig)
@@ -297,11 +285,10 @@ class StageProcess:
     def signal(self, sig: int) -> None:
         """Send ``sig`` to its process group (and nothing else: safe while another thread
         polls it)."""
-        if self.process.pid is not None:
-            try:
-                os.killpg(self.process.pid, sig)
-            except ProcessLookupError:
-                pass
+        try:
+            os.killpg(self.process.pid, sig)
+        except ProcessLookupError:
+            pass
 
     def close(self) -> None:
         """Let it end (the worker stops)."""

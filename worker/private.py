@@ -1,8 +1,8 @@
 """Keep a worker's processes to themselves: not dumpable, so that no other process of the
 same user can read their environment or memory through ``/proc`` (or attach a debugger).
 
-The worker, its fork server (which imports this module first, see ``worker.child``) and its
-stage processes hold the storage identity; a scientist's program runs in a cell of its own
+The worker, its fork server (which imports this module first, see ``worker.forkserver``) and
+its stage processes hold the storage identity; a scientist's program runs in a cell of its own
 (``pipeline.reduction.jail``) that cannot see them at all where the kernel gives namespaces, and where it
 does not, this is what keeps the worker's secrets from it.
 """
