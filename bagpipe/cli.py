@@ -218,14 +218,22 @@ def status(job: str, as_json: Annotated[bool, typer.Option("--json")] = False,
             console.print(f"  {name}: {link}", highlight=False, soft_wrap=True)
     if found.get("workers"):
         workers = Table(title="workers")
-        for column in ("worker", "attempts", "committed", "runtime / history", "state"):
-            workers.add_column(column, justify="left" if column in ("worker", "state") else "right")
+        for column in ("worker", "attempts", "committed", "runtime / history", "state", "sandbox"):
+            workers.add_column(column, justify="left" if column in ("worker", "state", "sandbox") else "right")
         for worker in found["workers"]:
             ratio = worker["recent_ratio"]
             workers.add_row(worker["worker"], str(worker["attempts"]), str(worker["committed"]),
                             "—" if ratio is None else f"{ratio:.2f}×",
-                            worker["state"] if worker["state"] == "healthy" else f"[red]{worker['state']}[/red]")
+                            worker["state"] if worker["state"] == "healthy" else f"[red]{worker['state']}[/red]",
+                            _sandbox_cell(worker.get("sandbox")))
         console.print(workers)
+
+
+def _sandbox_cell(mode: str | None) -> str:
+    """A worker's sandbox mode, in red where it runs no scientist's program."""
+    if mode is None:
+        return "—"
+    return f"[red]{mode}[/red]" if mode.startswith("none") else mode
 
 
 def watch_job(client: Api, job: str, interval: float = 1.0,

@@ -150,6 +150,10 @@ class Settings:
     earthdata_hosts: str = setting(
         "BAGPIPE_EARTHDATA_HOSTS", EARTHDATA_HOSTS, "The hosts the token may go to (comma-separated): the "
         "login host and NASA's data hosts. No other host ever sees it.")
+    sandbox: str = setting(
+        "BAGPIPE_SANDBOX", "auto", "How a worker confines a scientist's program: `auto` (in namespaces of its own "
+        "where the kernel gives them, else without) or `no-namespaces` (as on a kernel without them: to check "
+        "what holds there).", choices=("auto", "no-namespaces"))
     reducers_path: str = setting(
         "BAGPIPE_REDUCERS_PATH", "", "Folders (`:`-separated) of reducer manifests, on top of the shipped "
         "`reducers/`.")

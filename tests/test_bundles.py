@@ -154,6 +154,12 @@ REFUSED = [
         "name": "fine", "argv": ["{here}/missing", "{task}"]}).encode()), 422, "not in the bundle", "argv"),
     ("a relative argv[0]", with_manifest(manifest=json.dumps({"name": "fine", "argv": ["bin/run"]}).encode()),
      422, "argv[0]", "argv"),
+    ("the network asked for", with_manifest(manifest=json.dumps({
+        "name": "fine", "argv": ["{python}", "{here}/fine.py"], "network": True}).encode()), 422,
+     "an uploaded reducer gets no network", "network"),
+    ("hosts listed", with_manifest(manifest=json.dumps({
+        "name": "fine", "argv": ["{python}", "{here}/fine.py"], "network": {"hosts": ["example.org:443"]}}).encode()),
+     422, "an uploaded reducer gets no network", "network"),
     ("not an archive", b"just some text", 422, "not a tar archive", "archive"),
     ("a broken gzip", b"\x1f\x8b\x08\x00garbage", 422, "gzip", "archive"),
     ("the name of an installed reducer", with_manifest(manifest=json.dumps({

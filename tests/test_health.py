@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pipeline.lifecycle import attempts, claims, health, jobs, runtimes, sweep, tasks
 from pipeline.lifecycle.status import TaskStatus
+from pipeline.reduction import sandbox
 from pipeline.requests import application
 from pipeline.requests.request import expand
 from pipeline.settings import Settings
@@ -23,6 +24,7 @@ from pipeline.storage.clients import Clients
 from tests.conftest import in_an_hour, parts, running_control, running_workers, small_request, wait_for, with_stage
 from tests.test_speculation import _backed_up, _backup_message
 from worker.pace import Pace
+from worker.runner import Worker
 
 
 def reported(clients: Clients, ratios: dict[str, list[float]], running: dict[str, list[float]] | None = None,
@@ -91,6 +93,7 @@ def test_a_worker_whose_machine_barely_runs_it_is_marked_before_its_attempts_sho
 PROBE = """
 import sys, threading, time
 from worker.pace import Pace
+from worker.runner import Worker
 pace, stop = Pace(2.0), threading.Event()
 threading.Thread(target=pace.probe, args=(stop,), daemon=True).start()
 print("ready", flush=True)
@@ -136,6 +139,20 @@ def test_the_worker_table_shows_the_stall_and_what_a_slow_worker_was_found_on(cl
     table = {w["worker"]: w for w in health.worker_table(clients, {w: {"running": 1} for w in ("w0", "w1", "vm")})}
     assert (table["vm"]["recent_ratio"], table["vm"]["state"]) == (6.7, health.SLOW)
     assert (table["w1"]["recent_ratio"], table["w0"]["recent_ratio"]) == (3.5, 1.0)
+
+
+def test_the_worker_table_shows_how_each_worker_confines_programs(clients: Clients, settings: Settings) -> None:
+    """A worker writes its sandbox's mode when it starts, before any report: one that cannot
+    confine a program says so (its reductions are refused), one not heard from says nothing."""
+    worker = Worker(settings, slots=1, worker_id="w0")
+    worker.say_sandbox()
+    health.sandbox(clients, "w1", sandbox.Mode(False, 0, True).describe())
+    table = {w["worker"]: w for w in health.worker_table(clients, {w: {"running": 1} for w in ("w0", "w1", "w2")})}
+    assert table["w0"]["sandbox"] == sandbox.mode(settings.sandbox == "auto").describe()
+    refused = table["w1"]["sandbox"]
+    assert refused.startswith("none: this kernel gives no Landlock") and refused.endswith("reductions refused")
+    assert table["w2"]["sandbox"] is None
+    assert health.find_slow(clients, 2.0) == [], "a row with its sandbox alone is no worker's figures"
 
 
 def test_a_report_asked_for_at_once_is_made_at_once_and_then_as_usual(clients: Clients) -> None:

@@ -155,6 +155,14 @@ GOOD = {"name": "fine", "argv": ["{python}", "{here}/fine.py", "{task}"], "outpu
     ({"limits": {"nice": -20}}, "limits.nice"),
     ({"input_format": "MAT"}, "input_format"),
     ({"run_as": "root"}, "run_as"),
+    ({"network": True}, "network"),  # a reducer lists the hosts it reaches
+    ({"network": {"hosts": ["127.0.0.1:8080"]}}, "network.hosts"),
+    ({"network": {"hosts": ["[::1]:8080"]}}, "network.hosts"),
+    ({"network": {"hosts": ["169.254.169.254:80"]}}, "network.hosts"),  # the cloud's metadata endpoint
+    ({"network": {"hosts": ["10.0.0.4:10000"]}}, "network.hosts"),
+    ({"network": {"hosts": ["localhost:10000"]}}, "network.hosts"),
+    ({"network": {"hosts": ["example.org"]}}, "network.hosts"),
+    ({"network": {"hosts": []}}, "network.hosts"),
 ])
 def test_a_hostile_manifest_is_refused_naming_its_field_and_hides_no_other(
     tmp_path: Path, change: dict[str, object], field: str

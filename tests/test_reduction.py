@@ -61,8 +61,11 @@ def tiles_of(clients: Clients, job: str) -> list[np.ndarray]:
 
 
 @pytest.mark.filterwarnings("ignore::rasterio.errors.NotGeoreferencedWarning")  # a PNG read alone
-def test_python_reduction_over_the_span(settings: Settings, planetary: Planetary) -> None:
-    mine = on_stac(settings, planetary)
+@pytest.mark.parametrize("sandbox", ["auto", "no-namespaces"])
+def test_python_reduction_over_the_span(settings: Settings, planetary: Planetary, sandbox: str) -> None:
+    """In either sandbox mode: Python, numpy, rasterio (GDAL and PROJ and their data) read
+    what they need and nothing more."""
+    mine = on_stac(settings.with_(sandbox=sandbox), planetary)
     body = {"region": REGION, "grid": GRID, **SPAN, "products": ["MOD10A2"],
             "reducer": {"name": "snow_fraction", "args": {"note": "test"}}}
     clients, job, status = run_job(mine, body)
@@ -84,10 +87,11 @@ def test_python_reduction_over_the_span(settings: Settings, planetary: Planetary
     assert b"3 periods" in log
 
 
-def test_compiled_c_reduction(settings: Settings, planetary: Planetary) -> None:
+@pytest.mark.parametrize("sandbox", ["auto", "no-namespaces"])
+def test_compiled_c_reduction(settings: Settings, planetary: Planetary, sandbox: str) -> None:
     program = reducers.catalog()["max_composite"]
     assert Path(program.command(Path(), Path(), Path())[0]).exists(), "build it: make setup"
-    mine = on_stac(settings, planetary)
+    mine = on_stac(settings.with_(sandbox=sandbox), planetary)
     body = {"region": REGION, "grid": GRID, **SPAN, "products": ["MOD10A2"], "reducer": {"name": "max_composite"}}
     clients, job, status = run_job(mine, body)
     assert status["state"] == "SUCCEEDED", status

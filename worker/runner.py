@@ -39,6 +39,7 @@ from pipeline.failures import FailureClass
 from pipeline.lifecycle import claims, health, policy, progress, runtimes, speculation, tasks, transitions
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.redact import redact
+from pipeline.reduction import sandbox
 from pipeline.settings import Settings
 from pipeline.storage.clients import Clients, clients_for
 from worker import private
@@ -95,6 +96,7 @@ class Worker:
         The slots' stage processes are started first, so that the first tasks do not wait
         for the fork server's imports."""
         self.warm()
+        self.say_sandbox()
         if self.settings.slow_ratio > 0:  # how its machine runs it, for its health
             threading.Thread(target=self.pace.probe, args=(self.stopping,), name="stall-probe", daemon=True).start()
         log.info("worker %s ready", self.id)
@@ -170,6 +172,14 @@ class Worker:
         """Start the slots' stage processes now (run() does it first thing)."""
         for slot in self._slots:
             slot.stage_process(self.settings)
+
+    def say_sandbox(self) -> None:
+        """Log how this worker confines scientists' programs and write it in its health row
+        (a worker that cannot confine them refuses to run them: its reductions fail, saying
+        why, and its row says so from the start)."""
+        mode = sandbox.mode(self.settings.sandbox == "auto")
+        (log.warning if mode.missing else log.info)("worker %s sandbox: %s", self.id, mode.describe())
+        health.sandbox(self.clients, self.id, mode.describe())
 
     def kill(self) -> None:
         """SIGKILL the slots' stage processes and merge nothing: what a worker whose machine

@@ -138,6 +138,7 @@ var settings = {
   '${names.settings.cmrUrl}': contains(tuning, 'cmrUrl') ? tuning.cmrUrl : ''
   '${names.settings.earthdataToken}': empty(earthdataToken) ? '' : '@Microsoft.KeyVault(SecretUri=${vault.outputs.secretUri})'
   '${names.settings.earthdataHosts}': contains(tuning, 'earthdataHosts') ? tuning.earthdataHosts : ''
+  '${names.settings.sandbox}': contains(tuning, 'sandbox') ? tuning.sandbox : ''
   '${names.settings.reducersPath}': '/opt/bagpipe/reducers' // reducers installed in the worker image
   '${names.settings.entraIssuer}': entraIssuer
   '${names.settings.entraClientId}': entraClientId

@@ -25,7 +25,9 @@ or the whole deployment overloaded is no machine's fault), and never more than a
 of the workers heard from at once (one, if there are fewer than six).
 
 The ``workerhealth`` table holds one row per worker (PartitionKey ``w``): the worker writes its
-figures (a merge that never touches ``State``), the monitor writes ``State``.
+figures (a merge that never touches ``State``), and at its start how it confines scientists'
+programs (``Sandbox``: ``pipeline.reduction.sandbox.Mode.describe``, "none: …" where it refuses to
+run them); the monitor writes ``State``.
 """
 
 from __future__ import annotations
@@ -86,6 +88,16 @@ def report(clients: Clients, worker: str, ended: list[float], running: list[floa
     }, mode=UpdateMode.MERGE)
     row = clients.workers.get_entity(PARTITION, worker)
     return str(row.get("State") or HEALTHY)
+
+
+def sandbox(clients: Clients, worker: str, mode: str) -> None:
+    """Record how a worker confines scientists' programs (its sandbox's mode), for its job's
+    worker table: a worker that refuses to run them says so there."""
+    try:
+        clients.workers.upsert_entity({"PartitionKey": PARTITION, "RowKey": worker, "Sandbox": mode, "SeenAt": now()},
+                                      mode=UpdateMode.MERGE)
+    except Exception as exc:  # statistics, never results
+        log.info("worker %s's sandbox not recorded: %s", worker, exc)
 
 
 def left(clients: Clients, worker: str, state: str) -> None:
@@ -159,7 +171,8 @@ def worker_table(clients: Clients, workers: Mapping[str, Mapping[str, int]]) -> 
     it ran for the job and how many it committed, its recent ratio of runtimes to their
     history (the least of its latest attempts', any job's, or of the ones it runs, or its
     stall: what the monitor compares; for a worker found slow, at least the figure it was
-    found on), and its state (healthy, slow, or how it left)."""
+    found on), its state (healthy, slow, or how it left) and how it confines scientists'
+    programs (``sandbox``: None if it has not said)."""
     found: dict[str, dict[str, Any]] = {}
     for worker, figures in workers.items():
         # claims: each ended in a commit, a failure, or is RUNNING still (or was revoked by the
@@ -167,10 +180,11 @@ def worker_table(clients: Clients, workers: Mapping[str, Mapping[str, int]]) -> 
         committed = figures.get("committed", 0)
         found[worker] = {"worker": worker, "committed": committed,
                          "attempts": committed + figures.get("failed", 0) + max(0, figures.get("running", 0)),
-                         "recent_ratio": None, "state": "unknown"}  # until its health row says (one query: the fleet's)
+                         "recent_ratio": None, "state": "unknown",  # until its health row says (one query: the fleet's)
+                         "sandbox": None}
     for row in clients.workers.query_entities("PartitionKey eq @p", parameters={"p": PARTITION},
                                               select=["RowKey", "Ratios", "Running", "Slots", "Stall", "State",
-                                                      "Left", "MarkedRatio"]) \
+                                                      "Left", "MarkedRatio", "Sandbox"]) \
             if found else ():
         if row["RowKey"] not in found:
             continue
@@ -178,5 +192,6 @@ def worker_table(clients: Clients, workers: Mapping[str, Mapping[str, int]]) -> 
         if row.get("MarkedRatio") is not None:  # found slow: what it was found on (its attempts since taken)
             ratio = max(ratio or 0.0, float(row["MarkedRatio"]))
         found[row["RowKey"]] |= {"recent_ratio": round(ratio, 2) if ratio is not None else None,
-                                 "state": row.get("Left") or row.get("State") or HEALTHY}
+                                 "state": row.get("Left") or row.get("State") or HEALTHY,
+                                 "sandbox": row.get("Sandbox")}
     return sorted(found.values(), key=lambda e: e["worker"])

@@ -6,7 +6,8 @@ archive's unpacked size (a gzip bomb is stopped at the cap, never unpacked whole
 member's type (regular files and folders only: no symbolic or hard links, devices or
 FIFOs), its path (relative, no ``..``, no control characters), its size and the total, the
 manifest (the same pydantic model as an installed reducer's, which refuses secret-looking
-environment names), and that the files the ``argv`` names under ``{here}`` are there.
+environment names; and no ``network``: an uploaded program never reaches the network), and
+that the files the ``argv`` names under ``{here}`` are there.
 
 The bundle's identity is the SHA-256 of its canonical form: the sorted list of (path,
 executable bit, SHA-256 of the content). The same files give the same digest however they
@@ -19,6 +20,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import json
 import os
 import posixpath
 import tarfile
@@ -217,9 +219,22 @@ def _one_top_folder_dropped(files: dict[str, tuple[bytes, bool]]) -> dict[str, t
     return {path.removeprefix(f"{top}/"): value for path, value in files.items()}
 
 
+def _no_network(manifest: bytes) -> None:
+    """BundleError naming ``network`` if the manifest asks for any (a manifest that is not
+    a JSON object is left to the parser, which says what is wrong with it)."""
+    try:
+        asked = json.loads(manifest)
+    except ValueError:
+        return
+    if isinstance(asked, dict) and asked.get("network", False) is not False:
+        raise BundleError("network", f"{MANIFEST}: network: an uploaded reducer gets no network; remove the "
+                          "field (only a reducer installed on the workers may list the hosts it reaches)")
+
+
 def _with_manifest(files: dict[str, tuple[bytes, bool]]) -> Bundle:
     if MANIFEST not in files:
         raise BundleError(MANIFEST, f"no {MANIFEST} at the top of the bundle")
+    _no_network(files[MANIFEST][0])
     try:
         reducer = reducers.parse(files[MANIFEST][0], Path("/bundle"), MANIFEST)
     except ValueError as exc:  # "reducer.json: <field>: <what is wrong>"

@@ -15,8 +15,14 @@ it takes, which outputs it is expected to leave, and its limits::
 argv fields: ``{python}`` (the worker's interpreter, with rasterio), ``{here}`` (the
 manifest's folder), ``{inputs}``, ``{outputs}``, ``{task}`` (the task.json path). A MATLAB
 Compiler binary or a C program is just another argv[0]; ``"input_format": "ENVI"`` stages
-the inputs as raw ENVI files (NAME.bin + NAME.hdr) for programs that have no GDAL;
-``"network": true`` lets the program reach the network (by default it has none).
+the inputs as raw ENVI files (NAME.bin + NAME.hdr) for programs that have no GDAL.
+
+A program has no network. An installed reducer (never an uploaded one: ``bundles`` refuses
+the field) may list the hosts its program reaches, ``"network": {"hosts":
+["data.example.org:443"]}``: through the sandbox's proxy (``HTTPS_PROXY`` in its
+environment), to those hosts only and only at public addresses (``pipeline.reduction.proxy``).
+A host is a name or a public IP address, and a port; loopback, link-local and private
+addresses, and ``localhost``, are refused here.
 """
 
 from __future__ import annotations
@@ -33,11 +39,15 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from pipeline.reduction.proxy import public
+
 log = logging.getLogger(__name__)
 BUILTIN_DIR = Path(__file__).resolve().parents[2] / "reducers"
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _FIELDS = {"python", "here", "inputs", "outputs", "task"}
 _SECRET_WORDS = ("KEY", "SECRET", "TOKEN", "PASSWORD", "CONNECTION", "SAS")
+_HOST = re.compile(r"^(?:\[(?P<ip6>[0-9a-fA-F:.]+)\]|(?P<name>[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?))"
+                   r":(?P<port>[0-9]{1,5})$")
 
 
 @dataclass(frozen=True)
@@ -60,7 +70,7 @@ class Reducer:
     timeout_s: float = 600.0
     limits: Limits = field(default_factory=Limits)
     env: tuple[tuple[str, str], ...] = ()
-    network: bool = False  # whether it may reach the network (else it has none)
+    network: tuple[str, ...] = ()  # the "host:port"s it may reach, through the proxy (none: no network)
 
     def command(self, inputs: Path, outputs: Path, task: Path) -> list[str]:
         values = {"python": sys.executable, "here": str(self.here), "inputs": str(inputs),
@@ -105,6 +115,32 @@ class _Limits(BaseModel):
     processes: Annotated[int, Field(ge=1, le=4096)] = Limits.processes
 
 
+class _Network(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    hosts: Annotated[list[str], Field(min_length=1, max_length=32)]
+
+    @field_validator("hosts")
+    @classmethod
+    def _public_hosts(cls, hosts: list[str]) -> list[str]:
+        return [_host(host) for host in hosts]
+
+
+def _host(text: str) -> str:
+    """A listed host, "name:port" in lower case; ValueError if it is not one or is never reachable."""
+    match = _HOST.match(text)
+    port = int(match["port"]) if match else 0
+    if not match or not 1 <= port <= 65_535:
+        raise ValueError(f"{text!r}: a host is NAME:PORT or IP:PORT ([IPv6]:PORT), the port from 1 to 65535")
+    host = (match["ip6"] or match["name"]).lower()
+    try:
+        literal = public(host)
+    except ValueError:  # a name: the proxy checks the addresses it resolves to, each time
+        literal = host != "localhost" and not host.endswith(".localhost")
+    if not literal:
+        raise ValueError(f"{text!r}: loopback, link-local and private addresses are never reachable")
+    return f"{host}:{port}"
+
+
 class _Manifest(BaseModel):
     """reducer.json as written by a scientist: every field typed and bounded, nothing extra."""
 
@@ -118,7 +154,14 @@ class _Manifest(BaseModel):
     timeout_s: Annotated[float, Field(gt=0, le=86_400, allow_inf_nan=False)] = 600.0
     limits: _Limits = _Limits()
     env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = {}
-    network: bool = False
+    network: _Network | None = None  # false in a manifest: none
+
+    @field_validator("network", mode="before")
+    @classmethod
+    def _hosts_listed(cls, network: object) -> object:
+        if network is True:
+            raise ValueError('a reducer lists the hosts it reaches: {"hosts": ["data.example.org:443"]}')
+        return None if network is False else network
 
     @field_validator("argv")
     @classmethod
@@ -154,7 +197,7 @@ def parse(data: bytes, here: Path, where: str) -> Reducer:
     return Reducer(name=raw.name, argv=tuple(raw.argv), here=here, description=raw.description,
                    outputs=tuple(raw.outputs), timeout_s=raw.timeout_s, input_format=raw.input_format,
                    limits=Limits(**raw.limits.model_dump()), env=tuple(sorted(raw.env.items())),
-                   network=raw.network)
+                   network=tuple(raw.network.hosts) if raw.network else ())
 
 
 def load(path: Path) -> Reducer:

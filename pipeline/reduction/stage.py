@@ -123,7 +123,7 @@ def _watch_progress(path: Path, on_progress: Callable[[float], None], done: thre
 
 def run_program(reducer: reducers.Reducer, tiles: list[tuple[str, Path]], root: Path,
                 task: dict[str, Any], more: dict[str, list[tuple[str, Path]]] | None = None,
-                on_progress: Callable[[float], None] | None = None) -> Run:
+                on_progress: Callable[[float], None] | None = None, namespaces: bool = True) -> Run:
     """Stage ``tiles`` ((date, GeoTIFF) pairs of the first requested layer) and ``more``
     (other layers' pairs, by layer) read-only into ``root/inputs``, write ``task.json``
     (``task`` plus where things are: ``inputs``, and ``layers`` naming every layer's files,
@@ -131,7 +131,8 @@ def run_program(reducer: reducers.Reducer, tiles: list[tuple[str, Path]], root: 
     ``root/outputs`` that its manifest names. What the program writes to its progress file
     (the share of its work done, a number from 0 to 1, rewritten as it goes) is passed to
     ``on_progress`` while it runs: its worker then ends an attempt that its pace shows to be
-    a straggler sooner (``StageContext.progress``)."""
+    a straggler sooner (``StageContext.progress``). ``namespaces``: False runs it as on a
+    kernel that gives none (``BAGPIPE_SANDBOX``)."""
     inputs, outputs, scratch, work = (root / n for n in ("inputs", "outputs", "tmp", "work"))
     for folder in (inputs, outputs, scratch, work):
         folder.mkdir(parents=True)
@@ -170,7 +171,8 @@ def run_program(reducer: reducers.Reducer, tiles: list[tuple[str, Path]], root: 
     try:
         result = sandbox.run(reducer.command(inputs, outputs, task_json), cwd=work, writable=[outputs, scratch],
                              readable=[reducer.here, root], stdout=root / "stdout.txt", stderr=root / "stderr.txt",
-                             limits=reducer.limits, env=env, timeout_s=reducer.timeout_s, network=reducer.network)
+                             limits=reducer.limits, env=env, timeout_s=reducer.timeout_s, network=reducer.network,
+                             namespaces=namespaces)
     finally:
         ended.set()
     made = [p for p in sorted(outputs.rglob("*"))
@@ -218,7 +220,8 @@ def reduce(ctx: StageContext) -> None:
             "job": ctx.job, "task": ctx.task, "product": params["product"], "layer": layers[0],
             "tile": params["tile"], "crs": params["crs"], "bounds": params["bounds"], "missing_dates": missing,
             "failed_dates": failed, "args": json.loads(params.get("args") or "{}"),
-        }, {layer: by_layer[layer] for layer in layers[1:]}, ctx.progress)
+        }, {layer: by_layer[layer] for layer in layers[1:]}, ctx.progress,
+            namespaces=ctx.clients.settings.sandbox == "auto")
         _publish_logs(ctx, run.folder)
         failure = run.failure(reducer)
         if failure is not None:
