@@ -8,13 +8,14 @@ that they are different hosts, as they are in reality.
   ``temporal``, ``bounding_box[]`` (``options[bounding_box][or]``) and ``page_size``, paged
   by the ``CMR-Search-After`` header; entries shaped as CMR's JSON answer, built from the
   granule's ECS metadata (the real ``.hdf.xml`` for the real granule).
-- **The archive** (127.0.0.2): NSIDC's layout for snow (``/DP4/MOST/MOD10A2.061/2022.02.02/…``),
-  LP DAAC's for the others (``/lp-prod-protected/MOD13A1.061/{granule}/…``). Without a session
-  it redirects to the login host's ``/oauth/authorize``; the login host (127.0.0.3) redirects
-  back with a code only for a request bearing a valid token (else 401); the archive sets a
-  session cookie and, with it, redirects to a pre-signed URL on the bucket host (127.0.0.4),
-  which refuses any request that also carries an ``Authorization`` header (as S3 does) and
-  records every header it is sent — a token arriving there is a leak the tests look for.
+- **The archive** (127.0.0.2): the layout of the DAAC the catalog names, NSIDC's for snow
+  (``/DP4/MOST/MOD10A2.061/2022.02.02/…``), LP DAAC's for the others
+  (``/lp-prod-protected/MOD13A1.061/{granule}/…``). Without a session it redirects to the
+  login host's ``/oauth/authorize``; the login host (127.0.0.3) redirects back with a code
+  only for a request bearing a valid token (else 401); the archive sets a session cookie
+  and, with it, redirects to a pre-signed URL on the bucket host (127.0.0.4), which refuses
+  any request that also carries an ``Authorization`` header (as S3 does) and records every
+  header it is sent — a token arriving there is a leak the tests look for.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from bagpipe import modis_world as world
 from bagpipe.planetary import footprint
 from pipeline.modis.cmr import DATA_REL, SEARCH_AFTER
 from pipeline.modis.grid import Tile, tiles_for_bbox
-from pipeline.modis.products import CATALOG, Product, last_day, periods
+from pipeline.modis.products import CATALOG, NSIDC, Product, last_day, periods
 
 SNOW_DAACS = {"MOD": "MOST", "MYD": "MOSA"}
 
@@ -95,7 +96,7 @@ class Earthdata:
 
     # --- CMR -----------------------------------------------------------------------------
     def path_of(self, product: Product, name: str, day: date) -> str:
-        if product.name[3:] == "10A2":
+        if product.daac == NSIDC:
             return f"/DP4/{SNOW_DAACS[product.name[:3]]}/{product.name}.061/{day:%Y.%m.%d}/{name}.hdf"
         return f"/lp-prod-protected/{product.name}.061/{name}/{name}.hdf"
 
@@ -107,7 +108,7 @@ class Earthdata:
         polygon = " ".join(f"{lat} {lon}" for lon, lat in geometry["coordinates"][0])
         meta = {"title": f"SC:{product.name}.061:{int(hashlib.sha1(name.encode()).hexdigest()[:8], 16)}",
                 "updated": f"{end + timedelta(days=2)}T00:00:00.000Z", "size": "1.0",
-                "daac": "NSIDC_ECS" if product.name[3:] == "10A2" else "LPCLOUD"}
+                "daac": product.daac}
         xml = world.REAL_DATA / f"{name}.hdf.xml"
         if xml.exists():
             root = ElementTree.parse(xml).getroot()
@@ -140,7 +141,7 @@ class Earthdata:
             found = [product] if product and query.get("version", product.cmr_version) == product.cmr_version else []
             response.headers["CMR-Hits"] = str(len(found))
             return {"feed": {"updated": "", "id": str(request.url), "title": "ECHO dataset metadata", "entry": [
-                {"id": f"C0000000{len(p.name)}-{'NSIDC_ECS' if p.name[3:] == '10A2' else 'LPCLOUD'}",
+                {"id": f"C0000000{len(p.name)}-{p.daac}",
                  "short_name": p.name, "version_id": p.cmr_version, "title": f"{p.title} V{p.collection}",
                  "dataset_id": f"{p.title} V{p.collection}", "online_access_flag": True} for p in found]}}
 

@@ -5,11 +5,12 @@ As in reality: land products exist only for tiles with land on them (Natural Ear
 land, the portal's map data, rasterized at 0.25°: about 300 of the 460 tiles on the globe),
 not for dates before a platform's first data nor during an outage (Terra's safe mode of
 February 2016) nor before it is produced (days after its period), and a granule's name
-carries its production timestamp. The real granule in
-``data/modis`` (MOD10A2 h09v05, 2 February 2022) is served as it is, HDF4 and COG layers;
+carries its production timestamp. The real granules in
+``data/modis`` (MOD10A2 h09v05, 2 February 2022, HDF4 and COG layers; ten MOD13A2 h18v09
+composites of 2025, HDF4) are served as they are;
 every other granule is synthesized on the exact MODIS grid in the product catalog's
 encoding, deterministic from (product, tile, date), and written as NASA writes it (HDF4-EOS,
-MOD13's divide-by ``scale_factor``) or as Planetary Computer does (a COG per layer).
+SDS named as NASA names them, MOD13's divide-by ``scale_factor``) or as Planetary Computer does (a COG per layer).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from rasterio.io import MemoryFile
 from rasterio.transform import from_origin
 
 from pipeline.modis.grid import RADIUS, TILES_H, TILES_V, Tile
-from pipeline.modis.products import CATALOG, Layer, Product
+from pipeline.modis.products import CATALOG, Layer, Product, last_day
 from pipeline.modis.targets import native_transform, sinusoidal
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,7 +40,7 @@ LAND = (ROOT / "portal" / "vendor" / "land-50m.json", ROOT / "node_modules" / "w
 FIRST_DAY = {"terra": date(2000, 2, 24), "aqua": date(2002, 7, 4), "terra,aqua": date(2000, 2, 24)}
 # when a platform's granules are missing: Terra's safe mode of 18-28 February 2016
 OUTAGES = {"terra": [(date(2016, 2, 18), date(2016, 2, 28))], "aqua": []}
-REAL_NAMES = {p.stem for p in REAL_DATA.glob("*.hdf")}
+REAL_FILES = {p.stem: p for p in REAL_DATA.rglob("*.hdf")}
 
 
 @cache
@@ -103,14 +104,14 @@ def _stamp(product: Product, tile: str, day: date) -> str:
 def _produced(product: Product, tile: str, day: date) -> datetime:
     """When a synthesized granule was produced: a few days after its period."""
     seed = int.from_bytes(hashlib.sha256(_stamp(product, tile, day).encode()).digest()[:8], "big")
-    return datetime.combine(day, datetime.min.time()) + timedelta(days=product.period_days + 2 + seed % 7,
-                                                                   seconds=seed % 86400)
+    return datetime.combine(last_day(product, day), datetime.min.time()) + timedelta(days=3 + seed % 7,
+                                                                                      seconds=seed % 86400)
 
 
 def granule_name(product: Product, tile: str, day: date) -> str:
     """The granule's name, its production timestamp (a few days after the period) included."""
     stamp = _stamp(product, tile, day)
-    real = [name for name in REAL_NAMES if name.startswith(stamp)]
+    real = [name for name in REAL_FILES if name.startswith(stamp)]
     if real:
         return real[0]
     return f"{stamp}{_produced(product, tile, day):%Y%j%H%M%S}"
@@ -118,7 +119,9 @@ def granule_name(product: Product, tile: str, day: date) -> str:
 
 def real_file(name: str, layer: str | None = None) -> Path | None:
     """The real file of a granule (its HDF4, or a layer's GeoTIFF), if ``data/modis`` has it."""
-    path = REAL_DATA / (f"{name}_{layer}.tif" if layer else f"{name}.hdf")
+    if layer is None:
+        return REAL_FILES.get(name)
+    path = REAL_DATA / f"{name}_{layer}.tif"
     return path if path.exists() else None
 
 
@@ -212,21 +215,21 @@ def hdf4(name: str) -> bytes:
         return real.read_bytes()
     product, tile, day = _parse(name)
     x0, y0, x1, y1 = Tile.parse(tile).bounds()
-    fields = "".join(f'\t\t\tOBJECT=DataField_{i}\n\t\t\t\tDataFieldName="{layer.name}"\n'
+    fields = "".join(f'\t\t\tOBJECT=DataField_{i}\n\t\t\t\tDataFieldName="{layer.sds}"\n'
                      f"\t\t\tEND_OBJECT=DataField_{i}\n" for i, layer in enumerate(product.layers, 1))
     struct = (f"GROUP=GridStructure\n\tGROUP=GRID_1\n\t\tGridName=\"MOD_Grid\"\n\t\tXDim={product.pixels}\n"
               f"\t\tYDim={product.pixels}\n\t\tUpperLeftPointMtrs=({x0:.6f},{y1:.6f})\n"
               f"\t\tLowerRightMtrs=({x1:.6f},{y0:.6f})\n\t\tProjection=GCTP_SNSOID\n"
               f"\t\tProjParams=({RADIUS:.6f},0,0,0,0,0,0,0,0,0,0,0,0)\n\t\tSphereCode=-1\n\t\tGROUP=DataField\n{fields}"
               "\t\tEND_GROUP=DataField\n\tEND_GROUP=GRID_1\nEND_GROUP=GridStructure\nEND\n")
-    kinds = {"uint8": SDC.UINT8, "int8": SDC.INT8, "uint16": SDC.UINT16, "int16": SDC.INT16}
+    kinds = {"uint8": SDC.UINT8, "int8": SDC.INT8, "uint16": SDC.UINT16, "int16": SDC.INT16, "uint32": SDC.UINT32}
     with tempfile.TemporaryDirectory(prefix="bagpipe-hdf-") as tmp:
         path = Path(tmp, f"{name}.hdf")
         sd = SD(str(path), SDC.WRITE | SDC.CREATE)
         sd.attr("StructMetadata.0").set(SDC.CHAR8, struct)
         for layer in product.layers:
             kind = kinds[layer.dtype]
-            sds = sd.create(layer.name, kind, (product.pixels, product.pixels))
+            sds = sd.create(layer.sds, kind, (product.pixels, product.pixels))
             sds.setcompress(SDC.COMP_DEFLATE, 6)
             if layer.nodata is not None:
                 sds.attr("_FillValue").set(kind, int(layer.nodata))

@@ -1,8 +1,10 @@
 """The local stack's Planetary Computer: a STAC API and a SAS token endpoint, as Microsoft's
 answer them (``/api/stac/v1``: landing page, conformance, collections, item search with
 bbox, intersects, datetime, collections and paging; ``/api/sas/v1/token/{account}/{container}``:
-``{"msft:expiry", "token"}``), built from the real collections and items in
-``data/modis/stac/``, and the storage account its assets live in.
+``{"msft:expiry", "token"}``), built from Planetary Computer's 19 MODIS 6.1 collections as
+recorded (``data/modis/stac/pc-modis-061-collections.json``) and the real items beside them,
+and the storage account its assets live in. Products Planetary Computer does not have
+(MOD13A2, MCD12Q1) it does not have either.
 
 Items are made for every (product, tile, period) the imitated world has
 (:mod:`bagpipe.modis_world`), named as Planetary Computer names them (id without the
@@ -57,11 +59,13 @@ CONFORMS = ["https://api.stacspec.org/v1.0.0/core", "https://api.stacspec.org/v1
             "http://www.opengis.net/spec/ogcapi-features-1/1.0/conf/core",
             "http://www.opengis.net/spec/ogcapi-features-1/1.0/conf/geojson"]
 MAX_LIMIT = 1000
+COLLECTIONS = "pc-modis-061-collections.json"  # GET /collections's answer, its MODIS collections kept
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "host"}
 
 
 def _collections() -> dict[str, dict[str, Any]]:
-    return {(c := json.loads(p.read_text()))["id"]: c for p in sorted(world.STAC_DATA.glob("*.collection.json"))}
+    recorded = json.loads((world.STAC_DATA / COLLECTIONS).read_text())["collections"]
+    return {c["id"]: c for c in recorded}
 
 
 def _items() -> dict[str, dict[str, Any]]:
@@ -175,7 +179,7 @@ class Planetary:
             "start_datetime": f"{day.isoformat()}T00:00:00Z", "end_datetime": f"{end.isoformat()}T23:59:59Z",
             "datetime": None, "platform": product.platform, "instruments": ["modis"],
             "modis:horizontal-tile": parsed.h, "modis:vertical-tile": parsed.v,
-            "modis:tile-id": f"5{'1' if product.pixels == 2400 else '2'}{parsed.h:03d}{parsed.v:03d}",
+            "modis:tile-id": f"51{parsed.h:03d}{parsed.v:03d}",
         }
         item_id = f"{product.name}.A{day.year}{day.timetuple().tm_yday:03d}.{tile}.{product.collection}"
         return {"type": "Feature", "stac_version": "1.0.0", "stac_extensions": template.get("stac_extensions", []),

@@ -37,7 +37,8 @@ from pipeline.storage.clients import Clients
 from tests.conftest import on_cmr, on_stac, small_request
 
 ITEM = json.loads((world.STAC_DATA / "MOD10A2.A2022033.h09v05.061.json").read_text())
-COLLECTION = json.loads((world.STAC_DATA / "MOD10A2-061.collection.json").read_text())
+COLLECTION = next(c for c in json.loads((world.STAC_DATA / "pc-modis-061-collections.json").read_text())["collections"]
+                  if c["id"] == "modis-10A2-061")
 NAME = "MOD10A2.A2022033.h09v05.061.2022042050729"
 PC_BLOB = "https://modiseuwest.blob.core.windows.net"
 
@@ -190,8 +191,8 @@ def test_a_collection_the_catalog_does_not_hold_fails_the_job_at_planning(
                                                           "BAGPIPE_STAC_URL the right catalog?"),
                            (on_cmr(settings, nasa), "has no collection MOD10A2 version 61: is BAGPIPE_CMR_URL")):
             with pytest.raises(catalogs.CollectionMissing, match=re.escape(said)):
-                catalogs.catalog_for(mine).search(CATALOG["MOD10A2"], (-112.0, 34.0, -108.0, 37.0),
-                                                  date(2022, 1, 1), date(2022, 1, 31))
+                catalogs.catalog_for(mine, CATALOG["MOD10A2"]).search(CATALOG["MOD10A2"], (-112.0, 34.0, -108.0, 37.0),
+                                                                      date(2022, 1, 1), date(2022, 1, 31))
             with pytest.raises(RequestError, match=re.escape(said)) as refused:
                 search.resolve(mine, expand(request, 1000, "modis"), "modis")
             assert refused.value.field == "products"

@@ -4,7 +4,6 @@ catalog's encoding (not the file's), valid-range and quality masks; source verif
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from dataclasses import replace
@@ -265,21 +264,3 @@ def test_verify_accepts_the_real_granule_and_rejects_broken_ones() -> None:
     with pytest.raises(StageFailure, match="sinusoidal") as caught:
         verify(Fetched("u", lonlat), MOD10A2, layers)
     assert caught.value.failure is FailureClass.BAD_SOURCE
-
-
-def test_the_catalog_is_the_stac_collections_item_assets() -> None:
-    """Data type, scale, unit and resolution of every layer are those of the STAC collection's
-    raster:bands (data/modis/stac/, Planetary Computer's modis-*-061)."""
-    for path in sorted(world.STAC_DATA.glob("*.collection.json")):
-        collection = json.loads(path.read_text())
-        products = [p for p in CATALOG.values() if p.stac_collection == collection["id"]]
-        assert products, collection["id"]
-        bands = {k: v["raster:bands"][0] for k, v in collection["item_assets"].items() if "raster:bands" in v}
-        for product in products:
-            assert set(product.layer_names) == set(bands), product.name
-            for layer in product.layers:
-                band = bands[layer.name]
-                assert layer.dtype == band["data_type"], layer.name
-                assert layer.scale == band.get("scale", 1.0), layer.name
-                assert layer.unit == band.get("unit", ""), layer.name
-                assert 463 * 2400 // product.pixels <= band["spatial_resolution"] <= 1000, layer.name

@@ -324,10 +324,10 @@ class Access:
             h.strip().lower() for h in earthdata_hosts.split(",") if h.strip()))
 
     def fetch(self, href: str) -> Fetched:
+        if self.earthdata.allowed(href):  # first: a local archive's path looks like an emulator's blob
+            return self._http(href, self.earthdata.get)
         if self.signer is not None and blob_container(href) is not None:
             return self._blob(href)
-        if self.earthdata.allowed(href):
-            return self._http(href, self.earthdata.get)
         return self._http(href, lambda url: httpx.get(url, timeout=TIMEOUT_S, follow_redirects=True))
 
     def _blob(self, href: str) -> Fetched:

@@ -4,6 +4,9 @@ A real MODIS granule's name carries its production timestamp
 (``MOD10A2.A2022033.h09v05.061.2022042050729``): it is found by searching, never guessed.
 Two catalogs stand behind one seam, chosen by ``BAGPIPE_CATALOG``: a STAC API
 (:mod:`pipeline.modis.stac`, Planetary Computer's by default) and NASA's CMR (:mod:`pipeline.modis.cmr`).
+NASA holds every product; a product Planetary Computer does not (MOD13A2, MCD12Q1: the
+catalog's ``stac_collection`` is None) is searched on CMR whatever the setting, its files
+fetched from NASA with the Earthdata token.
 The planner resolves each tile task's (MODIS tile, date) pairs to granules before it writes
 the task rows, and keeps them in the task's params; a (tile, date) the catalog does not have
 (an ocean tile, an outage) is simply absent there, and a task left with none ends NO_DATA.
@@ -44,8 +47,10 @@ class Catalog(Protocol):
         ...
 
 
-def catalog_for(settings: Settings) -> Catalog:
-    if settings.catalog == "cmr":
+def catalog_for(settings: Settings, product: Product) -> Catalog:
+    """The catalog that holds the product: the deployment's, else (a product Planetary
+    Computer does not have) NASA's."""
+    if settings.catalog == "cmr" or product.stac_collection is None:
         from pipeline.modis.cmr import CmrCatalog
 
         return CmrCatalog(settings.cmr_url)

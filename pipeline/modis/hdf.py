@@ -3,6 +3,10 @@ georeferenced by its grid's corners in ``StructMetadata.0`` (``UpperLeftPointMtr
 ``LowerRightMtrs``, the GCTP sinusoidal sphere of ``ProjParams``). rasterio's wheels have no
 HDF4 driver; what is read here is an array with its transform and CRS, which the warp takes
 as it takes a GeoTIFF's.
+
+A layer is asked for by its catalog name (Planetary Computer's asset key); NASA names some
+SDS with spaces where the key has underscores (``500m 16 days NDVI``, ``Burn Date``), and
+either name finds it.
 """
 
 from __future__ import annotations
@@ -80,9 +84,14 @@ class Granule:
         self.grids = grids(struct)
 
     def grid_of(self, layer: str) -> Grid:
+        return self._field(layer)[0]
+
+    def _field(self, layer: str) -> tuple[Grid, str]:
+        """The grid holding a layer and the layer's SDS name in the file."""
         for grid in self.grids:
-            if layer in grid.fields:
-                return grid
+            for name in grid.fields:
+                if layer in (name, name.replace(" ", "_")):
+                    return grid, name
         raise KeyError(f"the granule has no layer {layer!r}")
 
     def dtype(self, layer: str) -> np.dtype:
@@ -103,9 +112,9 @@ class Granule:
         return np.asarray(sds.get(start=(row, col), count=(rows, cols)))
 
     def _select(self, layer: str) -> Any:  # pyhdf's SDS: untyped
-        self.grid_of(layer)
+        _, name = self._field(layer)
         try:
-            return self._sd.select(layer)
+            return self._sd.select(name)
         except HDF4Error as exc:
             raise KeyError(f"the granule's layer {layer!r} cannot be read ({exc})") from None
 

@@ -65,6 +65,8 @@ class StacCatalog:
                                f"{product.stac_collection}")
 
     def search(self, product: Product, box: Box, start: date, end: date) -> list[Granule]:
+        if product.stac_collection is None:
+            raise CatalogError(f"{product.name} is in no STAC collection (NASA's CMR has it)")
         self.check(product)
         boxes = split(box)
         where: dict[str, Any] = {"bbox": list(box)} if len(boxes) == 1 else {"intersects": {

@@ -33,7 +33,6 @@ def resolve(settings: Settings, specs: Sequence[TaskSpec], stage: str) -> list[T
             wanted.setdefault(spec.product, []).append(spec)
     if not wanted:
         return list(specs)
-    catalog = catalog_for(settings)
     found: dict[tuple[str, str, date], Granule] = {}
     for name, tasks in wanted.items():
         product = CATALOG[name]
@@ -41,7 +40,7 @@ def resolve(settings: Settings, specs: Sequence[TaskSpec], stage: str) -> list[T
         days = sorted({t.date for t in tasks})
         last = last_day(product, days[-1])  # a year's last composite ends with the year
         try:
-            searched = catalog.search(product, box, days[0], last)
+            searched = catalog_for(settings, product).search(product, box, days[0], last)
         except CollectionMissing as exc:  # every task would end NO_DATA, and the job "succeed"
             raise RequestError(422, "products", str(exc)) from None
         found |= pick(g for g in searched if g.product == name)

@@ -44,7 +44,8 @@ def add_portal(app: FastAPI, clients: Clients, signed_in: Callable[..., Caller])
                      "description": r["description"], "version": r["version"], "digest": r["digest"]}
                     for r in found["mine"] + found["shared"]]
         return {
-            "products": [{"name": p.name, "title": p.title, "period_days": p.period_days}
+            "products": [{"name": p.name, "title": p.title, "period_days": p.period_days,
+                          "cadence": p.cadence}
                          for p in CATALOG.values()],
             "reducers": found["installed"] + uploaded,
             "max_tasks": clients.settings.max_tasks,
