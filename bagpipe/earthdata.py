@@ -7,7 +7,8 @@ that they are different hosts, as they are in reality.
   ``/search/granules.json`` with ``short_name``, ``version``,
   ``temporal``, ``bounding_box[]`` (``options[bounding_box][or]``) and ``page_size``, paged
   by the ``CMR-Search-After`` header; entries shaped as CMR's JSON answer, built from the
-  granule's ECS metadata (the real ``.hdf.xml`` for the real granule).
+  granule's ECS metadata (the real ``.hdf.xml`` where ``data/modis`` has it), a synthesized
+  granule's marked ``bagpipe:synthetic``.
 - **The archive** (127.0.0.2): the layout of the DAAC the catalog names, NSIDC's for snow
   (``/DP4/MOST/MOD10A2.061/2022.02.02/…``), LP DAAC's for the others
   (``/lp-prod-protected/MOD13A1.061/{granule}/…``). Without a session it redirects to the
@@ -38,6 +39,7 @@ from bagpipe.planetary import footprint
 from pipeline.modis.cmr import DATA_REL, SEARCH_AFTER
 from pipeline.modis.grid import Tile, tiles_for_bbox
 from pipeline.modis.products import CATALOG, NSIDC, Product, last_day, periods
+from pipeline.modis.synthetic import SYNTHETIC
 
 SNOW_DAACS = {"MOD": "MOST", "MYD": "MOSA"}
 
@@ -117,7 +119,7 @@ class Earthdata:
                      "daac": f"{root.findtext('DataCenterId')}_ECS"}
             points = root.findall(".//GPolygon/Boundary/Point")
             polygon = " ".join(f"{p.findtext('PointLatitude')} {p.findtext('PointLongitude')}" for p in points)
-        return {
+        return ({} if world.is_real(name) else {SYNTHETIC: True}) | {
             "producer_granule_id": f"{name}.hdf", "title": meta["title"], "updated": meta["updated"],
             "time_start": f"{day}T00:00:00.000Z", "time_end": f"{end}T23:59:59.000Z",
             "dataset_id": f"{product.title} V061", "data_center": meta["daac"], "granule_size": meta["size"],

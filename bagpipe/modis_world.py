@@ -2,71 +2,76 @@
 granules exist, their names, and their content.
 
 As in reality: land products exist only for tiles with land on them (Natural Earth's 1:50m
-land, the portal's map data, rasterized at 0.25°: about 300 of the 460 tiles on the globe),
-not for dates before a platform's first data nor during an outage (Terra's safe mode of
-February 2016) nor before it is produced (days after its period), and a granule's name
-carries its production timestamp. The real granules in
-``data/modis`` (MOD10A2 h09v05, 2 February 2022, HDF4 and COG layers; ten MOD13A2 h18v09
-composites of 2025, HDF4) are served as they are;
-every other granule is synthesized on the exact MODIS grid in the product catalog's
-encoding, deterministic from (product, tile, date), and written as NASA writes it (HDF4-EOS,
-SDS named as NASA names them, MOD13's divide-by ``scale_factor``) or as Planetary Computer does (a COG per layer).
+land at 0.25°: about 290 of the 460 tiles on the globe), not for dates before a product's
+first data nor during an outage (Terra's safe mode of February 2016) nor before it is
+produced (days after its period; a month for burned area, months for land cover), and a
+granule's name carries its production timestamp.
+
+The real granules in ``data/modis`` are served as they are: MOD10A2 h09v05 of 2 February 2022
+(HDF4, and its two layers as GeoTIFFs) and ten MOD13A2 h18v09 composites of 2025 (HDF4;
+Planetary Computer has no MOD13A2). Every other granule is synthesized, full size (4800,
+2400 or 1200 pixels a side) on the exact MODIS grid in the product catalog's encoding, from
+the imitated planet's surface (:mod:`bagpipe.earth`: land from real coastlines, climate,
+vegetation, snow, clouds and fire as functions of place and date, so tiles join without a
+seam), deterministic from (product, tile, date), and written as NASA writes it (HDF4-EOS,
+SDS named as NASA names them, MOD13's divide-by ``scale_factor``) or as Planetary Computer
+does (a Cloud-Optimized GeoTIFF per layer, 512-pixel tiles, deflate, overviews). A
+synthesized file says so (:data:`pipeline.modis.synthetic.TAG`); a real one does not.
+Synthesized files are kept on disk (``BAGPIPE_WORLD_CACHE``, by default in the system's
+temporary folder), under a digest of the code that makes them.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import math
+import os
 import tempfile
+from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
 from functools import cache, lru_cache
 from pathlib import Path
 
 import numpy as np
+import rasterio.shutil
 from pyhdf.SD import SD, SDC
-from rasterio import features
 from rasterio.io import MemoryFile
-from rasterio.transform import from_origin
 
+from bagpipe import coastlines, earth
 from pipeline.modis.grid import RADIUS, TILES_H, TILES_V, Tile
 from pipeline.modis.products import CATALOG, Layer, Product, last_day
+from pipeline.modis.synthetic import TAG
 from pipeline.modis.targets import native_transform, sinusoidal
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL_DATA = ROOT / "data" / "modis"
 STAC_DATA = REAL_DATA / "stac"
-LAND = (ROOT / "portal" / "vendor" / "land-50m.json", ROOT / "node_modules" / "world-atlas" / "land-50m.json")
 FIRST_DAY = {"terra": date(2000, 2, 24), "aqua": date(2002, 7, 4), "terra,aqua": date(2000, 2, 24)}
+# products whose record starts later than their platforms' (their user guides' first granules)
+FIRST_OF = {"MCD64A1": date(2000, 11, 1), "MCD12Q1": date(2001, 1, 1), "MCD15A2H": date(2002, 7, 4)}
 # when a platform's granules are missing: Terra's safe mode of 18-28 February 2016
 OUTAGES = {"terra": [(date(2016, 2, 18), date(2016, 2, 28))], "aqua": []}
-REAL_FILES = {p.stem: p for p in REAL_DATA.rglob("*.hdf")}
+# how long after its period ends a granule is produced, at the least (a week more at most)
+LAG_DAYS = {"daily": 1, "8-day": 2, "16-day": 2, "monthly": 30, "yearly": 180}
+# the share of an ordinary place that a composite of each cadence leaves cloudy
+CLOUDY = {"daily": 0.4, "8-day": 0.12, "16-day": 0.08, "monthly": 0.03, "yearly": 0.0}
+GRIDS = {"09A1": "MOD_Grid_500m_Surface_Reflectance", "10A2": "MOD_Grid_Snow_500m",
+         "11A1": "MODIS_Grid_Daily_1km_LST", "11A2": "MODIS_Grid_8Day_1km_LST",
+         "13Q1": "MODIS_Grid_16DAY_250m_500m_VI", "13A1": "MODIS_Grid_16DAY_500m_VI",
+         "13A2": "MODIS_Grid_16DAY_1km_VI", "15A2H": "MOD_Grid_MOD15A2H", "17A2H": "MODIS_Grid_500m_2D",
+         "43A4": "MOD_Grid_BRDF", "64A1": "MOD_Grid_Monthly_500m_DB_BA", "12Q1": "MCD12Q1"}
+
+
+@cache
+def real_granules() -> dict[str, Path]:
+    """The real HDF4 granules in ``data/modis`` (its folders included), by name."""
+    return {path.stem: path for path in REAL_DATA.rglob("*.hdf")}
 
 
 @cache
 def land_tiles() -> frozenset[str]:
-    """The MODIS tiles with land on them (Natural Earth 1:50m land at 0.25°)."""
-    path = next((p for p in LAND if p.exists()), None)
-    if path is None:
-        raise FileNotFoundError("no land-50m.json: run make setup (world-atlas from npm)")
-    topo = json.loads(path.read_text())
-    (sx, sy), (tx, ty) = topo["transform"]["scale"], topo["transform"]["translate"]
-    arcs = []
-    for arc in topo["arcs"]:  # quantized, delta-encoded
-        points = np.cumsum(np.array(arc, dtype=float), axis=0)
-        arcs.append(np.column_stack([points[:, 0] * sx + tx, points[:, 1] * sy + ty]))
-
-    def ring(indexes: list[int]) -> list[list[float]]:
-        coords: list[list[float]] = []
-        for i in indexes:
-            part = arcs[i] if i >= 0 else arcs[~i][::-1]
-            coords += part.tolist()[1 if coords else 0:]
-        return coords
-
-    shapes = [{"type": "Polygon", "coordinates": [ring(r) for r in polygon]}
-              for geometry in topo["objects"]["land"]["geometries"] for polygon in geometry["arcs"]]
-    mask = features.rasterize(((s, 1) for s in shapes), out_shape=(720, 1440),
-                              transform=from_origin(-180, 90, 0.25, 0.25), dtype="uint8")
+    """The MODIS tiles with land on them (Natural Earth 1:50m land at 0.25°, sampled at
+    24 × 24 points of each tile)."""
+    mask = coastlines.land_fraction() > 0
     found = set()
     steps = (np.arange(24) + 0.5) / 24
     for h in range(TILES_H):
@@ -78,8 +83,8 @@ def land_tiles() -> frozenset[str]:
             with np.errstate(divide="ignore", invalid="ignore"):
                 lon = np.degrees(xs / (RADIUS * np.cos(np.radians(lat))))
             ok = np.abs(lon) <= 180
-            rows = np.clip(((90 - lat[ok]) / 0.25).astype(int), 0, 719)
-            cols = np.clip(((lon[ok] + 180) / 0.25).astype(int), 0, 1439)
+            rows = np.clip(((90 - lat[ok]) / coastlines.GRID_DEGREES).astype(int), 0, mask.shape[0] - 1)
+            cols = np.clip(((lon[ok] + 180) / coastlines.GRID_DEGREES).astype(int), 0, mask.shape[1] - 1)
             if mask[rows, cols].any():
                 found.add(tile.name)
     return frozenset(found)
@@ -87,9 +92,9 @@ def land_tiles() -> frozenset[str]:
 
 def exists(product: Product, tile: str, day: date) -> bool:
     """Whether the archive has the product's granule of that tile and period: not before the
-    platform's first data, nor during an outage, nor before it is produced (a period still
+    product's first data, nor during an outage, nor before it is produced (a period still
     running, or ended days ago, has none yet)."""
-    if day < FIRST_DAY[product.platform] or tile not in land_tiles():
+    if day < FIRST_OF.get(product.name, FIRST_DAY[product.platform]) or tile not in land_tiles():
         return False
     if _produced(product, tile, day) > datetime.now(UTC).replace(tzinfo=None):  # the name's time is UTC
         return False
@@ -102,131 +107,408 @@ def _stamp(product: Product, tile: str, day: date) -> str:
 
 
 def _produced(product: Product, tile: str, day: date) -> datetime:
-    """When a synthesized granule was produced: a few days after its period."""
+    """When a synthesized granule was produced: some days after its period."""
     seed = int.from_bytes(hashlib.sha256(_stamp(product, tile, day).encode()).digest()[:8], "big")
-    return datetime.combine(last_day(product, day), datetime.min.time()) + timedelta(days=3 + seed % 7,
-                                                                                      seconds=seed % 86400)
+    after = timedelta(days=LAG_DAYS[product.cadence] + 1 + seed % 7, seconds=seed % 86400)
+    return datetime.combine(last_day(product, day), datetime.min.time()) + after
 
 
 def granule_name(product: Product, tile: str, day: date) -> str:
     """The granule's name, its production timestamp (a few days after the period) included."""
     stamp = _stamp(product, tile, day)
-    real = [name for name in REAL_FILES if name.startswith(stamp)]
+    real = [name for name in real_granules() if name.startswith(stamp)]
     if real:
         return real[0]
     return f"{stamp}{_produced(product, tile, day):%Y%j%H%M%S}"
 
 
+def is_real(name: str) -> bool:
+    """Whether a granule is one of the real ones in ``data/modis`` (else the world makes it)."""
+    return name in real_granules()
+
+
 def real_file(name: str, layer: str | None = None) -> Path | None:
     """The real file of a granule (its HDF4, or a layer's GeoTIFF), if ``data/modis`` has it."""
     if layer is None:
-        return REAL_FILES.get(name)
+        return real_granules().get(name)
     path = REAL_DATA / f"{name}_{layer}.tif"
     return path if path.exists() else None
 
 
-def _field(seed: bytes, shape: tuple[int, int], cells: int = 24) -> np.ndarray:
-    """Smooth noise in [0, 1): a coarse random lattice, bilinearly upsampled (as two
-    matrix products of interpolation weights)."""
-    rng = np.random.default_rng(int.from_bytes(seed[:8], "big"))
-    coarse = rng.random((cells + 1, cells + 1))
-
-    def weights(n: int) -> np.ndarray:
-        at = np.linspace(0, cells, n, endpoint=False)
-        low = at.astype(int)
-        w = np.zeros((n, cells + 1))
-        w[np.arange(n), low] = 1 - (at - low)
-        w[np.arange(n), low + 1] = at - low
-        return w
-
-    return weights(shape[0]) @ coarse @ weights(shape[1]).T
+def _parse(name: str) -> tuple[Product, str, date]:
+    short, stamp, tile = name.split(".")[:3]
+    return CATALOG[short], tile, datetime.strptime(stamp[1:], "%Y%j").date()
 
 
-COARSE = 4  # synthesized values are drawn on cells of 4 × 4 pixels (the globe's edge stays exact)
+# --- the layers ------------------------------------------------------------------------------
+@lru_cache(maxsize=2)
+def _scene(tile: str, pixels: int, day: date, platform: str) -> earth.Scene:
+    return earth.Scene(tile, pixels, day, platform)
 
 
-@lru_cache(maxsize=4)
-def _base(product: str, pixels: int, tile: str, day: date) -> tuple[np.ndarray, ...]:
-    """What every layer of a synthesized granule is drawn from, on the coarse cells: latitude,
-    a smooth noise field and a cloud mask; and, per pixel, whether it lies on the globe
-    (computed once per granule)."""
-    transform = native_transform(Tile.parse(tile), pixels)
-    rows = transform.f + (np.arange(pixels) + 0.5) * transform.e
-    cols = transform.c + (np.arange(pixels) + 0.5) * transform.a
-    half_width = np.pi * RADIUS * np.cos(rows / RADIUS)  # the globe's edge on each row
-    on_globe = np.abs(cols)[None, :] <= half_width[:, None]
-    n = pixels // COARSE
-    lat = np.degrees(rows[COARSE // 2::COARSE] / RADIUS)[:, None]
-    seed = hashlib.sha256(f"{product}/{tile}/{day.isoformat()}".encode()).digest()
-    noise = np.round(_field(seed, (n, n)) * 32) / 32  # in steps: it compresses as real data does
-    return lat, on_globe, noise, _field(seed[8:], (n, n)) > 0.8
+class _Granule:
+    """What a synthesized granule's layers are drawn from: its scene, and the fields and
+    masks several layers share, at each pixel (made when first asked for)."""
+
+    def __init__(self, product: Product, tile: str, day: date) -> None:
+        self.product, self.day = product, day
+        self.scene = _scene(tile, product.pixels, day, product.platform)
+        self.first = day.timetuple().tm_yday
+        self.days = (last_day(product, day) - day).days + 1
+        self._made: dict[object, np.ndarray] = {}
+
+    def px(self, key: object, make: Callable[[], np.ndarray]) -> np.ndarray:
+        """A lattice field (``make``) at each pixel, once per granule."""
+        if key not in self._made:
+            self._made[key] = self.scene.at_pixels(make())
+        return self._made[key]
+
+    @property
+    def water(self) -> np.ndarray:
+        return ~self.scene.land
+
+    def cloudy(self, name: str = "") -> np.ndarray:
+        fraction = CLOUDY[self.product.cadence]
+        return self.px(("clouds", name), lambda: self.scene.cloud_margin(fraction, name)) > 0
+
+    @property
+    def snow(self) -> np.ndarray:
+        return self.px("snow", lambda: self.scene.snow_margin) > 0
+
+    def noise(self, name: str, cells: tuple[int, ...] = (24, 96), amplitudes: tuple[float, ...] = (0.5, 0.5)
+              ) -> np.ndarray:
+        """Smooth noise (0-1) at each pixel, new each date and product (for codes and angles)."""
+        seed = earth.seed_of(name, self.product.name, self.day)
+        return self.px(("noise", name), lambda: self.scene.noise(seed, cells, amplitudes))
+
+    def reflectance(self, band: int, clouds: bool = True) -> np.ndarray:
+        """Band ``band``'s surface reflectance at each pixel; a cloud's where it is cloudy."""
+        found = self.px(("reflectance", band), lambda: self.scene.reflectance(band))
+        if not clouds:
+            return found
+        if ("seen", band) not in self._made:
+            self._made["seen", band] = np.where(self.cloudy(), earth.CLOUD[band - 1], found)
+        return self._made["seen", band]
+
+    def sun_zenith(self) -> np.ndarray:
+        return self.px("sun", lambda: np.abs(self.scene.lat - earth.declination(self.first)) + 5)
+
+    def doy_in_period(self, name: str) -> np.ndarray:
+        """A day of the year within the period (the composite's pick) at each pixel."""
+        return self.first + np.floor(self.noise(name) * self.days * 0.999)
+
+
+def _stored(layer: Layer, physical: np.ndarray) -> np.ndarray:
+    """Physical values in the layer's encoding, kept within its valid range."""
+    stored = np.rint((physical - layer.offset) / layer.scale)
+    return np.clip(stored, layer.valid[0], layer.valid[1]).astype(layer.dtype)
+
+
+def _where(mask: np.ndarray, value: float | np.ndarray, otherwise: np.ndarray, layer: Layer) -> np.ndarray:
+    return np.where(mask, np.asarray(value).astype(layer.dtype), otherwise).astype(layer.dtype)
+
+
+def _vi(g: _Granule, layer: Layer) -> np.ndarray:
+    """MOD13: NDVI and EVI from the same reflectances (so they differ, EVI the lower), pixel
+    reliability 3 where cloudy, 2 on snow, 1 (marginal) here and there."""
+    key = layer.name.split("_16_days_")[1]
+    if key in ("NDVI", "EVI"):
+        red, nir = g.reflectance(1), g.reflectance(2)
+        value = (nir - red) / (nir + red) if key == "NDVI" else \
+            np.clip(2.5 * (nir - red) / (nir + 6 * red - 7.5 * g.reflectance(3) + 1), -0.2, 1)
+        out = _stored(layer, value)
+    elif key.endswith("_reflectance"):
+        band = {"red": 1, "NIR": 2, "blue": 3, "MIR": 7}[key.split("_")[0]]
+        out = _stored(layer, g.reflectance(band))
+    elif key == "pixel_reliability":
+        out = np.select([g.cloudy(), g.snow, g.noise("marginal") > 0.62], [3, 2, 1], 0).astype(layer.dtype)
+    elif key == "VI_Quality":
+        cloudy, marginal = g.cloudy(), g.noise("marginal") > 0.62
+        modland = np.select([cloudy, marginal], [2, 1], 0)
+        usefulness = np.select([cloudy, marginal], [12, 3], 1)
+        out = (modland | usefulness << 2 | 1 << 6 | 1 << 11 | g.snow.astype(int) << 14).astype(layer.dtype)
+    elif key == "view_zenith_angle":
+        out = _stored(layer, 60 * g.noise("view") * (1 if layer.valid[0] >= 0 else np.sign(g.noise("side") - 0.5)))
+    elif key == "sun_zenith_angle":
+        out = _stored(layer, np.minimum(g.sun_zenith(), 89))
+    elif key == "relative_azimuth_angle":
+        out = _stored(layer, 360 * g.noise("azimuth") - 180)
+    else:  # composite_day_of_the_year
+        out = _stored(layer, g.doy_in_period("composite"))
+    return _where(g.water, layer.fill, out, layer)
+
+
+def _lst(g: _Granule, layer: Layer) -> np.ndarray:
+    """MOD11: day warmer than night; not produced (QC 10, fill) under clouds, nor over water
+    (QC 11); produced mostly with an error of at most 1 K, some of 2 K and a few of 3 K."""
+    time = "Day" if "Day" in layer.name or "day" in layer.name else "Night"
+    cloudy, water = g.cloudy(time), g.water
+    error = np.select([g.noise(f"error {time}") > 0.7, g.noise(f"error {time}") > 0.6], [2, 1], 0)
+    produced = ~cloudy & ~water
+    if layer.name.startswith("LST_"):
+        kelvin = g.px(("lst", time), lambda: g.scene.surface_temperature(time == "Day"))
+        return _where(produced, _stored(layer, kelvin), np.full(kelvin.shape, layer.fill), layer)
+    if layer.name.startswith("QC_"):
+        codes = np.where(error > 0, 1, 0) | error << 6
+        return np.select([water, cloudy], [3, 2], codes).astype(layer.dtype)
+    if layer.name.endswith("_view_time"):
+        hours = {("terra", "Day"): 10.5, ("terra", "Night"): 22.5, ("aqua", "Day"): 13.5, ("aqua", "Night"): 1.5}
+        value = _stored(layer, hours[g.product.platform, time] + 1.6 * (g.noise(f"time {time}") - 0.5))
+    elif layer.name.endswith("_view_angl"):
+        value = _stored(layer, 65 * g.noise(f"angle {time}"))
+    elif layer.name.startswith("Emis_"):
+        green = g.px("greenness", lambda: g.scene.greenness)
+        value = _stored(layer, np.where(g.snow, 0.99, 0.955 + 0.03 * green) + (0.004 if layer.name == "Emis_32" else 0))
+        return _where(water, layer.fill, value, layer)
+    elif layer.name.startswith("Clear_sky"):  # a bit per clear day or night of the 8
+        clear = np.clip(np.rint(8 * g.noise(f"clear {time}")), 1, 8).astype(int)
+        value = (0xFF >> (8 - clear)).astype(layer.dtype)
+    else:  # Clear_day_cov, Clear_night_cov
+        value = _stored(layer, 0.2 + 0.8 * g.noise(f"coverage {time}"))
+    return _where(produced, value, np.full(value.shape, layer.fill), layer)
+
+
+def _snow(g: _Granule, layer: Layer) -> np.ndarray:
+    """MOD10A2: ocean 39; on land night 11 (the polar night), cloud 50 (cloudy all 8 days),
+    snow 200, else no snow 25; the eight days' bits where snow lay."""
+    water, snow = g.water, g.snow
+    if layer.name == "Eight_Day_Snow_Cover":
+        deep = g.px("snow", lambda: g.scene.snow_margin) > 5
+        days = np.where(deep, 8, np.clip(np.rint(8 * g.noise("snow days")), 1, 8)).astype(int)
+        return np.where(snow & ~water, 0xFF >> (8 - days), 0).astype(layer.dtype)
+    night = g.px("daylight", lambda: g.scene.daylight) < 0.05
+    return np.select([water, night, g.cloudy(), snow], [39, 11, 50, 200], 25).astype(layer.dtype)
+
+
+def _reflectance(g: _Granule, layer: Layer) -> np.ndarray:
+    """MOD09A1: seven bands; clouds bright and flagged in the state bits (cloud state 01 and
+    the internal cloud flag), snow flagged, water deep ocean and not processed."""
+    cloudy, water, snow = g.cloudy(), g.water, g.snow
+    name = layer.name
+    if name.startswith("sur_refl_b"):
+        out = _stored(layer, g.reflectance(int(name[-2:])))
+    elif name == "sur_refl_qc_500m":
+        corrected = 3 << 30  # atmospheric and adjacency corrections made
+        return np.select([water, cloudy], [0x3FFFFFFF, corrected | 1], corrected).astype(layer.dtype)
+    elif name == "sur_refl_state_500m":
+        land = 1 << 3 | cloudy.astype(int) * (1 | 1 << 10) | snow.astype(int) * (1 << 12 | 1 << 15)
+        return np.where(water, 7 << 3, land).astype(layer.dtype)
+    elif name == "sur_refl_szen":
+        out = _stored(layer, np.minimum(g.sun_zenith(), 89))
+    elif name == "sur_refl_vzen":
+        out = _stored(layer, 65 * g.noise("view"))
+    elif name == "sur_refl_raz":
+        out = _stored(layer, 360 * g.noise("azimuth") - 180)
+    else:  # sur_refl_day_of_year
+        out = _stored(layer, g.doy_in_period("observed"))
+    return _where(water, layer.fill, out, layer)
+
+
+def _nbar(g: _Granule, layer: Layer) -> np.ndarray:
+    """MCD43A4: reflectance at nadir, no clouds (16 days of observations model them away);
+    mandatory QA 1 (magnitude inversions) where clouds left too few."""
+    if layer.name.startswith("BRDF_Albedo"):
+        return np.select([g.water, g.cloudy()], [255, 1], 0).astype(layer.dtype)
+    band = int(layer.name[-1])
+    return _where(g.water, layer.fill, _stored(layer, g.reflectance(band, clouds=False)), layer)
+
+
+def _no_retrieval(g: _Granule, water: int, barren: int, snow: int) -> tuple[np.ndarray, np.ndarray]:
+    """Where MOD15/MOD17 retrieve nothing and the code that says why (water, barren, snow)."""
+    green = g.px("greenness", lambda: g.scene.greenness)
+    code = np.select([g.water, g.snow, green < 0.03], [water, snow, barren], 0)
+    return code > 0, code
+
+
+def _fpar_qc(g: _Granule) -> np.ndarray:
+    """FparLai_QC (and MOD17's Psn_QC): the main algorithm under a clear sky (saturated where
+    the canopy is dense), the empirical back-up under clouds; the sensor bit for Aqua."""
+    cloudy = g.cloudy()
+    saturated = g.px("lai", lambda: g.scene.lai) > 5
+    scf = np.select([cloudy, saturated], [3, 1], 0)
+    sensor = 1 << 1 if g.product.platform == "aqua" else 0
+    return (np.where(cloudy, 1, 0) | sensor | np.where(cloudy, 1, 0) << 3 | scf << 5).astype(np.uint8)
+
+
+def _lai(g: _Granule, layer: Layer) -> np.ndarray:
+    """MOD15A2H: LAI and FPAR from NDVI; 254 water, 253 barren, 252 snow."""
+    none, code = _no_retrieval(g, 254, 253, 252)
+    name = layer.name
+    if name == "FparLai_QC":
+        return np.where(g.water, layer.fill, _fpar_qc(g)).astype(layer.dtype)
+    if name == "FparExtra_QC":
+        return (np.where(g.water, 3, 0) | g.snow.astype(int) << 2 | g.cloudy().astype(int) << 5).astype(layer.dtype)
+    lai = g.px("lai", lambda: g.scene.lai)
+    fpar = g.px("fpar", lambda: g.scene.fpar)
+    value = {"Lai_500m": lai, "Fpar_500m": fpar, "LaiStdDev_500m": 0.1 + 0.15 * lai,
+             "FparStdDev_500m": 0.02 + 0.05 * fpar}[name]
+    return _where(none, code, _stored(layer, value), layer)
+
+
+def _gpp(g: _Granule, layer: Layer) -> np.ndarray:
+    """MOD17A2H: GPP over the 8 days from the absorbed light; net photosynthesis less the
+    plants' respiration (below 0 in the cold); 32766 water, 32765 barren, 32764 snow."""
+    if layer.name == "Psn_QC_500m":
+        return np.where(g.water, layer.fill, _fpar_qc(g)).astype(layer.dtype)
+    none, code = _no_retrieval(g, 32766, 32765, 32764)
+    gpp = g.px("gpp", lambda: g.scene.gpp(g.days))
+    value = gpp if layer.name == "Gpp_500m" else 0.55 * gpp - 0.0004 * g.days
+    return _where(none, code, _stored(layer, value), layer)
+
+
+def _burned(g: _Granule, layer: Layer) -> np.ndarray:
+    """MCD64A1: the day of burning where fire burned (rare, in the dry season), 0 on unburned
+    land, -2 over water, -1 (unmapped) where clouds left too little data; QA land and
+    valid-data bits."""
+    margin, day = g.scene.burned(g.day, g.days)
+    burned = g.px("burned", lambda: margin) > 0
+    water, unmapped = g.water, g.cloudy()
+    if layer.name == "QA":
+        return (np.where(water, 0, 1) | np.where(water | unmapped, 0, 1) << 1).astype(layer.dtype)
+    if layer.name == "Burn_Date":
+        burn = np.where(burned, np.floor(g.px("burn day", lambda: day)), 0)
+        return np.select([water, unmapped], [-2, -1], burn).astype(layer.dtype)
+    if layer.name == "Burn_Date_Uncertainty":
+        return np.where(burned & ~water & ~unmapped, 1 + np.floor(9 * g.noise("uncertainty")), 0).astype(layer.dtype)
+    detected = g.first if layer.name == "First_Day" else g.first + g.days - 1
+    return np.select([water, unmapped], [-2, -1], detected).astype(layer.dtype)
+
+
+# land cover: other schemes' classes of each IGBP class (1-17, index 0 unused)
+_FROM_IGBP = {
+    "LC_Type2": (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 15, 0),
+    "LC_Type3": (0, 7, 5, 8, 6, 6, 2, 2, 4, 4, 1, 1, 3, 10, 3, 9, 9, 0),
+    "LC_Type4": (0, 1, 2, 3, 4, 4, 4, 4, 6, 6, 6, 6, 5, 8, 5, 7, 7, 0),
+    "LC_Type5": (0, 1, 2, 3, 4, 4, 5, 5, 4, 6, 6, 6, 7, 9, 8, 10, 11, 0),
+    "LC_Prop1": (0, 11, 12, 13, 14, 15, 41, 43, 21, 22, 31, 31, 31, 1, 31, 2, 1, 3),
+    "LC_Prop2": (0, 10, 10, 10, 10, 10, 40, 40, 20, 20, 30, 30, 36, 9, 35, 2, 1, 3),
+    "LC_Prop3": (0, 10, 10, 10, 10, 10, 40, 40, 20, 20, 30, 50, 30, 30, 30, 2, 1, 3),
+}
+
+
+def _land_cover(g: _Granule, layer: Layer) -> np.ndarray:
+    """MCD12Q1: IGBP classes from the year's peak vegetation and the climate (17 over water),
+    the other schemes' from them; QC 0 (classified land) or 2 (classified water); LW 1 water,
+    2 land."""
+    scene, water = g.scene, g.water
+    if layer.name == "LW":
+        return np.where(water, 1, 2).astype(layer.dtype)
+    if layer.name == "QC":
+        return np.where(water, 2, 0).astype(layer.dtype)
+    if layer.name.endswith("_Assessment"):
+        return np.where(water, 100, np.rint(40 + 60 * g.noise(layer.name))).astype(layer.dtype)
+    igbp = earth.igbp(*(g.px(("igbp", i), lambda f=field: f) for i, field in enumerate(scene.igbp_inputs())))
+    igbp = np.where(water, earth.WATER, igbp).astype(np.uint8)
+    if layer.name == "LC_Type1":
+        return igbp.astype(layer.dtype)
+    return np.asarray(_FROM_IGBP[layer.name], dtype=layer.dtype)[igbp]
+
+
+FAMILIES: dict[str, Callable[[_Granule, Layer], np.ndarray]] = {
+    "09A1": _reflectance, "10A2": _snow, "11A1": _lst, "11A2": _lst, "13Q1": _vi, "13A1": _vi, "13A2": _vi,
+    "15A2H": _lai, "17A2H": _gpp, "43A4": _nbar, "64A1": _burned, "12Q1": _land_cover,
+}
+
+
+@lru_cache(maxsize=1)  # its fields at every pixel: a 250 m granule's few take hundreds of MB
+def _granule(product: str, tile: str, day: date) -> _Granule:
+    return _Granule(CATALOG[product], tile, day)
 
 
 def values(product: Product, layer: Layer, tile: str, day: date) -> np.ndarray:
-    """A synthesized layer: plausible values in the layer's encoding, fill off the globe."""
-    lat, on_globe, noise, cloud = _base(product.name, product.pixels, tile, day)
-    season = math.cos(2 * math.pi * (day.timetuple().tm_yday - 15) / 365.25)  # 1 in mid-January
-    name, low, high = layer.name, layer.valid[0], layer.valid[1]
-    if name in ("Maximum_Snow_Extent", "Eight_Day_Snow_Cover"):
-        snow = np.abs(lat) + 12 * (noise - 0.5) > 45 - 10 * season
-        out = np.where(cloud, 50, np.where(snow, 200, 25)) if name == "Maximum_Snow_Extent" else \
-            np.where(snow, 255, 1)
-    elif name.endswith("pixel_reliability"):
-        out = np.where(cloud, 3, np.where(noise > 0.7, 1, 0))
-    elif name.startswith("QC_"):
-        out = np.where(cloud, 2, np.where(noise > 0.7, 0b01000001, 0))
-    elif name.startswith("BRDF_Albedo"):
-        out = np.where(cloud, 1, 0)
-    elif layer.categorical:  # other class layers and bit fields: their valid codes
-        out = low + np.floor(noise * (min(high, low + 16) - low))
-    else:  # continuous: a value between its valid range's ends, larger towards the equator
-        out = low + (high - low) * (0.2 + 0.5 * noise + 0.3 * np.round(np.cos(np.radians(lat)) * 32) / 32) * 0.8
-    full = np.repeat(np.repeat(out.astype(layer.dtype), COARSE, axis=0), COARSE, axis=1)
-    return np.where(on_globe, full, np.array(layer.fill, dtype=layer.dtype))
+    """A synthesized layer, full size, in the layer's encoding; fill off the globe."""
+    granule = _granule(product.name, tile, day)
+    out = FAMILIES[product.name[3:]](granule, layer)
+    return np.where(granule.scene.on_globe, out, np.array(layer.fill).astype(layer.dtype)).astype(layer.dtype)
 
 
-@lru_cache(maxsize=32)
+# --- the files -------------------------------------------------------------------------------
+@cache
+def _code_digest() -> str:
+    """A digest of the code and data synthesized files are made from (a change makes new ones)."""
+    digest = hashlib.sha256()
+    for path in (Path(__file__), Path(earth.__file__), Path(coastlines.__file__), ROOT / "pipeline" / "modis" /
+                 "products.py", coastlines.land_file()):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def cache_folder() -> Path:
+    base = os.environ.get("BAGPIPE_WORLD_CACHE") or str(Path(tempfile.gettempdir()) / "bagpipe-world")
+    return Path(base) / _code_digest()
+
+
+def _kept(file: str, make: Callable[[], bytes]) -> bytes:
+    """A synthesized file from the disk cache, made and kept there (atomically) if absent."""
+    path = cache_folder() / file
+    if path.exists():
+        return path.read_bytes()
+    data = make()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, suffix=".part") as tmp:
+        tmp.write(data)
+    Path(tmp.name).replace(path)
+    return data
+
+
 def cog(name: str, layer_name: str) -> bytes:
-    """A granule's layer as Planetary Computer keeps it: a tiled, compressed GeoTIFF."""
+    """A granule's layer as Planetary Computer keeps it: a Cloud-Optimized GeoTIFF (512-pixel
+    tiles, deflate, overviews), tagged with its granule's id."""
     real = real_file(name, layer_name)
     if real:
         return real.read_bytes()
+    return _kept(f"{name}_{layer_name}.tif", lambda: _make_cog(name, layer_name))
+
+
+def _make_cog(name: str, layer_name: str) -> bytes:
     product, tile, day = _parse(name)
     layer = product.layer(layer_name)
     profile = {"driver": "GTiff", "width": product.pixels, "height": product.pixels, "count": 1,
-               "dtype": layer.dtype, "crs": sinusoidal(),
-               "transform": native_transform(Tile.parse(tile), product.pixels),
-               "nodata": layer.nodata, "tiled": True, "blockxsize": 512, "blockysize": 512, "compress": "deflate"}
-    with MemoryFile() as memory:
-        with memory.open(**profile) as dst:
+               "dtype": layer.dtype, "crs": sinusoidal(), "nodata": layer.nodata,
+               "transform": native_transform(Tile.parse(tile), product.pixels)}
+    with MemoryFile() as raw:
+        with raw.open(**profile) as dst:
             dst.write(values(product, layer, tile, day), 1)
             dst.scales, dst.offsets = (layer.scale,), (layer.offset,)
-            dst.update_tags(LOCALGRANULEID=f"{name}.hdf", SYNTHESIZED="bagpipe local stack")
-        return memory.read()
+            dst.update_tags(LOCALGRANULEID=f"{name}.hdf", **{TAG: "true"})
+        with raw.open() as src, MemoryFile() as out:
+            rasterio.shutil.copy(src, out.name, driver="COG", compress="DEFLATE", blocksize=512,
+                                 overview_resampling="nearest" if layer.categorical else "average")
+            return bytes(out.read())
 
 
-@lru_cache(maxsize=8)
 def hdf4(name: str) -> bytes:
-    """A granule as NASA's archives keep it: HDF4-EOS, every layer an SDS with its fill,
-    valid range and scale (MOD13's as a divisor, as its files say it), the grid in
-    ``StructMetadata.0``."""
+    """A granule as NASA's archives keep it: HDF4-EOS, every layer an SDS named as NASA names
+    it with its fill, valid range and scale (MOD13's as a divisor, as its files say it), the
+    grid in ``StructMetadata.0``, the granule's id and period in ``CoreMetadata.0``."""
     real = real_file(name)
     if real:
         return real.read_bytes()
+    return _kept(f"{name}.hdf", lambda: _make_hdf4(name))
+
+
+def _make_hdf4(name: str) -> bytes:
     product, tile, day = _parse(name)
     x0, y0, x1, y1 = Tile.parse(tile).bounds()
     fields = "".join(f'\t\t\tOBJECT=DataField_{i}\n\t\t\t\tDataFieldName="{layer.sds}"\n'
                      f"\t\t\tEND_OBJECT=DataField_{i}\n" for i, layer in enumerate(product.layers, 1))
-    struct = (f"GROUP=GridStructure\n\tGROUP=GRID_1\n\t\tGridName=\"MOD_Grid\"\n\t\tXDim={product.pixels}\n"
-              f"\t\tYDim={product.pixels}\n\t\tUpperLeftPointMtrs=({x0:.6f},{y1:.6f})\n"
+    struct = (f'GROUP=GridStructure\n\tGROUP=GRID_1\n\t\tGridName="{GRIDS[product.name[3:]]}"\n'
+              f"\t\tXDim={product.pixels}\n\t\tYDim={product.pixels}\n\t\tUpperLeftPointMtrs=({x0:.6f},{y1:.6f})\n"
               f"\t\tLowerRightMtrs=({x1:.6f},{y0:.6f})\n\t\tProjection=GCTP_SNSOID\n"
               f"\t\tProjParams=({RADIUS:.6f},0,0,0,0,0,0,0,0,0,0,0,0)\n\t\tSphereCode=-1\n\t\tGROUP=DataField\n{fields}"
               "\t\tEND_GROUP=DataField\n\tEND_GROUP=GRID_1\nEND_GROUP=GridStructure\nEND\n")
+    core = "".join(f'\t\tOBJECT\t= {key}\n\t\t\tNUM_VAL\t= 1\n\t\t\tVALUE\t= "{value}"\n\t\tEND_OBJECT\t= {key}\n'
+                   for key, value in (("LOCALGRANULEID", f"{name}.hdf"), ("RANGEBEGINNINGDATE", day.isoformat()),
+                                      ("RANGEENDINGDATE", last_day(product, day).isoformat()),
+                                      ("SHORTNAME", product.name), ("VERSIONID", product.collection)))
     kinds = {"uint8": SDC.UINT8, "int8": SDC.INT8, "uint16": SDC.UINT16, "int16": SDC.INT16, "uint32": SDC.UINT32}
     with tempfile.TemporaryDirectory(prefix="bagpipe-hdf-") as tmp:
         path = Path(tmp, f"{name}.hdf")
         sd = SD(str(path), SDC.WRITE | SDC.CREATE)
         sd.attr("StructMetadata.0").set(SDC.CHAR8, struct)
+        inventory = f"GROUP\t= INVENTORYMETADATA\n{core}END_GROUP\t= INVENTORYMETADATA\nEND\n"
+        sd.attr("CoreMetadata.0").set(SDC.CHAR8, inventory)
+        sd.attr(TAG).set(SDC.CHAR8, "true")
         for layer in product.layers:
             kind = kinds[layer.dtype]
             sds = sd.create(layer.sds, kind, (product.pixels, product.pixels))
@@ -234,15 +516,14 @@ def hdf4(name: str) -> bytes:
             if layer.nodata is not None:
                 sds.attr("_FillValue").set(kind, int(layer.nodata))
             sds.attr("valid_range").set(kind, [int(layer.valid[0]), int(layer.valid[1])])
-            if layer.scale != 1.0:  # MOD13 writes the divisor, the others the factor
+            if layer.unit:
+                sds.attr("units").set(SDC.CHAR8, layer.unit)
+            if layer.scale != 1.0 or layer.offset:  # MOD13 writes the divisor, the others the factor
                 divide = product.name[3:5] == "13"
                 sds.attr("scale_factor").set(SDC.FLOAT64, round(1 / layer.scale) if divide else layer.scale)
+                sds.attr("add_offset").set(SDC.FLOAT64, layer.offset)
             sds[:] = values(product, layer, tile, day)
             sds.endaccess()
         sd.end()
         return path.read_bytes()
 
-
-def _parse(name: str) -> tuple[Product, str, date]:
-    short, stamp, tile = name.split(".")[:3]
-    return CATALOG[short], tile, datetime.strptime(stamp[1:], "%Y%j").date()

@@ -48,6 +48,7 @@ from bagpipe.serving import Served
 from pipeline.modis.granules import Granule
 from pipeline.modis.grid import RADIUS, Tile, tiles_for_bbox
 from pipeline.modis.products import CATALOG, Product, last_day, periods
+from pipeline.modis.synthetic import SYNTHETIC
 from pipeline.storage.transfer import md5_of
 
 STAC = "/api/stac/v1"
@@ -181,6 +182,8 @@ class Planetary:
             "modis:horizontal-tile": parsed.h, "modis:vertical-tile": parsed.v,
             "modis:tile-id": f"51{parsed.h:03d}{parsed.v:03d}",
         }
+        if not world.is_real(name):
+            properties[SYNTHETIC] = True
         item_id = f"{product.name}.A{day.year}{day.timetuple().tm_yday:03d}.{tile}.{product.collection}"
         return {"type": "Feature", "stac_version": "1.0.0", "stac_extensions": template.get("stac_extensions", []),
                 "id": item_id, "collection": product.stac_collection, "geometry": geometry, "bbox": bbox,
