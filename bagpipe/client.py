@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from pipeline.modis import mosaic, stacitems
+from pipeline.modis import layout, mosaic, stacitems
 from pipeline.storage import names, packing
 
 DEFAULT_HOME = Path(".bagpipe")
@@ -126,8 +126,7 @@ _SEGMENT = re.compile(r"^(?!\.{1,2}$)[A-Za-z0-9._+-]{1,200}$")  # one plain path
 def _local_path(task: dict[str, Any], blob: str) -> Path:
     """Where a product goes under the results folder: product/tile/date(s)/name, each part a
     plain name; RuntimeError for a manifest that would put a file anywhere else."""
-    span = f"{task['date']}_{task['last']}" if task.get("last") else task["date"]  # a reduction
-    parts = [str(task["product"]), str(task["tile"]), str(span), blob.rsplit("/", 1)[-1]]
+    parts = [layout.folder(task), str(task["tile"]), layout.span(task), blob.rsplit("/", 1)[-1]]
     bad = [part for part in parts if not _SEGMENT.match(part)]
     if bad:
         raise RuntimeError(f"the manifest names a file outside the results folder ({bad[0]!r}): nothing written")

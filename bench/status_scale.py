@@ -42,7 +42,8 @@ from bagpipe.azurite import Azurite
 from bench.scale_report import Context, Part, table
 from pipeline.lifecycle import attempts, jobs, rollups, snapshots, tasks
 from pipeline.lifecycle.status import JobState, TaskStatus
-from pipeline.requests.request import JobRequest, expand, plan_of
+from pipeline.requests.expansion import expand, plan_of
+from pipeline.requests.request import JobRequest
 from pipeline.settings import Settings
 from pipeline.storage import clients as clients_module
 from pipeline.storage import names

@@ -43,7 +43,8 @@ from bagpipe.azurite import Azurite
 from bagpipe.stack import LocalStack
 from pipeline.lifecycle import jobs
 from pipeline.requests import application
-from pipeline.requests.request import JobRequest, expand
+from pipeline.requests.expansion import expand
+from pipeline.requests.request import JobRequest
 from pipeline.settings import Settings
 from pipeline.storage import clients as clients_module
 from pipeline.storage.clients import Clients

@@ -16,7 +16,8 @@ from bench import antimeridian
 from pipeline.modis.products import CATALOG
 from pipeline.modis.reprojection import Source, Target, warp_array
 from pipeline.planning import RequestError
-from pipeline.requests.request import JobRequest, expand
+from pipeline.requests.expansion import expand
+from pipeline.requests.request import JobRequest
 
 
 def request(bbox: list[float], grid: dict | None = None) -> JobRequest:

@@ -30,7 +30,7 @@ from pipeline.modis.stac import StacCatalog
 from pipeline.modis.targets import GridSpec
 from pipeline.planning import RequestError
 from pipeline.requests import application, search
-from pipeline.requests.request import expand
+from pipeline.requests.expansion import expand
 from pipeline.settings import NASA_CMR, PLANETARY_COMPUTER_STAC, Settings
 from pipeline.storage import names
 from pipeline.storage.clients import Clients

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from bagpipe.mailserver import MailServer
 from pipeline.lifecycle import attempts, costs, jobs, runtimes
 from pipeline.requests import application
-from pipeline.requests.request import expand
+from pipeline.requests.expansion import expand
 from pipeline.settings import Settings
 from pipeline.storage import cache, names
 from pipeline.storage.clients import Clients

@@ -18,7 +18,7 @@ from pipeline.lifecycle import attempts, claims, health, jobs, runtimes, sweep, 
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.reduction import sandbox
 from pipeline.requests import application
-from pipeline.requests.request import expand
+from pipeline.requests.expansion import expand
 from pipeline.settings import Settings
 from pipeline.storage.clients import Clients
 from tests.conftest import in_an_hour, parts, running_control, running_workers, small_request, wait_for, with_stage

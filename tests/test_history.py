@@ -9,7 +9,8 @@ import pytest
 from pipeline import planning
 from pipeline.lifecycle import jobs, policy, runtimes, tasks
 from pipeline.requests import application
-from pipeline.requests.request import JobRequest, expand
+from pipeline.requests.expansion import expand
+from pipeline.requests.request import JobRequest
 from pipeline.settings import Settings
 from pipeline.storage.clients import Clients
 from tests.conftest import parts, running_control, running_workers, small_request, wait_for, with_stage
@@ -33,7 +34,7 @@ def test_work_counts_target_pixels_layers_and_a_reductions_inputs() -> None:
     assert sorted({t.work() for t in layered}) == pytest.approx([0.08])
     # a reduction reads its four dates' tiles
     reduced = expand(request(region={"bbox": [-109.5, 36.5, -108.5, 37.5]}, reducer={"name": "snow_fraction"}), 1000)
-    reductions = [t for t in reduced if t.reducer is not None]
+    reductions = [t for t in reduced if t.reduction is not None]
     assert reductions and sorted({t.work() for t in reductions}) == pytest.approx([4 * 0.04])
     assert planning.work_of({"product": "MOD10A2"}) == 1.0  # no grid named: per task
 

@@ -26,7 +26,7 @@ from pipeline.failures import FailureClass
 from pipeline.lifecycle import attempts, claims, jobs, policy, runtimes, sweep, tasks, transitions
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.requests import application
-from pipeline.requests.request import expand
+from pipeline.requests.expansion import expand
 from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.clients import Clients

@@ -13,7 +13,7 @@ from pipeline.failures import FailureClass
 from pipeline.lifecycle import claims, dispatch, jobs, partitions, planner, sweep, tasks, transitions
 from pipeline.lifecycle.status import JobState, TaskStatus
 from pipeline.requests import application
-from pipeline.requests.request import expand, plan_of
+from pipeline.requests.expansion import expand, plan_of
 from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.clients import Clients

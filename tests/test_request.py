@@ -12,7 +12,8 @@ from pydantic import ValidationError
 from pipeline.modis.grid import RADIUS, TILE_SIZE, X_MIN, Y_MAX, Tile, tiles_for_bbox
 from pipeline.modis.products import CATALOG, period_count, periods
 from pipeline.planning import RequestError
-from pipeline.requests.request import JobRequest, expand
+from pipeline.requests.expansion import expand
+from pipeline.requests.request import JobRequest
 from tests.conftest import small_request
 
 

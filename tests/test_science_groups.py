@@ -164,18 +164,19 @@ def test_a_composite_belongs_to_the_group_of_its_first_day() -> None:
     assert group_of(days, span, Period(D(2021, 6, 9), 8)).key == "2021-06-09_2021-06-16"
 
 
-def test_a_period_starting_before_the_span_belongs_to_its_first_group_or_its_own_slot() -> None:
+def test_a_period_starting_before_the_span_keeps_its_first_days_group_if_the_span_has_it() -> None:
     span = Span(D(2022, 1, 5), D(2022, 3, 31))
     before = Period(D(2022, 1, 1), 8)  # 1 to 8 January: it reaches into the span
     assert group_of(parse_grouping("month"), span, before).key == "2022-01"
-    assert group_of(Grouping("days", 16), span, before).key == "2022-01-05_2022-01-20"
+    assert group_of(parse_grouping("span"), span, before).key == "2022-01-05_2022-03-31"
+    assert group_of(Grouping("days", 16), span, before) is None  # the span's windows start on its first day
     assert group_of(parse_grouping("month-of-year"), span, before).key == "month-01"
     assert group_of(parse_grouping("day-of-year"), span, before) is None  # its slot, doy-001, is not the span's
     february = Span(D(2022, 2, 1), D(2022, 2, 28))
-    last_of_january = Period(D(2022, 1, 25), 8)  # its first day's month is not the span's
-    assert group_of(parse_grouping("month"), february, last_of_january).key == "2022-02"
-    assert group_of(parse_grouping("season"), Span(D(2022, 3, 1), D(2022, 5, 31)),
-                    Period(D(2022, 2, 26), 8)).key == "2022-MAM"
+    last_of_january = Period(D(2022, 1, 25), 8)  # its first day's month is not the span's: as in a baseline year
+    assert group_of(parse_grouping("month"), february, last_of_january) is None
+    assert group_of(parse_grouping("span"), february, last_of_january).key == "2022-02-01_2022-02-28"
+    assert group_of(parse_grouping("season"), Span(D(2022, 3, 1), D(2022, 5, 31)), Period(D(2022, 2, 26), 8)) is None
     assert group_of(parse_grouping("month"), span, Period(D(2021, 12, 27), 8)) is None  # ends 3 January
     assert group_of(parse_grouping("month"), span, Period(D(2022, 4, 1), 8)) is None  # after the span
 

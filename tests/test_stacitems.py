@@ -222,9 +222,9 @@ def test_the_folder_loads_with_odc_stac_equal_to_the_files(finished: Finished) -
 def test_the_overview_shows_the_region_in_the_class_colours_and_the_email_links_it(finished: Finished) -> None:
     manifest = json.loads((finished.first / "manifest.json").read_text())
     shown = {(o["layer"], o["date"], o["last"]): o for o in manifest["overviews"]}
-    assert set(shown) == {("snow_fraction", "2022-02-02", "2022-02-10"), ("Maximum_Snow_Extent", "2022-02-02", None),
+    assert set(shown) == {("snow_fraction", "2022-02-02", "2022-02-12"), ("Maximum_Snow_Extent", "2022-02-02", None),
                           ("Maximum_Snow_Extent", "2022-02-10", None)}
-    first = manifest["overviews"][0]  # a reduction's: the span at a glance
+    first = manifest["overviews"][0]  # a reduction's: the span at a glance (the request's, as its group)
     assert first["layer"] == "snow_fraction"
     link = next(line for line in finished.email.splitlines() if "/overview/" in line)
     assert "Overview of the region (MOD10A2 snow_fraction" in finished.email

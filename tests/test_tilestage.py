@@ -25,7 +25,7 @@ from pipeline.modis.products import CATALOG
 from pipeline.modis.reprojection import Source, warp
 from pipeline.modis.targets import GridSpec
 from pipeline.requests import search
-from pipeline.requests.request import TaskSpec
+from pipeline.requests.expansion import TaskSpec
 from pipeline.settings import Settings
 from pipeline.stages import StageContext
 from pipeline.storage import names

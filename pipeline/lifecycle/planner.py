@@ -112,16 +112,27 @@ def _start(clients: Clients, row: jobs.JobRow) -> None:
 
 def settle(clients: Clients, row: jobs.JobRow) -> int:
     """Settle at planning (``transitions.settle``: PENDING → CACHED, no message, no worker)
-    each of the released tasks of the job (its ``row``) whose every output the cache holds
-    already (as its stage says: ``stages.MADE_ALREADY``, which the application's stages
-    register), a page at a time. A storage error here only leaves the tasks to the ordinary
-    way: the stage finds them made. Returns how many."""
+    each task of the job (its ``row``) whose every output the cache holds already (as its
+    stage says: ``stages.MADE_ALREADY``, which the application's stages register), a page at
+    a time. A storage error here only leaves the tasks to the ordinary way: the stage finds
+    them made. Returns how many."""
     planning.application()  # its stages' checks registered
     stages.load(clients.settings.stage_modules)
     settled, job, tiles = 0, row.job, row.tiles
+    # the tasks that wait first (a climatology a job before this one made: the tile tasks it
+    # waits for, settled first, would queue it), then those the window releases
+    pages = [*range(tiles, row.total, SETTLE_PAGE), *range(0, tiles, SETTLE_PAGE)]
+    checked = set(stages.MADE_ALREADY)
     try:
-        for first in range(0, tiles, SETTLE_PAGE):
-            rows = tasks.list_tasks(clients.tasks, row.parts, first, min(SETTLE_PAGE, tiles - first))
+        while pages:
+            first = pages.pop(0)
+            end = row.total if first >= tiles else tiles
+            rows = tasks.list_tasks(clients.tasks, row.parts, first, min(SETTLE_PAGE, end - first))
+            if first >= tiles and not {r.stage for r in rows} & checked:
+                # a plan lists its waiting tasks that a cache may hold (climatologies) before
+                # those it cannot (reductions): the rest is left to run, as unsettled tasks are
+                pages = [p for p in pages if p < tiles]
+                continue
             made: dict[str, list[str]] = {}
             for stage in sorted({r.stage for r in rows} & set(stages.MADE_ALREADY)):
                 made |= stages.MADE_ALREADY[stage](clients, rows)
@@ -129,7 +140,7 @@ def settle(clients: Clients, row: jobs.JobRow) -> int:
     except AzureError as exc:
         log.warning("job %s: tasks left to run as they are (%d settled at planning): %s", job, settled, exc)
     if settled:
-        log.info("job %s: %d tile tasks made already, settled at planning", job, settled)
+        log.info("job %s: %d tasks made already, settled at planning", job, settled)
     return settled
 
 

@@ -381,3 +381,16 @@ def list_tasks(tasks: TableClient, parts: list[str], first: int = 0, count: int 
     high = names.task_key(first + count) if count is not None else names.TASK_KEYS_END
     rows = partitions.query(tasks, parts, "RowKey ge @lo and RowKey lt @hi", {"lo": names.task_key(first), "hi": high})
     return sorted((TaskRow.from_entity(row) for row in rows), key=lambda row: row.seq)
+
+
+def ranges_of(text: str) -> list[tuple[int, int]]:
+    """A waiting task's dependencies as its params write them: ``first,count`` ranges of
+    sequence numbers, ``;``-separated."""
+    return [(int(first), int(count)) for first, count in (r.split(",") for r in text.split(";") if r)]
+
+
+def list_ranges(tasks: TableClient, part: str, ranges: list[tuple[int, int]]) -> list[TaskRow]:
+    """The task rows of partition ``part`` in the sequence ``ranges`` ((first, count) each): a
+    key range each, in sequence order."""
+    found = [row for first, count in ranges for row in list_tasks(tasks, [part], first, count)]
+    return sorted(found, key=lambda row: row.seq)

@@ -45,7 +45,8 @@ def made_already(clients: Clients, rows: list[TaskRow]) -> dict[str, list[str]]:
         for task, (params, sources) in wanted.items():
             if all(blob in digests for blob in sources.values()):
                 hexes = {item: digests[blob].hex() for item, blob in sources.items()}
-                made[task] = [tilestage.tile_name(params, layer, hexes) for layer in tilestage.layers_of(params)]
+                layers = {layer: tilestage.tile_name(params, layer, hexes) for layer in tilestage.layers_of(params)}
+                made[task] = [*layers.values(), *tilestage.derived_names(params, layers).values()]
         tiles = looks.present(clients.tiles.container_name, (blob for blobs in made.values() for blob in blobs))
     return {task: [names.TILE_OUTPUT_PREFIX + blob for blob in blobs]
             for task, blobs in made.items() if all(blob in tiles for blob in blobs)}

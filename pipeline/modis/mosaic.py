@@ -28,6 +28,8 @@ from rasterio.crs import CRS
 from rasterio.io import MemoryFile
 from rasterio.warp import transform_bounds
 
+from pipeline.modis import layout
+
 MAX_PIXELS = 64_000_000  # larger mosaics are VRTs over the tiles, not copies of them
 REGION = "region"  # the folder of a product's region mosaics, beside its tiles' folders
 Bounds = tuple[float, float, float, float]
@@ -144,26 +146,29 @@ def write_regions(out: Path, manifest: dict[str, Any]) -> list[dict[str, Any]]:
     date of its tiles, per product, span and output file of its reductions (under
     ``<product>/region/<date or span>/``). Returns what it wrote, as manifest entries."""
     groups: dict[tuple[str, str, str, str], list[Path]] = {}
-    made_by: dict[tuple[str, str, str, str], list[str]] = {}
+    made_by: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
     for task in manifest["tasks"]:
-        span = f"{task['date']}_{task['last']}" if task.get("last") else task["date"]
+        span = layout.span(task)
         for name in task.get("files", []):
             path = out / name
             if path.suffix.lower() not in (".tif", ".tiff"):
                 continue
-            if task["stage"] == "reduce":
-                key = (task["product"], span, path.name, "")
+            if layout.waits(task):
+                output = layout.output_name(task, path.name)
+                key = (layout.folder(task), span, f"{output}.{span}.tif" if output != path.stem else path.name, "")
             else:
                 with rasterio.open(path) as src:
                     layer = src.tags().get("LAYER") or path.stem
                 key = (task["product"], span, f"{task['product']}.{layer}.{span}.tif", layer)
             groups.setdefault(key, []).append(path)
-            made_by.setdefault(key, []).append(task["task"])
+            made_by.setdefault(key, []).append(task)
     written = []
-    for (product, span, name, layer), files in sorted(groups.items()):
+    for (name, span, file, layer), files in sorted(groups.items()):
         bounds = region_bounds(manifest["request"], Grid.of(files[0]), union(files))
-        path = mosaic(files, bounds, out / product / REGION / span / name)
-        first, _, last = span.partition("_")
-        written.append({"product": product, "date": first, "last": last or None, "layer": layer or None,
-                        "file": path.relative_to(out).as_posix(), "tasks": made_by[(product, span, name, layer)]})
+        path = mosaic(files, bounds, out / name / REGION / span / file)
+        tasks = made_by[(name, span, file, layer)]
+        first, last = layout.dates(tasks[0])
+        written.append({"folder": name, "span": span, "product": tasks[0]["product"], "start": first.isoformat(),
+                        "end": last.isoformat(), "date": first.isoformat(), "layer": layer or None,
+                        "file": path.relative_to(out).as_posix(), "tasks": [t["task"] for t in tasks]})
     return written

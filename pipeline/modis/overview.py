@@ -35,7 +35,7 @@ from rasterio.transform import from_bounds
 from rasterio.warp import Resampling, reproject
 
 from pipeline.lifecycle import results
-from pipeline.modis import quicklook
+from pipeline.modis import layout, quicklook
 from pipeline.modis.products import CATALOG
 from pipeline.modis.targets import lonlat_bounds
 from pipeline.storage import cache, names, packing
@@ -60,10 +60,11 @@ def groups_of(clients: Clients, entries: list[dict[str, Any]]) -> dict[Group, li
             name = output.rsplit("/", 1)[-1]
             if not name.endswith(".tif"):
                 continue
-            if task["stage"] == "reduce":
-                key = (task["product"], name.removesuffix(".tif"), task["date"], task.get("last") or "")
+            if layout.waits(task):  # a reduction's, a climatology's: over its group of dates
+                start, end = layout.dates(task)
+                key = (layout.folder(task), layout.output_name(task, name), start.isoformat(), end.isoformat())
             else:  # a reprojected tile: product.layer.date.tile.tif
-                key = (task["product"], name.split(".")[1], task["date"], "")
+                key = (task["product"], layout.output_name(task, name), task["date"], "")
             found.setdefault(key, []).append((task, output))
     latest: dict[tuple[str, str], list[str]] = {}
     for product, layer, first, last in found:

@@ -29,6 +29,8 @@ from typing import Literal
 
 import numpy as np
 
+from pipeline.science.encoding import Encoding
+
 Range = tuple[float, float]
 Classes = tuple[tuple[int, str], ...]
 Cadence = Literal["daily", "8-day", "16-day", "monthly", "yearly"]
@@ -51,6 +53,12 @@ class Layer:
     masked_by: str = ""  # the quality layer that decides which pixels are usable
     hdf_name: str = ""  # the SDS's name in NASA's HDF4 file, where it is not ``name``
     classes: Classes = ()  # (code, name) of a class layer's values, as the user guide names them
+
+    @property
+    def encoding(self) -> Encoding:
+        """Its encoding, as the built-in work decodes and encodes values
+        (``pipeline.science.encoding``)."""
+        return Encoding(self.dtype, self.nodata, self.scale, self.offset, self.unit, self.valid, self.categorical)
 
     @property
     def resampling(self) -> str:

@@ -30,10 +30,10 @@ import rasterio
 from rio_stac import create_stac_item
 from rio_stac.stac import get_raster_info
 
+from pipeline.modis import layout
 from pipeline.modis.granules import from_param
-from pipeline.modis.products import CATALOG, last_day
+from pipeline.modis.products import CATALOG
 from pipeline.modis.targets import lonlat_bounds
-from pipeline.storage import names
 
 COLLECTION_FILE = "collection.json"
 RASTERS = (".tif", ".tiff")
@@ -51,18 +51,19 @@ def bagpipe_version() -> str:
         return "unknown"
 
 
-def period(product: str, first: str, last: str | None = None) -> tuple[datetime, datetime]:
-    """The first and last instant of the periods from ``first`` to ``last`` (their first days;
-    a year's last composite ends with the year: ``products.last_day``)."""
-    start = datetime.combine(date.fromisoformat(first), time(), UTC)
-    end_day = last_day(CATALOG[product], date.fromisoformat(last or first))
-    return start, datetime.combine(end_day, time(23, 59, 59), UTC)
-
-
 def item_id(task: dict[str, Any]) -> str:
     """What the product is, as an id: product.tile.date for a tile (tile "region": its
-    mosaic), with the span's last period and the reducer for a reduction."""
-    found = f"{task['product']}.{task['tile']}.{task['date']}" + (f"_{task['last']}" if task.get("last") else "")
+    mosaic), with the span's last period and the reducer for a program's reduction; a
+    built-in's by its name, tile and group; a climatology by its layer, tile and days."""
+    if task["stage"] == layout.CLIMATOLOGY:
+        _, product, layer = json.loads(task["input"])
+        return f"{product}.{layer}.climatology.{task['tile']}.{layout.span(task)}"
+    if task["stage"] == "mosaic":
+        return f"{task['region']}.region" + (f".{task['reducer'].replace('@', '-v')}" if task.get("reducer") else "")
+    if task.get("group"):
+        found = f"{layout.folder(task)}.{task['tile']}.{task['group']}"
+    else:
+        found = f"{task['product']}.{task['tile']}.{task['date']}" + (f"_{task['last']}" if task.get("last") else "")
     return found + (f".{task['reducer'].replace('@', '-v')}" if task.get("reducer") else "")
 
 
@@ -102,14 +103,16 @@ def build_item(task: dict[str, Any], files: Sequence[str | Path], catalog: dict[
     rasters = [str(f) for f in files if _named(f).suffix.lower() in RASTERS]
     if not rasters:
         return None
-    start, end = period(task["product"], task["date"], task.get("last") or None)
+    first, last = layout.dates(task)
+    start, end = datetime.combine(first, time(), UTC), datetime.combine(last, time(23, 59, 59), UTC)
     stage_versions = set()
     assets: dict[str, pystac.Asset] = {}
     for href in rasters:
         with rasterio.open(href) as src:
             tags = src.tags()
             bands = get_raster_info(src, max_size=1024)
-        key = tags.get("LAYER") if task["stage"] != "reduce" and tags.get("LAYER") else _named(href).stem
+        key = tags.get("NAME") or (tags.get("LAYER") if task["stage"] != "reduce" and tags.get("LAYER") else None) \
+            or _named(href).stem
         if tags.get("BAGPIPE_STAGE"):
             stage_versions.add(tags["BAGPIPE_STAGE"])
         assets[key] = pystac.Asset(href, title=key, media_type=COG, roles=["data"],
@@ -179,12 +182,12 @@ def write_catalog(out: Path, manifest: dict[str, Any]) -> Path:
     items: list[pystac.Item] = []
     made: dict[str, pystac.Item] = {}
     paths: dict[str, Path] = {}
-    for task in sorted(manifest["tasks"], key=lambda t: t["stage"] == "reduce"):  # tiles first
+    for task in sorted(manifest["tasks"], key=layout.waits):  # tiles first
         files = [out / name for name in task.get("files", [])]
         if not files:
             continue
         folder = files[0].parent
-        deps = dependencies(task, by_key)
+        deps = layout.dependencies(task, by_key)
         sources = [g for dep in deps for g in granule_ids(dep)]
         item = build_item(task, files, catalog, sources)
         if item is None:
@@ -208,14 +211,6 @@ def write_catalog(out: Path, manifest: dict[str, Any]) -> Path:
     return out / COLLECTION_FILE
 
 
-def dependencies(task: dict[str, Any], by_key: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """A reduction's tile tasks (the manifest's rows ``deps`` names), in order."""
-    if task["stage"] != "reduce" or not task.get("deps"):
-        return []
-    first, count = (int(v) for v in task["deps"].split(","))
-    return [by_key[key] for seq in range(first, first + count) if (key := names.task_key(seq)) in by_key]
-
-
 def region_items(out: Path, manifest: dict[str, Any], made: dict[str, pystac.Item], catalog: dict[str, Any],
                  paths: dict[str, Path]) -> list[pystac.Item]:
     """An item per region mosaic of a product and period (tile ``region``, stage ``mosaic``),
@@ -223,15 +218,17 @@ def region_items(out: Path, manifest: dict[str, Any], made: dict[str, pystac.Ite
     by_key = {task["task"]: task for task in manifest["tasks"]}
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for entry in manifest.get("regions", []):
-        groups.setdefault((entry["product"], entry["date"], entry.get("last") or ""), []).append(entry)
+        groups.setdefault((entry["folder"], entry["span"], entry["product"]), []).append(entry)
     found = []
-    for (product, first, last), entries in sorted(groups.items()):
-        tasks = [made[t] for entry in entries for t in entry["tasks"] if t in made]
-        reduced = [by_key[t] for entry in entries for t in entry["tasks"] if by_key[t].get("reducer")]
+    for (name, span, product), mosaics in sorted(groups.items()):
+        tasks = [made[t] for entry in mosaics for t in entry["tasks"] if t in made]
+        reduced = [by_key[t] for entry in mosaics for t in entry["tasks"] if by_key[t].get("reducer")]
         program = {key: reduced[0][key] for key in ("reducer", "bundle", "digest", "args") if key in reduced[0]} \
             if reduced else {}
-        task = {"stage": "mosaic", "product": product, "tile": "region", "date": first, "last": last, **program}
-        files = [out / entry["file"] for entry in entries]
+        first = mosaics[0]
+        task = {"stage": "mosaic", "product": product, "tile": "region", "date": first["start"],
+                "start": first["start"], "end": first["end"], "region": f"{name}.{span}", **program}
+        files = [out / entry["file"] for entry in mosaics]
         item = build_item(task, files, catalog, [g for i in tasks for g in i.properties[f"{PREFIX}:sources"]])
         if item is None:
             continue

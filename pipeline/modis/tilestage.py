@@ -12,9 +12,13 @@ task ``CACHED`` without touching a raster.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import numpy as np
 
 from pipeline import stages
 from pipeline.failures import FailureClass, StageFailure
@@ -23,6 +27,8 @@ from pipeline.modis.granules import HDF, Granule, from_param
 from pipeline.modis.grid import TILE_SIZE
 from pipeline.modis.products import CATALOG, Product
 from pipeline.modis.targets import NATIVE, SINUSOIDAL_PROJ4
+from pipeline.science import expressions, rasters
+from pipeline.science.encoding import decode, encode
 from pipeline.stages import StageContext
 from pipeline.storage import cache, names
 
@@ -126,6 +132,7 @@ def modis(ctx: StageContext) -> None:
 
         cached = True
         digests = {item: found[item].md5.hex() for item in found}
+        made_as: dict[str, str] = {}
         for layer in layers:
             target = target_of(params, layer)
             name = tile_name(params, layer, digests)
@@ -136,5 +143,51 @@ def modis(ctx: StageContext) -> None:
                     tags={"DATE": params["date"], "TARGET_TILE": params["tile"]}),
                 "image/tiff", want_data=False, owner=owner, tidy=ctx.attempt > 1)
             cached = cached and not made.made
+            made_as[layer] = name
             ctx.outputs.append(names.TILE_OUTPUT_PREFIX + name)
+        for name, blob in derived_names(params, made_as).items():
+            made = cache.ensure(ctx.clients.transfers, ctx.clients.tiles, blob,
+                                lambda name=name: derive(ctx, params, name, made_as),  # type: ignore[misc]
+                                "image/tiff", want_data=False, owner=owner, tidy=ctx.attempt > 1)
+            cached = cached and not made.made
+            ctx.outputs.append(names.TILE_OUTPUT_PREFIX + blob)
         ctx.cached = cached
+
+
+def derived_of(params: dict[str, str]) -> dict[str, expressions.Expression]:
+    """A tile task's derived layers: name → its expression over the product's layers."""
+    return {name: expressions.parse(text) for name, text in json.loads(params.get("derived") or "{}").items()}
+
+
+def derived_names(params: dict[str, str], made_as: dict[str, str]) -> dict[str, str]:
+    """The content-addressed names in ``tiles`` of a tile task's derived layers, given the
+    names of the layers it made (``made_as``): what the stage makes, and what the planner
+    looks for to settle a task made already."""
+    found = {}
+    for name, parsed in derived_of(params).items():
+        inputs = {ref: made_as[ref.split(".", 1)[1]] for ref in parsed.names}
+        blob = json.dumps([expressions.VERSION, str(parsed), inputs], sort_keys=True)
+        key = hashlib.sha256(blob.encode()).hexdigest()
+        found[name] = names.tile_blob(key, params["product"], name, params["tile"], params["date"])
+    return found
+
+
+def derive(ctx: StageContext, params: dict[str, str], name: str, made_as: dict[str, str]) -> bytes:
+    """A derived layer: its expression over the physical values of the layers it reads (the
+    tiles just made), float32, NaN where any of them has no value."""
+    product = CATALOG[params["product"]]
+    parsed = derived_of(params)[name]
+    with tempfile.TemporaryDirectory(prefix="bagpipe-derive-") as folder:
+        values: dict[str, np.ndarray] = {}
+        grid: rasters.Grid | None = None
+        for ref in parsed.names:
+            layer = ref.split(".", 1)[1]
+            path = Path(folder, f"{layer}.tif")
+            path.write_bytes(ctx.clients.transfers.download(ctx.clients.tiles, made_as[layer])[0])
+            grid = grid or rasters.Grid.of(path)
+            values[ref] = decode(rasters.read(path), product.layer(layer).encoding)
+    assert grid is not None  # an expression reads at least one layer (checked at submission)
+    out = parsed.encoding()
+    return rasters.write_cog([encode(parsed.evaluate(values), out)], grid, out, [name],
+                             {"PRODUCT": product.name, "LAYER": name, "EXPRESSION": str(parsed), "DATE": params["date"],
+                              "TARGET_TILE": params["tile"], "BAGPIPE_STAGE": expressions.VERSION})

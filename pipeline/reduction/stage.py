@@ -18,7 +18,6 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,9 +26,8 @@ import rasterio.shutil
 
 from pipeline import stages
 from pipeline.failures import FailureClass, StageFailure
-from pipeline.lifecycle import tasks
-from pipeline.lifecycle.status import TaskStatus
 from pipeline.reduction import REDUCE_STAGE, bundlecache, reducers, sandbox
+from pipeline.reduction.builtin import Fetched, gather
 from pipeline.stages import StageContext
 from pipeline.storage import names
 
@@ -37,25 +35,6 @@ LOG_BYTES = 1024 * 1024  # the tail of stdout/stderr kept as a log blob
 MAX_OUTPUTS = 100  # files a reduction may publish (their names live on its task row)
 MAX_NAME = 200  # characters of an output's path inside the output folder
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
-GOOD = (TaskStatus.SUCCEEDED.value, TaskStatus.CACHED.value)
-
-
-def inputs_of(ctx: StageContext) -> tuple[list[dict[str, Any]], list[str], list[str]]:
-    """The group's finished tiles (date, blob per layer), the dates the catalog has no data
-    for (tile tasks that ended NO_DATA: missing data is data) and the dates whose tile task
-    failed (DEAD or CANCELLED)."""
-    first, count = (int(v) for v in ctx.params["deps"].split(","))
-    ready, missing, failed = [], [], []
-    for row in tasks.list_tasks(ctx.clients.tasks, [ctx.part], first, count):
-        day = row.parameters()["date"]
-        outputs = row.output_names()
-        if row.status in GOOD and outputs:
-            ready.append({"date": day, "blobs": [o.removeprefix(names.TILE_OUTPUT_PREFIX) for o in outputs]})
-        elif row.status is TaskStatus.NO_DATA:
-            missing.append(day)
-        else:
-            failed.append(day)
-    return ready, missing, failed
 
 
 def _publish_logs(ctx: StageContext, folder: Path) -> None:
@@ -123,24 +102,27 @@ def _watch_progress(path: Path, on_progress: Callable[[float], None], done: thre
 
 def run_program(reducer: reducers.Reducer, tiles: list[tuple[str, Path]], root: Path,
                 task: dict[str, Any], more: dict[str, list[tuple[str, Path]]] | None = None,
-                on_progress: Callable[[float], None] | None = None, namespaces: bool = True) -> Run:
-    """Stage ``tiles`` ((date, GeoTIFF) pairs of the first requested layer) and ``more``
-    (other layers' pairs, by layer) read-only into ``root/inputs``, write ``task.json``
-    (``task`` plus where things are: ``inputs``, and ``layers`` naming every layer's files,
-    and ``progress_file``), run the program in the sandbox and return the files it left in
-    ``root/outputs`` that its manifest names. What the program writes to its progress file
-    (the share of its work done, a number from 0 to 1, rewritten as it goes) is passed to
-    ``on_progress`` while it runs: its worker then ends an attempt that its pace shows to be
-    a straggler sooner (``StageContext.progress``). ``namespaces``: False runs it as on a
-    kernel that gives none (``BAGPIPE_SANDBOX``)."""
+                on_progress: Callable[[float], None] | None = None,
+                climatologies: dict[str, Path] | None = None, namespaces: bool = True) -> Run:
+    """Stage ``tiles`` ((date, GeoTIFF) pairs of the first input: ``task``'s ``product`` and
+    ``layer``), ``more`` (every other input's pairs, by ``PRODUCT.LAYER``) and
+    ``climatologies`` (the baseline's, by input) read-only into ``root/inputs``, write
+    ``task.json`` (``task`` plus where things are: ``inputs``, the first input's files;
+    ``layers``, the first product's files by layer; ``by_input``, every input's dates and
+    files by ``PRODUCT.LAYER``; ``baseline_files``; ``progress_file``), run the program in
+    the sandbox and return the files it left in ``root/outputs`` that its manifest names.
+    What the program writes to its progress file (the share of its work done, a number from
+    0 to 1, rewritten as it goes) is passed to ``on_progress`` while it runs: its worker then
+    ends an attempt that its pace shows to be a straggler sooner (``StageContext.progress``).
+    ``namespaces``: False runs it as on a kernel that gives none (``BAGPIPE_SANDBOX``)."""
     inputs, outputs, scratch, work = (root / n for n in ("inputs", "outputs", "tmp", "work"))
     for folder in (inputs, outputs, scratch, work):
         folder.mkdir(parents=True)
 
-    def stage(pairs: list[tuple[str, Path]], layer: str) -> list[str]:
+    def stage(pairs: list[tuple[str, Path]], label: str) -> list[str]:
         files = []
         for day, tif in pairs:
-            stem = f"{task.get('product', 'input')}{layer}.{day}.{task.get('tile', 'tile')}"
+            stem = f"{label}.{day}.{task.get('tile', 'tile')}"
             if reducer.input_format == "ENVI":
                 staged = inputs / f"{stem}.bin"
                 rasterio.shutil.copy(tif, staged, driver="ENVI")
@@ -151,16 +133,27 @@ def run_program(reducer: reducers.Reducer, tiles: list[tuple[str, Path]], root: 
             files.append(str(staged))
         return files
 
-    files = stage(tiles, "")
-    layers = {name: stage(pairs, f".{name}") for name, pairs in (more or {}).items()}
-    for staged in inputs.iterdir():
-        staged.chmod(0o444)
+    product = task.get("product", "input")
+    files = stage(tiles, product)
+    staged = {ref: stage(pairs, ref) for ref, pairs in (more or {}).items()}
+    baseline = {}
+    for ref, path in (climatologies or {}).items():
+        baseline[ref] = str(inputs / f"{ref}.climatology.{task.get('tile', 'tile')}.tif")
+        shutil.copyfile(path, baseline[ref])
+    for staged_file in inputs.iterdir():
+        staged_file.chmod(0o444)
     inputs.chmod(0o555)
     task_json = root / "task.json"
     progress = scratch / "progress"
+    first = f"{product}.{task['layer']}" if task.get("layer") else ""
+    by_input = {first: {"dates": [day for day, _ in tiles], "files": files}} if first else {}
+    by_input |= {ref: {"dates": [day for day, _ in (more or {})[ref]], "files": listed}
+                 for ref, listed in staged.items()}
     task_json.write_text(json.dumps(task | {
         "reducer": reducer.name, "dates": [day for day, _ in tiles], "inputs": files,
-        "layers": {task.get("layer", "inputs"): files} | layers,
+        "layers": {task.get("layer", "inputs"): files} | {ref.split(".", 1)[1]: listed for ref, listed in staged.items()
+                                                          if ref.split(".", 1)[0] == product},
+        "by_input": by_input, **({"baseline_files": baseline} if baseline else {}),
         "inputs_dir": str(inputs), "outputs_dir": str(outputs), "progress_file": str(progress),
     }, indent=1))
     env = BASE_ENV | dict(reducer.env) | {"HOME": str(scratch), "TMPDIR": str(scratch), "BAGPIPE_TASK": str(task_json)}
@@ -183,6 +176,7 @@ def run_program(reducer: reducers.Reducer, tiles: list[tuple[str, Path]], root: 
 
 @stages.stage(REDUCE_STAGE)
 def reduce(ctx: StageContext) -> None:
+    """A scientist's program over a target tile's group of dates, in the sandbox."""
     params = ctx.params
     if params.get("bundle"):  # an uploaded reducer: its checked, cached folder is its {here}
         reducer: reducers.Reducer | None = bundlecache.reducer_for(ctx.clients, params["bundle"])
@@ -190,38 +184,35 @@ def reduce(ctx: StageContext) -> None:
         reducer = reducers.catalog(ctx.clients.settings.reducers_path).get(params["reducer"])
     if reducer is None:
         raise StageFailure(FailureClass.USER_CODE, f"reducer {params['reducer']!r} is not installed here")
-    ready, missing, failed = inputs_of(ctx)
-    if failed and params["on_failure"] == "fail":
-        raise StageFailure(FailureClass.DEPENDENCY_FAILED, f"no tile for {', '.join(failed)}: its task failed "
+    spec = json.loads(params["reduce"])
+    inputs = [(alias, product, layer) for alias, product, layer in spec["inputs"]]
+    found = gather(ctx, inputs)
+    if found.failed and params["on_failure"] == "fail":
+        raise StageFailure(FailureClass.DEPENDENCY_FAILED, f"no tile for {', '.join(found.failed)}: its task failed "
                            "(the request says a reduction fails then)")
-    if not ready and not failed:
-        ctx.no_data = True  # the catalog has no data for any date of the span: nothing to reduce
+    if not any(found.tiles.values()):
+        if found.failed:
+            raise StageFailure(FailureClass.DEPENDENCY_FAILED, "not one tile of the group was made")
+        ctx.no_data = True  # the catalog has no data for any date of the group: nothing to reduce
         return
-    if not ready:
-        raise StageFailure(FailureClass.DEPENDENCY_FAILED, "not one tile of the span was made")
-    layers = [name for name in params["layers"].split(",") if name]  # the planner names them all
+    _, product, layer = inputs[0]
     with tempfile.TemporaryDirectory(prefix="bagpipe-reduce-") as top:
         downloads = Path(top, "downloads")
         downloads.mkdir()
-
-        def download(item: tuple[str, str, str]) -> Path:
-            day, layer, blob = item
-            local = downloads / f"{day}.{layer}.tif"
-            local.write_bytes(ctx.clients.transfers.download(ctx.clients.tiles, blob)[0])
-            return local
-
-        wanted = [(item["date"], layer, blob) for item in ready
-                  for layer, blob in zip(layers, item["blobs"], strict=True)]
-        by_layer: dict[str, list[tuple[str, Path]]] = {layer: [] for layer in layers}
-        with ThreadPoolExecutor(8) as pool:  # a task's inputs download in parallel
-            for (day, layer, _), path in zip(wanted, pool.map(download, wanted), strict=True):
-                by_layer[layer].append((day, path))
-        run = run_program(reducer, by_layer[layers[0]], Path(top, "run"), {
-            "job": ctx.job, "task": ctx.task, "product": params["product"], "layer": layers[0],
-            "tile": params["tile"], "crs": params["crs"], "bounds": params["bounds"], "missing_dates": missing,
-            "failed_dates": failed, "args": json.loads(params.get("args") or "{}"),
-        }, {layer: by_layer[layer] for layer in layers[1:]}, ctx.progress,
-            namespaces=ctx.clients.settings.sandbox == "auto")
+        fetched = Fetched(ctx, found.blobs(), downloads)
+        dated = {alias: [(day.isoformat(), fetched.paths[blob]) for day, blob in found.tiles[alias]]
+                 for alias, _, _ in inputs}
+        task = {"job": ctx.job, "task": ctx.task, "product": product, "layer": layer, "tile": params["tile"],
+                "crs": params["crs"], "bounds": params["bounds"], "missing_dates": sorted(set(found.missing)),
+                "failed_dates": found.failed, "args": json.loads(params.get("args") or "{}")}
+        if not spec.get("legacy"):
+            task |= {"group": {"by": spec["by"], "key": params["group"], "start": params["start"],
+                               "end": params["end"]},
+                     "aliases": {f"{p}.{name}": alias for alias, p, name in inputs}}
+        run = run_program(reducer, dated[inputs[0][0]], Path(top, "run"), task,
+                          {f"{p}.{name}": dated[alias] for alias, p, name in inputs[1:]}, ctx.progress,
+                          {f"{p}.{name}": fetched.paths[found.climatologies[alias]] for alias, p, name in inputs
+                           if alias in found.climatologies}, namespaces=ctx.clients.settings.sandbox == "auto")
         _publish_logs(ctx, run.folder)
         failure = run.failure(reducer)
         if failure is not None:

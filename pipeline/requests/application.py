@@ -15,15 +15,16 @@ from pipeline.lifecycle.status import JobState
 from pipeline.modis import TILE_STAGE, cachedtiles, overview, tilestage
 from pipeline.planning import Finished, TaskPlan
 from pipeline.redact import redact
-from pipeline.reduction import bundles, reducers
+from pipeline.reduction import builtin, bundles, reducers
 from pipeline.reduction import stage as reduction_stage
 from pipeline.reduction.reducers import Program
-from pipeline.requests.request import JobRequest, expand, installed, plan_of
-from pipeline.requests.search import resolve
+from pipeline.requests.expansion import expand, plan_of
+from pipeline.requests.request import JobRequest, installed
+from pipeline.requests.search import resolve, with_sources
 from pipeline.settings import Settings
 from pipeline.storage.clients import Clients
 
-STAGES = (tilestage, reduction_stage, cachedtiles)  # imported for what they register: the stages, the checks
+STAGES = (tilestage, reduction_stage, builtin, cachedtiles)  # imported for what they register
 
 
 class Requests:
@@ -32,7 +33,7 @@ class Requests:
     def plan(self, settings: Settings, request: str, resolved: str, *, search: bool, limit: int) -> list[TaskPlan]:
         specs = expand(JobRequest.model_validate_json(request), limit, settings.tile_stage,
                        Program.from_json(resolved) if resolved else None)
-        return plan_of(resolve(settings, specs, TILE_STAGE) if search else specs)
+        return plan_of(with_sources(resolve(settings, specs, TILE_STAGE)) if search else specs)
 
     def finished(self, clients: Clients, row: JobRow, entries: list[dict[str, Any]]) -> Finished:
         name_installed_reducers(clients.settings, entries)

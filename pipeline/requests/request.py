@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
 from datetime import date
-from datetime import date as Day  # where a field named ``date`` hides the type
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, EmailStr, Field, field_validator, model_validator
 from pyproj import CRS
 from pyproj.exceptions import CRSError
 
-from pipeline.modis import TILE_STAGE
-from pipeline.modis.granules import Granule, as_param
 from pipeline.modis.grid import Tile
-from pipeline.modis.products import CATALOG, period_count, periods
+from pipeline.modis.products import CATALOG
 from pipeline.modis.targets import MAX_TILE_PIXELS, GridSpec, TargetTile
 from pipeline.modis.targets import NATIVE as NATIVE_CRS
-from pipeline.planning import RequestError, TaskPlan
-from pipeline.reduction import REDUCE_STAGE, reducers
+from pipeline.planning import RequestError
+from pipeline.reduction import reducers
 from pipeline.reduction.reducers import Program
+from pipeline.requests import reductions
+from pipeline.science import expressions
 
 
 def _number(value: Any) -> Any:
@@ -106,6 +103,49 @@ class Reducer(BaseModel):
     on_dependency_failure: Literal["run", "fail"] = "fail"
 
 
+class Baseline(BaseModel):
+    """The years of reference a reduction compares each group with (anomalies, z-scores,
+    VCI, TCI): the same days of the year in each year from ``start`` to ``end``."""
+
+    model_config = ConfigDict(extra="forbid")
+    start: Annotated[date, Field(ge=FIRST_DAY, le=LAST_DAY)]
+    end: Annotated[date, Field(ge=FIRST_DAY, le=LAST_DAY)]
+
+
+Name = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,31}$")]
+Ref = Annotated[str, Field(min_length=3, max_length=100)]  # PRODUCT.LAYER
+
+
+class Reduce(BaseModel):
+    """A reduction over the request's inputs, per target tile and group of dates: a
+    built-in ``reducer``, an ``expression``, or a ``program`` (the scientist's own, in the
+    sandbox); ``pipeline.requests.reductions`` says what each means."""
+
+    model_config = ConfigDict(extra="forbid")
+    by: Annotated[str, Field(max_length=32)] = "span"  # span, month, season, year, days:N, month-of-year, day-of-year
+    # PRODUCT.LAYER, or names for them (an expression's); default: the layers the request makes
+    inputs: Annotated[list[Ref], Field(min_length=1, max_length=16)] | Annotated[
+        dict[Name, Ref], Field(min_length=1, max_length=16)] | None = None
+    reducer: Annotated[str, Field(max_length=32)] | None = None
+    percentile: Annotated[float, BeforeValidator(_number), Field(ge=0, le=100)] | None = None
+    aggregate: Literal["mean", "median", "min", "max", "sum", "first", "last"] = "mean"
+    expression: Annotated[str, Field(max_length=4096)] | None = None
+    program: Reducer | None = None
+    name: Name | None = None
+    unit: Annotated[str, Field(max_length=32)] = ""  # an expression's output's unit
+    baseline: Baseline | None = None
+    # if a tile task of a group ends DEAD: "run" on the tiles that exist, or "fail"
+    on_dependency_failure: Literal["run", "fail"] = "fail"
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Reduce:
+        given = [k for k in ("reducer", "expression", "program") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("give one of reducer (a built-in: max, mean, percentile…), expression or program"
+                             + (f", not {' and '.join(given)}" if given else ""))
+        return self
+
+
 class JobRequest(BaseModel):
     """What ``POST /api/jobs`` takes."""
 
@@ -119,9 +159,21 @@ class JobRequest(BaseModel):
                            Annotated[list[Annotated[str, Field(max_length=64)]], Field(min_length=1, max_length=16)]],
                       Field(max_length=16)] | None = None
     grid: Grid | None = None  # a bbox region defaults to Grid(); MODIS tiles use their own grid
-    reducer: Reducer | None = None
+    # per-date derived layers, by product: name → an expression over that product's layers (PRODUCT.LAYER)
+    derive: Annotated[dict[Annotated[str, Field(max_length=32)],
+                           Annotated[dict[Name, Annotated[str, Field(max_length=4096)]], Field(min_length=1,
+                                                                                                max_length=8)]],
+                      Field(max_length=16)] | None = None
+    reduce: Reduce | None = None
+    reducer: Reducer | None = None  # a program over each product's span (``reduce`` with a program, per product)
     email: EmailStr | None = None
     label: Annotated[str, Field(max_length=200)] = ""
+
+    @model_validator(mode="after")
+    def _one_reduction(self) -> JobRequest:
+        if self.reduce is not None and self.reducer is not None:
+            raise ValueError("give reduce or reducer (a program over each product's span), not both")
+        return self
 
     @field_validator("label")
     @classmethod
@@ -129,77 +181,6 @@ class JobRequest(BaseModel):
         if any(not c.isprintable() for c in label):
             raise ValueError("a label is one line of printable text (no line breaks, tabs or control characters)")
         return label
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    """One task a request expands to: a stage run over one (target tile, date, product) —
-    or, for a reduction, over the target tile's tile tasks ``deps`` (first seq, count)."""
-
-    stage: str
-    product: str
-    target: TargetTile
-    date: date
-    reduction: int | None = None  # a tile task: the seq of the reduction waiting for it
-    reducer: Reducer | None = None  # a reduction: the program asked for, its args, its failure rule
-    program: Program | None = None  # a reduction: the program it resolved to
-    deps: tuple[int, int] = (0, 0)
-    last: Day | None = None  # a reduction: the first day of the span's last period
-    layers: tuple[str, ...] = ()  # the product's layers to make (first: the reduction's inputs)
-    # a tile task's granules, once the planner has searched the catalog (None: not searched)
-    granules: tuple[Granule, ...] | None = field(default=None, compare=False)
-
-    @property
-    def tile(self) -> str:
-        return self.target.name
-
-    def params(self) -> dict[str, str]:
-        """What the task row carries for its stage (strings, as a table row keeps them)."""
-        grid = self.target.grid
-        return {
-            "product": self.product, "tile": self.tile, "date": self.date.isoformat(),
-            "crs": grid.crs, "res": repr(grid.resolution),
-            "bounds": ",".join(map(repr, self.target.bounds())),
-            "sources": ",".join(t.name for t in self.target.sources()),
-            "layers": ",".join(self.layers),
-        } | self._links() | ({} if self.granules is None else {"granules": as_param(self.granules)})
-
-    def work(self) -> float:
-        """Its work in megapixels (the unit of the runtime history): the target tile's pixels
-        times the layers it makes, times the dates a reduction reads (its inputs' size)."""
-        grid = self.target.grid
-        if grid.native:
-            pixels = float(CATALOG[self.product].pixels) ** 2
-        else:
-            west, south, east, north = self.target.bounds()
-            pixels = round(abs(east - west) / grid.resolution) * round(abs(north - south) / grid.resolution)
-        dates = self.deps[1] if self.reducer is not None else 1
-        return max(pixels * max(1, len(self.layers)) * max(dates, 1) / 1e6, 1e-6)
-
-    def history(self) -> str:
-        """What its runtime is kept per within its stage: the product (and reducer, if any:
-        an uploaded bundle by its digest, as two users' bundles may share a name)."""
-        if self.reducer is None:
-            return self.product
-        program = self.program or Program(self.reducer.name)
-        return f"{self.product}~{program.digest[:16]}" if program.digest else f"{self.product}~{program.name}"
-
-    def _links(self) -> dict[str, str]:
-        if self.reducer is not None:
-            program = self.program or Program(self.reducer.name)
-            return program.params() | {"args": json.dumps(self.reducer.args),
-                    "on_failure": self.reducer.on_dependency_failure, "deps": f"{self.deps[0]},{self.deps[1]}",
-                    "last": self.last.isoformat() if self.last else ""}
-        return {}
-
-
-def plan_of(specs: list[TaskSpec]) -> list[TaskPlan]:
-    """The lifecycle's plan of the tasks ``specs``: a tile task feeds the reduction waiting
-    for it, and shares its partition."""
-    return [TaskPlan(spec.stage, spec.params(), waits_for=spec.deps[1] if spec.reducer is not None else 0,
-                     feeds=(spec.reduction,) if spec.reduction is not None else (),
-                     group=seq if spec.reducer is not None else spec.reduction,
-                     work=spec.work(), history=spec.history()) for seq, spec in enumerate(specs)]
 
 
 def installed(name: str, reducers_path: str = "") -> Program:
@@ -239,52 +220,6 @@ def targets_of(request: JobRequest) -> list[TargetTile]:
     return (request.grid or Grid()).spec().tiles_for_lonlat_box(*region.bbox)  # type: ignore[misc]  # tiles or bbox
 
 
-def expand(request: JobRequest, max_tasks: int, tile_stage: str = TILE_STAGE,
-           program: Program | None = None) -> list[TaskSpec]:
-    """The tasks of a request, in release order — each target tile's dates together, so
-    that its reduction (if any) can run early — then the reductions; or a RequestError.
-    ``program`` is what the request's reducer resolved to (``pipeline.web.registry.resolve``
-    checks the name first); without it the reducer is an installed one of that name."""
-    unknown = [p for p in request.products if p not in CATALOG]
-    if unknown:
-        raise RequestError(
-            400, "products", f"unknown product(s) {', '.join(map(repr, unknown))}; "
-            f"known: {', '.join(sorted(CATALOG))}"
-        )
-    if len(set(request.products)) != len(request.products):
-        raise RequestError(400, "products", "a product is named twice")
-    if request.end < request.start:
-        raise RequestError(400, "end", "the time span is empty: end is before start")
-    layers = layers_of(request)
-    # counted before anything is made: a world box of tiny tiles must not exhaust the memory
-    places = target_count(request)
-    groups = places * len(request.products) if request.reducer else 0
-    count = places * sum(period_count(CATALOG[p], request.start, request.end) for p in request.products) + groups
-    if count > max_tasks:
-        raise RequestError(
-            413, "region", f"the request makes {count} tasks, more than the limit of {max_tasks}",
-            tasks=count, limit=max_tasks,
-        )
-    dates = {p: periods(CATALOG[p], request.start, request.end) for p in request.products}
-    targets = [t for t in targets_of(request) if t.sources()]
-    if not targets:
-        raise RequestError(400, "region", "the region covers no MODIS tile")
-    pairs = [(product, target) for product in request.products for target in targets if dates[product]]
-    tiles = sum(len(dates[product]) for product, _ in pairs)
-    specs: list[TaskSpec] = []
-    reductions: list[TaskSpec] = []
-    for product, target in pairs:
-        first = len(specs)
-        reduction = tiles + len(reductions) if request.reducer else None
-        specs += [TaskSpec(tile_stage, product, target, day, reduction=reduction, layers=layers[product])
-                  for day in dates[product]]
-        if request.reducer:
-            reductions.append(TaskSpec(REDUCE_STAGE, product, target, dates[product][0], reducer=request.reducer,
-                                       program=program, deps=(first, len(dates[product])),
-                                       last=dates[product][-1], layers=layers[product]))
-    return specs + reductions
-
-
 def layers_of(request: JobRequest) -> dict[str, tuple[str, ...]]:
     """The layers to make of each product: those ``layers`` names, else its default layer;
     or a RequestError naming the field."""
@@ -304,3 +239,98 @@ def layers_of(request: JobRequest) -> dict[str, tuple[str, ...]]:
             raise RequestError(400, f"layers.{product}", "a layer is named twice")
         found[product] = tuple(chosen)
     return found
+
+
+def derived_of(request: JobRequest) -> dict[str, dict[str, str]]:
+    """The derived layers of each product (name → expression over its layers, as
+    ``PRODUCT.LAYER``), checked: each names a product of the request, is a new layer name,
+    and reads that product's layers only; a RequestError naming the field."""
+    found: dict[str, dict[str, str]] = {}
+    for product, made in (request.derive or {}).items():
+        where = f"derive.{product}"
+        if product not in request.products:
+            raise RequestError(400, "derive", f"layers are derived for {product!r}, which is not among the products")
+        known = CATALOG[product].layer_names
+        for name, text in made.items():
+            if name in known:
+                raise RequestError(400, f"{where}.{name}", f"{product} has a layer {name!r} already: name it otherwise")
+            try:
+                parsed = expressions.parse(text, [f"{product}.{layer}" for layer in known])
+            except expressions.ExpressionError as exc:
+                raise RequestError(400, f"{where}.{name}", f"{exc} (a derived layer reads its product's layers, "
+                                   f"as {product}.LAYER)") from None
+            if not parsed.names:
+                raise RequestError(400, f"{where}.{name}", "the expression reads no layer")
+        found[product] = dict(made)
+    return found
+
+
+def reductions_of(request: JobRequest, program: Program | None = None) -> list[reductions.Reduction]:
+    """The request's reductions, checked (``reductions``); ``program`` what its program
+    resolved to (else an installed one of its name); a RequestError naming the field."""
+    derived = derived_of(request)
+    layers = layers_of(request)
+    known = {f"{p}.{layer}": (p, layer) for p in request.products
+             for layer in [*CATALOG[p].layer_names, *derived.get(p, {})]}
+    made = [f"{p}.{layer}" for p in request.products for layer in [*layers[p], *derived.get(p, {})]]
+    if request.reducer is not None:  # the old form: a program over each product's whole span
+        legacy = request.reducer
+        return [reductions.Reduction(
+            reductions.parse_grouping_or("span", "reducer"), tuple(reductions.Input(f"{p}.{layer}", p, layer)
+                                                                   for layer in layers[p]),
+            "program", legacy.name, program=program or Program(legacy.name), args=dict(legacy.args),
+            on_failure=legacy.on_dependency_failure, legacy=True) for p in request.products]
+    asked = request.reduce
+    if asked is None:
+        return []
+    by = reductions.parse_grouping_or(asked.by, "reduce.by")
+    baseline = None
+    if asked.baseline is not None:
+        baseline = reductions.span_of(asked.baseline.start, asked.baseline.end, "reduce.baseline")
+    if asked.expression is not None:
+        default = [name for name in reductions.names_in(asked.expression) if name in known]
+        inputs = reductions.parse_inputs(asked.inputs, known, default, "reduce.inputs")
+        reductions.check_expression(asked.expression, inputs, baseline is not None, "reduce.expression")
+        return [reductions.Reduction(by, inputs, "expression", asked.name or "expression",
+                                     aggregate=reductions.builtin(asked.aggregate, None, "reduce.aggregate"),
+                                     expression=asked.expression, baseline=baseline, unit=asked.unit,
+                                     on_failure=asked.on_dependency_failure)]
+    inputs = reductions.parse_inputs(asked.inputs, known, made, "reduce.inputs")
+    if asked.program is not None:
+        return [reductions.Reduction(by, inputs, "program", asked.name or asked.program.name,
+                                     program=program or Program(asked.program.name), args=dict(asked.program.args),
+                                     aggregate=reductions.builtin(asked.aggregate, None, "reduce.aggregate"),
+                                     baseline=baseline, on_failure=asked.on_dependency_failure)]
+    assert asked.reducer is not None
+    reducer = reductions.builtin(asked.reducer, asked.percentile, "reduce.reducer")
+    if reducer.needs_baseline and baseline is None:
+        raise RequestError(400, "reduce.baseline", f"{reducer} compares each group with a baseline: give "
+                           "reduce.baseline {start, end}")
+    for one in inputs:
+        try:
+            reducer.output_encoding(reductions.encoding_for(one.product, one.layer, {
+                (p, name) for p, made in derived.items() for name in made}))
+        except ValueError as exc:
+            raise RequestError(400, "reduce.reducer", f"{one.ref}: {exc}") from None
+    return [reductions.Reduction(by, inputs, "builtin", asked.name or str(reducer).split("(")[0], reducer=reducer,
+                                 aggregate=reductions.builtin(asked.aggregate, None, "reduce.aggregate"),
+                                 baseline=baseline, on_failure=asked.on_dependency_failure)]
+
+
+def layers_needed(request: JobRequest, planned: list[reductions.Reduction]) -> dict[str, tuple[str, ...]]:
+    """The layers each product's tile tasks make: those the request names (else the
+    product's default), then those its derived layers and reductions read."""
+    layers = layers_of(request)
+    derived = derived_of(request)
+    found = {p: list(layers[p]) for p in request.products}
+    for product, made in derived.items():
+        for text in made.values():
+            for name in expressions.parse(text).names:
+                layer = name.removeprefix(f"{product}.")
+                if layer not in found[product]:
+                    found[product].append(layer)
+    for reduction in planned:
+        for one in reduction.inputs:
+            if one.layer not in derived.get(one.product, {}) and one.layer not in found[one.product]:
+                found[one.product].append(one.layer)
+    return {p: tuple(names) for p, names in found.items()}

@@ -17,7 +17,8 @@ from pipeline.modis.catalogs import CollectionMissing, catalog_for, footprint
 from pipeline.modis.granules import Granule, pick
 from pipeline.modis.products import CATALOG, last_day
 from pipeline.planning import RequestError
-from pipeline.requests.request import TaskSpec
+from pipeline.reduction import CLIMATOLOGY_STAGE
+from pipeline.requests.expansion import TaskSpec
 from pipeline.settings import Settings
 
 
@@ -49,5 +50,18 @@ def resolve(settings: Settings, specs: Sequence[TaskSpec], stage: str) -> list[T
         if spec.stage == stage:
             spec = replace(spec, granules=tuple(found[key] for tile in spec.target.sources()
                                                  if (key := (spec.product, tile.name, spec.date)) in found))
+        out.append(spec)
+    return out
+
+
+def with_sources(specs: list[TaskSpec]) -> list[TaskSpec]:
+    """The specs with each climatology's sources: the granules of every baseline date it
+    reads (its content address, computed at planning, so that a job finds one made before)."""
+    out = []
+    for spec in specs:
+        if spec.stage == CLIMATOLOGY_STAGE:
+            dates = [specs[seq] for first, count in spec.deps for seq in range(first, first + count)]
+            read = ((d.date.isoformat(), tuple(sorted(g.id for g in d.granules or ()))) for d in dates)
+            spec = replace(spec, sources=tuple(sorted(read)))
         out.append(spec)
     return out

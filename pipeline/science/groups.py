@@ -32,14 +32,15 @@ calendar grouping, one per year for a climatology. A group's key is stable: it n
 group's outputs.
 
 A compositing period (its first day and its length: 1, 8 or 16 days, a month, a year)
-belongs to the group holding its first day. A period that starts before the span but
-reaches into it (the planner asks for every period that overlaps the span): in a calendar
-grouping, it counts as starting on the span's first day and belongs to the first group (the
-groups are the span's, and nothing of the span's data is left out); in a climatology, it
-keeps its own slot — the group of its first day's month or day of the year, if the span
-has that group, else none (Aqua's 16-day composite of 27 December 2018 in a span from 1
-January 2019 is in ``doy-361``, with the composites of the following Decembers, not in
-``doy-001``). A period that does not overlap the span belongs to no group.
+belongs to the group holding its first day, if the span has that group. A period that starts
+before the span but reaches into it (the planner asks for every period that overlaps the
+span) is the span's own in the grouping ``span``; in any other it keeps the group of its
+first day, if the span has it, else none: a July's monthly composite is made of the
+composites that start in July, in the request's year as in each baseline year (the one of
+26 June that reaches into a span from 1 July is June's), and Aqua's 16-day composite of 27
+December 2018 in a span from 1 January 2019 is in ``doy-361``, with the composites of the
+following Decembers, not in ``doy-001``. A period that does not overlap the span belongs to
+no group.
 
 A baseline (for anomalies and the percent-of-range indices) is the same group in other
 years: :func:`baseline_of` shifts a group's days by whole years into a baseline span.
@@ -200,7 +201,7 @@ def _placing_day(grouping: Grouping, span: Span, period: Period) -> date | None:
     period does not overlap the span."""
     if period.first > span.end or period.last < span.start:
         return None
-    return period.first if grouping.climatology else max(period.first, span.start)
+    return max(period.first, span.start) if grouping.kind == "span" else period.first
 
 
 def group_of(grouping: Grouping, span: Span, period: Period) -> Group | None:

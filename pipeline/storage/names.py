@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import date
 
 # The connection name the Functions bindings use; the host reads ``BagpipeStorage`` (a
 # connection string) or ``BagpipeStorage__accountName`` (the managed identity) from it, and so
@@ -161,6 +162,18 @@ def marker_blob(name: str) -> str:
 def tile_blob(key: str, product: str, layer: str, tile: str, day: str) -> str:
     """A reprojected layer of a tile in ``tiles``: content-addressed by ``key``, named for people."""
     return f"{key[:2]}/{key}/{product}.{layer}.{day}.{tile}.tif"
+
+
+def reduced_blob(key: str, name: str, group: str, tile: str) -> str:
+    """A reduction's output for a tile and group of dates in ``tiles``: content-addressed by
+    ``key``, named for people."""
+    return f"{key[:2]}/{key}/{name}.{group}.{tile}.tif"
+
+
+def climatology_blob(key: str, product: str, layer: str, first: date, last: date, tile: str) -> str:
+    """A baseline's climatology of a layer for a tile in ``tiles`` (its days from ``first`` to
+    ``last``, over the years): content-addressed by ``key``, named for people."""
+    return f"{key[:2]}/{key}/{product}.{layer}.climatology.{first}_{last}.{tile}.tif"
 
 
 OVERVIEW_CACHE_PREFIX = ".overviews/"  # products: drawn overviews of cached tiles, by content address

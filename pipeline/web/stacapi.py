@@ -46,7 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, Vali
 from shapely.geometry.base import BaseGeometry
 
 from pipeline.lifecycle import jobs, results
-from pipeline.modis import stacitems
+from pipeline.modis import layout, stacitems
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
 from pipeline.web.identity import Caller
@@ -99,7 +99,7 @@ def make(clients: Clients, job: str, manifest: dict[str, Any]) -> dict[str, Any]
 
     def item_of(task: dict[str, Any]) -> dict[str, Any] | None:
         links = {sign(output): output for output in task.get("outputs", [])}
-        deps = stacitems.dependencies(task, by_key)
+        deps = layout.dependencies(task, by_key)
         with rasterio.Env(**GDAL_OPTIONS):
             item = stacitems.build_item(task, list(links), catalog,
                                         [g for dep in deps for g in stacitems.granule_ids(dep)])

@@ -1,0 +1,90 @@
+"""A finished job's manifest entries as products: what each task's outputs are, over which
+dates, and under which name a scientist finds them — one answer for the results folder, the
+overviews, the region mosaics and the STAC items.
+
+- A **tile** (stage ``modis``): a layer of a product on a date, named ``PRODUCT.LAYER.DATE.TILE.tif``.
+- A **reduction** over a group of dates: a program's (stage ``reduce``: the files it left,
+  named as it named them) or a built-in's (stage ``aggregate``: ``NAME.GROUP.TILE.tif``),
+  found under the reduction's name (a program's old form: its product) and its group.
+- A **climatology** (stage ``climatology``): a baseline's statistics of one layer, found
+  under its product and the baseline's days.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import date
+from typing import Any
+
+from pipeline.modis.products import CATALOG, last_day
+from pipeline.storage import names
+
+REDUCTIONS = ("reduce", "aggregate")
+CLIMATOLOGY = "climatology"
+
+
+def is_reduction(task: dict[str, Any]) -> bool:
+    """Whether the entry is a reduction's (its outputs the job's own, over a group of dates)."""
+    return task["stage"] in REDUCTIONS
+
+
+def waits(task: dict[str, Any]) -> bool:
+    """Whether the entry's task waited for others (a reduction, a climatology)."""
+    return is_reduction(task) or task["stage"] == CLIMATOLOGY
+
+
+def _reduction(task: dict[str, Any]) -> dict[str, Any]:
+    found: dict[str, Any] = json.loads(task["reduce"]) if task.get("reduce") else {}
+    return found
+
+
+def folder(task: dict[str, Any]) -> str:
+    """The first folder of the entry's files: its product, or its reduction's name."""
+    spec = _reduction(task)
+    return str(task["product"] if not spec or spec.get("legacy") else spec["name"])
+
+
+def span(task: dict[str, Any]) -> str:
+    """The entry's dates as its folder names them: a date, a program's span of periods
+    (``first_last``: their first days), a reduction's group, a climatology's days."""
+    if task.get("group"):
+        return str(task["group"])
+    if task["stage"] == CLIMATOLOGY:
+        windows = json.loads(task["windows"])
+        return f"{windows[0][0]}_{windows[-1][1]}"
+    return f"{task['date']}_{task['last']}" if task.get("last") else str(task["date"])
+
+
+def dates(task: dict[str, Any]) -> tuple[date, date]:
+    """The first and last day the entry's products cover."""
+    if task.get("start") and task.get("end"):
+        return date.fromisoformat(task["start"]), date.fromisoformat(task["end"])
+    if task["stage"] == CLIMATOLOGY:
+        windows = json.loads(task["windows"])
+        return date.fromisoformat(windows[0][0]), date.fromisoformat(windows[-1][1])
+    last = date.fromisoformat(task.get("last") or task["date"])
+    return date.fromisoformat(task["date"]), last_day(CATALOG[task["product"]], last)
+
+
+def output_name(task: dict[str, Any], name: str) -> str:
+    """An output's name without its tile (and group): the same for every tile of the job, so
+    that a mosaic or an overview gathers them."""
+    stem = name.removesuffix(".tif")
+    if task["stage"] == "aggregate":
+        return stem.removesuffix(f".{task['group']}.{task['tile']}")
+    if task["stage"] == CLIMATOLOGY:
+        return stem.split(".climatology.", 1)[0].split(".", 1)[-1] + ".climatology"
+    if task["stage"] == "reduce":
+        return stem
+    return stem.split(".")[1]  # a tile: PRODUCT.LAYER.DATE.TILE
+
+
+def dependencies(task: dict[str, Any], by_key: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The entries of the tasks the entry's task waited for, in order."""
+    if not waits(task) or not task.get("deps"):
+        return []
+    found = []
+    for part in task["deps"].split(";"):
+        first, count = (int(v) for v in part.split(","))
+        found += [by_key[key] for seq in range(first, first + count) if (key := names.task_key(seq)) in by_key]
+    return found

@@ -1,0 +1,341 @@
+"""What a request becomes: its tile tasks, the climatologies of its baseline, its reductions.
+
+- A **tile task** per (target tile, date, product) makes the product's layers the request
+  names (and those its reductions and derived layers read) on the target grid, and its
+  derived layers (per-date expressions).
+- A **climatology** task per (target tile, input, baseline group) reduces each baseline
+  year's days of the group and keeps the years' mean, standard deviation, minimum and
+  maximum (``pipeline.science.climatology``): content-addressed by what it is made of, so a
+  later job over the same tiles and years finds it made.
+- A **reduction** task per (target tile, group) waits for the tile tasks of its inputs whose
+  dates fall in the group (a composite period belongs to the group holding its first day)
+  and for its inputs' climatologies, then runs its built-in, its expression or its program.
+
+The tasks are listed in release order: every tile task first (the window releases them),
+each target tile's baseline dates, then its span's dates group by group, so that its first
+reductions can run early; then the climatologies; then the reductions. A task and those it
+waits for share a partition (the target tile's), so that each end counts itself off in its
+own transaction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from datetime import date
+from datetime import date as Day  # where a field named ``date`` hides the type
+
+from pipeline.modis import TILE_STAGE
+from pipeline.modis.granules import Granule, as_param
+from pipeline.modis.products import CATALOG, period_count, periods
+from pipeline.modis.targets import TargetTile
+from pipeline.planning import RequestError, TaskPlan
+from pipeline.reduction import AGGREGATE_STAGE, CLIMATOLOGY_STAGE, REDUCE_STAGE
+from pipeline.reduction.reducers import Program
+from pipeline.requests.reductions import Input, Reduction, encoding_for
+from pipeline.requests.request import (
+    JobRequest,
+    derived_of,
+    layers_needed,
+    reductions_of,
+    target_count,
+    targets_of,
+)
+from pipeline.science.groups import Group, Period, Span, assign, baseline_of, members
+
+Window = tuple[date, date]
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task a request expands to: a tile task (a stage over one target tile, date and
+    product), a climatology or a reduction (over the tasks ``deps``, ranges of sequence
+    numbers: (first, count) each)."""
+
+    stage: str
+    product: str
+    target: TargetTile
+    date: Day
+    layers: tuple[str, ...] = ()  # a tile task's layers to make (first: a legacy reduction's input)
+    derived: tuple[tuple[str, str], ...] = ()  # a tile task's derived layers: (name, expression)
+    derived_layers: frozenset[tuple[str, str]] = frozenset()  # a waiting task's: (product, name) of each
+    feeds: tuple[int, ...] = ()  # the tasks that wait for this one
+    deps: tuple[tuple[int, int], ...] = ()  # a waiting task's dependencies: (first seq, count) ranges
+    reduction: Reduction | None = None  # a climatology's or a reduction's
+    group: Group | None = None  # a reduction's group; a climatology's baseline group
+    intermediate: bool = False  # a tile task only a climatology reads: no product of the job
+    partition: int | None = None  # its partition group (the target tile's index)
+    # a tile task's granules, once the planner has searched the catalog (None: not searched)
+    granules: tuple[Granule, ...] | None = field(default=None, compare=False)
+    # a climatology's tile tasks' granules, by date (the content address of what it makes)
+    sources: tuple[tuple[str, tuple[str, ...]], ...] = field(default=(), compare=False)
+
+    @property
+    def tile(self) -> str:
+        return self.target.name
+
+    @property
+    def waits(self) -> int:
+        return sum(count for _, count in self.deps)
+
+    def params(self) -> dict[str, str]:
+        """What the task row carries for its stage (strings, as a table row keeps them)."""
+        grid = self.target.grid
+        found = {
+            "product": self.product, "tile": self.tile, "date": self.date.isoformat(),
+            "crs": grid.crs, "res": repr(grid.resolution),
+            "bounds": ",".join(map(repr, self.target.bounds())),
+            "sources": ",".join(t.name for t in self.target.sources()),
+            "layers": ",".join(self.layers),
+        }
+        if self.derived:
+            found["derived"] = json.dumps(dict(self.derived))
+        if self.intermediate:
+            found["intermediate"] = "1"
+        if self.granules is not None:
+            found["granules"] = as_param(self.granules)
+        if self.deps:
+            found["deps"] = ";".join(f"{first},{count}" for first, count in self.deps)
+        reduction = self.reduction
+        if reduction is None:
+            return found
+        if self.stage == CLIMATOLOGY_STAGE:
+            (one,) = reduction.inputs
+            return found | {
+                "input": json.dumps([one.alias, one.product, one.layer]),
+                "encoding": json.dumps(encoding_json(one, self.derived_layers)),
+                "aggregate": str(reduction.aggregate), "windows": windows_json(self.group),
+                "key": self.climatology_key(),
+            }
+        group = self.group
+        assert group is not None
+        found |= {"group": group.key, "start": group.start.isoformat(), "end": group.end.isoformat(),
+                  "reduce": json.dumps(reduction.describe()), "on_failure": reduction.on_failure,
+                  "encodings": json.dumps({i.alias: encoding_json(i, self.derived_layers) for i in reduction.inputs})}
+        if reduction.kind == "program":
+            program = reduction.program or Program("")
+            found |= program.params() | {"args": json.dumps(reduction.args)}
+            if reduction.legacy:  # as the old reduction's: its product's span, from the first day of its first period
+                found["last"] = self.last_period().isoformat()
+        return found
+
+    def last_period(self) -> Day:
+        """A legacy reduction's last period's first day (its span's, as it was named)."""
+        assert self.group is not None
+        return max(periods(CATALOG[self.product], self.group.start, self.group.end), default=self.group.start)
+
+    def climatology_key(self) -> str:
+        """What a climatology is made of, as a digest: its kind's version, its target tile,
+        input and aggregate, its baseline group's days, and each baseline date's granules
+        (their ids carry their production time: the same ids, the same pixels)."""
+        assert self.reduction is not None
+        blob = json.dumps([CLIMATOLOGY_STAGE, self.target.grid.crs, repr(self.target.grid.resolution),
+                           list(self.target.bounds()), self.reduction.inputs[0].ref, str(self.reduction.aggregate),
+                           windows_json(self.group), list(self.sources)])
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    def work(self) -> float:
+        """Its work in megapixels (the unit of the runtime history): the target tile's pixels
+        times the layers it makes, times the dates a waiting task reads (its inputs' size)."""
+        grid = self.target.grid
+        if grid.native:
+            pixels = float(CATALOG[self.product].pixels) ** 2
+        else:
+            west, south, east, north = self.target.bounds()
+            pixels = round(abs(east - west) / grid.resolution) * round(abs(north - south) / grid.resolution)
+        count = max(1, len(self.layers) + len(self.derived)) if self.reduction is None else max(1, self.waits)
+        return max(pixels * count / 1e6, 1e-6)
+
+    def history(self) -> str:
+        """What its runtime is kept per within its stage: the product for a tile task; for a
+        reduction its reducer (a program by name, an uploaded bundle by its digest, as two
+        users' bundles may share a name), its expression's inputs, or a climatology's."""
+        reduction = self.reduction
+        if reduction is None:
+            return self.product
+        if reduction.kind == "program":
+            program = reduction.program or Program("")
+            return f"{self.product}~{program.digest[:16]}" if program.digest else f"{self.product}~{program.name}"
+        if reduction.kind == "builtin":
+            return f"{self.product}~{reduction.reducer}"
+        return f"{self.product}~{reduction.kind}~{reduction.aggregate}"
+
+
+def encoding_json(one: Input, derived: frozenset[tuple[str, str]]) -> dict[str, object]:
+    encoding = encoding_for(one.product, one.layer, derived)
+    return {"dtype": encoding.dtype, "nodata": encoding.nodata, "scale": encoding.scale, "offset": encoding.offset,
+            "unit": encoding.unit, "valid": list(encoding.valid) if encoding.valid else None,
+            "categorical": encoding.categorical}
+
+
+def windows_json(group: Group | None) -> str:
+    return json.dumps([[first.isoformat(), last.isoformat()] for first, last in group.windows] if group else [])
+
+
+def _ranges(seqs: Iterable[int]) -> tuple[tuple[int, int], ...]:
+    """Sequence numbers as (first, count) runs."""
+    found: list[list[int]] = []
+    for seq in sorted(set(seqs)):
+        if found and found[-1][0] + found[-1][1] == seq:
+            found[-1][1] += 1
+        else:
+            found.append([seq, 1])
+    return tuple((first, count) for first, count in found)
+
+
+def count_tasks(request: JobRequest) -> int:
+    """How many tasks the request makes at most (tile tasks of the span and of its
+    baselines, and a reduction per target tile and group of dates), counted without making
+    them: what the task limit is checked against before anything is made."""
+    places = target_count(request)
+    dates = sum(period_count(CATALOG[p], request.start, request.end) for p in request.products)
+    extra = 0
+    for reduction in reductions_of(request):
+        span_days = (request.end - request.start).days + 1
+        groups = 1 if str(reduction.by) == "span" else min(span_days, 366 * (request.end.year - request.start.year + 1))
+        extra += groups
+        if reduction.baseline is not None:
+            products = {i.product for i in reduction.inputs}
+            extra += sum(period_count(CATALOG[p], reduction.baseline.start, reduction.baseline.end) for p in products)
+            extra += groups * len(reduction.inputs)
+    return places * (dates + extra)
+
+
+def expand(request: JobRequest, max_tasks: int, tile_stage: str = TILE_STAGE,
+           program: Program | None = None) -> list[TaskSpec]:
+    """The tasks of a request, in release order (see the module's text); or a RequestError.
+    ``program`` is what the request's program resolved to (``pipeline.web.registry.resolve``
+    checks the name first); without it the program is an installed one of that name."""
+    unknown = [p for p in request.products if p not in CATALOG]
+    if unknown:
+        raise RequestError(400, "products", f"unknown product(s) {', '.join(map(repr, unknown))}; "
+                           f"known: {', '.join(sorted(CATALOG))}")
+    if len(set(request.products)) != len(request.products):
+        raise RequestError(400, "products", "a product is named twice")
+    if request.end < request.start:
+        raise RequestError(400, "end", "the time span is empty: end is before start")
+    derived = derived_of(request)
+    reductions = reductions_of(request, program)
+    count = count_tasks(request)  # before anything is made: a world box of tiny tiles must not exhaust the memory
+    if count > max_tasks:
+        raise RequestError(413, "region", f"the request makes {count} tasks, more than the limit of {max_tasks}",
+                           tasks=count, limit=max_tasks)
+    targets = [t for t in targets_of(request) if t.sources()]
+    if not targets:
+        raise RequestError(400, "region", "the region covers no MODIS tile")
+    plan = _Plan(request, tile_stage, layers_needed(request, reductions), derived)
+    for index, target in enumerate(targets):
+        plan.target(index, target, reductions)
+    return plan.listed()
+
+
+class _Plan:
+    """The tasks being planned: tile tasks first (their sequence numbers known as they are
+    made), climatologies and reductions numbered once every tile task is known."""
+
+    def __init__(self, request: JobRequest, tile_stage: str, layers: dict[str, tuple[str, ...]],
+                 derived: dict[str, dict[str, str]]) -> None:
+        self.span = Span(request.start, request.end)
+        self.dates = {p: periods(CATALOG[p], request.start, request.end) for p in request.products}
+        self.products, self.tile_stage, self.layers, self.derived = request.products, tile_stage, layers, derived
+        self.derived_layers = frozenset((p, name) for p, made in derived.items() for name in made)
+        self.tiles: list[TaskSpec] = []
+        self.climatologies: list[TaskSpec] = []
+        self.reductions: list[tuple[TaskSpec, list[int], list[int]]] = []  # (spec, tile seqs, climatology indexes)
+
+    def _derived(self, product: str) -> tuple[tuple[str, str], ...]:
+        return tuple(sorted(self.derived.get(product, {}).items()))
+
+    def target(self, index: int, target: TargetTile, reductions: list[Reduction]) -> None:
+        """Plan one target tile: its tile tasks (baselines' first), climatologies, reductions."""
+        seq_of: dict[tuple[str, date], int] = {}
+        partition = index if reductions else None
+
+        def tile(product: str, day: date, intermediate: bool) -> int:
+            key = (product, day)
+            if key not in seq_of:
+                seq_of[key] = len(self.tiles)
+                self.tiles.append(TaskSpec(self.tile_stage, product, target, day, layers=self.layers[product],
+                                           derived=self._derived(product), intermediate=intermediate,
+                                           partition=partition))
+            elif not intermediate and self.tiles[seq_of[key]].intermediate:
+                self.tiles[seq_of[key]] = replace(self.tiles[seq_of[key]], intermediate=False)
+            return seq_of[key]
+
+        made: dict[tuple[Input, tuple[Window, ...], str], int] = {}  # climatologies, by what they are
+        planned: list[tuple[TaskSpec, list[int], list[int]]] = []
+        for reduction in reductions:
+            products = sorted({i.product for i in reduction.inputs})
+            span_periods = [Period(d, CATALOG[p].period_days) for p in products for d in self.dates[p]]
+            for group, _ in assign(reduction.by, self.span, span_periods):
+                climates = self._climatologies(reduction, group, target, partition, tile, made)
+                planned.append((TaskSpec(REDUCE_STAGE if reduction.kind == "program" else AGGREGATE_STAGE,
+                                         products[0], target, group.start, layers=self.layers[products[0]],
+                                         reduction=reduction, group=group, partition=partition,
+                                         derived_layers=self.derived_layers),
+                                [], climates))
+        for spec, deps, _ in planned:  # a reduction's tiles, group by group: its inputs' dates in its group
+            assert spec.reduction is not None and spec.group is not None
+            for product in sorted({i.product for i in spec.reduction.inputs}):
+                days = members(spec.reduction.by, spec.group, self.span,
+                               [Period(d, CATALOG[product].period_days) for d in self.dates[product]])
+                deps += [tile(product, p.first, False) for p in days]
+        for product in self.products:  # the span's other dates (of a product no reduction reads)
+            for day in self.dates[product]:
+                tile(product, day, False)
+        self.reductions += planned
+
+    def _climatologies(self, reduction: Reduction, group: Group, target: TargetTile, partition: int | None,
+                       tile: Callable[[str, date, bool], int],
+                       made: dict[tuple[Input, tuple[Window, ...], str], int]) -> list[int]:
+        """The climatologies a reduction of ``group`` compares against (indexes among this
+        job's), planned with their baseline tile tasks if not already."""
+        if reduction.baseline is None:
+            return []
+        reference = baseline_of(reduction.by, group, reduction.baseline)
+        if reference is None:
+            raise RequestError(400, "reduce.baseline", f"the baseline holds no day of group {group.key}")
+        found = []
+        for one in reduction.inputs:
+            key = (one, reference.windows, str(reduction.aggregate))
+            if key not in made:
+                product = CATALOG[one.product]
+                days = members(reduction.by, reference, reduction.baseline,
+                               [Period(d, product.period_days)
+                                for d in periods(product, reduction.baseline.start, reduction.baseline.end)])
+                if not days:
+                    raise RequestError(400, "reduce.baseline", f"{one.ref} has no date in the baseline's days "
+                                       f"of group {group.key}")
+                deps = _ranges(tile(one.product, p.first, True) for p in days)
+                made[key] = len(self.climatologies)
+                self.climatologies.append(TaskSpec(
+                    CLIMATOLOGY_STAGE, one.product, target, reference.start,
+                    reduction=replace(reduction, inputs=(one,)), group=reference, deps=deps, partition=partition,
+                    derived_layers=self.derived_layers))
+            found.append(made[key])
+        return found
+
+    def listed(self) -> list[TaskSpec]:
+        """Every task in release order, each with the tasks it waits for and those it feeds."""
+        first_climatology, first_reduction = len(self.tiles), len(self.tiles) + len(self.climatologies)
+        waiting = list(self.climatologies) + [
+            replace(spec, deps=_ranges([*tiles, *(first_climatology + c for c in climates)]))
+            for spec, tiles, climates in self.reductions]
+        feeds: dict[int, list[int]] = {}
+        for seq, spec in enumerate(waiting, start=first_climatology):
+            for first, count in spec.deps:
+                for dep in range(first, first + count):
+                    feeds.setdefault(dep, []).append(seq)
+        assert first_reduction == first_climatology + len(self.climatologies)
+        listed = [*self.tiles, *waiting]
+        return [replace(spec, feeds=tuple(feeds.get(seq, ()))) if seq in feeds else spec
+                for seq, spec in enumerate(listed)]
+
+
+def plan_of(specs: list[TaskSpec]) -> list[TaskPlan]:
+    """The lifecycle's plan of the tasks ``specs``: each feeds the tasks that wait for it, and
+    shares their partition."""
+    return [TaskPlan(spec.stage, spec.params(), waits_for=spec.waits, feeds=spec.feeds, group=spec.partition,
+                     work=spec.work(), history=spec.history()) for spec in specs]

@@ -1,0 +1,128 @@
+"""Reductions as a request asks for them, checked at the door: groups, inputs, built-ins,
+expressions and baselines a request gets wrong are a 4xx naming the field, decided before
+anything is stored or run (a hostile expression runs nothing); an estimate counts the tasks
+a grouped reduction makes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from pipeline.reduction import AGGREGATE_STAGE, CLIMATOLOGY_STAGE
+from pipeline.requests.expansion import expand
+from pipeline.requests.request import JobRequest
+from pipeline.settings import Settings
+from pipeline.storage.clients import Clients
+from pipeline.web.api import create_app
+from tests.conftest import signed
+
+NDVI = "MOD13A1.500m_16_days_NDVI"
+BASE: dict[str, Any] = {"region": {"bbox": [-108.0, 35.2, -107.5, 35.8]}, "grid": {"resolution": 0.01},
+                        "start": "2022-01-01", "end": "2022-12-31", "products": ["MOD13A1"]}
+
+
+def asking(reduce: dict[str, Any], **more: Any) -> dict[str, Any]:
+    return {**BASE, "reduce": reduce, **more}
+
+
+@pytest.fixture
+def api(settings: Settings, clients: Clients, admin_token: str) -> Iterator[TestClient]:
+    with TestClient(create_app(settings), headers=signed(admin_token)) as client:
+        yield client
+
+
+HOSTILE = ["__import__('os').system('touch /tmp/pwned')", "().__class__.__bases__", "ndvi.__class__", "open('x')",
+           "eval('1')", "lambda: 1", "[ndvi]", "ndvi[0]", "'text'", "10**10**10", "ndvi ** 1e308",
+           "(" * 10_000 + "ndvi" + ")" * 10_000, "ndvi + " * 700 + "1", "x" * 5000, "unknown_name", "sqrt()",
+           "where(ndvi, 1, 2)", "clip(ndvi, 1)", "min(ndvi)", "system(ndvi)", "ndvi.vci"]
+
+
+@pytest.mark.parametrize("expression", HOSTILE)
+def test_a_hostile_or_wrong_expression_is_a_400_naming_the_field_and_runs_nothing(
+        api: TestClient, clients: Clients, expression: str) -> None:
+    started = time.monotonic()
+    answer = api.post("/api/jobs", json=asking({"by": "month", "inputs": {"ndvi": NDVI}, "expression": expression}))
+    assert time.monotonic() - started < 2.0  # decided in milliseconds, whatever the text
+    assert answer.status_code in (400, 422), answer.text
+    assert answer.json()["field"].startswith("reduce.expression"), answer.json()
+    assert not list(clients.jobs.list_entities())  # nothing stored, nothing planned
+
+
+def test_the_baselines_names_ask_for_a_baseline(api: TestClient) -> None:
+    answer = api.post("/api/estimate", json=asking({"inputs": {"ndvi": NDVI}, "expression": "ndvi.vci"}))
+    assert answer.status_code == 400 and answer.json()["field"] == "reduce.expression"
+    assert "reduce.baseline" in answer.json()["detail"]
+
+
+WRONG = [
+    ({"by": "fortnight", "reducer": "max"}, "reduce.by"),
+    ({"reducer": "maximum"}, "reduce.reducer"),
+    ({"reducer": "percentile"}, "reduce.reducer"),  # p missing
+    ({"reducer": "percentile", "percentile": 150}, "reduce.percentile"),
+    ({"reducer": "anomaly"}, "reduce.baseline"),
+    ({"reducer": "mean", "inputs": ["MOD13A1.NDVI"]}, "reduce.inputs"),  # not a layer this request makes
+    ({"reducer": "mean", "inputs": ["MOD11A1.LST_Day_1km"]}, "reduce.inputs"),  # not a product of the request
+    ({"reducer": "mean", "inputs": {"Bad Name": NDVI}}, "reduce.inputs"),
+    ({"reducer": "mean", "expression": "1"}, "reduce"),
+    ({}, "reduce"),
+    ({"reducer": "mean", "baseline": {"start": "2021-01-01", "end": "2019-01-01"}}, "reduce.baseline"),
+    ({"reducer": "mean", "inputs": ["MOD13A1.500m_16_days_pixel_reliability"]}, "reduce.reducer"),  # class codes
+    ({"reducer": "max", "program": {"name": "snow_fraction"}}, "reduce"),
+]
+
+
+@pytest.mark.parametrize(("reduce", "field"), WRONG, ids=[f for _, f in WRONG])
+def test_a_reduction_asked_wrong_is_refused_naming_its_field(api: TestClient, reduce: dict[str, Any],
+                                                             field: str) -> None:
+    more = {"layers": {"MOD13A1": ["500m_16_days_NDVI", "500m_16_days_pixel_reliability"]}}
+    answer = api.post("/api/estimate", json=asking(reduce, **more))
+    assert answer.status_code in (400, 422), answer.text
+    assert answer.json()["field"].startswith(field), answer.json()
+
+
+def test_reduce_and_the_old_reducer_are_not_both_taken(api: TestClient) -> None:
+    answer = api.post("/api/estimate", json=asking({"reducer": "max"}, reducer={"name": "snow_fraction"}))
+    assert answer.status_code == 422 and "not both" in answer.json()["detail"]
+
+
+def test_a_derived_layer_reads_its_own_products_layers_only(api: TestClient) -> None:
+    body = {**BASE, "derive": {"MOD13A1": {"ratio": "MOD13A1.500m_16_days_NDVI / MOD11A1.LST_Day_1km"}}}
+    answer = api.post("/api/estimate", json=body)
+    assert answer.status_code == 400 and answer.json()["field"] == "derive.MOD13A1.ratio"
+    clash = {**BASE, "derive": {"MOD13A1": {"500m_16_days_EVI": "MOD13A1.500m_16_days_NDVI"}}}
+    assert api.post("/api/estimate", json=clash).status_code == 422  # not a derived layer's name
+
+
+def test_an_estimate_counts_the_grouped_reductions_climatologies_and_baseline_tiles(api: TestClient,
+                                                                                   settings: Settings) -> None:
+    monthly = api.post("/api/estimate", json=asking({"by": "month", "reducer": "max"})).json()
+    assert monthly["tasks"] == 23 + 12 and monthly["stages"][AGGREGATE_STAGE]["tasks"] == 12
+    against = asking({"by": "month", "inputs": {"ndvi": NDVI}, "expression": "ndvi.zscore",
+                      "baseline": {"start": "2019-01-01", "end": "2021-12-31"}})
+    found = api.post("/api/estimate", json=against).json()
+    assert found["stages"][CLIMATOLOGY_STAGE]["tasks"] == 12 and found["stages"][AGGREGATE_STAGE]["tasks"] == 12
+    assert found["stages"][settings.tile_stage]["tasks"] == 23 + 3 * 23  # the span's dates and the baseline's
+
+
+def test_every_group_kind_plans_its_reductions_and_their_dependencies() -> None:
+    def planned(by: str) -> list[str]:
+        specs = expand(JobRequest.model_validate(asking({"by": by, "reducer": "mean"})), 10_000)
+        waiting = [s for s in specs if s.reduction is not None]
+        for spec in waiting:  # every dependency is a tile task of a date in the group, listed before
+            assert spec.group is not None
+            for first, count in spec.deps:
+                for seq in range(first, first + count):
+                    assert specs[seq].reduction is None and spec.group.holds(specs[seq].date)
+        return [s.group.key for s in waiting if s.group is not None]
+
+    assert planned("span") == ["2022-01-01_2022-12-31"]
+    assert planned("month") == [f"2022-{m:02d}" for m in range(1, 13)]
+    assert planned("season") == ["2022-DJF", "2022-MAM", "2022-JJA", "2022-SON", "2023-DJF"]
+    assert planned("year") == ["2022"]
+    assert planned("days:64")[0] == "2022-01-01_2022-03-05" and len(planned("days:64")) == 6
+    assert planned("month-of-year") == [f"month-{m:02d}" for m in range(1, 13)]
+    assert len(planned("day-of-year")) == 23
