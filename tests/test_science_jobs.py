@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from rasterio.io import MemoryFile
 
+from bagpipe.mailserver import MailServer
 from bagpipe.planetary import Planetary
 from pipeline.lifecycle import jobs, tasks
 from pipeline.lifecycle.status import TaskStatus
@@ -155,3 +156,17 @@ def test_a_derived_layer_per_date_is_its_expression_over_the_dates_tiles(
         expected = np.nanmean(np.stack(means), axis=0)
     made, _ = raster(clients, reduction.output_names()[0])
     assert np.allclose(made, expected, equal_nan=True, atol=1e-6)
+
+
+def test_a_job_that_made_nothing_says_so_in_its_status_manifest_and_email(
+        settings: Settings, planetary: Planetary, mail: MailServer) -> None:
+    body = {"region": REGION, "grid": GRID, "start": "2031-01-01", "end": "2031-01-31", "products": ["MOD13A1"],
+            "reduce": {"by": "month", "reducer": "max"}, "email": "scientist@example.org"}
+    clients, job, status = run_job(on_stac(settings, planetary), body)
+    assert status["state"] == "SUCCEEDED" and status["counts"]["NO_DATA"] == status["total"] == 3
+    assert status["warning"].startswith("the job made no product")
+    manifest = json.loads(clients.products.download_blob(names.manifest_blob(job)).readall())
+    assert manifest["warning"] == status["warning"]
+    ((_, message),) = wait_for(lambda: mail.messages(), 30, "the email")
+    assert message["Subject"].endswith("succeeded, no product")
+    assert "Warning: the job made no product" in message.get_content()

@@ -126,3 +126,16 @@ def test_every_group_kind_plans_its_reductions_and_their_dependencies() -> None:
     assert planned("days:64")[0] == "2022-01-01_2022-03-05" and len(planned("days:64")) == 6
     assert planned("month-of-year") == [f"month-{m:02d}" for m in range(1, 13)]
     assert len(planned("day-of-year")) == 23
+
+
+def test_a_program_is_refused_inputs_its_manifest_does_not_take(api: TestClient) -> None:
+    """snow_fraction reads MOD10A2's snow extent: on NDVI it would "succeed" with every pixel -1."""
+    legacy = api.post("/api/estimate", json={**BASE, "reducer": {"name": "snow_fraction"}})
+    assert legacy.status_code == 400 and legacy.json()["field"] == "reducer.name"
+    assert "MOD10A2.Maximum_Snow_Extent" in legacy.json()["detail"]
+    grouped = api.post("/api/estimate", json=asking({"by": "month", "program": {"name": "snow_fraction"}}))
+    assert grouped.status_code == 400 and grouped.json()["field"] == "reduce.program.name"
+    snow = {**BASE, "products": ["MOD10A2"], "start": "2022-01-01", "end": "2022-02-28"}
+    assert api.post("/api/estimate", json={**snow, "reducer": {"name": "snow_fraction"}}).status_code == 200
+    assert api.post("/api/estimate", json={**snow, "reduce": {"by": "month", "program": {"name": "snow_fraction"}}}
+                    ).status_code == 200

@@ -193,7 +193,7 @@ def _finish(clients: Clients, mailer: Mailer, hold: Finishing) -> None:
     attempts.clear_indexes(clients, row.parts)
     snapshots.final(clients, row.job, row.parts)  # its status from now on
     hold.update(state=final, finished_at=tasks.now(), manifest=names.manifest_blob(row.job),
-                compute_s=found["cost"]["compute_s"], cost_usd=found["cost"]["usd"])
+                compute_s=found["cost"]["compute_s"], cost_usd=found["cost"]["usd"], warning=found["warning"] or "")
 
 
 def write_manifest(clients: Clients, row: JobRow, final: JobState) -> tuple[dict[str, Any], list[str]]:
@@ -220,11 +220,13 @@ def write_manifest(clients: Clients, row: JobRow, final: JobState) -> tuple[dict
     if final is JobState.CANCELLED and row.total > len(entries):  # cancelled while it was being planned
         counts[TaskStatus.CANCELLED.value] = counts.get(TaskStatus.CANCELLED.value, 0) + row.total - len(entries)
     added = planning.application().finished(clients, row, entries)
+    made = sum(len(entry["outputs"]) for entry in entries)
     found = {
         "job": job,
         "state": final.value,
         "label": row.label,
         "error": row.error or None,
+        "warning": made_nothing(counts) if not made and final is JobState.SUCCEEDED else None,
         "request": json.loads(row.request),
         "created": row.created_at.isoformat(),
         "total": row.total,
@@ -239,6 +241,15 @@ def write_manifest(clients: Clients, row: JobRow, final: JobState) -> tuple[dict
     clients.transfers.upload(clients.products, names.manifest_blob(job), json.dumps(found, indent=1).encode(),
                              "application/json")
     return found, added.lines
+
+
+def made_nothing(counts: dict[str, int]) -> str:
+    """What a job that ended well but made no product must say (its ``counts`` by state):
+    a green SUCCEEDED alone hides a region or span the catalog has nothing of, or a
+    collection that does not exist."""
+    no_data = counts.get(TaskStatus.NO_DATA.value, 0)
+    return (f"the job made no product: {no_data} of its {sum(counts.values())} tasks found no data in the catalog "
+            "(a span in the future or before the product began, a region of ocean, an outage)")
 
 
 def _attempt_seconds(clients: Clients, parts: list[str]) -> list[float]:
@@ -261,10 +272,13 @@ def completion_email(clients: Clients, row: JobRow, final: JobState, found: dict
     counts = ", ".join(f"{n} {s.lower()}" for s, n in sorted(found["counts"].items())) or "none"
     link = results.sas_url(clients, clients.products.container_name, names.manifest_blob(job))
     why = f"Why: {row.error}\n\n" if row.error else ""
+    if found.get("warning"):
+        why += f"Warning: {found['warning']}.\n\n"
     message = EmailMessage()
     message["From"] = clients.settings.mail_sender
     message["To"] = recipient
-    message["Subject"] = f"bagpipe job {job}{label}: {final.value.lower()}"
+    message["Subject"] = f"bagpipe job {job}{label}: {final.value.lower()}" + (", no product" if found.get("warning")
+                                                                            else "")
     message["Message-ID"] = message_id
     message.set_content(
         f"Your bagpipe job {job}{label} has finished: {final.value}.\n\n{why}"

@@ -71,6 +71,7 @@ class JobRow(Row):
     owner: str = ""  # the user whose job it is ("" on a stack without sign-in)
     program: str = ""  # what its application resolved at submission (a reduction's program), as it wrote it
     error: str = ""  # why the job failed as a whole (its tasks' errors are on their rows)
+    warning: str = ""  # what a finished job's scientist must know beside its state (it made nothing)
     plan_tries: int = 0  # plan messages the sweep has sent again
     planning_until: datetime | None = None  # a planner is searching the catalogs until then
     releaser_until: datetime | None = None  # the releaser's lease on the cursor
@@ -325,6 +326,7 @@ def status(clients: Clients, job: str, rollup: rollups.Rollup | None = None,
         "state": row.state.value,
         "label": row.label,
         "error": row.error or None,
+        "warning": row.warning or None,
         "total": total,
         "counts": counts,
         "failures": dict(rollup.failures),

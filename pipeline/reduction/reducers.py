@@ -10,12 +10,17 @@ it takes, which outputs it is expected to leave, and its limits::
      "timeout_s": 600,
      "limits": {"cpu_s": 600, "memory_mb": 2048, "file_mb": 512, "open_files": 256, "processes": 32},
      "env": {"OMP_NUM_THREADS": "1"},
-     "network": false}
+     "accepts": ["MOD10A2.Maximum_Snow_Extent", "MYD10A2.Maximum_Snow_Extent"],
+     "output": {"unit": "1", "colormap": "Blues"}}
 
 argv fields: ``{python}`` (the worker's interpreter, with rasterio), ``{here}`` (the
 manifest's folder), ``{inputs}``, ``{outputs}``, ``{task}`` (the task.json path). A MATLAB
 Compiler binary or a C program is just another argv[0]; ``"input_format": "ENVI"`` stages
 the inputs as raw ENVI files (NAME.bin + NAME.hdr) for programs that have no GDAL.
+``accepts`` names the inputs the program makes sense of (``PRODUCT.LAYER``, ``*`` and ``?``
+as in file names; by default any): a request that gives it another is refused naming its
+field. ``output`` says the unit and the colour ramp (a matplotlib colormap name) of its
+rasters, for their STAC items and overviews.
 
 A program has no network. An installed reducer (never an uploaded one: ``bundles`` refuses
 the field) may list the hosts its program reaches, ``"network": {"hosts":
@@ -27,6 +32,7 @@ addresses, and ``localhost``, are refused here.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import logging
 import re
@@ -71,6 +77,9 @@ class Reducer:
     limits: Limits = field(default_factory=Limits)
     env: tuple[tuple[str, str], ...] = ()
     network: tuple[str, ...] = ()  # the "host:port"s it may reach, through the proxy (none: no network)
+    accepts: tuple[str, ...] = ()  # the inputs it takes, as PRODUCT.LAYER patterns (none: any)
+    unit: str = ""  # its rasters' unit
+    colormap: str = ""  # their colour ramp (a matplotlib name)
 
     def command(self, inputs: Path, outputs: Path, task: Path) -> list[str]:
         values = {"python": sys.executable, "here": str(self.here), "inputs": str(inputs),
@@ -87,6 +96,7 @@ class Program:
     owner: str = ""  # a bundle's owner ("" for an installed reducer)
     version: int = 0
     digest: str = ""  # the SHA-256 of the bundle's canonical form
+    accepts: tuple[str, ...] = ()  # the inputs its manifest says it takes (PRODUCT.LAYER patterns; none: any)
 
     @property
     def label(self) -> str:
@@ -103,7 +113,12 @@ class Program:
 
     @classmethod
     def from_json(cls, text: str) -> Program:
-        return cls(**json.loads(text))
+        found = json.loads(text)
+        return cls(**found | {"accepts": tuple(found.get("accepts", ()))})
+
+    def refused(self, refs: list[str]) -> list[str]:
+        """Of the inputs ``refs`` (``PRODUCT.LAYER``), those its manifest does not take."""
+        return [ref for ref in refs if self.accepts and not any(fnmatch.fnmatchcase(ref, p) for p in self.accepts)]
 
 
 class _Limits(BaseModel):
@@ -141,6 +156,12 @@ def _host(text: str) -> str:
     return f"{host}:{port}"
 
 
+class _Output(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    unit: Annotated[str, Field(max_length=32)] = ""
+    colormap: Annotated[str, Field(pattern=r"^[A-Za-z0-9_]{0,32}$")] = ""
+
+
 class _Manifest(BaseModel):
     """reducer.json as written by a scientist: every field typed and bounded, nothing extra."""
 
@@ -155,6 +176,9 @@ class _Manifest(BaseModel):
     limits: _Limits = _Limits()
     env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = {}
     network: _Network | None = None  # false in a manifest: none
+    accepts: Annotated[list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_*?]+\.[A-Za-z0-9_*?]+$", max_length=100)]],
+                       Field(max_length=64)] = []
+    output: _Output = _Output()
 
     @field_validator("network", mode="before")
     @classmethod
@@ -197,7 +221,8 @@ def parse(data: bytes, here: Path, where: str) -> Reducer:
     return Reducer(name=raw.name, argv=tuple(raw.argv), here=here, description=raw.description,
                    outputs=tuple(raw.outputs), timeout_s=raw.timeout_s, input_format=raw.input_format,
                    limits=Limits(**raw.limits.model_dump()), env=tuple(sorted(raw.env.items())),
-                   network=tuple(raw.network.hosts) if raw.network else ())
+                   network=tuple(raw.network.hosts) if raw.network else (), accepts=tuple(raw.accepts),
+                   unit=raw.output.unit, colormap=raw.output.colormap)
 
 
 def load(path: Path) -> Reducer:

@@ -19,7 +19,7 @@ from pipeline.reduction import builtin, bundles, reducers
 from pipeline.reduction import stage as reduction_stage
 from pipeline.reduction.reducers import Program
 from pipeline.requests.expansion import expand, plan_of
-from pipeline.requests.request import JobRequest, installed
+from pipeline.requests.request import JobRequest, installed, program_name
 from pipeline.requests.search import resolve, with_sources
 from pipeline.settings import Settings
 from pipeline.storage.clients import Clients
@@ -49,8 +49,9 @@ def plan(settings: Settings, request: JobRequest, program: Program | None = None
     """The tasks ``request`` makes (the catalog not searched: what submission counts and an
     estimate prices), its reducer resolved to ``program`` (else the installed one of its
     name); RequestError if it cannot run here."""
-    if request.reducer is not None and program is None:
-        program = installed(request.reducer.name, settings.reducers_path)
+    named = program_name(request)
+    if named is not None and program is None:
+        program = installed(named[0], settings.reducers_path, named[1])
     return Requests().plan(settings, request.model_dump_json(), program.to_json() if program else "",
                            search=False, limit=settings.max_tasks)
 
@@ -59,8 +60,9 @@ def submit(clients: Clients, request: JobRequest, owner: str = "", program: Prog
     """Store a valid request as ``owner``'s job and enqueue its plan message
     (``jobs.submit``); RequestError if it cannot run (then nothing is written). ``program``
     is the reduction the request's reducer resolved to (an uploaded bundle's exact digest)."""
-    if request.reducer is not None and program is None:
-        program = installed(request.reducer.name, clients.settings.reducers_path)
+    named = program_name(request)
+    if named is not None and program is None:
+        program = installed(named[0], clients.settings.reducers_path, named[1])
     tasks = plan(clients.settings, request, program)
     return jobs.submit(clients, request.model_dump_json(), tasks, owner, program.to_json() if program else "",
                        request.label, request.email or "")

@@ -183,12 +183,23 @@ class JobRequest(BaseModel):
         return label
 
 
-def installed(name: str, reducers_path: str = "") -> Program:
-    """An installed reducer by name; RequestError if the workers have none of that name."""
+def program_name(request: JobRequest) -> tuple[str, str] | None:
+    """The name of the program a request runs, and its field (the old ``reducer`` or
+    ``reduce.program``); None if it runs none."""
+    if request.reducer is not None:
+        return request.reducer.name, "reducer.name"
+    if request.reduce is not None and request.reduce.program is not None:
+        return request.reduce.program.name, "reduce.program.name"
+    return None
+
+
+def installed(name: str, reducers_path: str = "", field: str = "reducer.name") -> Program:
+    """An installed reducer by name; RequestError naming ``field`` if the workers have none
+    of that name."""
     known = reducers.catalog(reducers_path)
     if name not in known:
-        raise RequestError(400, "reducer.name", f"unknown reducer {name!r} ({', '.join(sorted(known))})")
-    return Program(name)
+        raise RequestError(400, field, f"unknown reducer {name!r} ({', '.join(sorted(known))})")
+    return Program(name, accepts=known[name].accepts)
 
 
 def target_count(request: JobRequest) -> int:
@@ -275,10 +286,12 @@ def reductions_of(request: JobRequest, program: Program | None = None) -> list[r
     made = [f"{p}.{layer}" for p in request.products for layer in [*layers[p], *derived.get(p, {})]]
     if request.reducer is not None:  # the old form: a program over each product's whole span
         legacy = request.reducer
+        program = program or installed(legacy.name)
+        _fits(program, [f"{p}.{layers[p][0]}" for p in request.products], "reducer.name")  # its "inputs" each
         return [reductions.Reduction(
             reductions.parse_grouping_or("span", "reducer"), tuple(reductions.Input(f"{p}.{layer}", p, layer)
                                                                    for layer in layers[p]),
-            "program", legacy.name, program=program or Program(legacy.name), args=dict(legacy.args),
+            "program", legacy.name, program=program, args=dict(legacy.args),
             on_failure=legacy.on_dependency_failure, legacy=True) for p in request.products]
     asked = request.reduce
     if asked is None:
@@ -297,8 +310,10 @@ def reductions_of(request: JobRequest, program: Program | None = None) -> list[r
                                      on_failure=asked.on_dependency_failure)]
     inputs = reductions.parse_inputs(asked.inputs, known, made, "reduce.inputs")
     if asked.program is not None:
+        program = program or installed(asked.program.name, field="reduce.program.name")
+        _fits(program, [i.ref for i in inputs], "reduce.program.name")
         return [reductions.Reduction(by, inputs, "program", asked.name or asked.program.name,
-                                     program=program or Program(asked.program.name), args=dict(asked.program.args),
+                                     program=program, args=dict(asked.program.args),
                                      aggregate=reductions.builtin(asked.aggregate, None, "reduce.aggregate"),
                                      baseline=baseline, on_failure=asked.on_dependency_failure)]
     assert asked.reducer is not None
@@ -315,6 +330,15 @@ def reductions_of(request: JobRequest, program: Program | None = None) -> list[r
     return [reductions.Reduction(by, inputs, "builtin", asked.name or str(reducer).split("(")[0], reducer=reducer,
                                  aggregate=reductions.builtin(asked.aggregate, None, "reduce.aggregate"),
                                  baseline=baseline, on_failure=asked.on_dependency_failure)]
+
+
+def _fits(program: Program, refs: list[str], where: str) -> None:
+    """A RequestError naming ``where`` if the program's manifest does not take one of the
+    inputs ``refs``: a program run on what it does not understand "succeeds" with nonsense."""
+    refused = program.refused(refs)
+    if refused:
+        raise RequestError(400, where, f"{program.label} takes {', '.join(program.accepts)} (its reducer.json "
+                           f"accepts), not {', '.join(refused)}")
 
 
 def layers_needed(request: JobRequest, planned: list[reductions.Reduction]) -> dict[str, tuple[str, ...]]:

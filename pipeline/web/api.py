@@ -23,7 +23,7 @@ from pipeline.lifecycle import costs, jobs, results
 from pipeline.planning import RequestError
 from pipeline.reduction import bundles
 from pipeline.requests import application
-from pipeline.requests.request import JobRequest
+from pipeline.requests.request import JobRequest, program_name
 from pipeline.settings import Settings
 from pipeline.storage.clients import clients_for
 from pipeline.web import accounts, audit, auth, registry, stacapi, uploads
@@ -160,7 +160,8 @@ def create_app(settings: Settings) -> FastAPI:
     @app.post("/api/jobs", status_code=202)
     def submit(request: JobRequest, caller: Caller = Depends(signed_in)) -> dict[str, Any]:
         """Submit a processing request; it is planned into tasks asynchronously."""
-        program = registry.resolve(clients, caller.user, request.reducer.name) if request.reducer else None
+        named = program_name(request)
+        program = registry.resolve(clients, caller.user, *named) if named else None
         row = application.submit(clients, request, owner=caller.user.name, program=program)
         job = row.job
         if program is not None:
@@ -173,7 +174,8 @@ def create_app(settings: Settings) -> FastAPI:
     def estimate(request: JobRequest, caller: Caller = Depends(signed_in)) -> dict[str, Any]:
         """How many tasks a request would make, their compute time (from the runtime history)
         and what they would cost at Azure's public prices, without submitting it."""
-        program = registry.resolve(clients, caller.user, request.reducer.name) if request.reducer else None
+        named = program_name(request)
+        program = registry.resolve(clients, caller.user, *named) if named else None
         plan = application.plan(settings, request, program)
         return costs.estimate(clients.runtimes, plan, settings.min_samples) | {"limit": settings.max_tasks}
 

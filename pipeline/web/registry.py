@@ -92,7 +92,7 @@ def push(clients: Clients, owner: User, bundle: Bundle) -> dict[str, Any]:
         version = int(known[-1]["RowKey"].rsplit("@", 1)[1]) + 1 if known else 1
         row = {"PartitionKey": owner.name, "RowKey": _vkey(name, version), "Digest": bundle.digest,
                "Size": bundle.size, "Files": len(bundle.files), "Description": bundle.reducer.description,
-               "CreatedAt": now()}
+               "Accepts": json.dumps(bundle.reducer.accepts), "CreatedAt": now()}
         try:
             clients.reducers.create_entity(row)
             break
@@ -111,28 +111,29 @@ def _version_public(owner: str, name: str, row: dict[str, Any]) -> dict[str, Any
             "description": row.get("Description", ""), "created": row["CreatedAt"].isoformat()}
 
 
-def resolve(clients: Clients, user: User, ref: str) -> Program:
-    """What a request's reducer name runs for ``user``; RequestError 400 (field
-    ``reducer.name``) if it names nothing ``user`` may run."""
+def resolve(clients: Clients, user: User, ref: str, field: str = "reducer.name") -> Program:
+    """What a request's reducer name runs for ``user``; RequestError 400 (naming ``field``)
+    if it names nothing ``user`` may run."""
     parsed = REF.match(ref)
     installed = reducers.catalog(clients.settings.reducers_path)
     if parsed is None:
-        raise RequestError(400, "reducer.name", f"{ref!r} is not a reducer name ([owner/]name[@version])")
+        raise RequestError(400, field, f"{ref!r} is not a reducer name ([owner/]name[@version])")
     owner, name, version = parsed["owner"], parsed["name"], parsed["version"]
     if owner is None and name in installed and version is None:
-        return Program(name)
+        return Program(name, accepts=installed[name].accepts)
     head = _head(clients, owner or user.name, name)
     if head is None or not may_use(head, user):
         known = ", ".join(sorted(installed)) or "none installed"
-        raise RequestError(400, "reducer.name", f"unknown reducer {ref!r} (installed: {known}; or one you "
+        raise RequestError(400, field, f"unknown reducer {ref!r} (installed: {known}; or one you "
                            "uploaded, or owner/name shared with you)")
     rows = versions(clients, head["PartitionKey"], name)
     if version is not None:
         rows = [r for r in rows if r["RowKey"] == _vkey(name, int(version))]
     if not rows:
-        raise RequestError(400, "reducer.name", f"{ref!r}: no such version")
+        raise RequestError(400, field, f"{ref!r}: no such version")
     row = rows[-1]
-    return Program(name, head["PartitionKey"], int(row["RowKey"].rsplit("@", 1)[1]), row["Digest"])
+    return Program(name, head["PartitionKey"], int(row["RowKey"].rsplit("@", 1)[1]), row["Digest"],
+                   tuple(json.loads(row.get("Accepts") or "[]")))
 
 
 def record_use(clients: Clients, program: Program, job: str, job_owner: str) -> None:
