@@ -256,8 +256,10 @@ def test_a_c_and_a_python_reducer_uploaded_and_run_end_to_end(
             assert pushed.status_code == 201, pushed.text
             made[pushed.json()["name"]] = pushed.json()
         body = {"region": REGION, "grid": GRID, **SPAN, "products": ["MOD10A2"]}
-        submitted = {name: api.post("/api/jobs", json=body | {"reducer": {"name": name, "args": {"note": name}}},
-                                    headers=signed(token)).json()["job"] for name in made}
+        answers = {name: api.post("/api/jobs", json=body | {"reducer": {"name": name, "args": {"note": name}}},
+                                  headers=signed(token)) for name in made}
+        assert all(a.status_code == 202 for a in answers.values()), {n: a.text for n, a in answers.items()}
+        submitted = {name: answer.json()["job"] for name, answer in answers.items()}
         with running_control(mine), running_workers(mine, 1, slots=2):
             for job in submitted.values():
                 wait_for(lambda job=job: jobs.get(clients, job).state in ("SUCCEEDED", "FAILED"), 240, "the job")

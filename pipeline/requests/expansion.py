@@ -185,14 +185,14 @@ def _ranges(seqs: Iterable[int]) -> tuple[tuple[int, int], ...]:
     return tuple((first, count) for first, count in found)
 
 
-def count_tasks(request: JobRequest) -> int:
+def count_tasks(request: JobRequest, reductions: list[Reduction]) -> int:
     """How many tasks the request makes at most (tile tasks of the span and of its
     baselines, and a reduction per target tile and group of dates), counted without making
     them: what the task limit is checked against before anything is made."""
     places = target_count(request)
     dates = sum(period_count(CATALOG[p], request.start, request.end) for p in request.products)
     extra = 0
-    for reduction in reductions_of(request):
+    for reduction in reductions:
         span_days = (request.end - request.start).days + 1
         groups = 1 if str(reduction.by) == "span" else min(span_days, 366 * (request.end.year - request.start.year + 1))
         extra += groups
@@ -218,7 +218,7 @@ def expand(request: JobRequest, max_tasks: int, tile_stage: str = TILE_STAGE,
         raise RequestError(400, "end", "the time span is empty: end is before start")
     derived = derived_of(request)
     reductions = reductions_of(request, program)
-    count = count_tasks(request)  # before anything is made: a world box of tiny tiles must not exhaust the memory
+    count = count_tasks(request, reductions)  # before anything is made: a world box of tiny tiles must not exhaust the memory
     if count > max_tasks:
         raise RequestError(413, "region", f"the request makes {count} tasks, more than the limit of {max_tasks}",
                            tasks=count, limit=max_tasks)
