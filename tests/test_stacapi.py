@@ -227,7 +227,8 @@ def test_the_last_composite_of_a_year_ends_with_the_year(served: Served) -> None
     ends = {(i["properties"]["bagpipe:stage"], i["properties"]["start_datetime"][:10]): i["properties"]["end_datetime"]
             for i in items}
     assert ends == {("modis", "2021-12-27"): "2021-12-31T23:59:59Z", ("modis", "2022-01-01"): "2022-01-08T23:59:59Z",
-                    ("reduce", "2021-12-27"): "2022-01-08T23:59:59Z"}
+                    ("reduce", "2021-12-27"): "2022-01-02T23:59:59Z"}
+    # (a reduction covers its group of dates: here the request's span)
     # 2 January is in one period only: the new year's tiles and the reductions over both
     found = served.get("/search", collections=served.job, datetime="2022-01-02T12:00:00Z").json()["features"]
     assert sorted((f["properties"]["bagpipe:stage"], f["properties"]["start_datetime"][:10]) for f in found) == \
