@@ -126,7 +126,27 @@ def submit(
     crs: Annotated[Optional[str], typer.Option(help="Output grid CRS, e.g. EPSG:4326.")] = None,
     tile_size: Annotated[Optional[float], typer.Option(help="Output tile side, in CRS units.")] = None,
     resolution: Annotated[Optional[float], typer.Option(help="Output pixel size, in CRS units.")] = None,
-    reducer: Annotated[Optional[str], typer.Option(help="A reduction to run over each tile's span.")] = None,
+    reducer: Annotated[Optional[str], typer.Option(
+        help="A program to run over each product's whole span (installed, or one you uploaded).")] = None,
+    reduce: Annotated[Optional[str], typer.Option(
+        help="A built-in reducer per target tile and group of dates: mean, median, min, max, sum, count, std, "
+             "percentile:P, first, last, argmax_date, argmin_date, anomaly, zscore, vci, tci.")] = None,
+    by: Annotated[Optional[str], typer.Option(
+        help="How dates are grouped: span, month, season, year, days:N, month-of-year, day-of-year.")] = None,
+    inputs: Annotated[Optional[list[str]], typer.Option(
+        "--input", help="A reduction's input, PRODUCT.LAYER or NAME=PRODUCT.LAYER (repeat; default: every layer made).")] = None,
+    expression: Annotated[Optional[str], typer.Option(
+        help="An expression over the inputs per target tile and group (e.g. '0.5 * ndvi.vci + 0.5 * lst.tci').")
+    ] = None,
+    program: Annotated[Optional[str], typer.Option(help="A program per target tile and group of dates.")] = None,
+    args: Annotated[Optional[str], typer.Option(help="The program's arguments, a JSON object.")] = None,
+    aggregate: Annotated[Optional[str], typer.Option(
+        help="What an expression sees of each input over a group, and a baseline of each year: mean, median, "
+             "min, max, sum, first, last.")] = None,
+    baseline: Annotated[Optional[str], typer.Option(help="Years of reference: START,END (YYYY-MM-DD each).")] = None,
+    name: Annotated[Optional[str], typer.Option(help="The reduction's outputs' name.")] = None,
+    derive: Annotated[Optional[list[str]], typer.Option(
+        help="A layer derived per date, PRODUCT.NAME=EXPRESSION over PRODUCT.LAYERs (repeat).")] = None,
     api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFAULT_HOME,
 ) -> None:
     """Submit a request (from --file, or from the flags) and print its job id."""
@@ -143,10 +163,20 @@ def submit(
     if product:
         request["products"] = product
     for named in layer or []:
-        of, _, name = named.partition(":")
-        if not (of and name):
-            fail(ValueError(f"--layer: PRODUCT:LAYER, e.g. MOD13A1:NDVI (not {named!r})"))
-        request.setdefault("layers", {}).setdefault(of, []).append(name)
+        of, _, layer_name = named.replace(":", ".", 1).partition(".")
+        if not (of and layer_name):
+            fail(ValueError(f"--layer: PRODUCT.LAYER, e.g. MOD13A1.500m_16_days_NDVI (not {named!r})"))
+        request.setdefault("layers", {}).setdefault(of, []).append(layer_name)
+    for made in derive or []:
+        ref, _, text = made.partition("=")
+        of, _, derived = ref.partition(".")
+        if not (of and derived and text):
+            fail(ValueError(f"--derive: PRODUCT.NAME=EXPRESSION, e.g. MCD43A4.ndvi='(MCD43A4.Nadir_Reflectance_Band2 "
+                            f"- MCD43A4.Nadir_Reflectance_Band1) / (…)' (not {made!r})"))
+        request.setdefault("derive", {}).setdefault(of, {})[derived] = text
+    reduction = _reduction(reduce, by, inputs, expression, program, args, aggregate, baseline, name)
+    if reduction:
+        request["reduce"] = request.get("reduce", {}) | reduction
     if label:
         request["label"] = label
     grid = {k: v for k, v in (("crs", crs), ("tile_size", tile_size), ("resolution", resolution)) if v is not None}
@@ -160,6 +190,44 @@ def submit(
         fail(exc)
     console.print(f"submitted {created['job']}: {created['total']} tasks")
     print(created["job"])
+
+
+def _reduction(reduce: str | None, by: str | None, inputs: list[str] | None, expression: str | None,
+               program: str | None, args: str | None, aggregate: str | None, baseline: str | None,
+               name: str | None) -> dict[str, Any]:
+    """A request's ``reduce`` as the flags say it (the API checks it and names what is wrong)."""
+    found: dict[str, Any] = {}
+    if reduce:
+        reducer, _, p = reduce.partition(":")
+        found["reducer"] = reducer
+        if p:
+            try:
+                found["percentile"] = float(p)
+            except ValueError:
+                fail(ValueError(f"--reduce percentile:P, P a number from 0 to 100 (not {p!r})"))
+    if expression:
+        found["expression"] = expression
+    if program:
+        found["program"] = {"name": program}
+        if args:
+            try:
+                found["program"]["args"] = json.loads(args)
+            except ValueError as exc:
+                fail(ValueError(f"--args: a JSON object ({exc})"))
+    elif args:
+        fail(ValueError("--args go with --program (or --reducer: put them in --file)"))
+    if inputs:
+        aliased = [i for i in inputs if "=" in i]
+        if aliased and len(aliased) != len(inputs):
+            fail(ValueError("--input: name every input (NAME=PRODUCT.LAYER) or none"))
+        found["inputs"] = dict(i.split("=", 1) for i in inputs) if aliased else list(inputs)
+    if baseline:
+        first, _, last = baseline.partition(",")
+        if not (first and last):
+            fail(ValueError(f"--baseline START,END, e.g. 2001-01-01,2020-12-31 (not {baseline!r})"))
+        found["baseline"] = {"start": first, "end": last}
+    found |= {k: v for k, v in (("by", by), ("aggregate", aggregate), ("name", name)) if v}
+    return found
 
 
 def _request_in(file: Path) -> dict[str, Any]:

@@ -5,6 +5,7 @@ a grouped reduction makes."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -139,3 +140,40 @@ def test_a_program_is_refused_inputs_its_manifest_does_not_take(api: TestClient)
     assert api.post("/api/estimate", json={**snow, "reducer": {"name": "snow_fraction"}}).status_code == 200
     assert api.post("/api/estimate", json={**snow, "reduce": {"by": "month", "program": {"name": "snow_fraction"}}}
                     ).status_code == 200
+
+
+def test_the_command_line_asks_for_a_grouped_reduction_a_baseline_and_a_derived_layer(
+        settings: Settings, clients: Clients, admin_token: str) -> None:
+    """``bagpipe submit`` says with flags what a request body says: the job it submits holds
+    the reduction, its inputs, its baseline and a derived layer as the API took them."""
+    from typer.testing import CliRunner
+
+    from bagpipe.cli import app
+    from bagpipe.serving import Served
+    from pipeline.lifecycle import jobs
+
+    served = Served(create_app(settings)).start()
+    try:
+        flags = ["--api", served.url, "--key", admin_token, "--bbox", "-108,35.2,-107.5,35.8", "--start", "2022-01-01",
+                 "--end", "2022-12-31", "--product", "MOD13A1", "--layer", "MOD13A1.500m_16_days_NDVI",
+                 "--derive", "MOD13A1.half=MOD13A1.500m_16_days_NDVI / 2",
+                 "--by", "month", "--input", f"ndvi={NDVI}", "--input", "half=MOD13A1.half",
+                 "--expression", "ndvi.zscore + half", "--aggregate", "max", "--baseline", "2019-01-01,2021-12-31",
+                 "--name", "odd"]
+        done = CliRunner().invoke(app, ["submit", *flags])
+        assert done.exit_code == 0, done.output
+        job = done.output.strip().splitlines()[-1]
+        asked = json.loads(jobs.get(clients, job).request)
+        assert asked["reduce"] == {"by": "month", "inputs": {"ndvi": NDVI, "half": "MOD13A1.half"},
+                                   "expression": "ndvi.zscore + half", "aggregate": "max", "name": "odd",
+                                   "baseline": {"start": "2019-01-01", "end": "2021-12-31"}} | {
+            k: asked["reduce"][k] for k in ("reducer", "percentile", "program", "unit", "on_dependency_failure")}
+        assert asked["derive"] == {"MOD13A1": {"half": "MOD13A1.500m_16_days_NDVI / 2"}}
+        wrong = CliRunner().invoke(app, ["submit", *flags[:-4], "--reduce", "percentile:ninety"])
+        assert wrong.exit_code != 0 and "percentile:P" in wrong.output
+        refused = CliRunner().invoke(app, ["submit", *flags[:4], "--bbox", "-108,35.2,-107.5,35.8", "--start",
+                                           "2022-01-01", "--end", "2022-01-31", "--product", "MOD13A1",
+                                           "--reduce", "anomaly"])
+        assert refused.exit_code != 0 and "reduce.baseline" in refused.output
+    finally:
+        served.stop()
