@@ -134,7 +134,8 @@ def submit(
     by: Annotated[Optional[str], typer.Option(
         help="How dates are grouped: span, month, season, year, days:N, month-of-year, day-of-year.")] = None,
     inputs: Annotated[Optional[list[str]], typer.Option(
-        "--input", help="A reduction's input, PRODUCT.LAYER or NAME=PRODUCT.LAYER (repeat; default: every layer made).")] = None,
+        "--input", help="A reduction's input, PRODUCT.LAYER or NAME=PRODUCT.LAYER (repeat; default: every layer "
+                        "made).")] = None,
     expression: Annotated[Optional[str], typer.Option(
         help="An expression over the inputs per target tile and group (e.g. '0.5 * ndvi.vci + 0.5 * lst.tci').")
     ] = None,

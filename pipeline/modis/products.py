@@ -58,7 +58,8 @@ class Layer:
     def encoding(self) -> Encoding:
         """Its encoding, as the built-in work decodes and encodes values
         (``pipeline.science.encoding``)."""
-        return Encoding(self.dtype, self.nodata, self.scale, self.offset, self.unit, self.valid, self.categorical)
+        return Encoding(self.dtype, self.nodata, self.scale, self.offset, self.unit, self.valid, self.categorical,
+                        self.classes)
 
     @property
     def resampling(self) -> str:

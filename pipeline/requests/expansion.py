@@ -218,7 +218,8 @@ def expand(request: JobRequest, max_tasks: int, tile_stage: str = TILE_STAGE,
         raise RequestError(400, "end", "the time span is empty: end is before start")
     derived = derived_of(request)
     reductions = reductions_of(request, program)
-    count = count_tasks(request, reductions)  # before anything is made: a world box of tiny tiles must not exhaust the memory
+    # counted before anything is made: a world box of tiny tiles must not exhaust the memory
+    count = count_tasks(request, reductions)
     if count > max_tasks:
         raise RequestError(413, "region", f"the request makes {count} tasks, more than the limit of {max_tasks}",
                            tasks=count, limit=max_tasks)
