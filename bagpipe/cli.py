@@ -158,9 +158,9 @@ def submit(
         request["region"] = {"bbox": _bbox(bbox)}
     if tiles:
         request["region"] = {"tiles": tiles.split(",")}
-    for name, value in (("start", start), ("end", end), ("email", email)):
+    for field, value in (("start", start), ("end", end), ("email", email)):
         if value:
-            request[name] = value
+            request[field] = value
     if product:
         request["products"] = product
     for named in layer or []:

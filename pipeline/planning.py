@@ -64,10 +64,12 @@ class TaskPlan:
 @dataclass(frozen=True)
 class Finished:
     """What a job's products add to its manifest (``manifest``: fields) and to its email
-    (``lines``: paragraphs, after the link to the manifest)."""
+    (``lines``: paragraphs, after the link to the manifest), and what its scientist must
+    know of them wherever the job is shown (``notes``: its status, portal and email)."""
 
     manifest: dict[str, Any] = field(default_factory=dict)
     lines: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
 class Application(Protocol):

@@ -19,6 +19,7 @@ from pipeline.lifecycle.status import TaskStatus
 from pipeline.modis.products import CATALOG
 from pipeline.reduction import AGGREGATE_STAGE, CLIMATOLOGY_STAGE
 from pipeline.requests import application
+from pipeline.requests.application import SYNTHETIC_NOTE
 from pipeline.requests.request import JobRequest
 from pipeline.science.encoding import decode
 from pipeline.settings import Settings
@@ -31,7 +32,7 @@ GRID = {"tile_size": 1.0, "resolution": 0.01}  # 100 × 100 pixels
 NDVI = "500m_16_days_NDVI"
 
 
-def run_job(settings: Settings, body: dict, timeout: float = 300) -> tuple[Clients, str, dict]:
+def run_job(settings: Settings, body: dict, timeout: float = 800) -> tuple[Clients, str, dict]:
     clients = Clients(settings)
     clients.ensure_resources()
     job = application.submit(clients, JobRequest.model_validate(body)).job
@@ -64,12 +65,14 @@ def ndvi_tiles(clients: Clients, job: str) -> dict[date, np.ndarray]:
     return found
 
 
+@pytest.mark.timeout(900)  # a year of full-size granules, synthesized and collected
 def test_a_year_by_month_with_max_makes_a_reduction_a_month_equal_to_numpy(
         settings: Settings, planetary: Planetary) -> None:
     body = {"region": REGION, "grid": GRID, "start": "2022-01-01", "end": "2022-12-31", "products": ["MOD13A1"],
             "reduce": {"by": "month", "reducer": "max"}}
     clients, job, status = run_job(on_stac(settings, planetary), body)
     assert status["state"] == "SUCCEEDED", status
+    assert status["notes"] == [SYNTHETIC_NOTE]  # the local world's granules of 2022 are synthesized
     reductions = rows_of(clients, job, AGGREGATE_STAGE)
     assert sorted(r.parameters()["group"] for r in reductions) == [f"2022-{m:02d}" for m in range(1, 13)]
     tiles = ndvi_tiles(clients, job)
@@ -83,6 +86,7 @@ def test_a_year_by_month_with_max_makes_a_reduction_a_month_equal_to_numpy(
         made, encoding = raster(clients, output)
         assert encoding["dtype"] == "int16" and encoding["scale"] == pytest.approx(1e-4)  # max keeps the encoding
         assert encoding["nodata"] == layer.nodata and encoding["unit"] == "NDVI"
+        assert encoding["tags"]["BAGPIPE_SYNTHETIC"] == "true"  # made of synthesized tiles: it says so
         with np.errstate(all="ignore"):
             expected = np.nanmax(np.stack(month), axis=0)
         stored = np.where(np.isnan(expected), layer.nodata, np.rint(expected / layer.scale)).astype("int16")

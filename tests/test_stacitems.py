@@ -153,6 +153,11 @@ def test_items_describe_the_rasters_and_name_their_granules(finished: Finished) 
     assert named == set(finished.granules)
     real = {p.name.split("_")[0] for p in world.REAL_DATA.glob("MOD10A2.A2022033.h09v05.*.tif")}
     assert real and real <= named
+    # a tile made of a synthesized granule says so (here every tile needs h08v05, synthesized)
+    tiles = [i for i in items.values() if i.properties["bagpipe:stage"] == "modis"]
+    for one in tiles:
+        assert one.properties.get("bagpipe:synthetic", False) is (not set(one.properties["bagpipe:sources"]) <= real)
+    assert any(i.properties.get("bagpipe:synthetic") for i in tiles)
     reductions = [i for i in items.values() if i.properties["bagpipe:stage"] == "reduce"]
     assert len(reductions) == 3
     for reduction in reductions:

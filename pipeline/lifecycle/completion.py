@@ -193,7 +193,8 @@ def _finish(clients: Clients, mailer: Mailer, hold: Finishing) -> None:
     attempts.clear_indexes(clients, row.parts)
     snapshots.final(clients, row.job, row.parts)  # its status from now on
     hold.update(state=final, finished_at=tasks.now(), manifest=names.manifest_blob(row.job),
-                compute_s=found["cost"]["compute_s"], cost_usd=found["cost"]["usd"], warning=found["warning"] or "")
+                compute_s=found["cost"]["compute_s"], cost_usd=found["cost"]["usd"], warning=found["warning"] or "",
+                notes=json.dumps(found["notes"]) if found["notes"] else "")
 
 
 def write_manifest(clients: Clients, row: JobRow, final: JobState) -> tuple[dict[str, Any], list[str]]:
@@ -227,6 +228,7 @@ def write_manifest(clients: Clients, row: JobRow, final: JobState) -> tuple[dict
         "label": row.label,
         "error": row.error or None,
         "warning": made_nothing(counts) if not made and final is JobState.SUCCEEDED else None,
+        "notes": added.notes,
         "request": json.loads(row.request),
         "created": row.created_at.isoformat(),
         "total": row.total,
@@ -274,6 +276,7 @@ def completion_email(clients: Clients, row: JobRow, final: JobState, found: dict
     why = f"Why: {row.error}\n\n" if row.error else ""
     if found.get("warning"):
         why += f"Warning: {found['warning']}.\n\n"
+    why += "".join(f"Note: {note}.\n\n" for note in found.get("notes", []))
     message = EmailMessage()
     message["From"] = clients.settings.mail_sender
     message["To"] = recipient

@@ -72,6 +72,7 @@ class JobRow(Row):
     program: str = ""  # what its application resolved at submission (a reduction's program), as it wrote it
     error: str = ""  # why the job failed as a whole (its tasks' errors are on their rows)
     warning: str = ""  # what a finished job's scientist must know beside its state (it made nothing)
+    notes: str = ""  # what its application says of its products (a JSON list: "synthetic data …")
     plan_tries: int = 0  # plan messages the sweep has sent again
     planning_until: datetime | None = None  # a planner is searching the catalogs until then
     releaser_until: datetime | None = None  # the releaser's lease on the cursor
@@ -327,6 +328,7 @@ def status(clients: Clients, job: str, rollup: rollups.Rollup | None = None,
         "label": row.label,
         "error": row.error or None,
         "warning": row.warning or None,
+        "notes": json.loads(row.notes) if row.notes else [],
         "total": total,
         "counts": counts,
         "failures": dict(rollup.failures),

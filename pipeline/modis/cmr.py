@@ -23,6 +23,7 @@ import httpx
 from pipeline.modis.catalogs import Box, CatalogError, CollectionMissing, split
 from pipeline.modis.granules import HDF, Granule
 from pipeline.modis.products import Product
+from pipeline.modis.synthetic import is_synthetic
 from pipeline.redact import redact
 from pipeline.settings import env_name
 
@@ -93,4 +94,4 @@ def granule_of(entry: dict[str, Any]) -> Granule | None:
     if not hrefs:
         return None
     name = str(entry.get("producer_granule_id") or PurePosixPath(urlsplit(hrefs[0]).path).name)
-    return Granule.named(name.removesuffix(".hdf"), {HDF: hrefs[0]})
+    return Granule.named(name.removesuffix(".hdf"), {HDF: hrefs[0]}, is_synthetic(entry))

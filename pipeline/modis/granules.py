@@ -25,15 +25,16 @@ class Granule:
     tile: str
     day: date
     files: tuple[tuple[str, str], ...]  # (layer name or "hdf", href)
+    synthetic: bool = False  # made by the local stack's imitation, as its catalog entry says (``synthetic``)
 
     @classmethod
-    def named(cls, name: str, files: dict[str, str]) -> Granule | None:
+    def named(cls, name: str, files: dict[str, str], synthetic: bool = False) -> Granule | None:
         """The granule a file name describes, or None if it is not a MODIS tile granule's."""
         found = NAME.match(name)
         if not found:
             return None
         day = datetime.strptime(found["year"] + found["doy"], "%Y%j").date()
-        return cls(name, found["product"], found["tile"], day, tuple(sorted(files.items())))
+        return cls(name, found["product"], found["tile"], day, tuple(sorted(files.items())), synthetic)
 
     @property
     def made(self) -> str:
@@ -57,14 +58,15 @@ def pick(granules: Iterable[Granule]) -> dict[tuple[str, str, date], Granule]:
 
 def as_param(granules: Sequence[Granule]) -> str:
     """The task param naming a tile task's granules, by MODIS tile."""
-    return json.dumps({g.tile: {"id": g.id, "files": dict(g.files)} for g in granules}, sort_keys=True)
+    return json.dumps({g.tile: {"id": g.id, "files": dict(g.files)} | ({"synthetic": True} if g.synthetic else {})
+                       for g in granules}, sort_keys=True)
 
 
 def from_param(text: str) -> list[Granule]:
     """The granules a task param names (see :func:`as_param`)."""
     found = []
     for tile, entry in sorted(json.loads(text).items()):
-        granule = Granule.named(entry["id"], entry["files"])
+        granule = Granule.named(entry["id"], entry["files"], bool(entry.get("synthetic")))
         if granule is None or granule.tile != tile:
             raise ValueError(f"the task names no granule of {tile} it can read: {entry['id']!r}")
         found.append(granule)

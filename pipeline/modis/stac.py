@@ -28,6 +28,7 @@ from pipeline.modis.access import subscription_headers, unresolved
 from pipeline.modis.catalogs import Box, CatalogError, CollectionMissing, split
 from pipeline.modis.granules import HDF, Granule
 from pipeline.modis.products import Product
+from pipeline.modis.synthetic import is_synthetic
 from pipeline.redact import redact
 from pipeline.settings import env_name
 
@@ -102,7 +103,7 @@ def granule_of(item: dict[str, Any], product: Product) -> Granule | None:
     files = {layer: assets[layer]["href"] for layer in product.layer_names if layer in assets}
     if HDF in assets:
         files[HDF] = assets[HDF]["href"]
-    return Granule.named(name or str(item.get("id", "")), files)
+    return Granule.named(name or str(item.get("id", "")), files, is_synthetic(item))
 
 
 def _ring(box: Box) -> list[list[float]]:

@@ -30,7 +30,7 @@ import rasterio
 from rio_stac import create_stac_item
 from rio_stac.stac import get_raster_info
 
-from pipeline.modis import layout
+from pipeline.modis import layout, synthetic
 from pipeline.modis.granules import from_param
 from pipeline.modis.products import CATALOG
 from pipeline.modis.targets import lonlat_bounds
@@ -106,6 +106,7 @@ def build_item(task: dict[str, Any], files: Sequence[str | Path], catalog: dict[
     first, last = layout.dates(task)
     start, end = datetime.combine(first, time(), UTC), datetime.combine(last, time(23, 59, 59), UTC)
     stage_versions = set()
+    made_of_synthetic = False
     assets: dict[str, pystac.Asset] = {}
     for href in rasters:
         with rasterio.open(href) as src:
@@ -115,6 +116,7 @@ def build_item(task: dict[str, Any], files: Sequence[str | Path], catalog: dict[
             or _named(href).stem
         if tags.get("BAGPIPE_STAGE"):
             stage_versions.add(tags["BAGPIPE_STAGE"])
+        made_of_synthetic = made_of_synthetic or tags.get(synthetic.TAG) == "true"
         assets[key] = pystac.Asset(href, title=key, media_type=COG, roles=["data"],
                                    extra_fields={"raster:bands": bands})
     for file in files:
@@ -128,6 +130,8 @@ def build_item(task: dict[str, Any], files: Sequence[str | Path], catalog: dict[
         "start_datetime": pystac.utils.datetime_to_str(start), "end_datetime": pystac.utils.datetime_to_str(end)}
     if stage_versions:
         properties[f"{PREFIX}:stage_version"] = ",".join(sorted(stage_versions))
+    if made_of_synthetic:  # made by the local stack from its imitation's synthesized granules
+        properties[synthetic.SYNTHETIC] = True
     item = create_stac_item(rasters[0], input_datetime=start, properties=properties, id=item_id(task),
                             assets=assets, with_proj=True, with_raster=False, geom_densify_pts=21,
                             geom_precision=6)

@@ -22,7 +22,7 @@ import numpy as np
 
 from pipeline import stages
 from pipeline.failures import FailureClass, StageFailure
-from pipeline.modis import TILE_STAGE, collection, reprojection
+from pipeline.modis import TILE_STAGE, collection, reprojection, synthetic
 from pipeline.modis.granules import HDF, Granule, from_param
 from pipeline.modis.grid import TILE_SIZE
 from pipeline.modis.products import CATALOG, Product
@@ -140,7 +140,7 @@ def modis(ctx: StageContext) -> None:
                 ctx.clients.transfers, ctx.clients.tiles, name,
                 lambda layer=layer, target=target: reprojection.warp(  # type: ignore[misc]  # bound defaults
                     sources(layer), product, layer, target,
-                    tags={"DATE": params["date"], "TARGET_TILE": params["tile"]}),
+                    tags={"DATE": params["date"], "TARGET_TILE": params["tile"]} | synthetic_tag(granules)),
                 "image/tiff", want_data=False, owner=owner, tidy=ctx.attempt > 1)
             cached = cached and not made.made
             made_as[layer] = name
@@ -152,6 +152,12 @@ def modis(ctx: StageContext) -> None:
             cached = cached and not made.made
             ctx.outputs.append(names.TILE_OUTPUT_PREFIX + blob)
         ctx.cached = cached
+
+
+def synthetic_tag(granules: list[Granule]) -> dict[str, str]:
+    """The tag that says a product was made from a synthetic granule (the local stack's
+    imitation), if one of ``granules`` is: it says so in its file and its STAC item."""
+    return {synthetic.TAG: "true"} if any(g.synthetic for g in granules) else {}
 
 
 def derived_of(params: dict[str, str]) -> dict[str, expressions.Expression]:
@@ -190,4 +196,5 @@ def derive(ctx: StageContext, params: dict[str, str], name: str, made_as: dict[s
     out = parsed.encoding()
     return rasters.write_cog([encode(parsed.evaluate(values), out)], grid, out, [name],
                              {"PRODUCT": product.name, "LAYER": name, "EXPRESSION": str(parsed), "DATE": params["date"],
-                              "TARGET_TILE": params["tile"], "BAGPIPE_STAGE": expressions.VERSION})
+                              "TARGET_TILE": params["tile"], "BAGPIPE_STAGE": expressions.VERSION}
+                             | synthetic_tag(from_param(params["granules"])))

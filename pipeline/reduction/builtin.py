@@ -43,6 +43,7 @@ from pipeline.storage import cache, names
 from pipeline.storage.clients import Clients
 
 GOOD = (TaskStatus.SUCCEEDED, TaskStatus.CACHED)
+SYNTHETIC_TAG = "BAGPIPE_SYNTHETIC"  # an input's file says it was made from the local imitation's synthetic data
 FETCHERS = 8  # input tiles fetched at once
 # what an expression may call an input's baseline figures (``ndvi.vci``), from its value and climatology
 BASELINE_FIGURES: dict[str, Callable[[np.ndarray, Climatology], np.ndarray]] = {
@@ -134,6 +135,11 @@ class Fetched:
 
     def climatology(self, blob: str) -> Climatology:
         return climatology.from_geotiff(self.paths[blob]).climatology
+
+    def synthetic(self) -> dict[str, str]:
+        """The tag that says an output was made from synthetic data, if any input says so."""
+        return {SYNTHETIC_TAG: "true"} if any(rasters.tags(p).get(SYNTHETIC_TAG) == "true"
+                                             for p in self.paths.values()) else {}
 
 
 def content_key(kind: str, *parts: Any) -> str:
@@ -228,7 +234,8 @@ def _builtin(fetched: Fetched, reducer: builtins.Reducer, found: Gathered, alias
     values = builtins.reduce_stream(reducer, fetched.reader(dated, encoding), [d for d, _ in dated], grid.shape,
                                     baseline)
     out = reducer.output_encoding(encoding)
-    return rasters.write_cog([encode(values, out)], grid, out, [tags["NAME"]], tags, categorical=out.categorical)
+    return rasters.write_cog([encode(values, out)], grid, out, [tags["NAME"]], tags | fetched.synthetic(),
+                             categorical=out.categorical)
 
 
 def _expression(fetched: Fetched, spec: dict[str, Any], found: Gathered, encodings: dict[str, Encoding],
@@ -256,7 +263,7 @@ def _expression(fetched: Fetched, spec: dict[str, Any], found: Gathered, encodin
                 values[name] = figures(values[alias], fetched.climatology(found.climatologies[alias]))
     result = parsed.evaluate(values)
     out = float32(spec.get("unit", ""))
-    return rasters.write_cog([encode(result, out)], grid, out, [tags["NAME"]], tags)
+    return rasters.write_cog([encode(result, out)], grid, out, [tags["NAME"]], tags | fetched.synthetic())
 
 
 @stages.stage(CLIMATOLOGY_STAGE)
@@ -290,13 +297,14 @@ def baseline(ctx: StageContext) -> None:
                                                      grid.shape).astype(np.float32))
                 ctx.progress((number + 1) / len(windows))
             stats = years.result()
+            made_of = fetched.synthetic()
         out = float32(encoding.unit)
         bands = [np.asarray(getattr(stats, name), np.float32) for name in STATISTICS]  # count: 0, never nodata
         return rasters.write_cog(bands, grid, out, list(STATISTICS),
                                  {"STATISTICS": ",".join(STATISTICS), "DDOF": str(climatology.DDOF),
                                   "BAGPIPE_STAGE": climatology.VERSION, "INPUT": f"{product}.{layer}",
                                   "AGGREGATE": params["aggregate"], "WINDOWS": params["windows"],
-                                  "TARGET_TILE": params["tile"]})
+                                  "TARGET_TILE": params["tile"]} | made_of)
 
     _made(ctx, {blob: make})
 

@@ -13,6 +13,7 @@ from pipeline.lifecycle import jobs, results
 from pipeline.lifecycle.jobs import JobRow
 from pipeline.lifecycle.status import JobState
 from pipeline.modis import TILE_STAGE, cachedtiles, overview, tilestage
+from pipeline.modis.granules import from_param
 from pipeline.planning import Finished, TaskPlan
 from pipeline.redact import redact
 from pipeline.reduction import builtin, bundles, reducers
@@ -25,6 +26,7 @@ from pipeline.settings import Settings
 from pipeline.storage.clients import Clients
 
 STAGES = (tilestage, reduction_stage, builtin, cachedtiles)  # imported for what they register
+SYNTHETIC_NOTE = "synthetic data (local imitation): made from granules the local stack synthesized, not from NASA's"
 
 
 class Requests:
@@ -38,8 +40,10 @@ class Requests:
     def finished(self, clients: Clients, row: JobRow, entries: list[dict[str, Any]]) -> Finished:
         name_installed_reducers(clients.settings, entries)
         pictures = overview.build(clients, row.job, entries) if row.outcome is not JobState.CANCELLED else []
+        notes = [SYNTHETIC_NOTE] if any(g.synthetic for e in entries if e.get("granules")
+                                        for g in from_param(e["granules"])) else []
         return Finished({"catalog": catalog_of(clients.settings), "overviews": pictures},
-                        [_overview_line(clients, pictures)] if pictures else [])
+                        [_overview_line(clients, pictures)] if pictures else [], notes)
 
 
 planning.register(Requests())

@@ -41,6 +41,12 @@ def read(path: Path, rows: slice | None = None, band: int = 1) -> np.ndarray:
         return np.asarray(src.read(band, window=window))
 
 
+def tags(path: Path) -> dict[str, str]:
+    """A raster's dataset tags."""
+    with rasterio.open(path) as src:
+        return dict(src.tags())
+
+
 def write_cog(bands: Sequence[np.ndarray], grid: Grid, encoding: Encoding, names: Sequence[str],
               tags: dict[str, str], categorical: bool = False) -> bytes:
     """Stored ``bands`` (in ``encoding``'s type) as one Cloud-Optimized GeoTIFF (deflate,
