@@ -31,7 +31,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 # the stage processes' imports, made once in the server (``pipeline.stages.load`` imports
 # whatever more the settings name, in each stage process)
@@ -141,7 +141,10 @@ def _running(replace: bool = False) -> ForkServer:
 # --- the server's own process --------------------------------------------------------------
 def main(fd: int) -> None:
     """Serve the worker on the socket ``fd`` until it closes its end."""
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # and when it dies
+    # told when the worker dies, to take its stage processes' groups with it (_end): were it
+    # killed outright, a stage process would die of its own death signal before it could
+    # kill what it started, and that would outlive the worker
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGHUP)
     for module in PRELOAD:
         importlib.import_module(module)  # worker.private first: the server is not dumpable
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ^C to the worker's terminal is the worker's
@@ -149,7 +152,8 @@ def main(fd: int) -> None:
     woken, wake = os.pipe()
     os.set_blocking(wake, False)
     signal.set_wakeup_fd(wake, warn_on_full_buffer=False)
-    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that the wakeup fd hears it
+    for heard in (signal.SIGCHLD, signal.SIGHUP):  # a handler, so that the wakeup fd hears it
+        signal.signal(heard, lambda *_: None)
     children: dict[int, int] = {}  # pid -> the write end of its status pipe
     poller = select.poll()
     poller.register(control, select.POLLIN)
@@ -157,7 +161,8 @@ def main(fd: int) -> None:
     while True:
         for ready, _ in poller.poll():
             if ready == woken:
-                os.read(woken, 512)
+                if signal.SIGHUP in os.read(woken, 512):  # the worker is gone
+                    _end(children)
                 _reap(children)
                 continue
             try:
@@ -165,7 +170,7 @@ def main(fd: int) -> None:
             except OSError:
                 request, fds = b"", []
             if not request:  # the worker is gone
-                os._exit(0)
+                _end(children)
             if len(fds) != 2:
                 for extra in fds:
                     os.close(extra)
@@ -182,6 +187,18 @@ def main(fd: int) -> None:
             children[pid] = status
             control.send(str(pid).encode())
         _reap(children)
+
+
+def _end(children: dict[int, int]) -> NoReturn:
+    """The worker is gone: kill every stage process's group (each is its own group's
+    leader), so that nothing a stage started outlives its worker, and exit."""
+    for pid in children:
+        for kill in (os.killpg, os.kill):  # the process itself too, were it not its group's leader yet
+            try:
+                kill(pid, signal.SIGKILL)
+            except OSError:
+                pass  # ended already
+    os._exit(0)
 
 
 def _reap(children: dict[int, int]) -> None:
