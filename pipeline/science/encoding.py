@@ -95,10 +95,17 @@ def usable(stored: np.ndarray, encoding: Encoding) -> np.ndarray:
     return good
 
 
-def decode(stored: np.ndarray, encoding: Encoding, dtype: type[np.floating] = np.float32) -> np.ndarray:
-    """The physical values of stored ones (stored × scale + offset), as ``dtype`` (float32:
-    exact enough that a stored integer of up to 2^22 encodes back to itself; float64 for
-    wider ones), NaN wherever :func:`usable` says there is no value."""
+def decoded_type(encoding: Encoding) -> type[np.floating]:
+    """The float type a layer's values decode to: float32, exact for every stored value of a
+    type of up to 16 bits; float64 for wider ones (a 32-bit QC bit field's 4294966531 is
+    4294966528 in float32, and would encode back as other bits)."""
+    return np.float32 if np.dtype(encoding.dtype).itemsize <= 2 else np.float64
+
+
+def decode(stored: np.ndarray, encoding: Encoding, dtype: type[np.floating] | None = None) -> np.ndarray:
+    """The physical values of stored ones (stored × scale + offset), as ``dtype`` (by default
+    :func:`decoded_type`), NaN wherever :func:`usable` says there is no value."""
+    dtype = decoded_type(encoding) if dtype is None else dtype
     good = usable(stored, encoding)
     values = stored.astype(dtype)
     if encoding.scale != 1.0:
