@@ -287,8 +287,10 @@ def status(job: str, as_json: Annotated[bool, typer.Option("--json")] = False,
             console.print(f"  {name}: {link}", highlight=False, soft_wrap=True)
     if found.get("workers"):
         workers = Table(title="workers")
-        for column in ("worker", "attempts", "committed", "runtime / history", "state", "sandbox"):
-            workers.add_column(column, justify="left" if column in ("worker", "state", "sandbox") else "right")
+        longest = max(len(worker["worker"]) for worker in found["workers"])
+        workers.add_column("worker", no_wrap=True, min_width=longest)  # a name to grep the logs for, whole
+        for column in ("attempts", "committed", "runtime / history", "state", "sandbox"):
+            workers.add_column(column, justify="left" if column in ("state", "sandbox") else "right")
         for worker in found["workers"]:
             ratio = worker["recent_ratio"]
             workers.add_row(worker["worker"], str(worker["attempts"]), str(worker["committed"]),

@@ -81,6 +81,9 @@ def _fill_small_request(page: Page) -> None:
         page.fill(f"#bbox-{side}", value)
     page.fill("#start", "2022-02-02")
     page.fill("#end", "2022-02-09")
+    for checked in page.locator("input[name=products]:checked").all():
+        checked.uncheck()
+    page.check("input[name=products][value=MOD10A2]")  # what snow_fraction accepts
     page.click("details.grid summary")
     page.fill("#resolution", "0.01")
     page.select_option("#reducer", "snow_fraction")
