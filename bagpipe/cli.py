@@ -120,7 +120,7 @@ def submit(
     end: Annotated[Optional[str], typer.Option(help="Last day, YYYY-MM-DD.")] = None,
     product: Annotated[Optional[list[str]], typer.Option(help="A product (repeat).")] = None,
     layer: Annotated[Optional[list[str]], typer.Option(
-        help="A layer to make, PRODUCT:LAYER (repeat; a product not named: its default layer).")] = None,
+        help="A layer to make, PRODUCT.LAYER (repeat; a product not named: its default layer).")] = None,
     email: Annotated[Optional[str], typer.Option(help="Where to send the notification.")] = None,
     label: Annotated[str, typer.Option(help="A name for the job.")] = "",
     crs: Annotated[Optional[str], typer.Option(help="Output grid CRS, e.g. EPSG:4326.")] = None,

@@ -31,7 +31,8 @@ async function submitPage() {
         onchange: () => { region.mode = value; mapView.mode = value; changed(); } }), " ", label)));
   const products = h("fieldset", { class: "field", "data-field": "products" }, h("legend", {}, "Products"),
     ...catalog.products.map((p, i) => h("label", { class: "check" },
-      h("input", { type: "checkbox", name: "products", value: p.name, checked: i === 0, onchange: changed }),
+      h("input", { type: "checkbox", name: "products", value: p.name, checked: i === 0,
+        onchange: () => { offerInputs(); changed(); } }),
       ` ${p.name} — ${p.title}`)), h("p", { class: "error", role: "alert" }));
   const reducer = h("select", { id: "reducer", name: "reducer", onchange: () => { describe(); changed(); } },
     h("option", { value: "" }, "none: the reprojected tiles only"),
@@ -44,6 +45,53 @@ async function submitPage() {
   const args = h("textarea", { id: "args", name: "args", rows: 2, placeholder: '{"threshold": 0.5}', oninput: changed });
   const onFailure = h("select", { id: "on-failure", name: "on-failure", onchange: changed },
     h("option", { value: "fail" }, "fail the reduction"), h("option", { value: "run" }, "run it on the tiles that exist"));
+  // reduce: a built-in reducer or an expression over layers of the products, by groups of dates
+  const kind = h("select", { id: "reduce-kind", onchange: () => { showReduce(); changed(); } },
+    h("option", { value: "" }, "none"), h("option", { value: "builtin" }, "a built-in reducer of each input"),
+    h("option", { value: "expression" }, "an expression over the inputs"));
+  const builtin = h("select", { id: "reduce-builtin", onchange: () => { showReduce(); changed(); } },
+    ...catalog.builtins.map((b) => h("option", { value: b }, b)));
+  const percentile = input("reduce-percentile", { type: "number", min: 0, max: 100, step: "any", value: 90, oninput: changed });
+  const expression = input("reduce-expression", { type: "text", placeholder: "(a - b) / (a + b)", oninput: changed });
+  const aggregate = h("select", { id: "reduce-aggregate", onchange: changed },
+    ...catalog.aggregates.map((a) => h("option", { value: a }, a)));
+  const by = h("select", { id: "reduce-by", onchange: () => { showReduce(); changed(); } },
+    ...catalog.groupings.map((g) => h("option", { value: g }, g)));
+  const days = input("reduce-days", { type: "number", min: 1, step: 1, value: 8, oninput: changed });
+  const inputs = h("select", { id: "reduce-inputs", multiple: true, size: 4, onchange: changed });
+  const inputsHint = h("p", { class: "hint" });
+  const baselineStart = input("baseline-start", { type: "date", oninput: changed });
+  const baselineEnd = input("baseline-end", { type: "date", oninput: changed });
+  const reduceFields = {
+    builtin: field("reduce.reducer", "Built-in", builtin), percentile: field("reduce.percentile", "Percentile", percentile),
+    expression: field("reduce.expression", "Expression", expression,
+      "arithmetic, comparisons, where, clip, sqrt, log, min, max over the inputs by name; with a baseline, NAME.vci, NAME.tci, NAME.anomaly, NAME.zscore"),
+    aggregate: field("reduce.aggregate", "Each input over a group by", aggregate),
+    days: field("reduce.days", "Days a group", days),
+  };
+  const reduceBlock = h("div", { class: "reduce" },
+    h("div", { class: "row" }, field("reduce.by", "Group dates by", by), reduceFields.days),
+    field("reduce.inputs", "Inputs (PRODUCT.LAYER)", inputs), inputsHint,
+    h("div", { class: "row" }, reduceFields.builtin, reduceFields.percentile, reduceFields.aggregate),
+    reduceFields.expression,
+    h("div", { class: "row", "data-field": "reduce.baseline" }, field("reduce.baseline.start", "Baseline from", baselineStart),
+      field("reduce.baseline.end", "to", baselineEnd)));
+  /** The inputs offered: every layer of the products checked, their default layers chosen. */
+  function offerInputs() {
+    const chosen = new Set([...inputs.selectedOptions].map((o) => o.value));
+    const checked = [...document.querySelectorAll("input[name=products]:checked")].map((c) => c.value);
+    const offered = catalog.products.filter((p) => checked.includes(p.name)).flatMap((p) => p.layers.map((l) => ({
+      ref: `${p.name}.${l.name}`, unit: l.unit, chosen: chosen.size ? chosen.has(`${p.name}.${l.name}`) : l.name === p.default_layer })));
+    inputs.replaceChildren(...offered.map((o) => h("option", { value: o.ref, selected: o.chosen }, o.unit ? `${o.ref} (${o.unit})` : o.ref)));
+    inputsHint.textContent = "An expression names them as listed: " + [...inputs.selectedOptions].map((o) => o.value).join(", ");
+  }
+  function showReduce() {
+    reduceBlock.hidden = !kind.value;
+    reduceFields.builtin.hidden = kind.value !== "builtin";
+    reduceFields.percentile.hidden = kind.value !== "builtin" || builtin.value !== "percentile";
+    reduceFields.expression.hidden = reduceFields.aggregate.hidden = kind.value !== "expression";
+    reduceFields.days.hidden = by.value !== "days:N";
+  }
   const start = input("start", { type: "date", value: "2022-01-01", required: true, oninput: changed });
   const end = input("end", { type: "date", value: "2022-02-17", required: true, oninput: changed });
   const crs = input("crs", { type: "text", placeholder: "EPSG:4326", oninput: changed });
@@ -59,7 +107,8 @@ async function submitPage() {
       h("p", { class: "error", role: "alert" })),
     h("div", { class: "row" }, field("start", "From", start), field("end", "To", end)),
     products,
-    field("reducer", "Reduction", reducer), reducerText,
+    field("reduce", "Reduce over time", kind), reduceBlock,
+    field("reducer", "Or run a program over each product's span", reducer), reducerText,
     field("reducer.args", "Its arguments (JSON)", args),
     field("reducer.on_dependency_failure", "If a tile of its span fails", onFailure),
     h("details", { class: "grid" }, h("summary", {}, "Output grid (for a box)"),
@@ -99,6 +148,26 @@ async function submitPage() {
         try { parsed = JSON.parse(args.value); } catch { throw new FieldError("reducer.args", "not valid JSON"); }
       }
       body.reducer = { name: reducer.value, args: parsed, on_dependency_failure: onFailure.value };
+    }
+    if (kind.value) {
+      body.reduce = { by: by.value === "days:N" ? `days:${days.value}` : by.value,
+        inputs: [...inputs.selectedOptions].map((o) => o.value) };
+      if (!body.reduce.inputs.length) delete body.reduce.inputs; // the layers the request makes
+      if (kind.value === "builtin") {
+        body.reduce.reducer = builtin.value;
+        if (builtin.value === "percentile") body.reduce.percentile = Number(percentile.value);
+      } else {
+        body.reduce.expression = expression.value;
+        body.reduce.aggregate = aggregate.value;
+      }
+      if (baselineStart.value || baselineEnd.value) body.reduce.baseline = { start: baselineStart.value, end: baselineEnd.value };
+      // the layers the inputs name are layers the request makes
+      body.layers = {};
+      for (const ref of body.reduce.inputs || []) {
+        const [product, layer] = [ref.slice(0, ref.indexOf(".")), ref.slice(ref.indexOf(".") + 1)];
+        (body.layers[product] = body.layers[product] || []).push(layer);
+      }
+      if (!Object.keys(body.layers).length) delete body.layers;
     }
     if (email.value) body.email = email.value;
     if (label.value) body.label = label.value;
@@ -165,6 +234,8 @@ async function submitPage() {
     }
   });
   describe();
+  offerInputs();
+  showReduce();
   changed();
 }
 
@@ -337,7 +408,10 @@ async function jobPage(id) {
     }
     title.replaceChildren(`Job ${id} `, stateBadge(view.state));
     summary.replaceChildren(h("p", {}, view.label || "(no label)", " · submitted ", age(view.created),
-      view.finished ? ` · finished ${age(view.finished)}` : ""));
+      view.finished ? ` · finished ${age(view.finished)}` : ""),
+    // what the state alone does not say: a job that made nothing, one made from synthesized data
+    ...(view.warning ? [h("p", { class: "warning", role: "status" }, view.warning)] : []),
+    ...view.notes.map((note) => h("p", { class: "note" }, note)));
     progress.value = view.progress;
     const ended = Math.round(view.progress * view.total);
     progressText.textContent = `${ended} of ${view.total} tasks ended` +

@@ -207,6 +207,37 @@ def test_an_invalid_request_shows_the_error_beside_its_field(page: Page, stack: 
     _shot(page, "invalid")
 
 
+def test_a_monthly_maximum_asked_for_on_the_form_with_no_program(page: Page, stack: LocalStack) -> None:
+    page.goto(stack.api_url + "/")
+    _enter_key(page, stack.token)
+    _fill_small_request(page)
+    page.select_option("#reducer", "")  # no program
+    page.select_option("#reduce-kind", "expression")
+    expect(page.locator("#reduce-inputs option:checked")).to_have_count(1)  # the product's default layer
+    page.fill("#reduce-expression", "__import__('os')")  # refused beside its field, nothing run
+    expect(page.locator("[data-field='reduce.expression'] .error")).not_to_be_empty()
+    expect(page.locator("#reduce-expression")).to_have_attribute("aria-invalid", "true")
+    page.select_option("#reduce-kind", "builtin")
+    expect(page.locator("#reduce-expression")).to_be_hidden()
+    page.select_option("#reduce-builtin", "max")
+    page.select_option("#reduce-by", "month")
+    # 2 target tiles x 1 period + 2 reductions (one month a tile)
+    expect(page.locator("#estimate")).to_have_text(re.compile(r"makes 4 tasks"))
+    page.click("#submit-form button[type=submit]")
+    expect(page).to_have_url(re.compile(r"#/jobs/[\w-]+$"))
+    job = page.url.rsplit("/", 1)[-1]
+    expect(page.locator("h1 .badge")).to_have_text("SUCCEEDED", timeout=150_000)
+    taken = httpx.get(f"{stack.api_url}/api/jobs/{job}", headers={"Authorization": f"Bearer {stack.token}"}).json()
+    assert taken["request"]["reduce"] == {**taken["request"]["reduce"], "by": "month", "reducer": "max",
+                                          "inputs": ["MOD10A2.Maximum_Snow_Extent"]}
+    assert "reducer" not in taken["request"] or taken["request"]["reducer"] is None
+    # what the state alone does not say is said beside it: here, data the local stack synthesized
+    for note in taken["notes"]:
+        expect(page.locator(".summary .note", has_text=note)).to_have_count(1)
+    expect(page.locator(".summary .warning")).to_have_count(0)  # it made something
+    expect(page.locator(".quicklook-thumb, .map image.overview").first).to_be_visible()
+
+
 def test_cancel_a_running_job(page: Page, stack: LocalStack) -> None:
     api = stack.headers
     created = httpx.post(stack.api_url + "/api/jobs", headers=api, json={

@@ -177,3 +177,36 @@ def test_the_command_line_asks_for_a_grouped_reduction_a_baseline_and_a_derived_
         assert refused.exit_code != 0 and "reduce.baseline" in refused.output
     finally:
         served.stop()
+
+
+def test_the_readmes_requests_are_taken_as_written(settings: Settings, clients: Clients, admin_token: str) -> None:
+    """Every ``bagpipe submit`` of the README's "What you can ask for" is a request the API
+    takes, with the reduction the text says it asks for."""
+    import shlex
+    from dataclasses import fields, replace
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from bagpipe.cli import app
+    from bagpipe.serving import Served
+    from pipeline.lifecycle import jobs
+
+    readme = Path(__file__).parent.parent / "README.md"
+    section = readme.read_text().split("## What you can ask for", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```sh\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    commands = [shlex.split(line) for line in block.splitlines() if line.startswith("bagpipe submit")]
+    assert len(commands) == 4
+    deployed = next(f.default for f in fields(Settings) if f.name == "max_tasks")
+    served = Served(create_app(replace(settings, max_tasks=deployed))).start()  # the deployment's limit
+    try:
+        asked = []
+        for command in commands:
+            done = CliRunner().invoke(app, [*command[1:], "--api", served.url, "--key", admin_token])
+            assert done.exit_code == 0, (command, done.output)
+            asked.append(json.loads(jobs.get(clients, done.output.strip().splitlines()[-1]).request)["reduce"])
+    finally:
+        served.stop()
+    assert [(r["by"], r["reducer"] or r["expression"]) for r in asked] == [
+        ("month", "mean"), ("season", "max"), ("month", "0.5 * ndvi.vci + 0.5 * lst.tci"), ("days:8", "mean")]
+    assert asked[2]["baseline"] == {"start": "2003-01-01", "end": "2021-12-31"}

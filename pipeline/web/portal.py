@@ -14,6 +14,9 @@ from fastapi.staticfiles import StaticFiles
 
 from pipeline.lifecycle import jobs
 from pipeline.modis.products import CATALOG
+from pipeline.requests.reductions import AGGREGATES
+from pipeline.science import builtins
+from pipeline.science.groups import CLIMATOLOGIES
 from pipeline.storage.clients import Clients
 from pipeline.web import auth, jobview, registry
 from pipeline.web.identity import Caller
@@ -45,9 +48,15 @@ def add_portal(app: FastAPI, clients: Clients, signed_in: Callable[..., Caller])
                     for r in found["mine"] + found["shared"]]
         return {
             "products": [{"name": p.name, "title": p.title, "period_days": p.period_days,
-                          "cadence": p.cadence}
+                          "cadence": p.cadence, "default_layer": p.default.name,
+                          "layers": [{"name": layer.name, "unit": layer.unit, "categorical": layer.categorical}
+                                     for layer in p.layers]}
                          for p in CATALOG.values()],
             "reducers": found["installed"] + uploaded,
+            # what reduce asks for (pipeline.requests.reductions): built-ins, groupings, aggregates
+            "builtins": list(builtins.NAMES),
+            "groupings": ["span", "month", "season", "year", "days:N", *CLIMATOLOGIES],
+            "aggregates": list(AGGREGATES),
             "max_tasks": clients.settings.max_tasks,
         }
 
