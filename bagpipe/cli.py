@@ -1,4 +1,4 @@
-"""``bagpipe``: run the local stack and a worker, submit requests, watch them, fetch results."""
+"""bagpipe: run the local stack and a worker, submit requests, watch them, fetch results."""
 
 from __future__ import annotations
 
@@ -23,11 +23,14 @@ from bagpipe.client import DEFAULT_HOME, Api, ApiError, download_results
 from bagpipe.terminal import console, fail
 from pipeline.redact import protect_logging
 
-app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
+# Click's plain help: Typer's rich panels print every flag as taking a value (``--help <bool>``).
+app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, rich_markup_mode=None,
+                  context_settings={"max_content_width": 120})
 
 HomeOpt = Annotated[Path, typer.Option(help="Folder of the local stack's state.")]
 ApiOpt = Annotated[Optional[str], typer.Option("--api", help="API base URL.")]
 KeyOpt = Annotated[Optional[str], typer.Option("--key", help="Personal API token.")]
+JobArg = Annotated[str, typer.Argument(metavar="JOB", help="The job's id, as submit printed it.")]
 
 # The demo request: the Four Corners of the south-western United States (MODIS tiles
 # h08v05 and h09v05, reprojected to 1° lon/lat tiles at 0.005°), every 8-day snow
@@ -254,7 +257,8 @@ def _bbox(text: str) -> list[float]:
 
 
 @app.command()
-def status(job: str, as_json: Annotated[bool, typer.Option("--json")] = False,
+def status(job: JobArg,
+           as_json: Annotated[bool, typer.Option("--json", help="Print the API's answer as JSON.")] = False,
            api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFAULT_HOME) -> None:
     """Show a job's state, task counts, failures (the newest with errors and logs) and workers; --json: the API's."""
     try:
@@ -331,7 +335,7 @@ def watch_job(client: Api, job: str, interval: float = 1.0,
 
 
 @app.command()
-def watch(job: str, api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFAULT_HOME) -> None:
+def watch(job: JobArg, api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFAULT_HOME) -> None:
     """Follow a job with a progress bar until it ends; exit status 0 only if it SUCCEEDED."""
     try:
         found = watch_job(Api.resolve(api, key, home), job)
@@ -347,7 +351,7 @@ def watch(job: str, api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFA
 
 
 @app.command()
-def results(job: str, out: Annotated[Path, typer.Option(help="Where to put the products.")],
+def results(job: JobArg, out: Annotated[Path, typer.Option(help="Where to put the products.")],
             api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFAULT_HOME) -> None:
     """Download a finished job's products and manifest."""
     try:
@@ -358,7 +362,7 @@ def results(job: str, out: Annotated[Path, typer.Option(help="Where to put the p
 
 
 @app.command()
-def cancel(job: str, api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFAULT_HOME) -> None:
+def cancel(job: JobArg, api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFAULT_HOME) -> None:
     """Cancel a job: no task starts after this."""
     try:
         found = Api.resolve(api, key, home).cancel(job)

@@ -15,13 +15,14 @@ from rich.table import Table
 from bagpipe.client import DEFAULT_HOME, Api, ApiError, ApiUnreachable
 from bagpipe.terminal import console, fail
 
-users = typer.Typer(help="Users (admin).", no_args_is_help=True)
-tokens = typer.Typer(help="Personal API tokens.", no_args_is_help=True)
-reducers = typer.Typer(help="Reducers you upload, share and run.", no_args_is_help=True)
+users = typer.Typer(help="Users (admin).", no_args_is_help=True, rich_markup_mode=None)
+tokens = typer.Typer(help="Personal API tokens.", no_args_is_help=True, rich_markup_mode=None)
+reducers = typer.Typer(help="Reducers you upload, share and run.", no_args_is_help=True, rich_markup_mode=None)
 
 HomeOpt = Annotated[Path, typer.Option(help="Folder of the local stack's state.")]
 ApiOpt = Annotated[Optional[str], typer.Option("--api", help="API base URL.")]
 KeyOpt = Annotated[Optional[str], typer.Option("--key", help="Personal API token.")]
+NameArg = Annotated[str, typer.Argument(metavar="NAME", help="Their user name.")]
 SKIPPED = {"__pycache__", ".git"}
 
 
@@ -55,7 +56,7 @@ def _table(title: str, rows: list[dict[str, Any]], columns: list[str], whole: st
 
 
 @users.command("add")
-def users_add(name: str, email: Annotated[str, typer.Option(help="Their e-mail (their Entra sign-in in Azure).")],
+def users_add(name: NameArg, email: Annotated[str, typer.Option(help="Their e-mail (their Entra sign-in in Azure).")],
               admin: Annotated[bool, typer.Option("--admin", help="An admin, not a scientist.")] = False,
               api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFAULT_HOME) -> None:
     """Add a user (then: bagpipe tokens create --user NAME)."""
@@ -65,7 +66,7 @@ def users_add(name: str, email: Annotated[str, typer.Option(help="Their e-mail (
 
 
 @users.command("bootstrap")
-def users_bootstrap(name: str, email: Annotated[str, typer.Option(help="Their e-mail.")]) -> None:
+def users_bootstrap(name: NameArg, email: Annotated[str, typer.Option(help="Their e-mail.")]) -> None:
     """Make an admin and a token of theirs straight in storage (settings from the environment:
     BagpipeStorage, or BagpipeStorage__accountName and an Azure sign-in with table data
     access): the first admin of a deployment that has no Entra sign-in."""
@@ -109,7 +110,8 @@ def tokens_list(user: Annotated[Optional[str], typer.Option(help="Whose (admin);
 
 
 @tokens.command("revoke")
-def tokens_revoke(token_id: str, api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFAULT_HOME) -> None:
+def tokens_revoke(token_id: Annotated[str, typer.Argument(metavar="TOKEN_ID", help="As tokens list shows it.")],
+                  api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFAULT_HOME) -> None:
     """Revoke a token: refused from the next request on."""
     _run(lambda: _api(api, key, home).post(f"/api/tokens/{token_id}/revoke"))
     console.print(f"token {token_id} revoked")
@@ -138,7 +140,8 @@ def _split(ref: str, api: Api) -> tuple[str, str]:
 
 
 @reducers.command("push")
-def reducers_push(folder: Path, api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFAULT_HOME) -> None:
+def reducers_push(folder: Annotated[Path, typer.Argument(metavar="FOLDER", help="reducer.json and its program.")],
+                  api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFAULT_HOME) -> None:
     """Upload the reducer in FOLDER (reducer.json and its program) as its next version."""
     try:
         archive = pack(folder)
@@ -160,8 +163,8 @@ def reducers_list(api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFAUL
 
 
 @reducers.command("show")
-def reducers_show(ref: Annotated[str, typer.Argument(help="NAME (mine) or OWNER/NAME.")],
-                  as_json: Annotated[bool, typer.Option("--json")] = False,
+def reducers_show(ref: Annotated[str, typer.Argument(metavar="REDUCER", help="NAME (mine) or OWNER/NAME.")],
+                  as_json: Annotated[bool, typer.Option("--json", help="Print the API's answer as JSON.")] = False,
                   api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFAULT_HOME) -> None:
     """A reducer's versions and the jobs that ran each."""
     client = _api(api, key, home)
@@ -179,7 +182,7 @@ def reducers_show(ref: Annotated[str, typer.Argument(help="NAME (mine) or OWNER/
 
 
 @reducers.command("share")
-def reducers_share(ref: Annotated[str, typer.Argument(help="NAME (mine) or OWNER/NAME (admin).")],
+def reducers_share(ref: Annotated[str, typer.Argument(metavar="REDUCER", help="NAME (mine) or OWNER/NAME (admin).")],
                    with_: Annotated[Optional[list[str]], typer.Option("--with", help="A user (repeat).")] = None,
                    everyone: Annotated[bool, typer.Option("--everyone", help="Every user.")] = False,
                    private: Annotated[bool, typer.Option("--private", help="Nobody but me.")] = False,
@@ -198,7 +201,8 @@ def reducers_share(ref: Annotated[str, typer.Argument(help="NAME (mine) or OWNER
 
 
 @reducers.command("delete")
-def reducers_delete(ref: Annotated[str, typer.Argument(help="NAME[@VERSION] or OWNER/NAME[@VERSION].")],
+def reducers_delete(ref: Annotated[str, typer.Argument(metavar="REDUCER",
+                                                      help="NAME[@VERSION] or OWNER/NAME[@VERSION].")],
                     api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFAULT_HOME) -> None:
     """Delete a version, or every version: no new job may name it."""
     client = _api(api, key, home)

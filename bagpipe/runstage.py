@@ -13,7 +13,7 @@ from bagpipe.terminal import console, fail
 
 
 def run_stage(
-    stage: Annotated[str, typer.Argument(help="reproject, or reduce.")],
+    stage: Annotated[str, typer.Argument(metavar="STAGE", help="reproject, or reduce.")],
     inputs: Annotated[list[Path], typer.Option("--input", exists=True, dir_okay=False,
                                                help="A source file (repeat: a mosaic, or a reduction's span); "
                                                     "reproject: a granule's HDF4 file or a layer's GeoTIFF.")],
@@ -24,8 +24,10 @@ def run_stage(
         help="reproject: west south east north, in the target CRS.")] = None,
     resampling: Annotated[Optional[str], typer.Option(
         help="reproject: nearest, bilinear, average, ... (default: the layer's)")] = None,
-    product: Annotated[str, typer.Option(help="reproject: the product the sources are of.")] = "MOD10A2",
-    layer: Annotated[Optional[str], typer.Option(help="reproject: the layer (default: the product's).")] = None,
+    product: Annotated[Optional[str], typer.Option(
+        help="reproject: the product the sources are of (default: the one their names say).")] = None,
+    layer: Annotated[Optional[str], typer.Option(
+        help="reproject: the layer (default: the one a GeoTIFF's name says, else the product's).")] = None,
     reducer: Annotated[Optional[str], typer.Option(help="reduce: the reducer's name.")] = None,
     reducers_path: Annotated[str, typer.Option(help="reduce: more folders of reducers (:-separated).")] = "",
     arg: Annotated[Optional[list[str]], typer.Option(help="reduce: an argument for task.json, NAME=VALUE.")] = None,
@@ -39,8 +41,39 @@ def run_stage(
         fail(ValueError(f"unknown stage {stage!r}: reproject or reduce"))
 
 
+def _named(inputs: list[Path], product: str | None, layer: str | None) -> tuple[str, str | None]:
+    """The product and layer the ``--input`` files are of: what their names say (a granule's
+    file is named for its product, a layer's GeoTIFF for its layer too, as NASA and Planetary
+    Computer name them), checked against ``--product`` and ``--layer`` where given; exits
+    naming the file whose name disagrees, or asking for ``--product`` when no name says."""
+    from pipeline.modis.granules import named_in
+    from pipeline.modis.products import CATALOG
+
+    said = {path: named_in(path.name) for path in inputs}
+    for path, found in said.items():
+        if found and product and found[0] != product:
+            fail(ValueError(f"--product {product}, but {path.name} is a {found[0]} granule, as its name says: "
+                            f"drop --product, or give {product}'s files"))
+    products = sorted({found[0] for found in said.values() if found})
+    if product is None:
+        if len(products) != 1 or None in said.values():
+            unnamed = [path.name for path, found in said.items() if not found]
+            fail(ValueError(f"--product: the inputs' names do not say one product ({', '.join(products + unnamed)}): "
+                            f"name it, one of {', '.join(CATALOG)}"))
+        product = products[0]
+    if product not in CATALOG:
+        fail(ValueError(f"--product: one of {', '.join(CATALOG)}"))
+    layers = {found[1] for found in said.values() if found and found[1] in CATALOG[product].layer_names}
+    if layer is None and len(layers) == 1:
+        layer = layers.pop()
+    elif layer is not None and layers - {layer}:
+        fail(ValueError(f"--layer {layer}, but the inputs' names say {', '.join(sorted(layers))}: drop --layer, "
+                        "or give that layer's files"))
+    return product, layer
+
+
 def _reproject(inputs: list[Path], out: Path, dst_crs: str, res: float,
-               bounds: tuple[float, float, float, float] | None, resampling: str | None, product: str,
+               bounds: tuple[float, float, float, float] | None, resampling: str | None, product: str | None,
                layer: str | None) -> None:
     """Warp a layer of local granule files: HDF4 files are masked by their quality layer;
     a single layer's GeoTIFF is warped as it is (its quality layer is another file)."""
@@ -56,8 +89,7 @@ def _reproject(inputs: list[Path], out: Path, dst_crs: str, res: float,
     west, south, east, north = bounds
     if not (west < east and south < north):
         fail(ValueError(f"--bounds: west south east north, west < east and south < north (not {bounds})"))
-    if product not in CATALOG:
-        fail(ValueError(f"--product: one of {', '.join(CATALOG)}"))
+    product, layer = _named(inputs, product, layer)
     spec = CATALOG[product].default if layer is None else next(
         (x for x in CATALOG[product].layers if x.name == layer), None)
     if spec is None:

@@ -12,5 +12,5 @@ console = Console()
 
 
 def fail(exc: Exception) -> NoReturn:
-    console.print(f"[red]error:[/red] {exc}")
+    console.print(f"[red]error:[/red] {exc}", soft_wrap=True)  # the terminal wraps it: names and links stay whole
     raise typer.Exit(1)

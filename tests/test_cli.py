@@ -170,12 +170,54 @@ def test_mistakes_on_the_command_line_are_named_not_traced(tmp_path: Path) -> No
         "has stopped": ["status", "j1", "--home", str(stale)],
         "--bounds": ["run-stage", "reproject", "--input", str(snow), "--out", str(tmp_path / "x.tif"),
                      "--bounds", "-105", "34", "-106", "35"],
+        "is a MOD10A2 granule": ["run-stage", "reproject", "--input", str(snow), "--out", str(tmp_path / "x.tif"),
+                                 "--bounds", "-107", "35", "-106", "36", "--product", "MOD13A1"],
+        "do not say one product": ["run-stage", "reproject", "--input", str(tmp_path / "bad.json"), "--out",
+                                   str(tmp_path / "x.tif"), "--bounds", "-107", "35", "-106", "36"],
     }
     for said, args in cases.items():
         found = runner.invoke(app, args, env=unset)
         assert found.exit_code == 1 and isinstance(found.exception, SystemExit), (args, found.exception)
         assert said in found.stdout and "Traceback" not in found.stdout, (args, found.stdout)
     assert not (tmp_path / "x.tif").exists()
+
+
+def test_help_is_plain_text_and_flags_take_no_value() -> None:
+    """``bagpipe --help`` and a command's: no reStructuredText markup, and a flag shown as
+    the flag it is (it was ``--help <bool>``, as if it took a value)."""
+    from typer.testing import CliRunner
+
+    from bagpipe.cli import app
+
+    runner = CliRunner()
+    for args in ([], ["status"], ["submit"], ["reducers"], ["reducers", "share"], ["run-stage"]):
+        shown = runner.invoke(app, [*args, "--help"], env={"COLUMNS": "80"})
+        assert shown.exit_code == 0, shown.stdout
+        assert "``" not in shown.stdout and "<bool>" not in shown.stdout, shown.stdout
+        assert "--help  " in shown.stdout or "--help\n" in shown.stdout, shown.stdout
+
+
+def test_run_stage_reproject_reads_the_product_and_layer_from_a_granules_name(tmp_path: Path) -> None:
+    """A granule's file is named for its product (and a layer's GeoTIFF for its layer):
+    without --product it is read as what it is (a MOD13A1 file was read as MOD10A2 and
+    failed, "Maximum_Snow_Extent is int16")."""
+    import rasterio
+    from typer.testing import CliRunner
+
+    from bagpipe.cli import app
+    from bagpipe.modis_world import REAL_DATA
+
+    runner = CliRunner()
+    vegetation = REAL_DATA / "MOD13A1.A2022081.h09v05.006.2022101145817_BR_B06_cropped.TIF"
+    cover = REAL_DATA / "MOD10A2.A2022033.h09v05.061.2022042050729_Eight_Day_Snow_Cover.tif"
+    for source, product, layer in ((vegetation, "MOD13A1", "500m_16_days_NDVI"),
+                                   (cover, "MOD10A2", "Eight_Day_Snow_Cover")):
+        out = tmp_path / f"{product}.tif"
+        done = runner.invoke(app, ["run-stage", "reproject", "--input", str(source), "--out", str(out),
+                                   "--res", "0.01", "--bounds", "-107", "35", "-106", "36"])
+        assert done.exit_code == 0, done.stdout
+        with rasterio.open(out) as written:
+            assert (written.tags()["PRODUCT"], written.tags()["LAYER"]) == (product, layer)
 
 
 def test_run_stage_reproject_then_reduce_with_no_azure(tmp_path: Path) -> None:

@@ -13,6 +13,17 @@ from datetime import date, datetime
 NAME = re.compile(r"^(?P<product>M[OYC]D\w+)\.A(?P<year>\d{4})(?P<doy>\d{3})\.(?P<tile>h\d\dv\d\d)\."
                   r"(?P<collection>\d{3})\.(?P<made>\d{13})$")
 HDF = "hdf"  # the key of a granule's HDF4 file (every layer in one) among its files
+FILE = re.compile(r"^(?P<id>[^_]+?)(?:_(?P<rest>.+?))?\.(?:hdf|tiff?)$", re.IGNORECASE)
+
+
+def named_in(file_name: str) -> tuple[str, str] | None:
+    """(product, what follows the granule's id) of a granule's file as archives name it —
+    its HDF4 file (``MOD10A2.A2022033.h09v05.061.2022042050729.hdf``: nothing follows) or a
+    layer's GeoTIFF (``…2022042050729_Maximum_Snow_Extent.tif``: the layer) —, or None
+    for a file not named so: a file says what it is of, for a command line not to guess."""
+    found = FILE.match(file_name)
+    granule = NAME.match(found["id"]) if found else None
+    return (granule["product"], found["rest"] or "") if found and granule else None
 
 
 @dataclass(frozen=True)
