@@ -3,13 +3,17 @@ code the workers run, for a scientist debugging a reprojection or a reduction on
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
 from bagpipe.terminal import console, fail
+
+if TYPE_CHECKING:
+    from pipeline.reduction import reducers
 
 
 def run_stage(
@@ -28,15 +32,19 @@ def run_stage(
         help="reproject: the product the sources are of (default: the one their names say).")] = None,
     layer: Annotated[Optional[str], typer.Option(
         help="reproject: the layer (default: the one a GeoTIFF's name says, else the product's).")] = None,
-    reducer: Annotated[Optional[str], typer.Option(help="reduce: the reducer's name.")] = None,
+    reducer: Annotated[Optional[str], typer.Option(
+        help="reduce: an installed reducer's name, or a reducer's folder (its reducer.json).")] = None,
     reducers_path: Annotated[str, typer.Option(help="reduce: more folders of reducers (:-separated).")] = "",
-    arg: Annotated[Optional[list[str]], typer.Option(help="reduce: an argument for task.json, NAME=VALUE.")] = None,
+    arg: Annotated[Optional[list[str]], typer.Option(
+        help="reduce: an argument for task.json's args, NAME=VALUE (VALUE as JSON where it is).")] = None,
+    tile: Annotated[Optional[str], typer.Option(
+        help="reduce: the tile's name in task.json (default: its grid's name for the inputs' bounds).")] = None,
 ) -> None:
     """Run one stage on local files, with no Azure at all: the code workers run."""
     if stage == "reproject":
         _reproject(inputs, out, dst_crs, res, bounds, resampling, product, layer)
     elif stage == "reduce":
-        _reduce(inputs, out, reducer, reducers_path, dict(a.split("=", 1) for a in arg or []))
+        _reduce(inputs, out, reducer, reducers_path, dict(_arg(a) for a in arg or []), tile)
     else:
         fail(ValueError(f"unknown stage {stage!r}: reproject or reduce"))
 
@@ -80,7 +88,7 @@ def _reproject(inputs: list[Path], out: Path, dst_crs: str, res: float,
     import rasterio
     from rasterio.enums import Resampling
 
-    from pipeline.modis.granules import HDF
+    from pipeline.modis.granules import HDF, granule_id
     from pipeline.modis.products import CATALOG
     from pipeline.modis.reprojection import Source, Target, warp
 
@@ -97,7 +105,8 @@ def _reproject(inputs: list[Path], out: Path, dst_crs: str, res: float,
     resampling = resampling or spec.resampling
     if resampling not in Resampling.__members__:
         fail(ValueError(f"unknown resampling {resampling!r}"))
-    sources = [Source(p.name, {HDF if p.suffix == ".hdf" else spec.name: p}) for p in inputs]
+    # a tile's SOURCES name granules by id, as a worker's do: run-stage reduce reads their dates
+    sources = [Source(granule_id(p.name) or p.name, {HDF if p.suffix == ".hdf" else spec.name: p}) for p in inputs]
     try:
         data = warp(sources, CATALOG[product], spec.name, Target(dst_crs, bounds, res, resampling),
                     masks=all(p.suffix == ".hdf" for p in inputs))
@@ -111,28 +120,91 @@ def _reproject(inputs: list[Path], out: Path, dst_crs: str, res: float,
                           "them (or are they all fill there)?")
 
 
-def _reduce(inputs: list[Path], out: Path, name: str | None, path: str, args: dict[str, str]) -> None:
-    import tempfile
-
+def _reducer(name: str | None, path: str) -> reducers.Reducer:
+    """``--reducer``: an installed reducer's name, or a reducer's own folder (its ``reducer.json``)."""
     from pipeline.reduction import reducers
-    from pipeline.reduction.stage import run_program
 
+    if name and (Path(name) / "reducer.json").is_file():
+        try:
+            return reducers.load(Path(name) / "reducer.json")
+        except ValueError as exc:
+            fail(exc)
     known = reducers.catalog(path)
     if name not in known:
-        fail(ValueError(f"--reducer: one of {', '.join(sorted(known))}"))
-    program = known[name]
+        fail(ValueError(f"--reducer: a reducer's folder (its reducer.json), or one of {', '.join(sorted(known))}"))
+    return known[name]
+
+
+def _tiles(inputs: list[Path]) -> tuple[dict[str, Any], dict[str, list[tuple[str, Path]]]]:
+    """What reprojected tiles (``run-stage reproject``'s, or a job's downloaded tiles) say
+    of the task a worker would run on them — its product, layer, tile, CRS and bounds —
+    and their (date, file) by ``PRODUCT.LAYER``, in the order given; exits naming a file
+    that is no such tile or that disagrees with the first."""
+    import rasterio
+
+    from pipeline.modis.granules import Granule, granule_id
+    from pipeline.modis.targets import GridSpec
+
+    where: dict[str, Any] = {}
+    dated: dict[str, list[tuple[str, Path]]] = {}
+    for path in inputs:
+        with rasterio.open(path) as tile:
+            tags, crs, bounds, res = tile.tags(), tile.crs, tile.bounds, tile.res[0]
+        sources = [Granule.named(granule_id(name) or name, {}) for name in tags.get("SOURCES", "").split(",")]
+        if not (tags.get("PRODUCT") and tags.get("LAYER") and sources and all(sources)) or crs is None:
+            fail(ValueError(f"--input {path}: not a reprojected tile (no PRODUCT, LAYER or SOURCES tag, or no CRS): "
+                            "make it with `bagpipe run-stage reproject`, or download a job's with `bagpipe results`"))
+        size = bounds.right - bounds.left
+        place = {"crs": crs.to_string(), "bounds": ",".join(repr(round(v, 9)) for v in bounds),
+                 "tile": GridSpec(crs.to_string(), size, res).tile_at(bounds.left, bounds.bottom).name}
+        if where and {k: where[k] for k in place} != place:
+            fail(ValueError(f"--input {path}: another tile ({place['bounds']} in {place['crs']}) than the first "
+                            f"({where['bounds']} in {where['crs']}): a reduction runs on one tile's dates"))
+        where = where or place | {"product": tags["PRODUCT"], "layer": tags["LAYER"]}
+        day = sources[0].day.isoformat()  # type: ignore[union-attr]  # checked above
+        dated.setdefault(f"{tags['PRODUCT']}.{tags['LAYER']}", []).append((day, path))
+    return where, dated
+
+
+def _reduce(inputs: list[Path], out: Path, name: str | None, path: str, args: dict[str, Any], tile: str | None) -> None:
+    """Run a reducer on reprojected tiles as a worker runs a request's reducer on a tile's
+    span: the same ``task.json`` (``pipeline.reduction.stage.program_task``), the same
+    staged file names, the same sandbox."""
+    import tempfile
+
+    from pipeline.reduction.stage import program_task, run_program
+
+    program = _reducer(name, path)
+    where, dated = _tiles(inputs)
+    first = f"{where['product']}.{where['layer']}"
+    task = program_task(job="local", task="local", product=where["product"], layer=where["layer"],
+                        tile=tile or where["tile"], crs=where["crs"], bounds=where["bounds"], missing_dates=[],
+                        failed_dates=[], args=args)
     with tempfile.TemporaryDirectory(prefix="bagpipe-run-") as top:
-        run = run_program(program, [(p.stem, p) for p in inputs], Path(top), {"args": args, "missing_dates": []})
+        run = run_program(program, sorted(dated[first]), Path(top), task,
+                          {ref: sorted(pairs) for ref, pairs in dated.items() if ref != first})
         for stream in ("stdout.txt", "stderr.txt"):
             text = (run.folder / stream).read_text(errors="replace").strip()
             if text:
                 console.print(f"[dim]{stream}:[/dim] {text[-2000:]}")
         failure = run.failure(program)
         out.mkdir(parents=True, exist_ok=True)
-        for path in run.outputs:
-            target = out / path.relative_to(run.folder / "outputs")
+        for made in run.outputs:
+            target = out / made.relative_to(run.folder / "outputs")
             target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, target)
+            shutil.copyfile(made, target)
             console.print(f"wrote {target}")
     if failure is not None:
         fail(failure)
+
+
+def _arg(text: str) -> tuple[str, Any]:
+    """``--arg NAME=VALUE``: VALUE as JSON where it is (a number, a list…), as a request's
+    ``args`` give it, else the text."""
+    name, equals, value = text.partition("=")
+    if not (name and equals):
+        fail(ValueError(f"--arg: NAME=VALUE (not {text!r})"))
+    try:
+        return name, json.loads(value)
+    except ValueError:
+        return name, value

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -222,19 +223,26 @@ def test_run_stage_reproject_reads_the_product_and_layer_from_a_granules_name(tm
 
 def test_run_stage_reproject_then_reduce_with_no_azure(tmp_path: Path) -> None:
     """A scientist debugging on a laptop: the stages workers run, on local files only."""
-    from bagpipe.modis_world import REAL_DATA
+    from bagpipe.modis_world import REAL_DATA, cog, granule_name
+    from pipeline.modis.products import CATALOG
 
     snow = REAL_DATA / "MOD10A2.A2022033.h09v05.061.2022042050729_Maximum_Snow_Extent.tif"
+    earlier = tmp_path / (granule_name(CATALOG["MOD10A2"], "h09v05", date(2022, 1, 25)) + "_Maximum_Snow_Extent.tif")
+    earlier.write_bytes(cog(earlier.name.split("_", 1)[0], "Maximum_Snow_Extent"))  # the period before, synthesized
     env = {k: v for k, v in os.environ.items() if not k.startswith(("Bagpipe", "BAGPIPE"))}
     tiles = []
-    for west in (-108, -107):
-        tile = tmp_path / f"x{west}.tif"
-        subprocess.run([*CLI, "run-stage", "reproject", "--input", str(snow), "--out", str(tile), "--res", "0.01",
-                        "--bounds", str(west), "35", str(west + 1), "36"], check=True, env=env, capture_output=True)
+    for source in (snow, earlier):  # a tile's two dates
+        tile = tmp_path / f"{source.name[9:17]}.tif"
+        subprocess.run([*CLI, "run-stage", "reproject", "--input", str(source), "--out", str(tile), "--res", "0.01",
+                        "--bounds", "-107", "35", "-106", "36"], check=True, env=env, capture_output=True)
         tiles += ["--input", str(tile)]
     outside = subprocess.run([*CLI, "run-stage", "reproject", "--input", str(snow), "--out", str(tmp_path / "o.tif"),
                               "--bounds", "-111", "34", "-110", "35"], env=env, capture_output=True, text=True)
     assert outside.returncode == 0 and "no valid pixel" in outside.stdout, outside.stdout  # h08v05's, not h09v05's
+    mixed = subprocess.run([*CLI, "run-stage", "reduce", "--reducer", "snow_fraction", *tiles, "--input",
+                            str(tmp_path / "o.tif"), "--out", str(tmp_path / "mixed")], env=env, capture_output=True,
+                           text=True)
+    assert mixed.returncode == 1 and "another tile" in mixed.stdout, mixed.stdout  # a reduction is one tile's
     done = subprocess.run([*CLI, "run-stage", "reduce", "--reducer", "snow_fraction", *tiles,
                            "--out", str(tmp_path / "result")], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -247,6 +255,24 @@ def test_run_stage_reproject_then_reduce_with_no_azure(tmp_path: Path) -> None:
     failed = subprocess.run([*CLI, "run-stage", "reduce", "--reducer", "crash", "--reducers-path", str(tmp_path),
                              *tiles, "--out", str(tmp_path / "x")], env=env, capture_output=True, text=True)
     assert failed.returncode == 1 and "exited with code 5" in failed.stdout
+    # a reducer's own folder, given the task.json a worker gives: the tile's product, layer,
+    # place, its layers by name, and inputs staged under a worker's names
+    show = tmp_path / "show"
+    show.mkdir()
+    manifest = {"name": "show", "argv": ["{python}", "-c", "import shutil, sys; shutil.copy(sys.argv[1], sys.argv[2])",
+                                         "{task}", "{outputs}/task.json"]}
+    (show / "reducer.json").write_text(json.dumps(manifest))
+    shown = subprocess.run([*CLI, "run-stage", "reduce", "--reducer", str(show), *tiles, "--arg", "k=3",
+                            "--out", str(tmp_path / "shown")], env=env, capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stdout
+    task = json.loads((tmp_path / "shown" / "task.json").read_text())
+    assert {k: task[k] for k in ("product", "layer", "tile", "crs", "args", "dates")} == {
+        "product": "MOD10A2", "layer": "Maximum_Snow_Extent", "tile": "x-0107y+0035", "crs": "EPSG:4326",
+        "args": {"k": 3}, "dates": ["2022-01-25", "2022-02-02"]}, task
+    assert [float(v) for v in task["bounds"].split(",")] == pytest.approx([-107, 35, -106, 36])
+    assert list(task["layers"]) == ["Maximum_Snow_Extent"] and list(task["by_input"]) == ["MOD10A2.Maximum_Snow_Extent"]
+    assert [Path(p).name for p in task["inputs"]] == ["MOD10A2.2022-01-25.x-0107y+0035.tif",
+                                                      "MOD10A2.2022-02-02.x-0107y+0035.tif"]
 
 
 def test_accounts_and_reducers_from_the_command_line(azurite: Azurite, tmp_path: Path) -> None:

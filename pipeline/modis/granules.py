@@ -26,6 +26,13 @@ def named_in(file_name: str) -> tuple[str, str] | None:
     return (granule["product"], found["rest"] or "") if found and granule else None
 
 
+def granule_id(file_name: str) -> str | None:
+    """The id of the granule whose file (its HDF4 file or a layer's GeoTIFF) is named
+    ``file_name``, or None for a file not named as archives name them."""
+    found = FILE.match(file_name)
+    return found["id"] if found and NAME.match(found["id"]) else None
+
+
 @dataclass(frozen=True)
 class Granule:
     """One granule as a catalog lists it: its id (the file name without extension), what it

@@ -103,7 +103,16 @@ class GridSpec:
             seen = set(found)
             return found + [t for t in self.tiles_for_lonlat_box(-180.0, south, east, north) if t not in seen]
         cols, rows = self._ranges(west, south, east, north)
-        return [TargetTile(self, f"x{c:+05d}y{r:+05d}", c, r) for r in reversed(rows) for c in cols]
+        return [self.tile(c, r) for r in reversed(rows) for c in cols]
+
+    def tile(self, col: int, row: int) -> TargetTile:
+        """The tile of column ``col`` and row ``row`` (from the CRS origin, in tiles)."""
+        return TargetTile(self, f"x{col:+05d}y{row:+05d}", col, row)
+
+    def tile_at(self, west: float, south: float) -> TargetTile:
+        """The tile whose south-west corner is (``west``, ``south``): a tile's file knows its
+        bounds, not its name."""
+        return self.tile(round(west / self.tile_size), round(south / self.tile_size))
 
     def native_tile(self, tile: Tile) -> TargetTile:
         return TargetTile(self, tile.name, tile.h, tile.v)

@@ -75,6 +75,21 @@ class Run:
         return StageFailure(failure, f"{reducer.name} {verdict}: {_tail(self.folder / 'stderr.txt')}")
 
 
+def program_task(*, job: str, task: str, product: str, layer: str, tile: str, crs: str, bounds: str,
+                 missing_dates: list[str], failed_dates: list[str], args: dict[str, Any],
+                 group: dict[str, str] | None = None, aliases: dict[str, str] | None = None) -> dict[str, Any]:
+    """What a program's ``task.json`` says of its task, before :func:`run_program` adds where
+    its files are: the one builder of a worker's reduction and of ``bagpipe run-stage reduce``,
+    so that a program debugged on a laptop reads what it will read on a worker. ``group``
+    and ``aliases``: a reduction grouped in time's (a legacy reduction over the span has
+    neither)."""
+    found = {"job": job, "task": task, "product": product, "layer": layer, "tile": tile, "crs": crs,
+             "bounds": bounds, "missing_dates": missing_dates, "failed_dates": failed_dates, "args": args}
+    if group is not None:
+        found |= {"group": group, "aliases": aliases or {}}
+    return found
+
+
 PROGRESS_READ_S = 0.2  # how often a running program's progress file is read
 
 
@@ -202,13 +217,14 @@ def reduce(ctx: StageContext) -> None:
         fetched = Fetched(ctx, found.blobs(), downloads)
         dated = {alias: [(day.isoformat(), fetched.paths[blob]) for day, blob in found.tiles[alias]]
                  for alias, _, _ in inputs}
-        task = {"job": ctx.job, "task": ctx.task, "product": product, "layer": layer, "tile": params["tile"],
-                "crs": params["crs"], "bounds": params["bounds"], "missing_dates": sorted(set(found.missing)),
-                "failed_dates": found.failed, "args": json.loads(params.get("args") or "{}")}
-        if not spec.get("legacy"):
-            task |= {"group": {"by": spec["by"], "key": params["group"], "start": params["start"],
-                               "end": params["end"]},
-                     "aliases": {f"{p}.{name}": alias for alias, p, name in inputs}}
+        grouped = not spec.get("legacy")
+        task = program_task(
+            job=ctx.job, task=ctx.task, product=product, layer=layer, tile=params["tile"], crs=params["crs"],
+            bounds=params["bounds"], missing_dates=sorted(set(found.missing)), failed_dates=found.failed,
+            args=json.loads(params.get("args") or "{}"),
+            group={"by": spec["by"], "key": params["group"], "start": params["start"], "end": params["end"]}
+            if grouped else None,
+            aliases={f"{p}.{name}": alias for alias, p, name in inputs} if grouped else None)
         run = run_program(reducer, dated[inputs[0][0]], Path(top, "run"), task,
                           {f"{p}.{name}": dated[alias] for alias, p, name in inputs[1:]}, ctx.progress,
                           {f"{p}.{name}": fetched.paths[found.climatologies[alias]] for alias, p, name in inputs
