@@ -19,9 +19,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from bagpipe import manage, runstage
-from bagpipe.client import DEFAULT_HOME, Api, ApiError, download_results
+from bagpipe.client import DEFAULT_HOME, TOKEN_FILE, Api, ApiError, download_results, forget_home, record_home
 from bagpipe.terminal import console, fail
 from pipeline.redact import protect_logging
+from pipeline.storage.names import CLI_TOKEN
 
 # Click's plain help: Typer's rich panels print every flag as taking a value (``--help <bool>``).
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, rich_markup_mode=None,
@@ -75,14 +76,17 @@ def up(home: HomeOpt = DEFAULT_HOME,
         stack = LocalStack(home, workers=workers, slots=slots).start()
     except (StackRunning, OSError, RuntimeError) as exc:  # another stack; Azurite not installed, not started
         fail(exc)
-    console.print(f"bagpipe is up: portal {stack.api_url}/  API {stack.api_url}/api  "
-                  f"(the admin's API token in {home / 'api-key'})")
+    record_home(home)  # the command line finds this stack from any folder
+    console.print(f"bagpipe is up: portal {stack.api_url}/  API {stack.api_url}/api  (your personal API token, "
+                  f"the admin's, is in {home / TOKEN_FILE}: the portal asks for it, scripts read it as {CLI_TOKEN})",
+                  soft_wrap=True)
     console.print(f"  mail in {stack.mail.folder}, logs in {home / 'logs'}; Ctrl-C stops it")
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
     signal.signal(signal.SIGINT, lambda *_: stopped.set())
     stopped.wait()
     console.print("stopping…")
+    forget_home(home)
     stack.stop()
 
 

@@ -21,6 +21,47 @@ TOKEN_FILE = "api-key"  # the local stack's admin's personal API token
 OVERVIEWS = "overview"  # the results folder's overview pictures
 
 
+def _last_up() -> Path:
+    """Where ``bagpipe up`` records its home, for the command line run from any folder."""
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "bagpipe" / "home"
+
+
+def record_home(home: Path) -> None:
+    """Say that a local stack runs in ``home`` (``bagpipe up``, as it starts)."""
+    path = _last_up()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(str(home.resolve()))
+
+
+def forget_home(home: Path) -> None:
+    """Take back what :func:`record_home` said of ``home`` (``bagpipe up``, as it stops),
+    unless a later stack has said it runs elsewhere."""
+    path = _last_up()
+    try:
+        if Path(path.read_text().strip()) == home.resolve():
+            path.unlink()
+    except OSError:
+        pass
+
+
+def find_home(home: Path) -> Path:
+    """The local stack's home the command line talks to: ``home`` if it was named (``--home``)
+    or holds a stack's state; else the nearest ``.bagpipe`` above the working folder that
+    does; else the one the last ``bagpipe up`` recorded (run from any folder, the command
+    line said to start a stack while one ran)."""
+    if home != DEFAULT_HOME or (home / STATE_FILE).exists():
+        return home
+    for folder in Path.cwd().parents:
+        if (folder / DEFAULT_HOME / STATE_FILE).exists():
+            return folder / DEFAULT_HOME
+    try:
+        recorded = Path(_last_up().read_text().strip())
+    except OSError:
+        return home
+    return recorded if (recorded / STATE_FILE).exists() else home
+
+
 def token_in(home: Path) -> str | None:
     """The local admin's personal API token, if the stack in ``home`` has made one."""
     path = home / TOKEN_FILE
@@ -49,7 +90,8 @@ class Api:
                 home: Path = DEFAULT_HOME) -> Api:
         """The API to talk to and the personal API token to sign in with: flags, else
         BAGPIPE_API_URL/BAGPIPE_API_KEY, else the local stack started by ``bagpipe up`` in
-        ``home`` (its admin's token)."""
+        ``home`` (its admin's token; see :func:`find_home`)."""
+        home = find_home(home) if not url else home
         url = url or os.environ.get(names.CLI_API_URL)
         key = key or os.environ.get(names.CLI_TOKEN) or token_in(home)
         state = home / STATE_FILE
@@ -62,8 +104,13 @@ class Api:
                 raise RuntimeError(f"no API: the local stack of {home} has stopped (its {STATE_FILE} was left "
                                    "behind): start `bagpipe up`")
             url = found["api"]
-        if not url or not key:
-            raise RuntimeError("no API: start `bagpipe up`, or pass --api and --key (a personal API token)")
+        if not url:
+            raise RuntimeError(f"no API: no local stack runs in {home}, above this folder, or where the last "
+                               "`bagpipe up` ran: start one (`bagpipe up`), name its folder (--home), or name an API "
+                               f"(--api, or {names.CLI_API_URL}) and your token (--key, or {names.CLI_TOKEN})")
+        if not key:
+            raise RuntimeError(f"no token for {url}: pass your personal API token (--key, or {names.CLI_TOKEN}; "
+                               "`bagpipe tokens create` makes one)")
         return cls(url.rstrip("/"), key)
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:

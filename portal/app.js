@@ -348,7 +348,7 @@ function stacPanel(id, results) {
   const api = `${location.origin}/api/stac`;
   const tiles = "if i.properties['bagpipe:stage'] == 'modis'";
   const remote = `python -c "import os, odc.stac, pystac_client; ` +
-    `api = pystac_client.Client.open('${api}', headers={'Authorization': 'Bearer ' + os.environ['BAGPIPE_TOKEN']}); ` +
+    `api = pystac_client.Client.open('${api}', headers={'Authorization': 'Bearer ' + os.environ['BAGPIPE_API_KEY']}); ` +
     `items = [i for i in api.search(collections=['${id}']).items() ${tiles}]; ` +
     `print(odc.stac.load(items${bands}))"`;
   const load = `bagpipe results ${id} --out ${id} && python -c "import odc.stac, pystac; ` +
@@ -358,7 +358,7 @@ function stacPanel(id, results) {
     h("p", {}, "Where it is: the STAC collection ",
       h("a", { id: "stac-link", href: `${api}/collections/${id}` }, `${api}/collections/${id}`),
       ", in bagpipe's STAC API. pystac-client opens it with your API token (",
-      h("code", {}, "BAGPIPE_TOKEN"), "), and odc.stac loads its items over short-lived signed links:"),
+      h("code", {}, "BAGPIPE_API_KEY"), "), and odc.stac loads its items over short-lived signed links:"),
     h("pre", { id: "stac-api-snippet" }, remote),
     h("p", {}, "Or downloaded: the results folder is a STAC collection too (", h("code", {}, `${id}/collection.json`),
       "), with the region's mosaics, every link relative: QGIS's STAC plugin, pystac and odc.stac open it as it is."),

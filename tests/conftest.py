@@ -30,6 +30,8 @@ from worker.runner import Worker
 # stage processes inherit the environment of the fork server, made once per process.
 PIDS = Path(tempfile.mkdtemp(prefix="bagpipe-pids-"))
 os.environ["BAGPIPE_TEST_PIDS"] = str(PIDS)
+# Where `bagpipe up` records its home (bagpipe.client.record_home): the tests', not the user's.
+os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="bagpipe-state-")
 
 
 @pytest.fixture(scope="session")

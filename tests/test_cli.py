@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from datetime import date
 from pathlib import Path
@@ -67,8 +68,9 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
+@pytest.mark.timeout(900)  # a dozen command lines, each a new interpreter: minutes on a busy machine
 def test_up_submit_watch_stop_and_restart(tmp_path: Path, started: list[subprocess.Popen[str]]) -> None:
-    home = tmp_path / "home"
+    home = tmp_path / ".bagpipe"  # as `bagpipe up` names it, in the folder it ran in
     env = {k: v for k, v in os.environ.items() if not k.startswith("BAGPIPE_")}
     up = start_up(home, started)
     assert len(children_of(up.pid)) >= 2, "azurite and a worker run under bagpipe up"
@@ -115,8 +117,16 @@ def test_up_submit_watch_stop_and_restart(tmp_path: Path, started: list[subproce
     assert {name: (home / name).read_text() for name in state} == state
     assert subprocess.run([*CLI, "status", job, "--home", str(home)], capture_output=True, env=env,
                           timeout=60).returncode == 0
+    # from any folder, the command line finds the stack `bagpipe up` runs: below its home's
+    # folder, and anywhere else (it said to start one)
+    for folder in (tmp_path / "analysis", Path(tempfile.mkdtemp(prefix="bagpipe-elsewhere-"))):
+        folder.mkdir(exist_ok=True)
+        shown = subprocess.run([*CLI, "status", job], capture_output=True, text=True, env=env, cwd=folder, timeout=60)
+        assert shown.returncode == 0 and "SUCCEEDED" in shown.stdout, shown.stdout
     children = children_of(up.pid)
     said = stop_up(up, home)
+    gone = subprocess.run([*CLI, "status", job], capture_output=True, text=True, env=env, cwd=folder, timeout=60)
+    assert gone.returncode == 1 and "no local stack runs" in gone.stdout and "--api" in gone.stdout, gone.stdout
     assert "HTTP Request:" not in said, said[-2000:]  # no line per request of the imitations' pass-through
     for pid in children:
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]

@@ -167,7 +167,7 @@ def test_submit_on_the_map_watch_it_finish_and_open_a_quicklook(page: Page, stac
     line = page.locator("#stac-api-snippet").inner_text()
     assert line.startswith('python -c "') and line.endswith('"')
     ran = subprocess.run([sys.executable, "-c", line.removeprefix('python -c "').removesuffix('"')],
-                         env=os.environ | {"BAGPIPE_TOKEN": stack.token}, capture_output=True, text=True, timeout=120)
+                         env=os.environ | {"BAGPIPE_API_KEY": stack.token}, capture_output=True, text=True, timeout=120)
     assert ran.returncode == 0, ran.stderr
     assert "Maximum_Snow_Extent" in ran.stdout and "time: 1" in ran.stdout, ran.stdout
     loaded = page.locator(".quicklook-thumb").first.evaluate("img => img.complete && img.naturalWidth")
