@@ -7,6 +7,7 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from rich.table import Table
 
 from bagpipe import manage, runstage
 from bagpipe.client import DEFAULT_HOME, TOKEN_FILE, Api, ApiError, download_results, forget_home, record_home
-from bagpipe.terminal import console, fail
+from bagpipe.terminal import console, duration, fail
 from pipeline.redact import protect_logging
 from pipeline.storage.names import CLI_TOKEN
 
@@ -155,9 +156,14 @@ def submit(
     name: Annotated[Optional[str], typer.Option(help="The reduction's outputs' name.")] = None,
     derive: Annotated[Optional[list[str]], typer.Option(
         help="A layer derived per date, PRODUCT.NAME=EXPRESSION over PRODUCT.LAYERs (repeat).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the tasks, time and cost; submit nothing.")] = False,
+    yes: Annotated[bool, typer.Option("--yes", help="Submit without asking (a script), even a request that "
+                                                    "looks like a slip: a box across half the world, far more "
+                                                    "tasks than your last job.")] = False,
     api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFAULT_HOME,
 ) -> None:
-    """Submit a request (from --file, or from the flags) and print its job id."""
+    """Submit a request (from --file, or from the flags) and print its job id; first show its
+    tasks, compute time and cost, and ask when it looks like a slip."""
     request: dict[str, Any] = _request_in(file) if file else {}
     if bbox and tiles:
         fail(ValueError("--bbox or --tiles: a region is one or the other"))
@@ -193,10 +199,26 @@ def submit(
     if reducer:
         request["reducer"] = {"name": reducer}
     try:
-        created = Api.resolve(api, key, home).submit(request)
+        client = Api.resolve(api, key, home)
+        found = client.post("/api/estimate", request)
     except (ApiError, RuntimeError) as exc:
         fail(exc)
-    console.print(f"submitted {created['job']}: {created['total']} tasks")
+    console.print(_estimate_line(found), highlight=False)
+    for doubt in found["confirm"]:
+        console.print(f"[yellow]check:[/yellow] {doubt}", highlight=False, soft_wrap=True)
+    if dry_run:
+        return
+    if found["confirm"] and not yes:
+        if not sys.stdin.isatty():
+            fail(ValueError("not submitted: mend the request, or pass --yes to submit it as it is"))
+        if not typer.confirm("Submit it as it is?", default=False):
+            fail(ValueError("not submitted"))
+    try:
+        created = client.submit(request)
+    except (ApiError, RuntimeError) as exc:
+        fail(exc)
+    console.print(f"submitted {created['job']}: {created['total']:,} tasks; follow it: bagpipe watch {created['job']}",
+                  highlight=False)
     print(created["job"])
 
 
@@ -236,6 +258,17 @@ def _reduction(reduce: str | None, by: str | None, inputs: list[str] | None, exp
         found["baseline"] = {"start": first, "end": last}
     found |= {k: v for k, v in (("by", by), ("aggregate", aggregate), ("name", name)) if v}
     return found
+
+
+def _estimate_line(found: dict[str, Any]) -> str:
+    """What ``POST /api/estimate`` said, as the portal says it."""
+    from pipeline.lifecycle.costs import dollars
+
+    if found["known"]:
+        return (f"{found['tasks']:,} tasks: about {duration(found['compute_s'])} of compute, {dollars(found['usd'])} "
+                "at Azure's prices (at most: tiles already made cost almost nothing)")
+    return (f"{found['tasks']:,} tasks (compute time not known yet: too few runs of its stages so far; storage calls "
+            f"{dollars(found['usd'])})")
 
 
 def _request_in(file: Path) -> dict[str, Any]:

@@ -225,6 +225,11 @@ async function submitPage() {
     clearErrors();
     submit.disabled = true;
     try {
+      // a request that looks like a slip (a box across half the world, far more tasks than
+      // my last job) is asked about first, as the command line asks
+      const { confirm: doubts } = await api("POST", "/api/estimate", request());
+      if (doubts.length && !window.confirm(`Check before it runs:\n${doubts.map((d) => `• ${d}`).join("\n")}` +
+          "\n\nSubmit it as it is?")) return;
       const created = await api("POST", "/api/jobs", request());
       location.hash = `#/jobs/${created.job}`;
     } catch (err) {

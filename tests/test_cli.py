@@ -363,6 +363,48 @@ def test_accounts_and_reducers_from_the_command_line(azurite: Azurite, tmp_path:
         assert "root (admin" in cli("whoami", key=boot.stdout.strip().splitlines()[-1]).stdout
 
 
+def test_submit_shows_the_estimate_and_asks_before_what_looks_like_a_slip(azurite: Azurite, tmp_path: Path) -> None:
+    """submit says what a request costs before it sends it (--dry-run: only that), and asks
+    before a box across half the world (west and east swapped made 1,436 tasks where 2 were
+    meant) or far more tasks than the user's last job: without a terminal to ask on, it
+    submits nothing unless --yes."""
+    from typer.testing import CliRunner
+
+    from bagpipe.cli import app
+    from bagpipe.client import Api
+    from bagpipe.stack import LocalStack
+
+    home = tmp_path / "home"
+    runner = CliRunner()
+    unset = {k: None for k in os.environ if k.startswith("BAGPIPE_")}
+    span = ["--start", "2022-01-01", "--end", "2022-01-09", "--product", "MOD10A2"]
+
+    def submit(*args: str) -> Any:
+        return runner.invoke(app, ["submit", *args, *span, "--home", str(home)], env=unset)
+
+    with LocalStack(home, workers=0, connection=azurite.connection_string, namespace="clisubmit") as stack:
+        def jobs() -> list[dict[str, Any]]:
+            return list(Api(stack.api_url, stack.token).get("/api/jobs"))
+
+        dry = submit("--bbox", "-110,35,-109,36", "--dry-run")
+        assert dry.exit_code == 0 and "2 tasks" in dry.stdout and "check:" not in dry.stdout, dry.stdout
+        swapped = submit("--bbox", "-109,35,-110,36")
+        assert swapped.exit_code == 1, swapped.stdout
+        assert "did you mean -110,35,-109,36?" in swapped.stdout and "--yes" in swapped.stdout, swapped.stdout
+        assert jobs() == []
+        made = submit("--bbox", "-110,35,-109,36")
+        assert made.exit_code == 0 and "bagpipe watch" in made.stdout, made.stdout
+        first = made.stdout.strip().splitlines()[-1]
+        larger = ["--bbox", "-115,33,-105,43"]  # 100 target tiles, 200 tasks: 100 times the last job's
+        said = submit(*larger, "--dry-run")
+        assert said.exit_code == 0 and "200 tasks" in said.stdout and f"your last job's ({first}: 2)" in said.stdout
+        assert submit(*larger).exit_code == 1 and [j["job"] for j in jobs()] == [first]
+        sure = submit(*larger, "--yes")
+        assert sure.exit_code == 0, sure.stdout
+        assert len(jobs()) == 2
+        runner.invoke(app, ["cancel", sure.stdout.strip().splitlines()[-1], "--home", str(home)], env=unset)
+
+
 def test_stack_json_names_the_catalogs_the_stack_uses(azurite: Azurite, tmp_path: Path) -> None:
     """Its imitations', unless the environment names a STAC API or a CMR of its own: then
     that one (it named the imitation, which nothing used)."""

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, Route, expect, sync_playwright
+from playwright.sync_api import Browser, Dialog, Page, Route, expect, sync_playwright
 
 from bagpipe.azurite import Azurite
 from bagpipe.stack import LocalStack
@@ -236,6 +236,31 @@ def test_a_monthly_maximum_asked_for_on_the_form_with_no_program(page: Page, sta
         expect(page.locator(".summary .note", has_text=note)).to_have_count(1)
     expect(page.locator(".summary .warning")).to_have_count(0)  # it made something
     expect(page.locator(".quicklook-thumb, .map image.overview").first).to_be_visible()
+
+
+def test_a_box_across_half_the_world_is_asked_about_before_it_is_submitted(page: Page, stack: LocalStack) -> None:
+    """West and east swapped make a box across ±180° of 5,000 tasks: the form asks, naming
+    the box meant, and submits nothing when told no."""
+    page.goto(stack.api_url + "/")
+    _enter_key(page, stack.token)
+    _fill_small_request(page)
+    before = httpx.get(stack.api_url + "/api/jobs", headers=stack.headers).json()
+    page.fill("#bbox-west", "-109")
+    page.fill("#bbox-east", "-110")
+    expect(page.locator("#estimate")).to_have_text(re.compile(r"makes (?!4 tasks)[\d,]+ tasks"),
+                                                  timeout=60_000)  # 359 target tiles counted
+    asked: list[str] = []
+
+    def answer(dialog: Dialog) -> None:
+        asked.append(dialog.message)
+        dialog.dismiss()
+
+    page.once("dialog", answer)
+    page.click("#submit-form button[type=submit]")
+    expect(page.locator("#submit-form button[type=submit]")).to_be_enabled()
+    assert len(asked) == 1 and "did you mean -110," in asked[0], asked
+    expect(page).not_to_have_url(re.compile("#/jobs/"))
+    assert httpx.get(stack.api_url + "/api/jobs", headers=stack.headers).json() == before
 
 
 def test_cancel_a_running_job(page: Page, stack: LocalStack) -> None:

@@ -23,6 +23,7 @@ from pipeline.lifecycle import costs, jobs, results
 from pipeline.planning import RequestError
 from pipeline.reduction import bundles
 from pipeline.requests import application
+from pipeline.requests.doubts import doubts
 from pipeline.requests.request import JobRequest, program_name
 from pipeline.settings import Settings
 from pipeline.storage.clients import clients_for
@@ -173,11 +174,16 @@ def create_app(settings: Settings) -> FastAPI:
     @app.post("/api/estimate")
     def estimate(request: JobRequest, caller: Caller = Depends(signed_in)) -> dict[str, Any]:
         """How many tasks a request would make, their compute time (from the runtime history)
-        and what they would cost at Azure's public prices, without submitting it."""
+        and what they would cost at Azure's public prices, without submitting it; ``confirm``:
+        why it may not be what its user meant (a box across half the world, far more tasks than
+        their last job), for a client to ask before it submits."""
         named = program_name(request)
         program = registry.resolve(clients, caller.user, *named) if named else None
         plan = application.plan(settings, request, program)
-        return costs.estimate(clients.runtimes, plan, settings.min_samples) | {"limit": settings.max_tasks}
+        found = costs.estimate(clients.runtimes, plan, settings.min_samples)
+        last = next(iter(jobs.list_jobs(clients, 1, owner=caller.user.name)), None)
+        return found | {"limit": settings.max_tasks,
+                        "confirm": doubts(request, found["tasks"], (last.job, last.total) if last else None)}
 
     @app.get("/api/jobs")
     def list_jobs(limit: int = 50, all: bool = False, caller: Caller = Depends(signed_in)) -> list[dict[str, Any]]:
