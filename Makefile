@@ -1,14 +1,18 @@
 # bagpipe: `make demo` runs the sample job end to end on the local stack; `make test` runs
-# the test suite. Both set themselves up first (`make setup`).
+# the test suite. Each sets up what it needs first: `make demo-setup` the runtime (the
+# demo's and `make up`'s), `make setup` the runtime and the test and lint tools.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# the runtime dependencies and the project, installed editable
+RUNTIME := $(VENV)/.runtime
+# the test and lint tools on top
 STAMP := $(VENV)/.installed
 CC ?= cc
 # the example reducer written in C
 REDUCER_C := reducers/max_composite/max_composite
 
-.PHONY: setup demo test lint bench up clean
+.PHONY: demo-setup setup demo test lint bench up clean
 
 # Toxiproxy, the fault-injection proxy of the transfer tests and benchmarks (go install)
 TOXIPROXY := .tools/toxiproxy/server
@@ -21,7 +25,10 @@ VENDOR := portal/vendor/.copied
 CHROMIUM := /usr/bin/chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-setup: $(STAMP) node_modules/.bin/azurite $(REDUCER_C) $(TOXIPROXY) $(VENDOR) $(STAC_TOOLS)
+# what the demo needs: no Go, Toxiproxy, Chromium or test tools
+demo-setup: $(RUNTIME) node_modules/.bin/azurite $(VENDOR)
+
+setup: demo-setup $(STAMP) $(REDUCER_C) $(TOXIPROXY) $(STAC_TOOLS)
 
 $(VENDOR): node_modules/.bin/azurite
 	mkdir -p $(@D)
@@ -32,7 +39,7 @@ $(CHROMIUM):
 	$(SUDO) apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends chromium
 
-$(TOXIPROXY): bagpipe/toxiproxy.py | $(STAMP)
+$(TOXIPROXY): bagpipe/toxiproxy.py | $(RUNTIME)
 	$(BIN)/python -c "from bagpipe.toxiproxy import install; install()"
 	touch $@
 
@@ -45,21 +52,25 @@ $(STAC_TOOLS): requirements-stac.txt
 $(REDUCER_C): $(REDUCER_C).c
 	$(CC) -O2 -Wall -Wextra -o $@ $<
 
-$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
+$(RUNTIME): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -r requirements-dev.txt
+	$(BIN)/pip install --quiet -r requirements.txt
 	$(BIN)/pip install --quiet --no-deps -e .
-	touch $(STAMP)
+	touch $@
+
+$(STAMP): requirements-dev.txt $(RUNTIME)
+	$(BIN)/pip install --quiet -r requirements-dev.txt
+	touch $@
 
 node_modules/.bin/azurite: package.json
 	npm install --no-audit --no-fund --loglevel=error
 	touch $@
 
-demo: setup
+demo: demo-setup
 	$(BIN)/bagpipe demo
 
-up: setup
+up: demo-setup $(REDUCER_C)
 	$(BIN)/bagpipe up
 
 test: setup $(CHROMIUM)
