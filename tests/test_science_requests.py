@@ -202,7 +202,8 @@ def test_the_readmes_requests_are_taken_as_written(settings: Settings, clients: 
     try:
         asked = []
         for command in commands:
-            done = CliRunner().invoke(app, [*command[1:], "--api", served.url, "--key", admin_token])
+            # --yes: some are ten times the one before, which the command line asks about
+            done = CliRunner().invoke(app, [*command[1:], "--yes", "--api", served.url, "--key", admin_token])
             assert done.exit_code == 0, (command, done.output)
             asked.append(json.loads(jobs.get(clients, done.output.strip().splitlines()[-1]).request)["reduce"])
     finally:
