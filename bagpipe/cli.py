@@ -321,11 +321,7 @@ def status(job: JobArg,
     if found.get("speculative_attempts"):
         table.add_row("[cyan]backup attempts[/cyan]", str(found["speculative_attempts"]))
     console.print(table)
-    for attempt in failed[:FAILURES_SHOWN]:
-        console.print(f"[red]{attempt['class']}[/red] task {attempt['task']} attempt {attempt['attempt']} "
-                      f"({attempt['stage']}): {attempt['error']}", highlight=False, soft_wrap=True)
-        for name, link in attempt["logs"].items():
-            console.print(f"  {name}: {link}", highlight=False, soft_wrap=True)
+    _print_failures(job, failed)
     if found.get("workers"):
         workers = Table(title="workers")
         longest = max(len(worker["worker"]) for worker in found["workers"])
@@ -339,6 +335,57 @@ def status(job: JobArg,
                             worker["state"] if worker["state"] == "healthy" else f"[red]{worker['state']}[/red]",
                             _sandbox_cell(worker.get("sandbox")))
         console.print(workers)
+
+
+def _print_failures(job: str, failed: list[dict[str, Any]]) -> None:
+    """The newest failed attempts (the job view's), each with its error and, for a program's,
+    the command that prints what it wrote."""
+    for attempt in failed[:FAILURES_SHOWN]:
+        console.print(f"[red]{attempt['class']}[/red] task {attempt['task']} attempt {attempt['attempt']} "
+                      f"({attempt['stage']}): {attempt['error']}", highlight=False, soft_wrap=True)
+        if attempt["logs"]:
+            console.print(f"  its stdout and stderr: bagpipe logs {job} {int(attempt['task'])}", highlight=False,
+                          soft_wrap=True)
+
+
+@app.command()
+def logs(job: JobArg,
+         task: Annotated[Optional[str], typer.Argument(
+             metavar="TASK", help="A task's number, as status shows it (default: list the tasks that left logs).")]
+         = None,
+         api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFAULT_HOME) -> None:
+    """What a job's programs wrote to stdout and stderr, successful or not: the tasks that left
+    logs, or every attempt's of TASK."""
+    try:
+        client = Api.resolve(api, key, home)
+        found = client.get(f"/api/jobs/{job}/logs", **({"task": task} if task else {}))
+        texts = [client.text(entry["link"]) for entry in found] if task else []
+    except (ApiError, RuntimeError, httpx.HTTPError) as exc:
+        fail(exc)
+    if not found:
+        console.print(f"no logs{f' of task {task}' if task else ''}: a program's reductions leave them (a "
+                      "built-in reducer or an expression writes none), once they have run", highlight=False)
+        return
+    if task:
+        for entry, text in zip(found, texts, strict=True):
+            console.print(f"[bold]── task {int(entry['task'])} attempt {entry['attempt']} {entry['name']} "
+                          f"({entry['bytes']:,} bytes)[/bold]", highlight=False)
+            if text:
+                print(text, end="" if text.endswith("\n") else "\n")
+        return
+    table = Table()
+    for column in ("task", "attempts", "stdout", "stderr"):
+        table.add_column(column, justify="right")
+    by_task: dict[str, dict[str, Any]] = {}
+    for entry in found:
+        seen = by_task.setdefault(entry["task"], {"attempts": set(), "stdout.txt": 0, "stderr.txt": 0})
+        seen["attempts"].add(entry["attempt"])
+        seen[entry["name"]] = seen.get(entry["name"], 0) + entry["bytes"]
+    for name, seen in by_task.items():
+        table.add_row(str(int(name)), str(len(seen["attempts"])), f"{seen['stdout.txt']:,} B",
+                      f"{seen['stderr.txt']:,} B")
+    console.print(table)
+    console.print(f"a task's, every attempt: bagpipe logs {job} TASK", highlight=False, soft_wrap=True)
 
 
 def _sandbox_cell(mode: str | None) -> str:
@@ -384,6 +431,11 @@ def watch(job: JobArg, api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = D
     console.print(f"{job}: {found['state']}" + (f", {cost['compute_s'] / 3600:.2f} slot-hours of compute, "
                                                  f"about {dollars(cost['usd'])}" if cost else ""))
     if found["state"] != "SUCCEEDED":  # for a script: `bagpipe watch JOB && bagpipe results JOB …`
+        if found["failures"]:  # why, as status says it
+            try:
+                _print_failures(job, Api.resolve(api, key, home).get(f"/api/jobs/{job}/view")["failed_attempts"])
+            except (ApiError, RuntimeError) as exc:
+                fail(exc)
         raise typer.Exit(1)
 
 

@@ -140,6 +140,13 @@ class Api:
     def results(self, job: str) -> dict[str, Any]:
         return self._call("GET", f"/api/jobs/{job}/results")
 
+    def text(self, link: str) -> str:
+        """The text behind one of the API's short-lived links (a program's log), whatever
+        bytes it wrote."""
+        response = httpx.get(link, timeout=self.timeout)
+        response.raise_for_status()
+        return response.content.decode(errors="replace")
+
     def get(self, path: str, **params: Any) -> Any:
         return self._call("GET", path, params={k: v for k, v in params.items() if v not in (None, "")})
 

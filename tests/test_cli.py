@@ -70,6 +70,10 @@ def children_of(pid: int) -> list[int]:
 
 @pytest.mark.timeout(900)  # a dozen command lines, each a new interpreter: minutes on a busy machine
 def test_up_submit_watch_stop_and_restart(tmp_path: Path, started: list[subprocess.Popen[str]]) -> None:
+    from typer.testing import CliRunner
+
+    from bagpipe.cli import app
+
     home = tmp_path / ".bagpipe"  # as `bagpipe up` names it, in the folder it ran in
     env = {k: v for k, v in os.environ.items() if not k.startswith("BAGPIPE_")}
     up = start_up(home, started)
@@ -105,10 +109,21 @@ def test_up_submit_watch_stop_and_restart(tmp_path: Path, started: list[subproce
     watched = subprocess.run([*CLI, "watch", failed, "--home", str(home)], capture_output=True, text=True, env=env,
                              timeout=120)
     assert watched.returncode == 1 and "FAILED" in watched.stdout, watched.stdout  # `watch && results` stops here
+    # watch and status say why, and how to read what the program wrote
+    assert "exited with code 3" in watched.stdout and f"bagpipe logs {failed} " in watched.stdout, watched.stdout
     shown = subprocess.run([*CLI, "status", failed, "--home", str(home)], capture_output=True, text=True, env=env,
                            timeout=60)
     assert shown.returncode == 0 and "FAILED" in shown.stdout, shown.stdout
-    assert "exited with code 3" in shown.stdout and "stderr.txt: http" in shown.stdout, shown.stdout
+    assert "exited with code 3" in shown.stdout and f"bagpipe logs {failed} " in shown.stdout, shown.stdout
+    task = shown.stdout.split(f"bagpipe logs {failed} ", 1)[1].split()[0]
+    unset = {k: None for k in os.environ if k.startswith("BAGPIPE_")}
+    listed = CliRunner().invoke(app, ["logs", failed, "--home", str(home)], env=unset)
+    assert listed.exit_code == 0 and f"bagpipe logs {failed} TASK" in listed.stdout, listed.stdout
+    read = CliRunner().invoke(app, ["logs", failed, task, "--home", str(home)], env=unset)
+    assert read.exit_code == 0 and f"task {task} attempt 1 stderr.txt" in read.stdout, read.stdout
+    assert "boom" in read.stdout and "attempt 2" in read.stdout, read.stdout  # each attempt's
+    refused = CliRunner().invoke(app, ["logs", failed, "x1", "--home", str(home)], env=unset)
+    assert refused.exit_code == 1 and "task: a task's number" in refused.stdout, refused.stdout
     # a second stack in the running one's home is refused, and leaves the first as it was
     state = {name: (home / name).read_text() for name in ("stack.json", "ports.json")}
     second = subprocess.run([*CLI, "up", "--home", str(home), "--workers", "0"], capture_output=True, text=True,

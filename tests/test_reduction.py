@@ -11,13 +11,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 from rasterio.io import MemoryFile
 
 from bagpipe.azurite import Azurite
+from bagpipe.mailserver import MailServer
 from bagpipe.planetary import Planetary
-from pipeline.lifecycle import jobs, tasks
+from pipeline.lifecycle import jobs, results, tasks
 from pipeline.reduction import reducers
 from pipeline.requests import application
 from pipeline.requests.request import JobRequest
@@ -85,6 +87,13 @@ def test_python_reduction_over_the_span(settings: Settings, planetary: Planetary
         assert png.driver == "PNG" and png.count == 3
     log = clients.logs.download_blob(names.log_prefix(job, row.task, 1) + "stdout.txt").readall()
     assert b"3 periods" in log
+    # what a successful program wrote, listed and linked for bagpipe logs
+    listed = results.logs(clients, job)
+    assert [(e["task"], e["attempt"], e["name"]) for e in listed] == [(row.task, 1, "stderr.txt"),
+                                                                     (row.task, 1, "stdout.txt")], listed
+    assert "3 periods" in httpx.get(listed[1]["link"]).text
+    assert [e["name"] for e in results.logs(clients, job, row.task)] == ["stderr.txt", "stdout.txt"]
+    assert results.logs(clients, job, names.task_key(int(row.task) + 1)) == []
 
 
 @pytest.mark.parametrize("sandbox", ["auto", "no-namespaces"])
@@ -162,16 +171,23 @@ def test_a_coastal_request_with_a_missing_date_succeeds_with_no_data_tiles(
     assert status["counts"]["NO_DATA"] >= 4 + 3 + 2 and not status["failures"]
 
 
-def test_a_crashing_program_is_a_user_code_failure(settings: Settings, planetary: Planetary, tmp_path: Path) -> None:
+def test_a_crashing_program_is_a_user_code_failure(settings: Settings, planetary: Planetary, mail: MailServer,
+                                                   tmp_path: Path) -> None:
     folder = tmp_path / "crash"
     folder.mkdir()
     (folder / "reducer.json").write_text(json.dumps({
         "name": "crash", "argv": ["{python}", "-c", "import sys; print('bad pixel', file=sys.stderr); sys.exit(4)"],
         "outputs": ["*.tif"]}))
     mine = on_stac(settings, planetary, reducers_path=str(tmp_path), max_attempts=2)
-    body = {"region": REGION, "grid": GRID, **SPAN, "products": ["MOD10A2"], "reducer": {"name": "crash"}}
+    body = {"region": REGION, "grid": GRID, **SPAN, "products": ["MOD10A2"], "reducer": {"name": "crash"},
+            "email": "me@example.org"}
     clients, job, status = run_job(mine, body)
     row = reduction_row(clients, job)
     assert row.status == "DEAD" and row.last_failure == "user_code_error"
     assert "exited with code 4" in row.last_error and "bad pixel" in row.last_error
     assert status["counts"]["SUCCEEDED"] == 3  # the tiles are there all the same
+    # the email says why, not only "1 dead", and where the program's output is
+    (email,) = wait_for(lambda: [m for _, m in mail.messages() if job in str(m["Subject"])], 30, "the email")
+    text = email.get_content()
+    assert f"task {int(row.task)} (reduce) attempt 2: user_code_error: " in text and "bad pixel" in text, text
+    assert f"bagpipe logs {job} TASK" in text, text

@@ -26,7 +26,7 @@ from typing import Any
 from azure.core.exceptions import HttpResponseError
 
 from pipeline import planning
-from pipeline.lifecycle import attempts, costs, jobs, results, snapshots, tasks
+from pipeline.lifecycle import attempts, costs, jobs, results, rollups, snapshots, tasks
 from pipeline.lifecycle.jobs import JobRow
 from pipeline.lifecycle.notify import Mailer
 from pipeline.lifecycle.status import JobState, TaskStatus
@@ -36,6 +36,7 @@ from pipeline.storage.clients import Clients
 log = logging.getLogger(__name__)
 RELEASED = datetime(1970, 1, 1, tzinfo=UTC)  # a finisher lease that has long expired
 LOOKS = 5  # times a finisher reads the job row again when it changed under its hold
+FAILURES_MAILED = 5  # the newest failed attempts an email names, with their errors
 
 
 def all_terminal(clients: Clients, row: JobRow, done: int | None = None) -> bool:
@@ -277,6 +278,12 @@ def completion_email(clients: Clients, row: JobRow, final: JobState, found: dict
     if found.get("warning"):
         why += f"Warning: {found['warning']}.\n\n"
     why += "".join(f"Note: {note}.\n\n" for note in found.get("notes", []))
+    failed = rollups.newest_failures(clients.tasks, row.parts, FAILURES_MAILED) if found["counts"].get(
+        TaskStatus.DEAD.value) else []
+    if failed:  # the counts say how many; these say why, and where a program's output is
+        why += "Failures, the newest:\n" + "".join(
+            f"- task {int(a.task)} ({a.stage}) attempt {a.attempt}: {a.failure_class}: {one_line(a.error)[:400]}\n"
+            for a in failed) + f"What a program wrote to stdout and stderr: bagpipe logs {job} TASK\n\n"
     message = EmailMessage()
     message["From"] = clients.settings.mail_sender
     message["To"] = recipient

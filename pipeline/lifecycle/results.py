@@ -83,3 +83,23 @@ def with_links(clients: Clients, job: str, found: dict[str, Any]) -> dict[str, A
         image["links"] = {kind: sas_url(clients, container, image[kind]) for kind in ("picture", "map")}
     found["manifest_url"] = sas_url(clients, container, names.manifest_blob(job))
     return found
+
+
+MAX_LOGS = 1000  # log files one answer lists (two an attempt)
+
+
+def logs(clients: Clients, job: str, task: str | None = None) -> list[dict[str, Any]]:
+    """The logs a job's programs left — every attempt's stdout and stderr, successful or not —
+    or one task's, by task and attempt, each with its size and a short-lived link; at most
+    :data:`MAX_LOGS` files, the first tasks first."""
+    prefix = f"{job}/" if task is None else names.log_prefix(job, task, 0).rsplit("/", 2)[0] + "/"
+    found = []
+    for blob in clients.logs.list_blobs(name_starts_with=prefix, results_per_page=MAX_LOGS):
+        parts = blob.name[len(job) + 1:].split("/")
+        if len(parts) != 3 or not parts[1].isdigit():
+            continue
+        found.append({"task": parts[0], "attempt": int(parts[1]), "name": parts[2], "bytes": blob.size,
+                      "link": sas_url(clients, clients.logs.container_name, blob.name)})
+        if len(found) >= MAX_LOGS:
+            break
+    return found

@@ -26,6 +26,7 @@ from pipeline.requests import application
 from pipeline.requests.doubts import doubts
 from pipeline.requests.request import JobRequest, program_name
 from pipeline.settings import Settings
+from pipeline.storage import names
 from pipeline.storage.clients import clients_for
 from pipeline.web import accounts, audit, auth, registry, stacapi, uploads
 from pipeline.web.identity import Caller, IdentityError
@@ -222,6 +223,17 @@ def create_app(settings: Settings) -> FastAPI:
         if found is None or not row.state.finished:
             raise HTTPException(409, f"job {job_id} has not finished: {row.state.value}")
         return results.with_links(clients, job_id, found)
+
+    @app.get("/api/jobs/{job_id}/logs")
+    def job_logs(job_id: str, task: str | None = None, caller: Caller = Depends(signed_in)) -> list[dict[str, Any]]:
+        """What a job's programs wrote (stdout and stderr of every attempt, successful or not,
+        by task and attempt), with short-lived links to read it; ``task``: one task's, by its
+        number."""
+        if task is not None and not (task.isascii() and task.isdigit() and len(task) <= names.TASK_KEY_WIDTH):
+            raise HTTPException(400, {"detail": f"task: a task's number, as status shows it (not {task[:20]!r})",
+                                      "field": "task"})
+        jobs.get_for(clients, job_id, caller.user)
+        return results.logs(clients, job_id, None if task is None else names.task_key(int(task)))
 
     add_portal(app, clients, signed_in)
     accounts.add_routes(app, clients, signed_in)
