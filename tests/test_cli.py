@@ -248,6 +248,8 @@ def test_run_stage_reproject_reads_the_product_and_layer_from_a_granules_name(tm
 
 def test_run_stage_reproject_then_reduce_with_no_azure(tmp_path: Path) -> None:
     """A scientist debugging on a laptop: the stages workers run, on local files only."""
+    from rio_cogeo.cogeo import cog_validate
+
     from bagpipe.modis_world import REAL_DATA, cog, granule_name
     from pipeline.modis.products import CATALOG
 
@@ -272,6 +274,7 @@ def test_run_stage_reproject_then_reduce_with_no_azure(tmp_path: Path) -> None:
                            "--out", str(tmp_path / "result")], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert sorted(p.name for p in (tmp_path / "result").iterdir()) == ["snow_fraction.png", "snow_fraction.tif"]
+    assert cog_validate(str(tmp_path / "result" / "snow_fraction.tif"), strict=True, quiet=True)[0]  # as a worker's
     assert "2 periods" in done.stdout
     crash = tmp_path / "crash"
     crash.mkdir()

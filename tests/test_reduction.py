@@ -15,6 +15,7 @@ import httpx
 import numpy as np
 import pytest
 from rasterio.io import MemoryFile
+from rio_cogeo.cogeo import cog_validate
 
 from bagpipe.azurite import Azurite
 from bagpipe.mailserver import MailServer
@@ -64,7 +65,8 @@ def tiles_of(clients: Clients, job: str) -> list[np.ndarray]:
 
 @pytest.mark.filterwarnings("ignore::rasterio.errors.NotGeoreferencedWarning")  # a PNG read alone
 @pytest.mark.parametrize("sandbox", ["auto", "no-namespaces"])
-def test_python_reduction_over_the_span(settings: Settings, planetary: Planetary, sandbox: str) -> None:
+def test_python_reduction_over_the_span(settings: Settings, planetary: Planetary, sandbox: str,
+                                        tmp_path: Path) -> None:
     """In either sandbox mode: Python, numpy, rasterio (GDAL and PROJ and their data) read
     what they need and nothing more."""
     mine = on_stac(settings.with_(sandbox=sandbox), planetary)
@@ -79,6 +81,11 @@ def test_python_reduction_over_the_span(settings: Settings, planetary: Planetary
     with MemoryFile(made["snow_fraction.tif"]) as memory, memory.open() as result:
         fraction = result.read(1)
         assert result.crs.to_epsg() == 4326 and result.shape == (100, 100)
+        assert result.nodata == -1 and result.tags()["PERIODS"] == "2022-01-25,2022-02-02,2022-02-10"
+    # published as a Cloud-Optimized GeoTIFF, as every product is (the program wrote its IFD after its data)
+    cog = tmp_path / "snow_fraction.tif"
+    cog.write_bytes(made["snow_fraction.tif"])
+    assert cog_validate(str(cog), strict=True, quiet=True)[:2] == (True, [])
     stack = np.stack(tiles_of(clients, job))
     seen = ((stack == 200) | (stack == 25)).sum(axis=0)
     expected = np.where(seen > 0, (stack == 200).sum(axis=0) / np.maximum(seen, 1), -1)

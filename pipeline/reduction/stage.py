@@ -28,6 +28,7 @@ from pipeline import stages
 from pipeline.failures import FailureClass, StageFailure
 from pipeline.reduction import REDUCE_STAGE, bundlecache, reducers, sandbox
 from pipeline.reduction.builtin import Fetched, gather
+from pipeline.science import rasters
 from pipeline.stages import StageContext
 from pipeline.storage import names
 
@@ -186,6 +187,10 @@ def run_program(reducer: reducers.Reducer, tiles: list[tuple[str, Path]], root: 
     made = [p for p in sorted(outputs.rglob("*"))
             if p.is_file() and not p.is_symlink() and p.resolve().is_relative_to(outputs.resolve())
             and any(fnmatch.fnmatch(p.name, pattern) for pattern in reducer.outputs)]
+    if result.exit_code == 0 and not result.why and len(made) <= MAX_OUTPUTS:
+        for path in made:  # published as every other raster product is: streamable by range reads
+            if path.suffix.lower() in (".tif", ".tiff"):
+                rasters.make_cog(path)
     return Run(result, made, root)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import rasterio
+import rasterio.errors
 import rasterio.shutil
 from affine import Affine
 from rasterio.io import MemoryFile
@@ -68,3 +69,26 @@ def write_cog(bands: Sequence[np.ndarray], grid: Grid, encoding: Encoding, names
             rasterio.shutil.copy(src, cog.name, driver="COG", compress="DEFLATE", blocksize=512,
                                  overview_resampling="nearest" if categorical else "average")
             return bytes(cog.read())
+
+
+def make_cog(path: Path) -> bool:
+    """Rewrite the GeoTIFF at ``path`` as a Cloud-Optimized GeoTIFF (deflate, 512-pixel
+    blocks, overviews where it is large enough; its bands, nodata, scales, units and tags
+    kept) unless it is one already, by rio-cogeo's strict check (its IFDs before its data,
+    tiled, overviews where needed): a program's raster is published as every other product
+    is, streamable by range reads. True if it was rewritten; a file GDAL cannot read as a
+    raster is left as it is."""
+    from rio_cogeo.cogeo import cog_validate
+
+    rewritten = path.with_name(path.name + ".cog")
+    try:
+        valid, _, _ = cog_validate(str(path), strict=True, quiet=True)
+        if valid:
+            return False
+        with rasterio.open(path) as src:
+            rasterio.shutil.copy(src, str(rewritten), driver="COG", compress="DEFLATE", blocksize=512)
+    except rasterio.errors.RasterioError:
+        rewritten.unlink(missing_ok=True)
+        return False
+    rewritten.replace(path)
+    return True
