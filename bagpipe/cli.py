@@ -440,14 +440,27 @@ def watch(job: JobArg, api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = D
 
 
 @app.command()
-def results(job: JobArg, out: Annotated[Path, typer.Option(help="Where to put the products.")],
+def results(job: JobArg,
+            out: Annotated[Optional[Path], typer.Option(help="Where to put them (default: out/JOB, as the demo).")]
+            = None,
             api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFAULT_HOME) -> None:
-    """Download a finished job's products and manifest."""
+    """Download a finished job's products, with their mosaics, overview pictures, STAC
+    catalog and manifest."""
+    target = out or Path("out") / job
+    started = time.time()
     try:
-        manifest, files = download_results(Api.resolve(api, key, home), job, out)
+        client = Api.resolve(api, key, home)
+        with Progress(TextColumn("downloading"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console, transient=True, disable=not console.is_terminal) as bar:
+            shown = bar.add_task("products", total=None)
+            manifest, products = download_results(
+                client, job, target, progress=lambda done, total: bar.update(shown, completed=done, total=total))
     except (ApiError, RuntimeError, httpx.HTTPError) as exc:  # the last: a product's download
         fail(exc)
-    console.print(f"{files} files and {manifest} written")
+    written = sum(1 for path in target.rglob("*") if path.is_file() and path.stat().st_mtime >= started - 1)
+    console.print(f"{written} files written in {target}: {products} products, their mosaics and overview "
+                  f"pictures, the STAC catalog (collection.json, an item beside each) and {manifest.name}",
+                  highlight=False, soft_wrap=True)
 
 
 @app.command()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -187,13 +189,14 @@ def _local_path(task: dict[str, Any], blob: str) -> Path:
     return Path(*parts)
 
 
-def download_results(api: Api, job: str, out: Path, parallel: int = 8) -> tuple[Path, int]:
+def download_results(api: Api, job: str, out: Path, parallel: int = 8,
+                     progress: Callable[[int, int], None] | None = None) -> tuple[Path, int]:
     """Download every product of a finished job into ``out`` (as product/tile/date/name),
     write its STAC catalog beside them (``collection.json``, an item per product) and
     ``manifest.json`` naming the local files and the catalog. Small outputs come out of the job's
     packs by ranged reads (a few requests for thousands of files, each file checked against
-    its MD5), the others one download each, ``parallel`` at a time. Returns (manifest
-    path, files)."""
+    its MD5), the others one download each, ``parallel`` at a time; ``progress`` is told
+    (products written, products) as they are. Returns (manifest path, products)."""
     found = api.results(job)
     out.mkdir(parents=True, exist_ok=True)
     packed = {name: packing.member_of(entry) for name, entry in found.pop("packed", {}).items()}
@@ -209,9 +212,19 @@ def download_results(api: Api, job: str, out: Path, parallel: int = 8) -> tuple[
                 links[blob] = link
             task["files"].append(str(local))
 
+    written = [0]
+    counting = threading.Lock()
+
+    def count() -> None:
+        if progress is not None:
+            with counting:
+                written[0] += 1
+                progress(written[0], len(targets))
+
     def write(blob: str, data: bytes) -> None:
         targets[blob].parent.mkdir(parents=True, exist_ok=True)
         targets[blob].write_bytes(data)
+        count()
 
     def fetch_span(span: packing.Span) -> None:
         data = b""
@@ -229,6 +242,7 @@ def download_results(api: Api, job: str, out: Path, parallel: int = 8) -> tuple[
             with open(targets[blob], "wb") as f:
                 for chunk in response.iter_bytes():
                     f.write(chunk)
+        count()
 
     wanted = {blob: member for blob, member in packed.items() if blob in targets}
     limits = httpx.Limits(max_connections=parallel, max_keepalive_connections=parallel)

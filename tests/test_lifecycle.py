@@ -100,8 +100,11 @@ def test_submit_run_complete_notify_download(azurite: Azurite, settings: Setting
         shown = subprocess.run([*cli, "status", job, "--json", *auth], capture_output=True, text=True,
                                check=True)
         assert json.loads(shown.stdout)["state"] == "SUCCEEDED"
-        out = tmp_path / "out"
-        subprocess.run([*cli, "results", job, "--out", str(out), *auth], check=True, capture_output=True)
+        out = tmp_path / "out" / job  # where it goes by default, as the demo's
+        said = subprocess.run([*cli, "results", job, *auth], check=True, capture_output=True, text=True,
+                              cwd=tmp_path).stdout
+        written = [p for p in out.rglob("*") if p.is_file()]  # the products and all beside them
+        assert f"{len(written)} files written in out/{job}: {total} products" in " ".join(said.split()), said
         manifest = json.loads((out / "manifest.json").read_text())
         files = [f for task in manifest["tasks"] for f in task["files"]]
         assert len(files) == total
