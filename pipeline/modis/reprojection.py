@@ -1,11 +1,30 @@
 """Reprojection: warp one layer of a task's MODIS sinusoidal sources onto one target tile
 with GDAL's warper (through rasterio), then write a Cloud-Optimized GeoTIFF.
 
-Each source is read only where the target needs it (a window of one granule, at most one
-tile) and warped into an array of the target's own shape; the first source with data at a
-pixel wins. Peak memory follows the target tile, never the spread of its sources: a target
-touching h00 and h35 (across the antimeridian) holds two tile windows in turn, not the
-86,400-pixel-wide box around them (``bench/antimeridian.py``).
+**No seam at a MODIS tile's edge.** The MODIS tiles of a product share one pixel lattice
+(tile h's first column is pixel h × 2400 of the plane's, at 500 m), so the windows of the
+sources a target needs are laid on it as one mosaic and warped once: a kernel wider than a
+pixel (bilinear, cubic, average) reads the pixels across a MODIS tile's edge as it reads any
+others, and the target is GDAL's warp of the mosaic of its sources (``rio warp`` of it,
+``tests/test_seams.py``). A target's sources are the MODIS tiles within the kernel's reach
+of its footprint (``TargetTile.reads``: :data:`PAD` source pixels), not only those it
+covers. Sources that do not touch on the lattice (a target across ±180° reads h00 and h35)
+are warped apart, the first with data winning at each pixel.
+
+**Kernel width: one source pixel** (:data:`KERNEL`: GDAL's ``XSCALE=1``, ``YSCALE=1``).
+GDAL widens a kernel when it downsamples, by a factor it estimates for each chunk it warps
+from the chunk's size and its source window's; that window is clipped to the source, so the
+same target pixel warped from a window of a granule or from the whole mosaic (or as part of
+a larger target) would be computed with different kernels. At one pixel a target pixel's
+value depends only on where it lies: bilinear reads the 2 × 2 source pixels around its
+centre, cubic the 4 × 4. A target far coarser than MODIS's pixel (a decimation rather than a
+reprojection) wants ``average``, which GDAL computes over each target pixel's footprint
+whatever the kernel width.
+
+Memory follows the target tile, never the spread of its sources: each source is read only
+where the target needs it (a window of at most one tile), and a target touching h00 and h35
+(across the antimeridian) holds two tile windows, not the 86,400-pixel-wide box around them
+(``bench/antimeridian.py``).
 
 The product catalog, not the file, owns the encoding: values outside the layer's valid
 range, its fill value and pixels its quality layer calls unusable are masked at native
@@ -40,11 +59,15 @@ from rasterio.windows import Window
 
 from pipeline.modis import hdf, quality
 from pipeline.modis.granules import HDF
-from pipeline.modis.grid import RADIUS
+from pipeline.modis.grid import RADIUS, X_MIN, Y_MAX
 from pipeline.modis.products import Layer, Product
+from pipeline.modis.targets import REACH_PIXELS, is_modis_sinusoidal
 
-VERSION = "reproject-2"  # change when the output of the same inputs would change
-PAD = 2  # source pixels read around the target's footprint (bilinear needs its neighbours)
+VERSION = "reproject-3"  # change when the output of the same inputs would change
+KERNEL = {"XSCALE": "1", "YSCALE": "1"}  # GDAL's warp options: a kernel one source pixel wide
+KERNELS = ("bilinear", "cubic", "cubic_spline", "lanczos")  # the resamplings whose width KERNEL sets
+PAD = REACH_PIXELS  # source pixels read around the target's footprint (lanczos reaches 3)
+LATTICE_TOLERANCE = 1e-6  # of a pixel: a source whose first pixel is this close to the MODIS lattice is on it
 HALF_PLANE = math.pi * RADIUS  # half the sinusoidal plane's width: a footprint wider crosses ±180°
 
 
@@ -159,25 +182,101 @@ def masked_values(source: Source, layer: Layer, window: tuple[int, int, int, int
     return np.where(good, values, layer.fill).astype(layer.dtype)
 
 
+def _on_lattice(raster: _Raster) -> tuple[float, int, int] | None:
+    """The source's pixel size and its first pixel's (row, col) on the MODIS lattice of that
+    size — the sinusoidal plane, its first pixel at the plane's north-west corner — or None
+    for a raster off it (another CRS, a rotation, not aligned)."""
+    if not is_modis_sinusoidal(raster.crs.to_dict()):
+        return None
+    t = raster.transform
+    size = t.a
+    if t.b or t.d or size <= 0 or not math.isclose(-t.e, size, rel_tol=1e-9):
+        return None
+    col, row = (t.c - X_MIN) / size, (Y_MAX - t.f) / size
+    if abs(col - round(col)) > LATTICE_TOLERANCE or abs(row - round(row)) > LATTICE_TOLERANCE:
+        return None
+    return size, round(row), round(col)
+
+
+@dataclass
+class _Part:
+    """One source's masked window: its transform, CRS, values and (size, row, col) on the
+    MODIS lattice (None: off it)."""
+
+    transform: Affine
+    crs: CRS
+    values: np.ndarray
+    place: tuple[float, int, int] | None
+
+    def touches(self, other: _Part) -> bool:
+        """Whether both lie on one lattice and overlap or share an edge or a corner there."""
+        if self.place is None or other.place is None or self.place[0] != other.place[0]:
+            return False
+        (_, r0, c0), (_, r1, c1) = self.place, other.place
+        (h0, w0), (h1, w1) = self.values.shape, other.values.shape
+        return bool(r0 <= r1 + h1 and r1 <= r0 + h0 and c0 <= c1 + w1 and c1 <= c0 + w0)
+
+
+def _mosaics(parts: list[_Part], layer: Layer) -> list[_Part]:
+    """The windows as mosaics to warp: those that touch on the MODIS lattice, directly or
+    through others, laid in one (the earlier source's pixel where two have data), each other
+    one alone; in the order of their first window."""
+    groups: list[list[int]] = []
+    for index, part in enumerate(parts):
+        joined = [g for g in groups if any(parts[i].touches(part) for i in g)]
+        groups = [g for g in groups if g not in joined] + [sorted([index, *(i for g in joined for i in g)])]
+    found = []
+    for group in sorted(groups):
+        if len(group) == 1:
+            found.append(parts[group[0]])
+            continue
+        placed = [(parts[i], parts[i].place) for i in group]
+        row0 = min(p[1] for _, p in placed if p)
+        col0 = min(p[2] for _, p in placed if p)
+        rows = max(p[1] + part.values.shape[0] for part, p in placed if p) - row0
+        cols = max(p[2] + part.values.shape[1] for part, p in placed if p) - col0
+        mosaic = np.full((rows, cols), layer.fill, dtype=layer.dtype)
+        for part, place in placed:
+            assert place is not None  # touching parts lie on the lattice
+            into = mosaic[place[1] - row0:place[1] - row0 + part.values.shape[0],
+                          place[2] - col0:place[2] - col0 + part.values.shape[1]]
+            empty = into == layer.fill
+            into[empty] = part.values[empty]
+        first = parts[group[0]]
+        assert first.place is not None
+        transform = first.transform * Affine.translation(col0 - first.place[2], row0 - first.place[1])
+        found.append(_Part(transform, first.crs, mosaic, (first.place[0], row0, col0)))
+    return found
+
+
 def warp_array(sources: Sequence[Source], layer: Layer, target: Target, masks: bool = True) -> np.ndarray:
-    """The layer of the sources on the target grid (the layer's fill where none has data)."""
-    dst_crs = CRS.from_user_input(target.crs)
-    out = np.full(target.shape, layer.fill, dtype=layer.dtype)
-    part = np.empty_like(out)
+    """The layer of the sources on the target grid (the layer's fill where none has data):
+    each source's window masked at native resolution, the windows that touch on the MODIS
+    lattice warped as one mosaic at a kernel of one source pixel."""
+    parts = []
     for source in sources:
         with _opened(source, layer.name) as raster:
             check_encoding(layer, raster.dtype, raster.scale, source.granule)
             window = _window(raster, target)
             if window is None:
                 continue
-            values = masked_values(source, layer, window, raster, masks)
             row, col = window[0], window[1]
-            part.fill(layer.fill)
-            reproject(source=values, destination=part,
-                      src_transform=raster.transform * Affine.translation(col, row), src_crs=raster.crs,
-                      src_nodata=layer.fill, dst_transform=target.transform, dst_crs=dst_crs,
-                      dst_nodata=layer.fill, resampling=Resampling[target.resampling])
-            del values
+            lattice = _on_lattice(raster)
+            parts.append(_Part(raster.transform * Affine.translation(col, row), raster.crs,
+                               masked_values(source, layer, window, raster, masks),
+                               (lattice[0], lattice[1] + row, lattice[2] + col) if lattice else None))
+    dst_crs = CRS.from_user_input(target.crs)
+    out = np.full(target.shape, layer.fill, dtype=layer.dtype)
+    mosaics = _mosaics(parts, layer)
+    del parts
+    options = KERNEL if target.resampling in KERNELS else {}
+    part = np.empty_like(out) if len(mosaics) > 1 else out
+    for mosaic in mosaics:
+        part.fill(layer.fill)
+        reproject(source=mosaic.values, destination=part, src_transform=mosaic.transform, src_crs=mosaic.crs,
+                  src_nodata=layer.fill, dst_transform=target.transform, dst_crs=dst_crs,
+                  dst_nodata=layer.fill, resampling=Resampling[target.resampling], **options)
+        if part is not out:
             empty = out == layer.fill
             out[empty] = part[empty]
     return out

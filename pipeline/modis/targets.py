@@ -24,6 +24,10 @@ SINUSOIDAL_PROJ4 = f"+proj=sinu +lon_0=0 +x_0=0 +y_0=0 +R={RADIUS} +units=m +no_
 NATIVE = "MODIS"  # the grid name of the MODIS sinusoidal tiles themselves
 MAX_TILE_PIXELS = 4096  # per side of a target tile
 EDGE_SAMPLES = 64  # points per edge (and per interior line) when finding source tiles
+# source pixels a target's warp reads beyond its footprint: cubic reaches 2, lanczos 3, at a
+# kernel of one source pixel (``reprojection.KERNEL``); the MODIS tiles within it are read too
+REACH_PIXELS = 4
+REACH_METRES = REACH_PIXELS * TILE_SIZE / 1200  # in the coarsest MODIS grid's pixels (926 m): any product's reach
 
 
 @lru_cache(maxsize=4096)
@@ -140,6 +144,15 @@ class TargetTile:
             return [Tile(self.col, self.row)]
         return list(_sources(self))
 
+    def reads(self) -> list[Tile]:
+        """The MODIS tiles this target tile's warp reads: its :meth:`sources` and each tile
+        within :data:`REACH_METRES` of its footprint, whose edge pixels a kernel wider than a
+        pixel (bilinear, cubic, average) reads across a MODIS tile's edge, so that no seam
+        shows there (``reprojection``). A superset: the warp reads only the pixels it needs."""
+        if self.grid.native:
+            return self.sources()
+        return list(_reads(self))
+
 
 @lru_cache(maxsize=4096)
 def _sources(target: TargetTile) -> tuple[Tile, ...]:
@@ -156,6 +169,35 @@ def _sources(target: TargetTile) -> tuple[Tile, ...]:
     v_ = np.floor((Y_MAX - sy[ok]) / TILE_SIZE).astype(int)
     found = set()
     for hh, vv in set(zip(h.tolist(), v_.tolist(), strict=True)):
+        if 0 <= hh < TILES_H and 0 <= vv < TILES_V and Tile(hh, vv).has_land_pixels():
+            found.add(Tile(hh, vv))
+    return tuple(sorted(found))
+
+
+@lru_cache(maxsize=4096)
+def _reads(target: TargetTile) -> tuple[Tile, ...]:
+    """A target tile's sources and the MODIS tiles near its footprint: points of its outline,
+    at most half :data:`REACH_METRES` apart on the sinusoidal plane (the footprint's nearest
+    point to a tile it does not cover is on its outline), each moved by twice the reach in
+    the eight directions, name the tiles they land in."""
+    west, south, east, north = target.bounds()
+    unit = 111_320.0 if CRS.from_user_input(target.grid.crs).is_geographic else 1.0
+    side = max(east - west, north - south) * unit
+    count = int(min(4096, max(EDGE_SAMPLES, math.ceil(8 * side / REACH_METRES))))  # 4× for the plane's shear
+    line = np.linspace(0.0, 1.0, count)
+    ones = np.ones(count)
+    xs = np.concatenate([west + (east - west) * line, east * ones, west + (east - west) * line, west * ones])
+    ys = np.concatenate([south * ones, south + (north - south) * line, north * ones, south + (north - south) * line])
+    sx, sy = _to_sinusoidal(target.grid.crs).transform(xs, ys)
+    ok = np.isfinite(sx) & np.isfinite(sy)
+    steps = np.array([-2 * REACH_METRES, 0.0, 2 * REACH_METRES])
+    dx, dy = (a.ravel() for a in np.meshgrid(steps, steps))
+    px = (sx[ok][:, None] + dx[None, :]).ravel()
+    py = (sy[ok][:, None] + dy[None, :]).ravel()
+    h = np.floor((px - X_MIN) / TILE_SIZE).astype(int)
+    v = np.floor((Y_MAX - py) / TILE_SIZE).astype(int)
+    found = set(_sources(target))
+    for hh, vv in set(zip(h.tolist(), v.tolist(), strict=True)):
         if 0 <= hh < TILES_H and 0 <= vv < TILES_V and Tile(hh, vv).has_land_pixels():
             found.add(Tile(hh, vv))
     return tuple(sorted(found))

@@ -2,20 +2,26 @@
 
 A real MODIS granule's name carries its production timestamp: it is found by searching the
 catalog (``pipeline.modis.catalogs``), never guessed. The planner searches once per product
-per job, over the lon/lat box of its target tiles and the span of its periods, and each tile
-task keeps its granules in its params; a (tile, date) the catalog does not have (an ocean
-tile, an outage) is simply absent there, and a task left with none ends NO_DATA.
+per job, over the lon/lat box of its target tiles (widened by the reach of their warps,
+which read a neighbouring MODIS tile's edge pixels: ``TargetTile.reads``) and the span of its
+periods, and each tile task keeps its granules in its params: those of the MODIS tiles it
+covers and, if it has any, those within its reach. A (tile, date) the catalog does not have
+(an ocean tile, an outage) is simply absent there, and a task left with none of the tiles it
+covers ends NO_DATA.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import date
 
 from pipeline.modis.catalogs import CollectionMissing, catalog_for, footprint
 from pipeline.modis.granules import Granule, pick
+from pipeline.modis.grid import RADIUS
 from pipeline.modis.products import CATALOG, last_day
+from pipeline.modis.targets import REACH_METRES
 from pipeline.planning import RequestError
 from pipeline.reduction import CLIMATOLOGY_STAGE
 from pipeline.requests.expansion import TaskSpec
@@ -37,7 +43,7 @@ def resolve(settings: Settings, specs: Sequence[TaskSpec], stage: str) -> list[T
     found: dict[tuple[str, str, date], Granule] = {}
     for name, tasks in wanted.items():
         product = CATALOG[name]
-        box = footprint({t.target for t in tasks})
+        box = widened(footprint({t.target for t in tasks}), math.degrees(3 * REACH_METRES / RADIUS))
         days = sorted({t.date for t in tasks})
         last = last_day(product, days[-1])  # a year's last composite ends with the year
         try:
@@ -48,10 +54,27 @@ def resolve(settings: Settings, specs: Sequence[TaskSpec], stage: str) -> list[T
     out: list[TaskSpec] = []
     for spec in specs:
         if spec.stage == stage:
-            spec = replace(spec, granules=tuple(found[key] for tile in spec.target.sources()
-                                                 if (key := (spec.product, tile.name, spec.date)) in found))
+            covered = any((spec.product, tile.name, spec.date) in found for tile in spec.target.sources())
+            spec = replace(spec, granules=tuple(found[key] for tile in spec.target.reads()
+                                                 if (key := (spec.product, tile.name, spec.date)) in found)
+                           if covered else ())
         out.append(spec)
     return out
+
+
+def widened(box: tuple[float, float, float, float], degrees: float) -> tuple[float, float, float, float]:
+    """A lon/lat box (west > east: across ±180°) widened by ``degrees`` of latitude on each
+    side and by what ``degrees`` of sinusoidal x is in longitude at its farthest latitude
+    (the plane's shear included: a step in latitude moves x by up to pi × tan(lat) of it), at
+    most the globe."""
+    west, south, east, north = box
+    south, north = max(-90.0, south - degrees), min(90.0, north + degrees)
+    far = math.radians(min(89.0, max(abs(south), abs(north))))
+    spread = degrees * (1.0 + math.pi * math.tan(far)) / math.cos(far)
+    width = (east - west) % 360.0 if east != west else 0.0
+    if (west, east) == (-180.0, 180.0) or width + 2 * spread >= 360.0:
+        return -180.0, south, 180.0, north
+    return (west - spread + 180.0) % 360.0 - 180.0, south, (east + spread + 180.0) % 360.0 - 180.0, north
 
 
 def with_sources(specs: list[TaskSpec]) -> list[TaskSpec]:
