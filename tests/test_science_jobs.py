@@ -6,12 +6,15 @@ checked against numpy on the very tiles the job made."""
 from __future__ import annotations
 
 import json
-from datetime import date
+from datetime import date, timedelta
+from pathlib import Path
 
 import numpy as np
 import pytest
+from pyhdf.SD import SD, SDC
 from rasterio.io import MemoryFile
 
+from bagpipe.earthdata import Earthdata
 from bagpipe.mailserver import MailServer
 from bagpipe.planetary import Planetary
 from pipeline.lifecycle import jobs, tasks
@@ -174,3 +177,45 @@ def test_a_job_that_made_nothing_says_so_in_its_status_manifest_and_email(
     ((_, message),) = wait_for(lambda: mail.messages(), 30, "the email")
     assert message["Subject"].endswith("succeeded, no product")
     assert "Warning: the job made no product" in message.get_content()
+
+
+REAL_SERIES = sorted((Path(__file__).parent.parent / "data" / "modis" / "MOD13A2_h18v09_2025").glob("*.hdf"))
+
+
+@pytest.mark.timeout(900)
+def test_monthly_maxima_of_the_real_mod13a2_series_equal_numpy_on_nasas_files(
+        settings: Settings, planetary: Planetary, nasa: Earthdata) -> None:
+    """The ten real composites of h18v09 (January to early June 2025, the Gulf of Guinea),
+    on the tile's own grid, reduced by month with max: each month's output is, stored value
+    for stored value, numpy's maximum over the HDF4 files NASA published for the composites
+    that begin in that month, each masked by its pixel reliability (0 or 1 usable) and its
+    valid range — read with pyhdf, not with bagpipe's reader. Nothing synthesized takes part."""
+    layer, reliability = CATALOG["MOD13A2"].layer("1_km_16_days_NDVI"), CATALOG["MOD13A2"].layer(
+        "1_km_16_days_pixel_reliability")
+    body = {"region": {"tiles": ["h18v09"]}, "start": "2025-01-01", "end": "2025-05-31", "products": ["MOD13A2"],
+            "reduce": {"by": "month", "reducer": "max"}}
+    mine = on_stac(settings, planetary, cmr_url=nasa.cmr_url, earthdata_token=nasa.token,
+                   earthdata_hosts=nasa.hosts)  # Planetary Computer has no MOD13A2: it comes from NASA
+    clients, job, status = run_job(mine, body)
+    assert status["state"] == "SUCCEEDED", status
+    assert status["notes"] == []  # real data only
+    by_month: dict[str, list[np.ndarray]] = {}
+    for path in REAL_SERIES:
+        begins = date(2025, 1, 1) + timedelta(days=int(path.name.split(".")[1][5:]) - 1)
+        sd = SD(str(path), SDC.READ)
+        ndvi, rank = sd.select(layer.sds).get(), sd.select(reliability.sds).get()
+        sd.end()
+        usable = (ndvi >= layer.valid[0]) & (ndvi <= layer.valid[1]) & (rank >= 0) & (rank <= 1)
+        by_month.setdefault(f"{begins:%Y-%m}", []).append(np.where(usable, ndvi, np.iinfo(np.int16).min))
+    reductions = {r.parameters()["group"]: r for r in rows_of(clients, job, AGGREGATE_STAGE)}
+    assert sorted(reductions) == sorted(by_month) == ["2025-01", "2025-02", "2025-03", "2025-04", "2025-05"]
+    for month, stack in by_month.items():
+        highest = np.max(stack, axis=0)
+        expected = np.where(highest == np.iinfo(np.int16).min, layer.nodata, highest)
+        (output,) = reductions[month].output_names()
+        made, encoding = raster(clients, output)
+        assert encoding["tags"].get("BAGPIPE_SYNTHETIC") is None
+        assert (encoding["dtype"], encoding["nodata"], encoding["scale"]) == ("int16", layer.nodata, layer.scale)
+        assert made.shape == expected.shape == (1200, 1200)
+        assert (made != layer.nodata).sum() > 20_000, month  # the coast and São Tomé: 2 % of the tile is land
+        np.testing.assert_array_equal(made, expected, err_msg=month)
