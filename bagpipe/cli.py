@@ -51,6 +51,17 @@ DEMO_REQUEST: dict[str, Any] = {
     "email": "scientist@example.org",
     "label": "demo: Four Corners snow cover, winter 2022",
 }
+# bagpipe demo --science: real data only, the monthly greenest NDVI of NASA's ten MOD13A2
+# composites of h18v09 (the Gulf of Guinea, January to early June 2025) on the tile's own grid
+SCIENCE_DEMO_REQUEST: dict[str, Any] = {
+    "region": {"tiles": ["h18v09"]},
+    "start": "2025-01-01",
+    "end": "2025-05-31",
+    "products": ["MOD13A2"],
+    "reduce": {"by": "month", "reducer": "max"},
+    "email": "scientist@example.org",
+    "label": "demo: monthly maximum NDVI of the real MOD13A2 series, Gulf of Guinea, 2025",
+}
 
 
 FAILURES_SHOWN = 5  # the newest failed attempts ``status`` shows
@@ -477,7 +488,9 @@ def cancel(job: JobArg, api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = 
 def demo(out: Annotated[Path, typer.Option(help="Where the products go.")] = Path("out"),
          home: HomeOpt = DEFAULT_HOME,
          workers: Annotated[int, typer.Option(min=1)] = 2,
-         slots: Annotated[int, typer.Option(min=1)] = 4) -> None:
+         slots: Annotated[int, typer.Option(min=1)] = 4,
+         science: Annotated[bool, typer.Option(
+             "--science", help="Submit the real MOD13A2 series' monthly maxima instead.")] = False) -> None:
     """Up, submit the sample request, watch it, download the products and the email, down."""
     from bagpipe.stack import LocalStack, StackRunning
 
@@ -488,7 +501,7 @@ def demo(out: Annotated[Path, typer.Option(help="Where the products go.")] = Pat
         with LocalStack(home, workers=workers, slots=slots) as stack:
             console.print(f"local stack up in {time.monotonic() - started:.1f} s: API {stack.api_url}")
             client = Api(stack.api_url, stack.token)
-            request = DEMO_REQUEST
+            request = SCIENCE_DEMO_REQUEST if science else DEMO_REQUEST
             job = client.submit(request)["job"]
             console.print(f"submitted {job}: {request['label']}")
             found = watch_job(client, job, healthy=lambda: any(

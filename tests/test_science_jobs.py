@@ -14,6 +14,7 @@ import pytest
 from pyhdf.SD import SD, SDC
 from rasterio.io import MemoryFile
 
+from bagpipe.cli import SCIENCE_DEMO_REQUEST
 from bagpipe.earthdata import Earthdata
 from bagpipe.mailserver import MailServer
 from bagpipe.planetary import Planetary
@@ -189,11 +190,11 @@ def test_monthly_maxima_of_the_real_mod13a2_series_equal_numpy_on_nasas_files(
     on the tile's own grid, reduced by month with max: each month's output is, stored value
     for stored value, numpy's maximum over the HDF4 files NASA published for the composites
     that begin in that month, each masked by its pixel reliability (0 or 1 usable) and its
-    valid range — read with pyhdf, not with bagpipe's reader. Nothing synthesized takes part."""
+    valid range — read with pyhdf, not with bagpipe's reader. Nothing synthesized takes part.
+    It is the request ``bagpipe demo --science`` submits."""
     layer, reliability = CATALOG["MOD13A2"].layer("1_km_16_days_NDVI"), CATALOG["MOD13A2"].layer(
         "1_km_16_days_pixel_reliability")
-    body = {"region": {"tiles": ["h18v09"]}, "start": "2025-01-01", "end": "2025-05-31", "products": ["MOD13A2"],
-            "reduce": {"by": "month", "reducer": "max"}}
+    body = SCIENCE_DEMO_REQUEST  # bagpipe demo --science's
     mine = on_stac(settings, planetary, cmr_url=nasa.cmr_url, earthdata_token=nasa.token,
                    earthdata_hosts=nasa.hosts)  # Planetary Computer has no MOD13A2: it comes from NASA
     clients, job, status = run_job(mine, body)
