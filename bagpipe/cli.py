@@ -16,8 +16,17 @@ from typing import Annotated, Any, Optional
 
 import httpx
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.logging import RichHandler
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Column, Table
 
 from bagpipe import manage, runstage
 from bagpipe.client import DEFAULT_HOME, TOKEN_FILE, Api, ApiError, download_results, forget_home, record_home
@@ -67,9 +76,15 @@ SCIENCE_DEMO_REQUEST: dict[str, Any] = {
 FAILURES_SHOWN = 5  # the newest failed attempts ``status`` shows
 
 
-def _logging(verbose: bool = False) -> None:
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def _logging(verbose: bool = False, above_progress: bool = False) -> None:
+    """Log lines to the terminal; ``above_progress``: through the console that draws a progress
+    bar (the demo's), which prints them above it rather than over it."""
+    if above_progress:
+        logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(name)s: %(message)s",
+                            handlers=[RichHandler(console=console, show_time=False, show_path=False)])
+    else:
+        logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("azure").setLevel(logging.WARNING)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request (the imitations' pass-through's)
     logging.getLogger("mail.log").setLevel(logging.WARNING)
@@ -406,23 +421,42 @@ def _sandbox_cell(mode: str | None) -> str:
     return f"[red]{mode}[/red]" if mode.startswith("none") else mode
 
 
+PLAIN_EVERY_S = 10.0  # without a terminal, watch prints a line at most this often (and when the job ends)
+BAR_WIDTH = 30  # characters of watch's bar: fixed, so that the counts beside it do not squeeze it away
+
+
+def progress_columns() -> tuple[ProgressColumn, ...]:
+    """watch's columns: state, a bar of fixed width, tasks ended of all, time left (from the
+    pace so far), and the counts by status, last, where a narrow terminal may cut them."""
+    return (TextColumn("{task.description}", table_column=Column(min_width=9)),  # FINISHING
+            BarColumn(bar_width=BAR_WIDTH, table_column=Column(min_width=BAR_WIDTH)),
+            MofNCompleteColumn(table_column=Column(min_width=11)),  # 84/84, 99999/99999
+            TimeRemainingColumn(compact=True, elapsed_when_finished=True, table_column=Column(min_width=5)),
+            TextColumn("{task.fields[detail]}", table_column=Column(no_wrap=True, overflow="ellipsis")))
+
+
 def watch_job(client: Api, job: str, interval: float = 1.0,
               healthy: Callable[[], bool] = lambda: True) -> dict[str, Any]:
-    """Show a progress bar by task status until the job finishes; return its status.
-    Gives up if ``healthy`` says the stack that runs it has died."""
+    """Show a progress bar by task status until the job finishes (without a terminal, a line
+    when the figures change, at most every :data:`PLAIN_EVERY_S`); return its status. Gives
+    up if ``healthy`` says the stack that runs it has died."""
     finished = {"SUCCEEDED", "FAILED", "CANCELLED"}
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[detail]}"), TimeElapsedColumn())
-    with Progress(*columns, console=console) as progress:
-        bar = progress.add_task(job, total=None, detail="")
+    plain = not console.is_terminal
+    said, said_at = "", 0.0
+    with Progress(*progress_columns(), console=console, disable=plain) as progress:
+        bar = progress.add_task("", total=None, detail="")
         while True:
             found = client.status(job)
             counts = {k: v for k, v in found["counts"].items() if v}
             done = sum(found["counts"][s] for s in ("SUCCEEDED", "CACHED", "NO_DATA", "DEAD", "CANCELLED"))
-            progress.update(bar, total=found["total"], completed=done,
-                            description=f"{job} {found['state']}",
-                            detail=" ".join(f"{k.lower()}={v}" for k, v in counts.items()))
-            if found["state"] in finished:
+            detail = " ".join(f"{k.lower()}={v}" for k, v in counts.items())
+            progress.update(bar, total=found["total"], completed=done, description=found["state"], detail=detail)
+            line = f"{job} {found['state']} {done}/{found['total']} {detail}"
+            ended = found["state"] in finished
+            if plain and line != said and (ended or time.monotonic() - said_at >= PLAIN_EVERY_S):
+                print(line, flush=True)
+                said, said_at = line, time.monotonic()
+            if ended:
                 return found
             if not healthy():
                 raise RuntimeError("the local stack's workers have all exited; see its logs")
@@ -494,7 +528,7 @@ def demo(out: Annotated[Path, typer.Option(help="Where the products go.")] = Pat
     """Up, submit the sample request, watch it, download the products and the email, down."""
     from bagpipe.stack import LocalStack, StackRunning
 
-    _logging()
+    _logging(above_progress=True)
     logging.getLogger().setLevel(logging.WARNING)
     started = time.monotonic()
     try:

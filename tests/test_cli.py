@@ -88,6 +88,8 @@ def test_up_submit_watch_stop_and_restart(tmp_path: Path, started: list[subproce
     watched = subprocess.run([*CLI, "watch", job, "--home", str(home)], capture_output=True, text=True,
                              env=env, timeout=120)
     assert watched.returncode == 0 and "SUCCEEDED" in watched.stdout, watched.stdout
+    # without a terminal, plain lines (the bar printed nothing until the end)
+    assert f"{job} SUCCEEDED 6/6 succeeded=6" in watched.stdout.splitlines(), watched.stdout
     mail = list((home / "mail").glob("*.eml"))
     assert len(mail) == 1 and job in mail[0].read_text()
     refused = subprocess.run([*CLI, "submit", "--home", str(home), "--tiles", "h99v99", "--start", "2022-03-01",
@@ -206,6 +208,29 @@ def test_mistakes_on_the_command_line_are_named_not_traced(tmp_path: Path) -> No
         assert found.exit_code == 1 and isinstance(found.exception, SystemExit), (args, found.exception)
         assert said in found.stdout and "Traceback" not in found.stdout, (args, found.stdout)
     assert not (tmp_path / "x.tif").exists()
+
+
+def test_watchs_bar_keeps_its_width_and_says_the_time_left_at_80_columns() -> None:
+    """The counts beside the bar squeezed it to two characters at 80 columns."""
+    import io
+    import re
+
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from bagpipe.cli import BAR_WIDTH, progress_columns
+
+    screen = io.StringIO()
+    narrow = Console(width=80, file=screen, force_terminal=True, color_system=None)
+    progress = Progress(*progress_columns(), console=narrow, auto_refresh=False)
+    progress.add_task("RUNNING", total=7200, completed=3600,
+                      detail="succeeded=3000 cached=400 running=150 queued=50 failed=0 pending=3600")
+    narrow.print(progress.get_renderable())
+    (line,) = screen.getvalue().rstrip("\n").splitlines()
+    # half done: half the bar drawn (the rest is blank without colours); the time left not known
+    # at the first look; the counts cut, not the bar
+    assert re.fullmatch(rf"RUNNING +━{{{BAR_WIDTH // 2}}} {{{BAR_WIDTH - BAR_WIDTH // 2}}} +3600/7200 +--:-- "
+                        r"succeeded=3000 cached\S* *", line), line
 
 
 def test_help_is_plain_text_and_flags_take_no_value() -> None:
