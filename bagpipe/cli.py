@@ -333,19 +333,22 @@ def status(job: JobArg,
     if as_json:
         print(json.dumps(found, indent=1))
         return
-    console.print(f"{job}  {found['state']}  {found['progress']:.0%}", highlight=False)  # whole, to copy
+    console.print(f"{job}  {found['state']}  {_job_state_said(found)}", highlight=False)  # the id whole, to copy
     table = Table()
-    table.add_column("status")
-    table.add_column("tasks", justify="right")
+    table.add_column("tasks")
+    table.add_column("", justify="right")
+    table.add_column("what it means")
     for name, count in found["counts"].items():
         if count:
-            table.add_row(name, str(count))
+            table.add_row(name, str(count), TASK_STATES.get(name, ""))
     for name, count in found["failures"].items():
-        table.add_row(f"[red]failure: {name}[/red]", str(count))
+        table.add_row(f"[red]failure: {name}[/red]", str(count), "attempts that failed so")
     if found["monitor_kills"]:
-        table.add_row("[yellow]killed by the monitor[/yellow]", str(found["monitor_kills"]))
+        table.add_row("[yellow]killed by the monitor[/yellow]", str(found["monitor_kills"]),
+                      "attempts stopped for running far longer than their stage's usual time, then retried")
     if found.get("speculative_attempts"):
-        table.add_row("[cyan]backup attempts[/cyan]", str(found["speculative_attempts"]))
+        table.add_row("[cyan]backup attempts[/cyan]", str(found["speculative_attempts"]),
+                      "second copies of slow attempts near the end: the first to finish counts")
     console.print(table)
     _print_failures(job, failed)
     if found.get("workers"):
@@ -361,6 +364,32 @@ def status(job: JobArg,
                             worker["state"] if worker["state"] == "healthy" else f"[red]{worker['state']}[/red]",
                             _sandbox_cell(worker.get("sandbox")))
         console.print(workers)
+
+
+# what a task's state means, for a scientist reading status
+TASK_STATES = {
+    "PENDING": "planned, waiting for its turn (or for the tasks it needs)",
+    "QUEUED": "waiting for a worker",
+    "RUNNING": "running on a worker",
+    "SUCCEEDED": "made",
+    "CACHED": "made before, by this or an earlier job: reused, nothing computed",
+    "NO_DATA": "the catalog has nothing there (ocean, an outage, a date not yet produced)",
+    "FAILED": "an attempt failed: it will be tried again",
+    "TIMED_OUT": "an attempt ran too long and was stopped: it will be tried again",
+    "DEAD": "failed at every attempt allowed: not made (the failures below say why)",
+    "CANCELLED": "not run: the job was cancelled",
+}
+
+
+def _job_state_said(found: dict[str, Any]) -> str:
+    """What a job's state says beyond its name: how far a running job is (a finished one's
+    share of tasks ended said nothing: CANCELLED 100%), and what a finishing one does."""
+    state = found["state"]
+    if state == "FINISHING":
+        return "(every task has ended; its manifest and email are being made)"
+    if state in ("SUCCEEDED", "FAILED", "CANCELLED"):
+        return f"({found['total']:,} tasks)"
+    return f"{found['progress']:.0%} of {found['total']:,} tasks ended"
 
 
 def _print_failures(job: str, failed: list[dict[str, Any]]) -> None:

@@ -445,7 +445,16 @@ def test_submit_shows_the_estimate_and_asks_before_what_looks_like_a_slip(azurit
         sure = submit(*larger, "--yes")
         assert sure.exit_code == 0, sure.stdout
         assert len(jobs()) == 2
-        runner.invoke(app, ["cancel", sure.stdout.strip().splitlines()[-1], "--home", str(home)], env=unset)
+        # status says what its states mean: how far a running job is, what a task's state is
+        shown = runner.invoke(app, ["status", first, "--home", str(home)], env=unset)
+        assert shown.exit_code == 0 and f"{first}  " in shown.stdout and "% of 2 tasks ended" in shown.stdout
+        assert "waiting for a worker" in shown.stdout or "waiting for its turn" in shown.stdout, shown.stdout
+        cancelled = sure.stdout.strip().splitlines()[-1]
+        runner.invoke(app, ["cancel", cancelled, "--home", str(home)], env=unset)
+        wait_for(lambda: Api(stack.api_url, stack.token).status(cancelled)["state"] == "CANCELLED", 60, "the cancel")
+        shown = runner.invoke(app, ["status", cancelled, "--home", str(home)], env=unset)
+        assert f"{cancelled}  CANCELLED  (200 tasks)" in shown.stdout and "100%" not in shown.stdout, shown.stdout
+        assert "not run: the job was cancelled" in shown.stdout, shown.stdout
 
 
 def test_stack_json_names_the_catalogs_the_stack_uses(azurite: Azurite, tmp_path: Path) -> None:
