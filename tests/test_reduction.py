@@ -198,3 +198,4 @@ def test_a_crashing_program_is_a_user_code_failure(settings: Settings, planetary
     text = email.get_content()
     assert f"task {int(row.task)} (reduce) attempt 2: user_code_error: " in text and "bad pixel" in text, text
     assert f"bagpipe logs {job} TASK" in text, text
+    assert "Asked: MOD10A2, 2022-01-25 to 2022-02-12, over the box -108, 35.2, -107.5, 35.8 " in text, text

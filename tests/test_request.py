@@ -100,3 +100,20 @@ def test_layers_of_a_product_are_named_or_the_default() -> None:
         with pytest.raises(RequestError) as refused:
             expand(small_request(products=["MOD13A1"], layers=layers), 100)
         assert refused.value.status == 400 and refused.value.field == field
+
+
+def test_the_email_says_what_was_asked() -> None:
+    """The email named the job and its label, not what it had been asked for."""
+    from pipeline.requests.application import asked_line
+
+    request = JobRequest.model_validate({
+        "region": {"tiles": ["h18v09"]}, "start": "2025-01-01", "end": "2025-05-31", "products": ["MOD13A2"],
+        "layers": {"MOD13A2": ["1_km_16_days_NDVI"]},
+        "reduce": {"by": "month", "reducer": "percentile", "percentile": 90}})
+    assert asked_line(request) == ("Asked: MOD13A2 (1_km_16_days_NDVI), 2025-01-01 to 2025-05-31, over the MODIS "
+                                   "tiles h18v09; reduced by month: the percentile 90 of every layer made.\n\n")
+    boxed = small_request(region={"bbox": [-110, 35.5, -109, 36]}, reducer={"name": "snow_fraction"},
+                          grid={"crs": "EPSG:4326", "tile_size": 1.0, "resolution": 0.005})
+    assert asked_line(boxed) == (f"Asked: MOD10A2, {boxed.start} to {boxed.end}, over the box -110, 35.5, -109, 36 "
+                                 "(west, south, east, north), on EPSG:4326 at 0.005 in tiles of 1; the program "
+                                 "snow_fraction over each product's span.\n\n")

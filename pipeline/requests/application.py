@@ -42,8 +42,9 @@ class Requests:
         pictures = overview.build(clients, row.job, entries) if row.outcome is not JobState.CANCELLED else []
         notes = [SYNTHETIC_NOTE] if any(g.synthetic for e in entries if e.get("granules")
                                         for g in from_param(e["granules"])) else []
+        asked = asked_line(JobRequest.model_validate_json(row.request))
         return Finished({"catalog": catalog_of(clients.settings), "overviews": pictures},
-                        [_overview_line(clients, pictures)] if pictures else [], notes)
+                        [asked] + ([_overview_line(clients, pictures)] if pictures else []), notes)
 
 
 planning.register(Requests())
@@ -90,6 +91,34 @@ def catalog_of(settings: Settings) -> dict[str, str]:
     catalog's kind and its URL (secrets redacted)."""
     url = settings.stac_url if settings.catalog == "stac" else settings.cmr_url
     return {"kind": settings.catalog, "url": redact(url)}
+
+
+def asked_line(request: JobRequest) -> str:
+    """What the job was asked for, in a line of the email: its products and layers, span,
+    region, grid and reduction (the email said only the job's id and label)."""
+    made = ", ".join(f"{p} ({', '.join(request.layers[p])})" if request.layers and p in request.layers else p
+                     for p in request.products)
+    box = request.region.bbox
+    where = (f"the box {', '.join(f'{v:g}' for v in box)} (west, south, east, north)" if box is not None
+             else f"the MODIS tiles {', '.join(request.region.tiles or [])}")
+    grid = request.grid
+    on = (f", on {grid.crs}" + (f" at {grid.resolution:g}" if grid.resolution else "")
+          + (f" in tiles of {grid.tile_size:g}" if grid.tile_size else "")) if grid else ""
+    found = f"Asked: {made}, {request.start} to {request.end}, over {where}{on}"
+    if request.reducer is not None:
+        found += f"; the program {request.reducer.name} over each product's span"
+    if request.reduce is not None:
+        if request.reduce.expression:
+            what = f"the expression {request.reduce.expression}"
+        elif request.reduce.program is not None:
+            what = f"the program {request.reduce.program.name}"
+        else:
+            p = request.reduce.percentile
+            what = f"the {request.reduce.reducer}" + (f" {p:g}" if p is not None else "")
+        inputs = request.reduce.inputs
+        named = ", ".join(inputs.values() if isinstance(inputs, dict) else inputs) if inputs else "every layer made"
+        found += f"; reduced by {request.reduce.by}: {what} of {named}"
+    return found + ".\n\n"
 
 
 def _overview_line(clients: Clients, pictures: list[dict[str, Any]]) -> str:
