@@ -332,19 +332,24 @@ def test_the_real_mod13a2_series_is_served_as_it_is(nasa: Earthdata) -> None:
 
 
 def test_a_planetary_computer_deployment_gets_mod13a2_from_nasa(
-        clients: Clients, settings: Settings, planetary: Planetary, nasa: Earthdata) -> None:
+        clients: Clients, settings: Settings, planetary: Planetary, nasa: Earthdata, tmp_path: Path) -> None:
     """Planetary Computer has no MOD13A2: a deployment searching it finds the product on
     CMR and its tile task fetches the real granule from NASA, making the pixels a warp of the
-    real file makes (NDVI masked by its pixel reliability)."""
+    real file makes (NDVI masked by its pixel reliability). The target's east edge lies
+    within a kilometre of h19v09, whose edge pixels its warp reads too (no seam): the
+    imitation's granule of it, fetched from NASA as well."""
     mine = on_stac(settings, planetary, cmr_url=nasa.cmr_url, earthdata_token=nasa.token,
                    earthdata_hosts=nasa.hosts)
     params = params_for(mine, 9.0, -2.0, date(2025, 1, 17), product="MOD13A2")
-    (granule,) = from_param(params["granules"])
+    granule, neighbour = from_param(params["granules"])
     assert granule.id == SERIES[1].stem and dict(granule.files)[HDF].startswith(nasa.archive.url)
+    assert neighbour.tile == "h19v09" and dict(neighbour.files)[HDF].startswith(nasa.archive.url)
     ctx = run(mine, params)
     (output,) = ctx.outputs
-    expected = warp([Source(granule.id, {HDF: SERIES[1]})], CATALOG["MOD13A2"], "1_km_16_days_NDVI",
-                    tilestage.target_of(params))
+    beyond = tmp_path / f"{neighbour.id}.hdf"
+    beyond.write_bytes(world.hdf4(neighbour.id))
+    expected = warp([Source(granule.id, {HDF: SERIES[1]}), Source(neighbour.id, {HDF: beyond})],
+                    CATALOG["MOD13A2"], "1_km_16_days_NDVI", tilestage.target_of(params))
     with MemoryFile(tile_of(clients, output)) as a, a.open() as made, MemoryFile(expected) as b, b.open() as direct:
         ours = made.read(1)
         assert np.array_equal(ours, direct.read(1)) and (ours != -3000).mean() > 0.1
