@@ -387,7 +387,16 @@ async function jobPage(id) {
   main.replaceChildren(title, summary, h("div", { class: "job-layout" },
     h("div", {}, mapHost, legend),
     h("div", {}, progress, progressText, cancel, counts, h("h2", {}, "Task runtimes"), histograms,
-      h("h2", {}, "Failures and monitor kills"), failures, h("h2", {}, "Workers"), workers,
+      h("h2", {}, "Failures and monitor kills"),
+      h("p", { class: "hint", id: "failures-hint" }, "An attempt that fails is tried again, and so is one the " +
+        "monitor stopped for running far longer than its stage's usual time (a monitor kill); a task is dead " +
+        "when every attempt it is allowed has failed. Backup attempts are second copies of slow attempts near " +
+        "the job's end: the first to finish counts."),
+      failures, h("h2", {}, "Workers"),
+      h("p", { class: "hint", id: "workers-hint" }, "Runtime ratio: how long a worker's recent attempts ran " +
+        "against their stage's usual time (1× is usual; a worker far slower than the others is replaced, its " +
+        "attempts run again elsewhere)."),
+      workers,
       h("h2", {}, "Products"), products)));
   const mapView = new WorldMap(mapHost, { label: "Target tiles coloured by state" });
   mapView.drawLand();
@@ -424,8 +433,10 @@ async function jobPage(id) {
     cancel.hidden = FINISHED.has(view.state) || view.state === "CANCELLING";
     counts.replaceChildren(...Object.entries(view.counts).filter(([, n]) => n).flatMap(([s, n]) =>
       [h("dt", {}, s), h("dd", { "data-state": s }, String(n))]),
-    h("dt", {}, "monitor kills"), h("dd", { "data-kills": "" }, String(view.monitor_kills)),
-    h("dt", {}, "backup attempts"), h("dd", { "data-backups": "" }, String(view.speculative_attempts)));
+    h("dt", { title: "attempts stopped for running far longer than their stage's usual time, then retried" },
+      "monitor kills"), h("dd", { "data-kills": "" }, String(view.monitor_kills)),
+    h("dt", { title: "second copies of slow attempts near the job's end: the first to finish counts" },
+      "backup attempts"), h("dd", { "data-backups": "" }, String(view.speculative_attempts)));
     const tiles = view.tiles.filter((t) => t.bounds);
     mapView.showTiles(tiles);
     if (!fitted && tiles.length) {
@@ -502,6 +513,7 @@ async function route() {
   try {
     const me = await whoami();
     document.getElementById("who").textContent = `${me.user} (${me.role})`;
+    document.getElementById("sign-out").hidden = false; // signed in: there is someone to sign out
     if (job) await jobPage(job[1]);
     else if (hash === "#/jobs") await jobsPage();
     else if (hash === "#/reducers") await reducersPage(main);
@@ -514,6 +526,7 @@ async function route() {
 
 document.getElementById("sign-out").addEventListener("click", async () => {
   document.getElementById("who").textContent = "";
+  document.getElementById("sign-out").hidden = true;
   await signOut();
   route();
 });

@@ -96,10 +96,17 @@ def test_without_a_token_nothing_is_served_and_a_wrong_token_is_asked_again(page
         assert httpx.get(stack.api_url + path).status_code == 401
     assert httpx.get(stack.api_url + "/").status_code == 200  # the page itself holds no data
     page.goto(stack.api_url + "/#/jobs")
+    expect(page.locator("#sign-out")).to_be_hidden()  # nobody to sign out yet
+    expect(page.locator("#platform-login")).to_be_hidden()  # no Microsoft sign-in on a local stack
     _enter_key(page, "not-the-key")
     expect(page.locator("#key-message")).to_contain_text("refused")
+    expect(page.locator("#sign-out")).to_be_hidden()
     _enter_key(page, stack.token)
     expect(page.locator("table.jobs")).to_be_visible()
+    expect(page.locator("#sign-out")).to_be_visible()
+    page.click("#sign-out")
+    expect(page.locator("#key-dialog")).to_be_visible()
+    expect(page.locator("#sign-out")).to_be_hidden()
 
 
 def test_submit_on_the_map_watch_it_finish_and_open_a_quicklook(page: Page, stack: LocalStack) -> None:
@@ -271,6 +278,11 @@ def test_cancel_a_running_job(page: Page, stack: LocalStack) -> None:
     page.goto(f"{stack.api_url}/#/jobs/{created['job']}")
     _enter_key(page, stack.token)
     expect(page.locator("#cancel")).to_be_visible()
+    # the page says what its figures are, for a scientist
+    expect(page.locator("#failures-hint")).to_contain_text("monitor kill")
+    expect(page.locator("#failures-hint")).to_contain_text("Backup attempts are")
+    expect(page.locator("#workers-hint")).to_contain_text("Runtime ratio: ")
+    expect(page.locator("dt", has_text="monitor kills")).to_have_attribute("title", re.compile("usual time"))
     page.click("#cancel")
     expect(page.locator("h1 .badge")).to_have_text("CANCELLED", timeout=60_000)
     expect(page.locator("#cancel")).to_be_hidden()
