@@ -219,6 +219,16 @@ def test_straggler_is_revoked_at_about_4x_and_succeeds_on_retry(settings: Settin
     assert status["monitor_kills"] == status["failures"]["execution_timeout"] >= 1
 
 
+def assert_other_kills_at_kill_time(clients: Clients, job: str, straggler: str, status: dict[str, Any]) -> None:
+    """The straggler's revocation counted, and no other task's attempt revoked before its kill
+    time (4 × 0.8 s): a normal 0.5 s task revoked there ran past it, as one may on a loaded
+    machine, where the count of kills was 2 where 1 was asserted."""
+    assert status["monitor_kills"] == status["failures"]["execution_timeout"] >= 1, status
+    for attempt in attempts.list_attempts(clients.tasks, parts(clients, job)):
+        if attempt.task != straggler and attempt.failure_class == "execution_timeout":
+            assert (attempt.ended_at - attempt.started_at).total_seconds() >= 3.0, attempt
+
+
 def with_history(settings: Settings, stage: str) -> tuple[Settings, Clients]:
     """The deployment running ``stage``, its history 0.8 ± 0.1 s a task (fifty samples): a
     kill time of 4 × 0.8 s."""
@@ -243,7 +253,7 @@ def test_a_worker_revokes_its_own_attempt_at_its_kill_time(settings: Settings) -
     assert (first.revoked_by, first.failure_class, second.outcome) == ("worker", "execution_timeout", "SUCCEEDED")
     assert 3.0 <= (first.ended_at - first.started_at).total_seconds() < 5.0  # at 4 × 0.8 s, not the 5 s it needed
     assert not alive(int((PIDS / f"{job}-{task.task}-1.pid").read_text()))
-    assert jobs.status(clients, job)["monitor_kills"] == 1
+    assert_other_kills_at_kill_time(clients, job, task.task, jobs.status(clients, job))
     assert index_rows(clients, job, task.task) == []
 
 
@@ -262,7 +272,8 @@ def test_a_worker_revokes_an_attempt_whose_pace_takes_it_far_past_its_kill_time(
     assert (first.ended_at - first.started_at).total_seconds() < 2.5  # well before its kill time, 3.2 s
     assert not alive(int((PIDS / f"{job}-{task.task}-1.pid").read_text()))
     status = jobs.status(clients, job)
-    assert status["state"] == "SUCCEEDED" and status["monitor_kills"] == 1  # the straggler alone
+    assert status["state"] == "SUCCEEDED"
+    assert_other_kills_at_kill_time(clients, job, task.task, status)  # the others, within their pace, run on
 
 
 def test_stage_that_ignores_sigterm_is_sigkilled_with_its_children(settings: Settings) -> None:
