@@ -86,6 +86,10 @@ class Settings:
     bundle_cache: str = setting(
         "BAGPIPE_BUNDLE_CACHE", "", "Where a worker keeps the reducer bundles it fetched (empty: a folder "
         "of its own in the system's temporary folder).", local=True)
+    default_budget_usd: float = setting(
+        "BAGPIPE_DEFAULT_BUDGET_USD", 0.0, "The budget, in USD, of each user's openEO job that names none: a "
+        "job whose estimate exceeds it is not started, and one whose measured cost passes it is stopped, "
+        "keeping what it made. 0: no budget.", minimum=0.0)
     sas_minutes: int = setting("BAGPIPE_SAS_MINUTES", 60, "Lifetime of the download links in a job's results.",
                                minimum=1)
     mail_mode: str = setting(

@@ -84,6 +84,8 @@ class JobRow(Row):
     finished_at: datetime | None = None
     manifest: str = ""
     compute_s: float | None = None  # measured at completion
+    budget_usd: float | None = field(default=None, metadata=stored("BudgetUSD"))  # past it, the sweep stops the job
+    started_at: datetime | None = None  # planned: its tasks began to be released
     cost_usd: float | None = field(default=None, metadata=stored("CostUSD"))
     key: str = field(default=names.JOB_ROW, metadata=stored("RowKey"))
     etag: str = field(default="", compare=False)
@@ -127,13 +129,14 @@ def listing(owner: str | None) -> str:
 
 
 def submit(clients: Clients, request: str, plan: list[TaskPlan], owner: str = "", resolved: str = "",
-           label: str = "", email: str = "") -> JobRow:
+           label: str = "", email: str = "", budget_usd: float | None = None) -> JobRow:
     """Store a valid request (its JSON, as its application wrote it) as ``owner``'s job of
     the tasks ``plan`` (``planning.Application.plan``'s, without the catalog: the planner
     makes the same again with it) and enqueue its plan message. ``resolved`` is what the
     application resolved of it at submission (an uploaded reducer's exact digest), kept on
     the row for the planner; ``label`` and ``email`` (where its completion is mailed, if
-    anywhere) are the request's.
+    anywhere) are the request's; ``budget_usd``, if given, what its measured cost may reach
+    before the sweep stops it (:func:`over_budget`).
 
     The indexes are written before the job row (an index entry whose job does not exist
     yet is skipped by its readers), so a job never exists that the sweep cannot find; the
@@ -144,7 +147,7 @@ def submit(clients: Clients, request: str, plan: list[TaskPlan], owner: str = ""
     row = JobRow(
         job=job, request=request, state=JobState.ACCEPTED, total=len(plan), tiles=releasable(plan),
         created_at=created, updated_at=created, buckets=partitions.buckets_for(clients.settings, len(plan)),
-        label=label, email=email, owner=owner, program=resolved,
+        label=label, email=email, owner=owner, program=resolved, budget_usd=budget_usd,
     )
     clients.jobs.upsert_entity({"PartitionKey": ACTIVE, "RowKey": job})
     for index in {listing(None), listing(owner or None)}:
@@ -290,13 +293,15 @@ def announce_done(clients: Clients, job: str) -> None:
     clients.done_queue.send_message(json.dumps({"job": job}).encode())
 
 
-def cancel(clients: Clients, job: str, owner: str) -> JobRow:
+def cancel(clients: Clients, job: str, owner: str, why: str = "") -> JobRow:
     """Cancel a job: no task starts after this returns; running attempts are revoked (their
-    commit fails); completion (manifest + email) follows through the done queue."""
+    commit fails); completion (manifest + email) follows through the done queue. ``why``: the
+    reason a job is stopped rather than cancelled by its user (its error, in its status and
+    manifest); what its tasks made before stays theirs, named by its manifest."""
     row = get(clients, job)
     while not row.state.finished and row.state not in (JobState.CANCELLING, JobState.FINISHING):
         try:
-            row = update(clients, row, state=JobState.CANCELLING)
+            row = update(clients, row, state=JobState.CANCELLING, **({"error": redact(why)[:2000]} if why else {}))
         except Exception as exc:
             if not tasks.is_conflict(exc):
                 raise
@@ -305,6 +310,30 @@ def cancel(clients: Clients, job: str, owner: str) -> JobRow:
         transitions.cancel(clients, row.parts, TerminalCounter(owner))
         announce_done(clients, job)
     return row
+
+
+def spent(rollup: rollups.Rollup) -> float:
+    """What a running job has cost so far, in USD: its committed attempts' seconds as its
+    rollups' histograms hold them (each at its bin's middle: within a twentieth of a decade)
+    and its ended tasks' storage calls. Failed attempts are not in the histograms: a floor."""
+    seconds = sum(rollups.bin_seconds(int(b)) * n for bins in rollup.runtimes.values() for b, n in bins.items())
+    ended = sum(n for state, n in rollup.counts.items() if TaskStatus(state).terminal)
+    return costs.usd(seconds, ended)
+
+
+def over_budget(clients: Clients, row: JobRow, rollup: rollups.Rollup) -> bool:
+    """The sweep's look at a running job with a budget: past it, stop the job (a cancel that
+    says why). True if it stopped it."""
+    if row.budget_usd is None or row.state is not JobState.RUNNING:
+        return False
+    cost = spent(rollup)
+    if cost <= row.budget_usd:
+        return False
+    log.warning("job %s past its budget (%s of %s): stopped", row.job, costs.dollars(cost),
+                costs.dollars(row.budget_usd))
+    cancel(clients, row.job, owner=f"budget-{row.job}", why=f"stopped: its budget of {costs.dollars(row.budget_usd)} "
+           f"was spent ({costs.dollars(cost)} measured); what it made is kept")
+    return True
 
 
 def status(clients: Clients, job: str, rollup: rollups.Rollup | None = None,
@@ -342,6 +371,8 @@ def status(clients: Clients, job: str, rollup: rollups.Rollup | None = None,
         "finished": row.finished_at.isoformat() if row.finished_at else None,
         "cost": {"compute_s": row.compute_s, "usd": row.cost_usd, "prices": costs.PRICE_LIST}
         if row.compute_s is not None else None,  # measured at completion
+        "budget_usd": row.budget_usd,
+        "started": row.started_at.isoformat() if row.started_at else None,
         "request": json.loads(row.request),
         "owner": row.owner,
         "program": json.loads(row.program) if row.program else None,

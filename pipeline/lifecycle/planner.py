@@ -87,7 +87,7 @@ def plan(clients: Clients, job: str) -> None:
         # the cache has made already; a planner that dies here settles again, what is PENDING
         settle(clients, row)
         try:
-            row = jobs.update(clients, row, state=JobState.RUNNING)
+            row = jobs.update(clients, row, state=JobState.RUNNING, started_at=tasks.now())
         except Exception as exc:
             if not tasks.is_conflict(exc):
                 raise

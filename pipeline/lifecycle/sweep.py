@@ -77,7 +77,8 @@ def sweep(clients: Clients) -> dict[str, int]:
     return {"revoked": len(report.revoked), "stale": report.stale, "backups": report.backups,
             "resent": done["resent"],
             "replanned": done["replanned"], "announced": done["announced"], "slow_workers": done["slow"],
-            "markers": done["markers"], "folded": done["folded"], "summed": done["summed"], "errors": done["errors"]}
+            "markers": done["markers"], "folded": done["folded"], "summed": done["summed"], "stopped": done["stopped"],
+            "errors": done["errors"]}
 
 
 def _ended(clients: Clients, owner: str) -> bool:
@@ -111,7 +112,9 @@ def _sweep_job(clients: Clients, job: str, report: monitor.SweepReport, done: Co
     began = tasks.now()  # last: nothing waits on these; the rows read once for the fold and the sum
     found = {part: list(rollups.rows(clients.tasks, [part])) for part in row.parts}
     done["folded"] += sum(rollups.fold(clients.tasks, part, rows) for part, rows in found.items())
-    return [(job, began, rollups.summed(chain.from_iterable(found.values())))]
+    summed = rollups.summed(chain.from_iterable(found.values()))
+    done["stopped"] += jobs.over_budget(clients, row, summed)
+    return [(job, began, summed)]
 
 
 def job_of_message(body: bytes | str) -> str:

@@ -61,16 +61,18 @@ def plan(settings: Settings, request: JobRequest, program: Program | None = None
                            search=False, limit=settings.max_tasks)
 
 
-def submit(clients: Clients, request: JobRequest, owner: str = "", program: Program | None = None) -> JobRow:
+def submit(clients: Clients, request: JobRequest, owner: str = "", program: Program | None = None,
+           budget_usd: float | None = None) -> JobRow:
     """Store a valid request as ``owner``'s job and enqueue its plan message
     (``jobs.submit``); RequestError if it cannot run (then nothing is written). ``program``
-    is the reduction the request's reducer resolved to (an uploaded bundle's exact digest)."""
+    is the reduction the request's reducer resolved to (an uploaded bundle's exact digest);
+    ``budget_usd`` what its measured cost may reach before it is stopped."""
     named = program_name(request)
     if named is not None and program is None:
         program = installed(named[0], clients.settings.reducers_path, named[1])
     tasks = plan(clients.settings, request, program)
     return jobs.submit(clients, request.model_dump_json(), tasks, owner, program.to_json() if program else "",
-                       request.label, request.email or "")
+                       request.label, request.email or "", budget_usd)
 
 
 def name_installed_reducers(settings: Settings, entries: list[dict[str, Any]]) -> None:
