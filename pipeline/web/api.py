@@ -30,6 +30,7 @@ from pipeline.storage import names
 from pipeline.storage.clients import clients_for
 from pipeline.web import accounts, audit, auth, registry, stacapi, uploads
 from pipeline.web.identity import Caller, IdentityError
+from pipeline.web.openeo import routes as openeo
 from pipeline.web.portal import add_portal
 
 MAX_BODY_BYTES = 64 * 1024
@@ -239,5 +240,6 @@ def create_app(settings: Settings) -> FastAPI:
     accounts.add_routes(app, clients, signed_in)
     stacapi.add_routes(app, clients, signed_in)
     uploads.add_routes(app, clients, signed_in)
+    openeo.add_routes(app, clients)
     # the ASGI app served is FastAPI behind its body limit; callers only serve it
     return BodyLimit(app, MAX_BODY_BYTES, LARGE_BODIES)  # type: ignore[return-value]  # an ASGI app, as FastAPI is

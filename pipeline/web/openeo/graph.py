@@ -1,0 +1,555 @@
+"""An openEO process graph compiled onto a bagpipe request (``pipeline.requests.request``).
+
+bagpipe runs a job as tile tasks (a target tile, a date, a product) and reductions (a target
+tile, a group of dates), so a graph is taken apart into those:
+
+- ``load_collection`` and ``filter_bbox``, ``filter_temporal``, ``filter_bands`` are the
+  request's region (a lon/lat box), span, products and layers: a dry run pushes them down;
+- per-date pixel work — ``ndvi``, ``reduce_dimension`` over ``bands`` (band math,
+  ``normalized_difference``), ``apply``, ``mask`` by a cube of the same product — is the tile
+  task's derived layers (``derive``: an expression per layer, ``pixels``);
+- ``reduce_dimension`` over ``t`` and ``aggregate_temporal_period`` are the grouped reduction
+  (``reduce``: by span, month, season or year, with a built-in reducer), and an ``apply``
+  after it an expression over the reduced inputs;
+- ``merge_cubes`` of two products is a reduction's several inputs (the bands of both);
+- ``save_result`` picks the output format (GeoTIFF).
+
+The graph is parsed and checked by ``openeo-pg-parser-networkx`` (its data model: nodes,
+references, arguments), then walked from its result node. Anything bagpipe cannot run per
+tile — statistics over the whole region (``aggregate_spatial``), model fitting, resampling
+across tile edges — or any process it does not list is refused here, naming the process,
+before a task exists: a ``CompileError`` carries openEO's error code.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field, replace
+from datetime import date, datetime, timedelta
+from typing import Any
+
+from pydantic import ValidationError
+from pyproj import CRS, Transformer
+from pyproj.exceptions import CRSError
+
+from pipeline.modis.products import CATALOG
+from pipeline.requests.reductions import AGGREGATES
+from pipeline.requests.request import JobRequest
+from pipeline.web.openeo import pixels
+from pipeline.web.openeo.pixels import Bands, Expr
+
+# bagpipe's processes at the cube level (the child graphs' are pixels.PROCESSES)
+CUBE_PROCESSES = ("load_collection", "filter_bbox", "filter_temporal", "filter_bands", "ndvi", "reduce_dimension",
+                  "apply", "mask", "aggregate_temporal_period", "merge_cubes", "save_result")
+# a temporal reducer's process: the built-in it is (pipeline.science.builtins)
+REDUCERS = {"min": "min", "max": "max", "mean": "mean", "median": "median", "sum": "sum", "count": "count",
+            "sd": "std", "first": "first", "last": "last"}
+PROCESSES = (*CUBE_PROCESSES, *pixels.PROCESSES, *REDUCERS)
+_OPENEO = {bagpipe: openeo for openeo, bagpipe in REDUCERS.items()}
+PERIODS = {"month": "month", "season": "season", "year": "year"}
+FORMATS = {"gtiff": "GTiff", "geotiff": "GTiff", "tiff": "GTiff"}
+# why a known openEO process cannot run per tile here
+NOT_PER_TILE = {
+    "aggregate_spatial": "statistics over polygons across tiles need a gather task (not yet here)",
+    "filter_spatial": "polygons as a region are not yet here: give a bounding box (filter_bbox)",
+    "mask_polygon": "polygons as a mask are not yet here",
+    "resample_spatial": "resampling crosses tile edges; bagpipe's grid is the request's",
+    "resample_cube_spatial": "resampling crosses tile edges; bagpipe's grid is the request's",
+    "apply_kernel": "a kernel reads across tile edges",
+    "apply_neighborhood": "a neighbourhood reads across tile edges",
+    "fit_curve": "model fitting needs every pixel of the region at once",
+    "fit_class_random_forest": "model fitting needs every pixel of the region at once",
+    "fit_regr_random_forest": "model fitting needs every pixel of the region at once",
+    "aggregate_temporal": "only aggregate_temporal_period's month, season and year groups are here",
+    "run_udf": "a scientist's program runs as a bagpipe reducer (the native API's reduce.program)",
+}
+_NAME = re.compile(r"[^a-z0-9_]")
+
+
+class CompileError(Exception):
+    """A graph bagpipe refuses: ``code`` is openEO's (``ProcessGraphInvalid``,
+    ``ProcessUnsupported``, ``CollectionNotFound``, ``FormatUnsuitable``…)."""
+
+    def __init__(self, code: str, message: str, process: str = "") -> None:
+        super().__init__(message)
+        self.code, self.message, self.process = code, message, process
+
+
+@dataclass(frozen=True)
+class Band:
+    """A band of the cube: a product's layer, or an expression over its layers (derived)."""
+
+    product: str
+    name: str
+    expr: str  # over PRODUCT.LAYER names of its product
+    raw: bool = True
+
+
+@dataclass(frozen=True)
+class Cube:
+    """What a node of the graph makes, as far as bagpipe's tasks are concerned."""
+
+    bands: tuple[Band, ...]
+    bbox: tuple[float, float, float, float]
+    start: date
+    end: date  # the last day (openEO's end is exclusive)
+    by: str = ""  # grouped by: a temporal reduction has run
+    reducer: str = ""
+    post: str = ""  # an expression over the reduced input (``x``) an apply after the reduction made
+    has_bands: bool = True  # the bands dimension is there (ndvi or a reducer over bands drops it)
+
+    @property
+    def products(self) -> list[str]:
+        return sorted({b.product for b in self.bands})
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """A graph as bagpipe runs it: the request, and which of its products are the graph's
+    result (a tile task's layers by product, or the reduction's outputs)."""
+
+    request: JobRequest
+    layers: dict[str, list[str]] = field(default_factory=dict)  # the result's layers per product (no reduction)
+    reduction: str = ""  # the reduction whose outputs are the result
+    format: str = "GTiff"
+
+    def to_json(self) -> str:
+        return json.dumps({"request": self.request.model_dump(mode="json", exclude_none=True), "layers": self.layers,
+                           "reduction": self.reduction, "format": self.format})
+
+    @classmethod
+    def from_json(cls, text: str) -> Compiled:
+        found = json.loads(text)
+        return cls(JobRequest.model_validate(found["request"]), found["layers"], found["reduction"], found["format"])
+
+
+def common_names(product: str) -> dict[str, str]:
+    """A product's layers by their EO common names (``red``, ``nir``…): what ``ndvi`` finds
+    its bands by."""
+    if product.endswith("13A1"):
+        base = "500m_16_days_"
+        return {"red": f"{base}red_reflectance", "nir": f"{base}NIR_reflectance", "blue": f"{base}blue_reflectance",
+                "swir22": f"{base}MIR_reflectance"}
+    if product == "MCD43A4":
+        return {name: f"Nadir_Reflectance_Band{b}" for b, name in ((1, "red"), (2, "nir"), (3, "blue"), (4, "green"),
+                                                                   (6, "swir16"), (7, "swir22"))}
+    return {}
+
+
+def parse(process: dict[str, Any]) -> dict[str, Any]:
+    """The flat graph of a process (``{"process_graph": {...}}``), checked as
+    ``openeo-pg-parser-networkx`` models it (every node a process with arguments, every
+    reference to a node that exists, one result node, no cycle); ProcessGraphInvalid else."""
+    # imported here: it brings dask and xarray (seconds of CPU), which only openEO's requests need
+    from openeo_pg_parser_networkx import graph as pg_graph
+    from openeo_pg_parser_networkx import pg_schema
+
+    flat = process.get("process_graph") if isinstance(process, dict) else None
+    if not isinstance(flat, dict) or not flat:
+        raise CompileError("ProcessGraphMissing", "process.process_graph: no process graph given")
+    try:
+        for key, node in flat.items():  # each node (the nested model takes a referenced node that is not one as data)
+            try:
+                pg_schema.ProcessNode.model_validate(node)
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                raise CompileError("ProcessGraphInvalid", f"process.process_graph.{key}."
+                                   f"{'.'.join(str(p) for p in first['loc'][:3])}: {first['msg']}") from None
+        nested = pg_graph.OpenEOProcessGraph._unflatten_raw_process_graph({"process_graph": flat})
+        pg_graph.OpenEOProcessGraph._parse_datamodel(nested)
+    except CompileError:
+        raise
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"][:4])
+        raise CompileError("ProcessGraphInvalid", f"process.process_graph: {where}: {first['msg']}") from None
+    except KeyError as exc:
+        raise CompileError("ProcessGraphInvalid", f"process.process_graph: a reference to no node {exc}") from None
+    except Exception as exc:  # the parser's own refusals (no result node, a cycle) are plain Exceptions
+        raise CompileError("ProcessGraphInvalid", f"process.process_graph: {exc}") from None
+    return flat
+
+
+class _Walker:
+    def __init__(self, flat: dict[str, Any]) -> None:
+        self.flat = flat
+        self.made: dict[str, Any] = {}
+        self.format = "GTiff"
+        self.names: set[str] = set()
+
+    def cube(self, value: Any, process: str, name: str = "data") -> Cube:
+        if not (isinstance(value, dict) and "from_node" in value):
+            raise CompileError("ProcessParameterInvalid", f"{process}: argument {name} must be a data cube (the "
+                               "result of another process)", process)
+        found = self.node(str(value["from_node"]))
+        if not isinstance(found, Cube):
+            raise CompileError("ProcessParameterInvalid", f"{process}: argument {name} is not a data cube", process)
+        return found
+
+    def node(self, key: str) -> Any:
+        if key not in self.made:
+            node = self.flat[key]
+            process, arguments = str(node["process_id"]), node.get("arguments") or {}
+            handler = getattr(self, f"_{process}", None)
+            if process not in CUBE_PROCESSES or handler is None:
+                why = NOT_PER_TILE.get(process)
+                raise CompileError("ProcessUnsupported", f"{process}: " + (
+                    f"bagpipe cannot run it per tile: {why}" if why else
+                    "not a process of this back end (GET /processes lists them)"), process)
+            self.made[key] = handler(process, arguments)
+        return self.made[key]
+
+    def band_name(self, wanted: str) -> str:
+        """A derived layer's name: lower case, unique in the graph, no catalog layer's."""
+        base = _NAME.sub("_", wanted.lower())[:28].strip("_") or "band"
+        if not base[0].isalpha():
+            base = f"b_{base}"[:28]
+        name, n = base, 1
+        while name in self.names:
+            n += 1
+            name = f"{base}_{n}"
+        self.names.add(name)
+        return name
+
+    # --- loading and filtering ------------------------------------------------------------------
+    def _load_collection(self, process: str, a: dict[str, Any]) -> Cube:
+        product = a.get("id")
+        if product not in CATALOG:
+            raise CompileError("CollectionNotFound", f"load_collection: no collection {product!r} (GET /collections: "
+                               f"{', '.join(sorted(CATALOG))})", process)
+        if a.get("properties"):
+            raise CompileError("ProcessParameterUnsupported", "load_collection: properties filters are not supported",
+                               process)
+        bbox = _bbox(a.get("spatial_extent"), process, "spatial_extent")
+        start, end = _interval(a.get("temporal_extent"), process, "temporal_extent")
+        layers = CATALOG[product].layer_names
+        wanted = a.get("bands")
+        chosen = layers if wanted is None else [_layer(product, str(b), process) for b in wanted]
+        return Cube(tuple(Band(product, n, f"{product}.{n}") for n in chosen), bbox, start, end)
+
+    def _filter_bbox(self, process: str, a: dict[str, Any]) -> Cube:
+        cube = self.cube(a.get("data"), process)
+        west, south, east, north = _bbox(a.get("extent"), process, "extent")
+        w, s, e, n = cube.bbox
+        box = (max(w, west), max(s, south), min(e, east), min(n, north))
+        if box[0] >= box[2] or box[1] >= box[3]:
+            raise CompileError("ProcessParameterInvalid", "filter_bbox: the extent does not overlap the data's",
+                               process)
+        return replace(cube, bbox=box)
+
+    def _filter_temporal(self, process: str, a: dict[str, Any]) -> Cube:
+        cube = self._per_date(self.cube(a.get("data"), process), process)
+        start, end = _interval(a.get("extent"), process, "extent")
+        first, last = max(cube.start, start), min(cube.end, end)
+        if first > last:
+            raise CompileError("ProcessParameterInvalid", "filter_temporal: the extent does not overlap the data's",
+                               process)
+        return replace(cube, start=first, end=last)
+
+    def _filter_bands(self, process: str, a: dict[str, Any]) -> Cube:
+        cube = self.cube(a.get("data"), process)
+        if a.get("wavelengths"):
+            raise CompileError("ProcessParameterUnsupported", "filter_bands: wavelengths are not supported; name the "
+                               "bands", process)
+        names = [b.name for b in cube.bands]
+        chosen = []
+        for wanted in a.get("bands") or []:
+            name = str(wanted)
+            if name not in names:
+                common = {c: layer for b in cube.bands for c, layer in common_names(b.product).items()}
+                name = common.get(name, name)
+            if name not in names:
+                raise CompileError("ProcessParameterInvalid", f"filter_bands: no band {wanted!r} (bands: "
+                                   f"{', '.join(names)})", process)
+            chosen.append(cube.bands[names.index(name)])
+        if not chosen:
+            raise CompileError("ProcessParameterInvalid", "filter_bands: name one band or more", process)
+        return replace(cube, bands=tuple(chosen))
+
+    # --- per-date pixel work: derived layers ------------------------------------------------------
+    def _per_date(self, cube: Cube, process: str) -> Cube:
+        if cube.by:
+            raise CompileError("ProcessUnsupported", f"{process}: after a temporal reduction bagpipe runs only "
+                               "apply (an expression over what it made)", process)
+        return cube
+
+    def _ndvi(self, process: str, a: dict[str, Any]) -> Cube:
+        cube = self._per_date(self.cube(a.get("data"), process), process)
+        if len(cube.products) != 1:
+            raise CompileError("ProcessUnsupported", "ndvi: of one product's bands (merge after it)", process)
+        product = cube.products[0]
+        found = {b.name: b for b in cube.bands}
+        commons = common_names(product)
+        pick = []
+        for arg, default in (("nir", "nir"), ("red", "red")):
+            wanted = str(a.get(arg) or default)
+            layer = commons.get(wanted, wanted)
+            if layer not in found:
+                raise CompileError("NirBandAmbiguous" if arg == "nir" else "RedBandAmbiguous",
+                                   f"ndvi: no {arg} band {wanted!r} among the data's bands "
+                                   f"({', '.join(found)})", process)
+            pick.append(found[layer].expr)
+        nir, red = pick
+        target = a.get("target_band")
+        band = Band(product, self.band_name(str(target) if target else "ndvi"),
+                    f"(({nir} - {red}) / ({nir} + {red}))", raw=False)
+        if target:
+            return replace(cube, bands=(*cube.bands, band))
+        return replace(cube, bands=(band,), has_bands=False)
+
+    def _reduce_dimension(self, process: str, a: dict[str, Any]) -> Cube:
+        cube = self.cube(a.get("data"), process)
+        dimension = a.get("dimension")
+        reducer = a.get("reducer")
+        if not isinstance(reducer, dict) or "process_graph" not in reducer:
+            raise CompileError("ProcessParameterInvalid", f"{process}: reducer must be a child process graph", process)
+        if dimension == "t":
+            return self._temporal(cube, process, reducer, "span")
+        if dimension != "bands":
+            raise CompileError("DimensionNotAvailable", f"{process}: no dimension {dimension!r} (x, y, t, bands)",
+                               process)
+        cube = self._per_date(cube, process)
+        if len(cube.products) != 1:
+            raise CompileError("ProcessUnsupported", f"{process}: band math over two products' bands (bagpipe "
+                               "derives a layer from one product's layers; reduce them over t together instead)",
+                               process)
+        labels = tuple(b.name for b in cube.bands)
+        commons = {v: k for k, v in common_names(cube.products[0]).items()}
+        values = tuple(Expr(b.expr) for b in cube.bands)
+        data = Bands(labels, values)
+        aliases = Bands(tuple(commons.get(n, n) for n in labels), values)
+        try:
+            try:
+                found = pixels.expression(reducer, {"data": data}, process, self.layer_names(cube))
+            except pixels.Invalid:
+                found = pixels.expression(reducer, {"data": aliases}, process, self.layer_names(cube))
+        except (pixels.Unsupported, pixels.Invalid) as exc:
+            raise _refusal(exc) from None
+        name = self.band_name(_top(reducer) or "reduced")
+        return replace(cube, bands=(Band(cube.products[0], name, found.text, raw=False),), has_bands=False)
+
+    def layer_names(self, cube: Cube) -> list[str]:
+        return [f"{p}.{layer}" for p in cube.products for layer in CATALOG[p].layer_names]
+
+    def _apply(self, process: str, a: dict[str, Any]) -> Cube:
+        cube = self.cube(a.get("data"), process)
+        child = a.get("process")
+        if not isinstance(child, dict) or "process_graph" not in child:
+            raise CompileError("ProcessParameterInvalid", "apply: process must be a child process graph", process)
+        try:
+            if cube.by:  # after the reduction: an expression over each reduced input
+                found = pixels.expression(child, {"x": Expr(cube.post or "x")}, process, ["x"])
+                return replace(cube, post=found.text)
+            bands = []
+            for band in cube.bands:
+                found = pixels.expression(child, {"x": Expr(band.expr)}, process, self.layer_names(cube))
+                bands.append(Band(band.product, self.band_name(f"{band.name}_{_top(child) or 'apply'}"), found.text,
+                                  raw=False))
+        except (pixels.Unsupported, pixels.Invalid) as exc:
+            raise _refusal(exc) from None
+        return replace(cube, bands=tuple(bands))
+
+    def _mask(self, process: str, a: dict[str, Any]) -> Cube:
+        cube = self._per_date(self.cube(a.get("data"), process), process)
+        mask = self._per_date(self.cube(a.get("mask"), process, "mask"), process)
+        if mask.products != cube.products or len(mask.bands) not in (1, len(cube.bands)):
+            raise CompileError("ProcessUnsupported", "mask: by a cube of the data's own product, of one band (or as "
+                               "many as the data): bagpipe masks within a product's tile", process)
+        try:
+            replacement = pixels.number(a.get("replacement"), process, "replacement").text
+        except pixels.Unsupported as exc:
+            raise _refusal(exc) from None
+        bands = []
+        for i, band in enumerate(cube.bands):
+            m = mask.bands[0 if len(mask.bands) == 1 else i].expr
+            bands.append(Band(band.product, self.band_name(f"{band.name}_masked"),
+                              f"where(({m}) != 0, {replacement}, {band.expr})", raw=False))
+        return replace(cube, bands=tuple(bands))
+
+    # --- reductions in time ---------------------------------------------------------------------
+    def _temporal(self, cube: Cube, process: str, reducer: dict[str, Any], by: str) -> Cube:
+        if cube.by:
+            raise CompileError("ProcessUnsupported", f"{process}: a second temporal reduction (bagpipe reduces "
+                               "a group of dates once)", process)
+        nodes = reducer.get("process_graph") or {}
+        if len(nodes) != 1:
+            raise CompileError("ProcessUnsupported", f"{process}: the reducer is one of {', '.join(REDUCERS)} over "
+                               "data (bagpipe's built-in reducers)", process)
+        (node,) = nodes.values()
+        name, arguments = str(node.get("process_id")), node.get("arguments") or {}
+        if name not in REDUCERS or arguments.get("data") != {"from_parameter": "data"}:
+            raise CompileError("ProcessUnsupported", f"{process}: the reducer {name!r} over time is not one of "
+                               f"{', '.join(REDUCERS)} (bagpipe's built-in reducers) applied to data", name)
+        if arguments.get("ignore_nodata") is False or arguments.get("condition") not in (None, False):
+            raise CompileError("ProcessParameterUnsupported", f"{name}: over time bagpipe ignores no-data "
+                               "(ignore_nodata true, no condition)", name)
+        return replace(cube, by=by, reducer=REDUCERS[name])
+
+    def _aggregate_temporal_period(self, process: str, a: dict[str, Any]) -> Cube:
+        cube = self.cube(a.get("data"), process)
+        period = a.get("period")
+        if period not in PERIODS:
+            raise CompileError("ProcessParameterUnsupported", f"aggregate_temporal_period: period {period!r}: bagpipe "
+                               f"groups by {', '.join(PERIODS)}", process)
+        if a.get("dimension") not in (None, "t"):
+            raise CompileError("DimensionNotAvailable", f"aggregate_temporal_period: no temporal dimension "
+                               f"{a.get('dimension')!r} (t)", process)
+        reducer = a.get("reducer")
+        if not isinstance(reducer, dict):
+            raise CompileError("ProcessParameterInvalid", f"{process}: reducer must be a child process graph", process)
+        return self._temporal(cube, process, reducer, PERIODS[str(period)])
+
+    def _merge_cubes(self, process: str, a: dict[str, Any]) -> Cube:
+        one, two = self.cube(a.get("cube1"), process, "cube1"), self.cube(a.get("cube2"), process, "cube2")
+        if a.get("overlap_resolver") is not None or {b.name for b in one.bands} & {b.name for b in two.bands}:
+            raise CompileError("ProcessUnsupported", "merge_cubes: of cubes with different bands (no overlap "
+                               "resolver)", process)
+        if (one.bbox, one.start, one.end, one.by, one.reducer, one.post) != (
+                two.bbox, two.start, two.end, two.by, two.reducer, two.post):
+            raise CompileError("ProcessUnsupported", "merge_cubes: of cubes of the same extent, span and temporal "
+                               "reduction (bagpipe computes both on one grid and one grouping)", process)
+        return replace(one, bands=(*one.bands, *two.bands), has_bands=True)
+
+    def _save_result(self, process: str, a: dict[str, Any]) -> Cube:
+        cube = self.cube(a.get("data"), process)
+        given = str(a.get("format") or "")
+        if given.lower() not in FORMATS:
+            raise CompileError("FormatUnsuitable", f"save_result: format {given!r}: bagpipe writes GTiff "
+                               "(GET /file_formats)", process)
+        if a.get("options"):
+            raise CompileError("ProcessParameterUnsupported", "save_result: no options are supported", process)
+        self.format = FORMATS[given.lower()]
+        return cube
+
+
+def _refusal(exc: pixels.Unsupported | pixels.Invalid) -> CompileError:
+    code = "ProcessUnsupported" if isinstance(exc, pixels.Unsupported) else "ProcessGraphInvalid"
+    return CompileError(code, exc.message, exc.process)
+
+
+def _top(child: dict[str, Any]) -> str:
+    """The process id of a child graph's result node (what its derived layer is named after)."""
+    for node in (child.get("process_graph") or {}).values():
+        if isinstance(node, dict) and node.get("result"):
+            return str(node.get("process_id") or "")
+    return ""
+
+
+def _layer(product: str, wanted: str, process: str) -> str:
+    layers = CATALOG[product].layer_names
+    if wanted in layers:
+        return wanted
+    common = common_names(product)
+    if wanted in common:
+        return common[wanted]
+    raise CompileError("ProcessParameterInvalid", f"{process}: {product} has no band {wanted!r} (its bands: "
+                       f"{', '.join(layers)})", process)
+
+
+def _bbox(extent: Any, process: str, name: str) -> tuple[float, float, float, float]:
+    """A bounding box in lon/lat: ``{west, south, east, north[, crs]}`` (another CRS is
+    transformed, its corners' box)."""
+    if extent is None:
+        raise CompileError("ProcessParameterInvalid", f"{process}: {name} is required: a bounding box {{west, south, "
+                           "east, north}} (bagpipe does not process the whole world at once)", process)
+    if not isinstance(extent, dict) or "type" in extent:
+        raise CompileError("ProcessParameterUnsupported", f"{process}: {name}: a bounding box {{west, south, east, "
+                           "north}}; polygons (GeoJSON) are not yet here", process)
+    try:
+        west, south, east, north = (float(extent[k]) for k in ("west", "south", "east", "north"))
+    except (KeyError, TypeError, ValueError):
+        raise CompileError("ProcessParameterInvalid", f"{process}: {name} needs numbers west, south, east, north",
+                           process) from None
+    crs = extent.get("crs", 4326)
+    if crs not in (4326, "EPSG:4326", None):
+        try:
+            to_lonlat = Transformer.from_crs(CRS.from_user_input(crs), CRS.from_epsg(4326), always_xy=True)
+        except CRSError:
+            raise CompileError("ProcessParameterInvalid", f"{process}: {name}.crs {crs!r} is not a CRS",
+                               process) from None
+        xs, ys = to_lonlat.transform([west, east, west, east], [south, south, north, north])
+        west, south, east, north = min(xs), min(ys), max(xs), max(ys)
+    if not (-180 <= west < east <= 180 and -90 <= south < north <= 90):
+        raise CompileError("ProcessParameterInvalid", f"{process}: {name} is not a box within ±180°, ±90° with west < "
+                           "east and south < north", process)
+    return west, south, east, north
+
+
+def _day(text: Any, process: str, name: str) -> tuple[date, bool]:
+    """A date or date-time's day, and whether it is midnight (an exclusive end's day before)."""
+    if not isinstance(text, str):
+        raise CompileError("ProcessParameterInvalid", f"{process}: {name} holds a date or a date-time, not "
+                           f"{text!r}", process)
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise CompileError("ProcessParameterInvalid", f"{process}: {name}: {text!r} is not an RFC 3339 date or "
+                           "date-time", process) from None
+    return when.date(), (when.hour, when.minute, when.second, when.microsecond) == (0, 0, 0, 0)
+
+
+def _interval(extent: Any, process: str, name: str) -> tuple[date, date]:
+    """``[start, end)``, openEO's half-open interval, as its first and last day."""
+    if not isinstance(extent, list) or len(extent) != 2 or None in extent:
+        raise CompileError("ProcessParameterInvalid", f"{process}: {name} is [start, end], both given (bagpipe "
+                           "plans a finite span)", process)
+    (start, _), (end, midnight) = _day(extent[0], process, name), _day(extent[1], process, name)
+    last = end - timedelta(days=1) if midnight else end
+    if last < start:
+        raise CompileError("ProcessParameterInvalid", f"{process}: {name} is empty: its end is not after its start",
+                           process)
+    return start, last
+
+
+def compile_graph(process: dict[str, Any], *, label: str = "") -> Compiled:
+    """The request a process graph makes, and which of its products are the result;
+    CompileError naming the process (and the request's own field, through RequestError) if
+    bagpipe cannot run it."""
+    flat = parse(process)
+    walker = _Walker(flat)
+    (result,) = [key for key, node in flat.items() if isinstance(node, dict) and node.get("result")]
+    cube = walker.node(result)
+    if not isinstance(cube, Cube):
+        raise CompileError("ProcessUnsupported", "the graph's result is not a data cube", "")
+    derive: dict[str, dict[str, str]] = {}
+    layers: dict[str, list[str]] = {}
+    for band in cube.bands:
+        if band.raw:
+            layers.setdefault(band.product, []).append(band.name)
+        else:
+            derive.setdefault(band.product, {})[band.name] = band.expr
+    body: dict[str, Any] = {
+        "region": {"bbox": list(cube.bbox)}, "start": cube.start.isoformat(), "end": cube.end.isoformat(),
+        "products": cube.products, "label": label[:200],
+    }
+    named = {p: names for p, names in layers.items() if names}
+    if named:
+        body["layers"] = named
+    if derive:
+        body["derive"] = derive
+    reduction = ""
+    if cube.by:
+        refs = [f"{b.product}.{b.name}" for b in cube.bands]
+        if cube.post:
+            if len(refs) != 1:
+                raise CompileError("ProcessUnsupported", "apply after a temporal reduction of several bands (bagpipe "
+                                   "writes one expression over one reduced band)", "apply")
+            if cube.reducer not in AGGREGATES:
+                raise CompileError("ProcessUnsupported", f"apply after a temporal reduction by "
+                                   f"{_OPENEO.get(cube.reducer, cube.reducer)}: an expression over a reduced band "
+                                   f"takes one reduced by {', '.join(_OPENEO.get(a, a) for a in AGGREGATES)}", "apply")
+            body["reduce"] = {"by": cube.by, "inputs": {"x": refs[0]}, "expression": cube.post,
+                              "aggregate": cube.reducer, "name": "result"}
+            reduction = "result"
+        else:
+            body["reduce"] = {"by": cube.by, "inputs": refs, "reducer": cube.reducer}
+            reduction = cube.reducer
+    try:
+        request = JobRequest.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise CompileError("ProcessGraphInvalid", f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
+    result_layers = {} if cube.by else {p: [b.name for b in cube.bands if b.product == p] for p in cube.products}
+    return Compiled(request, result_layers, reduction, walker.format)
+

@@ -1,0 +1,282 @@
+"""The openEO API against a real Azurite: discovery open and everything else signed in, basic
+authentication with a personal token, the MODIS collections, the processes' official specs,
+jobs created (not started), changed, listed per user, refused in milliseconds naming the
+process, started, cancelled, estimated, and their budgets."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Iterator
+from importlib import resources
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from pipeline.lifecycle import jobs, runtimes
+from pipeline.settings import Settings
+from pipeline.storage.clients import Clients
+from pipeline.web import identity
+from pipeline.web.api import create_app
+from pipeline.web.openeo import graph, store
+from tests.conftest import make_user
+
+BASE = "/openeo/1.2"
+BOX = {"west": -108.0, "south": 35.2, "east": -107.5, "north": 35.8}
+MAX = {"process_graph": {"max": {"process_id": "max", "arguments": {"data": {"from_parameter": "data"}},
+                                 "result": True}}}
+
+
+def monthly_max(**load: Any) -> dict[str, Any]:
+    """A year of MOD13A1 NDVI over a box, its maximum per month, as GeoTIFF."""
+    arguments = {"id": "MOD13A1", "spatial_extent": BOX, "temporal_extent": ["2022-01-01", "2023-01-01"],
+                 "bands": ["500m_16_days_NDVI"]} | load
+    return {"process_graph": {
+        "load": {"process_id": "load_collection", "arguments": arguments},
+        "agg": {"process_id": "aggregate_temporal_period",
+                "arguments": {"data": {"from_node": "load"}, "period": "month", "reducer": MAX}},
+        "save": {"process_id": "save_result", "arguments": {"data": {"from_node": "agg"}, "format": "GTiff"},
+                 "result": True}}}
+
+
+def with_node(process: dict[str, Any], key: str, node: dict[str, Any], save_from: str) -> dict[str, Any]:
+    """The process with one more node, the saved cube the new node's."""
+    nodes = json.loads(json.dumps(process["process_graph"]))
+    nodes[key] = node
+    nodes["save"]["arguments"]["data"] = {"from_node": save_from}
+    return {"process_graph": nodes}
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer basic//{token}"}
+
+
+@pytest.fixture
+def api(settings: Settings, clients: Clients) -> Iterator[TestClient]:
+    with TestClient(create_app(settings)) as client:
+        yield client
+
+
+@pytest.fixture
+def token(clients: Clients) -> str:
+    return make_user(clients, "ana")
+
+
+def created(api: TestClient, token: str, process: dict[str, Any] | None = None, **fields: Any) -> str:
+    answer = api.post(f"{BASE}/jobs", json={"process": process or monthly_max(), **fields}, headers=bearer(token))
+    assert answer.status_code == 201, answer.text
+    return answer.headers["OpenEO-Identifier"]
+
+
+def test_discovery_is_open_and_names_every_endpoint(api: TestClient) -> None:
+    known = api.get("/.well-known/openeo").json()
+    assert known["versions"][0]["api_version"] == "1.2.0"
+    assert known["versions"][0]["url"].endswith("/openeo/1.2/")
+    capabilities = api.get(f"{BASE}/").json()
+    assert capabilities["api_version"] == "1.2.0" and capabilities["billing"]["currency"] == "USD"
+    paths = {e["path"]: set(e["methods"]) for e in capabilities["endpoints"]}
+    assert paths["/jobs/{job_id}/results"] == {"GET", "POST", "DELETE"}
+    assert paths["/jobs/{job_id}"] == {"GET", "PATCH", "DELETE"}
+    for path in paths:  # every endpoint named is served: a GET of it is not the router's 404 or 405
+        if "GET" in paths[path]:
+            answer = api.get(BASE + path.replace("{collection_id}", "MOD13A1").replace("{job_id}", "none"))
+            assert answer.status_code not in (404, 405) or "code" in answer.json(), path
+    assert api.get(f"{BASE}/nowhere").status_code == 404 and "code" not in api.get(f"{BASE}/nowhere").json()
+    assert api.get(f"{BASE}/file_formats").json()["output"]["GTiff"]["gis_data_types"] == ["raster"]
+    assert api.get(f"{BASE}/credentials/oidc").json() == {"providers": []}  # no Entra on the local stack
+
+
+def test_everything_else_wants_a_signed_in_user_with_openeos_error(api: TestClient, token: str) -> None:
+    for method, path in (("GET", "/me"), ("GET", "/jobs"), ("POST", "/jobs"), ("GET", "/jobs/x"),
+                         ("POST", "/validation"), ("GET", "/jobs/x/results"), ("GET", "/jobs/x/logs")):
+        answer = api.request(method, BASE + path, json={})
+        assert answer.status_code == 401, (method, path)
+        body = answer.json()
+        assert body["code"] == "AuthenticationRequired" and body["id"] and body["message"], body
+    assert api.get(f"{BASE}/me", headers={"Authorization": f"Bearer {token}"}).json()["code"] == (
+        "AuthenticationSchemeInvalid")  # the native form of the token is not openEO's
+    assert api.get(f"{BASE}/me", headers=bearer("bgp_0000000000000000_" + "x" * 43)).json()["code"] == "TokenInvalid"
+
+
+def test_basic_authentication_takes_a_personal_token_as_the_password(
+        api: TestClient, clients: Clients, token: str) -> None:
+    def basic(name: str, password: str) -> dict[str, str]:
+        return {"Authorization": "Basic " + base64.b64encode(f"{name}:{password}".encode()).decode()}
+
+    answer = api.get(f"{BASE}/credentials/basic", headers=basic("ana", token))
+    assert answer.status_code == 200
+    access = answer.json()["access_token"]
+    me = api.get(f"{BASE}/me", headers=bearer(access)).json()
+    assert me["user_id"] == "ana" and me["default_plan"] == "pay-as-you-go"
+    other = make_user(clients, "ben")
+    assert api.get(f"{BASE}/credentials/basic", headers=basic("ana", other)).json()["code"] == "CredentialsInvalid"
+    assert api.get(f"{BASE}/credentials/basic").status_code == 401
+    token_id = access.split("_")[1]
+    identity.revoke_token(clients, token_id, by="test")
+    answer = api.get(f"{BASE}/me", headers=bearer(access))
+    assert answer.status_code == 403 and answer.json()["code"] == "TokenInvalid"  # revoked: out at once
+
+
+def test_collections_are_the_modis_products_as_stac_data_cubes(api: TestClient) -> None:
+    listed = api.get(f"{BASE}/collections").json()
+    ids = [c["id"] for c in listed["collections"]]
+    assert "MOD13A1" in ids and "MCD43A4" in ids and listed["links"]
+    one = api.get(f"{BASE}/collections/MOD13A1").json()
+    assert one["stac_version"] == "1.0.0" and one["type"] == "Collection"
+    assert any(e.startswith("https://stac-extensions.github.io/datacube/") for e in one["stac_extensions"])
+    dims = one["cube:dimensions"]
+    assert set(dims) == {"x", "y", "t", "bands"} and dims["t"]["step"] == "P16D"
+    assert "500m_16_days_NDVI" in dims["bands"]["values"]
+    common = {b["name"]: b.get("common_name") for b in one["summaries"]["eo:bands"]}
+    assert common["500m_16_days_NIR_reflectance"] == "nir" and common["500m_16_days_red_reflectance"] == "red"
+    missing = api.get(f"{BASE}/collections/SENTINEL2_L2A")
+    assert missing.status_code == 404 and missing.json()["code"] == "CollectionNotFound"
+
+
+def test_processes_are_the_official_specs_served_verbatim(api: TestClient) -> None:
+    served = {p["id"]: p for p in api.get(f"{BASE}/processes").json()["processes"]}
+    assert set(served) == set(graph.PROCESSES)
+    folder = resources.files("pipeline.web.openeo") / "specs"
+    for process, spec in served.items():
+        assert spec == json.loads((folder / f"{process}.json").read_text()), process
+
+
+def test_a_job_is_created_not_started_and_is_its_owners_alone(
+        api: TestClient, clients: Clients, token: str) -> None:
+    answer = api.post(f"{BASE}/jobs", json={"title": "NDVI", "process": monthly_max(), "budget": 5},
+                      headers=bearer(token))
+    assert answer.status_code == 201
+    job = answer.headers["OpenEO-Identifier"]
+    assert answer.headers["Location"].endswith(f"{BASE}/jobs/{job}")
+    found = api.get(f"{BASE}/jobs/{job}", headers=bearer(token)).json()
+    assert found["status"] == "created" and found["title"] == "NDVI" and found["budget"] == 5
+    assert found["process"] == monthly_max() and found["progress"] == 0
+    assert not [e for e in clients.jobs.list_entities() if e["RowKey"] == "job"]  # no bagpipe job: nothing to run
+    assert [j["id"] for j in api.get(f"{BASE}/jobs", headers=bearer(token)).json()["jobs"]] == [job]
+    other = make_user(clients, "ben")
+    assert api.get(f"{BASE}/jobs", headers=bearer(other)).json()["jobs"] == []
+    for method, path in (("GET", ""), ("PATCH", ""), ("DELETE", ""), ("POST", "/results"), ("GET", "/logs"),
+                         ("GET", "/estimate"), ("GET", "/results")):
+        refused = api.request(method, f"{BASE}/jobs/{job}{path}", json={"title": "mine"}, headers=bearer(other))
+        assert refused.status_code == 404 and refused.json()["code"] == "JobNotFound", (method, path)
+    assert api.patch(f"{BASE}/jobs/{job}", json={"title": "NDVI max", "budget": 2},
+                     headers=bearer(token)).status_code == 204
+    assert api.get(f"{BASE}/jobs/{job}", headers=bearer(token)).json()["title"] == "NDVI max"
+    assert api.delete(f"{BASE}/jobs/{job}", headers=bearer(token)).status_code == 204
+    assert api.get(f"{BASE}/jobs/{job}", headers=bearer(token)).status_code == 404
+
+
+REFUSED = [
+    # (what, process, status, code, words the message must hold)
+    ("an unknown process", with_node(monthly_max(), "x", {
+        "process_id": "frobnicate", "arguments": {"data": {"from_node": "agg"}}}, "x"),
+     400, "ProcessUnsupported", ["frobnicate"]),
+    ("statistics over polygons", with_node(monthly_max(), "x", {
+        "process_id": "aggregate_spatial", "arguments": {"data": {"from_node": "agg"}, "geometries": {},
+                                                          "reducer": MAX}}, "x"),
+     400, "ProcessUnsupported", ["aggregate_spatial", "per tile"]),
+    ("resampling across tile edges", with_node(monthly_max(), "x", {
+        "process_id": "resample_spatial", "arguments": {"data": {"from_node": "agg"}, "resolution": 0.1}}, "x"),
+     400, "ProcessUnsupported", ["resample_spatial", "tile edges"]),
+    ("model fitting", with_node(monthly_max(), "x", {
+        "process_id": "fit_curve", "arguments": {"data": {"from_node": "agg"}}}, "x"),
+     400, "ProcessUnsupported", ["fit_curve"]),
+    ("an unknown collection", monthly_max(id="SENTINEL2_L2A"), 404, "CollectionNotFound", ["SENTINEL2_L2A"]),
+    ("an unknown band", monthly_max(bands=["B04"]), 400, "ProcessParameterInvalid", ["B04"]),
+    ("no spatial extent", monthly_max(spatial_extent=None), 400, "ProcessParameterInvalid", ["spatial_extent"]),
+    ("a polygon as the extent", monthly_max(spatial_extent={"type": "Polygon", "coordinates": []}), 400,
+     "ProcessParameterUnsupported", ["spatial_extent", "polygons"]),
+    ("an open temporal extent", monthly_max(temporal_extent=["2022-01-01", None]), 400, "ProcessParameterInvalid",
+     ["temporal_extent"]),
+    ("a reference to no node", with_node(monthly_max(), "x", {
+        "process_id": "apply", "arguments": {"data": {"from_node": "nothing"}}}, "x"),
+     400, "ProcessGraphInvalid", ["nothing"]),
+    ("netCDF", {"process_graph": {**monthly_max()["process_graph"], "save": {
+        "process_id": "save_result", "arguments": {"data": {"from_node": "agg"}, "format": "netCDF"},
+        "result": True}}}, 400, "FormatUnsuitable", ["netCDF"]),
+    ("a week's grouping", {"process_graph": {**monthly_max()["process_graph"], "agg": {
+        "process_id": "aggregate_temporal_period", "arguments": {"data": {"from_node": "load"}, "period": "week",
+                                                                  "reducer": MAX}}}}, 400,
+     "ProcessParameterUnsupported", ["week", "month"]),
+    ("a request over the task limit", monthly_max(spatial_extent={"west": -170, "south": -60, "east": 170,
+                                                                  "north": 70}), 400, "ProcessGraphInvalid",
+     ["region", "limit"]),
+]
+
+
+@pytest.mark.parametrize(("what", "process", "status", "code", "words"), REFUSED, ids=[r[0] for r in REFUSED])
+def test_a_graph_bagpipe_cannot_run_is_refused_at_once_naming_the_process(
+        api: TestClient, clients: Clients, token: str, what: str, process: dict[str, Any], status: int, code: str,
+        words: list[str]) -> None:
+    api.post(f"{BASE}/validation", json=monthly_max(), headers=bearer(token))  # the parser imported
+    began = time.perf_counter()
+    answer = api.post(f"{BASE}/jobs", json={"process": process}, headers=bearer(token))
+    took = time.perf_counter() - began
+    assert answer.status_code == status, answer.text
+    body = answer.json()
+    assert body["code"] == code and all(w in body["message"] for w in words), body
+    assert took < 1.0, took  # decided in milliseconds (a second: a busy machine's margin)
+    assert not list(clients.jobs.query_entities("PartitionKey eq @pk", parameters={"pk": store.partition("ana")}))
+    errors = api.post(f"{BASE}/validation", json=process, headers=bearer(token)).json()["errors"]
+    assert [e["code"] for e in errors] == [code]
+
+
+def test_validation_of_a_good_graph_finds_no_error(api: TestClient, token: str) -> None:
+    assert api.post(f"{BASE}/validation", json=monthly_max(), headers=bearer(token)).json() == {"errors": []}
+
+
+def test_a_start_submits_a_bagpipe_job_once_and_a_cancel_ends_it(
+        api: TestClient, clients: Clients, token: str) -> None:
+    job = created(api, token)
+    results = api.get(f"{BASE}/jobs/{job}/results", headers=bearer(token))
+    assert results.status_code == 400 and results.json()["code"] == "JobNotStarted"
+    assert api.post(f"{BASE}/jobs/{job}/results", headers=bearer(token)).status_code == 202
+    record = store.get(clients, "ana", job)
+    assert record is not None and len(record.run_ids) == 1
+    run = jobs.get(clients, record.latest)
+    assert run.owner == "ana" and run.total == 23 + 12  # 23 dates of one 1° tile, a reduction a month
+    found = api.get(f"{BASE}/jobs/{job}", headers=bearer(token)).json()
+    assert found["status"] == "queued" and found["queued"] and "started" not in found
+    assert api.post(f"{BASE}/jobs/{job}/results", headers=bearer(token)).status_code == 202
+    assert len(store.get(clients, "ana", job).run_ids) == 1  # queued: a second start is nothing  # type: ignore[union-attr]
+    locked = api.patch(f"{BASE}/jobs/{job}", json={"title": "x"}, headers=bearer(token))
+    assert locked.status_code == 400 and locked.json()["code"] == "JobLocked"
+    running = api.get(f"{BASE}/jobs/{job}/results", headers=bearer(token))
+    assert running.status_code == 400 and running.json()["code"] == "JobNotFinished"
+    assert api.get(f"{BASE}/jobs/{job}/results?partial=true", headers=bearer(token)).json()["openeo:status"] == (
+        "queued")
+    assert api.delete(f"{BASE}/jobs/{job}/results", headers=bearer(token)).status_code == 204
+    assert jobs.get(clients, record.latest).state.value in ("CANCELLING", "FINISHING", "CANCELLED")
+    assert api.get(f"{BASE}/jobs/{job}", headers=bearer(token)).json()["status"] == "canceled"
+
+
+def test_the_estimate_prices_the_tasks_and_a_budget_below_it_is_not_started(
+        api: TestClient, clients: Clients, settings: Settings, token: str) -> None:
+    history = runtimes.Runtime(settings.min_samples, 1.0)  # a history: a second per megapixel of each stage
+    for stage, key in (("modis", "MOD13A1"), ("aggregate", "MOD13A1~max")):
+        runtimes.merge(clients.runtimes, stage, key, history)
+    job = created(api, token, budget=0.0001)
+    estimate = api.get(f"{BASE}/jobs/{job}/estimate", headers=bearer(token)).json()
+    assert estimate["costs"] > 0.0001 and estimate["duration"].startswith("PT") and estimate["bagpipe:tasks"] == 35
+    refused = api.post(f"{BASE}/jobs/{job}/results", headers=bearer(token))
+    assert refused.status_code == 402 and refused.json()["code"] == "PaymentRequired", refused.text
+    assert "budget" in refused.json()["message"]
+    assert store.get(clients, "ana", job).run_ids == []  # type: ignore[union-attr]  # nothing submitted
+    assert api.patch(f"{BASE}/jobs/{job}", json={"budget": 100}, headers=bearer(token)).status_code == 204
+    assert api.post(f"{BASE}/jobs/{job}/results", headers=bearer(token)).status_code == 202
+    run = jobs.get(clients, store.get(clients, "ana", job).latest)  # type: ignore[union-attr]
+    assert run.budget_usd == 100  # the sweep stops it past that
+
+
+def test_a_users_default_budget_applies_to_a_job_that_names_none(
+        settings: Settings, clients: Clients, token: str) -> None:
+    import dataclasses
+
+    with TestClient(create_app(dataclasses.replace(settings, default_budget_usd=3.0))) as api:
+        job = created(api, token)
+        assert api.get(f"{BASE}/me", headers=bearer(token)).json()["budget"] == 3.0
+        assert api.post(f"{BASE}/jobs/{job}/results", headers=bearer(token)).status_code == 202
+    run = jobs.get(clients, store.get(clients, "ana", job).latest)  # type: ignore[union-attr]
+    assert run.budget_usd == 3.0

@@ -1,0 +1,203 @@
+"""Process graphs compiled onto bagpipe requests: what each cube process becomes (region,
+span, layers, derived layers, the grouped reduction), the derived expressions' values, and
+the refusals, each naming its process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pipeline.science import expressions
+from pipeline.web.openeo import pixels
+from pipeline.web.openeo.graph import CompileError, compile_graph
+
+BOX = {"west": -108.0, "south": 35.2, "east": -107.5, "north": 35.8}
+RED, NIR = "MCD43A4.Nadir_Reflectance_Band1", "MCD43A4.Nadir_Reflectance_Band2"
+
+
+def reducer(process: str, **arguments: Any) -> dict[str, Any]:
+    return {"process_graph": {"r": {"process_id": process, "arguments": {"data": {"from_parameter": "data"},
+                                                                          **arguments}, "result": True}}}
+
+
+def graph(*nodes: tuple[str, str, dict[str, Any]], product: str = "MCD43A4", bands: list[str] | None = None,
+          extent: list[str] | None = None) -> dict[str, Any]:
+    """load → the nodes in order (each reading the one before as ``data``) → save_result."""
+    flat: dict[str, Any] = {"load": {"process_id": "load_collection", "arguments": {
+        "id": product, "spatial_extent": BOX, "temporal_extent": extent or ["2022-03-01", "2022-03-03"],
+        "bands": bands if bands is not None else ["red", "nir"]}}}
+    before = "load"
+    for key, process, arguments in nodes:
+        flat[key] = {"process_id": process, "arguments": {"data": {"from_node": before}, **arguments}}
+        before = key
+    flat["save"] = {"process_id": "save_result", "arguments": {"data": {"from_node": before}, "format": "GTiff"},
+                    "result": True}
+    return {"process_graph": flat}
+
+
+def values(text: str, **bands: float) -> float:
+    """An expression's value on one pixel of the bands given (by PRODUCT.LAYER)."""
+    found = expressions.parse(text).evaluate({f"MCD43A4.{k}": np.array([v]) for k, v in bands.items()}, np.float64)
+    return float(found[0])
+
+
+def test_load_and_filters_are_the_region_span_products_and_layers() -> None:
+    process = graph(("bbox", "filter_bbox", {"extent": {"west": -107.9, "south": 35.0, "east": -107.0,
+                                                        "north": 35.5}}),
+                    ("time", "filter_temporal", {"extent": ["2022-03-02", "2022-04-01"]}),
+                    ("bands", "filter_bands", {"bands": ["nir"]}))
+    compiled = compile_graph(process)
+    request = compiled.request
+    assert request.region.bbox == (-107.9, 35.2, -107.5, 35.5)  # the two boxes' overlap
+    assert (request.start.isoformat(), request.end.isoformat()) == ("2022-03-02", "2022-03-02")  # ends exclusive
+    assert request.products == ["MCD43A4"] and request.layers == {"MCD43A4": ["Nadir_Reflectance_Band2"]}
+    assert request.derive is None and request.reduce is None
+    assert compiled.layers == {"MCD43A4": ["Nadir_Reflectance_Band2"]} and compiled.format == "GTiff"
+
+
+def test_an_end_with_a_time_of_day_keeps_its_day_and_another_crs_is_transformed() -> None:
+    process = graph(extent=["2022-03-01T00:00:00Z", "2022-03-03T12:00:00Z"])
+    process["process_graph"]["load"]["arguments"]["spatial_extent"] = {
+        "west": 500000, "south": 3900000, "east": 540000, "north": 3950000, "crs": 32613}
+    request = compile_graph(process).request
+    assert request.end.isoformat() == "2022-03-03"
+    west, south, east, north = request.region.bbox  # type: ignore[misc]
+    assert -105.1 < west < -104.9 and 35.2 < south < 35.3 and east < -104.5 and 35.6 < north < 35.7
+
+
+def test_ndvi_is_a_derived_layer_of_the_common_name_bands() -> None:
+    compiled = compile_graph(graph(("ndvi", "ndvi", {})))
+    ((name, text),) = compiled.request.derive["MCD43A4"].items()  # type: ignore[index]
+    assert name == "ndvi" and compiled.layers == {"MCD43A4": ["ndvi"]}
+    assert values(text, Nadir_Reflectance_Band1=0.1, Nadir_Reflectance_Band2=0.5) == pytest.approx(0.4 / 0.6)
+    kept = compile_graph(graph(("ndvi", "ndvi", {"target_band": "NDVI"})))
+    assert kept.layers == {"MCD43A4": ["Nadir_Reflectance_Band1", "Nadir_Reflectance_Band2", "ndvi"]}
+
+
+def test_band_math_under_reduce_dimension_and_apply_are_expressions_per_pixel() -> None:
+    math = {"process_graph": {
+        "r": {"process_id": "array_element", "arguments": {"data": {"from_parameter": "data"}, "label": "red"}},
+        "n": {"process_id": "array_element", "arguments": {"data": {"from_parameter": "data"}, "index": 1}},
+        "d": {"process_id": "normalized_difference", "arguments": {"x": {"from_node": "n"}, "y": {"from_node": "r"}},
+              "result": True}}}
+    scale = {"process_graph": {"s": {"process_id": "linear_scale_range", "arguments": {
+        "x": {"from_parameter": "x"}, "inputMin": -1, "inputMax": 1, "outputMax": 200}, "result": True}}}
+    compiled = compile_graph(graph(("nd", "reduce_dimension", {"dimension": "bands", "reducer": math}),
+                                   ("scaled", "apply", {"process": scale})))
+    ((name, text),) = compiled.request.derive["MCD43A4"].items()  # type: ignore[index]
+    assert compiled.layers == {"MCD43A4": [name]}
+    assert values(text, Nadir_Reflectance_Band1=0.1, Nadir_Reflectance_Band2=0.3) == pytest.approx(150.0)
+    assert values(text, Nadir_Reflectance_Band1=0.0, Nadir_Reflectance_Band2=0.0) != values(
+        text, Nadir_Reflectance_Band1=0.0, Nadir_Reflectance_Band2=0.0)  # 0/0: no value (NaN)
+
+
+def test_a_mask_by_a_quality_band_of_the_same_product_replaces_masked_pixels() -> None:
+    flat = graph(bands=["red"])["process_graph"]
+    flat["qa"] = {"process_id": "load_collection", "arguments": {
+        "id": "MCD43A4", "spatial_extent": BOX, "temporal_extent": ["2022-03-01", "2022-03-03"],
+        "bands": ["BRDF_Albedo_Band_Mandatory_Quality_Band1"]}}
+    flat["masked"] = {"process_id": "mask", "arguments": {"data": {"from_node": "load"}, "mask": {"from_node": "qa"},
+                                                          "replacement": -1}}
+    flat["save"]["arguments"]["data"] = {"from_node": "masked"}
+    compiled = compile_graph({"process_graph": flat})
+    ((_, text),) = compiled.request.derive["MCD43A4"].items()  # type: ignore[index]
+    assert values(text, Nadir_Reflectance_Band1=0.2, BRDF_Albedo_Band_Mandatory_Quality_Band1=0) == pytest.approx(0.2)
+    assert values(text, Nadir_Reflectance_Band1=0.2, BRDF_Albedo_Band_Mandatory_Quality_Band1=1) == -1
+
+
+@pytest.mark.parametrize(("how", "by"), [("reduce", "span"), ("month", "month"), ("season", "season"),
+                                         ("year", "year")])
+def test_temporal_reductions_are_the_grouped_reduction(how: str, by: str) -> None:
+    if how == "reduce":
+        node = ("t", "reduce_dimension", {"dimension": "t", "reducer": reducer("median")})
+    else:
+        node = ("t", "aggregate_temporal_period", {"period": how, "reducer": reducer("median")})
+    compiled = compile_graph(graph(("ndvi", "ndvi", {}), node))
+    reduce = compiled.request.reduce
+    assert reduce is not None and reduce.by == by and reduce.reducer == "median"
+    assert reduce.inputs == ["MCD43A4.ndvi"] and compiled.reduction == "median" and compiled.layers == {}
+
+
+def test_sd_is_the_sample_std_and_an_apply_after_the_reduction_an_expression_over_it() -> None:
+    sd = compile_graph(graph(("ndvi", "ndvi", {}), ("t", "reduce_dimension", {"dimension": "t",
+                                                                              "reducer": reducer("sd")})))
+    assert sd.request.reduce is not None and sd.request.reduce.reducer == "std"
+    double = {"process_graph": {"m": {"process_id": "multiply", "arguments": {"x": {"from_parameter": "x"}, "y": 2},
+                                      "result": True}}}
+    compiled = compile_graph(graph(("ndvi", "ndvi", {}), ("t", "reduce_dimension", {
+        "dimension": "t", "reducer": reducer("max")}), ("twice", "apply", {"process": double})))
+    reduce = compiled.request.reduce
+    assert reduce is not None and reduce.expression == "(x * 2)" and reduce.aggregate == "max"
+    assert reduce.inputs == {"x": "MCD43A4.ndvi"} and compiled.reduction == "result"
+    after_sd = refused(graph(("ndvi", "ndvi", {}), ("t", "reduce_dimension", {
+        "dimension": "t", "reducer": reducer("sd")}), ("twice", "apply", {"process": double})))
+    assert after_sd.process == "apply" and "sd" in after_sd.message
+
+
+def test_merge_cubes_of_two_products_is_a_reduction_of_several_inputs() -> None:
+    flat = graph(("ndvi", "ndvi", {}))["process_graph"]
+    del flat["save"]
+    flat["lst"] = {"process_id": "load_collection", "arguments": {
+        "id": "MOD11A1", "spatial_extent": BOX, "temporal_extent": ["2022-03-01", "2022-03-03"],
+        "bands": ["LST_Day_1km"]}}
+    flat["merged"] = {"process_id": "merge_cubes", "arguments": {"cube1": {"from_node": "ndvi"},
+                                                                  "cube2": {"from_node": "lst"}}}
+    flat["max"] = {"process_id": "reduce_dimension", "arguments": {"data": {"from_node": "merged"},
+                                                                    "dimension": "t", "reducer": reducer("max")}}
+    flat["save"] = {"process_id": "save_result", "arguments": {"data": {"from_node": "max"}, "format": "GTiff"},
+                    "result": True}
+    request = compile_graph({"process_graph": flat}).request
+    assert request.products == ["MCD43A4", "MOD11A1"]
+    assert request.reduce is not None and request.reduce.inputs == ["MCD43A4.ndvi", "MOD11A1.LST_Day_1km"]
+
+
+def refused(process: dict[str, Any]) -> CompileError:
+    with pytest.raises(CompileError) as caught:
+        compile_graph(process)
+    return caught.value
+
+
+def test_what_cannot_run_per_tile_is_refused_naming_its_process() -> None:
+    two = graph(("t", "reduce_dimension", {"dimension": "t", "reducer": reducer("max")}),
+                ("t2", "reduce_dimension", {"dimension": "t", "reducer": reducer("min")}))
+    assert refused(two).process == "reduce_dimension" and "second temporal" in refused(two).message
+    ignoring = graph(("t", "reduce_dimension", {"dimension": "t", "reducer": reducer("max", ignore_nodata=False)}))
+    assert refused(ignoring).process == "max" and refused(ignoring).code == "ProcessParameterUnsupported"
+    quantile = graph(("t", "reduce_dimension", {"dimension": "t", "reducer": reducer("quantiles")}))
+    assert refused(quantile).process == "quantiles"
+    after = graph(("t", "reduce_dimension", {"dimension": "t", "reducer": reducer("max")}), ("n", "ndvi", {}))
+    assert refused(after).process == "ndvi" and "after a temporal reduction" in refused(after).message
+    nodata = {"process_graph": {"i": {"process_id": "is_nodata", "arguments": {"x": {"from_parameter": "x"}},
+                                      "result": True}}}
+    unsupported = refused(graph(("a", "apply", {"process": nodata})))
+    assert unsupported.code == "ProcessUnsupported" and unsupported.process == "is_nodata"
+    assert refused(graph(("n", "ndvi", {"red": "B04"}))).code == "RedBandAmbiguous"
+
+
+def test_a_graph_that_is_not_one_is_process_graph_invalid() -> None:
+    assert refused({"process_graph": {}}).code == "ProcessGraphMissing"
+    no_result = graph()
+    no_result["process_graph"]["save"]["result"] = False
+    assert refused(no_result).code == "ProcessGraphInvalid"
+    cycle = graph(("a", "apply", {"process": {"process_graph": {}}}))
+    cycle["process_graph"]["load"] = {"process_id": "filter_bbox", "arguments": {"data": {"from_node": "a"}}}
+    assert refused(cycle).code == "ProcessGraphInvalid"
+    bad_id = graph()
+    bad_id["process_graph"]["load"]["process_id"] = "load collection"
+    assert refused(bad_id).code == "ProcessGraphInvalid"
+
+
+def test_the_pixel_compiler_writes_each_process_as_the_expression_language_does() -> None:
+    x = pixels.Expr("x")
+    for process, arguments, expected in [
+        ("add", {"x": 1, "y": 2}, 3.0), ("subtract", {"x": 1, "y": 2}, -1.0), ("power", {"base": 2, "p": 3}, 8.0),
+        ("divide", {"x": 1, "y": 4}, 0.25), ("absolute", {"x": -2.5}, 2.5), ("clip", {"x": 5, "min": 0, "max": 3}, 3),
+        ("if", {"value": {"from_parameter": "x"}, "accept": 7, "reject": 8}, 7.0),
+        ("linear_scale_range", {"x": 0.5, "inputMin": 0, "inputMax": 1}, 0.5),
+    ]:
+        child = {"process_graph": {"p": {"process_id": process, "arguments": arguments, "result": True}}}
+        text = pixels.expression(child, {"x": x}, "apply", ["x"]).text
+        found = expressions.parse(text, ["x"]).evaluate({"x": np.array([1.0])}, np.float64)
+        assert float(np.ravel(found)[0]) == expected, (process, text)
