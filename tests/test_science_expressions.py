@@ -82,12 +82,13 @@ def value(text: str, **inputs: float) -> float:
     ("-2 ** 2", -4), ("(-2) ** 2", 4), ("2 ** -1", 0.5), ("--3", 3), ("- -3", 3), ("1.5e2 + .5", 150.5),
     ("3 > 2", 1), ("3 < 2", 0), ("2 >= 2", 1), ("2 <= 1", 0), ("2 == 2", 1), ("2 != 2", 0),
     ("not 1 > 2", 1), ("not (1 > 2) and 2 > 1", 1), ("not 2 > 1 and 1 > 2", 0), ("not 2 > 1 or 2 > 1", 1),
-    ("1 > 2 or 2 > 1 and 3 > 4", 0), ("1 < 2 or 1 / 0 > 3", np.nan),
+    ("1 > 2 or 2 > 1 and 3 > 4", 0), ("1 < 2 or 1 / 0 > 3", 1), ("1 > 2 or 1 / 0 > 3", np.nan),
     ("where(1 < 2, 10, 20)", 10), ("where(not 1 < 2, 10, 20)", 20), ("clip(5, 0, 1)", 1), ("clip(-5, 0, 1)", 0),
     ("sqrt(16)", 4), ("log(1)", 0), ("exp(0)", 1), ("abs(-3)", 3), ("min(3, 1, 2)", 1), ("max(3, 1, 2)", 3),
     ("1 / 0", np.nan), ("0 / 0", np.nan), ("log(0)", np.nan), ("log(-1)", np.nan), ("sqrt(-1)", np.nan),
     ("exp(1000)", np.nan), ("nodata", np.nan), ("nodata + 1", np.nan), ("max(1, nodata)", np.nan),
     ("(-8) ** 0.5", np.nan), ("0 ** -1", np.nan), ("2 ** 16", 65536), ("10 ** 16 * 10 ** 16 * 10 ** 16", np.nan),
+    ("1 ** nodata", np.nan), ("nodata ** 0", np.nan), ("2 ** 0", 1),
 ])
 def test_constant_values(text: str, expected: float) -> None:
     got = value(text)
@@ -97,12 +98,16 @@ def test_constant_values(text: str, expected: float) -> None:
 @pytest.mark.parametrize(("text", "x", "y", "expected"), [
     ("x / y", 1.0, 0.0, np.nan), ("x / y", 0.0, 0.0, np.nan), ("log(x)", -2.0, 0, np.nan), ("sqrt(x)", -1.0, 0, np.nan),
     ("x ** y", 2.0, 1e10, np.nan), ("x ** y", 3.0, 2.0, 9.0), ("exp(x)", 100.0, 0, np.nan),  # float32 overflows
+    ("x ** y", 1.0, np.nan, np.nan), ("x ** y", np.nan, 0.0, np.nan), ("x ** 0", np.nan, 0, np.nan),
     ("x * y", 3e38, 10.0, np.nan), ("x > y", np.nan, 1.0, np.nan), ("x <= y", 1.0, np.nan, np.nan),
     ("not x > y", np.nan, 1.0, np.nan),
     ("where(x > 0, y, 5)", np.nan, 1.0, np.nan), ("where(x > 0, y, 5)", -1.0, np.nan, 5.0),
     ("where(x > 0, y, 5)", 1.0, np.nan, np.nan), ("min(x, y)", 1.0, np.nan, np.nan),
     ("clip(x, 0, y)", 0.5, np.nan, np.nan),
-    ("1 / (1 / x)", 0.0, 0, np.nan), ("(x > 0) and (y > 0)", -1.0, np.nan, np.nan),
+    ("1 / (1 / x)", 0.0, 0, np.nan), ("(x > 0) and (y > 0)", 1.0, np.nan, np.nan),
+    ("(x > 0) and (y > 0)", -1.0, np.nan, 0.0), ("(y > 0) and (x > 0)", -1.0, np.nan, 0.0),  # false settles and
+    ("(x > 0) or (y > 0)", 1.0, np.nan, 1.0), ("(x > 0) or (y > 0)", -1.0, np.nan, np.nan),  # true settles or
+    ("not ((x > 0) or (y > 0))", 1.0, np.nan, 0.0), ("(x > 0) or (y > 0)", np.nan, np.nan, np.nan),
 ])
 def test_masks(text: str, x: float, y: float, expected: float) -> None:
     got = value(text, x=x, y=y)

@@ -30,8 +30,10 @@ computed once, when parsed.
 
 Evaluation is on float arrays (float32 unless asked for float64) whose NaN is a missing value
 (``encoding``'s convention; a numpy masked array is taken too). A missing operand makes a
-missing result, in arithmetic, comparisons, logic, ``min``, ``max`` and ``clip`` alike (only
-the branch ``where`` chooses matters); division by zero, the logarithm or square root of a
+missing result, in arithmetic, comparisons, ``not``, ``min``, ``max`` and ``clip`` alike (only
+the branch ``where`` chooses matters), except where the other operand of ``and`` or ``or``
+settles it: false and missing is false, true or missing is true (three-valued logic, as SQL's
+and openEO's); division by zero, the logarithm or square root of a
 negative number, an overflow — any result that is not finite — is missing too: never an
 exception, never a warning. A condition's value, if it is the whole expression, is 1 or 0.
 
@@ -52,7 +54,7 @@ import numpy as np
 
 from pipeline.science.encoding import Encoding, float32
 
-VERSION = "expressions-1"  # change when an expression's output of the same inputs would change
+VERSION = "expressions-2"  # change when an expression's output of the same inputs would change
 MAX_TEXT = 4096  # characters
 MAX_NODES = 500  # operations, numbers and names
 MAX_DEPTH = 64  # nesting of parentheses, and of the operations' tree
@@ -187,7 +189,10 @@ def _apply(op: str, args: list[Value], dtype: type[np.floating]) -> Value:
     if op in ("and", "or", "not"):
         conditions = [arg for arg in args if isinstance(arg, tuple)]  # (all of them: the parser checked)
         missing = functools.reduce(np.logical_or, [m for _, m in conditions])
-        return _UFUNCS[op](*(t for t, _ in conditions)), missing
+        if op != "not":  # an operand known false (and) or true (or) settles it, the other missing or not
+            settles = [~m & (t if op == "or" else ~t) for t, m in conditions]
+            missing = missing & ~functools.reduce(np.logical_or, settles)
+        return _UFUNCS[op](*(t & ~m for t, m in conditions)), missing
     if op == "where":
         (truth, missing), chosen, other = args
         return np.where(missing, dtype(np.nan), np.where(truth, chosen, other)).astype(dtype)
@@ -196,6 +201,8 @@ def _apply(op: str, args: list[Value], dtype: type[np.floating]) -> Value:
         return _UFUNCS[op](*numbers), np.isnan(numbers[0]) | np.isnan(numbers[1])
     if op == "clip":
         out = np.minimum(np.maximum(numbers[0], numbers[1]), numbers[2])  # (both carry NaN)
+    elif op == "**":  # IEEE's pow makes 1 of 1 ** NaN and NaN ** 0: a missing operand, a missing result
+        out = np.where(np.isnan(numbers[0]) | np.isnan(numbers[1]), np.nan, np.power(numbers[0], numbers[1]))
     else:  # (min and max of two or more)
         out = functools.reduce(_UFUNCS[op], numbers) if len(numbers) > 1 else _UFUNCS[op](numbers[0])
     return _finite(np.asarray(out, dtype))
