@@ -196,8 +196,17 @@ def test_the_pixel_compiler_writes_each_process_as_the_expression_language_does(
         ("divide", {"x": 1, "y": 4}, 0.25), ("absolute", {"x": -2.5}, 2.5), ("clip", {"x": 5, "min": 0, "max": 3}, 3),
         ("if", {"value": {"from_parameter": "x"}, "accept": 7, "reject": 8}, 7.0),
         ("linear_scale_range", {"x": 0.5, "inputMin": 0, "inputMax": 1}, 0.5),
+        ("linear_scale_range", {"x": 10, "inputMin": 100, "inputMax": 0}, 0.9),  # an input range upside down
+        ("exp", {"p": 0}, 1.0),  # (exp's argument is p)
     ]:
         child = {"process_graph": {"p": {"process_id": process, "arguments": arguments, "result": True}}}
         text = pixels.expression(child, {"x": x}, "apply", ["x"]).text
         found = expressions.parse(text, ["x"]).evaluate({"x": np.array([1.0])}, np.float64)
-        assert float(np.ravel(found)[0]) == expected, (process, text)
+        assert float(np.ravel(found)[0]) == pytest.approx(expected), (process, text)
+    power = {"process_graph": {"p": {"process_id": "power", "arguments": {"base": 1, "p": None}, "result": True}}}
+    text = pixels.expression(power, {"x": x}, "apply", ["x"]).text
+    assert np.isnan(expressions.parse(text, ["x"]).evaluate({"x": np.array([1.0])}, np.float64))  # 1 ** no value
+    swapped = {"process_graph": {"c": {"process_id": "clip", "arguments": {
+        "x": {"from_parameter": "x"}, "min": 1, "max": -1}, "result": True}}}
+    with pytest.raises(pixels.Invalid, match="MinMaxSwapped"):
+        pixels.expression(swapped, {"x": x}, "apply", ["x"])

@@ -7,9 +7,10 @@ NaN is the mask: so each child graph is written as the expression text it means,
 parameters bound to expressions already made (a band's ``PRODUCT.LAYER``, or what earlier
 processes made of it). A process the expression language cannot say is refused naming it.
 
-Semantics follow the expression language: a missing value in makes a missing value out, and
-so does any result that is not finite (a division by zero, the logarithm of a negative
-number): a raster has no infinities. openEO's processes that compare with no-data or ignore it
+Semantics follow the expression language: a missing value in makes a missing value out (but
+false and missing is false, true or missing true, as openEO's logic has it), and so does any
+result that is not finite (a division by zero, the logarithm of a negative number): a raster
+has no infinities, and its NaN is no value. openEO's processes that compare with no-data or ignore it
 (``is_nodata``, ``ignore_nodata`` of ``min``/``max`` over bands) are not among these.
 """
 
@@ -41,11 +42,13 @@ class Invalid(Exception):
 
 @dataclass(frozen=True)
 class Expr:
-    """An expression's text, and whether it is a condition (a comparison or logic) or a
-    number; a band list stands for ``data`` in a reducer over bands."""
+    """An expression's text, and whether it is a condition (a comparison or logic, or a literal
+    true or false: ``boolean``, which no arithmetic takes) or a number; a band list stands for
+    ``data`` in a reducer over bands."""
 
     text: str
     condition: bool = False
+    boolean: bool = False
 
 
 @dataclass(frozen=True)
@@ -85,12 +88,16 @@ def _num(value: Value, process: str, name: str) -> Expr:
                           "array_element")
     if value is None:
         return Expr("nodata")
+    if value.boolean:
+        raise Unsupported(process, f"{process}: argument {name} must be a number or a pixel's value, not a boolean")
     if value.condition:
         return Expr(f"where({value.text}, 1, 0)")
     return value
 
 
 def _cond(value: Value, process: str, name: str) -> Expr:
+    if isinstance(value, Expr) and value.boolean:
+        return value
     found = _num(value, process, name)
     return found if found.condition else Expr(f"({found.text} != 0)", True)
 
@@ -148,6 +155,8 @@ class Compiler:
     def literal(self, given: Any, process: str, name: str) -> Value:
         if isinstance(given, dict) and ("from_node" in given or "from_parameter" in given):
             return self.arg({name: given}, name, process)
+        if isinstance(given, bool):  # a condition that holds everywhere, or nowhere
+            return Expr("(1 > 0)" if given else "(1 < 0)", True, True)
         return number(given, process, name)
 
     def call(self, process: str, arguments: Mapping[str, Any]) -> Value:
@@ -166,13 +175,15 @@ def _binary(c: Compiler, process: str, a: Mapping[str, Any]) -> Value:
 
 
 def _unary(c: Compiler, process: str, a: Mapping[str, Any]) -> Value:
-    return Expr(f"{_UNARY[process]}({_num(c.arg(a, 'x', process), process, 'x').text})")
+    name = "p" if process == "exp" else "x"  # (exp's argument is the power)
+    return Expr(f"{_UNARY[process]}({_num(c.arg(a, name, process), process, name).text})")
 
 
 def _compare(c: Compiler, process: str, a: Mapping[str, Any]) -> Value:
-    if a.get("delta") is not None or a.get("case_sensitive") is False:
-        raise Unsupported(process, f"{process}: delta and case_sensitive are not supported per pixel")
     x, y = _num(c.arg(a, "x", process), process, "x"), _num(c.arg(a, "y", process), process, "y")
+    if process in ("eq", "neq") and a.get("delta") is not None:  # (case_sensitive is of strings: a pixel has none)
+        delta = _num(c.arg(a, "delta", process), process, "delta")
+        return Expr(f"(abs({x.text} - {y.text}) {'<=' if process == 'eq' else '>'} {delta.text})", True)
     return Expr(f"({x.text} {_COMPARE[process]} {y.text})", True)
 
 
@@ -193,6 +204,10 @@ def _if(c: Compiler, process: str, a: Mapping[str, Any]) -> Value:
 
 
 def _clip(c: Compiler, process: str, a: Mapping[str, Any]) -> Value:
+    low_given, high_given = a.get("min"), a.get("max")
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low_given, high_given)) \
+            and low_given > high_given:  # type: ignore[operator]
+        raise Invalid(process, f"{process}: min {low_given} is above max {high_given} (MinMaxSwapped)")
     x = _num(c.arg(a, "x", process), process, "x")
     low, high = _num(c.arg(a, "min", process), process, "min"), _num(c.arg(a, "max", process), process, "max")
     return Expr(f"clip({x.text}, {low.text}, {high.text})")
@@ -202,7 +217,8 @@ def _linear_scale_range(c: Compiler, process: str, a: Mapping[str, Any]) -> Valu
     x = _num(c.arg(a, "x", process), process, "x")
     in_min, in_max = (_num(c.arg(a, n, process), process, n) for n in ("inputMin", "inputMax"))
     out_min, out_max = (_num(c.arg(a, n, process, d), process, n) for n, d in (("outputMin", 0), ("outputMax", 1)))
-    return Expr(f"((clip({x.text}, {in_min.text}, {in_max.text}) - {in_min.text}) / ({in_max.text} - {in_min.text})"
+    low, high = f"min({in_min.text}, {in_max.text})", f"max({in_min.text}, {in_max.text})"  # either way round
+    return Expr(f"((clip({x.text}, {low}, {high}) - {in_min.text}) / ({in_max.text} - {in_min.text})"
                 f" * ({out_max.text} - {out_min.text}) + {out_min.text})")
 
 
