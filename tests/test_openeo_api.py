@@ -22,6 +22,7 @@ from pipeline.web import identity
 from pipeline.web.api import create_app
 from pipeline.web.openeo import graph, store
 from tests.conftest import make_user
+from tests.test_identity import CLIENT_ID, Issuer
 
 BASE = "/openeo/1.2"
 BOX = {"west": -108.0, "south": 35.2, "east": -107.5, "north": 35.8}
@@ -83,9 +84,40 @@ def test_discovery_is_open_and_names_every_endpoint(api: TestClient) -> None:
         if "GET" in paths[path]:
             answer = api.get(BASE + path.replace("{collection_id}", "MOD13A1").replace("{job_id}", "none"))
             assert answer.status_code not in (404, 405) or "code" in answer.json(), path
-    assert api.get(f"{BASE}/nowhere").status_code == 404 and "code" not in api.get(f"{BASE}/nowhere").json()
+    nowhere = api.get(f"{BASE}/process_graphs")  # not served (user-defined processes): openEO's 404
+    assert nowhere.status_code == 404 and nowhere.json()["code"] == "NotFound", nowhere.text
+    wrong = api.put(f"{BASE}/jobs")
+    assert wrong.status_code == 405 and wrong.json()["code"] == "MethodNotAllowed", wrong.text
+    joined = api.get(f"{BASE}//collections//MOD13A1?x=1", follow_redirects=False)  # a slash too many
+    assert joined.status_code == 308 and joined.headers["location"].endswith(f"{BASE}/collections/MOD13A1?x=1")
+    assert api.get(f"{BASE}//collections").json()["collections"]
     assert api.get(f"{BASE}/file_formats").json()["output"]["GTiff"]["gis_data_types"] == ["raster"]
-    assert api.get(f"{BASE}/credentials/oidc").json() == {"providers": []}  # no Entra on the local stack
+    assert api.get(f"{BASE}/service_types").json() == {}
+    oidc = api.get(f"{BASE}/credentials/oidc")  # no Entra on the local stack: not there, nor in the list
+    assert oidc.status_code == 404 and oidc.json()["code"] == "NotFound" and "/credentials/oidc" not in paths
+
+
+def test_entra_is_the_openid_connect_provider_where_the_deployment_signs_in_with_it(
+        settings: Settings, clients: Clients, token: str) -> None:
+    issuer = Issuer()
+    try:
+        with TestClient(create_app(settings.with_(entra_issuer=issuer.url, entra_client_id=CLIENT_ID))) as api:
+            assert "/credentials/oidc" in {e["path"] for e in api.get(f"{BASE}/").json()["endpoints"]}
+            provider = api.get(f"{BASE}/credentials/oidc").json()["providers"][0]
+            assert provider["id"] == "entra" and provider["issuer"] == issuer.url
+            assert provider["default_clients"][0]["id"] == CLIENT_ID
+
+            def me(id_token: str) -> Any:
+                return api.get(f"{BASE}/me", headers={"Authorization": f"Bearer oidc/entra/{id_token}"})
+
+            assert me(issuer.id_token("ana@example.org")).json()["user_id"] == "ana"  # the user an admin added
+            assert me(issuer.id_token("eve@example.org", oid="oid-2")).json()["code"] == "PermissionsInsufficient"
+            forged = issuer.id_token("ana@example.org", aud="another-app")
+            assert me(forged).status_code == 403 and me(forged).json()["code"] == "TokenInvalid"
+            assert api.get(f"{BASE}/me", headers={"Authorization": f"Bearer oidc/google/{forged}"}).json()[
+                "code"] == "TokenInvalid"
+    finally:
+        issuer.server.shutdown()
 
 
 def test_everything_else_wants_a_signed_in_user_with_openeos_error(api: TestClient, token: str) -> None:
@@ -124,7 +156,7 @@ def test_collections_are_the_modis_products_as_stac_data_cubes(api: TestClient) 
     ids = [c["id"] for c in listed["collections"]]
     assert "MOD13A1" in ids and "MCD43A4" in ids and listed["links"]
     one = api.get(f"{BASE}/collections/MOD13A1").json()
-    assert one["stac_version"] == "1.0.0" and one["type"] == "Collection"
+    assert one["stac_version"] == "1.1.0" and one["type"] == "Collection"
     assert any(e.startswith("https://stac-extensions.github.io/datacube/") for e in one["stac_extensions"])
     dims = one["cube:dimensions"]
     assert set(dims) == {"x", "y", "t", "bands"} and dims["t"]["step"] == "P16D"

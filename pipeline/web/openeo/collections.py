@@ -1,4 +1,4 @@
-"""The MODIS products as openEO's collections: STAC collections (1.0.0) with the data cube
+"""The MODIS products as openEO's collections: STAC collections (1.1.0) with the data cube
 extension's ``cube:dimensions`` (x and y on the default lon/lat grid, t by the product's
 compositing period, bands the product's layers) and the EO extension's bands with their common
 names, built from the product catalog (``pipeline.modis.products``), which owns each layer's
@@ -13,7 +13,7 @@ from typing import Any
 from pipeline.modis.products import CATALOG, Layer, Product
 from pipeline.requests.request import Grid
 
-STAC_VERSION = "1.0.0"
+STAC_VERSION = "1.1.0"
 EXTENSIONS = ["https://stac-extensions.github.io/datacube/v2.2.0/schema.json",
               "https://stac-extensions.github.io/eo/v1.1.0/schema.json"]
 # the first day of each product's data: Terra's, Aqua's (Planetary Computer's collections' extents)

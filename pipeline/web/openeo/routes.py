@@ -17,12 +17,14 @@ assets are short-lived signed links.
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timedelta
 from typing import Any
 
 from azure.core.exceptions import HttpResponseError
 from fastapi import APIRouter, Body, Depends, FastAPI, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, RedirectResponse
+from starlette.routing import Match
 
 from pipeline import failures
 from pipeline.lifecycle import costs, jobs, results, rollups, snapshots, tasks
@@ -47,7 +49,8 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FILES = ("stdout.txt", "stderr.txt")  # what a program's attempt leaves in logs
 ENDPOINTS = [
     ("/", ["GET"]), ("/conformance", ["GET"]), ("/credentials/basic", ["GET"]), ("/credentials/oidc", ["GET"]),
-    ("/me", ["GET"]), ("/file_formats", ["GET"]), ("/udf_runtimes", ["GET"]), ("/collections", ["GET"]),
+    ("/me", ["GET"]), ("/file_formats", ["GET"]), ("/udf_runtimes", ["GET"]), ("/service_types", ["GET"]),
+    ("/collections", ["GET"]),
     ("/collections/{collection_id}", ["GET"]), ("/processes", ["GET"]), ("/validation", ["POST"]),
     ("/jobs", ["GET", "POST"]), ("/jobs/{job_id}", ["GET", "PATCH", "DELETE"]),
     ("/jobs/{job_id}/results", ["GET", "POST", "DELETE"]), ("/jobs/{job_id}/estimate", ["GET"]),
@@ -199,11 +202,12 @@ def _results(clients: Clients, base: str, record: store.OpenEOJob, run: Run) -> 
         for output in entry["outputs"]:
             if not _is_result(entry, compiled, output):
                 continue
-            base_name = output.rsplit("/", 1)[-1]
-            key = f"{layout.folder(entry)}/{entry['tile']}/{layout.span(entry)}/{base_name}"
+            # a file name (product, layer, dates, tile), which clients save an asset as if it is made of
+            # word characters, dots and dashes only (openEO's Python client): a tile's + sign is dropped
+            key = output.rsplit("/", 1)[-1].replace("+", "")
             first, last = layout.dates(entry)
             assets[key] = {"href": results.sas_url(clients, *results.locate(clients, output)), "type": COG,
-                           "roles": ["data"], "title": base_name,
+                           "roles": ["data"], "title": f"{layout.folder(entry)} {entry['tile']} {layout.span(entry)}",
                            "start_datetime": f"{first}T00:00:00Z", "end_datetime": f"{last}T23:59:59Z"}
     bbox = list(request.region.bbox or (-180.0, -90.0, 180.0, 90.0))
     return {
@@ -287,7 +291,8 @@ def add_routes(app: FastAPI, clients: Clients) -> None:
             "description": "MODIS imagery processed as a bag of tasks on Azure: a process graph runs as tile tasks "
                            "(a target tile, a date, a product) and grouped reductions.",
             "conformsTo": CONFORMANCE,
-            "endpoints": [{"path": path, "methods": methods} for path, methods in ENDPOINTS],
+            "endpoints": [{"path": path, "methods": methods} for path, methods in ENDPOINTS
+                          if path != "/credentials/oidc" or settings.entra_issuer],
             "billing": {"currency": "USD", "default_plan": PLAN, "plans": [{
                 "name": PLAN, "paid": True, "description": "Azure's public prices for the compute and storage a "
                 "job's tasks use (GET /jobs/{id}/estimate before, measured after)."}]},
@@ -314,9 +319,17 @@ def add_routes(app: FastAPI, clients: Clients) -> None:
     def udf_runtimes() -> dict[str, Any]:
         return {}
 
+    @router.get("/service_types")
+    def service_types() -> dict[str, Any]:
+        """None: bagpipe offers no secondary web services (its results are files)."""
+        return {}
+
     @router.get("/credentials/oidc")
     def oidc() -> dict[str, Any]:
-        """Microsoft Entra ID, where this deployment signs users in with it."""
+        """Microsoft Entra ID, where this deployment signs users in with it (elsewhere, as on
+        the local stack, the endpoint is not there: the API's list of providers is never empty)."""
+        if not settings.entra_issuer:
+            raise OpenEOError(404, "NotFound", "this deployment signs in with HTTP Basic only (GET /credentials/basic)")
         return signin.oidc_providers(clients)
 
     @router.get("/credentials/basic")
@@ -498,6 +511,21 @@ def add_routes(app: FastAPI, clients: Clients) -> None:
                 "downloads_included": None, "expires": _iso((tasks.now() + timedelta(hours=1)).replace(microsecond=0)),
                 "bagpipe:tasks": found["tasks"], "bagpipe:compute_s": found["compute_s"],
                 "bagpipe:known": found["known"]}
+
+    served = list(router.routes)
+
+    @router.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"], include_in_schema=False)
+    def elsewhere(path: str, request: Request) -> Response:
+        """What the routes above do not serve, refused with openEO's error object: a path
+        with an empty segment is the same path without it (a client that joins its base URL
+        and a path with a slash too many: 308, which keeps method and body), a path served by
+        other methods is a 405, any other a 404."""
+        if "//" in request.url.path:
+            query = f"?{request.url.query}" if request.url.query else ""
+            return RedirectResponse(re.sub("/{2,}", "/", request.url.path) + query, 308)
+        if any(route.matches(request.scope)[0] is Match.PARTIAL for route in served):
+            raise OpenEOError(405, "MethodNotAllowed", f"{request.method} is not served at /{path[:80]}")
+        raise OpenEOError(404, "NotFound", f"no endpoint /{path[:80]} here (GET {PREFIX}/ lists them)")
 
     app.include_router(router)
 
