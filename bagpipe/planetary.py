@@ -18,8 +18,9 @@ when it is read, as on Planetary Computer, made once, and never made for a searc
 Blobs are private: only a SAS token from the endpoint, short-lived (``token_minutes``),
 reads them. ``GET /collections/{id}`` answers the collections it holds (``collections``; a test
 may drop one), 404 for any other, as Planetary Computer does; the token endpoint can be made
-to answer its rate limit (``busy_tokens``: 429 with ``Retry-After``); every request's headers
-are kept (``seen``).
+to answer its rate limit (``busy_tokens``: 429 with ``Retry-After``), and its storage to lack a
+file the catalog lists (``withheld``: a read of a blob whose name holds one of these words is
+404 BlobNotFound, a granule listed but not there); every request's headers are kept (``seen``).
 """
 
 from __future__ import annotations
@@ -106,6 +107,7 @@ class Planetary:
         self.collections, self.templates = _collections(), _items()
         self.tokens_issued = 0
         self.busy_tokens = 0  # token requests still to answer 429 (its rate limit), Retry-After 1 s: tests set it
+        self.withheld: set[str] = set()  # words of blob names its storage does not have (404): tests set them
         self.seen: deque[tuple[str, dict[str, str]]] = deque(maxlen=1000)  # (path, headers) of the last requests
         self.files_made = 0  # files made on their first read (the tests watch laziness)
         self._making: dict[str, threading.Lock] = {}
@@ -324,6 +326,8 @@ class Planetary:
 
         @app.api_route("/{path:path}", methods=["GET", "HEAD", "PUT", "POST", "DELETE", "OPTIONS"])
         async def blob(path: str, request: Request) -> Response:
+            if request.method == "GET" and any(word in path for word in self.withheld):
+                return Response(b"", status_code=404, headers={"x-ms-error-code": "BlobNotFound"})
             body = await request.body()
             status, headers, raw = await forward(request, body)
             segments = path.split("/", 2)

@@ -1,0 +1,141 @@
+"""The official openEO Python client, end to end against the local stack (the API under
+uvicorn, the control loop, real workers, the local Planetary Computer): connect, sign in with
+basic authentication, list collections and processes, build a graph — MOD13A1 NDVI over a box
+and a year, its maximum per month, saved as GeoTIFF —, create, start, poll, download, and find
+the same pixels as the native API's products for the same request. Then a job that fails in
+part offers what it made (partial results) and its failures (logs), and a restart runs only
+what did not succeed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import openeo
+import pytest
+import rasterio
+
+from bagpipe.azurite import Azurite
+from bagpipe.client import Api
+from bagpipe.stack import LocalStack
+from pipeline.lifecycle import jobs, results
+from pipeline.storage.clients import clients_for
+from pipeline.web.openeo import store
+from tests.conftest import wait_for
+
+BOX = {"west": -108.0, "south": 35.2, "east": -107.5, "north": 35.8}  # one 1° target tile inside h09v05
+SPAN = ["2022-01-01", "2023-01-01"]  # openEO's end is exclusive: the year 2022
+NATIVE = {"region": {"bbox": [-108.0, 35.2, -107.5, 35.8]}, "start": "2022-01-01", "end": "2022-12-31",
+          "products": ["MOD13A1"], "layers": {"MOD13A1": ["500m_16_days_NDVI"]},
+          "reduce": {"by": "month", "reducer": "max"}}
+
+
+@pytest.fixture(scope="module")
+def stack(azurite: Azurite, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    tmp = tmp_path_factory.mktemp("openeo")
+    with LocalStack(tmp / "stack", workers=1, slots=2, connection=azurite.connection_string,
+                    namespace=f"oeo{tmp.name[-6:].replace('_', '')}") as running:
+        yield running
+
+
+def connected(stack: LocalStack) -> openeo.Connection:
+    connection = openeo.connect(f"{stack.api_url}/openeo/1.2")
+    connection.authenticate_basic("admin", stack.token)
+    return connection
+
+
+def monthly_max(connection: openeo.Connection) -> Any:
+    cube = connection.load_collection("MOD13A1", spatial_extent=BOX, temporal_extent=SPAN,
+                                      bands=["500m_16_days_NDVI"])
+    return cube.aggregate_temporal_period("month", "max").save_result(format="GTiff")
+
+
+def pixels_by_month(folder: Path) -> dict[str, np.ndarray]:
+    found = {}
+    for path in sorted(folder.rglob("*.tif")):
+        with rasterio.open(path) as src:
+            found[path.name] = src.read(1)
+    return found
+
+
+@pytest.mark.timeout(2400)
+def test_the_client_runs_a_monthly_maximum_and_finds_the_native_apis_pixels(
+        stack: LocalStack, tmp_path: Path) -> None:
+    connection = connected(stack)
+    assert connection.describe_account()["user_id"] == "admin"
+    assert "MOD13A1" in connection.list_collection_ids()
+    assert {"load_collection", "aggregate_temporal_period", "save_result", "max"} <= {
+        p["id"] for p in connection.list_processes()}
+    job = monthly_max(connection).create_job(title="NDVI monthly max")
+    assert job.status() == "created"
+    job.start_and_wait(max_poll_interval=2, print=lambda *_: None)
+    assert job.status() == "finished"
+    described = job.describe()
+    assert described["progress"] == 100 and described["started"] and described["costs"] is not None
+    got = job.get_results()
+    assets = got.get_metadata()["assets"]
+    assert len(assets) == 12 and all("sig=" in a["href"] for a in assets.values())  # signed links, a month each
+    got.download_files(tmp_path / "openeo")
+    made = pixels_by_month(tmp_path / "openeo")
+    assert sorted(made) == sorted(assets)
+
+    api = Api(stack.api_url, stack.token)
+    native = api.submit(NATIVE)["job"]
+    wait_for(lambda: api.status(native)["state"] in ("SUCCEEDED", "FAILED"), 300, "the native job")
+    manifest = results.with_links(clients_for(stack.settings), native,
+                                  results.manifest(clients_for(stack.settings), native) or {})
+    theirs = tmp_path / "native"
+    theirs.mkdir()
+    for task in manifest["tasks"]:
+        if task["stage"] == "aggregate":
+            for blob, link in task["links"].items():
+                (theirs / blob.rsplit("/", 1)[-1].replace("+", "")).write_bytes(httpx.get(link).content)
+    expected = pixels_by_month(theirs)
+    assert sorted(expected) == sorted(made)
+    for name, values in made.items():
+        assert np.array_equal(values, expected[name]), name
+    assert any((v != -3000).any() for v in made.values())  # not all no-data
+
+
+def test_a_graph_bagpipe_cannot_run_is_refused_by_the_client_naming_the_process(stack: LocalStack) -> None:
+    connection = connected(stack)
+    cube = connection.load_collection("MOD13A1", spatial_extent=BOX, temporal_extent=SPAN,
+                                      bands=["500m_16_days_NDVI"])
+    with pytest.raises(openeo.rest.OpenEoApiError) as refused:
+        cube.resample_spatial(resolution=0.1).save_result("GTiff").create_job()
+    assert refused.value.code == "ProcessUnsupported" and "resample_spatial" in refused.value.message
+
+
+@pytest.mark.timeout(2400)
+def test_a_job_failing_in_part_offers_what_it_made_and_a_restart_runs_only_the_rest(stack: LocalStack) -> None:
+    connection = connected(stack)
+    cube = connection.load_collection("MCD43A4", spatial_extent=BOX, temporal_extent=["2022-03-01", "2022-03-05"],
+                                      bands=["red", "nir"])
+    job = cube.ndvi().save_result("GTiff").create_job(title="NDVI per day")
+    stack.planetary.withheld.add("MCD43A4.A2022062")  # 3 March's granule: listed, not in storage
+    try:
+        job.start_job()
+        wait_for(lambda: job.status() in ("finished", "error"), 600, "the job")
+    finally:
+        stack.planetary.withheld.clear()
+    assert job.status() == "error"
+    errors = job.logs(level="error")
+    assert errors and any("source_download_failed" in entry.message for entry in errors), errors
+    assert all(entry.level == "error" for entry in errors)
+    with pytest.raises(openeo.rest.OpenEoApiError) as unfinished:
+        job.get_results().get_metadata()
+    assert unfinished.value.code == "JobNotFinished"
+    partial = connection.get(f"/jobs/{job.job_id}/results", params={"partial": "true"}).json()
+    assert partial["openeo:status"] == "error"
+    assert sorted(key.split(".")[2] for key in partial["assets"]) == ["2022-03-01", "2022-03-02", "2022-03-04"]
+    job.start_job()  # again: only 3 March runs, the three made are settled from the cache
+    wait_for(lambda: job.status() in ("finished", "error"), 600, "the restart")
+    assert job.status() == "finished"
+    record = store.get(clients_for(stack.settings), "admin", job.job_id)
+    assert record is not None and len(record.run_ids) == 2
+    counts = jobs.status(clients_for(stack.settings), record.latest)["counts"]
+    assert counts["CACHED"] == 3 and counts["SUCCEEDED"] == 1, counts
+    assert len(job.get_results().get_metadata()["assets"]) == 4
