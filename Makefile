@@ -18,6 +18,8 @@ REDUCER_C := reducers/max_composite/max_composite
 TOXIPROXY := .tools/toxiproxy/server
 # the STAC validators the tests run (stac-api-validator, stac-validator), in a virtualenv of their own
 STAC_TOOLS := .tools/stac/.installed
+# the openEO test suite (openeo-test-suite), in a virtualenv of its own
+OPENEO_SUITE := .tools/openeo/.installed
 
 # the portal's map data, copied from npm packages (served by the API, no CDN)
 VENDOR := portal/vendor/.copied
@@ -28,7 +30,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # what the demo needs: no Go, Toxiproxy, Chromium or test tools
 demo-setup: $(RUNTIME) node_modules/.bin/azurite $(VENDOR)
 
-setup: demo-setup $(STAMP) $(REDUCER_C) $(TOXIPROXY) $(STAC_TOOLS)
+setup: demo-setup $(STAMP) $(REDUCER_C) $(TOXIPROXY) $(STAC_TOOLS) $(OPENEO_SUITE)
 
 $(VENDOR): node_modules/.bin/azurite
 	mkdir -p $(@D)
@@ -47,6 +49,12 @@ $(STAC_TOOLS): requirements-stac.txt
 	test -x $(@D)/bin/python || $(PYTHON) -m venv $(@D)
 	$(@D)/bin/pip install --quiet --upgrade pip
 	$(@D)/bin/pip install --quiet -r requirements-stac.txt
+	touch $@
+
+$(OPENEO_SUITE): requirements-openeo.txt
+	test -x $(@D)/bin/python || $(PYTHON) -m venv $(@D)
+	$(@D)/bin/pip install --quiet --upgrade pip
+	$(@D)/bin/pip install --quiet -r requirements-openeo.txt
 	touch $@
 
 $(REDUCER_C): $(REDUCER_C).c

@@ -3,7 +3,9 @@ fetches from the web served from local copies instead: the machines that run the
 no network but package registries.
 
 Run with the validators' own interpreter (``make setup`` installs them into
-``.tools/stac``): ``.tools/stac/bin/python tests/stac_offline.py stac-api-validator ARGS…``.
+``.tools/stac``): ``.tools/stac/bin/python tests/stac_offline.py stac-api-validator ARGS…``;
+or, in a process of its own, call :func:`serve_offline` (the openEO test suite's plugin does).
+Both ways a schema is fetched are answered: ``requests``' and ``urllib``'s.
 The core STAC schemas and GeoJSON's are the copies ``pystac`` ships (installed beside the
 validators), the extensions' those of ``tests/fixtures/stac-schemas``; a schema asked for
 that neither holds is answered 404 and named on stderr, so that a validation that needs it
@@ -12,8 +14,11 @@ fails saying which."""
 from __future__ import annotations
 
 import importlib.resources
+import io
 import re
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +65,30 @@ def _send_offline(adapter: HTTPAdapter, request: requests.PreparedRequest, *args
     return response
 
 
-def main() -> None:
+_urlopen = urllib.request.urlopen
+
+
+def _urlopen_offline(url: Any, *args: Any, **kwargs: Any) -> Any:
+    """``urllib``'s way to the same hosts (jsonschema's own retrieval of a ``$ref`` it cannot
+    resolve in its registry: a relative reference between the core schemas), served the same."""
+    address = url.full_url if isinstance(url, urllib.request.Request) else str(url)
+    if not address.startswith(HOSTS):
+        return _urlopen(url, *args, **kwargs)
+    data = local_copy(address)
+    if data is None:
+        print(f"stac_offline: no local copy of {address}", file=sys.stderr)
+        raise urllib.error.HTTPError(address, 404, "no local copy", {}, None)  # type: ignore[arg-type]
+    return io.BytesIO(data)
+
+
+def serve_offline() -> None:
+    """Answer every request for a schema, by ``requests`` or ``urllib``, from the local copies."""
     HTTPAdapter.send = _send_offline  # type: ignore[method-assign]
+    urllib.request.urlopen = _urlopen_offline
+
+
+def main() -> None:
+    serve_offline()
     tool, sys.argv = sys.argv[1], sys.argv[1:]
     if tool == "stac-api-validator":
         from stac_api_validator.__main__ import main as run
