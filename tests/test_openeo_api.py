@@ -16,6 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from pipeline.lifecycle import jobs, runtimes
+from pipeline.modis.products import CATALOG
 from pipeline.settings import Settings
 from pipeline.storage.clients import Clients
 from pipeline.web import identity
@@ -163,6 +164,14 @@ def test_collections_are_the_modis_products_as_stac_data_cubes(api: TestClient) 
     assert "500m_16_days_NDVI" in dims["bands"]["values"]
     common = {b["name"]: b.get("common_name") for b in one["summaries"]["eo:bands"]}
     assert common["500m_16_days_NIR_reflectance"] == "nir" and common["500m_16_days_red_reflectance"] == "red"
+    by_id = {c["id"]: c for c in listed["collections"]}
+    assert set(by_id) == set(CATALOG)  # every product of the catalog, each period its own
+    steps = {name: c["cube:dimensions"]["t"]["step"] for name, c in by_id.items()}
+    assert (steps["MOD11A1"], steps["MOD10A2"], steps["MCD64A1"], steps["MCD12Q1"]) == ("P1D", "P8D", "P1M", "P1Y")
+    assert by_id["MCD12Q1"]["extent"]["temporal"]["interval"][0][0] == "2001-01-01T00:00:00Z"
+    assert "NSIDC" in by_id["MOD10A2"]["description"] and "nsidc.org" in by_id["MOD10A2"]["providers"][0]["url"]
+    surface = {b["name"]: b.get("common_name") for b in by_id["MOD09A1"]["summaries"]["eo:bands"]}
+    assert (surface["sur_refl_b01"], surface["sur_refl_b02"]) == ("red", "nir")  # what ndvi finds unnamed
     missing = api.get(f"{BASE}/collections/SENTINEL2_L2A")
     assert missing.status_code == 404 and missing.json()["code"] == "CollectionNotFound"
 

@@ -74,6 +74,11 @@ def test_ndvi_is_a_derived_layer_of_the_common_name_bands() -> None:
     assert values(text, Nadir_Reflectance_Band1=0.1, Nadir_Reflectance_Band2=0.5) == pytest.approx(0.4 / 0.6)
     kept = compile_graph(graph(("ndvi", "ndvi", {"target_band": "NDVI"})))
     assert kept.layers == {"MCD43A4": ["Nadir_Reflectance_Band1", "Nadir_Reflectance_Band2", "ndvi"]}
+    for product, red, nir in (("MOD09A1", "sur_refl_b01", "sur_refl_b02"),  # any product with those bands
+                              ("MYD13Q1", "250m_16_days_red_reflectance", "250m_16_days_NIR_reflectance")):
+        other = compile_graph(graph(("ndvi", "ndvi", {}), product=product, extent=["2022-03-01", "2022-03-20"]))
+        assert other.request.derive == {product: {"ndvi": f"(({product}.{nir} - {product}.{red}) / "
+                                                          f"({product}.{nir} + {product}.{red}))"}}, product
 
 
 def test_band_math_under_reduce_dimension_and_apply_are_expressions_per_pixel() -> None:

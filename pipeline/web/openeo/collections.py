@@ -10,29 +10,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.modis.products import CATALOG, Layer, Product
+from pipeline.modis.products import CATALOG, LP_DAAC, NSIDC, STEP_DAYS, Layer, Product
 from pipeline.requests.request import Grid
 
 STAC_VERSION = "1.1.0"
 EXTENSIONS = ["https://stac-extensions.github.io/datacube/v2.2.0/schema.json",
               "https://stac-extensions.github.io/eo/v1.1.0/schema.json"]
-# the first day of each product's data: Terra's, Aqua's (Planetary Computer's collections' extents)
+# the first day of each product's data: Terra's, Aqua's (Planetary Computer's collections' extents),
+# and of the products whose record starts later (their user guides' first granules)
 FIRST = {"terra": "2000-02-18T00:00:00Z", "aqua": "2002-07-04T00:00:00Z", "terra,aqua": "2000-02-16T00:00:00Z"}
-_ABOUT = {
-    "10A2": ("Snow cover: the maximum snow extent of each 8-day period and a bit per day of snow, from "
-             "the MODIS/Terra and MODIS/Aqua snow products (NSIDC).", "https://nsidc.org/about/use_copyright.html"),
-    "13A1": ("Vegetation indices (NDVI, EVI) of each 16-day period at 500 m, with the surface "
-             "reflectances, angles, composite day and pixel reliability they come from (LP DAAC).",
-             "https://lpdaac.usgs.gov/data/data-citation-and-policies/"),
-    "11A1": ("Land surface temperature and emissivity, daily at 1 km, by day and by night, with their "
-             "quality, view time and angle (LP DAAC).", "https://lpdaac.usgs.gov/data/data-citation-and-policies/"),
-    "43A4": ("Nadir BRDF-adjusted reflectance, daily at 500 m, of MODIS bands 1-7 from Terra and Aqua, "
-             "with each band's mandatory quality (LP DAAC).", "https://lpdaac.usgs.gov/data/data-citation-and-policies/"),
-}
+FIRST_OF = {"MCD64A1": "2000-11-01T00:00:00Z", "MCD12Q1": "2001-01-01T00:00:00Z", "MCD15A2H": "2002-07-04T00:00:00Z"}
+# each DAAC: its name, and its data use policy
+DAACS = {LP_DAAC: ("LP DAAC", "https://lpdaac.usgs.gov/data/data-citation-and-policies/"),
+         NSIDC: ("NSIDC", "https://nsidc.org/about/use_copyright.html")}
 
 
-def _kind(product: Product) -> str:
-    return product.name[3:]
+def step(product: Product) -> str:
+    """The product's compositing period as an ISO 8601 duration (the cube's t step)."""
+    days = STEP_DAYS.get(product.cadence)
+    return f"P{days}D" if days else "P1M" if product.cadence == "monthly" else "P1Y"
 
 
 def band(product: Product, layer: Layer, common: dict[str, str]) -> dict[str, Any]:
@@ -51,18 +47,20 @@ def collection(name: str, base: str, common: dict[str, str]) -> dict[str, Any]:
     """The collection of product ``name``, its links under ``base`` (the API's root)."""
     product = CATALOG[name]
     spec = Grid().spec()
-    about, licence = _ABOUT[_kind(product)]
-    first = FIRST[product.platform]
-    step = f"P{product.period_days}D"
+    daac, licence = DAACS[product.daac]
+    first = FIRST_OF.get(product.name, FIRST[product.platform])
+    source = (f"Planetary Computer ({product.stac_collection}) or NASA's archives" if product.stac_collection
+              else "NASA's archives")
     return {
         "stac_version": STAC_VERSION,
         "stac_extensions": EXTENSIONS,
         "type": "Collection",
         "id": product.name,
         "title": f"MODIS {product.name} v{product.collection[1:]}: {product.title}",
-        "description": f"{about} Collection {product.collection} of NASA's MODIS product {product.name}; bagpipe "
-                       f"reads its granules from Planetary Computer ({product.stac_collection}) or NASA's "
-                       "archives, masks each layer by its quality layer, and reprojects it onto the job's grid.",
+        "description": f"{product.title}: collection {product.collection} of NASA's MODIS product {product.name} "
+                       f"({daac}; its layers: {', '.join(product.layer_names)}). bagpipe reads its granules from "
+                       f"{source}, masks each layer by its quality layer where it has one, and reprojects it onto "
+                       "the job's grid.",
         "keywords": ["MODIS", product.platform.replace(",", " "), product.name],
         "license": "proprietary",
         "providers": [{"name": "NASA", "roles": ["producer", "licensor"], "url": licence},
@@ -73,7 +71,7 @@ def collection(name: str, base: str, common: dict[str, str]) -> dict[str, Any]:
                   "reference_system": 4326},
             "y": {"type": "spatial", "axis": "y", "extent": [-90.0, 90.0], "step": spec.resolution,
                   "reference_system": 4326},
-            "t": {"type": "temporal", "extent": [first, None], "step": step},
+            "t": {"type": "temporal", "extent": [first, None], "step": step(product)},
             "bands": {"type": "bands", "values": product.layer_names},
         },
         "summaries": {

@@ -124,16 +124,23 @@ class Compiled:
         return cls(JobRequest.model_validate(found["request"]), found["layers"], found["reduction"], found["format"])
 
 
+# MODIS bands 1-7 by their EO common names
+_MODIS_BANDS = ((1, "red"), (2, "nir"), (3, "blue"), (4, "green"), (6, "swir16"), (7, "swir22"))
+
+
 def common_names(product: str) -> dict[str, str]:
     """A product's layers by their EO common names (``red``, ``nir``…): what ``ndvi`` finds
-    its bands by."""
-    if product.endswith("13A1"):
-        base = "500m_16_days_"
-        return {"red": f"{base}red_reflectance", "nir": f"{base}NIR_reflectance", "blue": f"{base}blue_reflectance",
-                "swir22": f"{base}MIR_reflectance"}
-    if product == "MCD43A4":
-        return {name: f"Nadir_Reflectance_Band{b}" for b, name in ((1, "red"), (2, "nir"), (3, "blue"), (4, "green"),
-                                                                   (6, "swir16"), (7, "swir22"))}
+    its bands by. The vegetation indices' reflectances (MOD13: red, NIR, blue, and MIR, MODIS
+    band 7), the surface and nadir BRDF-adjusted reflectances' bands (MOD09, MCD43A4)."""
+    layers = CATALOG[product].layer_names if product in CATALOG else []
+    vi = next((n.removesuffix("red_reflectance") for n in layers if n.endswith("_16_days_red_reflectance")), "")
+    if vi:
+        return {"red": f"{vi}red_reflectance", "nir": f"{vi}NIR_reflectance", "blue": f"{vi}blue_reflectance",
+                "swir22": f"{vi}MIR_reflectance"}
+    for pattern in ("sur_refl_b{:02d}", "Nadir_Reflectance_Band{}"):
+        found = {name: pattern.format(b) for b, name in _MODIS_BANDS if pattern.format(b) in layers}
+        if found:
+            return found
     return {}
 
 
