@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import pytest
 import schemathesis
+from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 
 from pipeline.settings import Settings
@@ -47,3 +49,34 @@ def test_api_holds_against_generated_requests(
             holds()
         except Unsatisfiable:  # nothing to break in an operation with no parameter at all
             assert mode is schemathesis.GenerationMode.NEGATIVE and operation.path == "/api/auth"
+
+
+# CRSs a grid may name: good ones, and kinds no tile can be made in (tests/test_grid_crs.py)
+CRS_CASES = ["EPSG:4326", "EPSG:32612", "EPSG:3413", "ESRI:54009", "+proj=ortho +lat_0=40 +lon_0=-100",
+             "EPSG:4978", "+proj=geocent", "IAU_2015:30100", "IAU_2015:49900", 'LOCAL_CS["x",UNIT["metre",1]]',
+             "EPSG:4326+5773", "EPSG:4979", "EPSG:5773", "+proj=ob_tran +o_proj=longlat +o_lon_p=40 +o_lat_p=50",
+             "+proj=merc +k=1e-9", "+proj=eqearth +R=1737400"]
+
+
+def test_no_grid_crs_makes_the_api_fail(clients: Clients, settings: Settings, admin_token: str) -> None:
+    """Whatever the grid's CRS, size and box, the submission and the estimate answer below
+    500, and a CRS no tile can be made in is a 422 naming grid.crs."""
+    api = TestClient(create_app(settings.with_(max_tasks=50_000)), headers=signed(admin_token))
+
+    @given(crs=st.one_of(st.sampled_from(CRS_CASES), st.text(max_size=64),
+                         st.from_regex(r"[A-Z]{2,8}:[0-9]{1,6}", fullmatch=True)),
+           size=st.one_of(st.none(), st.floats(min_value=1e-3, max_value=1e8)),
+           box=st.sampled_from([[-107.5, 35.0, -106.0, 36.5], [170.0, -20.0, -170.0, -10.0], [-180, -90, 180, 90]]),
+           path=st.sampled_from(["/api/jobs", "/api/estimate"]))
+    @hypothesis_settings(max_examples=80, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    def holds(crs: str, size: float | None, box: list[float], path: str) -> None:
+        grid = {"crs": crs} | ({"tile_size": size, "resolution": size / 100} if size else {})
+        response = api.post(path, json={"region": {"bbox": box}, "start": "2022-01-01", "end": "2022-01-08",
+                                        "products": ["MOD10A2"], "grid": grid})
+        assert response.status_code < 500, (crs, size, box, response.text)
+        if response.status_code >= 400:
+            assert response.json().get("detail"), response.text
+        if crs in CRS_CASES[5:]:
+            assert response.status_code == 422 and response.json()["field"] == "grid.crs", (crs, response.text)
+
+    holds()

@@ -1,13 +1,15 @@
 """The output grid of a request: its target tiles, and which MODIS source tiles each needs.
 
 By default a request's region is cut into geographic lon/lat tiles (EPSG:4326) of a chosen
-size and resolution; any CRS pyproj knows may be asked for. A region given as MODIS tiles is
-processed on the native grid: each target tile is a MODIS tile and its own single source.
+size and resolution; another CRS may be asked for if a tile can be made and drawn in it
+(:func:`crs_problem`). A region given as MODIS tiles is processed on the native grid: each
+target tile is a MODIS tile and its own single source.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache, lru_cache
@@ -16,6 +18,7 @@ from typing import Any
 import numpy as np
 from affine import Affine
 from pyproj import CRS, Transformer
+from pyproj.exceptions import ProjError
 from rasterio.warp import transform_bounds
 
 from pipeline.modis.grid import RADIUS, TILE_SIZE, TILES_H, TILES_V, X_MIN, Y_MAX, Tile
@@ -63,6 +66,85 @@ def _from_lonlat(crs: str) -> Transformer:
     return Transformer.from_crs(CRS.from_epsg(4326), CRS.from_user_input(crs), always_xy=True)
 
 
+# Points of the Earth a target grid's CRS must show (and take back): every 15° of lon/lat.
+_EARTH_LON, _EARTH_LAT = (a.ravel() for a in np.meshgrid(np.arange(-180.0, 180.1, 15.0), np.arange(-90.0, 90.1, 15.0)))
+
+
+# The forms a grid's CRS is given in: AUTHORITY:CODE (EPSG:4326, ESRI:54009, EPSG:4326+5773),
+# an OGC URN or URL, a PROJ string, or WKT. pyproj would also search its database for a name
+# ("WGS 84"), which takes seconds for a text that names nothing.
+CRS_FORMS = re.compile(r"[A-Za-z][A-Za-z0-9_]*:[A-Za-z0-9_.+]+|urn:ogc:def:crs[,:].+|https?://www\.opengis\.net/def/crs/.+"
+                       r"|\+?proj=.+|[A-Z][A-Z0-9_]*\[.+", re.DOTALL)
+
+
+@lru_cache(maxsize=512)
+def crs_problem(text: str) -> str:
+    """Why ``text`` cannot be a target grid's CRS, or "" if it can: given in one of
+    :data:`CRS_FORMS`, it must be a 2-D
+    geographic or projected CRS that pyproj knows, of the Earth (pyproj finds a
+    transformation from lon/lat, EPSG:4326, to it: a CRS of another body or another kind —
+    geocentric, engineering, vertical, compound — has none, or not one a tile grid can use),
+    showing some point of the Earth and taking it back to the same lon/lat; and GDAL
+    (rasterio) must know it as well, warp MODIS's sinusoidal grid to it and it to lon/lat
+    (the overviews), and write it into a GeoTIFF. Decided once per text."""
+    if not CRS_FORMS.fullmatch(text):
+        return (f"give the CRS as AUTHORITY:CODE (e.g. EPSG:4326, EPSG:32612, EPSG:3413), a PROJ string or WKT, "
+                f"not {text!r}")
+    try:
+        crs = CRS.from_user_input(text)
+    except Exception:  # pyproj's CRSError, or whatever else a string it cannot parse makes it raise
+        return f"unknown CRS {text!r} (give e.g. EPSG:4326, EPSG:32612 or EPSG:3413)"
+    horizontal = crs.source_crs if crs.is_bound and crs.source_crs is not None else crs
+    if not (horizontal.is_geographic or horizontal.is_projected) or len(horizontal.axis_info) != 2:
+        return (f"{text!r} is a {crs.type_name}: a target grid needs a 2-D geographic or projected CRS "
+                f"(e.g. EPSG:4326, a UTM zone, EPSG:3413)")
+    try:
+        forward = _from_lonlat(text)
+    except ProjError as exc:
+        body = "of another body than the Earth" if "celestial body" in str(exc) else "out of reach of lon/lat"
+        return f"{text!r} is {body}: no transformation from EPSG:4326 to it"
+    x, y = (np.asarray(a) for a in forward.transform(_EARTH_LON, _EARTH_LAT))
+    lon, lat = (np.asarray(a) for a in forward.transform(x, y, direction="INVERSE"))
+    with np.errstate(invalid="ignore"):
+        back = (np.isfinite(x) & np.isfinite(y) & (np.abs(lat - _EARTH_LAT) < 1e-6)
+                & (np.abs((lon - _EARTH_LON + 180) % 360 - 180) < 1e-6))
+    if not back.any():
+        return f"{text!r} shows no point of the Earth that it takes back to its lon/lat"
+    first = int(np.flatnonzero(back)[0])
+    return _gdal_problem(text, float(_EARTH_LON[first]), float(_EARTH_LAT[first]))
+
+
+def _gdal_problem(text: str, lon: float, lat: float) -> str:
+    """Why GDAL cannot make or draw a tile in ``text`` ("" if it can), tried at one point of
+    the Earth (lon, lat) that the CRS shows."""
+    import rasterio.crs
+    import rasterio.shutil
+    from rasterio.io import MemoryFile
+    from rasterio.warp import transform
+
+    try:
+        crs = rasterio.crs.CRS.from_user_input(text)
+        (x,), (y,) = transform("EPSG:4326", crs, [lon], [lat])
+        (sx,), (sy,) = transform("EPSG:4326", SINUSOIDAL_PROJ4, [lon], [lat])
+        (tx,), (ty,) = transform(SINUSOIDAL_PROJ4, crs, [sx], [sy])  # a tile's warp
+        (back,), (_,) = transform(crs, "EPSG:4326", [x], [y])  # its overview
+        if not all(map(math.isfinite, (x, y, tx, ty, back))):
+            return f"GDAL cannot transform lon/lat or MODIS's sinusoidal grid to {text!r}"
+        with MemoryFile() as raw:  # as the tile stage writes a tile: a GeoTIFF, copied to a COG's bytes
+            with raw.open(driver="GTiff", width=1, height=1, count=1, dtype="uint8", crs=crs,
+                          transform=Affine(1.0, 0.0, x, 0.0, -1.0, y)) as tile:
+                tile.write(np.zeros((1, 1, 1), dtype="uint8"))
+            with raw.open() as tile, MemoryFile() as cog:
+                rasterio.shutil.copy(tile, cog.name, driver="COG")
+                written = bytes(cog.read())
+        with MemoryFile(written) as memory, memory.open() as tile:
+            if tile.crs is None:
+                return f"a GeoTIFF cannot hold {text!r}: GDAL writes no CRS into the tile"
+    except Exception as exc:  # rasterio's CRSError, GDAL's errors: whatever it is, the tile could not be made
+        return f"GDAL (rasterio) cannot use {text!r}: {str(exc)[:200]}"
+    return ""
+
+
 @dataclass(frozen=True)
 class GridSpec:
     """A target grid: square tiles of ``tile_size`` CRS units, aligned on the CRS origin,
@@ -97,7 +179,7 @@ class GridSpec:
             return self.count_for_lonlat_box(west, south, 180.0, north) + self.count_for_lonlat_box(
                 -180.0, south, east, north)
         cols, rows = self._ranges(west, south, east, north)
-        return len(cols) * len(rows)
+        return (cols.stop - cols.start) * (rows.stop - rows.start)  # len() fails past 2**63
 
     def tiles_for_lonlat_box(self, west: float, south: float, east: float, north: float) -> list[TargetTile]:
         """The target tiles that intersect a lon/lat box; west > east: the box crosses ±180°,

@@ -7,11 +7,11 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, EmailStr, Field, field_validator, model_validator
 from pyproj import CRS
-from pyproj.exceptions import CRSError
+from pyproj.exceptions import ProjError
 
 from pipeline.modis.grid import Tile
 from pipeline.modis.products import CATALOG
-from pipeline.modis.targets import MAX_TILE_PIXELS, GridSpec, TargetTile
+from pipeline.modis.targets import MAX_TILE_PIXELS, GridSpec, TargetTile, crs_problem
 from pipeline.modis.targets import NATIVE as NATIVE_CRS
 from pipeline.planning import RequestError
 from pipeline.reduction import reducers
@@ -71,11 +71,10 @@ class Grid(BaseModel):
 
     @field_validator("crs")
     @classmethod
-    def _known_crs(cls, crs: str) -> str:
-        try:
-            CRS.from_user_input(crs)
-        except CRSError:
-            raise ValueError(f"unknown CRS {crs!r} (give e.g. EPSG:4326)") from None
+    def _usable_crs(cls, crs: str) -> str:
+        problem = crs_problem(crs)  # a 2-D CRS of the Earth that pyproj and GDAL both work in
+        if problem:
+            raise ValueError(problem)
         return crs
 
     def spec(self) -> GridSpec:
@@ -217,7 +216,7 @@ def target_count(request: JobRequest) -> int:
                            "±180°) and south < north")
     try:
         return (request.grid or Grid()).spec().count_for_lonlat_box(west, south, east, north)
-    except ValueError as exc:
+    except (ValueError, ProjError) as exc:
         raise RequestError(400, "grid.crs", str(exc)) from None
 
 
