@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from typing import Any
 
@@ -212,6 +212,8 @@ class TargetTile:
     name: str
     col: int
     row: int
+    # its sources, when found for many tiles at once (:func:`with_sources`)
+    found: tuple[Tile, ...] | None = field(default=None, compare=False, repr=False)
 
     def bounds(self) -> tuple[float, float, float, float]:
         """(west, south, east, north) in the grid's CRS."""
@@ -224,7 +226,7 @@ class TargetTile:
         """The MODIS tiles whose pixels this target tile needs (on land, in the grid)."""
         if self.grid.native:
             return [Tile(self.col, self.row)]
-        return list(_sources(self))
+        return list(self.found if self.found is not None else _sources(self))
 
     def reads(self) -> list[Tile]:
         """The MODIS tiles this target tile's warp reads: its :meth:`sources` and each tile
@@ -238,22 +240,243 @@ class TargetTile:
 
 @lru_cache(maxsize=4096)
 def _sources(target: TargetTile) -> tuple[Tile, ...]:
-    """A target tile's MODIS tiles, found by projecting a lattice of its points: the same
-    for every day and product of a request, which asks for them once per task row."""
-    west, south, east, north = target.bounds()
-    line = np.linspace(0.0, 1.0, EDGE_SAMPLES)
-    u, v = np.meshgrid(line, line)  # the edges and a lattice inside
-    xs = west + (east - west) * u.ravel()
-    ys = south + (north - south) * v.ravel()
-    sx, sy = _to_sinusoidal(target.grid.crs).transform(xs, ys)
-    ok = np.isfinite(sx) & np.isfinite(sy)
-    h = np.floor((sx[ok] - X_MIN) / TILE_SIZE).astype(int)
-    v_ = np.floor((Y_MAX - sy[ok]) / TILE_SIZE).astype(int)
-    found = set()
-    for hh, vv in set(zip(h.tolist(), v_.tolist(), strict=True)):
-        if 0 <= hh < TILES_H and 0 <= vv < TILES_V and Tile(hh, vv).has_land_pixels():
-            found.add(Tile(hh, vv))
-    return tuple(sorted(found))
+    """One target tile's MODIS tiles: the same for every day and product of a request,
+    which asks for them once per task row."""
+    return sources_of(target.grid, [target])[0]
+
+
+def with_sources(targets: list[TargetTile]) -> list[TargetTile]:
+    """The targets, each carrying its MODIS tiles, found for all of them at once."""
+    by_grid: dict[GridSpec, list[int]] = {}
+    for index, target in enumerate(targets):
+        if not target.grid.native and target.found is None:
+            by_grid.setdefault(target.grid, []).append(index)
+    found = list(targets)
+    for grid, indices in by_grid.items():
+        for start in range(0, len(indices), _CHUNK):
+            part = indices[start:start + _CHUNK]
+            for index, sources in zip(part, sources_of(grid, [targets[i] for i in part]), strict=True):
+                old = targets[index]
+                found[index] = TargetTile(old.grid, old.name, old.col, old.row, sources)
+    return found
+
+
+# --- which MODIS tiles a target tile needs ------------------------------------------------
+# A target tile's sources are the MODIS tiles (on land, in the grid) that the points of a
+# lattice of EDGE_SAMPLES × EDGE_SAMPLES over it (its edges and corners included) fall in,
+# once projected to the sinusoidal grid. Projecting every point of every tile costs 4,096
+# points a tile: 50,000 tiles took minutes. :func:`sources_of` finds the same tiles from far
+# fewer points: it looks at a block of the lattice (at first the whole tile) through its four
+# corners, and needs no more of it when every MODIS tile its points could fall in (the
+# corners' box in sinusoidal metres, widened by half its size) is one that a point of the
+# target already fell in; else it splits the block in four, down to blocks of a few points,
+# which it projects whole. A block whose corners fall off the projection's domain is empty
+# if no point of its edges falls on it (and no point of the Earth lies within it). Every
+# point it projects is a lattice point, projected as the lattice's own is, so that a point on
+# a MODIS tile's edge falls on the same side of it. tests/test_sources.py compares the two.
+_LEAF = 2  # a block at most this many lattice steps a side is projected whole
+_BEND = 4.0  # how far from its corners' surface a block's points may be, in its middle's distance from it
+_SPREAD = 0.05  # and as a share of its size
+_SLACK_M = 1.0  # and in metres at least: a point within it of a MODIS tile's edge may fall either side
+_LARGEST = TILE_SIZE / 4  # a block whose corners span more (in sinusoidal metres) is split
+_CHUNK = 20_000  # target tiles looked at together (bounds the arrays: a row of 648 flags each)
+_LINE = np.linspace(0.0, 1.0, EDGE_SAMPLES)
+_CELLS = TILES_H * TILES_V
+
+
+@cache
+def _land() -> np.ndarray:
+    """Per MODIS tile (h × TILES_V + v), whether it has land pixels."""
+    return np.array([tile.has_land_pixels() for tile in _tiles()])
+
+
+@cache
+def _tiles() -> list[Tile]:
+    """Every MODIS tile, by h × TILES_V + v."""
+    return [Tile(h, v) for h in range(TILES_H) for v in range(TILES_V)]
+
+
+@lru_cache(maxsize=64)
+def _probes(crs: str) -> tuple[np.ndarray, np.ndarray]:
+    """Points of the Earth in the grid's CRS (every 10° of lon/lat that it can show)."""
+    lon, lat = np.meshgrid(np.arange(-180.0, 180.1, 10.0), np.arange(-90.0, 90.1, 10.0))
+    x, y = _from_lonlat(crs).transform(lon.ravel(), lat.ravel())
+    ok = np.isfinite(x) & np.isfinite(y)
+    return np.asarray(x)[ok], np.asarray(y)[ok]
+
+
+class _Lattice:
+    """The lattice points of a set of target tiles, and the MODIS tiles they fell in
+    (``hit``: a row per target, a flag per MODIS tile)."""
+
+    def __init__(self, grid: GridSpec, targets: list[TargetTile]) -> None:
+        s = grid.tile_size
+        cols = np.array([t.col for t in targets], dtype=np.int64)
+        rows = np.array([t.row for t in targets], dtype=np.int64)
+        # as TargetTile.bounds() computes them, to the last bit
+        self.west, self.east = cols.astype(np.float64) * s, (cols + 1).astype(np.float64) * s
+        self.south, self.north = rows.astype(np.float64) * s, (rows + 1).astype(np.float64) * s
+        self.transformer = _to_sinusoidal(grid.crs)
+        self.hit = np.zeros((len(targets), _CELLS), dtype=bool)
+
+    def xy(self, t: np.ndarray, i: np.ndarray, j: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Lattice points in the grid's CRS, as the lattice of the whole tile holds them."""
+        return (self.west[t] + (self.east[t] - self.west[t]) * _LINE[i],
+                self.south[t] + (self.north[t] - self.south[t]) * _LINE[j])
+
+    def project(self, t: np.ndarray, i: np.ndarray, j: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Lattice points in sinusoidal metres (inf: off the projection); the MODIS tiles
+        they fall in are hit."""
+        sx, sy = self.transformer.transform(*self.xy(t, i, j))
+        sx, sy = np.asarray(sx, dtype=np.float64), np.asarray(sy, dtype=np.float64)
+        self._hit(t, sx, sy)
+        return sx, sy
+
+    def _hit(self, t: np.ndarray, sx: np.ndarray, sy: np.ndarray) -> None:
+        ok = np.isfinite(sx) & np.isfinite(sy)
+        h = np.floor((sx[ok] - X_MIN) / TILE_SIZE)
+        v = np.floor((Y_MAX - sy[ok]) / TILE_SIZE)
+        inside = (h >= 0) & (h < TILES_H) & (v >= 0) & (v < TILES_V)
+        cell = h[inside].astype(np.int64) * TILES_V + v[inside].astype(np.int64)
+        land = _land()[cell]
+        self.hit[t[ok][inside][land], cell[land]] = True
+
+
+def sources_of(grid: GridSpec, targets: list[TargetTile]) -> list[tuple[Tile, ...]]:
+    """The MODIS tiles each target tile needs (see above): those the points of its lattice
+    fall in, found without projecting most of them."""
+    if not targets:
+        return []
+    lattice = _Lattice(grid, targets)
+    last = EDGE_SAMPLES - 1
+    count = len(targets)
+    t = np.arange(count, dtype=np.int64)
+    i0, i1 = np.zeros(count, dtype=np.int64), np.full(count, last, dtype=np.int64)
+    j0, j1 = i0.copy(), i1.copy()
+    while len(t):
+        leaf = (i1 - i0 <= _LEAF) & (j1 - j0 <= _LEAF)
+        if leaf.any():
+            _project_whole(lattice, t[leaf], i0[leaf], i1[leaf], j0[leaf], j1[leaf])
+        t, i0, i1, j0, j1 = (a[~leaf] for a in (t, i0, i1, j0, j1))
+        if not len(t):
+            break
+        sx, sy = (a.reshape(4, -1) for a in lattice.project(
+            np.tile(t, 4), np.concatenate([i0, i1, i0, i1]), np.concatenate([j0, j0, j1, j1])))
+        finite = np.isfinite(sx) & np.isfinite(sy)
+        split = ~finite.all(axis=0)  # off the domain in part: look closer
+        off = ~finite.any(axis=0)
+        if off.any():  # wholly off, unless its edges or the Earth say otherwise
+            split[off] = _may_touch(lattice, grid.crs, t[off], i0[off], i1[off], j0[off], j1[off])
+        on = finite.all(axis=0)
+        split[on] = _may_add(lattice, t[on], i0[on], i1[on], j0[on], j1[on], sx[:, on], sy[:, on])
+        line = split & ((i0 == i1) | (j0 == j1))  # a line looked at closer: each of its points
+        if line.any():
+            _project_line(lattice, t[line], i0[line], i1[line], j0[line], j1[line])
+        t, i0, i1, j0, j1 = (a[split & ~line] for a in (t, i0, i1, j0, j1))
+        t, i0, i1, j0, j1 = _split(t, i0, i1, j0, j1)
+    tiles, found = _tiles(), [list[Tile]() for _ in targets]
+    for row, cell in zip(*(a.tolist() for a in np.nonzero(lattice.hit)), strict=True):
+        found[row].append(tiles[cell])
+    return [tuple(f) for f in found]
+
+
+def _may_add(lattice: _Lattice, t: np.ndarray, i0: np.ndarray, i1: np.ndarray, j0: np.ndarray, j1: np.ndarray,
+             sx: np.ndarray, sy: np.ndarray) -> np.ndarray:
+    """Per block whose corners all project (``sx``, ``sy``: 4 × blocks): whether its other
+    points might fall in a MODIS tile (on land) that no point of its target has fallen in
+    yet. Its points lie near the surface the corners span (bilinear in the lattice's
+    indices), as far from it as its middle point is, four times over, and a twentieth of
+    the block's size; a block whose middle is farther than a quarter of its size, or larger
+    than a quarter of a MODIS tile, is looked at closer whatever it holds."""
+    ic, jc = (i0 + i1) // 2, (j0 + j1) // 2
+    mx, my = lattice.project(t, ic, jc)
+    a = np.divide(ic - i0, i1 - i0, out=np.zeros(len(t)), where=i1 > i0)  # a line: one side has no span
+    b = np.divide(jc - j0, j1 - j0, out=np.zeros(len(t)), where=j1 > j0)
+    weights = np.stack([(1 - a) * (1 - b), a * (1 - b), (1 - a) * b, a * b])
+    off_surface = np.hypot(mx - (weights * sx).sum(axis=0), my - (weights * sy).sum(axis=0))
+    xmin, xmax, ymin, ymax = sx.min(axis=0), sx.max(axis=0), sy.min(axis=0), sy.max(axis=0)
+    extent = np.maximum(xmax - xmin, ymax - ymin)
+    margin = _BEND * off_surface + _SPREAD * extent + _SLACK_M
+    more = ~np.isfinite(off_surface) | (off_surface > extent / 4) | (extent > _LARGEST)
+    h_lo = np.floor((xmin - margin - X_MIN) / TILE_SIZE)
+    h_hi = np.floor((xmax + margin - X_MIN) / TILE_SIZE)
+    v_lo = np.floor((Y_MAX - ymax - margin) / TILE_SIZE)
+    v_hi = np.floor((Y_MAX - ymin + margin) / TILE_SIZE)
+    land = _land()
+    for dh in (0, 1):  # a block no larger than a quarter of a MODIS tile reaches 2 × 2 of them at most
+        for dv in (0, 1):
+            h, v = h_lo + dh, v_lo + dv
+            inside = (h <= h_hi) & (v <= v_hi) & (h >= 0) & (h < TILES_H) & (v >= 0) & (v < TILES_V) & ~more
+            cell = np.where(inside, h * TILES_V + v, 0).astype(np.int64)
+            more |= inside & land[cell] & ~lattice.hit[t, cell]
+    return np.asarray(more, dtype=bool)
+
+
+def _may_touch(lattice: _Lattice, crs: str, t: np.ndarray, i0: np.ndarray, i1: np.ndarray, j0: np.ndarray,
+               j1: np.ndarray) -> np.ndarray:
+    """Per block whose corners are all off the projection's domain: whether a point of it
+    might be on it — one on its edges is, or a point of the Earth lies within the block
+    (the whole domain might)."""
+    span = int(max((i1 - i0).max(), (j1 - j0).max()))
+    steps = np.arange(span + 1)
+    rows = len(t)
+    ii = np.minimum(i0[:, None] + steps, i1[:, None])
+    jj = np.minimum(j0[:, None] + steps, j1[:, None])
+    ring_t = np.repeat(t, 4 * (span + 1))
+    ring_i = np.concatenate([ii, ii, np.repeat(i0[:, None], span + 1, 1), np.repeat(i1[:, None], span + 1, 1)], 1)
+    ring_j = np.concatenate([np.repeat(j0[:, None], span + 1, 1), np.repeat(j1[:, None], span + 1, 1), jj, jj], 1)
+    sx, sy = lattice.project(ring_t, ring_i.ravel(), ring_j.ravel())
+    touched = (np.isfinite(sx) & np.isfinite(sy)).reshape(rows, -1).any(axis=1)
+    px, py = _probes(crs)
+    x0, y0 = lattice.xy(t, i0, j0)
+    x1, y1 = lattice.xy(t, i1, j1)
+    for start in range(0, len(px), 64):
+        bx, by = px[start:start + 64], py[start:start + 64]
+        touched |= ((bx >= x0[:, None]) & (bx <= x1[:, None]) & (by >= y0[:, None]) & (by <= y1[:, None])).any(axis=1)
+    return np.asarray(touched, dtype=bool)
+
+
+def _project_whole(lattice: _Lattice, t: np.ndarray, i0: np.ndarray, i1: np.ndarray, j0: np.ndarray,
+                   j1: np.ndarray) -> None:
+    steps = np.arange(_LEAF + 1)
+    ii = np.minimum(i0[:, None, None] + steps[None, None, :], i1[:, None, None])
+    jj = np.minimum(j0[:, None, None] + steps[None, :, None], j1[:, None, None])
+    ii, jj = np.broadcast_arrays(ii, jj)
+    lattice.project(np.broadcast_to(t[:, None, None], ii.shape).ravel(), ii.ravel(), jj.ravel())
+
+
+def _project_line(lattice: _Lattice, t: np.ndarray, i0: np.ndarray, i1: np.ndarray, j0: np.ndarray,
+                  j1: np.ndarray) -> None:
+    steps = np.arange(int(max((i1 - i0).max(), (j1 - j0).max())) + 1)
+    ii, jj = np.minimum(i0[:, None] + steps, i1[:, None]), np.minimum(j0[:, None] + steps, j1[:, None])
+    lattice.project(np.broadcast_to(t[:, None], ii.shape).ravel(), ii.ravel(), jj.ravel())
+
+
+def _split(t: np.ndarray, i0: np.ndarray, i1: np.ndarray, j0: np.ndarray,
+           j1: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Blocks to look at closer: a whole tile in its four edges and its inside (a MODIS
+    tile's edge may lie on a tile's edge, as lon/lat tiles' on whole tens of degrees: each
+    of its points is then looked at along that edge alone), any other block in two along
+    each side longer than a leaf's (sharing the middle line)."""
+    last = EDGE_SAMPLES - 1
+    whole = (i0 == 0) & (i1 == last) & (j0 == 0) & (j1 == last)
+    wt = t[whole]
+    zero, end = np.zeros(len(wt), dtype=np.int64), np.full(len(wt), last, dtype=np.int64)
+    one, inner = zero + 1, end - 1
+    peeled = [(wt, zero, end, zero, zero), (wt, zero, end, end, end), (wt, zero, zero, zero, end),
+              (wt, end, end, zero, end), (wt, one, inner, one, inner)]
+    halves = _halves(*(a[~whole] for a in (t, i0, i1, j0, j1)))
+    return tuple(np.concatenate([p[k] for p in peeled] + [halves[k]]) for k in range(5))
+
+
+def _halves(t: np.ndarray, i0: np.ndarray, i1: np.ndarray, j0: np.ndarray,
+            j1: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Each block in two along each side longer than a leaf's (sharing the middle line)."""
+    im = np.where(i1 - i0 > _LEAF, (i0 + i1) // 2, i1)
+    jm = np.where(j1 - j0 > _LEAF, (j0 + j1) // 2, j1)
+    parts = [(t, i0, im, j0, jm), (t, im, i1, j0, jm), (t, i0, im, jm, j1), (t, im, i1, jm, j1)]
+    keep = [np.ones(len(t), dtype=bool), im < i1, jm < j1, (im < i1) & (jm < j1)]
+    return tuple(np.concatenate([p[k][m] for p, m in zip(parts, keep, strict=True)]) for k in range(5))
 
 
 @lru_cache(maxsize=4096)
@@ -278,7 +501,7 @@ def _reads(target: TargetTile) -> tuple[Tile, ...]:
     py = (sy[ok][:, None] + dy[None, :]).ravel()
     h = np.floor((px - X_MIN) / TILE_SIZE).astype(int)
     v = np.floor((Y_MAX - py) / TILE_SIZE).astype(int)
-    found = set(_sources(target))
+    found = set(target.sources())  # found with the others (with_sources), or alone
     for hh, vv in set(zip(h.tolist(), v.tolist(), strict=True)):
         if 0 <= hh < TILES_H and 0 <= vv < TILES_V and Tile(hh, vv).has_land_pixels():
             found.add(Tile(hh, vv))

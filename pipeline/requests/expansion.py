@@ -30,7 +30,7 @@ from datetime import date as Day  # where a field named ``date`` hides the type
 from pipeline.modis import TILE_STAGE
 from pipeline.modis.granules import Granule, as_param
 from pipeline.modis.products import CATALOG, period_count, periods
-from pipeline.modis.targets import TargetTile
+from pipeline.modis.targets import TargetTile, with_sources
 from pipeline.planning import RequestError, TaskPlan
 from pipeline.reduction import AGGREGATE_STAGE, CLIMATOLOGY_STAGE, REDUCE_STAGE
 from pipeline.reduction.reducers import Program
@@ -223,7 +223,7 @@ def expand(request: JobRequest, max_tasks: int, tile_stage: str = TILE_STAGE,
     if count > max_tasks:
         raise RequestError(413, "region", f"the request makes {count} tasks, more than the limit of {max_tasks}",
                            tasks=count, limit=max_tasks)
-    targets = [t for t in targets_of(request) if t.sources()]
+    targets = [t for t in with_sources(targets_of(request)) if t.sources()]
     if not targets:
         raise RequestError(400, "region", "the region covers no MODIS tile")
     plan = _Plan(request, tile_stage, layers_needed(request, reductions), derived)
