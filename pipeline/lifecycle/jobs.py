@@ -30,7 +30,7 @@ from azure.core.exceptions import (
 )
 from azure.data.tables import UpdateMode
 
-from pipeline.lifecycle import costs, health, partitions, rollups, snapshots, tasks, transitions
+from pipeline.lifecycle import costs, health, partitions, rollups, snapshots, storable, tasks, transitions
 from pipeline.lifecycle.status import JobState, TaskStatus, job_transition
 from pipeline.lifecycle.tasks import TerminalCounter, if_match, now
 from pipeline.planning import TaskPlan, releasable
@@ -129,26 +129,25 @@ def listing(owner: str | None) -> str:
 
 
 def submit(clients: Clients, request: str, plan: list[TaskPlan], owner: str = "", resolved: str = "",
-           label: str = "", email: str = "", budget_usd: float | None = None) -> JobRow:
+           label: str = "", email: str = "", budget_usd: float | None = None,
+           field_of: storable.FieldOf = storable.anywhere) -> JobRow:
     """Store a valid request (its JSON, as its application wrote it) as ``owner``'s job of
     the tasks ``plan`` (``planning.Application.plan``'s, without the catalog: the planner
     makes the same again with it) and enqueue its plan message. ``resolved`` is what the
     application resolved of it at submission (an uploaded reducer's exact digest), kept on
     the row for the planner; ``label`` and ``email`` (where its completion is mailed, if
     anywhere) are the request's; ``budget_usd``, if given, what its measured cost may reach
-    before the sweep stops it (:func:`over_budget`).
+    before the sweep stops it (:func:`over_budget`). A job whose rows a table could not hold
+    is refused first (``storable.check``: RequestError 413, naming the field ``field_of``
+    gives).
 
     The indexes are written before the job row (an index entry whose job does not exist
     yet is skipped by its readers), so a job never exists that the sweep cannot find; the
     plan message last, and only as a hint: a job that stays ACCEPTED because its message
     was lost (a failed send, a crash here) is planned by the sweep (:func:`replan_stale`)."""
-    created = now()
-    job = new_job_id(created)
-    row = JobRow(
-        job=job, request=request, state=JobState.ACCEPTED, total=len(plan), tiles=releasable(plan),
-        created_at=created, updated_at=created, buckets=partitions.buckets_for(clients.settings, len(plan)),
-        label=label, email=email, owner=owner, program=resolved, budget_usd=budget_usd,
-    )
+    row = new_row(clients, request, plan, owner, resolved, label, email, budget_usd)
+    storable.check(clients, row.to_entity(), row.parts, plan, field_of)
+    job, created = row.job, row.created_at
     clients.jobs.upsert_entity({"PartitionKey": ACTIVE, "RowKey": job})
     for index in {listing(None), listing(owner or None)}:
         clients.jobs.upsert_entity({"PartitionKey": index, "RowKey": _listing_key(created, job), "Job": job})
@@ -160,6 +159,17 @@ def submit(clients: Clients, request: str, plan: list[TaskPlan], owner: str = ""
         get(clients, job)  # an answer lost: the row is there (else JobNotFound: the job was not made)
     request_plan(clients, job)
     return row
+
+
+def new_row(clients: Clients, request: str, plan: list[TaskPlan], owner: str = "", resolved: str = "",
+            label: str = "", email: str = "", budget_usd: float | None = None) -> JobRow:
+    """The row a job of ``request``, planned as ``plan``, is submitted as (a new id)."""
+    created = now()
+    return JobRow(
+        job=new_job_id(created), request=request, state=JobState.ACCEPTED, total=len(plan), tiles=releasable(plan),
+        created_at=created, updated_at=created, buckets=partitions.buckets_for(clients.settings, len(plan)),
+        label=label, email=email, owner=owner, program=resolved, budget_usd=budget_usd,
+    )
 
 
 def request_plan(clients: Clients, job: str) -> bool:

@@ -6,10 +6,11 @@ stages its tasks run and the checks that settle the ones the cache has made alre
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pipeline import planning
-from pipeline.lifecycle import jobs, results
+from pipeline.lifecycle import jobs, results, storable
 from pipeline.lifecycle.jobs import JobRow
 from pipeline.lifecycle.status import JobState
 from pipeline.modis import TILE_STAGE, cachedtiles, overview, tilestage
@@ -72,7 +73,41 @@ def submit(clients: Clients, request: JobRequest, owner: str = "", program: Prog
         program = installed(named[0], clients.settings.reducers_path, named[1])
     tasks = plan(clients.settings, request, program)
     return jobs.submit(clients, request.model_dump_json(), tasks, owner, program.to_json() if program else "",
-                       request.label, request.email or "", budget_usd)
+                       request.label, request.email or "", budget_usd, field_of=stored_field(request))
+
+
+def check_storable(clients: Clients, request: JobRequest, tasks: list[TaskPlan], owner: str,
+                   program: Program | None) -> None:
+    """What submitting ``request`` (planned as ``tasks``) would store, measured as its
+    submission measures it (``storable.check``): RequestError 413 naming the field, at estimate."""
+    row = jobs.new_row(clients, request.model_dump_json(), tasks, owner, program.to_json() if program else "",
+                       request.label, request.email or "")
+    storable.check(clients, row.to_entity(), row.parts, tasks, stored_field(request))
+
+
+# the request's field a task parameter comes from
+PARAM_FIELDS = {"args": "reducer.args", "layers": "layers", "crs": "grid.crs", "reducer": "reducer.name",
+                "product": "products", "sources": "grid.tile_size", "bounds": "grid.tile_size"}
+
+
+def stored_field(request: JobRequest) -> storable.FieldOf:
+    """The request's field that makes a stored property large: the job row's ``Request``
+    (the request's largest field, its reducer's arguments apart), its ``Label``, ``Email``
+    and ``Program``, and a task's ``Params`` (by its largest parameter)."""
+
+    def field_of(stored: str, param: str) -> str:
+        if stored == "Params":
+            return PARAM_FIELDS.get(param, "body")
+        if stored != "Request":
+            return {"Label": "label", "Email": "email", "Program": "reducer.name"}.get(stored, "body")
+        fields: dict[str, Any] = json.loads(request.model_dump_json())
+        sizes = {name: len(json.dumps(value, ensure_ascii=False)) for name, value in fields.items()}
+        if fields.get("reducer"):
+            sizes["reducer.args"] = len(json.dumps(fields["reducer"].get("args", {}), ensure_ascii=False))
+            sizes["reducer"] -= sizes["reducer.args"]
+        return max(sizes, key=lambda name: sizes[name])
+
+    return field_of
 
 
 def name_installed_reducers(settings: Settings, entries: list[dict[str, Any]]) -> None:

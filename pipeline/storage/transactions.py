@@ -29,6 +29,7 @@ from azure.core.exceptions import (
 )
 from azure.core.rest import HttpRequest
 from azure.data.tables import RequestTooLargeError, TableClient, TableTransactionError
+from azure.data.tables._table_batch import TableBatchOperations
 
 _BOUNDARY = re.compile(r"boundary=(changesetresponse_[\w-]+)")
 
@@ -100,3 +101,13 @@ class TransactionTable(TableClient):
             raise _failure(*failed[0]) if failed else HttpResponseError(
                 message=f"{len(parts)} answers to a transaction of {len(reqs)}")
         return [{"etag": headers["etag"]} if "etag" in headers else {} for _, headers, _ in parts]
+
+
+def body_bytes(table: TableClient, operations: list[tuple[Any, ...]]) -> int:
+    """The bytes of the body :class:`TransactionTable` would send for ``operations`` (each
+    built by the SDK as ``submit_transaction`` builds it); nothing is sent."""
+    batch = TableBatchOperations(config=table._client._config, endpoint=f"{table.scheme}://{table._primary_hostname}",
+                                 table_name=table.table_name, is_cosmos_endpoint=table._cosmos_endpoint)
+    for operation in operations:
+        batch.add_operation(operation)
+    return len(_body(f"batch_{uuid.uuid4()}", tuple(batch.requests)))

@@ -182,6 +182,7 @@ def create_app(settings: Settings) -> FastAPI:
         named = program_name(request)
         program = registry.resolve(clients, caller.user, *named) if named else None
         plan = application.plan(settings, request, program)
+        application.check_storable(clients, request, plan, caller.user.name, program)  # refused now, as at submission
         found = costs.estimate(clients.runtimes, plan, settings.min_samples)
         last = next(iter(jobs.list_jobs(clients, 1, owner=caller.user.name)), None)
         return found | {"limit": settings.max_tasks,
