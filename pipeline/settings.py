@@ -67,6 +67,10 @@ class Settings:
         "a receive and a delete. 1: a message per task; above 24, 24.", minimum=1)
     max_tasks: int = setting("BAGPIPE_MAX_TASKS", 50_000, "A request that would make more tasks is refused (413).",
                              minimum=1)
+    requests_per_minute: int = setting(
+        "BAGPIPE_REQUESTS_PER_MINUTE", 60, "Submissions and estimates one user may make per minute, in bursts of "
+        "as many (a token bucket per user in the users table, shared by every API instance); past it, 429 with "
+        "Retry-After. 0: no limit.", minimum=0)
     max_attempts: int = setting("BAGPIPE_MAX_ATTEMPTS", 3, "Attempts a task gets before it is DEAD; two, when the "
                                 "same input fails the same way twice (a program's error, a broken source).", minimum=1)
     max_transient_attempts: int = setting(

@@ -213,8 +213,12 @@ async function submitPage() {
         estimate.dataset.tasks = found.tasks;
         estimate.title = found.prices;
       } catch (err) {
-        estimate.textContent = "This request cannot run yet: see the fields marked.";
         delete estimate.dataset.tasks;
+        if (err.status === 429) {  // too many estimates: no field is at fault; the next change asks again
+          estimate.textContent = err.message;
+          return;
+        }
+        estimate.textContent = "This request cannot run yet: see the fields marked.";
         showErrors(errorsOf(err));
       }
     }, 250);

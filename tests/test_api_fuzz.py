@@ -24,7 +24,7 @@ EXAMPLES = 25  # per operation and generation mode
 def test_api_holds_against_generated_requests(
     clients: Clients, settings: Settings, admin_token: str, mode: schemathesis.GenerationMode
 ) -> None:
-    schema = schemathesis.openapi.from_asgi("/api/openapi.json", create_app(settings))
+    schema = schemathesis.openapi.from_asgi("/api/openapi.json", create_app(settings.with_(requests_per_minute=0)))
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 20  # every route of the API, the portal's, accounts' and uploads''
 
@@ -61,7 +61,7 @@ CRS_CASES = ["EPSG:4326", "EPSG:32612", "EPSG:3413", "ESRI:54009", "+proj=ortho 
 def test_no_grid_crs_makes_the_api_fail(clients: Clients, settings: Settings, admin_token: str) -> None:
     """Whatever the grid's CRS, size and box, the submission and the estimate answer below
     500, and a CRS no tile can be made in is a 422 naming grid.crs."""
-    api = TestClient(create_app(settings.with_(max_tasks=50_000)), headers=signed(admin_token))
+    api = TestClient(create_app(settings.with_(requests_per_minute=0, max_tasks=50_000)), headers=signed(admin_token))
 
     @given(crs=st.one_of(st.sampled_from(CRS_CASES), st.text(max_size=64),
                          st.from_regex(r"[A-Z]{2,8}:[0-9]{1,6}", fullmatch=True)),

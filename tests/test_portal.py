@@ -59,7 +59,7 @@ def page(browser: Browser, stack: LocalStack) -> Iterator[Page]:
     opened.on("pageerror", lambda exc: errors.append(str(exc)))
     opened.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" and "401" not in msg.text
               and "422" not in msg.text and "400" not in msg.text and "404" not in msg.text
-              and "403" not in msg.text else None)
+              and "403" not in msg.text and "429" not in msg.text else None)
     yield opened
     context.close()
     assert not errors, errors  # no script error on any page
@@ -268,6 +268,22 @@ def test_a_box_across_half_the_world_is_asked_about_before_it_is_submitted(page:
     assert len(asked) == 1 and "did you mean -110," in asked[0], asked
     expect(page).not_to_have_url(re.compile("#/jobs/"))
     assert httpx.get(stack.api_url + "/api/jobs", headers=stack.headers).json() == before
+
+
+def test_too_many_estimates_are_said_where_the_estimate_is(page: Page, stack: LocalStack) -> None:
+    """A 429 marks no field: the estimate's line says to wait, and the next change asks again."""
+    page.goto(stack.api_url + "/")
+    _enter_key(page, stack.token)
+    _fill_small_request(page)
+    expect(page.locator("#estimate")).to_have_text(re.compile(r"makes 4 tasks"))
+    refusal = {"detail": "too many submissions and estimates: at most 60 a minute; retry in 7 s", "retry_after": 7}
+    page.route("**/api/estimate", lambda route: route.fulfill(status=429, json=refusal, headers={"Retry-After": "7"}))
+    page.fill("#end", "2022-02-10")
+    expect(page.locator("#estimate")).to_have_text(refusal["detail"])
+    expect(page.locator("[aria-invalid=true]")).to_have_count(0)
+    page.unroute("**/api/estimate")
+    page.fill("#end", "2022-02-09")
+    expect(page.locator("#estimate")).to_have_text(re.compile(r"makes 4 tasks"))
 
 
 def test_cancel_a_running_job(page: Page, stack: LocalStack) -> None:

@@ -28,7 +28,7 @@ from pipeline.requests.request import JobRequest, program_name
 from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.clients import clients_for
-from pipeline.web import accounts, audit, auth, registry, stacapi, uploads
+from pipeline.web import accounts, audit, auth, ratelimit, registry, stacapi, uploads
 from pipeline.web.identity import Caller, IdentityError
 from pipeline.web.openeo import routes as openeo
 from pipeline.web.portal import add_portal
@@ -58,6 +58,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     for code, why in ((400, "Bad parameter"), (401, "Not signed in: no valid API token or sign-in"),
                       (403, "Signed in, but not allowed"), (404, "No such job (or not yours)"),
                       (409, "Not in a state that allows it"), (413, "Request body too large"),
+                      (429, "Too many submissions and estimates: retry after the Retry-After seconds"),
                       (503, "Storage unavailable: retry after the Retry-After seconds"),
                       (422, "Invalid request: the field and what is wrong with it"))
 }
@@ -111,6 +112,7 @@ def create_app(settings: Settings) -> FastAPI:
     """The API for one deployment."""
     clients = clients_for(settings)
     signed_in = auth.authenticator(clients)
+    spending = ratelimit.limited(signed_in, clients)  # signed in, and within the user's rate
 
     app = FastAPI(
         title="bagpipe",
@@ -161,7 +163,7 @@ def create_app(settings: Settings) -> FastAPI:
         return JSONResponse({"detail": detail, "field": errors[0]["field"], "errors": errors}, 422)
 
     @app.post("/api/jobs", status_code=202)
-    def submit(request: JobRequest, caller: Caller = Depends(signed_in)) -> dict[str, Any]:
+    def submit(request: JobRequest, caller: Caller = Depends(spending)) -> dict[str, Any]:
         """Submit a processing request; it is planned into tasks asynchronously."""
         named = program_name(request)
         program = registry.resolve(clients, caller.user, *named) if named else None
@@ -174,7 +176,7 @@ def create_app(settings: Settings) -> FastAPI:
         return {"job": job, "state": row.state.value, "total": row.total}
 
     @app.post("/api/estimate")
-    def estimate(request: JobRequest, caller: Caller = Depends(signed_in)) -> dict[str, Any]:
+    def estimate(request: JobRequest, caller: Caller = Depends(spending)) -> dict[str, Any]:
         """How many tasks a request would make, their compute time (from the runtime history)
         and what they would cost at Azure's public prices, without submitting it; ``confirm``:
         why it may not be what its user meant (a box across half the world, far more tasks than
