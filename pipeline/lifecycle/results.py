@@ -7,6 +7,7 @@ import threading
 import weakref
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import quote
 
 from azure.core.exceptions import ResourceNotFoundError
 from azure.storage.blob import BlobSasPermissions, BlobServiceClient, UserDelegationKey, generate_blob_sas
@@ -35,7 +36,9 @@ def delegation_key(service: BlobServiceClient, until: datetime) -> UserDelegatio
 def sas_url(clients: Clients, container: str, blob: str) -> str:
     """A read-only link to one blob, valid for ``sas_minutes``: signed with the account
     key where there is one (local stack), else with a user delegation key (managed
-    identity in Azure, where shared keys are off)."""
+    identity in Azure, where shared keys are off). The blob's name is percent-encoded in
+    the link (a reduction may name its outputs as it likes: ``a b#?%é.tif``), as the SDK
+    encodes it in its own URLs; the signature is of the name itself."""
     service = clients.blob_service
     start, expiry = now() - timedelta(minutes=5), now() + timedelta(minutes=clients.settings.sas_minutes)
     credential = service.credential
@@ -50,7 +53,7 @@ def sas_url(clients: Clients, container: str, blob: str) -> str:
         expiry=expiry,
         **kwargs,
     )
-    return f"{service.url.rstrip('/')}/{container}/{blob}?{token}"
+    return f"{service.url.rstrip('/')}/{quote(container)}/{quote(blob, safe='/~')}?{token}"
 
 
 def manifest(clients: Clients, job: str) -> dict[str, Any] | None:
