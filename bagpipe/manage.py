@@ -1,5 +1,5 @@
-"""``bagpipe users|tokens|reducers|audit|jobs|whoami``: the CLI of accounts and uploaded
-reducers, through the API like every other command."""
+"""``bagpipe users|tokens|addresses|reducers|audit|jobs|whoami``: the CLI of accounts, the
+addresses jobs may mail and uploaded reducers, through the API like every other command."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from bagpipe.terminal import console, fail
 users = typer.Typer(help="Users (admin).", no_args_is_help=True, rich_markup_mode=None)
 tokens = typer.Typer(help="Personal API tokens.", no_args_is_help=True, rich_markup_mode=None)
 reducers = typer.Typer(help="Reducers you upload, share and run.", no_args_is_help=True, rich_markup_mode=None)
+addresses = typer.Typer(help="Addresses your jobs may mail when they finish.", no_args_is_help=True,
+                        rich_markup_mode=None)
 
 HomeOpt = Annotated[Path, typer.Option(help="Folder of the local stack's state.")]
 ApiOpt = Annotated[Optional[str], typer.Option("--api", help="API base URL.")]
@@ -115,6 +117,21 @@ def tokens_revoke(token_id: Annotated[str, typer.Argument(metavar="TOKEN_ID", he
     """Revoke a token: refused from the next request on."""
     _run(lambda: _api(api, key, home).post(f"/api/tokens/{token_id}/revoke"))
     console.print(f"token {token_id} revoked")
+
+
+@addresses.command("add")
+def addresses_add(address: Annotated[str, typer.Argument(metavar="ADDRESS", help="An e-mail address.")],
+                  user: Annotated[Optional[str], typer.Option(help="Whose (admin: allowed at once).")] = None,
+                  api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFAULT_HOME) -> None:
+    """Ask that your jobs may mail ADDRESS: it gets a link to open (an admin's is allowed at once)."""
+    found = _run(lambda: _api(api, key, home).post("/api/addresses", {"address": address, "user": user}))
+    console.print(f"{found['address']}: {'confirmed' if found['confirmed'] else found['detail']}")
+
+
+@addresses.command("list")
+def addresses_list(api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFAULT_HOME) -> None:
+    """The addresses your jobs may mail, and those waiting for their confirmation."""
+    _table("addresses", _run(lambda: _api(api, key, home).get("/api/addresses")), ["address", "confirmed", "since"])
 
 
 def pack(folder: Path) -> bytes:
@@ -217,6 +234,7 @@ def register(app: typer.Typer) -> None:
     """Add these commands to the ``bagpipe`` CLI."""
     app.add_typer(users, name="users")
     app.add_typer(tokens, name="tokens")
+    app.add_typer(addresses, name="addresses")
     app.add_typer(reducers, name="reducers")
 
     @app.command()

@@ -126,6 +126,8 @@ class LocalStack:
                                   "smtp_port": self.mail.port}
         if self.namespace:
             own["namespace"] = self.namespace
+        if not env.get(env_name("mail_allowed")):  # its SMTP server keeps what it receives: mail anyone
+            own["mail_allowed"] = "*"
         if not env.get(env_name("stac_url")):
             own |= {"stac_url": self.planetary.stac_url, "stac_sas_url": self.planetary.sas_url}
         if not env.get(env_name("cmr_url")):

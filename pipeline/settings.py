@@ -68,9 +68,9 @@ class Settings:
     max_tasks: int = setting("BAGPIPE_MAX_TASKS", 50_000, "A request that would make more tasks is refused (413).",
                              minimum=1)
     requests_per_minute: int = setting(
-        "BAGPIPE_REQUESTS_PER_MINUTE", 60, "Submissions and estimates one user may make per minute, in bursts of "
-        "as many (a token bucket per user in the users table, shared by every API instance); past it, 429 with "
-        "Retry-After. 0: no limit.", minimum=0)
+        "BAGPIPE_REQUESTS_PER_MINUTE", 60, "Submissions, estimates and addresses to confirm that one user may ask "
+        "for per minute, in bursts of as many (a token bucket per user in the users table, shared by every API "
+        "instance); past it, 429 with Retry-After. 0: no limit.", minimum=0)
     max_attempts: int = setting("BAGPIPE_MAX_ATTEMPTS", 3, "Attempts a task gets before it is DEAD; two, when the "
                                 "same input fails the same way twice (a program's error, a broken source).", minimum=1)
     max_transient_attempts: int = setting(
@@ -100,6 +100,10 @@ class Settings:
         "BAGPIPE_MAIL_MODE", "none", "`smtp` (the local stack), `acs` (Azure Communication Services) or "
         "`none` (no email; the completion is still recorded).", choices=("smtp", "acs", "none"))
     mail_sender: str = setting("BAGPIPE_MAIL_SENDER", "bagpipe@localhost", "The From address.")
+    mail_allowed: str = setting(
+        "BAGPIPE_MAIL_ALLOWED", "", "Addresses and `@domains` (comma-separated) every user's jobs may mail without "
+        "confirming them; `*`: any (the local stack's, whose SMTP server keeps what it receives). Empty: a user's "
+        "own address and those they confirmed or an admin allowed.")
     smtp_host: str = setting("BAGPIPE_SMTP_HOST", "127.0.0.1", "The SMTP server of mail mode `smtp`.", local=True)
     smtp_port: int = setting("BAGPIPE_SMTP_PORT", 8025, "Its port.", minimum=1, local=True)
     acs_endpoint: str = setting("BAGPIPE_ACS_ENDPOINT", "", "The Communication Services endpoint of mail mode `acs`.")

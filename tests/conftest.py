@@ -85,6 +85,7 @@ def settings(azurite: Azurite, mail: MailServer) -> Settings:
         lease_seconds=6,
         mail_mode="smtp",
         smtp_port=mail.port,
+        mail_allowed="@example.org",  # every test address; tests/test_addresses.py asks for confirmations
         max_attempts=3,
         max_tasks=2000,
         tile_stage="digest",  # the lifecycle needs no rasters; tests of the raster stages set "modis"

@@ -380,6 +380,10 @@ def test_accounts_and_reducers_from_the_command_line(azurite: Azurite, tmp_path:
         assert deleted.returncode == 0 and "version(s) 1" in deleted.stdout
         assert cli("reducers", "show", "mean", key=token).returncode == 1
 
+        added = cli("addresses", "add", "colleague@uni.example", key=token)  # the local stack mails anyone
+        assert added.returncode == 0 and "colleague@uni.example: confirmed" in added.stdout, added.stdout
+        assert "grace@example.org" in cli("addresses", "list", key=token).stdout
+
         tokens = cli("tokens", "list", key=token)
         token_id = token.split("_")[1]
         assert token_id in tokens.stdout and token.split("_", 2)[2] not in tokens.stdout

@@ -226,7 +226,8 @@ def test_a_label_from_before_labels_were_one_line_does_not_stop_completion(
     with running_control(settings), running_workers(settings):
         wait_for(lambda: finished(clients, job), 90, "the job to finish")
     (email,) = emails_for(mail, job)
-    assert email["Bcc"] is None and "winter Bcc: everyone@example.org" in str(email["Subject"])
+    assert email["Bcc"] is None and str(email["Subject"]) == f"bagpipe job {job}: succeeded"
+    assert 'Its label: "winter Bcc: everyone@example.org"' in email.get_body(("plain",)).get_content()
 
 
 def test_a_lost_message_receipt_does_not_hide_a_revocation(settings: Settings) -> None:

@@ -117,6 +117,7 @@ var settings = {
   '${names.settings.sasMinutes}': contains(tuning, 'sasMinutes') ? tuning.sasMinutes : ''
   '${names.settings.mailMode}': email ? 'acs' : 'none'
   '${names.settings.mailSender}': email ? mail.outputs.sender : ''
+  '${names.settings.mailAllowed}': contains(tuning, 'mailAllowed') ? tuning.mailAllowed : ''
   '${names.settings.acsEndpoint}': email ? mail.outputs.endpoint : ''
   '${names.settings.killFactor}': contains(tuning, 'killFactor') ? tuning.killFactor : ''
   '${names.settings.killSigmas}': contains(tuning, 'killSigmas') ? tuning.killSigmas : ''

@@ -271,7 +271,9 @@ def one_line(text: str) -> str:
 def completion_email(clients: Clients, row: JobRow, final: JobState, found: dict[str, Any], lines: list[str],
                      recipient: str, message_id: str) -> EmailMessage:
     job = row.job
-    label = f" ({one_line(row.label)})" if row.label else ""
+    # the label is the submitter's text: kept out of the headers (a subject of their choosing would be
+    # theirs to phish with), quoted in the body, to the addresses they may mail (pipeline.web.addresses)
+    label = f"\nIts label: \"{one_line(row.label)}\"" if row.label else ""
     counts = ", ".join(f"{n} {s.lower()}" for s, n in sorted(found["counts"].items())) or "none"
     link = results.sas_url(clients, clients.products.container_name, names.manifest_blob(job))
     why = f"Why: {row.error}\n\n" if row.error else ""
@@ -287,11 +289,10 @@ def completion_email(clients: Clients, row: JobRow, final: JobState, found: dict
     message = EmailMessage()
     message["From"] = clients.settings.mail_sender
     message["To"] = recipient
-    message["Subject"] = f"bagpipe job {job}{label}: {final.value.lower()}" + (", no product" if found.get("warning")
-                                                                            else "")
+    message["Subject"] = f"bagpipe job {job}: {final.value.lower()}" + (", no product" if found.get("warning") else "")
     message["Message-ID"] = message_id
     message.set_content(
-        f"Your bagpipe job {job}{label} has finished: {final.value}.\n\n{why}"
+        f"Your bagpipe job {job} has finished: {final.value}.{label}\n\n{why}"
         f"Tasks: {found['total']} ({counts}).\n"
         f"Compute: {found['cost']['compute_s'] / 3600:.2f} slot-hours over {found['cost']['attempts']} attempts, "
         f"about {costs.dollars(found['cost']['usd'])} at Azure's pay-as-you-go prices.\n\n"

@@ -1,10 +1,12 @@
 """The request API: one FastAPI app, served by uvicorn on the local stack and through the
 Functions ASGI middleware in Azure.
 
-Every ``/api`` endpoint but ``/api/auth`` wants a signed-in user (``pipeline.web.auth``: a
-personal API token, or in Azure an Entra sign-in); a job is its owner's (an admin's is
-every job), and another user's job is answered as one that does not exist. Users, tokens
-and the audit trail are in ``pipeline.web.accounts``; uploaded reducers in ``pipeline.web.uploads``.
+Every ``/api`` endpoint but ``/api/auth`` and the link that confirms an address wants a
+signed-in user (``pipeline.web.auth``: a personal API token, or in Azure an Entra sign-in); a
+job is its owner's (an admin's is every job), and another user's job is answered as one that
+does not exist. Users, tokens and the audit trail are in ``pipeline.web.accounts``; the
+addresses a user's jobs may mail in ``pipeline.web.addresses``; uploaded reducers in
+``pipeline.web.uploads``.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pipeline.requests.request import JobRequest, program_name
 from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.clients import clients_for
-from pipeline.web import accounts, audit, auth, ratelimit, registry, stacapi, uploads
+from pipeline.web import accounts, addresses, audit, auth, ratelimit, registry, stacapi, uploads
 from pipeline.web.identity import Caller, IdentityError
 from pipeline.web.openeo import routes as openeo
 from pipeline.web.portal import add_portal
@@ -162,9 +164,17 @@ def create_app(settings: Settings) -> FastAPI:
         detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
         return JSONResponse({"detail": detail, "field": errors[0]["field"], "errors": errors}, 422)
 
+    def mailable(request: JobRequest, caller: Caller) -> None:
+        """Refuse a request whose completion would mail an address its user may not mail."""
+        if request.email and not addresses.may_mail(clients, caller.user, str(request.email)):
+            raise RequestError(403, "email", f"{request.email} has not agreed to your jobs' notifications: ask it "
+                               f"to (POST /api/addresses, bagpipe addresses add; it gets a link to open), or name "
+                               f"your own address ({caller.user.email}) or none")
+
     @app.post("/api/jobs", status_code=202)
     def submit(request: JobRequest, caller: Caller = Depends(spending)) -> dict[str, Any]:
         """Submit a processing request; it is planned into tasks asynchronously."""
+        mailable(request, caller)
         named = program_name(request)
         program = registry.resolve(clients, caller.user, *named) if named else None
         row = application.submit(clients, request, owner=caller.user.name, program=program)
@@ -181,6 +191,7 @@ def create_app(settings: Settings) -> FastAPI:
         and what they would cost at Azure's public prices, without submitting it; ``confirm``:
         why it may not be what its user meant (a box across half the world, far more tasks than
         their last job), for a client to ask before it submits."""
+        mailable(request, caller)
         named = program_name(request)
         program = registry.resolve(clients, caller.user, *named) if named else None
         plan = application.plan(settings, request, program)
@@ -241,6 +252,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     add_portal(app, clients, signed_in)
     accounts.add_routes(app, clients, signed_in)
+    addresses.add_routes(app, clients, signed_in, spending)
     stacapi.add_routes(app, clients, signed_in)
     uploads.add_routes(app, clients, signed_in)
     openeo.add_routes(app, clients)

@@ -13,6 +13,9 @@ users table, by partition:
   A slow password hash (bcrypt, scrypt) buys time against guessing a *low-entropy* secret;
   nobody can guess 256 random bits, so it would only cost CPU on every request.
 - ``tokens~<user>``: RK = token id; the index that lists a user's tokens.
+- ``address~<user>``, ``confirm``: the addresses a user's jobs may mail, and the links that
+  confirm them (``pipeline.web.addresses``); ``rate``: each user's bucket of requests
+  (``pipeline.web.ratelimit``).
 
 Nothing is cached: every request reads its token row, so a revoked token is refused by the
 very next request.

@@ -1,7 +1,7 @@
-"""How often one user may submit or estimate: a token bucket per user, kept in the users table
-so that every API instance spends from the same one (Azure Functions runs the API on as many
-instances as its load asks for, each with its own memory: a bucket in memory would let a
-user through once per instance).
+"""How often one user may submit, estimate or ask for an address to be confirmed: a token
+bucket per user, kept in the users table so that every API instance spends from the same one
+(Azure Functions runs the API on as many instances as its load asks for, each with its own
+memory: a bucket in memory would let a user through once per instance).
 
 users table, partition ``rate``: RK = user name; ``Tokens`` (a float: what was left),
 ``At`` (when, by the writing instance's clock). A request reads the row, adds what
@@ -76,8 +76,8 @@ def limited(signed_in: Callable[..., Caller], clients: Clients) -> Callable[...,
         if wait > 0:
             seconds = max(1, math.ceil(wait))
             most = clients.settings.requests_per_minute
-            raise HTTPException(429, {"detail": f"too many submissions and estimates: at most {most} a minute; "
-                                                f"retry in {seconds} s", "retry_after": seconds},
+            raise HTTPException(429, {"detail": f"too many submissions, estimates and addresses to confirm: at most "
+                                                f"{most} a minute; retry in {seconds} s", "retry_after": seconds},
                                 headers={"Retry-After": str(seconds)})
         return caller
 
