@@ -101,3 +101,34 @@ def test_the_largest_arguments_that_fit_are_stored_and_planned(clients: Clients,
     table = clients.jobs if entity is not None and "Request" in entity else clients.tasks
     with pytest.raises(HttpResponseError, match="PropertyValueTooLarge"):
         table.create_entity(entity)
+
+
+SNOW = "MOD10A2.Maximum_Snow_Extent"
+NEW_FIELDS = [
+    # (what, the request's fields, the field named, the row the message names)
+    ("a program's arguments under reduce: 17 of 1,000 quotes in the job's row",
+     {"reduce": {"program": {"name": "snow_fraction", "args": spread('"' * 1000, 17)}}}, "reduce.program.args",
+     "job's row"),
+    ("a program's arguments under reduce: each quote is 4 in its row",
+     {"reduce": {"program": {"name": "snow_fraction", "args": spread('"' * 1000, 10)}}}, "reduce.program.args",
+     "reduce task's row"),
+    ("derived layers whose text the job's row cannot hold: 8 of 4,090 characters",
+     {"derive": {"MOD10A2": {f"d{i}": SNOW + " " * 4060 + "+ 1" for i in range(8)}}}, "derive", "job's row"),
+    ("derived layers a tile task's row cannot hold: a tab is 2 characters in the job's row, 3 in the task's",
+     {"derive": {"MOD10A2": {f"d{i}": SNOW + "\t" * 1800 + "+ 1" for i in range(8)}}}, "derive", "task's row"),
+]
+
+
+@pytest.mark.parametrize("path", ["/api/jobs", "/api/estimate"])
+@pytest.mark.parametrize("what,fields,field,row", NEW_FIELDS, ids=[t[0] for t in NEW_FIELDS])
+def test_the_other_fields_too_large_to_store_are_refused_by_name(
+        api: TestClient, clients: Clients, path: str, what: str, fields: dict[str, Any], field: str,
+        row: str) -> None:
+    """Every field of a request is measured as it is stored: a reduction's program, derived
+    layers (kept in the job's row and in each tile task's)."""
+    response = api.post(path, json=changed(**fields))
+    assert response.status_code == 413, response.text
+    answer = response.json()
+    assert answer["field"] == field and row in answer["detail"], answer
+    assert answer["size"] > answer["limit"]
+    assert nothing_written(clients)

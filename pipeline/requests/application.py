@@ -85,29 +85,48 @@ def check_storable(clients: Clients, request: JobRequest, tasks: list[TaskPlan],
     storable.check(clients, row.to_entity(), row.parts, tasks, stored_field(request))
 
 
-# the request's field a task parameter comes from
-PARAM_FIELDS = {"args": "reducer.args", "layers": "layers", "crs": "grid.crs", "reducer": "reducer.name",
-                "product": "products", "sources": "grid.tile_size", "bounds": "grid.tile_size"}
+# the request's field a task parameter comes from ("PROGRAM": the request's program, ``reducer``
+# or ``reduce.program``)
+PARAM_FIELDS = {"args": "PROGRAM.args", "reducer": "PROGRAM.name", "layers": "layers", "crs": "grid.crs",
+                "product": "products", "sources": "grid.tile_size", "bounds": "grid.tile_size", "derived": "derive",
+                "reduce": "reduce", "input": "reduce.inputs", "encodings": "reduce.inputs"}
+# fields within a field of the request named apart from it (where a request's size lies)
+NESTED = ("reducer.args", "reduce.program.args")
 
 
 def stored_field(request: JobRequest) -> storable.FieldOf:
     """The request's field that makes a stored property large: the job row's ``Request``
-    (the request's largest field, its reducer's arguments apart), its ``Label``, ``Email``
+    (the request's largest field, ``NESTED``'s apart from theirs), its ``Label``, ``Email``
     and ``Program``, and a task's ``Params`` (by its largest parameter)."""
+    program = "reduce.program" if request.reduce is not None and request.reduce.program is not None else "reducer"
+    fields: dict[str, Any] = json.loads(request.model_dump_json())
 
     def field_of(stored: str, param: str) -> str:
         if stored == "Params":
-            return PARAM_FIELDS.get(param, "body")
+            return PARAM_FIELDS.get(param, "body").replace("PROGRAM", program)
         if stored != "Request":
-            return {"Label": "label", "Email": "email", "Program": "reducer.name"}.get(stored, "body")
-        fields: dict[str, Any] = json.loads(request.model_dump_json())
-        sizes = {name: len(json.dumps(value, ensure_ascii=False)) for name, value in fields.items()}
-        if fields.get("reducer"):
-            sizes["reducer.args"] = len(json.dumps(fields["reducer"].get("args", {}), ensure_ascii=False))
-            sizes["reducer"] -= sizes["reducer.args"]
+            return {"Label": "label", "Email": "email", "Program": f"{program}.name"}.get(stored, "body")
+        sizes = {name: _size(value) for name, value in fields.items()}
+        for path in NESTED:
+            value = _at(fields, path)
+            if value:
+                sizes[path] = _size(value)
+                sizes[path.split(".")[0]] -= sizes[path]
         return max(sizes, key=lambda name: sizes[name])
 
     return field_of
+
+
+def _size(value: Any) -> int:
+    return len(json.dumps(value, ensure_ascii=False))
+
+
+def _at(fields: dict[str, Any], path: str) -> Any:
+    """The value at a dotted ``path`` of the request's fields (None where there is none)."""
+    value: Any = fields
+    for key in path.split("."):
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
 
 
 def name_installed_reducers(settings: Settings, entries: list[dict[str, Any]]) -> None:
