@@ -91,7 +91,11 @@ def _reproject(inputs: list[Path], out: Path, dst_crs: str, res: float,
     from pipeline.modis.granules import HDF, granule_id
     from pipeline.modis.products import CATALOG
     from pipeline.modis.reprojection import Source, Target, warp
+    from pipeline.modis.targets import crs_problem
 
+    problem = crs_problem(dst_crs)  # as the API refuses a grid's: a tile it can make, write and draw
+    if problem:
+        fail(ValueError(f"--dst-crs: {problem}"))
     if bounds is None:
         fail(ValueError("--bounds west south east north is required"))
     west, south, east, north = bounds

@@ -202,6 +202,8 @@ def test_mistakes_on_the_command_line_are_named_not_traced(tmp_path: Path) -> No
                                  "--bounds", "-107", "35", "-106", "36", "--product", "MOD13A1"],
         "do not say one product": ["run-stage", "reproject", "--input", str(tmp_path / "bad.json"), "--out",
                                    str(tmp_path / "x.tif"), "--bounds", "-107", "35", "-106", "36"],
+        "--dst-crs": ["run-stage", "reproject", "--input", str(snow), "--out", str(tmp_path / "x.tif"),
+                      "--dst-crs", "EPSG:4978", "--bounds", "0", "0", "1", "1"],  # geocentric
     }
     for said, args in cases.items():
         found = runner.invoke(app, args, env=unset)
