@@ -99,7 +99,7 @@ def test_planner_and_completion_functions_run_the_pipeline(
     # the monitor's sweep activity finds nothing left to do
     report = user_function(app_env, "monitor_sweep")(None)
     assert report == {"revoked": 0, "stale": 0, "backups": 0, "resent": 0, "replanned": 0, "announced": 0,
-                      "slow_workers": 0, "markers": 0, "folded": 0, "summed": 0, "errors": 0,
+                      "slow_workers": 0, "markers": 0, "folded": 0, "summed": 0, "stopped": 0, "errors": 0,
                       "interval": clients.settings.monitor_interval_s}
     assert job not in jobs.active_jobs(clients)
     with pytest.raises(ValueError):

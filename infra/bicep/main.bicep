@@ -111,6 +111,7 @@ var settings = {
   '${names.settings.tasksPerMessage}': contains(tuning, 'tasksPerMessage') ? tuning.tasksPerMessage : ''
   '${names.settings.maxTasks}': contains(tuning, 'maxTasks') ? tuning.maxTasks : ''
   '${names.settings.requestsPerMinute}': contains(tuning, 'requestsPerMinute') ? tuning.requestsPerMinute : ''
+  '${names.settings.defaultBudgetUsd}': contains(tuning, 'defaultBudgetUsd') ? tuning.defaultBudgetUsd : ''
   '${names.settings.maxAttempts}': contains(tuning, 'maxAttempts') ? tuning.maxAttempts : ''
   '${names.settings.maxTransientAttempts}': contains(tuning, 'maxTransientAttempts') ? tuning.maxTransientAttempts : ''
   '${names.settings.leaseSeconds}': contains(tuning, 'leaseSeconds') ? tuning.leaseSeconds : ''

@@ -14,6 +14,7 @@ from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from pipeline.lifecycle import jobs
@@ -22,6 +23,24 @@ from pipeline.planning import RequestError
 # the HTTP status of a generic refusal, by code (errors.json)
 _STATUS = {401: "AuthenticationRequired", 403: "PermissionsInsufficient", 404: "NotFound", 405: "MethodNotAllowed",
            409: "Conflict", 413: "PayloadTooLarge", 503: "ServiceUnavailable"}
+
+
+class ErrorObject(BaseModel):
+    """openEO's error object, as every refusal of an ``/openeo`` route is documented."""
+
+    id: str
+    code: str
+    message: str
+    links: list[dict[str, Any]] = []
+
+
+# what the app's OpenAPI document says an /openeo route answers when it refuses (the app's
+# own routes answer {detail, field}: these override those codes for this router)
+RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorObject, "description": f"openEO's error object ({why})"}
+    for status, why in ((400, "a bad request"), (401, "not signed in"), (403, "not allowed"), (404, "not found"),
+                        (405, "the wrong method"), (409, "not in a state that allows it"),
+                        (413, "too large"), (422, "invalid"), (503, "storage unavailable"))}
 
 
 class OpenEOError(Exception):

@@ -39,7 +39,7 @@ from pipeline.storage.clients import Clients
 from pipeline.web import audit
 from pipeline.web.identity import Caller
 from pipeline.web.openeo import collections, graph, processes, signin, store
-from pipeline.web.openeo.errors import OpenEOError, OpenEORoute
+from pipeline.web.openeo.errors import RESPONSES, OpenEOError, OpenEORoute
 
 API_VERSION = "1.2.0"
 PREFIX = "/openeo/1.2"
@@ -527,7 +527,7 @@ def add_routes(app: FastAPI, clients: Clients) -> None:
             raise OpenEOError(405, "MethodNotAllowed", f"{request.method} is not served at /{path[:80]}")
         raise OpenEOError(404, "NotFound", f"no endpoint /{path[:80]} here (GET {PREFIX}/ lists them)")
 
-    app.include_router(router)
+    app.include_router(router, responses=RESPONSES)
 
 
 def _level(given: Any, field: str) -> str:
