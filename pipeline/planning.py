@@ -10,7 +10,11 @@ running it needs: each task's stage and parameters, which tasks wait for which (
 each is for the runtime history.
 
 A plan lists first the tasks nothing holds back (the release window walks them in order),
-then those that wait for others: a task waits only for tasks listed before it.
+then those that wait for others: a task waits only for tasks listed before it. Last come
+the tasks that wait for the whole job (``after_all``: a gather, which joins what tasks of
+every partition made): the lifecycle releases them once every other task of the job has
+ended, as its counters say (``pipeline.lifecycle.progress``), so that they need no counter
+of their own in the partitions of what they wait for.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ class TaskPlan:
     group: int | None = None  # tasks of one group share a table partition (one that waits and what it waits for)
     work: float = 1.0  # its work, in the unit its runtime history is kept in (megapixels)
     history: str = ""  # the key of its runtime history within its stage (a product, a reducer)
+    after_all: bool = False  # it waits for every task of the job that is not after_all itself (a gather)
     meta: dict[str, Any] = field(default_factory=dict, compare=False)  # the application's own, never stored
 
     @property
@@ -104,11 +109,25 @@ def application() -> Application:
     return _registered[0]
 
 
+def gathers(plan: list[TaskPlan]) -> int:
+    """How many of a plan's tasks wait for the whole job (its last ones); ValueError if one
+    comes before a task that does not, waits for a counter, feeds a task, or asks for a
+    partition group (it has none: its partition is by its sequence number)."""
+    count = next((len(plan) - i for i, task in enumerate(plan) if task.after_all), 0)
+    last = plan[len(plan) - count:]
+    if not all(task.after_all for task in last):
+        raise ValueError("a plan lists the tasks that wait for the whole job after all others")
+    if any(task.waits_for or task.feeds or task.group is not None for task in last):
+        raise ValueError("a task that waits for the whole job waits for no counter, feeds none and has no group")
+    return count
+
+
 def releasable(plan: list[TaskPlan]) -> int:
     """How many of a plan's tasks the window releases (its first ones); ValueError if a task
     that waits comes before one that does not, or waits for a task after it."""
-    count = next((i for i, task in enumerate(plan) if task.waits_for), len(plan))
-    if any(not task.waits_for for task in plan[count:]):
+    after = len(plan) - gathers(plan)
+    count = next((i for i, task in enumerate(plan[:after]) if task.waits_for), after)
+    if any(not task.waits_for for task in plan[count:after]):
         raise ValueError("a plan lists the tasks that wait after all those that do not")
     fed: dict[int, int] = {}
     for seq, task in enumerate(plan):

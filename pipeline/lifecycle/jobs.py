@@ -33,7 +33,7 @@ from azure.data.tables import UpdateMode
 from pipeline.lifecycle import costs, health, partitions, rollups, snapshots, storable, tasks, transitions
 from pipeline.lifecycle.status import JobState, TaskStatus, job_transition
 from pipeline.lifecycle.tasks import TerminalCounter, if_match, now
-from pipeline.planning import TaskPlan, releasable
+from pipeline.planning import TaskPlan, gathers, releasable
 from pipeline.redact import redact
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
@@ -60,6 +60,7 @@ class JobRow(Row):
     state: JobState
     total: int  # every task, reductions included
     tiles: int  # the tile tasks: the release cursor's end (reductions wait for their tiles)
+    gathers: int = 0  # its last tasks, which wait for all the others (``planning.TaskPlan.after_all``)
     buckets: int = 1  # the table partitions its tasks are spread over (``pipeline.lifecycle.partitions``)
     created_at: datetime
     updated_at: datetime
@@ -107,6 +108,11 @@ class JobRow(Row):
     def parts(self) -> list[str]:
         """The PartitionKeys of its tasks in the tasks table."""
         return partitions.parts(self.job, self.buckets)
+
+    @property
+    def first_gather(self) -> int:
+        """The sequence number of its first task that waits for the whole job."""
+        return self.total - self.gathers
 
     @property
     def all_released(self) -> bool:
@@ -167,8 +173,9 @@ def new_row(clients: Clients, request: str, plan: list[TaskPlan], owner: str = "
     created = now()
     return JobRow(
         job=new_job_id(created), request=request, state=JobState.ACCEPTED, total=len(plan), tiles=releasable(plan),
-        created_at=created, updated_at=created, buckets=partitions.buckets_for(clients.settings, len(plan)),
-        label=label, email=email, owner=owner, program=resolved, budget_usd=budget_usd,
+        gathers=gathers(plan), created_at=created, updated_at=created,
+        buckets=partitions.buckets_for(clients.settings, len(plan)), label=label, email=email, owner=owner,
+        program=resolved, budget_usd=budget_usd,
     )
 
 

@@ -103,11 +103,37 @@ def plan(clients: Clients, job: str) -> None:
 def _start(clients: Clients, row: jobs.JobRow) -> None:
     """Start a planned job (its tasks made already settled): announce it done if nothing is
     left to run (every task settled, now or by a planner that died here), else release a
-    window of the others (a release cannot end a task: the check is not needed after it)."""
-    if completion.all_terminal(clients, row):
+    window of the others (a release cannot end a task: the check is not needed after it),
+    or its gathers if only they are left."""
+    done = sum(tasks.terminal_counts(clients.tasks, row.parts).values())
+    if completion.all_terminal(clients, row, done):
         jobs.announce_done(clients, row.job)
-    else:
-        release(clients, row.job)
+    elif not release_gathers(clients, row, done):
+        release(clients, row.job, counts=None)
+
+
+def release_gathers(clients: Clients, row: jobs.JobRow, done: int) -> int:
+    """Release the job's gathers (``planning.TaskPlan.after_all``: its last ``row.gathers``
+    tasks) once every other task has ended: ``done``, its count of terminal tasks, reaches
+    the count of the others. A job-level barrier kept by the counters the job has already,
+    so that a gather, which joins what tasks of every partition made, waits for no counter
+    of its own in their partitions. Whoever sees the job then (the worker that ended its
+    last task, the sweep's pass, the planner of a job settled whole) calls it: the move
+    PENDING → QUEUED is fenced on each row, so a gather is queued once however many call,
+    and its dispatch entry, written with the move, has the reconciler send its message if
+    this call dies before it does. Returns how many it queued (0 too before the barrier, or
+    for a job not running)."""
+    if not row.gathers or done < row.first_gather or row.state is not JobState.RUNNING:
+        return 0
+    pending = [r for r in tasks.list_tasks(clients.tasks, row.parts, row.first_gather, row.gathers)
+               if r.status is TaskStatus.PENDING]
+    if not pending:
+        return 0
+    waiting = {r.task for r in pending}
+    moved = [r for r in transitions.queue(clients, pending) if r.task in waiting]
+    dispatch.send(clients, map(dispatch.ref_of, moved), per_message=clients.settings.tasks_per_message)
+    log.info("job %s: every other task ended, %d gathers released", row.job, len(moved))
+    return len(moved)
 
 
 def settle(clients: Clients, row: jobs.JobRow) -> int:

@@ -3,8 +3,9 @@ that committed or failed it, the monitor that revoked it for good, the sweep's p
 
 The transition that ended the task has already counted it off its job (its terminal
 counter) and released a reduction waiting on it (its dependency counter). What is left is
-the job's: top up its window of released tasks, and, once every task is terminal, announce
-the completion (one ``done`` message; the finisher it wakes sends the one email, under its
+the job's: top up its window of released tasks, release its gathers once every other task
+has ended (``planner.release_gathers``), and, once every task is terminal, announce the
+completion (one ``done`` message; the finisher it wakes sends the one email, under its
 lease). Announcing is idempotent and so is topping up: the worker, the monitor and the
 sweep may all do it for the same task, and a process that dies before it does leaves it to
 the sweep's next pass.
@@ -49,6 +50,7 @@ def _follow(clients: Clients, job: str, row: JobRow | None, counts: Counter[str]
     if completion.all_terminal(clients, row, done):
         jobs.announce_done(clients, job)
         return True, True, 0
+    planner.release_gathers(clients, row, done)
     if released or row.all_released:
         return False, True, row.total - done
     count = planner.release(clients, job, min_room=TOP_UP_SHARE, row=row, counts=counts)
@@ -62,6 +64,8 @@ def follow_up(clients: Clients, counter: tasks.TerminalCounter, job: str, row: J
     tasks a cancellation ends. Returns whether it announced."""
     if row.state is JobState.RUNNING:
         planner.release(clients, job)
+        if row.gathers:  # released by the last task's ender, unless it died first
+            planner.release_gathers(clients, row, sum(tasks.terminal_counts(clients.tasks, row.parts).values()))
     elif row.state is JobState.CANCELLING:
         transitions.cancel(clients, row.parts, counter)
     if completion.due(clients, jobs.get(clients, job)):
