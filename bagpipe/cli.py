@@ -186,11 +186,31 @@ def submit(
     yes: Annotated[bool, typer.Option("--yes", help="Submit without asking (a script), even a request that "
                                                     "looks like a slip: a box across half the world, far more "
                                                     "tasks than your last job.")] = False,
+    sites: Annotated[Optional[Path], typer.Option(
+        help="Sites to sample on each product's own grid: a CSV (id,lon,lat), JSON or GeoJSON file.")] = None,
+    window: Annotated[int, typer.Option(help="With --sites: also the mean of a 3×3 or 5×5 window.")] = 1,
+    zones: Annotated[Optional[Path], typer.Option(
+        help="Zones for zonal statistics: a GeoJSON FeatureCollection of polygons with ids.")] = None,
+    region: Annotated[Optional[Path], typer.Option(help="A region given as a GeoJSON polygon file.")] = None,
+    form: Annotated[Optional[str], typer.Option(
+        "--format", help="Also write cubes: netcdf or zarr (one per product and layer, and per reduction).")] = None,
     api: ApiOpt = None, key: KeyOpt = None, home: HomeOpt = DEFAULT_HOME,
 ) -> None:
     """Submit a request (from --file, or from the flags) and print its job id; first show its
     tasks, compute time and cost, and ask when it looks like a slip."""
     request: dict[str, Any] = _request_in(file) if file else {}
+    try:  # kept first, as documents of their own: a request names them by digest
+        client = Api.resolve(api, key, home)
+        if sites:
+            request["sites"] = {"kept": {"ref": client.keep("sites", _vector_in(sites))["ref"]}, "window": window}
+        if zones:
+            request["zones"] = {"kept": {"ref": client.keep("zones", _vector_in(zones))["ref"]}}
+        if region:
+            request["region"] = {"kept": {"ref": client.keep("region", _vector_in(region))["ref"]}}
+    except (ApiError, RuntimeError) as exc:
+        fail(exc)
+    if form:
+        request["output"] = {"format": form}
     if bbox and tiles:
         fail(ValueError("--bbox or --tiles: a region is one or the other"))
     if bbox:
@@ -225,7 +245,6 @@ def submit(
     if reducer:
         request["reducer"] = {"name": reducer}
     try:
-        client = Api.resolve(api, key, home)
         found = client.post("/api/estimate", request)
     except (ApiError, RuntimeError) as exc:
         fail(exc)
@@ -284,6 +303,13 @@ def _reduction(reduce: str | None, by: str | None, inputs: list[str] | None, exp
         found["baseline"] = {"start": first, "end": last}
     found |= {k: v for k, v in (("by", by), ("aggregate", aggregate), ("name", name)) if v}
     return found
+def _vector_in(file: Path) -> Any:
+    """What a --sites, --zones or --region file holds: CSV text (a .csv), else JSON."""
+    try:
+        text = file.read_text()
+        return text if file.suffix.lower() in (".csv", ".txt") else json.loads(text)
+    except (OSError, ValueError) as exc:
+        fail(ValueError(f"{file}: {exc}"))
 
 
 def _estimate_line(found: dict[str, Any]) -> str:

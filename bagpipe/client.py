@@ -133,6 +133,10 @@ class Api:
     def submit(self, request: dict[str, Any]) -> dict[str, Any]:
         return self._call("POST", "/api/jobs", json=request)
 
+    def keep(self, kind: str, data: Any) -> dict[str, Any]:
+        """Keep sites, zones or a region's polygon (``POST /api/vectors``): its digest."""
+        return self._call("POST", "/api/vectors", json={"kind": kind, "data": data})
+
     def status(self, job: str) -> dict[str, Any]:
         return self._call("GET", f"/api/jobs/{job}")
 

@@ -13,11 +13,14 @@ import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 from azure.storage.blob import ContainerClient
 
+from pipeline.failures import FailureClass, StageFailure
+from pipeline.science import vectors
+from pipeline.storage import names
 from pipeline.storage.clients import Clients
 
 if TYPE_CHECKING:
@@ -67,6 +70,16 @@ class StageContext:
         self.clients.transfers.upload(self.products, blob, data, content_type)
         self.outputs.append(blob)
         return blob
+
+
+def kept_document(clients: Clients, digest: str) -> dict[str, Any]:
+    """A kept vector document (sites, zones, a region's polygon: ``names.vector_blob``), read
+    and checked against its digest, for the stages that read one."""
+    data, _ = clients.transfers.download(clients.tiles, names.vector_blob(digest))
+    found: dict[str, Any] = json.loads(data)
+    if vectors.digest_of(found) != digest:
+        raise StageFailure(FailureClass.CORRUPT_BLOB, f"vector document {digest[:16]}… does not match its digest")
+    return found
 
 
 Stage = Callable[[StageContext], None]

@@ -58,7 +58,8 @@ class Progress:
 PROGRESS_EVERY_S = 0.1  # a stage process sends its stage's progress at most this often
 
 
-BUILTIN_STAGE_MODULES = "pipeline.modis.tilestage,pipeline.reduction.stage"
+BUILTIN_STAGE_MODULES = ("pipeline.modis.tilestage,pipeline.reduction.stage,pipeline.modis.points,"
+                         "pipeline.reduction.gather,pipeline.reduction.zonal,pipeline.reduction.cubes")
 TASKS_PER_PROCESS = 200  # attempts a stage process runs before it is replaced
 
 

@@ -3,3 +3,4 @@ stages of a tile task: collection, then reprojection; region mosaics, quick-look
 products' STAC items."""
 
 TILE_STAGE = "modis"  # the stage a tile task runs (``tilestage``): collection, then reprojection
+POINT_STAGE = "points"  # a point task (``points``): sites sampled on a granule's own grid

@@ -82,3 +82,20 @@ def tiles_for_bbox(west: float, south: float, east: float, north: float) -> list
             if tile.has_land_pixels():
                 found.add(tile)
     return sorted(found)
+
+
+def locate(lon: float, lat: float, pixels: int) -> tuple[Tile, int, int]:
+    """The MODIS tile holding a lon/lat point, and the row and column of the pixel holding it
+    on that tile's grid of ``pixels`` per side (the product's own: 2400 at 500 m). A point on
+    a tile's east or south edge is the next tile's; the grid's last row and column keep
+    theirs."""
+    x = math.radians(lon) * RADIUS * math.cos(math.radians(lat))
+    y = math.radians(lat) * RADIUS
+    h = min(TILES_H - 1, max(0, math.floor((x - X_MIN) / TILE_SIZE)))
+    v = min(TILES_V - 1, max(0, math.floor((Y_MAX - y) / TILE_SIZE)))
+    tile = Tile(h, v)
+    xmin, _, _, ymax = tile.bounds()
+    size = TILE_SIZE / pixels
+    col = min(pixels - 1, max(0, math.floor((x - xmin) / size)))
+    row = min(pixels - 1, max(0, math.floor((ymax - y) / size)))
+    return tile, row, col

@@ -136,6 +136,9 @@ def _opened(source: Source, layer: str) -> Iterator[_Raster]:
         raise KeyError(f"{source.granule}: no file holds layer {layer!r}")
 
 
+opened = _opened  # a source's layer, read by windows (the point stage reads its sites' so)
+
+
 def check_encoding(layer: Layer, dtype: str, scale: float | None, name: str) -> None:
     """Refuse a source whose data type or declared scale contradicts the catalog."""
     if dtype != layer.dtype:

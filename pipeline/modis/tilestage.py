@@ -7,7 +7,9 @@ missing data is data. The others collect their files in parallel (each fetched o
 its archive, or read from the ``sources`` cache) — a COG per layer and per quality layer
 where the catalog has them, else the granule's HDF4 file — and warp each layer into a
 content-addressed blob in ``tiles``, so a tile some earlier request already made ends the
-task ``CACHED`` without touching a raster.
+task ``CACHED`` without touching a raster. A request whose region is a polygon has its
+tiles clipped to it: a pixel whose centre is outside is nodata, in the tile and in all
+made from it, and the polygon's digest is part of the tile's content address.
 """
 
 from __future__ import annotations
@@ -17,8 +19,15 @@ import json
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import rasterio
+import rasterio.shutil
+import shapely
+from pyproj import Transformer
+from rasterio.features import geometry_mask
+from rasterio.io import MemoryFile
 
 from pipeline import stages
 from pipeline.failures import FailureClass, StageFailure
@@ -27,7 +36,7 @@ from pipeline.modis.granules import HDF, Granule, from_param
 from pipeline.modis.grid import TILE_SIZE
 from pipeline.modis.products import CATALOG, Product
 from pipeline.modis.targets import NATIVE, SINUSOIDAL_PROJ4
-from pipeline.science import expressions, rasters
+from pipeline.science import expressions, rasters, vectors
 from pipeline.science.encoding import decode, encode
 from pipeline.stages import StageContext
 from pipeline.storage import cache, names
@@ -75,7 +84,37 @@ def tile_name(params: dict[str, str], layer: str, digests: dict[tuple[str, str],
     target = target_of(params, layer)
     inputs = inputs_of(from_param(params["granules"]), product, layer)
     key = reprojection.cache_key(target, product.name, layer, [digests[item] for item in inputs])
+    if params.get("clip"):  # clipped to a polygon: another content (the polygon's digest in its address)
+        key = hashlib.sha256(f"{key}:clip:{params['clip']}".encode()).hexdigest()
     return names.tile_blob(key, product.name, layer, params["tile"], params["date"])
+
+
+def clipped(data: bytes, geometry: dict[str, Any]) -> bytes:
+    """A tile's COG with every pixel whose centre lies outside a lon/lat polygon set to its
+    nodata (its encoding, tags and layout kept)."""
+    polygon = vectors.polygon(geometry)
+    with MemoryFile(data) as memory, memory.open() as src:
+        values = src.read(1)
+        crs = src.crs
+        if not crs.is_geographic or crs.to_epsg() != 4326:
+            move = Transformer.from_crs("EPSG:4326", crs, always_xy=True)
+            polygon = shapely.transform(polygon, lambda xy: np.column_stack(move.transform(xy[:, 0], xy[:, 1])))
+        outside = geometry_mask([polygon], out_shape=values.shape, transform=src.transform)
+        values[outside] = src.nodata
+        profile = src.profile | {"driver": "GTiff"}
+        tags, scales, offsets, units = src.tags(), src.scales, src.offsets, src.units
+        description = src.descriptions[0]
+        with MemoryFile() as raw:
+            with raw.open(**{k: v for k, v in profile.items() if k not in ("blockxsize", "blockysize", "tiled",
+                                                                             "compress", "interleave")}) as dst:
+                dst.write(values, 1)
+                dst.scales, dst.offsets, dst.units = scales, offsets, units
+                if description:
+                    dst.set_band_description(1, description)
+                dst.update_tags(**tags, CLIPPED="1")
+            with raw.open() as made, MemoryFile() as cog:
+                rasterio.shutil.copy(made, cog.name, driver="COG", compress="DEFLATE", blocksize=512)
+                return bytes(cog.read())
 
 
 def source_blobs(params: dict[str, str]) -> dict[tuple[str, str], str]:
@@ -105,6 +144,10 @@ def modis(ctx: StageContext) -> None:
             files[(granule_id, key)] += [name for name in read if name not in files[(granule_id, key)]]
     by_id = {g.id: g for g in granules}
     owner = f"{ctx.part}/{ctx.task}"
+    region = stages.kept_document(ctx.clients, params["clip"])["geometry"] if params.get("clip") else None
+
+    def clip(data: bytes) -> bytes:
+        return clipped(data, region) if region is not None else data
 
     def collect(item: tuple[str, str], want_data: bool) -> cache.Cached:
         granule_id, key = item
@@ -138,9 +181,9 @@ def modis(ctx: StageContext) -> None:
             name = tile_name(params, layer, digests)
             made = cache.ensure(
                 ctx.clients.transfers, ctx.clients.tiles, name,
-                lambda layer=layer, target=target: reprojection.warp(  # type: ignore[misc]  # bound defaults
+                lambda layer=layer, target=target: clip(reprojection.warp(  # type: ignore[misc]  # bound defaults
                     sources(layer), product, layer, target,
-                    tags={"DATE": params["date"], "TARGET_TILE": params["tile"]} | synthetic_tag(granules)),
+                    tags={"DATE": params["date"], "TARGET_TILE": params["tile"]} | synthetic_tag(granules))),
                 "image/tiff", want_data=False, owner=owner, tidy=ctx.attempt > 1)
             cached = cached and not made.made
             made_as[layer] = name

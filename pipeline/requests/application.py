@@ -9,24 +9,30 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from azure.core.exceptions import ResourceNotFoundError
+
 from pipeline import planning
 from pipeline.lifecycle import jobs, results, storable
 from pipeline.lifecycle.jobs import JobRow
 from pipeline.lifecycle.status import JobState
-from pipeline.modis import TILE_STAGE, cachedtiles, overview, tilestage
+from pipeline.modis import POINT_STAGE, TILE_STAGE, cachedtiles, overview, points, tilestage
 from pipeline.modis.granules import from_param
 from pipeline.planning import Finished, TaskPlan
 from pipeline.redact import redact
-from pipeline.reduction import builtin, bundles, reducers
+from pipeline.reduction import builtin, bundles, cubes, gather, reducers, zonal
 from pipeline.reduction import stage as reduction_stage
 from pipeline.reduction.reducers import Program
+from pipeline.requests import vectors
 from pipeline.requests.expansion import expand, plan_of
 from pipeline.requests.request import JobRequest, installed, program_name
 from pipeline.requests.search import resolve, with_sources
+from pipeline.science import vectors as science_vectors
 from pipeline.settings import Settings
+from pipeline.storage import names
 from pipeline.storage.clients import Clients
 
-STAGES = (tilestage, reduction_stage, builtin, cachedtiles)  # imported for what they register
+# imported for what they register
+STAGES = (tilestage, reduction_stage, builtin, cachedtiles, points, gather, zonal, cubes)
 SYNTHETIC_NOTE = "synthetic data (local imitation): made from granules the local stack synthesized, not from NASA's"
 
 
@@ -36,7 +42,7 @@ class Requests:
     def plan(self, settings: Settings, request: str, resolved: str, *, search: bool, limit: int) -> list[TaskPlan]:
         specs = expand(JobRequest.model_validate_json(request), limit, settings.tile_stage,
                        Program.from_json(resolved) if resolved else None)
-        return plan_of(with_sources(resolve(settings, specs, TILE_STAGE)) if search else specs)
+        return plan_of(with_sources(resolve(settings, specs, TILE_STAGE, POINT_STAGE)) if search else specs)
 
     def finished(self, clients: Clients, row: JobRow, entries: list[dict[str, Any]]) -> Finished:
         name_installed_reducers(clients.settings, entries)
@@ -51,10 +57,14 @@ class Requests:
 planning.register(Requests())
 
 
-def plan(settings: Settings, request: JobRequest, program: Program | None = None) -> list[TaskPlan]:
+def plan(settings: Settings, request: JobRequest, program: Program | None = None,
+         clients: Clients | None = None) -> list[TaskPlan]:
     """The tasks ``request`` makes (the catalog not searched: what submission counts and an
     estimate prices), its reducer resolved to ``program`` (else the installed one of its
-    name); RequestError if it cannot run here."""
+    name), its vectors read and summarized (kept documents read through ``clients``);
+    RequestError if it cannot run here."""
+    if clients is not None:
+        request = vectors.kept(request, vectors.digest_only, lambda ref: load_vector(clients, ref))
     named = program_name(request)
     if named is not None and program is None:
         program = installed(named[0], settings.reducers_path, named[1])
@@ -71,6 +81,8 @@ def submit(clients: Clients, request: JobRequest, owner: str = "", program: Prog
     named = program_name(request)
     if named is not None and program is None:
         program = installed(named[0], clients.settings.reducers_path, named[1])
+    request = vectors.kept(request, lambda document: store_vector(clients, document),
+                           lambda ref: load_vector(clients, ref))
     tasks = plan(clients.settings, request, program)
     return jobs.submit(clients, request.model_dump_json(), tasks, owner, program.to_json() if program else "",
                        request.label, request.email or "", budget_usd, field_of=stored_field(request))
@@ -79,7 +91,9 @@ def submit(clients: Clients, request: JobRequest, owner: str = "", program: Prog
 def check_storable(clients: Clients, request: JobRequest, tasks: list[TaskPlan], owner: str,
                    program: Program | None) -> None:
     """What submitting ``request`` (planned as ``tasks``) would store, measured as its
-    submission measures it (``storable.check``): RequestError 413 naming the field, at estimate."""
+    submission measures it (``storable.check``, its vectors as the digests it would keep):
+    RequestError 413 naming the field, at estimate."""
+    request = vectors.kept(request, vectors.digest_only, lambda ref: load_vector(clients, ref))
     row = jobs.new_row(clients, request.model_dump_json(), tasks, owner, program.to_json() if program else "",
                        request.label, request.email or "")
     storable.check(clients, row.to_entity(), row.parts, tasks, stored_field(request))
@@ -129,6 +143,27 @@ def _at(fields: dict[str, Any], path: str) -> Any:
     return value
 
 
+def store_vector(clients: Clients, document: dict[str, Any]) -> str:
+    """Keep a checked vector document in ``tiles`` under its digest (once: the same points
+    again are the same blob); returns the digest."""
+    digest = science_vectors.digest_of(document)
+    blob = clients.tiles.get_blob_client(names.vector_blob(digest))
+    if not blob.exists():
+        clients.transfers.upload(clients.tiles, names.vector_blob(digest), science_vectors.canonical(document),
+                                 "application/json")
+    return digest
+
+
+def load_vector(clients: Clients, digest: str) -> dict[str, Any]:
+    """A kept vector document by its digest; KeyError if none is kept."""
+    try:
+        data, _ = clients.transfers.download(clients.tiles, names.vector_blob(digest))
+    except ResourceNotFoundError:
+        raise KeyError(digest) from None
+    found: dict[str, Any] = json.loads(data)
+    return found
+
+
 def name_installed_reducers(settings: Settings, entries: list[dict[str, Any]]) -> None:
     """Give each reduction that ran a reducer installed on the workers its ``digest``, as a
     bundle's is named (the same canonical SHA-256 of its folder): its products' provenance."""
@@ -154,9 +189,15 @@ def asked_line(request: JobRequest) -> str:
     region, grid and reduction (the email said only the job's id and label)."""
     made = ", ".join(f"{p} ({', '.join(request.layers[p])})" if request.layers and p in request.layers else p
                      for p in request.products)
-    box = request.region.bbox
-    where = (f"the box {', '.join(f'{v:g}' for v in box)} (west, south, east, north)" if box is not None
-             else f"the MODIS tiles {', '.join(request.region.tiles or [])}")
+    region = request.region
+    if region is None:
+        where = "the sites given"
+    elif region.bbox is not None:
+        where = f"the box {', '.join(f'{v:g}' for v in region.bbox)} (west, south, east, north)"
+    elif region.tiles:
+        where = f"the MODIS tiles {', '.join(region.tiles)}"
+    else:
+        where = "the polygon given"
     grid = request.grid
     on = (f", on {grid.crs}" + (f" at {grid.resolution:g}" if grid.resolution else "")
           + (f" in tiles of {grid.tile_size:g}" if grid.tile_size else "")) if grid else ""

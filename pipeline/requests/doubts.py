@@ -21,7 +21,7 @@ def doubts(request: JobRequest, tasks: int, last: tuple[str, int] | None) -> lis
     west and east swapped when it crosses ±180°), or far more tasks than ``last`` (the user's
     last job and its tasks). Empty when nothing looks amiss."""
     found = []
-    box = request.region.bbox
+    box = request.region.bbox if request.region is not None else None
     if box is not None:
         west, south, east, north = box
         width = east - west if west < east else east - west + 360

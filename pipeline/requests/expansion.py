@@ -9,13 +9,21 @@
   later job over the same tiles and years finds it made.
 - A **reduction** task per (target tile, group) waits for the tile tasks of its inputs whose
   dates fall in the group (a composite period belongs to the group holding its first day)
-  and for its inputs' climatologies, then runs its built-in, its expression or its program.
+  and for its inputs' climatologies, then runs its built-in, its expression or its program;
+  a **zonal** task per (target tile, group) likewise makes the zones' partial statistics
+  there (``pipeline.reduction.zonal``).
+- A **point** task per (MODIS tile holding sites, date, product) samples its sites on the
+  granule's own grid (``pipeline.modis.points``).
+- A **gather** per table or cube (``planning.TaskPlan.after_all``), after every other task:
+  the sites' table, the zones' table joined across tiles, a netCDF or Zarr cube per product
+  and layer and per reduction output.
 
 The tasks are listed in release order: every tile task first (the window releases them),
 each target tile's baseline dates, then its span's dates group by group, so that its first
-reductions can run early; then the climatologies; then the reductions. A task and those it
-waits for share a partition (the target tile's), so that each end counts itself off in its
-own transaction.
+reductions can run early; then the climatologies; then the reductions; the gathers last. A
+task and those it waits for share a partition (the target tile's), so that each end counts
+itself off in its own transaction; a gather, which waits for tasks of every partition, is
+released by the lifecycle once all the others have ended.
 """
 
 from __future__ import annotations
@@ -27,18 +35,31 @@ from dataclasses import dataclass, field, replace
 from datetime import date
 from datetime import date as Day  # where a field named ``date`` hides the type
 
-from pipeline.modis import TILE_STAGE
+from pipeline.modis import POINT_STAGE, TILE_STAGE
 from pipeline.modis.granules import Granule, as_param
+from pipeline.modis.grid import Tile
 from pipeline.modis.products import CATALOG, period_count, periods
-from pipeline.modis.targets import TargetTile, with_sources
+from pipeline.modis.targets import NATIVE, GridSpec, TargetTile, lonlat_bounds, with_sources
 from pipeline.planning import RequestError, TaskPlan
-from pipeline.reduction import AGGREGATE_STAGE, CLIMATOLOGY_STAGE, REDUCE_STAGE
+from pipeline.reduction import (
+    AGGREGATE_STAGE,
+    CLIMATOLOGY_STAGE,
+    CUBE_GATHER,
+    REDUCE_STAGE,
+    SITES_GATHER,
+    ZONAL_STAGE,
+    ZONES_GATHER,
+)
 from pipeline.reduction.reducers import Program
+from pipeline.requests import reductions as checks
 from pipeline.requests.reductions import Input, Reduction, encoding_for
 from pipeline.requests.request import (
     JobRequest,
+    check_where,
+    clip_of,
     derived_of,
     layers_needed,
+    layers_of,
     reductions_of,
     target_count,
     targets_of,
@@ -71,6 +92,9 @@ class TaskSpec:
     granules: tuple[Granule, ...] | None = field(default=None, compare=False)
     # a climatology's tile tasks' granules, by date (the content address of what it makes)
     sources: tuple[tuple[str, tuple[str, ...]], ...] = field(default=(), compare=False)
+    clip: str = ""  # a tile task's: the digest of the polygon its pixels are clipped to
+    extra: tuple[tuple[str, str], ...] = ()  # further parameters of its stage (a point task's sites, a zonal's zones)
+    sites: int = 0  # a point task's count of sites
 
     @property
     def tile(self) -> str:
@@ -94,6 +118,11 @@ class TaskSpec:
             found["derived"] = json.dumps(dict(self.derived))
         if self.intermediate:
             found["intermediate"] = "1"
+        if self.clip:
+            found["clip"] = self.clip
+        if self.stage == ZONAL_STAGE:  # where its zones are looked for
+            found["lonlat"] = ",".join(map(repr, lonlat_bounds(grid.crs, found["bounds"])))
+        found |= dict(self.extra)
         if self.granules is not None:
             found["granules"] = as_param(self.granules)
         if self.deps:
@@ -140,6 +169,8 @@ class TaskSpec:
         """Its work in megapixels (the unit of the runtime history): the target tile's pixels
         times the layers it makes, times the dates a waiting task reads (its inputs' size)."""
         grid = self.target.grid
+        if self.stage == POINT_STAGE:  # its sites' windows, and a granule's file read for each layer
+            return max(self.sites * len(self.layers) / 1e3, 1e-6)
         if grid.native:
             pixels = float(CATALOG[self.product].pixels) ** 2
         else:
@@ -160,7 +191,27 @@ class TaskSpec:
             return f"{self.product}~{program.digest[:16]}" if program.digest else f"{self.product}~{program.name}"
         if reduction.kind == "builtin":
             return f"{self.product}~{reduction.reducer}"
+        if reduction.kind == "zonal":
+            return f"{self.product}~zonal"
         return f"{self.product}~{reduction.kind}~{reduction.aggregate}"
+
+
+@dataclass(frozen=True)
+class GatherSpec:
+    """A gather: one task after every other of the job (``planning.TaskPlan.after_all``) that
+    joins what the tasks ``over`` made ((first seq, count) ranges) into one table or cube."""
+
+    stage: str  # what it makes: sites, zones, cube (also its runtime history's key)
+    over: tuple[tuple[int, int], ...]
+    extra: tuple[tuple[str, str], ...] = ()
+    work: float = 1.0
+
+    def params(self) -> dict[str, str]:
+        return {"over": ";".join(f"{first},{count}" for first, count in self.over)} | dict(
+            self.extra)
+
+
+Spec = TaskSpec | GatherSpec
 
 
 def encoding_json(one: Input, derived: frozenset[tuple[str, str]]) -> dict[str, object]:
@@ -187,8 +238,16 @@ def _ranges(seqs: Iterable[int]) -> tuple[tuple[int, int], ...]:
 
 def count_tasks(request: JobRequest, reductions: list[Reduction]) -> int:
     """How many tasks the request makes at most (tile tasks of the span and of its
-    baselines, and a reduction per target tile and group of dates), counted without making
-    them: what the task limit is checked against before anything is made."""
+    baselines, and a reduction per target tile and group of dates; a point task per MODIS
+    tile of its sites and date; its gathers), counted without making them: what the task
+    limit is checked against before anything is made."""
+    if request.sites is not None:
+        kept = request.sites.kept
+        tiles = len(kept.tiles or {}) if kept else 0
+        return tiles * sum(period_count(CATALOG[p], request.start, request.end) for p in request.products) + 1
+    gathers = (1 if request.zones is not None else 0) + (
+        sum(len(v) for v in layers_of(request).values()) + len(reductions)
+        if request.output is not None and request.output.format != "cog" else 0)
     places = target_count(request)
     dates = sum(period_count(CATALOG[p], request.start, request.end) for p in request.products)
     extra = 0
@@ -200,11 +259,11 @@ def count_tasks(request: JobRequest, reductions: list[Reduction]) -> int:
             products = {i.product for i in reduction.inputs}
             extra += sum(period_count(CATALOG[p], reduction.baseline.start, reduction.baseline.end) for p in products)
             extra += groups * len(reduction.inputs)
-    return places * (dates + extra)
+    return places * (dates + extra) + gathers
 
 
 def expand(request: JobRequest, max_tasks: int, tile_stage: str = TILE_STAGE,
-           program: Program | None = None) -> list[TaskSpec]:
+           program: Program | None = None) -> list[Spec]:
     """The tasks of a request, in release order (see the module's text); or a RequestError.
     ``program`` is what the request's program resolved to (``pipeline.web.registry.resolve``
     checks the name first); without it the program is an installed one of that name."""
@@ -216,20 +275,110 @@ def expand(request: JobRequest, max_tasks: int, tile_stage: str = TILE_STAGE,
         raise RequestError(400, "products", "a product is named twice")
     if request.end < request.start:
         raise RequestError(400, "end", "the time span is empty: end is before start")
+    check_where(request)
     derived = derived_of(request)
     reductions = reductions_of(request, program)
+    zonal = zonal_of(request, derived)
     # counted before anything is made: a world box of tiny tiles must not exhaust the memory
-    count = count_tasks(request, reductions)
+    count = count_tasks(request, reductions + ([zonal] if zonal else []))
     if count > max_tasks:
-        raise RequestError(413, "region", f"the request makes {count} tasks, more than the limit of {max_tasks}",
-                           tasks=count, limit=max_tasks)
+        raise RequestError(413, "sites" if request.sites else "region", f"the request makes {count} tasks, more "
+                           f"than the limit of {max_tasks}", tasks=count, limit=max_tasks)
+    if request.sites is not None:
+        return _sites(request, derived)
     targets = [t for t in with_sources(targets_of(request)) if t.sources()]
     if not targets:
         raise RequestError(400, "region", "the region covers no MODIS tile")
-    plan = _Plan(request, tile_stage, layers_needed(request, reductions), derived)
+    plan = _Plan(request, tile_stage, layers_needed(request, reductions + ([zonal] if zonal else [])), derived)
     for index, target in enumerate(targets):
-        plan.target(index, target, reductions)
-    return plan.listed()
+        plan.target(index, target, reductions, zonal)
+    listed = plan.listed()
+    return listed + _gathers(request, listed, derived)
+
+
+def zonal_of(request: JobRequest, derived: dict[str, dict[str, str]]) -> Reduction | None:
+    """The request's zonal statistics as a reduction of kind ``zonal`` (its grouping: the
+    span when they are per date), checked; None if it asks for none."""
+    zones = request.zones
+    if zones is None:
+        return None
+    layers = layers_of(request)
+    known = {f"{p}.{layer}": (p, layer) for p in request.products
+             for layer in [*CATALOG[p].layer_names, *derived.get(p, {})]}
+    made = [f"{p}.{layer}" for p in request.products for layer in [*layers[p], *derived.get(p, {})]]
+    inputs = checks.parse_inputs(zones.inputs, known, made, "zones.inputs")
+    for one in inputs:
+        if encoding_for(one.product, one.layer, {(p, n) for p, made in derived.items() for n in made}).categorical:
+            raise RequestError(400, "zones.inputs", f"{one.ref} holds classes or bit fields: a mean of them means "
+                               "nothing")
+    by = checks.parse_grouping_or("span" if zones.by == "date" else zones.by, "zones.by")
+    return Reduction(by, inputs, "zonal", "zones")
+
+
+def _sites(request: JobRequest, derived: dict[str, dict[str, str]]) -> list[Spec]:
+    """A request of sites: a point task per (MODIS tile holding sites, date, product), in
+    the order of their tiles, then the gather of their tables."""
+    sites = request.sites
+    assert sites is not None and sites.kept is not None and sites.kept.tiles is not None
+    layers = layers_of(request)
+    native = GridSpec(NATIVE, 0.0, 0.0)
+    extra = (("sites", sites.kept.ref), ("window", str(sites.window)))
+    specs: list[Spec] = []
+    for name, count in sorted(sites.kept.tiles.items()):
+        target = native.native_tile(Tile.parse(name))
+        for product in request.products:
+            for day in periods(CATALOG[product], request.start, request.end):
+                specs.append(TaskSpec(POINT_STAGE, product, target, day, layers=layers[product],
+                                      derived=tuple(sorted(derived.get(product, {}).items())), extra=extra,
+                                      sites=count))
+    if not specs:
+        raise RequestError(400, "sites", "no product has a date in the span")
+    specs.append(GatherSpec(SITES_GATHER, ((0, len(specs)),), extra=(("sites", sites.kept.ref),),
+                            work=max(1e-6, sites.kept.count or 1) * len(specs) / 1e6))
+    return specs
+
+
+def _gathers(request: JobRequest, listed: list[TaskSpec], derived: dict[str, dict[str, str]]) -> list[Spec]:
+    """The gathers of a request over a target grid: the zones' table (over its zonal
+    tasks), and with a cube format one cube per product and layer (over the span's tile
+    tasks of the product) and per output of each built-in or expression reduction (over its
+    tasks)."""
+    found: list[Spec] = []
+    if request.zones is not None:
+        zonal = [seq for seq, spec in enumerate(listed) if spec.stage == ZONAL_STAGE]
+        kept = request.zones.kept
+        assert kept is not None
+        found.append(GatherSpec(ZONES_GATHER, _ranges(zonal), extra=(
+            ("zones", kept.ref), ("statistics", ",".join(request.zones.statistics)),
+            ("percentiles", ",".join(map(repr, request.zones.percentiles))), ("per", request.zones.by)),
+            work=len(zonal) * max(1, kept.count or 1) / 1e3))
+    output = request.output
+    if output is None or output.format == "cog":
+        return found
+    layers = layers_of(request)
+    derived_layers = frozenset((p, name) for p, made in derived.items() for name in made)
+    for product in request.products:
+        seqs = [seq for seq, spec in enumerate(listed)
+                if spec.stage not in (AGGREGATE_STAGE, REDUCE_STAGE, CLIMATOLOGY_STAGE, ZONAL_STAGE)
+                and spec.product == product and not spec.intermediate]
+        for layer in [*layers[product], *derived.get(product, {})]:
+            encoding = encoding_json(Input(layer, product, layer), derived_layers)
+            found.append(_cube(output.format, seqs, [("product", product), ("layer", layer), ("name", layer),
+                                                      ("encoding", json.dumps(encoding))], listed))
+    names: dict[str, list[int]] = {}
+    for seq, spec in enumerate(listed):
+        if spec.stage == AGGREGATE_STAGE and spec.reduction is not None:
+            names.setdefault(spec.reduction.name, []).append(seq)
+    for name, seqs in names.items():
+        found.append(_cube(output.format, seqs, [("product", listed[seqs[0]].product), ("layer", ""),
+                                                  ("name", name)], listed))
+    return found
+
+
+def _cube(form: str, seqs: list[int], extra: list[tuple[str, str]], listed: list[TaskSpec]) -> GatherSpec:
+    work = sum(listed[seq].work() for seq in seqs) / max(1, len(listed[seqs[0]].layers) if seqs else 1)
+    return GatherSpec(CUBE_GATHER, _ranges(seqs), extra=(("format", form), *extra),
+                      work=max(work, 1e-6))
 
 
 class _Plan:
@@ -242,6 +391,10 @@ class _Plan:
         self.dates = {p: periods(CATALOG[p], request.start, request.end) for p in request.products}
         self.products, self.tile_stage, self.layers, self.derived = request.products, tile_stage, layers, derived
         self.derived_layers = frozenset((p, name) for p, made in derived.items() for name in made)
+        self.clip = clip_of(request)
+        zones = request.zones
+        self.zones: tuple[tuple[str, str], ...] = () if zones is None or zones.kept is None else (
+            ("zones", zones.kept.ref), ("per", zones.by), ("percentiles", ",".join(map(repr, zones.percentiles))))
         self.tiles: list[TaskSpec] = []
         self.climatologies: list[TaskSpec] = []
         self.reductions: list[tuple[TaskSpec, list[int], list[int]]] = []  # (spec, tile seqs, climatology indexes)
@@ -249,9 +402,12 @@ class _Plan:
     def _derived(self, product: str) -> tuple[tuple[str, str], ...]:
         return tuple(sorted(self.derived.get(product, {}).items()))
 
-    def target(self, index: int, target: TargetTile, reductions: list[Reduction]) -> None:
-        """Plan one target tile: its tile tasks (baselines' first), climatologies, reductions."""
+    def target(self, index: int, target: TargetTile, reductions: list[Reduction],
+               zonal: Reduction | None = None) -> None:
+        """Plan one target tile: its tile tasks (baselines' first), climatologies, reductions
+        and zonal statistics."""
         seq_of: dict[tuple[str, date], int] = {}
+        reductions = reductions + ([zonal] if zonal is not None else [])
         partition = index if reductions else None
 
         def tile(product: str, day: date, intermediate: bool) -> int:
@@ -260,7 +416,7 @@ class _Plan:
                 seq_of[key] = len(self.tiles)
                 self.tiles.append(TaskSpec(self.tile_stage, product, target, day, layers=self.layers[product],
                                            derived=self._derived(product), intermediate=intermediate,
-                                           partition=partition))
+                                           partition=partition, clip=self.clip))
             elif not intermediate and self.tiles[seq_of[key]].intermediate:
                 self.tiles[seq_of[key]] = replace(self.tiles[seq_of[key]], intermediate=False)
             return seq_of[key]
@@ -270,12 +426,13 @@ class _Plan:
         for reduction in reductions:
             products = sorted({i.product for i in reduction.inputs})
             span_periods = [Period(d, CATALOG[p].period_days) for p in products for d in self.dates[p]]
+            stage = {"program": REDUCE_STAGE, "zonal": ZONAL_STAGE}.get(reduction.kind, AGGREGATE_STAGE)
             for group, _ in assign(reduction.by, self.span, span_periods):
                 climates = self._climatologies(reduction, group, target, partition, tile, made)
-                planned.append((TaskSpec(REDUCE_STAGE if reduction.kind == "program" else AGGREGATE_STAGE,
-                                         products[0], target, group.start, layers=self.layers[products[0]],
+                planned.append((TaskSpec(stage, products[0], target, group.start, layers=self.layers[products[0]],
                                          reduction=reduction, group=group, partition=partition,
-                                         derived_layers=self.derived_layers),
+                                         derived_layers=self.derived_layers,
+                                         extra=self.zones if reduction.kind == "zonal" else ()),
                                 [], climates))
         for spec, deps, _ in planned:  # a reduction's tiles, group by group: its inputs' dates in its group
             assert spec.reduction is not None and spec.group is not None
@@ -335,8 +492,10 @@ class _Plan:
                 for seq, spec in enumerate(listed)]
 
 
-def plan_of(specs: list[TaskSpec]) -> list[TaskPlan]:
+def plan_of(specs: list[Spec]) -> list[TaskPlan]:
     """The lifecycle's plan of the tasks ``specs``: each feeds the tasks that wait for it, and
-    shares their partition."""
-    return [TaskPlan(spec.stage, spec.params(), waits_for=spec.waits, feeds=spec.feeds, group=spec.partition,
+    shares their partition; a gather waits for the whole job."""
+    return [TaskPlan(spec.stage, spec.params(), after_all=True, work=spec.work, history=spec.stage)
+            if isinstance(spec, GatherSpec) else
+            TaskPlan(spec.stage, spec.params(), waits_for=spec.waits, feeds=spec.feeds, group=spec.partition,
                      work=spec.work(), history=spec.history()) for spec in specs]

@@ -36,7 +36,7 @@ from pipeline.science import builtins, expressions
 from pipeline.science.encoding import Encoding
 from pipeline.science.groups import Grouping, GroupingError, Span, parse_grouping
 
-Kind = Literal["builtin", "expression", "program"]
+Kind = Literal["builtin", "expression", "program", "zonal"]
 BASELINE_NAMES = ("vci", "tci", "anomaly", "zscore", "baseline_mean", "baseline_std", "baseline_min", "baseline_max")
 AGGREGATES = ("mean", "median", "min", "max", "sum", "first", "last")  # what a baseline year or an expression sees
 _FILE_SAFE = re.compile(r"[^A-Za-z0-9_.+-]")

@@ -35,13 +35,34 @@ FIRST_DAY, LAST_DAY = date(2000, 1, 1), date(2100, 12, 31)
 ArgValue = Union[Annotated[str, Field(max_length=1000)], int, float, bool]
 
 
+Digest = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]  # a kept vector document's SHA-256
+
+
+class Kept(BaseModel):
+    """A vector document kept in storage (``pipeline.requests.vectors``: its SHA-256), with
+    what planning needs of it, which the server writes when it keeps it (what a caller gives
+    of these is replaced): its lon/lat box (west > east across ±180°), how many items it
+    holds, and the tiles it touches (target tiles as rows of column runs, or MODIS tiles
+    with their count of sites)."""
+
+    model_config = ConfigDict(extra="forbid")
+    ref: Digest
+    bbox: tuple[float, float, float, float] | None = None
+    count: int | None = None
+    touched: Annotated[str, Field(max_length=20_000)] | None = None  # target tiles: "row:c0..c1,c2..c3;row:…"
+    tiles: Annotated[dict[str, int], Field(max_length=648)] | None = None  # MODIS tiles: sites in each
+
+
 class Region(BaseModel):
-    """A lon/lat box ``[west, south, east, north]`` (west > east: it crosses ±180°) or a list
-    of MODIS tiles, not both."""
+    """A lon/lat box ``[west, south, east, north]`` (west > east: it crosses ±180°), a list
+    of MODIS tiles, or a polygon: ``geometry``, a GeoJSON Polygon or MultiPolygon in lon/lat
+    (across ±180°, cut there as GeoJSON has it), kept at submission as ``kept``. One of them."""
 
     model_config = ConfigDict(extra="forbid")
     bbox: tuple[Lon, Lat, Lon, Lat] | None = None
     tiles: Annotated[list[str], Field(min_length=1, max_length=648)] | None = None
+    geometry: dict[str, Any] | None = None
+    kept: Kept | None = None
 
     @field_validator("tiles")
     @classmethod
@@ -53,10 +74,16 @@ class Region(BaseModel):
 
     @model_validator(mode="after")
     def _one_kind(self) -> Region:
-        if (self.bbox is None) == (self.tiles is None):
-            raise ValueError("give either bbox [west, south, east, north] or tiles, not both" if self.bbox is not None
-                             else "give bbox [west, south, east, north] or tiles")
+        given = [k for k in ("bbox", "tiles", "geometry", "kept") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give one of bbox [west, south, east, north], tiles or geometry, not "
+                             f"{' and '.join(given)}" if given
+                             else "give bbox [west, south, east, north], tiles or geometry (a polygon)")
         return self
+
+    @property
+    def polygon(self) -> bool:
+        return self.geometry is not None or self.kept is not None
 
 
 class Grid(BaseModel):
@@ -145,11 +172,69 @@ class Reduce(BaseModel):
         return self
 
 
+class Sites(BaseModel):
+    """A point sample: for each site and date, the value of the pixel holding it on each
+    product's own grid (``pipeline.modis.points``). ``points``: a JSON list of ``{id, lon,
+    lat}``, a GeoJSON FeatureCollection of Points or CSV text (``id,lon,lat``); kept at
+    submission as ``kept``. ``window``: also the mean of the usable pixels of a 3 × 3 or 5 × 5
+    window around it."""
+
+    model_config = ConfigDict(extra="forbid")
+    points: list[Any] | dict[str, Any] | Annotated[str, Field(max_length=8_000_000)] | None = None
+    kept: Kept | None = None
+    window: Literal[1, 3, 5] = 1
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Sites:
+        if (self.points is None) == (self.kept is None):
+            raise ValueError("give points (a list, GeoJSON or CSV), or kept (a kept document's ref)")
+        return self
+
+
+Statistic = Literal["mean", "min", "max", "std", "count", "sum"]
+STATISTICS: tuple[Statistic, ...] = ("mean", "min", "max", "std", "count", "sum")
+
+
+class Zones(BaseModel):
+    """Zonal statistics: per zone (a polygon with an id) and date — or group of dates
+    (``by``: a grouping of ``reduce``'s) — the statistics of each input's pixels on the
+    target grid, each pixel weighted by the share of its area inside the zone
+    (``pipeline.reduction.zonal``). ``features``: a GeoJSON FeatureCollection; kept at
+    submission as ``kept``."""
+
+    model_config = ConfigDict(extra="forbid")
+    features: dict[str, Any] | None = None
+    kept: Kept | None = None
+    statistics: Annotated[list[Statistic], Field(min_length=1, max_length=6)] = list(STATISTICS)
+    percentiles: Annotated[list[Annotated[float, BeforeValidator(_number), Field(ge=0, le=100)]],
+                           Field(max_length=9)] = []
+    by: Annotated[str, Field(max_length=32)] = "date"  # date, or span, month, season, year, days:N…
+    inputs: Annotated[list[Ref], Field(min_length=1, max_length=16)] | None = None  # default: the layers made
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Zones:
+        if (self.features is None) == (self.kept is None):
+            raise ValueError("give features (a GeoJSON FeatureCollection of polygons), or kept (a kept document's ref)")
+        return self
+
+
+class Output(BaseModel):
+    """What a job writes beside its tiles' COGs: ``netcdf`` (one CF netCDF) or ``zarr`` (one
+    Zarr store) per product and layer over the region and dates, and per reduction output
+    over its groups (``pipeline.reduction.cubes``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    format: Literal["cog", "netcdf", "zarr"] = "cog"
+
+
 class JobRequest(BaseModel):
     """What ``POST /api/jobs`` takes."""
 
     model_config = ConfigDict(extra="forbid")
-    region: Region
+    region: Region | None = None  # none for sites: they are sampled where they are
+    sites: Sites | None = None
+    zones: Zones | None = None
+    output: Output | None = None
     start: Annotated[date, Field(ge=FIRST_DAY, le=LAST_DAY)]
     end: Annotated[date, Field(ge=FIRST_DAY, le=LAST_DAY)]
     products: Annotated[list[Annotated[str, Field(max_length=32)]], Field(min_length=1, max_length=16)]
@@ -182,6 +267,26 @@ class JobRequest(BaseModel):
         return label
 
 
+def check_where(request: JobRequest) -> None:
+    """A RequestError naming the field if the request's place is not one thing: a region (a
+    box, tiles or a polygon, zones optional within it), zones alone, or sites alone."""
+    if request.sites is not None:
+        if request.region is not None:
+            raise RequestError(422, "region", "sites are sampled where they are, on each product's own grid: "
+                               "give no region")
+        for name in ("zones", "reduce", "reducer", "grid"):
+            if getattr(request, name) is not None:
+                raise RequestError(422, name, f"a request of sites takes products, layers, derive and a span, "
+                                   f"not {name}")
+        if request.output is not None and request.output.format != "cog":
+            raise RequestError(422, "output.format", "a request of sites makes a table, not a cube")
+    elif request.region is None and request.zones is None:
+        raise RequestError(422, "region", "give a region (bbox, tiles or geometry), sites or zones")
+    if request.zones is not None and request.region is not None and request.region.tiles is not None:
+        raise RequestError(422, "zones", "zonal statistics are made on a target grid: give region.bbox or "
+                           "region.geometry, or no region (the zones' own box)")
+
+
 def program_name(request: JobRequest) -> tuple[str, str] | None:
     """The name of the program a request runs, and its field (the old ``reducer`` or
     ``reduce.program``); None if it runs none."""
@@ -201,16 +306,37 @@ def installed(name: str, reducers_path: str = "", field: str = "reducer.name") -
     return Program(name, accepts=known[name].accepts)
 
 
+def _placed(request: JobRequest) -> tuple[tuple[float, float, float, float] | None, list[Kept]]:
+    """The lon/lat box a request's target tiles are cut from (None: it gives MODIS tiles),
+    and the kept polygons that keep only the tiles they touch (a region's, the zones')."""
+    region, zones = request.region, request.zones
+    polygons = [k for k in (region.kept if region else None, zones.kept if zones else None) if k is not None]
+    for kept in polygons:
+        if kept.bbox is None or kept.touched is None:
+            raise RequestError(400, "region", "a polygon not kept: submit it through the API, which keeps it")
+    if region is not None and region.bbox is not None:
+        return region.bbox, polygons
+    if region is not None and region.tiles is not None:
+        return None, polygons
+    if polygons:
+        return polygons[0].bbox, polygons
+    raise RequestError(422, "region", "give a region (bbox, tiles or geometry), sites or zones")
+
+
 def target_count(request: JobRequest) -> int:
     """How many target tiles the request's region has (before dropping those with no MODIS
     source), counted without making them; a RequestError if the region cannot be cut."""
     region = request.region
-    if region.tiles is not None:
+    if region is not None and region.tiles is not None:
         if request.grid is not None:
             raise RequestError(400, "grid", "a region given as MODIS tiles is processed on their own "
                                "grid; give region.bbox to choose a target grid")
         return len(set(region.tiles))
-    west, south, east, north = region.bbox  # type: ignore[misc]  # a region has tiles or a bbox
+    bbox, polygons = _placed(request)
+    assert bbox is not None
+    if polygons:
+        return min(len(vectors_touched(k)) for k in polygons)
+    west, south, east, north = bbox
     if west == east or south >= north:
         raise RequestError(400, "region.bbox", "the region is empty: need west != east (west > east crosses "
                            "±180°) and south < north")
@@ -220,14 +346,38 @@ def target_count(request: JobRequest) -> int:
         raise RequestError(400, "grid.crs", str(exc)) from None
 
 
+def vectors_touched(kept: Kept) -> set[tuple[int, int]]:
+    """The (col, row) of the target tiles a kept polygon touches (its summary's runs)."""
+    found = set()
+    for part in filter(None, (kept.touched or "").split(";")):
+        row, runs = part.split(":")
+        for run in runs.split(","):
+            first, last = run.split("..")
+            found |= {(col, int(row)) for col in range(int(first), int(last) + 1)}
+    return found
+
+
 def targets_of(request: JobRequest) -> list[TargetTile]:
     """The request's target tiles (before dropping those with no MODIS source), once
-    :func:`target_count` has checked the region."""
+    :func:`target_count` has checked the region: those of its box, or its MODIS tiles, that
+    its polygons (a region's, the zones') touch."""
     region = request.region
-    if region.tiles is not None:
+    if region is not None and region.tiles is not None:
         native = GridSpec(NATIVE_CRS, 0.0, 0.0)
         return [native.native_tile(t) for t in sorted({Tile.parse(t) for t in region.tiles})]
-    return (request.grid or Grid()).spec().tiles_for_lonlat_box(*region.bbox)  # type: ignore[misc]  # tiles or bbox
+    bbox, polygons = _placed(request)
+    assert bbox is not None
+    found = (request.grid or Grid()).spec().tiles_for_lonlat_box(*bbox)
+    for kept in polygons:
+        touched = vectors_touched(kept)
+        found = [t for t in found if (t.col, t.row) in touched]
+    return found
+
+
+def clip_of(request: JobRequest) -> str:
+    """The digest of the polygon every product of the request is clipped to ("" for none)."""
+    region = request.region
+    return region.kept.ref if region is not None and region.kept is not None else ""
 
 
 def layers_of(request: JobRequest) -> dict[str, tuple[str, ...]]:

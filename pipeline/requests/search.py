@@ -24,19 +24,19 @@ from pipeline.modis.products import CATALOG, last_day
 from pipeline.modis.targets import REACH_METRES
 from pipeline.planning import RequestError
 from pipeline.reduction import CLIMATOLOGY_STAGE
-from pipeline.requests.expansion import TaskSpec
+from pipeline.requests.expansion import Spec, TaskSpec
 from pipeline.settings import Settings
 
 
-def resolve(settings: Settings, specs: Sequence[TaskSpec], stage: str) -> list[TaskSpec]:
-    """The task specs with each ``stage`` task's granules attached: one search per product
+def resolve(settings: Settings, specs: Sequence[Spec], *stages: str) -> list[Spec]:
+    """The task specs with each task's of ``stages`` granules attached: one search per product
     over the lon/lat box of its target tiles and the span of its periods. A pure function
     of the catalog's answers: a planner that runs it again (a plan message handled twice, a
     planner that died mid-search) gets the same granules. RequestError (``products``) if the
     catalog holds no collection of a product the request names: the planner refuses the job."""
     wanted: dict[str, list[TaskSpec]] = {}
     for spec in specs:
-        if spec.stage == stage:
+        if isinstance(spec, TaskSpec) and spec.stage in stages:
             wanted.setdefault(spec.product, []).append(spec)
     if not wanted:
         return list(specs)
@@ -51,9 +51,9 @@ def resolve(settings: Settings, specs: Sequence[TaskSpec], stage: str) -> list[T
         except CollectionMissing as exc:  # every task would end NO_DATA, and the job "succeed"
             raise RequestError(422, "products", str(exc)) from None
         found |= pick(g for g in searched if g.product == name)
-    out: list[TaskSpec] = []
+    out: list[Spec] = []
     for spec in specs:
-        if spec.stage == stage:
+        if isinstance(spec, TaskSpec) and spec.stage in stages:
             covered = any((spec.product, tile.name, spec.date) in found for tile in spec.target.sources())
             spec = replace(spec, granules=tuple(found[key] for tile in spec.target.reads()
                                                  if (key := (spec.product, tile.name, spec.date)) in found)
@@ -77,13 +77,14 @@ def widened(box: tuple[float, float, float, float], degrees: float) -> tuple[flo
     return (west - spread + 180.0) % 360.0 - 180.0, south, (east + spread + 180.0) % 360.0 - 180.0, north
 
 
-def with_sources(specs: list[TaskSpec]) -> list[TaskSpec]:
+def with_sources(specs: list[Spec]) -> list[Spec]:
     """The specs with each climatology's sources: the granules of every baseline date it
     reads (its content address, computed at planning, so that a job finds one made before)."""
     out = []
     for spec in specs:
-        if spec.stage == CLIMATOLOGY_STAGE:
-            dates = [specs[seq] for first, count in spec.deps for seq in range(first, first + count)]
+        if isinstance(spec, TaskSpec) and spec.stage == CLIMATOLOGY_STAGE:
+            dates = [d for first, count in spec.deps for seq in range(first, first + count)
+                     if isinstance(d := specs[seq], TaskSpec)]
             read = ((d.date.isoformat(), tuple(sorted(g.id for g in d.granules or ()))) for d in dates)
             spec = replace(spec, sources=tuple(sorted(read)))
         out.append(spec)

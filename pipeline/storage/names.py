@@ -176,6 +176,19 @@ def climatology_blob(key: str, product: str, layer: str, first: date, last: date
     return f"{key[:2]}/{key}/{product}.{layer}.climatology.{first}_{last}.{tile}.tif"
 
 
+def vector_blob(digest: str) -> str:
+    """A kept vector document (sites, zones, a region's polygon) in ``tiles``, by the SHA-256
+    of its canonical JSON (``pipeline.science.vectors``)."""
+    return f"vectors/{digest[:2]}/{digest}.json"
+
+
+def table_blob(key: str, name: str) -> str:
+    """A table (a point task's sites, a tile's partial zonal statistics, a job's joined
+    table) in ``tiles``: content-addressed by ``key``, named for people (``name`` ends with its
+    format's suffix)."""
+    return f"{key[:2]}/{key}/{name}"
+
+
 OVERVIEW_CACHE_PREFIX = ".overviews/"  # products: drawn overviews of cached tiles, by content address
 
 

@@ -13,18 +13,22 @@ all on one shared connection pool.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import math
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import requests
-from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
+from azure.core import MatchConditions
+from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceNotFoundError
 from azure.core.pipeline.transport import RequestsTransport
-from azure.storage.blob import BlobServiceClient, ContainerClient, ContentSettings, ExponentialRetry
+from azure.storage.blob import BlobBlock, BlobServiceClient, ContainerClient, ContentSettings, ExponentialRetry
 
 from pipeline.failures import FailureClass, StageFailure, classify
 from pipeline.storage import names
@@ -188,6 +192,38 @@ class Transfers:
             name, data, overwrite=overwrite, max_concurrency=plan.concurrency, validate_content=True,
             content_settings=ContentSettings(content_type=content_type, content_md5=bytearray(md5)),
         )
+        return md5
+
+    def upload_file(self, container: ContainerClient, name: str, path: Path, content_type: str,
+                    overwrite: bool = True) -> bytes:
+        """Store the file at ``path`` with its MD5, in bounded memory whatever its size: its
+        blocks are read and staged a plan's concurrency at a time (each checked by its own
+        MD5), the whole file's MD5 computed as they go, then committed with it. A file that
+        fits one request goes as :meth:`upload` sends bytes. Returns the MD5."""
+        size = path.stat().st_size
+        plan = self.plan(container, size)
+        if size <= plan.block:
+            return self.upload(container, name, path.read_bytes(), content_type, overwrite, plan)
+        blob = self.container(container, plan.block).get_blob_client(name)
+        if not overwrite and blob.exists():
+            raise ResourceExistsError(f"{name} exists")
+        digest = hashlib.md5(usedforsecurity=False)
+        ids: list[str] = []
+        with path.open("rb") as file, ThreadPoolExecutor(plan.concurrency) as pool:
+            while True:
+                chunks = [chunk for _ in range(plan.concurrency) if (chunk := file.read(plan.block))]
+                if not chunks:
+                    break
+                for chunk in chunks:
+                    digest.update(chunk)
+                named = [(base64.b64encode(f"{len(ids) + i:08d}".encode()).decode(), c) for i, c in enumerate(chunks)]
+                list(pool.map(lambda item: blob.stage_block(item[0], item[1], validate_content=True), named))
+                ids += [block for block, _ in named]
+        md5 = digest.digest()
+        conditions: dict[str, Any] = {} if overwrite else {"etag": "*", "match_condition": MatchConditions.IfMissing}
+        blob.commit_block_list([BlobBlock(block) for block in ids],
+                               content_settings=ContentSettings(content_type=content_type, content_md5=bytearray(md5)),
+                               **conditions)
         return md5
 
     def download(self, container: ContainerClient, name: str, size: int | None = None,

@@ -11,7 +11,7 @@ addresses a user's jobs may mail in ``pipeline.web.addresses``; uploaded reducer
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from azure.core.exceptions import ServiceRequestError, ServiceResponseError
 from fastapi import Depends, FastAPI, HTTPException, Request
@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from pipeline.lifecycle import costs, jobs, results
 from pipeline.planning import RequestError
 from pipeline.reduction import bundles
-from pipeline.requests import application
+from pipeline.requests import application, vectors
 from pipeline.requests.doubts import doubts
 from pipeline.requests.request import JobRequest, program_name
 from pipeline.settings import Settings
@@ -36,8 +36,20 @@ from pipeline.web.openeo import routes as openeo
 from pipeline.web.portal import add_portal
 
 MAX_BODY_BYTES = 64 * 1024
-# routes (method, path) whose body may be larger: a reducer bundle's upload
-LARGE_BODIES = {("POST", uploads.UPLOAD_PATH): bundles.MAX_UPLOAD}
+MAX_VECTOR_BYTES = 32 * 1024 * 1024  # a request carrying its sites or zones, or a vector upload
+# routes (method, path) whose body may be larger: a reducer bundle's upload; a request with its
+# sites, zones or polygon inline (kept at submission as a document of their own, never in the job row)
+LARGE_BODIES = {("POST", uploads.UPLOAD_PATH): bundles.MAX_UPLOAD, ("POST", "/api/jobs"): MAX_VECTOR_BYTES,
+                ("POST", "/api/estimate"): MAX_VECTOR_BYTES, ("POST", "/api/vectors"): MAX_VECTOR_BYTES}
+
+
+class VectorUpload(BaseModel):
+    """What ``POST /api/vectors`` takes: sites (a list of {id, lon, lat}, a GeoJSON
+    FeatureCollection of Points, or CSV text), zones (a GeoJSON FeatureCollection of
+    polygons) or a region's polygon (a GeoJSON Polygon or MultiPolygon)."""
+
+    kind: Literal["sites", "zones", "region"]
+    data: Any
 
 
 class FieldError(BaseModel):
@@ -194,12 +206,22 @@ def create_app(settings: Settings) -> FastAPI:
         mailable(request, caller)
         named = program_name(request)
         program = registry.resolve(clients, caller.user, *named) if named else None
-        plan = application.plan(settings, request, program)
+        plan = application.plan(settings, request, program, clients)
         application.check_storable(clients, request, plan, caller.user.name, program)  # refused now, as at submission
         found = costs.estimate(clients.runtimes, plan, settings.min_samples)
         last = next(iter(jobs.list_jobs(clients, 1, owner=caller.user.name)), None)
         return found | {"limit": settings.max_tasks,
                         "confirm": doubts(request, found["tasks"], (last.job, last.total) if last else None)}
+
+    @app.post("/api/vectors", status_code=201)
+    def keep_vectors(upload: VectorUpload, caller: Caller = Depends(signed_in)) -> dict[str, Any]:
+        """Keep sites, zones or a region's polygon (checked first; a refusal names what is
+        wrong) and answer its digest, which a request names as ``{"kept": {"ref": …}}``."""
+        document = vectors.document_of(upload.data, upload.kind, "data")
+        ref = application.store_vector(clients, document)
+        count = len(document.get("sites") or document.get("zones") or [1])
+        audit.record(clients, caller.user.name, "vectors.keep", ref, {"kind": upload.kind, "count": count})
+        return {"ref": ref, "kind": upload.kind, "count": count}
 
     @app.get("/api/jobs")
     def list_jobs(limit: int = 50, all: bool = False, caller: Caller = Depends(signed_in)) -> list[dict[str, Any]]:

@@ -209,7 +209,7 @@ def _results(clients: Clients, base: str, record: store.OpenEOJob, run: Run) -> 
             assets[key] = {"href": results.sas_url(clients, *results.locate(clients, output)), "type": COG,
                            "roles": ["data"], "title": f"{layout.folder(entry)} {entry['tile']} {layout.span(entry)}",
                            "start_datetime": f"{first}T00:00:00Z", "end_datetime": f"{last}T23:59:59Z"}
-    bbox = list(request.region.bbox or (-180.0, -90.0, 180.0, 90.0))
+    bbox = list((request.region.bbox if request.region is not None else None) or (-180.0, -90.0, 180.0, 90.0))
     return {
         "stac_version": collections.STAC_VERSION, "stac_extensions": [], "type": "Collection", "id": record.id,
         "title": record.title or f"bagpipe job {record.id}", "description": record.description or (

@@ -1,0 +1,105 @@
+"""What every gather does (``planning.TaskPlan.after_all``: one task after every other of
+its job, joining what tasks of every partition made), and the gather of a job's sites.
+
+A gather reads the rows of the tasks it joins (its ``over`` ranges, across the job's
+partitions), refuses to join a set with a part missing (a task that failed for good: a
+``dependency_failed`` failure), and writes its files into a work folder on local disk, a
+part at a time, then uploads each in bounded memory (``Transfers.upload_file``), into
+``tiles`` under a content address of what it joined: an identical request finds them there
+and ends the gather ``CACHED``.
+
+The sites' gather (``sites``) streams the point tasks' Parquet parts
+(``pipeline.modis.points``) into one CSV and one GeoParquet file, a point geometry per row,
+units in the columns' metadata.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from azure.core.exceptions import HttpResponseError
+
+from pipeline import stages
+from pipeline.failures import FailureClass, StageFailure
+from pipeline.lifecycle import jobs, tasks
+from pipeline.lifecycle.status import TaskStatus
+from pipeline.reduction import SITES_GATHER
+from pipeline.science import tables
+from pipeline.science.tables import SITES
+from pipeline.stages import StageContext
+from pipeline.storage import names
+from pipeline.storage.clients import Clients
+
+VERSION = "gather-1"  # change when the files of the same parts would change
+GOOD = (TaskStatus.SUCCEEDED, TaskStatus.CACHED)
+CONTENT_TYPES = {".csv": "text/csv", ".parquet": "application/vnd.apache.parquet", ".nc": "application/x-netcdf",
+                 ".json": "application/json", ".zip": "application/zip"}
+
+
+def gathered(ctx: StageContext) -> list[tasks.TaskRow]:
+    """The rows of the tasks a gather joins (its ``over`` ranges, in every partition of its
+    job), in sequence order."""
+    parts = jobs.get(ctx.clients, ctx.job).parts
+    return [row for first, count in tasks.ranges_of(ctx.params["over"])
+            for row in tasks.list_tasks(ctx.clients.tasks, parts, first, count)]
+
+
+def parts_of(ctx: StageContext, rows: list[tasks.TaskRow]) -> list[str]:
+    """The blobs in ``tiles`` of the gathered tasks' parts; a ``dependency_failed`` failure
+    if one of them ended without its part (failed for good)."""
+    failed = [row.task for row in rows if row.status not in GOOD]
+    if failed:
+        raise StageFailure(FailureClass.DEPENDENCY_FAILED, f"{len(failed)} of the tasks it joins failed "
+                           f"(first: {failed[0]})")
+    return [o.removeprefix(names.TILE_OUTPUT_PREFIX) for row in rows for o in row.output_names()]
+
+
+def publish(ctx: StageContext, key: str, outputs: dict[str, str], write: Any) -> None:
+    """Name the gather's outputs (``outputs``: file name in the work folder → blob name
+    under ``key`` in ``tiles``), made by ``write(folder)`` into a work folder and uploaded
+    in bounded memory, unless every one is there already (the task then ends CACHED). Two
+    gathers making the same outputs at once both make them; the second upload stands down."""
+    blobs = {name: names.table_blob(key, blob) for name, blob in outputs.items()}
+    if all(cache_exists(ctx.clients, blob) for blob in blobs.values()):
+        ctx.cached = True
+    else:
+        with tempfile.TemporaryDirectory(prefix="bagpipe-gather-") as folder:
+            write(Path(folder))
+            for name, blob in blobs.items():
+                upload_once(ctx.clients, Path(folder, name), blob)
+    ctx.outputs += [names.TILE_OUTPUT_PREFIX + blob for blob in blobs.values()]
+
+
+def cache_exists(clients: Clients, blob: str) -> bool:
+    return bool(clients.tiles.get_blob_client(blob).exists())
+
+
+def upload_once(clients: Clients, path: Path, blob: str) -> None:
+    """Upload a gather's file unless another gather uploaded the same content meanwhile."""
+    try:
+        clients.transfers.upload_file(clients.tiles, blob, path,
+                                      CONTENT_TYPES.get(path.suffix, "application/octet-stream"), overwrite=False)
+    except HttpResponseError as exc:
+        if exc.status_code not in (409, 412):
+            raise
+
+
+@stages.stage(SITES_GATHER)
+def sites_table(ctx: StageContext) -> None:
+    """The job's sites' rows in one CSV and one GeoParquet file."""
+    rows = gathered(ctx)
+    blobs = parts_of(ctx, rows)
+    key = hashlib.sha256(json.dumps([VERSION, SITES_GATHER, sorted(blobs)]).encode()).hexdigest()
+
+    def write(folder: Path) -> None:
+        with tables.Writer(folder / "sites.csv", folder / "sites.parquet", SITES, points=("lon", "lat")) as out:
+            for number, blob in enumerate(blobs):
+                part = tables.from_parquet(ctx.clients.transfers.download(ctx.clients.tiles, blob)[0])
+                out.write(part)
+                ctx.progress((number + 1) / max(1, len(blobs)))
+
+    publish(ctx, key, {"sites.csv": "sites.csv", "sites.parquet": "sites.parquet"}, write)

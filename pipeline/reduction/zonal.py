@@ -1,0 +1,280 @@
+"""Zonal statistics: per zone (a polygon with an id) and date — or group of dates — the
+statistics of an input's pixels on the target grid, each pixel weighted by the share of its
+area inside the zone, as ``exactextract`` computes them (its ``values`` and ``coverage``:
+the cells a polygon touches and the fraction of each inside it; its ``mean`` is
+Σ c·x / Σ c, its ``count`` Σ c, its ``sum`` Σ c·x, its ``stdev`` the weighted population
+deviation).
+
+- A **zonal** task per (target tile, group) (``zonal``) waits for the target tile's tile
+  tasks of its inputs (as a reduction does, in their partition), runs ``exactextract`` over
+  each tile file for the zones that meet the tile, and keeps per (zone, input, date or
+  group) a *partial*: Σ c, Σ c·x, Σ c·x², the minimum and maximum of the cells with data,
+  the count of those cells, and, when percentiles are asked, every (value, coverage) pair.
+  One Parquet part in ``tiles``, content-addressed by its tiles and zones.
+- The **gather** (``zones``), after every other task, joins the partials across tiles: the
+  weighted sums add exactly (a pixel belongs to one target tile, and its coverage by a
+  polygon does not depend on which tile holds it), minima and maxima fold, and a
+  percentile is computed from the union of every tile's (value, coverage) pairs — the very
+  cells, values and weights ``exactextract`` would see over a mosaic of the tiles — by its
+  own weighted-quantile rule (``quantile``), so that it equals ``exactextract`` over the
+  mosaic, not an average of the tiles' percentiles, which would be wrong. A zone across
+  two tiles, or across ±180° (its two parts in tiles on either side), is one row per date
+  or group. The table is one CSV and one Parquet file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import shapely
+from exactextract import exact_extract
+from pyproj import CRS, Transformer
+from shapely.geometry import mapping
+
+from pipeline import stages
+from pipeline.failures import FailureClass, StageFailure
+from pipeline.reduction import ZONAL_STAGE, ZONES_GATHER, gather
+from pipeline.reduction.builtin import Fetched, _check_failed, encoding_from
+from pipeline.reduction.builtin import gather as gather_tiles
+from pipeline.science import tables, vectors
+from pipeline.science.vectors import Zone
+from pipeline.stages import StageContext
+from pipeline.storage import cache, names
+
+VERSION = "zonal-1"  # change when the partials of the same inputs would change
+PARTIAL = pa.schema([
+    ("zone", pa.string()), ("input", pa.string()), ("key", pa.string()), ("start", pa.date32()),
+    ("end", pa.date32()), ("unit", pa.string()), ("sum_w", pa.float64()), ("sum_wx", pa.float64()),
+    ("sum_wxx", pa.float64()), ("min", pa.float64()), ("max", pa.float64()), ("cells", pa.int64()),
+    ("values", pa.list_(pa.float64())), ("weights", pa.list_(pa.float64())),
+])
+
+
+@dataclass
+class Partial:
+    """One (zone, input, key)'s partial statistics, which add across tiles and dates."""
+
+    unit: str = ""
+    start: Any = None
+    end: Any = None
+    sum_w: float = 0.0
+    sum_wx: float = 0.0
+    sum_wxx: float = 0.0
+    low: float = math.inf
+    high: float = -math.inf
+    cells: int = 0
+    values: list[np.ndarray] = field(default_factory=list)
+    weights: list[np.ndarray] = field(default_factory=list)
+
+    def add(self, x: np.ndarray, w: np.ndarray, keep: bool) -> None:
+        """Cells of values ``x`` covered by fractions ``w`` (those with data only)."""
+        if not len(x):
+            return
+        self.sum_w += float(np.sum(w))
+        self.sum_wx += float(np.sum(w * x))
+        self.sum_wxx += float(np.sum(w * x * x))
+        self.low, self.high = min(self.low, float(x.min())), max(self.high, float(x.max()))
+        self.cells += len(x)
+        if keep:
+            self.values.append(x)
+            self.weights.append(w)
+
+    def join(self, other: Partial) -> None:
+        self.sum_w += other.sum_w
+        self.sum_wx += other.sum_wx
+        self.sum_wxx += other.sum_wxx
+        self.low, self.high = min(self.low, other.low), max(self.high, other.high)
+        self.cells += other.cells
+        self.values += other.values
+        self.weights += other.weights
+        self.start = min(d for d in (self.start, other.start) if d is not None)
+        self.end = max(d for d in (self.end, other.end) if d is not None)
+        self.unit = self.unit or other.unit
+
+    def statistics(self, names: Iterable[str], percentiles: Iterable[float]) -> dict[str, float | None]:
+        """The statistics asked for (None where the zone has no cell with data)."""
+        empty = self.sum_w <= 0
+        mean = self.sum_wx / self.sum_w if not empty else math.nan
+        found: dict[str, float | None] = {}
+        for name in names:
+            if name == "count":
+                found[name] = self.sum_w
+            elif empty:
+                found[name] = None
+            elif name == "mean":
+                found[name] = mean
+            elif name == "sum":
+                found[name] = self.sum_wx
+            elif name == "min":
+                found[name] = self.low
+            elif name == "max":
+                found[name] = self.high
+            elif name == "std":
+                found[name] = math.sqrt(max(0.0, self.sum_wxx / self.sum_w - mean * mean))
+        for p in percentiles:
+            found[f"p{p:g}"] = None if empty else quantile(np.concatenate(self.values), np.concatenate(self.weights),
+                                                            p / 100)
+        return found
+
+
+def quantile(x: np.ndarray, w: np.ndarray, q: float) -> float:
+    """The weighted quantile ``q`` of values ``x`` weighted ``w``, by exactextract's rule
+    (https://stats.stackexchange.com/a/13223: sorted by value, s_i = i·w_i + (n − 1)·Σ_{j<i} w_j,
+    interpolated where s reaches q·(n − 1)·Σ w)."""
+    order = np.argsort(x, kind="stable")
+    x, w = x[order], w[order]
+    n = len(x)
+    before = np.concatenate([[0.0], np.cumsum(w)[:-1]])
+    s = np.arange(n) * w + (n - 1) * before
+    s[0] = 0.0
+    target = q * float(np.sum(w)) * (n - 1)
+    right = int(np.searchsorted(s, target, side="right"))
+    left = right - 1
+    if right >= n:
+        return float(x[left])
+    return float(x[left] + (target - s[left]) * (x[right] - x[left]) / (s[right] - s[left]))
+
+
+def zones_meeting(zones: list[Zone], crs: str, bounds: tuple[float, float, float, float],
+                  lonlat: tuple[float, float, float, float]) -> list[tuple[str, dict[str, Any]]]:
+    """The zones that meet a target tile (its ``bounds`` in its CRS, ``lonlat`` its lon/lat
+    box), as GeoJSON features in the tile's CRS for exactextract."""
+    box = shapely.box(*lonlat)
+    near = [z for z in zones if z.geometry.intersects(box)]
+    if CRS.from_user_input(crs).to_epsg() != 4326:
+        move = Transformer.from_crs("EPSG:4326", CRS.from_user_input(crs), always_xy=True)
+        near = [Zone(z.id, shapely.transform(z.geometry, lambda xy: np.column_stack(move.transform(
+            xy[:, 0], xy[:, 1])))) for z in near]
+    tile = shapely.box(*bounds)
+    return [(z.id, {"type": "Feature", "id": z.id, "properties": {"id": z.id}, "geometry": mapping(z.geometry)})
+            for z in near if z.geometry.intersects(tile)]
+
+
+def extract(path: Path, features: list[tuple[str, dict[str, Any]]]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per zone, the values (decoded by the file's scale and offset, nodata left out) and
+    coverage fractions of the tile's cells it touches: exactextract's ``values`` and
+    ``coverage``."""
+    if not features:
+        return {}
+    found = exact_extract(str(path), [f for _, f in features], ["values", "coverage"], output="pandas",
+                          include_cols=["id"])
+    return {str(row["id"]): (np.asarray(row["values"], np.float64), np.asarray(row["coverage"], np.float64))
+            for _, row in found.iterrows()}
+
+
+@stages.stage(ZONAL_STAGE)
+def zonal(ctx: StageContext) -> None:
+    """A target tile's partial zonal statistics over its group's dates."""
+    params = ctx.params
+    spec = json.loads(params["reduce"])
+    inputs = [(alias, product, layer) for alias, product, layer in spec["inputs"]]
+    encodings = {alias: encoding_from(e) for alias, e in json.loads(params["encodings"]).items()}
+    found = gather_tiles(ctx, inputs)
+    _check_failed(ctx, found)
+    if not any(found.tiles.values()):
+        ctx.no_data = True
+        return
+    per_date = params["per"] == "date"
+    keep = bool(params.get("percentiles"))
+    key = hashlib.sha256(json.dumps([VERSION, params["zones"], per_date, keep, params["group"],
+                                     {a: [b for _, b in d] for a, d in found.tiles.items()}]).encode()).hexdigest()
+    blob = names.table_blob(key, f"zones.{params['group']}.{params['tile']}.parquet")
+
+    def make() -> bytes:
+        zones = vectors.zones_from(stages.kept_document(ctx.clients, params["zones"]))
+        west, south, east, north = (float(b) for b in params["bounds"].split(","))
+        lon0, lat0, lon1, lat1 = (float(b) for b in params["lonlat"].split(","))
+        features = zones_meeting(zones, params["crs"], (west, south, east, north), (lon0, lat0, lon1, lat1))
+        partials: dict[tuple[str, str, str], Partial] = {}
+        with tempfile.TemporaryDirectory(prefix="bagpipe-zonal-") as folder:
+            fetched = Fetched(ctx, found.blobs(), Path(folder))
+            done, total = 0, max(1, sum(len(d) for d in found.tiles.values()))
+            for alias, dated in found.tiles.items():
+                for day, tile in dated:
+                    where = day.isoformat() if per_date else params["group"]
+                    for zone, (x, w) in extract(fetched.paths[tile], features).items():
+                        one = partials.setdefault((zone, alias, where), Partial(encodings[alias].unit))
+                        one.start = min(d for d in (one.start, day) if d is not None)
+                        one.end = max(d for d in (one.end, day) if d is not None)
+                        one.add(x, w, keep)
+                    done += 1
+                    ctx.progress(done / total)
+        return tables.to_parquet(_partials_table(partials))
+
+    made = cache.ensure(ctx.clients.transfers, ctx.clients.tiles, blob, make, "application/vnd.apache.parquet",
+                        want_data=False, owner=f"{ctx.part}/{ctx.task}", tidy=ctx.attempt > 1)
+    ctx.outputs.append(names.TILE_OUTPUT_PREFIX + blob)
+    ctx.cached = not made.made
+
+
+def _partials_table(partials: dict[tuple[str, str, str], Partial]) -> pa.Table:
+    rows: dict[str, list[Any]] = {name: [] for name in PARTIAL.names}
+    for (zone, alias, where), one in sorted(partials.items()):
+        for name, value in (("zone", zone), ("input", alias), ("key", where), ("start", one.start),
+                            ("end", one.end), ("unit", one.unit), ("sum_w", one.sum_w), ("sum_wx", one.sum_wx),
+                            ("sum_wxx", one.sum_wxx), ("min", one.low if one.cells else None),
+                            ("max", one.high if one.cells else None), ("cells", one.cells),
+                            ("values", np.concatenate(one.values).tolist() if one.values else []),
+                            ("weights", np.concatenate(one.weights).tolist() if one.weights else [])):
+            rows[name].append(value)
+    return pa.table(rows, schema=PARTIAL)
+
+
+def _read_partials(table: pa.Table) -> Iterable[tuple[tuple[str, str, str], Partial]]:
+    for row in table.to_pylist():
+        one = Partial(row["unit"], row["start"], row["end"], row["sum_w"], row["sum_wx"], row["sum_wxx"],
+                      row["min"] if row["min"] is not None else math.inf,
+                      row["max"] if row["max"] is not None else -math.inf, row["cells"],
+                      [np.asarray(row["values"], np.float64)] if row["values"] else [],
+                      [np.asarray(row["weights"], np.float64)] if row["weights"] else [])
+        yield (row["zone"], row["input"], row["key"]), one
+
+
+@stages.stage(ZONES_GATHER)
+def zones_table(ctx: StageContext) -> None:
+    """The zones' statistics joined across tiles: a row per zone, input and date or group."""
+    params = ctx.params
+    rows = gather.gathered(ctx)
+    failed = [r.task for r in rows if r.status not in gather.GOOD and r.status.value != "NO_DATA"]
+    if failed:
+        raise StageFailure(FailureClass.DEPENDENCY_FAILED, f"{len(failed)} zonal tasks failed (first: {failed[0]})")
+    blobs = [o.removeprefix(names.TILE_OUTPUT_PREFIX) for r in rows if r.status in gather.GOOD
+             for o in r.output_names()]
+    statistics = params["statistics"].split(",")
+    percentiles = [float(p) for p in params.get("percentiles", "").split(",") if p]
+    key = hashlib.sha256(json.dumps([VERSION, ZONES_GATHER, sorted(blobs), statistics, percentiles]).encode()
+                         ).hexdigest()
+
+    def write(folder: Path) -> None:
+        joined: dict[tuple[str, str, str], Partial] = {}
+        for number, blob in enumerate(blobs):
+            part = tables.from_parquet(ctx.clients.transfers.download(ctx.clients.tiles, blob)[0])
+            for found, one in _read_partials(part):
+                if found in joined:
+                    joined[found].join(one)
+                else:
+                    joined[found] = one
+            ctx.progress((number + 1) / max(1, len(blobs)) * 0.9)
+        columns = ["zone", "input", "key", "start", "end", "unit", *statistics, *(f"p{p:g}" for p in percentiles)]
+        out: dict[str, list[Any]] = {name: [] for name in columns}
+        for (zone, alias, where), one in sorted(joined.items()):
+            figures = one.statistics(statistics, percentiles)
+            for name, value in (("zone", zone), ("input", alias), ("key", where), ("start", one.start),
+                                ("end", one.end), ("unit", one.unit), *figures.items()):
+                out[name].append(value)
+        schema = pa.schema([("zone", pa.string()), ("input", pa.string()), ("key", pa.string()),
+                            ("start", pa.date32()), ("end", pa.date32()), ("unit", pa.string()),
+                            *((name, pa.float64()) for name in columns[6:])])
+        with tables.Writer(folder / "zones.csv", folder / "zones.parquet", schema) as writer:
+            writer.write(pa.table(out, schema=schema))
+
+    gather.publish(ctx, key, {"zones.csv": "zones.csv", "zones.parquet": "zones.parquet"}, write)

@@ -1,0 +1,214 @@
+"""Zonal statistics end to end on real workers with granules from the local Planetary
+Computer: per zone and date, each statistic equal to exactextract run by hand over a mosaic
+of the job's tile files (a zone across two target tiles is one row), percentiles included;
+a zone across ±180° (a MultiPolygon cut there) is one row too, equal to exactextract run on
+the tile files of either side. And hostile polygons refused, naming what is wrong."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import time
+from datetime import date
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from affine import Affine
+from exactextract import exact_extract
+from rasterio.io import MemoryFile
+from rasterio.merge import merge
+
+from bagpipe.planetary import Planetary
+from pipeline.lifecycle import attempts, jobs, tasks
+from pipeline.lifecycle.status import TaskStatus
+from pipeline.planning import RequestError
+from pipeline.reduction import ZONAL_STAGE, ZONES_GATHER
+from pipeline.reduction.zonal import quantile
+from pipeline.requests import application, vectors
+from pipeline.requests.request import JobRequest
+from pipeline.settings import Settings
+from pipeline.storage import names
+from pipeline.storage.clients import Clients
+from tests.conftest import on_stac, parts, running_control, running_workers, wait_for
+
+GRID = {"tile_size": 1.0, "resolution": 0.01}
+
+
+def feature(ident: str, geometry: dict[str, object]) -> dict[str, object]:
+    return {"type": "Feature", "id": ident, "properties": {}, "geometry": geometry}
+
+
+def box(west: float, south: float, east: float, north: float) -> list[list[list[float]]]:
+    return [[[west, south], [east, south], [east, north], [west, north], [west, south]]]
+
+
+ACROSS = feature("across", {"type": "Polygon", "coordinates": [[[-107.6, 35.3], [-106.4, 35.2], [-106.5, 35.7],
+                                                                [-107.1, 35.9], [-107.6, 35.3]]]})
+INSIDE = feature("inside", {"type": "Polygon", "coordinates": box(-107.8, 35.1, -107.65, 35.25)})
+DATELINE = feature("dateline", {"type": "MultiPolygon", "coordinates": [box(179.55, 65.6, 180.0, 65.9),
+                                                                        box(-180.0, 65.6, -179.6, 65.9)]})
+
+
+def run(settings: Settings, body: dict[str, object]) -> tuple[Clients, str, list[tasks.TaskRow]]:
+    clients = Clients(settings)
+    clients.ensure_resources()
+    job = application.submit(clients, JobRequest.model_validate(body)).job
+    with running_control(settings), running_workers(settings, 1, slots=2):
+        wait_for(lambda: jobs.get(clients, job).state.finished, 300, "the job")
+    rows = tasks.list_tasks(clients.tasks, parts(clients, job))
+    assert jobs.get(clients, job).state.value == "SUCCEEDED", [
+        a.error for a in attempts.list_attempts(clients.tasks, parts(clients, job))][:3]
+    return clients, job, rows
+
+
+def table_of(clients: Clients, rows: list[tasks.TaskRow]) -> list[dict[str, object]]:
+    (gather,) = [r for r in rows if r.stage == ZONES_GATHER]
+    assert gather.status is TaskStatus.SUCCEEDED and gather.seq == len(rows) - 1
+    (parquet,) = [o for o in gather.output_names() if o.endswith(".parquet")]
+    found: list[dict[str, object]] = pq.read_table(io.BytesIO(clients.tiles.download_blob(
+        parquet.removeprefix(names.TILE_OUTPUT_PREFIX)).readall())).to_pylist()
+    return found
+
+
+def tile_files(clients: Clients, rows: list[tasks.TaskRow]) -> dict[date, list[bytes]]:
+    found: dict[date, list[bytes]] = {}
+    for row in rows:
+        if row.stage == "modis" and row.status in (TaskStatus.SUCCEEDED, TaskStatus.CACHED):
+            (output,) = row.output_names()
+            found.setdefault(date.fromisoformat(row.parameters()["date"]), []).append(
+                clients.tiles.download_blob(output.removeprefix(names.TILE_OUTPUT_PREFIX)).readall())
+    return found
+
+
+def by_hand(found: list[bytes], zone: dict[str, object]) -> dict[str, float]:
+    """exactextract run by hand on each tile file: the zone's cells, values and coverage on
+    every tile, and the statistics of all of them together."""
+    values, weights = [], []
+    for data in found:
+        with MemoryFile(data) as memory:
+            one = exact_extract(memory.open(), [zone], ["values", "coverage"], output="pandas")
+        values.append(np.asarray(one["values"][0], float))
+        weights.append(np.asarray(one["coverage"][0], float))
+    x, w = np.concatenate(values), np.concatenate(weights)
+    mean = float((w * x).sum() / w.sum())
+    return {"mean": mean, "sum": float((w * x).sum()), "count": float(w.sum()), "min": float(x.min()),
+            "max": float(x.max()), "std": math.sqrt(float((w * (x - mean) ** 2).sum() / w.sum()))}
+
+
+def cells(found: list[bytes], zone: dict[str, object]) -> np.ndarray:
+    """The values of a zone's cells on the tile files."""
+    values = []
+    for data in found:
+        with MemoryFile(data) as memory:
+            values.append(np.asarray(exact_extract(memory.open(), [zone], ["values"], output="pandas")["values"][0]))
+    return np.concatenate(values)
+
+
+def mosaic_of(found: list[bytes]) -> MemoryFile:
+    datasets = [MemoryFile(data).open() for data in found]
+    mosaic, transform = merge(datasets)
+    profile = datasets[0].profile | {"driver": "GTiff", "height": mosaic.shape[1], "width": mosaic.shape[2],
+                                     "transform": transform}
+    memory = MemoryFile()
+    with memory.open(**profile) as out:
+        out.write(mosaic)
+        out.scales = datasets[0].scales
+    return memory
+
+
+def test_zonal_statistics_equal_exactextract_on_the_tile_files(settings: Settings, planetary: Planetary) -> None:
+    zones = {"type": "FeatureCollection", "features": [ACROSS, INSIDE]}
+    body = {"zones": {"features": zones, "percentiles": [10, 50, 90]}, "start": "2022-07-01", "end": "2022-07-31",
+            "products": ["MOD13A1"], "grid": GRID}
+    clients, _, rows = run(on_stac(settings, planetary), body)
+    zonal = [r for r in rows if r.stage == ZONAL_STAGE]
+    assert sorted(r.parameters()["tile"] for r in zonal) == ["x-0107y+0035", "x-0108y+0035"], "a zonal task per tile"
+    table = table_of(clients, rows)
+    files = tile_files(clients, rows)
+    assert sorted((r["zone"], r["key"]) for r in table) == sorted(
+        (z, d.isoformat()) for z in ("across", "inside") for d in files), "one row per zone and date"
+    for day, found in files.items():
+        with mosaic_of(found) as memory:
+            mosaic = exact_extract(memory.open(), [ACROSS, INSIDE],
+                                   ["mean", "count", "quantile(q=0.1)", "quantile(q=0.5)", "quantile(q=0.9)"],
+                                   output="pandas", include_cols=["id"])
+        for zone in (ACROSS, INSIDE):
+            (got,) = [r for r in table if r["zone"] == zone["id"] and r["key"] == day.isoformat()]
+            assert got["unit"] == "NDVI" and got["start"] == got["end"] == day
+            for name, value in by_hand(found, zone).items():  # the tiles' exactextract, joined: exactly
+                assert got[name] == pytest.approx(value, rel=1e-12, abs=1e-12), (zone["id"], name)
+            (over,) = [w for _, w in mosaic.iterrows() if w["id"] == zone["id"]]
+            # over a mosaic exactextract may classify a cell otherwise than over its tile (its
+            # grid's origin differs): one cell of 5,250 at most here
+            assert got["count"] == pytest.approx(float(over["count"]), abs=1.0)
+            assert got["mean"] == pytest.approx(float(over["mean"]), rel=1e-3)
+            if zone is INSIDE:  # within one tile, on the same grid: the percentiles are exactextract's, up to
+                values = np.unique(cells(found, zone))  # the order its sort leaves cells of one value in:
+                for p in (10, 50, 90):  # the same two neighbouring values, interpolated between
+                    ours, theirs = float(got[f"p{p}"]), float(over[f"quantile_{p}"])
+                    k = int(np.searchsorted(values, min(ours, theirs), side="right")) - 1
+                    assert values[k] <= min(ours, theirs) <= max(ours, theirs) <= values[min(k + 1, len(values) - 1)]
+
+
+def test_a_zone_across_the_antimeridian_is_one_row_per_date(settings: Settings, planetary: Planetary) -> None:
+    body = {"zones": {"features": {"type": "FeatureCollection", "features": [DATELINE]}, "statistics": ["mean",
+            "count"]}, "start": "2022-07-01", "end": "2022-07-20", "products": ["MOD13A1"], "grid": GRID}
+    clients, _, rows = run(on_stac(settings, planetary), body)
+    assert sorted(r.parameters()["tile"] for r in rows if r.stage == ZONAL_STAGE) == ["x+0179y+0065", "x-0180y+0065"]
+    table = table_of(clients, rows)
+    for day, found in tile_files(clients, rows).items():
+        (got,) = [r for r in table if r["key"] == day.isoformat()]
+        sums = [0.0, 0.0]
+        for data in found:
+            with MemoryFile(data) as memory:
+                one = exact_extract(memory.open(), [DATELINE], ["sum", "count"], output="pandas")
+            sums = [sums[0] + float(one["sum"][0]), sums[1] + float(one["count"][0])]
+        assert got["count"] == pytest.approx(sums[1]) and got["count"] > 0
+        assert got["mean"] == pytest.approx(sums[0] / sums[1])
+
+
+def test_the_weighted_quantile_is_exactextracts() -> None:
+    rng = np.random.default_rng(7)
+    x, w = rng.normal(size=50), rng.uniform(0.01, 1, size=50)
+    data = np.zeros((1, 50), np.float64)
+    data[0] = x
+    with MemoryFile() as memory:
+        with memory.open(driver="GTiff", width=50, height=1, count=1, dtype="float64", crs="EPSG:4326",
+                         transform=Affine(1, 0, 0, 0, -1, 1)) as out:
+            out.write(data, 1)
+        found = exact_extract(memory.open(), [feature("q", {"type": "Polygon", "coordinates": box(0, 0, 50, 1)})],
+                              ["quantile(q=0.25)", "quantile(q=0.75)"], output="pandas")
+    assert quantile(x, np.ones(50), 0.25) == pytest.approx(float(found["quantile_25"][0]))
+    assert quantile(x, np.ones(50), 0.75) == pytest.approx(float(found["quantile_75"][0]))
+    assert math.isfinite(quantile(x, w, 0.5))
+
+
+def polygon_of(points: int) -> dict[str, object]:
+    ring = [[math.cos(a) * 0.5 - 107, math.sin(a) * 0.5 + 35] for a in np.linspace(0, 2 * math.pi, points)]
+    ring[-1] = ring[0]
+    return {"type": "Polygon", "coordinates": [ring]}
+
+
+@pytest.mark.parametrize("geometry,status,words", [
+    ({"type": "Polygon", "coordinates": [[[0, 0], [1, 1], [1, 0], [0, 1], [0, 0]]]}, 422, "Self-intersection"),
+    ({"type": "LineString", "coordinates": [[0, 0], [1, 1]]}, 422, "not a polygon"),
+    ("POLYGON((0 0, 1 0, 1 1, 0 0))", 422, "not a GeoJSON geometry"),
+    ({"type": "Polygon", "coordinates": [[[0, 0], [400, 0], [1, 1], [0, 0]]]}, 422, "off the globe"),
+    ({"type": "Polygon", "coordinates": box(-170, -80, 170, 80)}, 413, "km²"),
+])
+def test_hostile_polygons_are_refused_naming_the_field(geometry: object, status: int, words: str) -> None:
+    with pytest.raises(RequestError) as refused:
+        vectors.parse_polygon(geometry, "region.geometry")
+    assert refused.value.field == "region.geometry" and refused.value.status == status
+    assert words in refused.value.message
+
+
+def test_a_million_vertices_are_refused_in_milliseconds() -> None:
+    geometry = json.loads(json.dumps(polygon_of(1_000_001)))
+    started = time.perf_counter()
+    with pytest.raises(RequestError) as refused:
+        vectors.parse_polygon(geometry, "region.geometry")
+    assert refused.value.status == 413 and "vertices" in refused.value.message
+    assert time.perf_counter() - started < 0.2
