@@ -184,9 +184,11 @@ _SEGMENT = re.compile(r"^(?!\.{1,2}$)[A-Za-z0-9._+-]{1,200}$")  # one plain path
 
 
 def _local_path(task: dict[str, Any], blob: str) -> Path:
-    """Where a product goes under the results folder: product/tile/date(s)/name, each part a
-    plain name; RuntimeError for a manifest that would put a file anywhere else."""
-    parts = [layout.folder(task), str(task["tile"]), layout.span(task), blob.rsplit("/", 1)[-1]]
+    """Where a product goes under the results folder: product/tile/date(s)/name (a gather's
+    table or cube: sites/, zones/ or cubes/name), each part a plain name; RuntimeError for a
+    manifest that would put a file anywhere else."""
+    parts = [layout.folder(task), blob.rsplit("/", 1)[-1]] if layout.is_gather(task) else [
+        layout.folder(task), str(task["tile"]), layout.span(task), blob.rsplit("/", 1)[-1]]
     bad = [part for part in parts if not _SEGMENT.match(part)]
     if bad:
         raise RuntimeError(f"the manifest names a file outside the results folder ({bad[0]!r}): nothing written")

@@ -7,7 +7,9 @@ pixel for pixel, with their CRS as a CF grid mapping."""
 from __future__ import annotations
 
 import io
+import json
 from datetime import date
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +22,7 @@ from rasterio.io import MemoryFile
 from bagpipe.planetary import Planetary
 from pipeline.lifecycle import attempts, jobs, tasks
 from pipeline.lifecycle.status import TaskStatus
+from pipeline.modis import layout, stacitems
 from pipeline.reduction import AGGREGATE_STAGE, CUBE_GATHER
 from pipeline.requests import application
 from pipeline.requests.request import JobRequest
@@ -130,3 +133,20 @@ def test_a_zarr_cube_opens_with_xarray_equal_to_the_tiles(settings: Settings, pl
     with xarray.open_zarr(zarr.storage.ZipStore(path, mode="r"), consolidated=False) as opened:
         assert str(opened["time"].values[0])[:10] == date(2022, 6, 26).isoformat()
         check_cube(clients, rows, opened, NDVI, "modis")
+
+
+def test_a_gather_has_a_stac_item_its_tables_or_cube_as_assets_and_a_folder_of_its_own(tmp_path: Path) -> None:
+    task = {"task": "0000000009", "stage": "cube", "name": NDVI, "product": "MOD13A1", "start": "2022-07-01",
+            "end": "2022-07-31", "bbox": "179.0,65.0,-179.0,66.0", "encoding": json.dumps({"unit": "NDVI"})}
+    cube = tmp_path / f"{NDVI}.nc"
+    cube.write_bytes(b"")
+    item = stacitems.build_item(task, [cube], {})
+    assert item is not None and item.id == f"cubes.{NDVI}" and stacitems.DATACUBE_SCHEMA in item.stac_extensions
+    assert item.properties["cube:variables"][NDVI] == {"dimensions": ["time", "y", "x"], "type": "data",
+                                                       "unit": "NDVI"}
+    assert item.assets["nc"].media_type == "application/netcdf" and len(item.geometry["coordinates"]) == 2
+    sites = {"task": "0000000004", "stage": "sites", "start": "2022-07-01", "end": "2022-07-31",
+             "bbox": "-108.0,35.0,-107.0,36.0"}
+    table = stacitems.build_item(sites, [tmp_path / "sites.csv", tmp_path / "sites.parquet"], {})
+    assert table is not None and sorted(table.assets) == ["csv", "parquet"]
+    assert layout.folder(sites) == "sites" and layout.folder(task) == "cubes"

@@ -8,6 +8,10 @@ overviews, the region mosaics and the STAC items.
   found under the reduction's name (a program's old form: its product) and its group.
 - A **climatology** (stage ``climatology``): a baseline's statistics of one layer, found
   under its product and the baseline's days.
+- A **gather** (stages ``sites``, ``zones``, ``cube``): the job's one table of its sites or
+  zones (CSV and GeoParquet or Parquet), or a cube (netCDF, Zarr), found under ``sites``,
+  ``zones`` or ``cubes``; a point task's and a zonal task's Parquet parts are what their
+  gather joined.
 """
 
 from __future__ import annotations
@@ -21,6 +25,12 @@ from pipeline.storage import names
 
 REDUCTIONS = ("reduce", "aggregate")
 CLIMATOLOGY = "climatology"
+GATHERS = {"sites": "sites", "zones": "zones", "cube": "cubes"}  # a gather's stage: its folder
+
+
+def is_gather(task: dict[str, Any]) -> bool:
+    """Whether the entry is a gather's (the job's one table or a cube, over all its tiles)."""
+    return task["stage"] in GATHERS
 
 
 def is_reduction(task: dict[str, Any]) -> bool:
@@ -39,7 +49,10 @@ def _reduction(task: dict[str, Any]) -> dict[str, Any]:
 
 
 def folder(task: dict[str, Any]) -> str:
-    """The first folder of the entry's files: its product, or its reduction's name."""
+    """The first folder of the entry's files: its product, its reduction's name, or its
+    gather's kind."""
+    if is_gather(task):
+        return GATHERS[task["stage"]]
     spec = _reduction(task)
     return str(task["product"] if not spec or spec.get("legacy") else spec["name"])
 

@@ -100,6 +100,8 @@ def build_item(task: dict[str, Any], files: Sequence[str | Path], catalog: dict[
     """The item of one task's products (``files``: paths, or links rasterio reads over HTTP;
     they are the asset hrefs, until a catalog makes them relative or an API signs them
     anew); None if it made no raster. ``sources``: a reduction's granules (its tiles')."""
+    if layout.is_gather(task):
+        return gather_item(task, files)
     rasters = [str(f) for f in files if _named(f).suffix.lower() in RASTERS]
     if not rasters:
         return None
@@ -137,6 +139,46 @@ def build_item(task: dict[str, Any], files: Sequence[str | Path], catalog: dict[
                             geom_precision=6)
     item.stac_extensions.append(RASTER_SCHEMA)
     return pystac.Item.from_dict(item.to_dict(), migrate=True)  # projection v2 (proj:code), as pystac writes it
+
+
+TABLES = {".csv": "text/csv", ".parquet": "application/vnd.apache.parquet", ".nc": "application/netcdf",
+          ".zip": "application/zip"}
+DATACUBE_SCHEMA = "https://stac-extensions.github.io/datacube/v2.2.0/schema.json"
+
+
+def gather_item(task: dict[str, Any], files: Sequence[str | Path]) -> pystac.Item | None:
+    """The item of a gather's table or cube: its files as assets, its box and span from its
+    parameters (``bbox``, ``start``, ``end``); a cube's with the datacube extension (its
+    dimensions and its variable)."""
+    if not files or not task.get("bbox"):
+        return None
+    west, south, east, north = (float(v) for v in task["bbox"].split(","))
+    first, last = date.fromisoformat(task["start"]), date.fromisoformat(task["end"])
+    start, end = datetime.combine(first, time(), UTC), datetime.combine(last, time(23, 59, 59), UTC)
+    boxes = [(west, south, east, north)] if west <= east else [(west, south, 180.0, north),
+                                                               (-180.0, south, east, north)]
+    geometry = {"type": "MultiPolygon", "coordinates": [[[[w, s], [e, s], [e, n], [w, n], [w, s]]]
+                                                        for w, s, e, n in boxes]}
+    name = task.get("name") or task["stage"]
+    properties: dict[str, Any] = {"start_datetime": pystac.utils.datetime_to_str(start),
+                                  "end_datetime": pystac.utils.datetime_to_str(end),
+                                  f"{PREFIX}:stage": task["stage"], f"{PREFIX}:version": bagpipe_version()}
+    item = pystac.Item(f"{layout.folder(task)}.{name}", geometry, [west, south, east, north], start, properties)
+    for file in files:
+        suffix = _named(file).suffix.lower()
+        item.add_asset(_named(file).name.split(".")[-2] if suffix == ".zip" else suffix.lstrip("."),
+                       pystac.Asset(str(file), title=_named(file).name, media_type=TABLES.get(suffix),
+                                    roles=["data"]))
+    if task["stage"] == "cube":
+        unit = json.loads(task.get("encoding") or "{}").get("unit", "")
+        item.stac_extensions.append(DATACUBE_SCHEMA)
+        item.properties["cube:dimensions"] = {
+            "time": {"type": "temporal", "extent": [properties["start_datetime"], properties["end_datetime"]]},
+            "x": {"type": "spatial", "axis": "x", "extent": [west, east], "reference_system": task.get("crs", 4326)},
+            "y": {"type": "spatial", "axis": "y", "extent": [south, north], "reference_system": task.get("crs", 4326)}}
+        item.properties["cube:variables"] = {name: {"dimensions": ["time", "y", "x"], "type": "data",
+                                                    **({"unit": unit} if unit else {})}}
+    return item
 
 
 def build_collection(manifest: dict[str, Any], items: list[pystac.Item]) -> pystac.Collection:

@@ -333,7 +333,9 @@ def _sites(request: JobRequest, derived: dict[str, dict[str, str]]) -> list[Spec
                                       sites=count))
     if not specs:
         raise RequestError(400, "sites", "no product has a date in the span")
-    specs.append(GatherSpec(SITES_GATHER, ((0, len(specs)),), extra=(("sites", sites.kept.ref),),
+    box = ",".join(map(repr, sites.kept.bbox or (-180.0, -90.0, 180.0, 90.0)))
+    span = (("start", request.start.isoformat()), ("end", request.end.isoformat()))
+    specs.append(GatherSpec(SITES_GATHER, ((0, len(specs)),), extra=(("sites", sites.kept.ref), ("bbox", box), *span),
                             work=max(1e-6, sites.kept.count or 1) * len(specs) / 1e6))
     return specs
 
@@ -344,13 +346,14 @@ def _gathers(request: JobRequest, listed: list[TaskSpec], derived: dict[str, dic
     tasks of the product) and per output of each built-in or expression reduction (over its
     tasks)."""
     found: list[Spec] = []
+    span = (("start", request.start.isoformat()), ("end", request.end.isoformat()), ("bbox", _lonlat_box(listed)))
     if request.zones is not None:
         zonal = [seq for seq, spec in enumerate(listed) if spec.stage == ZONAL_STAGE]
         kept = request.zones.kept
         assert kept is not None
         found.append(GatherSpec(ZONES_GATHER, _ranges(zonal), extra=(
             ("zones", kept.ref), ("statistics", ",".join(request.zones.statistics)),
-            ("percentiles", ",".join(map(repr, request.zones.percentiles))), ("per", request.zones.by)),
+            ("percentiles", ",".join(map(repr, request.zones.percentiles))), ("per", request.zones.by), *span),
             work=len(zonal) * max(1, kept.count or 1) / 1e3))
     output = request.output
     if output is None or output.format == "cog":
@@ -364,15 +367,27 @@ def _gathers(request: JobRequest, listed: list[TaskSpec], derived: dict[str, dic
         for layer in [*layers[product], *derived.get(product, {})]:
             encoding = encoding_json(Input(layer, product, layer), derived_layers)
             found.append(_cube(output.format, seqs, [("product", product), ("layer", layer), ("name", layer),
-                                                      ("encoding", json.dumps(encoding))], listed))
+                                                      ("encoding", json.dumps(encoding)), *span], listed))
     names: dict[str, list[int]] = {}
     for seq, spec in enumerate(listed):
         if spec.stage == AGGREGATE_STAGE and spec.reduction is not None:
             names.setdefault(spec.reduction.name, []).append(seq)
     for name, seqs in names.items():
         found.append(_cube(output.format, seqs, [("product", listed[seqs[0]].product), ("layer", ""),
-                                                  ("name", name)], listed))
+                                                  ("name", name), *span], listed))
     return found
+
+
+def _lonlat_box(listed: list[TaskSpec]) -> str:
+    """The lon/lat box of the tasks' target tiles (what a table or cube covers): west > east
+    across ±180°, as the tiles on either side say."""
+    boxes = {lonlat_bounds(s.target.grid.crs, ",".join(map(repr, s.target.bounds()))) for s in listed}
+    west, south = min(b[0] for b in boxes), min(b[1] for b in boxes)
+    east, north = max(b[2] for b in boxes), max(b[3] for b in boxes)
+    if west <= -180.0 and east >= 180.0:  # tiles on both sides of ±180°: from the eastern ones' west to the others'
+        west = min((b[0] for b in boxes if b[0] > 0), default=west)
+        east = max((b[2] for b in boxes if b[2] < 0), default=east)
+    return ",".join(map(repr, (west, south, east, north)))
 
 
 def _cube(form: str, seqs: list[int], extra: list[tuple[str, str]], listed: list[TaskSpec]) -> GatherSpec:
