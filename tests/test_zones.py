@@ -11,6 +11,7 @@ import json
 import math
 import time
 from datetime import date
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -25,7 +26,7 @@ from pipeline.lifecycle import attempts, jobs, tasks
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.planning import RequestError
 from pipeline.reduction import ZONAL_STAGE, ZONES_GATHER
-from pipeline.reduction.zonal import quantile
+from pipeline.reduction.zonal import Partial, _partials_table, joined, quantile
 from pipeline.requests import application, vectors
 from pipeline.requests.request import JobRequest
 from pipeline.settings import Settings
@@ -183,6 +184,39 @@ def test_the_weighted_quantile_is_exactextracts() -> None:
     assert quantile(x, np.ones(50), 0.25) == pytest.approx(float(found["quantile_25"][0]))
     assert quantile(x, np.ones(50), 0.75) == pytest.approx(float(found["quantile_75"][0]))
     assert math.isfinite(quantile(x, w, 0.5))
+
+
+def test_parts_are_joined_per_zone_in_order_whatever_their_number(tmp_path: Path) -> None:
+    """The zones' gather joins parts by merging them (each sorted by key), a few at a time:
+    seven parts, merged two at a time, give per key what one join of all in memory gives."""
+    rng = np.random.default_rng(3)
+    everything: dict[tuple[str, str, str], Partial] = {}
+    paths = []
+    for number in range(7):
+        part: dict[tuple[str, str, str], Partial] = {}
+        for zone in rng.choice(40, size=25, replace=False):
+            for day in ("2022-07-12", "2022-07-28"):
+                key = (f"zone-{zone:02d}", "ndvi", day)
+                one = Partial("NDVI", date(2022, 7, 12), date(2022, 7, 27))
+                one.add(rng.normal(size=5), rng.uniform(0.1, 1, 5), keep=True)
+                part[key] = one
+                mine = Partial("NDVI", date(2022, 7, 12), date(2022, 7, 27))
+                mine.join(one)
+                if key in everything:
+                    everything[key].join(mine)
+                else:
+                    everything[key] = mine
+        path = tmp_path / f"part-{number}.parquet"
+        pq.write_table(_partials_table(sorted(part.items())), path)
+        paths.append(path)
+    found = list(joined(paths, tmp_path, fan_in=2))
+    assert [key for key, _ in found] == sorted(everything), "one row per key, in key order"
+    assert list(tmp_path.glob("merged-*")), "more parts than the fan-in were merged first"
+    for key, one in found:
+        want = everything[key]
+        assert one.cells == want.cells and one.sum_w == pytest.approx(want.sum_w)
+        assert one.statistics(["mean", "std", "min", "max", "count", "sum"], [10, 90]) == pytest.approx(
+            want.statistics(["mean", "std", "min", "max", "count", "sum"], [10, 90]))
 
 
 def polygon_of(points: int) -> dict[str, object]:

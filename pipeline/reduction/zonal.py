@@ -19,22 +19,26 @@ deviation).
   own weighted-quantile rule (``quantile``), so that it equals ``exactextract`` over the
   mosaic, not an average of the tiles' percentiles, which would be wrong. A zone across
   two tiles, or across ±180° (its two parts in tiles on either side), is one row per date
-  or group. The table is one CSV and one Parquet file.
+  or group. The table is one CSV and one Parquet file. The join is a merge of the parts,
+  each sorted by (zone, input, key), read a batch at a time (``joined``): memory holds a
+  batch of each part and one key's partials, whatever the number of zones and tiles.
 """
 
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 import math
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import shapely
 from exactextract import exact_extract
 from pyproj import CRS, Transformer
@@ -51,6 +55,8 @@ from pipeline.stages import StageContext
 from pipeline.storage import cache, names
 
 VERSION = "zonal-1"  # change when the partials of the same inputs would change
+BATCH = 256  # rows of a part read, or of the table written, at a time
+FAN_IN = 64  # parts a join reads at once (more are merged first, as many at a time)
 PARTIAL = pa.schema([
     ("zone", pa.string()), ("input", pa.string()), ("key", pa.string()), ("start", pa.date32()),
     ("end", pa.date32()), ("unit", pa.string()), ("sum_w", pa.float64()), ("sum_wx", pa.float64()),
@@ -208,7 +214,7 @@ def zonal(ctx: StageContext) -> None:
                         one.add(x, w, keep)
                     done += 1
                     ctx.progress(done / total)
-        return tables.to_parquet(_partials_table(partials))
+        return tables.to_parquet(_partials_table(sorted(partials.items())))
 
     made = cache.ensure(ctx.clients.transfers, ctx.clients.tiles, blob, make, "application/vnd.apache.parquet",
                         want_data=False, owner=f"{ctx.part}/{ctx.task}", tidy=ctx.attempt > 1)
@@ -216,9 +222,10 @@ def zonal(ctx: StageContext) -> None:
     ctx.cached = not made.made
 
 
-def _partials_table(partials: dict[tuple[str, str, str], Partial]) -> pa.Table:
+def _partials_table(partials: Iterable[tuple[tuple[str, str, str], Partial]]) -> pa.Table:
+    """Partials as a part's rows, in the order given (a part's and a merge's: by key)."""
     rows: dict[str, list[Any]] = {name: [] for name in PARTIAL.names}
-    for (zone, alias, where), one in sorted(partials.items()):
+    for (zone, alias, where), one in partials:
         for name, value in (("zone", zone), ("input", alias), ("key", where), ("start", one.start),
                             ("end", one.end), ("unit", one.unit), ("sum_w", one.sum_w), ("sum_wx", one.sum_wx),
                             ("sum_wxx", one.sum_wxx), ("min", one.low if one.cells else None),
@@ -239,6 +246,51 @@ def _read_partials(table: pa.Table) -> Iterable[tuple[tuple[str, str, str], Part
         yield (row["zone"], row["input"], row["key"]), one
 
 
+def _partials_in(path: Path) -> Iterator[tuple[tuple[str, str, str], Partial]]:
+    """A part file's partials in its order (by key), read :data:`BATCH` rows at a time."""
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH):
+        yield from _read_partials(pa.Table.from_batches([batch]))
+
+
+def _merged(paths: list[Path]) -> Iterator[tuple[tuple[str, str, str], Partial]]:
+    """The partials of part files (each sorted by key) joined per key, in key order."""
+    key: tuple[str, str, str] | None = None
+    joined: Partial | None = None
+    for found, one in heapq.merge(*(_partials_in(p) for p in paths), key=lambda item: item[0]):
+        if joined is not None and found == key:
+            joined.join(one)
+            continue
+        if joined is not None and key is not None:
+            yield key, joined
+        key, joined = found, one
+    if joined is not None and key is not None:
+        yield key, joined
+
+
+def joined(paths: list[Path], folder: Path, fan_in: int = FAN_IN) -> Iterator[tuple[tuple[str, str, str], Partial]]:
+    """Every part's partials joined per (zone, input, key), in key order, in bounded memory:
+    a merge of the parts (each sorted by key), at most ``fan_in`` open at once — more are
+    merged first, ``fan_in`` at a time, into part files of their own in ``folder`` — so
+    that memory holds a batch of rows of each open part and one key's partials, whatever
+    the number of zones, dates and tiles."""
+    paths, level = list(paths), 0
+    while len(paths) > fan_in:
+        merged = []
+        for number in range(0, len(paths), fan_in):
+            path = folder / f"merged-{level}-{number}.parquet"
+            with pq.ParquetWriter(path, PARTIAL, compression="zstd") as out:
+                batch: list[tuple[tuple[str, str, str], Partial]] = []
+                for item in _merged(paths[number:number + fan_in]):
+                    batch.append(item)
+                    if len(batch) == BATCH:
+                        out.write_table(_partials_table(batch))
+                        batch = []
+                out.write_table(_partials_table(batch))
+            merged.append(path)
+        paths, level = merged, level + 1
+    return _merged(paths)
+
+
 @stages.stage(ZONES_GATHER)
 def zones_table(ctx: StageContext) -> None:
     """The zones' statistics joined across tiles: a row per zone, input and date or group."""
@@ -254,27 +306,27 @@ def zones_table(ctx: StageContext) -> None:
     key = hashlib.sha256(json.dumps([VERSION, ZONES_GATHER, sorted(blobs), statistics, percentiles]).encode()
                          ).hexdigest()
 
+    columns = ["zone", "input", "key", "start", "end", "unit", *statistics, *(f"p{p:g}" for p in percentiles)]
+    schema = pa.schema([("zone", pa.string()), ("input", pa.string()), ("key", pa.string()), ("start", pa.date32()),
+                        ("end", pa.date32()), ("unit", pa.string()), *((name, pa.float64()) for name in columns[6:])])
+
     def write(folder: Path) -> None:
-        joined: dict[tuple[str, str, str], Partial] = {}
+        paths = []
         for number, blob in enumerate(blobs):
-            part = tables.from_parquet(ctx.clients.transfers.download(ctx.clients.tiles, blob)[0])
-            for found, one in _read_partials(part):
-                if found in joined:
-                    joined[found].join(one)
-                else:
-                    joined[found] = one
-            ctx.progress((number + 1) / max(1, len(blobs)) * 0.9)
-        columns = ["zone", "input", "key", "start", "end", "unit", *statistics, *(f"p{p:g}" for p in percentiles)]
-        out: dict[str, list[Any]] = {name: [] for name in columns}
-        for (zone, alias, where), one in sorted(joined.items()):
-            figures = one.statistics(statistics, percentiles)
-            for name, value in (("zone", zone), ("input", alias), ("key", where), ("start", one.start),
-                                ("end", one.end), ("unit", one.unit), *figures.items()):
-                out[name].append(value)
-        schema = pa.schema([("zone", pa.string()), ("input", pa.string()), ("key", pa.string()),
-                            ("start", pa.date32()), ("end", pa.date32()), ("unit", pa.string()),
-                            *((name, pa.float64()) for name in columns[6:])])
+            path = folder / f"part-{number}.parquet"
+            path.write_bytes(ctx.clients.transfers.download(ctx.clients.tiles, blob)[0])
+            paths.append(path)
+            ctx.progress((number + 1) / max(1, len(blobs)) * 0.5)
         with tables.Writer(folder / "zones.csv", folder / "zones.parquet", schema) as writer:
+            out: dict[str, list[Any]] = {name: [] for name in columns}
+            for (zone, alias, where), one in joined(paths, folder):
+                figures = one.statistics(statistics, percentiles)
+                for name, value in (("zone", zone), ("input", alias), ("key", where), ("start", one.start),
+                                    ("end", one.end), ("unit", one.unit), *figures.items()):
+                    out[name].append(value)
+                if len(out["zone"]) == BATCH:
+                    writer.write(pa.table(out, schema=schema))
+                    out = {name: [] for name in columns}
             writer.write(pa.table(out, schema=schema))
 
     gather.publish(ctx, key, {"zones.csv": "zones.csv", "zones.parquet": "zones.parquet"}, write)
