@@ -21,7 +21,8 @@ process: a second way in the same one would find the granules made).
   writer (``pipeline.science.cubes``, a tile and date at a time) ÷ xarray's ``to_netcdf`` /
   ``to_zarr`` of the same tiles as a dask array chunked by tile and date, same chunks and
   codec. ``gather_peak_share``: the gather's writer's peak resident memory (VmHWM), writing
-  the cube and uploading it (``Transfers.upload_file``), as a share of a worker's memory
+  the cube and uploading it as a gather does (``Transfers.upload_file``, ``IN_FLIGHT`` bytes
+  in flight), as a share of a worker's memory
   limit (``LIMIT_MB``), the cube being larger than that limit.
 
     python -m bench.vectors [--parts sites zones cube] [--sites 1000] [--zones 1000] [--dates 36]
@@ -351,6 +352,7 @@ def cube_bagpipe(folder: Path, form: str, count: int, connection: str) -> dict[s
     import rasterio
     from azure.storage.blob import BlobServiceClient
 
+    from pipeline.reduction.gather import IN_FLIGHT
     from pipeline.science import cubes
     from pipeline.storage.transfer import Transfers
 
@@ -371,7 +373,7 @@ def cube_bagpipe(folder: Path, form: str, count: int, connection: str) -> dict[s
     service = BlobServiceClient.from_connection_string(connection)
     container = service.get_container_client(f"bench-cubes-{secrets.token_hex(4)}")
     container.create_container()
-    Transfers(service).upload_file(container, path.name, path, "application/octet-stream")
+    Transfers(service).upload_file(container, path.name, path, "application/octet-stream", in_flight=IN_FLIGHT)
     container.delete_container()
     return {"wall": wall, "peak": _peak(), "file": path.stat().st_size,
             "bytes": layout.shape[0] * layout.shape[1] * len(layout.dates) * 2}

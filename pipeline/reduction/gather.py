@@ -4,7 +4,8 @@ its job, joining what tasks of every partition made), and the gather of a job's 
 A gather reads the rows of the tasks it joins (its ``over`` ranges, across the job's
 partitions), refuses to join a set with a part missing (a task that failed for good: a
 ``dependency_failed`` failure), and writes its files into a work folder on local disk, a
-part at a time, then uploads each in bounded memory (``Transfers.upload_file``), into
+part at a time, then uploads each in bounded memory (``Transfers.upload_file``, at most
+:data:`IN_FLIGHT` bytes in flight), into
 ``tiles`` under a content address of what it joined: an identical request finds them there
 and ends the gather ``CACHED``.
 
@@ -33,9 +34,13 @@ from pipeline.science.tables import SITES
 from pipeline.stages import StageContext
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
+from pipeline.storage.transfer import MiB
 
 VERSION = "gather-1"  # change when the files of the same parts would change
 GOOD = (TaskStatus.SUCCEEDED, TaskStatus.CACHED)
+# bytes of a file's blocks in flight as a gather uploads it: a transfer plan's for a large
+# object (up to 256 MiB) would be most of a worker's memory beside the gather's own
+IN_FLIGHT = 32 * MiB
 CONTENT_TYPES = {".csv": "text/csv", ".parquet": "application/vnd.apache.parquet", ".nc": "application/x-netcdf",
                  ".json": "application/json", ".zip": "application/zip"}
 
@@ -82,7 +87,8 @@ def upload_once(clients: Clients, path: Path, blob: str) -> None:
     """Upload a gather's file unless another gather uploaded the same content meanwhile."""
     try:
         clients.transfers.upload_file(clients.tiles, blob, path,
-                                      CONTENT_TYPES.get(path.suffix, "application/octet-stream"), overwrite=False)
+                                      CONTENT_TYPES.get(path.suffix, "application/octet-stream"), overwrite=False,
+                                      in_flight=IN_FLIGHT)
     except HttpResponseError as exc:
         if exc.status_code not in (409, 412):
             raise

@@ -45,6 +45,13 @@ class Plan:
     block: int  # bytes per block (upload) or range (download); also the single-request limit
     concurrency: int  # blocks or ranges in flight
 
+    def within(self, in_flight: int | None) -> Plan:
+        """This plan with no more than ``in_flight`` bytes of blocks in flight (one block at
+        least); unchanged for None."""
+        if in_flight is None:
+            return self
+        return Plan(self.block, max(1, min(self.concurrency, in_flight // self.block)))
+
 
 Plans = tuple[tuple[int, Plan], ...]  # (objects up to this size, how to move them)
 
@@ -195,13 +202,14 @@ class Transfers:
         return md5
 
     def upload_file(self, container: ContainerClient, name: str, path: Path, content_type: str,
-                    overwrite: bool = True) -> bytes:
+                    overwrite: bool = True, in_flight: int | None = None) -> bytes:
         """Store the file at ``path`` with its MD5, in bounded memory whatever its size: its
         blocks are read and staged a plan's concurrency at a time (each checked by its own
-        MD5), the whole file's MD5 computed as they go, then committed with it. A file that
-        fits one request goes as :meth:`upload` sends bytes. Returns the MD5."""
+        MD5), the whole file's MD5 computed as they go, then committed with it; ``in_flight``
+        caps the bytes of blocks in flight below the plan's (for a large object, up to 256
+        MiB). A file that fits one request goes as :meth:`upload` sends bytes. Returns the MD5."""
         size = path.stat().st_size
-        plan = self.plan(container, size)
+        plan = self.plan(container, size).within(in_flight)
         if size <= plan.block:
             return self.upload(container, name, path.read_bytes(), content_type, overwrite, plan)
         blob = self.container(container, plan.block).get_blob_client(name)
