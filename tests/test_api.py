@@ -15,7 +15,7 @@ from bagpipe.serving import free_port
 from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
-from pipeline.web.api import create_app
+from pipeline.web.api import MAX_VECTOR_BYTES, create_app
 from tests.conftest import signed
 
 GOOD: dict[str, Any] = {
@@ -119,7 +119,8 @@ def test_nan_in_a_box_is_422(api: TestClient, clients: Clients) -> None:
 
 
 def test_oversized_body_is_413(api: TestClient, clients: Clients) -> None:
-    body = json.dumps(changed(label="x" * 100)) + " " * 70_000
+    # a submission may carry its sites or zones inline, up to MAX_VECTOR_BYTES
+    body = json.dumps(changed(label="x" * 100)) + " " * (MAX_VECTOR_BYTES + 1)
     response = api.post("/api/jobs", content=body, headers={"content-type": "application/json"})
     assert response.status_code == 413
     assert "larger than" in response.json()["detail"]
