@@ -321,3 +321,35 @@ def test_a_users_default_budget_applies_to_a_job_that_names_none(
         assert api.post(f"{BASE}/jobs/{job}/results", headers=bearer(token)).status_code == 202
     run = jobs.get(clients, store.get(clients, "ana", job).latest)  # type: ignore[union-attr]
     assert run.budget_usd == 3.0
+
+
+def test_a_burst_of_jobs_past_the_users_rate_is_refused_with_openeos_error(
+        settings: Settings, clients: Clients, token: str) -> None:
+    """Creating, validating, starting and estimating spend from the user's request rate, the
+    same bucket as the native API's submissions and estimates: past it a 429 with Retry-After,
+    as openEO's error object, before the graph is compiled; reading is not limited."""
+    with TestClient(create_app(settings.with_(requests_per_minute=3))) as api:
+        codes = [api.post(f"{BASE}/jobs", json={"process": monthly_max()}, headers=bearer(token)).status_code
+                 for _ in range(2)]
+        assert api.post("/api/estimate", json={"region": {"bbox": [-108.0, 35.2, -107.5, 35.8]},
+                                               "start": "2022-01-01", "end": "2022-01-31", "products": ["MOD13A1"]},
+                        headers={"Authorization": f"Bearer {token}"}).status_code == 200  # the native API's third
+        began = time.perf_counter()
+        refused = api.post(f"{BASE}/jobs", json={"process": monthly_max()}, headers=bearer(token))
+        took = time.perf_counter() - began
+        assert codes == [201, 201] and refused.status_code == 429, refused.text
+        body = refused.json()
+        assert body["code"] == "TooManyRequests" and "at most 3 a minute" in body["message"], body
+        assert body["id"] and body["links"] == [] and 1 <= int(refused.headers["retry-after"]) <= 20
+        assert took < 1.0, took
+        kept = list(clients.jobs.query_entities("PartitionKey eq @pk", parameters={"pk": store.partition("ana")}))
+        assert len(kept) == 2  # the refused one stored nothing
+        for method, path in (("POST", "/validation"), ("POST", f"/jobs/{kept[0]['RowKey']}/results"),
+                             ("GET", f"/jobs/{kept[0]['RowKey']}/estimate"),
+                             ("PATCH", f"/jobs/{kept[0]['RowKey']}")):
+            answer = api.request(method, BASE + path, json=monthly_max() if path == "/validation" else {
+                "process": monthly_max()}, headers=bearer(token))
+            assert answer.status_code == 429 and answer.json()["code"] == "TooManyRequests", (method, path)
+        assert api.get(f"{BASE}/jobs", headers=bearer(token)).status_code == 200  # reading is not limited
+        other = make_user(clients, "ben")
+        assert api.post(f"{BASE}/jobs", json={"process": monthly_max()}, headers=bearer(other)).status_code == 201

@@ -1,7 +1,9 @@
-"""How often one user may submit, estimate or ask for an address to be confirmed: a token
-bucket per user, kept in the users table so that every API instance spends from the same one
-(Azure Functions runs the API on as many instances as its load asks for, each with its own
-memory: a bucket in memory would let a user through once per instance).
+"""How often one user may submit, estimate or ask for an address to be confirmed — and, through
+the openEO API, create, change, validate, start or estimate a job (``pipeline.web.openeo``,
+whose refusal is openEO's error object): a token bucket per user, kept in the users table so
+that every API instance spends from the same one (Azure Functions runs the API on as many
+instances as its load asks for, each with its own memory: a bucket in memory would let a user
+through once per instance).
 
 users table, partition ``rate``: RK = user name; ``Tokens`` (a float: what was left),
 ``At`` (when, by the writing instance's clock). A request reads the row, adds what

@@ -22,7 +22,7 @@ from pipeline.planning import RequestError
 
 # the HTTP status of a generic refusal, by code (errors.json)
 _STATUS = {401: "AuthenticationRequired", 403: "PermissionsInsufficient", 404: "NotFound", 405: "MethodNotAllowed",
-           409: "Conflict", 413: "PayloadTooLarge", 503: "ServiceUnavailable"}
+           409: "Conflict", 413: "PayloadTooLarge", 429: "TooManyRequests", 503: "ServiceUnavailable"}
 
 
 class ErrorObject(BaseModel):
@@ -40,7 +40,8 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorObject, "description": f"openEO's error object ({why})"}
     for status, why in ((400, "a bad request"), (401, "not signed in"), (403, "not allowed"), (404, "not found"),
                         (405, "the wrong method"), (409, "not in a state that allows it"),
-                        (413, "too large"), (422, "invalid"), (503, "storage unavailable"))}
+                        (413, "too large"), (422, "invalid"), (429, "too many requests a minute"),
+                        (503, "storage unavailable"))}
 
 
 class OpenEOError(Exception):

@@ -36,7 +36,7 @@ from pipeline.planning import RequestError
 from pipeline.requests import application
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
-from pipeline.web import audit
+from pipeline.web import audit, ratelimit
 from pipeline.web.identity import Caller
 from pipeline.web.openeo import collections, graph, processes, signin, store
 from pipeline.web.openeo.errors import RESPONSES, OpenEOError, OpenEORoute
@@ -271,6 +271,9 @@ def add_routes(app: FastAPI, clients: Clients) -> None:
     """The openEO API's routes, in the app."""
     router = APIRouter(prefix=PREFIX, route_class=OpenEORoute, tags=["openEO"])
     caller_of = signin.authenticator(clients)
+    # what compiles a graph or submits one spends from the user's request rate, as the native
+    # API's submissions and estimates do (the same bucket): a refusal is openEO's error object
+    spending = ratelimit.limited(caller_of, clients)
     settings = clients.settings
 
     def base_of(request: Request) -> str:
@@ -363,7 +366,7 @@ def add_routes(app: FastAPI, clients: Clients) -> None:
         return {"processes": list(processes.specs()), "links": []}
 
     @router.post("/validation")
-    def validation(body: dict[str, Any] = Body(...), caller: Caller = Depends(caller_of)) -> dict[str, Any]:
+    def validation(body: dict[str, Any] = Body(...), caller: Caller = Depends(spending)) -> dict[str, Any]:
         """The process's errors, as a job made of it would be refused (none: it would run)."""
         try:
             _compile({"process": body}, clients)
@@ -373,7 +376,7 @@ def add_routes(app: FastAPI, clients: Clients) -> None:
 
     @router.post("/jobs", status_code=201)
     def create_job(request: Request, body: dict[str, Any] = Body(...),
-                   caller: Caller = Depends(caller_of)) -> Response:
+                   caller: Caller = Depends(spending)) -> Response:
         """Create a job (not started): its graph compiled and checked now, refused naming the
         process or field if bagpipe cannot run it."""
         compiled = _compile(body, clients)
@@ -399,7 +402,7 @@ def add_routes(app: FastAPI, clients: Clients) -> None:
         return _summary(record, Run(clients, record), full=True)
 
     @router.patch("/jobs/{job_id}", status_code=204)
-    def patch_job(job_id: str, body: dict[str, Any] = Body(...), caller: Caller = Depends(caller_of)) -> Response:
+    def patch_job(job_id: str, body: dict[str, Any] = Body(...), caller: Caller = Depends(spending)) -> Response:
         record = _own(clients, caller, job_id)
         if Run(clients, record).active:
             raise OpenEOError(400, "JobLocked", "the job is queued or running: cancel it (DELETE /jobs/{id}/results) "
@@ -430,7 +433,7 @@ def add_routes(app: FastAPI, clients: Clients) -> None:
         return Response(status_code=204)
 
     @router.post("/jobs/{job_id}/results", status_code=202)
-    def start_job(job_id: str, caller: Caller = Depends(caller_of)) -> Response:
+    def start_job(job_id: str, caller: Caller = Depends(spending)) -> Response:
         """Start the job: a bagpipe job of its request, unless one is queued or running. Its
         estimate is checked against its budget (or the user's default) first; a restart runs
         only what the earlier runs did not make (the rest is in the cache)."""
@@ -500,7 +503,7 @@ def add_routes(app: FastAPI, clients: Clients) -> None:
         return {"level": wanted, "logs": page, "links": links}
 
     @router.get("/jobs/{job_id}/estimate")
-    def job_estimate(job_id: str, caller: Caller = Depends(caller_of)) -> dict[str, Any]:
+    def job_estimate(job_id: str, caller: Caller = Depends(spending)) -> dict[str, Any]:
         """Its tasks' compute time from the runtime history, and their cost at Azure's prices
         (an upper bound: what the cache holds costs almost nothing)."""
         record = _own(clients, caller, job_id)
