@@ -48,10 +48,11 @@ class Served:
     """One app on ``host``; ``url`` once started."""
 
     def __init__(self, app: Any, host: str = "127.0.0.1", name: str = "http", own_headers: bool = True,
-                 port: int = 0) -> None:
+                 port: int = 0, sock: socket.socket | None = None) -> None:
         """``own_headers``: uvicorn adds its ``server`` and ``date`` headers (not to a
-        pass-through's answers, which carry their origin's); ``port``: this one if it is free."""
-        self.socket = bound(host, port)
+        pass-through's answers, which carry their origin's); ``port``: this one if it is free;
+        ``sock``: a socket :func:`bound` already, whose address the app was told before it was made."""
+        self.socket = sock or bound(host, port)
         self.host, self.port = host, int(self.socket.getsockname()[1])
         self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=self.port, log_level="warning",
                                                     access_log=False, server_header=own_headers,

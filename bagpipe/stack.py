@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -27,7 +28,7 @@ from bagpipe.client import STATE_FILE, TOKEN_FILE, token_in
 from bagpipe.earthdata import Earthdata
 from bagpipe.mailserver import MailServer
 from bagpipe.planetary import Planetary
-from bagpipe.serving import Served
+from bagpipe.serving import Served, bound
 from pipeline.lifecycle.health import REPLACE_EXIT
 from pipeline.settings import Settings, env_name
 from pipeline.storage import names
@@ -76,6 +77,7 @@ class LocalStack:
     _supervising: threading.Event = field(init=False, default_factory=threading.Event)
     replaced: int = field(init=False, default=0)  # workers that exited and were started again
     _api: Served | None = field(init=False, default=None)
+    _api_socket: socket.socket | None = field(init=False, default=None)  # held from before the settings name it
     _lock: IO[bytes] | None = field(init=False, default=None)
 
     def start(self) -> LocalStack:
@@ -92,6 +94,7 @@ class LocalStack:
         (self.home / PORTS_FILE).write_text(json.dumps({"planetary_storage": self.planetary.storage.port,
                                                         "archive": self.nasa.archive.port}))
         self.mail = MailServer(self.home / "mail").start()
+        self._api_socket = bound("127.0.0.1")  # its address is the portal's, which the emails link
         self.settings = self._settings()
         clients_for(self.settings).ensure_resources()
         self.token = identity.bootstrap_admin(clients_for(self.settings), token_in(self.home))
@@ -126,6 +129,8 @@ class LocalStack:
                                   "smtp_port": self.mail.port}
         if self.namespace:
             own["namespace"] = self.namespace
+        if not env.get(env_name("portal_url")) and self._api_socket is not None:  # its own page, at the API's root
+            own["portal_url"] = "http://{}:{}/".format(*self._api_socket.getsockname()[:2])
         if not env.get(env_name("mail_allowed")):  # its SMTP server keeps what it receives: mail anyone
             own["mail_allowed"] = "*"
         if not env.get(env_name("stac_url")):
@@ -145,7 +150,7 @@ class LocalStack:
             return {}
 
     def _start_api(self) -> None:
-        self._api = Served(create_app(self.settings), name="api").start()
+        self._api = Served(create_app(self.settings), name="api", sock=self._api_socket).start()
         self.api_url = self._api.url
 
     def worker_env(self) -> dict[str, str]:

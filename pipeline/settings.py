@@ -100,6 +100,9 @@ class Settings:
         "BAGPIPE_MAIL_MODE", "none", "`smtp` (the local stack), `acs` (Azure Communication Services) or "
         "`none` (no email; the completion is still recorded).", choices=("smtp", "acs", "none"))
     mail_sender: str = setting("BAGPIPE_MAIL_SENDER", "bagpipe@localhost", "The From address.")
+    portal_url: str = setting(
+        "BAGPIPE_PORTAL_URL", "", "The portal's public address (its page: `https://HOST/portal/` in Azure, the API's "
+        "own URL on the local stack): a job's email links the job's page there. Empty: the email has no such link.")
     mail_allowed: str = setting(
         "BAGPIPE_MAIL_ALLOWED", "", "Addresses and `@domains` (comma-separated) every user's jobs may mail without "
         "confirming them; `*`: any (the local stack's, whose SMTP server keeps what it receives). Empty: a user's "

@@ -108,6 +108,19 @@ def test_the_deployment_sets_every_setting_the_code_reads() -> None:
             assert f"'{name}'" not in text, f"{name} retyped in {path.name}"
 
 
+def test_the_portal_address_the_emails_link_is_the_function_apps_own_page() -> None:
+    """The app's settings carry the portal's address before the app exists: the Function
+    App's host name as its module names the app, with the page's path the portal is served
+    at (the ``portalUrl`` output), unless the deployment is given one."""
+    settings = _text(_declaration(BICEP / "main.bicep", "variable_declaration", "settings"))
+    assert re.search(r"'\$\{names\.settings\.portalUrl\}': portalAddress\n", settings)
+    address = _text(_declaration(BICEP / "main.bicep", "variable_declaration", "portalAddress"))
+    (app,) = re.findall(r"resource app '[^']+' = \{\s*name: '([^']+)'", (BICEP / "modules/functions.bicep").read_text())
+    assert f"'https://{app}.azurewebsites.net/portal/'" in address and "publicPortalUrl" in address
+    output = re.search(r"output portalUrl string = '(.*)'", (BICEP / "main.bicep").read_text())
+    assert output and output[1] == "https://${functions.outputs.hostName}/portal/"
+
+
 def test_every_trigger_connection_is_an_app_setting() -> None:
     _, metadata = index_app()
     connections = {b["connection"] for function in metadata.values() for b in function["bindings"]

@@ -143,3 +143,17 @@ def test_a_finisher_that_dies_after_recording_its_message_is_taken_over_with_the
     sent = emails_for(mail, job)
     ids = {str(m["Message-ID"]).strip() for m in sent}
     assert len(sent) == 2 and ids == {jobs.get(clients, job).mail_id}
+
+
+@pytest.mark.parametrize("portal", ["https://bagpipe.example.org/portal", ""], ids=["portal set", "none"])
+def test_the_email_links_the_jobs_page_where_the_portal_is(settings: Settings, mail: MailServer, portal: str) -> None:
+    """With the portal's public address set, the email names the job's page there (its
+    fragment route, a slash put between); without, no page is named."""
+    settings, clients, job = ended_job(settings.with_(portal_url=portal))
+    assert completion.complete(clients, mailer_for(settings), job)
+    (email,) = emails_for(mail, job)
+    text = email.get_body(("plain",)).get_content().splitlines()  # type: ignore[union-attr]
+    if portal:
+        assert f"Its page, with its tiles on the map and its overviews: {portal}/#/jobs/{job}" in text
+    else:
+        assert not [line for line in text if "#/jobs/" in line or "Its page" in line]

@@ -185,6 +185,16 @@ def test_submit_on_the_map_watch_it_finish_and_open_a_quicklook(page: Page, stac
     assert manifest["job"] == job and manifest["state"] == "SUCCEEDED"
     _shot(page, "job")
 
+    # the email links the job's page, at the local stack's own address
+    (email,) = [m for _, m in stack.mail.messages() if job in str(m["Subject"])]
+    text = email.get_body(("plain",)).get_content()  # type: ignore[union-attr]
+    (link,) = re.findall(r"https?://\S+#/jobs/\S+", text)
+    assert link == f"{stack.api_url}/#/jobs/{job}"
+    page.goto(stack.api_url + "/#/jobs")
+    page.goto(link)
+    expect(page.locator("h1")).to_contain_text(f"Job {job}")
+    expect(page.locator("h1 .badge")).to_have_text("SUCCEEDED")
+
     page.goto(stack.api_url + "/#/jobs")
     row = page.locator("table.jobs tr", has_text=job)
     expect(row).to_contain_text("SUCCEEDED")

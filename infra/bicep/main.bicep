@@ -66,11 +66,17 @@ param entraClientSecret string = ''
 @description('E-mail addresses (comma-separated) whose first Entra sign-in makes them admins.')
 param adminEmails string = ''
 
+@description('The portal\'s public address, which a job\'s email links its page at; empty: the Function App\'s own (https://<app>.azurewebsites.net/portal/). Set it for a custom domain.')
+param publicPortalUrl string = ''
+
 @description('Overrides of the code\'s defaults by names.json settings key, e.g. {"killFactor": "3", "window": "512"}; anything unset keeps the code\'s default.')
 param tuning object = {}
 
 var names = loadJsonContent('names.json')
 var suffix = uniqueString(resourceGroup().id)
+// the Function App's own address (modules/functions.bicep names it), known before the app exists: the
+// app's settings carry it, so it cannot be the module's output
+var portalAddress = empty(publicPortalUrl) ? 'https://${prefix}-fn-${suffix}.azurewebsites.net/portal/' : publicPortalUrl
 var entraIssuer = empty(entraClientId) ? '' : '${environment().authentication.loginEndpoint}${tenant().tenantId}/v2.0'
 var roles = {
   blobOwner: 'b7e6dc6d-f1e8-4753-8033-0f276bb0955b' // Storage Blob Data Owner: host storage, packages, SAS delegation
@@ -118,6 +124,7 @@ var settings = {
   '${names.settings.sasMinutes}': contains(tuning, 'sasMinutes') ? tuning.sasMinutes : ''
   '${names.settings.mailMode}': email ? 'acs' : 'none'
   '${names.settings.mailSender}': email ? mail.outputs.sender : ''
+  '${names.settings.portalUrl}': portalAddress
   '${names.settings.mailAllowed}': contains(tuning, 'mailAllowed') ? tuning.mailAllowed : ''
   '${names.settings.acsEndpoint}': email ? mail.outputs.endpoint : ''
   '${names.settings.killFactor}': contains(tuning, 'killFactor') ? tuning.killFactor : ''

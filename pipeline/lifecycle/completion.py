@@ -268,6 +268,14 @@ def one_line(text: str) -> str:
     return "".join(c for c in " ".join(text.split()) if c.isprintable())
 
 
+def job_page(portal: str, job: str) -> str:
+    """The address of the job's page in the portal at ``portal`` (its public address,
+    ``BAGPIPE_PORTAL_URL``; the page routes by its fragment), or "" with no portal set."""
+    if not portal:
+        return ""
+    return f"{portal if portal.endswith('/') else portal + '/'}#/jobs/{job}"
+
+
 def completion_email(clients: Clients, row: JobRow, final: JobState, found: dict[str, Any], lines: list[str],
                      recipient: str, message_id: str) -> EmailMessage:
     job = row.job
@@ -286,6 +294,8 @@ def completion_email(clients: Clients, row: JobRow, final: JobState, found: dict
         why += "Failures, the newest:\n" + "".join(
             f"- task {int(a.task)} ({a.stage}) attempt {a.attempt}: {a.failure_class}: {one_line(a.error)[:400]}\n"
             for a in failed) + f"What a program wrote to stdout and stderr: bagpipe logs {job} TASK\n\n"
+    page = job_page(clients.settings.portal_url, job)
+    seen = f"Its page, with its tiles on the map and its overviews: {page}\n\n" if page else ""
     message = EmailMessage()
     message["From"] = clients.settings.mail_sender
     message["To"] = recipient
@@ -296,6 +306,7 @@ def completion_email(clients: Clients, row: JobRow, final: JobState, found: dict
         f"Tasks: {found['total']} ({counts}).\n"
         f"Compute: {found['cost']['compute_s'] / 3600:.2f} slot-hours over {found['cost']['attempts']} attempts, "
         f"about {costs.dollars(found['cost']['usd'])} at Azure's pay-as-you-go prices.\n\n"
+        f"{seen}"
         f"Manifest with every product (link valid for {clients.settings.sas_minutes} minutes):\n"
         f"{link}\n\n"
         f"{''.join(lines)}"
