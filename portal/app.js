@@ -2,7 +2,7 @@
 // reducers. Pages by the URL's hash: #/ (submit), #/jobs (the list), #/jobs/<id> (one job),
 // #/reducers, #/account (my tokens). Signing in and the API calls are session.js's.
 import { accountPage } from "./account.js";
-import { WorldMap } from "./map.js";
+import { WorldMap, lonSpan } from "./map.js";
 import { reducersPage } from "./reducers.js";
 import { api, signOut, whoami } from "./session.js";
 import { age, dollars, duration, h, stateBadge } from "./util.js";
@@ -444,9 +444,7 @@ async function jobPage(id) {
     const tiles = view.tiles.filter((t) => t.bounds);
     mapView.showTiles(tiles);
     if (!fitted && tiles.length) {
-      const b = tiles.reduce((a, t) => [Math.min(a[0], t.bounds[0]), Math.min(a[1], t.bounds[1]),
-        Math.max(a[2], t.bounds[2]), Math.max(a[3], t.bounds[3])], [180, 90, -180, -90]);
-      mapView.fit(b);
+      mapView.fit(lonSpan(tiles.map((t) => t.bounds))); // a region across ±180° in the map's middle
       fitted = true;
     }
     histograms.replaceChildren(...Object.entries(view.stages).map(([stage, info]) =>

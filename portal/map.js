@@ -1,7 +1,10 @@
 // The world map of the portal: an SVG in plate carrée whose user units are degrees
 // (x = lon + 180, y = 90 - lat), with the coastlines of world-atlas, the MODIS sinusoidal
 // tile grid, a box or tiles to pick, target tiles coloured by state and quick-looks laid
-// on top. Wheel or the +/- buttons zoom around a point; drag draws a box.
+// on top. Wheel or the +/- buttons zoom around a point; drag draws a box. The world is
+// drawn again a turn east and a turn west of itself, so that a region across ±180° is
+// shown whole, in the middle of the map: a box across it is [west, south, east, north]
+// with west > east, as GeoJSON has it, and is laid from west to east + 360.
 /* global topojson */
 
 const SVG = "http://www.w3.org/2000/svg";
@@ -14,6 +17,38 @@ const DEG = Math.PI / 180;
 
 export const x = (lon) => lon + 180;
 export const y = (lat) => 90 - lat;
+let maps = 0; // the world's copies name it: one id per map on the page
+
+/** A longitude brought within [-180, 180): ``east`` keeps 180 for a box's east edge. */
+function wrapped(lon, east = false) {
+  const turns = east ? Math.ceil((lon - 180) / 360) : Math.floor((lon + 180) / 360);
+  return lon - 360 * turns;
+}
+
+/** A box's east edge on the line of its west: past 180 when it crosses ±180° (west > east). */
+const eastOf = ([w, , e]) => (e < w ? e + 360 : e);
+
+/**
+ * The smallest lon/lat box holding ``boxes`` ([w, s, e, n], w > e across ±180°): the turn of the
+ * Earth less the widest stretch of longitude none covers. Across ±180° its west is above its east.
+ */
+export function lonSpan(boxes) {
+  const spans = boxes.map((b) => [b[0], eastOf(b)]).sort((a, b) => a[0] - b[0]);
+  const joined = [];
+  for (const [w, e] of spans) {
+    if (joined.length && w <= joined[joined.length - 1][1]) joined[joined.length - 1][1] = Math.max(joined[joined.length - 1][1], e);
+    else joined.push([w, e]);
+  }
+  let widest = -1, at = 0;
+  for (let i = 0; i + 1 < joined.length; i++) {
+    if (joined[i + 1][0] - joined[i][1] > widest) [widest, at] = [joined[i + 1][0] - joined[i][1], i];
+  }
+  const south = Math.min(...boxes.map((b) => b[1])), north = Math.max(...boxes.map((b) => b[3]));
+  if (joined[0][0] + 360 - joined[joined.length - 1][1] >= widest) {
+    return [joined[0][0], south, wrapped(joined[joined.length - 1][1], true), north];
+  }
+  return [joined[at + 1][0], south, joined[at][1], north];
+}
 
 function el(name, attrs = {}, parent = null) {
   const node = document.createElementNS(SVG, name);
@@ -73,12 +108,15 @@ export class WorldMap {
     this.wrap.className = "map";
     host.appendChild(this.wrap);
     this.svg = el("svg", { viewBox: "0 0 360 180", role: "img", "aria-label": options.label || "World map" }, this.wrap);
-    el("rect", { x: 0, y: 0, width: 360, height: 180, class: "sea" }, this.svg);
-    this.land = el("g", { class: "land" }, this.svg);
-    this.grid = el("g", { class: "modis-grid" }, this.svg);
-    this.layers = el("g", { class: "layers" }, this.svg);
-    this.overlay = el("g", { class: "overlay" }, this.svg);
-    this.selection = el("g", { class: "selection" }, this.svg);
+    const world = el("g", { class: "world", id: `world-${++maps}` }, this.svg);
+    el("rect", { x: 0, y: 0, width: 360, height: 180, class: "sea" }, world);
+    this.land = el("g", { class: "land" }, world);
+    this.grid = el("g", { class: "modis-grid" }, world);
+    this.layers = el("g", { class: "layers" }, world);
+    this.overlay = el("g", { class: "overlay" }, world);
+    this.selection = el("g", { class: "selection" }, world);
+    // its copies a turn west and east, beneath it (the world itself over what runs past its edges)
+    for (const turn of [-360, 360]) this.svg.insertBefore(el("use", { href: `#${world.id}`, x: turn, "aria-hidden": "true" }), world);
     this._zoomButtons();
     this._drawGrid();
     this._interactions();
@@ -132,7 +170,7 @@ export class WorldMap {
     p.x = event.clientX;
     p.y = event.clientY;
     const q = p.matrixTransform(this.svg.getScreenCTM().inverse());
-    return { sx: q.x, sy: q.y, lon: q.x - 180, lat: 90 - q.y };
+    return { sx: q.x, sy: q.y, lon: q.x - 180, lat: 90 - q.y }; // lon past ±180 on the world's copies
   }
 
   _setView() {
@@ -146,21 +184,22 @@ export class WorldMap {
     const w = Math.min(360, Math.max(0.5, v.w * factor));
     const h = w / 2;
     this.view = {
-      x: Math.min(360 - w, Math.max(0, cx - ((cx - v.x) * w) / v.w)),
+      x: Math.min(540 - w, Math.max(-180, cx - ((cx - v.x) * w) / v.w)),
       y: Math.min(180 - h, Math.max(0, cy - ((cy - v.y) * h) / v.h)),
       w, h,
     };
     this._setView();
   }
 
-  /** Show [west, south, east, north] with a margin. */
-  fit([west, south, east, north], margin = 0.25) {
+  /** Show [west, south, east, north] with a margin (west > east: across ±180°, in the map's middle). */
+  fit([west, south, e, north], margin = 0.25) {
+    const east = eastOf([west, south, e, north]);
     const mw = (east - west) * margin + 0.5, mh = (north - south) * margin + 0.5;
     let w = Math.min(360, Math.max(east - west + 2 * mw, 2 * (north - south + 2 * mh)));
     w = Math.max(w, 1);
     const h = w / 2;
     const cx = x((west + east) / 2), cy = y((south + north) / 2);
-    this.view = { x: Math.min(360 - w, Math.max(0, cx - w / 2)), y: Math.min(180 - h, Math.max(0, cy - h / 2)), w, h };
+    this.view = { x: Math.min(540 - w, Math.max(-180, cx - w / 2)), y: Math.min(180 - h, Math.max(0, cy - h / 2)), w, h };
     this._setView();
   }
 
@@ -194,10 +233,12 @@ export class WorldMap {
       rect = null;
       if (moved && this.mode === "box" && this.options.onBox) {
         const round = (v) => Math.round(v * 100) / 100;
-        this.options.onBox([round(Math.max(-180, Math.min(start.lon, p.lon))), round(Math.max(-90, Math.min(start.lat, p.lat))),
-          round(Math.min(180, Math.max(start.lon, p.lon))), round(Math.min(90, Math.max(start.lat, p.lat)))]);
+        const [a, b] = [Math.min(start.lon, p.lon), Math.max(start.lon, p.lon)];
+        const [west, east] = b - a >= 360 ? [-180, 180] : [wrapped(a), wrapped(b, true)]; // west > east: across ±180°
+        this.options.onBox([round(west), round(Math.max(-90, Math.min(start.lat, p.lat))),
+          round(east), round(Math.min(90, Math.max(start.lat, p.lat)))]);
       } else if (!moved && this.mode === "tiles" && this.options.onTile) {
-        const tile = modisTileAt(p.lon, p.lat);
+        const tile = modisTileAt(wrapped(p.lon), p.lat);
         if (tile) this.options.onTile(tile);
       }
       start = null;
@@ -221,7 +262,8 @@ export class WorldMap {
   showTiles(tiles) {
     for (const node of [...this.layers.children]) node.remove();
     for (const t of tiles) {
-      const [w, s, e, n] = t.bounds;
+      const [w, s, , n] = t.bounds;
+      const e = eastOf(t.bounds);
       const r = el("rect", { x: x(w), y: y(n), width: e - w, height: n - s, class: `tile state-${t.state}`, "data-tile": t.tile }, this.layers);
       el("title", {}, r).textContent = `${t.tile}: ${t.state}`;
     }
@@ -231,7 +273,8 @@ export class WorldMap {
   showImages(images, kind = "quicklook") {
     for (const node of [...this.overlay.children]) node.remove();
     for (const image of images) {
-      const [w, s, e, n] = image.bounds;
+      const [w, s, , n] = image.bounds;
+      const e = eastOf(image.bounds);
       const node = el("image", { href: image.url, x: x(w), y: y(n), width: e - w, height: n - s,
         preserveAspectRatio: "none", class: kind }, this.overlay);
       el("title", {}, node).textContent = image.name;

@@ -202,6 +202,31 @@ def test_submit_on_the_map_watch_it_finish_and_open_a_quicklook(page: Page, stac
     _shot(page, "jobs")
 
 
+def test_a_job_across_the_antimeridian_is_shown_whole_in_the_middle_of_its_map(page: Page, stack: LocalStack) -> None:
+    """A box of Chukotka (land on both sides), 179.5°E to 179.6°W: its job's page shows its two
+    target tiles side by side in the middle of the map, and its overview as one image across
+    ±180° — not the world with a speck at either edge."""
+    created = httpx.post(stack.api_url + "/api/jobs", headers=stack.headers, json={
+        "region": {"bbox": [179.5, 66.2, -179.6, 66.8]}, "grid": {"resolution": 0.01},
+        "start": "2022-02-02", "end": "2022-02-09", "products": ["MOD10A2"], "label": "Chukotka"})
+    assert created.status_code == 202, created.text
+    job = created.json()["job"]
+    page.goto(f"{stack.api_url}/#/jobs/{job}")
+    _enter_key(page, stack.token)
+    expect(page.locator("h1 .badge")).to_have_text("SUCCEEDED", timeout=150_000)
+    expect(page.locator(".map .tile")).to_have_count(2)
+    left, _, width, _ = (float(v) for v in (page.locator(".map svg").get_attribute("viewBox") or "").split())
+    assert width < 20 and abs(left + width / 2 - 360) < width / 10, (left, width)  # x = lon + 180: ±180° at 360
+    expect(page.locator(".map image.overview")).to_have_count(1)
+    image = page.locator(".map image.overview")
+    assert float(image.get_attribute("x") or 0) == pytest.approx(359) and float(image.get_attribute("width") or 0) == 2
+    shown, whole = image.bounding_box(), page.locator(".map svg").bounding_box()
+    assert shown is not None and whole is not None
+    assert shown["width"] > whole["width"] / 10 and whole["x"] < shown["x"] < shown["x"] + shown["width"] < whole[
+        "x"] + whole["width"]  # large, and inside the map
+    _shot(page, "antimeridian")
+
+
 def test_an_invalid_request_shows_the_error_beside_its_field(page: Page, stack: LocalStack) -> None:
     page.goto(stack.api_url + "/")
     _enter_key(page, stack.token)

@@ -54,9 +54,9 @@ def test_ndvi_is_on_a_vegetation_ramp_and_temperature_in_celsius() -> None:
     assert np.abs(rgba[0, 0, :3].astype(int) - dict(quicklook.TEMPERATURE_C)[30.0]).max() <= 2
 
 
-def tile_cog(west: float, values: np.ndarray) -> bytes:
+def tile_cog(west: float, values: np.ndarray, north: float = 35.0) -> bytes:
     profile = {"driver": "GTiff", "width": 100, "height": 100, "count": 1, "dtype": "uint8", "crs": "EPSG:4326",
-               "transform": Affine(0.01, 0, west, 0, -0.01, 35.0), "nodata": 255}
+               "transform": Affine(0.01, 0, west, 0, -0.01, north), "nodata": 255}
     with MemoryFile() as memory:
         with memory.open(**profile) as dst:
             dst.write(values, 1)
@@ -86,6 +86,27 @@ def test_a_jobs_overview_shows_its_region_with_the_class_colours(clients: Client
     assert picture.shape[0] > 512 and tuple(picture[256, 256]) == (*COLOURS[200], 255)
     with rasterio.open(io.BytesIO(clients.transfers.download(clients.tiles, entries[0]["outputs"][0][6:])[0])) as t:
         assert t.read(1)[50, 50] == 200  # the class whose colour the overview shows there
+
+
+def test_an_overview_across_the_antimeridian_is_the_region_not_the_world(clients: Clients) -> None:
+    """Fiji's tiles either side of ±180° (179…180 and −180…−179): one image of the region,
+    2° × 1° as the region is, the west tile on its left and the east tile on its right, its
+    box across ±180° as GeoJSON gives one (west above east) — not 360° wide with a speck
+    at either end."""
+    entries = []
+    for i, (west, value) in enumerate([(179.0, 200), (-180.0, 25)]):
+        blob = names.tile_blob(f"{i + 7:02d}" * 32, "MOD10A2", "Maximum_Snow_Extent", "2022-02-02", f"f{i}")
+        clients.transfers.upload(clients.tiles, blob, tile_cog(west, np.full((100, 100), value, "uint8"), -16.0),
+                                 "image/tiff")
+        entries.append({"task": f"{i:09d}", "stage": "modis", "product": "MOD10A2", "date": "2022-02-02",
+                        "crs": "EPSG:4326", "bounds": f"{west},-17.0,{west + 1},-16.0",
+                        "outputs": [names.TILE_OUTPUT_PREFIX + blob]})
+    (made,) = overview.build(clients, "j-fiji", entries)
+    assert made["bounds"] == (179.0, -17.0, -179.0, -16.0)
+    bare = decoded(clients.transfers.download(clients.products, made["map"])[0])
+    assert bare.shape == (512, 1024, 4)
+    assert tuple(bare[256, 256]) == (*COLOURS[200], 255) and tuple(bare[256, 768]) == (*COLOURS[25], 255)
+    assert (bare[..., 3] == 255).all()  # every pixel one of the tiles'
 
 
 def test_an_overview_of_cached_tiles_is_drawn_once_and_copied_for_a_repeat(clients: Clients) -> None:

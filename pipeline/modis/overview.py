@@ -1,7 +1,8 @@
 """A finished job's overview images: per layer and date of its tiles (the latest
 ``MAX_DATES`` of each layer) and per raster its reductions left, every tile of the job laid
 on one lon/lat image of its whole region (nearest neighbour, at most ``LONGEST`` pixels a
-side), coloured for its layer (``pipeline.modis.quicklook``). Each is stored twice under
+side; a region across ±180° one image across it, its bounds' west above their east, as
+GeoJSON gives such a box), coloured for its layer (``pipeline.modis.quicklook``). Each is stored twice under
 ``products/{job}/overview/``: the bare image the portal lays on its map (``*.map.png``),
 and the picture with its legend that the email links to (``*.png``).
 
@@ -48,7 +49,7 @@ COPIES_AT_ONCE = 8  # cached overviews copied into a job at once
 Group = tuple[str, str, str, str]  # product, layer (or a reduction's file stem), first date, last date ("": a tile)
 # how an overview is drawn, in its cache key: a change to the drawing (colours, legend,
 # canvas, resampling) takes a new one, so no cached overview outlives the code that drew it
-DRAWING = 1
+DRAWING = 2
 
 
 def groups_of(clients: Clients, entries: list[dict[str, Any]]) -> dict[Group, list[tuple[dict[str, Any], str]]]:
@@ -173,13 +174,15 @@ def draw(clients: Clients, job: str, key: Group,
     """The group's overview drawn: its description (bounds, unit, legend, tiles) and its
     two images (the picture with its legend, the bare map)."""
     product, name = key[:2]
-    boxes = [lonlat_bounds(task["crs"], task["bounds"]) for task, _ in members]
-    bounds = (min(b[0] for b in boxes), min(b[1] for b in boxes), max(b[2] for b in boxes), max(b[3] for b in boxes))
+    boxes = {output: lonlat_bounds(task["crs"], task["bounds"]) for task, output in members}
+    bounds = region_box(list(boxes.values()))
     shape = quicklook.canvas_shape(bounds, LONGEST)
-    transform = from_bounds(*bounds, shape[1], shape[0])
     canvas: np.ndarray | None = None
     nodata, scale, offset = 0.0, 1.0, 0.0  # the first raster read sets them
     for output, data in _rasters(clients, members):
+        # the canvas in the raster's own longitudes: a turn west for one east of ±180° on a canvas past 180°
+        shift = 360.0 * round(((bounds[0] + bounds[2]) / 2 - _middle(boxes[output])) / 360.0)
+        transform = from_bounds(bounds[0] - shift, bounds[1], bounds[2] - shift, bounds[3], shape[1], shape[0])
         try:
             with MemoryFile(data) as memory, memory.open() as src:
                 if canvas is None:
@@ -202,8 +205,36 @@ def draw(clients: Clients, job: str, key: Group,
     style = quicklook.style_for(layer, valid.astype("float64") * scale + offset, name)
     rgba = quicklook.colorize(canvas, style, nodata, scale, offset)
     images = {"picture": quicklook.picture(rgba, style, f"{product} {name} {_span(key)}"), "map": quicklook.png(rgba)}
-    drawn = {"bounds": list(bounds), "unit": style.unit, "legend": quicklook.legend_json(style), "tiles": len(members)}
+    west, south, east, north = bounds
+    drawn = {"bounds": [west, south, east - 360.0 if east > 180.0 else east, north], "unit": style.unit,
+             "legend": quicklook.legend_json(style), "tiles": len(members)}
     return drawn, images
+
+
+def _middle(box: tuple[float, float, float, float]) -> float:
+    """The middle longitude of a lon/lat box (west > east: across ±180°, past 180°)."""
+    west, _, east, _ = box
+    return (west + (east if east >= west else east + 360.0)) / 2
+
+
+def region_box(boxes: list[tuple[float, float, float, float]]) -> tuple[float, float, float, float]:
+    """The smallest lon/lat box holding ``boxes`` (each west > east when across ±180°): the
+    turn of the Earth less the widest stretch of longitude none of them covers, its east
+    past 180° when it crosses ±180° (so that it is drawn as one image of the region, not of
+    the world between its two sides)."""
+    spans = sorted((w, e if e >= w else e + 360.0) for w, _, e, _ in boxes)
+    joined: list[list[float]] = []
+    for west, east in spans:
+        if joined and west <= joined[-1][1]:
+            joined[-1][1] = max(joined[-1][1], east)
+        else:
+            joined.append([west, east])
+    gaps = [(joined[i + 1][0] - joined[i][1], i) for i in range(len(joined) - 1)]
+    widest = max(gaps, default=(-1.0, 0))
+    south, north = min(b[1] for b in boxes), max(b[3] for b in boxes)
+    if joined[0][0] + 360.0 - joined[-1][1] >= widest[0]:  # nothing is missing across ±180°
+        return joined[0][0], south, joined[-1][1], north
+    return joined[widest[1] + 1][0], south, joined[widest[1]][1] + 360.0, north
 
 
 def build(clients: Clients, job: str, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -27,6 +27,8 @@ from urllib.parse import urlsplit
 
 import pystac
 import rasterio
+import shapely.affinity
+import shapely.geometry
 from rio_stac import create_stac_item
 from rio_stac.stac import get_raster_info
 
@@ -138,7 +140,24 @@ def build_item(task: dict[str, Any], files: Sequence[str | Path], catalog: dict[
                             assets=assets, with_proj=True, with_raster=False, geom_densify_pts=21,
                             geom_precision=6)
     item.stac_extensions.append(RASTER_SCHEMA)
+    _wrap(item)
     return pystac.Item.from_dict(item.to_dict(), migrate=True)  # projection v2 (proj:code), as pystac writes it
+
+
+def _wrap(item: pystac.Item) -> None:
+    """An item whose raster runs past ±180° (a region mosaic in a grid continuous across it)
+    given as GeoJSON has it: its footprint cut there into a MultiPolygon of both sides, its
+    box's west above its east."""
+    if item.bbox is None or (-180.0 <= item.bbox[0] and item.bbox[2] <= 180.0):
+        return
+    footprint = shapely.geometry.shape(item.geometry)
+    sides = [shapely.affinity.translate(footprint.intersection(shapely.geometry.box(w, -90.0, e, 90.0)), -shift)
+             for w, e, shift in ((-540.0, -180.0, -360.0), (-180.0, 180.0, 0.0), (180.0, 540.0, 360.0))]
+    polygons = [p for side in sides if not side.is_empty
+                for p in (side.geoms if isinstance(side, shapely.geometry.MultiPolygon) else [side])]
+    item.geometry = shapely.geometry.mapping(shapely.geometry.MultiPolygon(polygons))
+    west, south, east, north = item.bbox
+    item.bbox = [west + 360.0 if west < -180.0 else west, south, east - 360.0 if east > 180.0 else east, north]
 
 
 TABLES = {".csv": "text/csv", ".parquet": "application/vnd.apache.parquet", ".nc": "application/netcdf",
@@ -189,9 +208,7 @@ def build_collection(manifest: dict[str, Any], items: list[pystac.Item]) -> pyst
     ends = [pystac.utils.str_to_datetime(i.properties["end_datetime"]) for i in items]
     span = [min(starts), max(ends)] if items else [datetime.combine(date.fromisoformat(request["start"]), time(), UTC),
                                                    datetime.combine(date.fromisoformat(request["end"]), time(), UTC)]
-    extent = pystac.Extent(
-        pystac.SpatialExtent([[min(b[0] for b in boxes), min(b[1] for b in boxes),
-                               max(b[2] for b in boxes), max(b[3] for b in boxes)]]),
+    extent = pystac.Extent(pystac.SpatialExtent([_box_of(boxes)]),
         pystac.TemporalExtent([span]))
     label = manifest.get("label") or ""
     # a summary lists what the items hold: none for a job without products (the schema wants a value)
@@ -207,6 +224,17 @@ def build_collection(manifest: dict[str, Any], items: list[pystac.Item]) -> pyst
                       f"{PREFIX}:request": {k: v for k, v in request.items() if k != "email"},
                       f"{PREFIX}:version": bagpipe_version()})
     return collection
+
+
+def _box_of(boxes: Sequence[Sequence[float]]) -> list[float]:
+    """The lon/lat box of ``boxes``; across ±180° (west above east) when one of them is: a
+    job's items all lie about the region, so those west of ±180° give its west edge and
+    those east of it its east edge."""
+    south, north = min(b[1] for b in boxes), max(b[3] for b in boxes)
+    if all(b[0] <= b[2] for b in boxes):
+        return [min(b[0] for b in boxes), south, max(b[2] for b in boxes), north]
+    return [min(b[0] for b in boxes if b[0] > b[2] or b[0] >= 0), south,
+            max(b[2] for b in boxes if b[0] > b[2] or b[2] < 0), north]
 
 
 def _request_box(manifest: dict[str, Any]) -> tuple[float, float, float, float]:
