@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from shapely.geometry import shape
 
 from pipeline.science import expressions
 from pipeline.web.openeo import pixels
@@ -215,3 +216,55 @@ def test_the_pixel_compiler_writes_each_process_as_the_expression_language_does(
         "x": {"from_parameter": "x"}, "min": 1, "max": -1}, "result": True}}}
     with pytest.raises(pixels.Invalid, match="MinMaxSwapped"):
         pixels.expression(swapped, {"x": x}, "apply", ["x"])
+
+
+def ring(west: float, south: float, east: float, north: float) -> list[list[list[float]]]:
+    return [[[west, south], [east, south], [east, north], [west, north], [west, south]]]
+
+
+INSIDE = {"type": "Polygon", "coordinates": [[[-107.9, 35.3], [-107.6, 35.3], [-107.7, 35.7], [-107.9, 35.3]]]}
+
+
+def test_polygons_are_the_regions_geometry_clipped_to_the_box() -> None:
+    process = graph()
+    process["process_graph"]["load"]["arguments"]["spatial_extent"] = INSIDE  # a load's extent as GeoJSON
+    request = compile_graph(process).request
+    assert request.region.geometry == INSIDE and request.region.bbox is None  # type: ignore[union-attr]
+    within = compile_graph(graph(("clip", "filter_spatial", {"geometries": INSIDE}))).request
+    assert within.region.geometry == INSIDE  # type: ignore[union-attr]  # inside the load's box: as given
+    two = {"type": "FeatureCollection", "features": [
+        {"type": "Feature", "properties": {}, "geometry": INSIDE},
+        {"type": "Feature", "properties": {}, "geometry": {"type": "Polygon", "coordinates": ring(
+            -107.55, 35.0, -107.0, 35.3)}}]}  # a second polygon, across the box's south-east corner
+    found = compile_graph(graph(("clip", "filter_spatial", {"geometries": two}))).request.region
+    assert found is not None and found.geometry is not None and found.geometry["type"] == "MultiPolygon"
+    parts = sorted(shape(found.geometry).geoms, key=lambda p: p.bounds[0])
+    assert parts[0].equals(shape(INSIDE))  # their union
+    corner = np.array(parts[1].exterior.coords)  # the other cut to the box: -107.55..-107.5, 35.2..35.3
+    assert corner[:, 0].min() == -107.55 and corner[:, 0].max() == -107.5 and corner[:, 1].min() == 35.2
+    box_after = compile_graph(graph(("clip", "filter_spatial", {"geometries": INSIDE}), ("b", "filter_bbox", {
+        "extent": {"west": -108.0, "south": 35.5, "east": -107.0, "north": 36.0}}))).request.region
+    assert box_after is not None and box_after.geometry is not None  # the polygon's part north of 35.5
+    assert np.array(box_after.geometry["coordinates"][0])[:, 1].min() == 35.5
+
+
+def test_polygons_that_cannot_be_a_region_are_refused_naming_the_process() -> None:
+    point = refused(graph(("clip", "filter_spatial", {"geometries": {"type": "Point", "coordinates": [-107.8, 35.4]}})))
+    assert point.process == "filter_spatial" and point.code == "ProcessParameterUnsupported" and "Point" in (
+        point.message)
+    crossing = {"type": "Polygon", "coordinates": [[[-107.9, 35.3], [-107.6, 35.7], [-107.6, 35.3],
+                                                    [-107.9, 35.7], [-107.9, 35.3]]]}
+    bowtie = refused(graph(("clip", "filter_spatial", {"geometries": crossing})))
+    assert bowtie.code == "ProcessParameterInvalid" and "filter_spatial: geometries" in bowtie.message
+    assert "Self-intersection" in bowtie.message
+    elsewhere = refused(graph(("clip", "filter_spatial", {"geometries": {"type": "Polygon", "coordinates": ring(
+        10.0, 10.0, 11.0, 11.0)}})))
+    assert elsewhere.process == "filter_spatial" and "does not overlap" in elsewhere.message
+    projected = refused(graph(("clip", "filter_spatial", {"geometries": INSIDE | {"crs": "EPSG:32613"}})))
+    assert projected.code == "ProcessParameterUnsupported" and "EPSG:32613" in projected.message
+    after = refused(graph(("t", "reduce_dimension", {"dimension": "t", "reducer": reducer("count")}),
+                          ("clip", "filter_spatial", {"geometries": INSIDE})))
+    assert after.process == "filter_spatial" and "after a temporal reduction" in after.message
+    huge = {"type": "Polygon", "coordinates": [[[-107.9 + i * 1e-7, 35.3] for i in range(100_001)]]}
+    many = refused(graph(("clip", "filter_spatial", {"geometries": huge})))
+    assert many.process == "filter_spatial" and "100,000 vertices" in many.message

@@ -33,6 +33,7 @@ from pipeline.storage.clients import clients_for
 from pipeline.web import accounts, addresses, audit, auth, ratelimit, registry, stacapi, uploads
 from pipeline.web.identity import Caller, IdentityError
 from pipeline.web.openeo import routes as openeo
+from pipeline.web.openeo.errors import OpenEOError
 from pipeline.web.portal import add_portal
 
 MAX_BODY_BYTES = 64 * 1024
@@ -80,7 +81,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 
 class BodyLimit:
     """Refuse request bodies over a size with 413, before anything reads them whole: the
-    ``limit`` for every route but those ``larger`` names (method, path), which have their own."""
+    ``limit`` for every route but those ``larger`` names (method, path), which have their own
+    (an openEO route's refusal is openEO's error object, as its others are)."""
 
     def __init__(self, app: ASGIApp, limit: int, larger: dict[tuple[str, str], int] | None = None) -> None:
         self.app, self.limit, self.larger = app, limit, larger or {}
@@ -92,7 +94,7 @@ class BodyLimit:
         limit = self.larger.get((scope["method"], scope["path"]), self.limit)
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
-            await self._refuse(send, limit)
+            await self._refuse(scope, send, limit)
             return
         seen = 0
 
@@ -107,10 +109,13 @@ class BodyLimit:
         try:
             await self.app(scope, counted, send)
         except _TooLarge:
-            await self._refuse(send, limit)
+            await self._refuse(scope, send, limit)
 
-    async def _refuse(self, send: Send, limit: int) -> None:
-        response = JSONResponse({"detail": f"request body larger than {limit} bytes", "field": "body"}, 413)
+    async def _refuse(self, scope: Scope, send: Send, limit: int) -> None:
+        """413: the app's error body, or openEO's error object on an openEO route."""
+        message = f"request body larger than {limit} bytes"
+        response = OpenEOError(413, "PayloadTooLarge", message).response() if str(scope["path"]).startswith(
+            f"{openeo.PREFIX}/") else JSONResponse({"detail": message, "field": "body"}, 413)
         await response({"type": "http"}, _no_receive, send)
 
 

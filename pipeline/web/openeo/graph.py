@@ -3,8 +3,9 @@
 bagpipe runs a job as tile tasks (a target tile, a date, a product) and reductions (a target
 tile, a group of dates), so a graph is taken apart into those:
 
-- ``load_collection`` and ``filter_bbox``, ``filter_temporal``, ``filter_bands`` are the
-  request's region (a lon/lat box), span, products and layers: a dry run pushes them down;
+- ``load_collection`` and ``filter_bbox``, ``filter_spatial``, ``filter_temporal``,
+  ``filter_bands`` are the request's region (a lon/lat box, or polygons: ``region.geometry``,
+  which every tile is clipped to), span, products and layers: a dry run pushes them down;
 - per-date pixel work — ``ndvi``, ``reduce_dimension`` over ``bands`` (band math,
   ``normalized_difference``), ``apply``, ``mask`` by a cube of the same product — is the tile
   task's derived layers (``derive``: an expression per layer, ``pixels``);
@@ -16,8 +17,8 @@ tile, a group of dates), so a graph is taken apart into those:
 
 The graph is parsed and checked by ``openeo-pg-parser-networkx`` (its data model: nodes,
 references, arguments), then walked from its result node. Anything bagpipe cannot run per
-tile — statistics over the whole region (``aggregate_spatial``), model fitting, resampling
-across tile edges — or any process it does not list is refused here, naming the process,
+tile — model fitting, resampling across tile edges — or any process it does not list is
+refused here, naming the process,
 before a task exists: a ``CompileError`` carries openEO's error code.
 """
 
@@ -29,19 +30,23 @@ from dataclasses import dataclass, field, replace
 from datetime import date, datetime, timedelta
 from typing import Any
 
+import shapely
 from pydantic import ValidationError
 from pyproj import CRS, Transformer
 from pyproj.exceptions import CRSError
+from shapely.geometry import MultiPolygon, Polygon, mapping, shape
 
 from pipeline.modis.products import CATALOG
+from pipeline.planning import RequestError
+from pipeline.requests import vectors
 from pipeline.requests.reductions import AGGREGATES
 from pipeline.requests.request import JobRequest
 from pipeline.web.openeo import pixels
 from pipeline.web.openeo.pixels import Bands, Expr
 
 # bagpipe's processes at the cube level (the child graphs' are pixels.PROCESSES)
-CUBE_PROCESSES = ("load_collection", "filter_bbox", "filter_temporal", "filter_bands", "ndvi", "reduce_dimension",
-                  "apply", "mask", "aggregate_temporal_period", "merge_cubes", "save_result")
+CUBE_PROCESSES = ("load_collection", "filter_bbox", "filter_spatial", "filter_temporal", "filter_bands", "ndvi",
+                  "reduce_dimension", "apply", "mask", "aggregate_temporal_period", "merge_cubes", "save_result")
 # a temporal reducer's process: the built-in it is (pipeline.science.builtins)
 REDUCERS = {"min": "min", "max": "max", "mean": "mean", "median": "median", "sum": "sum", "count": "count",
             "sd": "std", "first": "first", "last": "last"}
@@ -52,8 +57,7 @@ FORMATS = {"gtiff": "GTiff", "geotiff": "GTiff", "tiff": "GTiff"}
 # why a known openEO process cannot run per tile here
 NOT_PER_TILE = {
     "aggregate_spatial": "statistics over polygons across tiles need a gather task (not yet here)",
-    "filter_spatial": "polygons as a region are not yet here: give a bounding box (filter_bbox)",
-    "mask_polygon": "polygons as a mask are not yet here",
+    "mask_polygon": "a mask that keeps the data's extent is not here: filter_spatial clips to the polygons",
     "resample_spatial": "resampling crosses tile edges; bagpipe's grid is the request's",
     "resample_cube_spatial": "resampling crosses tile edges; bagpipe's grid is the request's",
     "apply_kernel": "a kernel reads across tile edges",
@@ -91,13 +95,14 @@ class Cube:
     """What a node of the graph makes, as far as bagpipe's tasks are concerned."""
 
     bands: tuple[Band, ...]
-    bbox: tuple[float, float, float, float]
+    bbox: tuple[float, float, float, float]  # with a polygon, its box
     start: date
     end: date  # the last day (openEO's end is exclusive)
     by: str = ""  # grouped by: a temporal reduction has run
     reducer: str = ""
     post: str = ""  # an expression over the reduced input (``x``) an apply after the reduction made
     has_bands: bool = True  # the bands dimension is there (ndvi or a reducer over bands drops it)
+    polygon: str = ""  # the polygons the region is clipped to (a GeoJSON geometry in lon/lat, as JSON text)
 
     @property
     def products(self) -> list[str]:
@@ -228,22 +233,31 @@ class _Walker:
         if a.get("properties"):
             raise CompileError("ProcessParameterUnsupported", "load_collection: properties filters are not supported",
                                process)
-        bbox = _bbox(a.get("spatial_extent"), process, "spatial_extent")
+        extent = a.get("spatial_extent")
+        polygon = _geojson(extent, process, "spatial_extent") if isinstance(extent, dict) and "type" in extent \
+            else None
+        bbox = polygon.bounds if polygon is not None else _bbox(extent, process, "spatial_extent")
         start, end = _interval(a.get("temporal_extent"), process, "temporal_extent")
         layers = CATALOG[product].layer_names
         wanted = a.get("bands")
         chosen = layers if wanted is None else [_layer(product, str(b), process) for b in wanted]
-        return Cube(tuple(Band(product, n, f"{product}.{n}") for n in chosen), bbox, start, end)
+        return Cube(tuple(Band(product, n, f"{product}.{n}") for n in chosen), bbox, start, end,
+                    polygon=_text(polygon) if polygon is not None else "")
 
     def _filter_bbox(self, process: str, a: dict[str, Any]) -> Cube:
         cube = self.cube(a.get("data"), process)
-        west, south, east, north = _bbox(a.get("extent"), process, "extent")
-        w, s, e, n = cube.bbox
-        box = (max(w, west), max(s, south), min(e, east), min(n, north))
-        if box[0] >= box[2] or box[1] >= box[3]:
-            raise CompileError("ProcessParameterInvalid", "filter_bbox: the extent does not overlap the data's",
-                               process)
-        return replace(cube, bbox=box)
+        return _restricted(cube, process, "extent", box=_bbox(a.get("extent"), process, "extent"))
+
+    def _filter_spatial(self, process: str, a: dict[str, Any]) -> Cube:
+        """The region clipped to polygons (a pixel whose centre is in none is no data): the
+        request's ``region.geometry``, which each date's tile is clipped to; so before a
+        temporal reduction only (after one, a reducer's value of no dates — a count's 0 —
+        would not be the no data openEO gives outside)."""
+        cube = self.cube(a.get("data"), process)
+        if cube.by:
+            raise CompileError("ProcessUnsupported", "filter_spatial: after a temporal reduction (bagpipe clips each "
+                               "date's tiles to the polygons: filter before reducing)", process)
+        return _restricted(cube, process, "geometries", polygon=_geojson(a.get("geometries"), process, "geometries"))
 
     def _filter_temporal(self, process: str, a: dict[str, Any]) -> Cube:
         cube = self._per_date(self.cube(a.get("data"), process), process)
@@ -412,8 +426,8 @@ class _Walker:
         if a.get("overlap_resolver") is not None or {b.name for b in one.bands} & {b.name for b in two.bands}:
             raise CompileError("ProcessUnsupported", "merge_cubes: of cubes with different bands (no overlap "
                                "resolver)", process)
-        if (one.bbox, one.start, one.end, one.by, one.reducer, one.post) != (
-                two.bbox, two.start, two.end, two.by, two.reducer, two.post):
+        if (one.bbox, one.polygon, one.start, one.end, one.by, one.reducer, one.post) != (
+                two.bbox, two.polygon, two.start, two.end, two.by, two.reducer, two.post):
             raise CompileError("ProcessUnsupported", "merge_cubes: of cubes of the same extent, span and temporal "
                                "reduction (bagpipe computes both on one grid and one grouping)", process)
         return replace(one, bands=(*one.bands, *two.bands), has_bands=True)
@@ -461,8 +475,8 @@ def _bbox(extent: Any, process: str, name: str) -> tuple[float, float, float, fl
         raise CompileError("ProcessParameterInvalid", f"{process}: {name} is required: a bounding box {{west, south, "
                            "east, north}} (bagpipe does not process the whole world at once)", process)
     if not isinstance(extent, dict) or "type" in extent:
-        raise CompileError("ProcessParameterUnsupported", f"{process}: {name}: a bounding box {{west, south, east, "
-                           "north}}; polygons (GeoJSON) are not yet here", process)
+        raise CompileError("ProcessParameterInvalid", f"{process}: {name}: a bounding box {{west, south, east, "
+                           "north}}", process)
     try:
         west, south, east, north = (float(extent[k]) for k in ("west", "south", "east", "north"))
     except (KeyError, TypeError, ValueError):
@@ -481,6 +495,84 @@ def _bbox(extent: Any, process: str, name: str) -> tuple[float, float, float, fl
         raise CompileError("ProcessParameterInvalid", f"{process}: {name} is not a box within ±180°, ±90° with west < "
                            "east and south < north", process)
     return west, south, east, north
+
+
+# what a GeoJSON crs member may name: lon/lat, as RFC 7946 has every GeoJSON
+_LONLAT = (4326, "EPSG:4326", "urn:ogc:def:crs:EPSG::4326", "urn:ogc:def:crs:OGC:1.3:CRS84", "OGC:CRS84")
+_NOT_POLYGONS = ("Point", "MultiPoint", "LineString", "MultiLineString", "GeometryCollection")
+
+
+def _geojson(value: Any, process: str, name: str) -> Polygon | MultiPolygon:
+    """GeoJSON polygons — a Polygon, a MultiPolygon, a Feature of one, or a FeatureCollection
+    of them — as one geometry in lon/lat, their union (a pixel is kept if its centre is in
+    any), checked as the native API checks a region's polygon (``vectors.parse_polygon``:
+    vertices counted first, invalid rings, positions off the globe, the area); points and
+    lines are not a region."""
+    where = f"{process}: {name}"
+    if not isinstance(value, dict) or "type" not in value:
+        raise CompileError("ProcessParameterInvalid", f"{where}: GeoJSON polygons (a Polygon, MultiPolygon, Feature "
+                           "or FeatureCollection)", process)
+    crs = value.get("crs")
+    named = crs.get("properties", {}).get("name") if isinstance(crs, dict) else crs
+    if crs is not None and named not in _LONLAT:
+        raise CompileError("ProcessParameterUnsupported", f"{where}: GeoJSON in lon/lat (EPSG:4326, as RFC 7946 has "
+                           f"it), not {str(named)[:60]!r}", process)
+    if value["type"] == "FeatureCollection":
+        features = value.get("features")
+        if not isinstance(features, list) or not features:
+            raise CompileError("ProcessParameterInvalid", f"{where}: the FeatureCollection has no feature", process)
+        geometries = [f.get("geometry") if isinstance(f, dict) else None for f in features]
+    else:
+        geometries = [value.get("geometry") if value["type"] == "Feature" else value]
+    for one in geometries:
+        if isinstance(one, dict) and one.get("type") in _NOT_POLYGONS:
+            raise CompileError("ProcessParameterUnsupported", f"{where}: a {one['type']} is not a region: bagpipe "
+                               "clips to polygons", process)
+    budget = [vectors.MAX_VERTICES]
+    try:
+        parts = [vectors.parse_polygon(one, where, budget) for one in geometries]
+    except RequestError as exc:
+        raise CompileError("ProcessParameterInvalid", f"{exc.field}: {exc.message}", process) from None
+    found = _polygonal(parts[0] if len(parts) == 1 else shapely.union_all(parts))
+    assert found is not None  # valid polygons with an area: their union has one
+    return found
+
+
+def _polygonal(geometry: Any) -> Polygon | MultiPolygon | None:
+    """The polygons of a geometry (an intersection's lines and points dropped), None if none."""
+    parts = [p for p in shapely.get_parts(shapely.get_parts(geometry)) if isinstance(p, Polygon) and not p.is_empty]
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else MultiPolygon(parts)
+
+
+def _text(polygon: Polygon | MultiPolygon) -> str:
+    return json.dumps(mapping(polygon))
+
+
+def _restricted(cube: Cube, process: str, name: str, box: tuple[float, float, float, float] | None = None,
+                polygon: Polygon | MultiPolygon | None = None) -> Cube:
+    """The cube restricted to a box or to polygons: its box the overlap of its own and the
+    new, its polygons (those it had, those given) cut to that box where they pass it."""
+    west, south, east, north = cube.bbox
+    if box is not None:
+        west, south, east, north = max(west, box[0]), max(south, box[1]), min(east, box[2]), min(north, box[3])
+    overlap = west < east and south < north
+    clip: Polygon | MultiPolygon | None = polygon
+    if cube.polygon:
+        had = shape(json.loads(cube.polygon))
+        clip = had if clip is None else _polygonal(clip.intersection(had))
+    if overlap and clip is not None:
+        area = shapely.box(west, south, east, north)
+        if not area.contains(clip):
+            clip = _polygonal(clip.intersection(area))
+        overlap = clip is not None
+    if not overlap:
+        raise CompileError("ProcessParameterInvalid", f"{process}: {name}: it does not overlap the data's extent",
+                           process)
+    if clip is None:
+        return replace(cube, bbox=(west, south, east, north))
+    return replace(cube, bbox=clip.bounds, polygon=_text(clip))
 
 
 def _day(text: Any, process: str, name: str) -> tuple[date, bool]:
@@ -527,7 +619,8 @@ def compile_graph(process: dict[str, Any], *, label: str = "") -> Compiled:
         else:
             derive.setdefault(band.product, {})[band.name] = band.expr
     body: dict[str, Any] = {
-        "region": {"bbox": list(cube.bbox)}, "start": cube.start.isoformat(), "end": cube.end.isoformat(),
+        "region": {"geometry": json.loads(cube.polygon)} if cube.polygon else {"bbox": list(cube.bbox)},
+        "start": cube.start.isoformat(), "end": cube.end.isoformat(),
         "products": cube.products, "label": label[:200],
     }
     named = {p: names for p, names in layers.items() if names}

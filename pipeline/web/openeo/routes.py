@@ -16,6 +16,7 @@ assets are short-lived signed links.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from datetime import datetime, timedelta
@@ -33,7 +34,8 @@ from pipeline.lifecycle.status import JobState, TaskStatus
 from pipeline.modis import layout
 from pipeline.modis.products import CATALOG
 from pipeline.planning import RequestError
-from pipeline.requests import application
+from pipeline.requests import application, vectors
+from pipeline.requests.request import JobRequest
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
 from pipeline.web import audit, ratelimit
@@ -160,12 +162,34 @@ def _compile(body: dict[str, Any], clients: Clients) -> graph.Compiled:
                           "characters")
     try:
         compiled = graph.compile_graph(process, label=str(body.get("title") or ""))
-        application.plan(clients.settings, compiled.request)
+        application.plan(clients.settings, compiled.request, clients=clients)
     except graph.CompileError as exc:
         raise OpenEOError(404 if exc.code == "CollectionNotFound" else 400, exc.code, exc.message) from None
     except RequestError as exc:
         raise OpenEOError(400, "ProcessGraphInvalid", f"the request it makes: {exc.field}: {exc.message}") from None
     return compiled
+
+
+def _kept(clients: Clients, compiled: graph.Compiled) -> graph.Compiled:
+    """A compiled graph whose polygons, zones and sites are kept in storage (each once, by
+    its digest), its request naming them by digest and summary: what the job's record keeps
+    (a table property holds 32 K characters; the polygons themselves are in its process)."""
+    request = vectors.kept(compiled.request, lambda document: application.store_vector(clients, document),
+                           lambda ref: application.load_vector(clients, ref))
+    return dataclasses.replace(compiled, request=request)
+
+
+def _runnable(record: store.OpenEOJob) -> JobRequest:
+    """The request a start submits: the record's, or, if it names kept polygons, zones or
+    sites, compiled again from the process, which holds them (a kept document unused for the
+    cache's retention may be gone; submitting keeps it again)."""
+    request = graph.Compiled.from_json(record.compiled).request
+    if not any(v is not None and v.kept is not None for v in (request.region, request.zones, request.sites)):
+        return request
+    try:
+        return graph.compile_graph(json.loads(record.process), label=record.title).request
+    except graph.CompileError as exc:
+        raise OpenEOError(400, exc.code, exc.message) from None
 
 
 def _entries(clients: Clients, row: JobRow) -> list[dict[str, Any]]:
@@ -209,7 +233,7 @@ def _results(clients: Clients, base: str, record: store.OpenEOJob, run: Run) -> 
             assets[key] = {"href": results.sas_url(clients, *results.locate(clients, output)), "type": COG,
                            "roles": ["data"], "title": f"{layout.folder(entry)} {entry['tile']} {layout.span(entry)}",
                            "start_datetime": f"{first}T00:00:00Z", "end_datetime": f"{last}T23:59:59Z"}
-    bbox = list((request.region.bbox if request.region is not None else None) or (-180.0, -90.0, 180.0, 90.0))
+    bbox = list(_box_of(request) or (-180.0, -90.0, 180.0, 90.0))
     return {
         "stac_version": collections.STAC_VERSION, "stac_extensions": [], "type": "Collection", "id": record.id,
         "title": record.title or f"bagpipe job {record.id}", "description": record.description or (
@@ -222,6 +246,17 @@ def _results(clients: Clients, base: str, record: store.OpenEOJob, run: Run) -> 
         "links": [{"rel": "self", "href": f"{base}/jobs/{record.id}/results", "type": "application/json"},
                   {"rel": "root", "href": f"{base}/", "type": "application/json"}],
     }
+
+
+def _box_of(request: JobRequest) -> tuple[float, float, float, float] | None:
+    """The request's lon/lat box: its region's, or its polygons' (kept: their summary's)."""
+    region = request.region
+    if region is not None and region.bbox is not None:
+        return region.bbox
+    for where in (region, request.zones, request.sites):
+        if where is not None and where.kept is not None and where.kept.bbox is not None:
+            return where.kept.bbox
+    return None
 
 
 def _logs(clients: Clients, record: store.OpenEOJob, run: Run, level: str) -> list[dict[str, Any]]:
@@ -379,7 +414,7 @@ def add_routes(app: FastAPI, clients: Clients) -> None:
                    caller: Caller = Depends(spending)) -> Response:
         """Create a job (not started): its graph compiled and checked now, refused naming the
         process or field if bagpipe cannot run it."""
-        compiled = _compile(body, clients)
+        compiled = _kept(clients, _compile(body, clients))
         record = store.create(
             clients, caller.user.name, json.dumps(body["process"]), compiled.to_json(),
             title=str(body.get("title") or "")[:200], description=str(body.get("description") or "")[:4000],
@@ -409,7 +444,8 @@ def add_routes(app: FastAPI, clients: Clients) -> None:
                               "before changing it")
         changes: dict[str, Any] = {}
         if "process" in body:
-            changes |= {"process": json.dumps(body["process"]), "compiled": _compile(body, clients).to_json()}
+            changes |= {"process": json.dumps(body["process"]),
+                        "compiled": _kept(clients, _compile(body, clients)).to_json()}
         for name in ("title", "description", "plan"):
             if name in body:
                 changes[name] = str(body[name] or "")[:4000]
@@ -440,15 +476,15 @@ def add_routes(app: FastAPI, clients: Clients) -> None:
         record = _own(clients, caller, job_id)
         if Run(clients, record).active:
             return Response(status_code=202)
-        compiled = graph.Compiled.from_json(record.compiled)
+        request = _runnable(record)
         budget = record.budget if record.budget is not None else (settings.default_budget_usd or None)
         if budget is not None:
-            estimate = costs.estimate(clients.runtimes, application.plan(settings, compiled.request),
+            estimate = costs.estimate(clients.runtimes, application.plan(settings, request, clients=clients),
                                       settings.min_samples)
             if estimate["usd"] > budget:
                 raise OpenEOError(402, "PaymentRequired", f"budget: the job is estimated at "
                                   f"{costs.dollars(estimate['usd'])}, above its budget of {costs.dollars(budget)}")
-        row = application.submit(clients, compiled.request, owner=caller.user.name, budget_usd=budget)
+        row = application.submit(clients, request, owner=caller.user.name, budget_usd=budget)
         try:
             store.update(clients, record, runs=",".join([*record.run_ids, row.job]))
         except HttpResponseError as exc:  # started at the same moment by another request: keep theirs
