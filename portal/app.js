@@ -330,6 +330,17 @@ function histogramSvg(stage, info) {
   return svg;
 }
 
+/** A ramp's legend as one colour bar: its stops ({value, colour, label}) placed by value, its two
+ * ends labelled (the high end with the unit). */
+function colourBar(stops) {
+  const low = stops[0].value, high = stops[stops.length - 1].value;
+  const at = (value) => (high > low ? ((value - low) / (high - low)) * 100 : 0).toFixed(2);
+  const gradient = stops.map((s) => `${s.colour} ${at(s.value)}%`).join(", ");
+  return h("li", { class: "colour-bar" }, h("span", { class: "low" }, stops[0].label),
+    h("span", { class: "bar", style: `background: linear-gradient(to right, ${gradient})` }),
+    h("span", { class: "high" }, stops[stops.length - 1].label));
+}
+
 /** The job's overviews: a choice of layer and date, the chosen one on the map (``show``), its legend. */
 function overviewPanel(overviews, show) {
   const legend = h("ul", { class: "overview-legend", "aria-label": "Legend" });
@@ -340,8 +351,9 @@ function overviewPanel(overviews, show) {
     const chosen = overviews[Number(choice.value)];
     show(chosen);
     link.href = chosen.picture;
-    legend.replaceChildren(...chosen.legend.map((entry) =>
-      h("li", {}, h("span", { class: "swatch", style: `background:${entry.colour}` }), entry.label)));
+    const ramp = chosen.legend.length > 1 && chosen.legend.every((entry) => typeof entry.value === "number");
+    legend.replaceChildren(...(ramp ? [colourBar(chosen.legend)] : chosen.legend.map((entry) =>
+      h("li", {}, h("span", { class: "swatch", style: `background:${entry.colour}` }), entry.label))));
   };
   choice.addEventListener("change", pick);
   pick();

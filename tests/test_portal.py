@@ -147,11 +147,17 @@ def test_submit_on_the_map_watch_it_finish_and_open_a_quicklook(page: Page, stac
     expect(page.locator(".map .tile.state-done")).to_have_count(2)
     expect(page.locator("progress")).to_have_attribute("value", "1")
     expect(page.locator(".histogram .threshold")).to_have_count(2)  # tile stage and reductions
-    expect(page.locator(".quicklook-thumb")).to_have_count(2)
     # the region's overview on the map, a choice of its layers and dates, the chosen one's legend
     expect(page.locator(".map image.overview")).to_have_count(1)
     options = page.locator("#overview-choice option")
     expect(options).to_have_count(2)  # the reductions' snow fraction, and the snow classes of 2 February
+    # a fraction is continuous: one colour bar from its low end to its high one, not swatches
+    expect(page.locator(".overview-legend .colour-bar .bar")).to_have_attribute("style", re.compile("linear-gradient"))
+    expect(page.locator(".overview-legend .swatch")).to_have_count(0)
+    low, high = (float(page.locator(f".overview-legend .colour-bar .{end}").inner_text()) for end in ("low", "high"))
+    assert low < high
+    # the program's own picture of the fraction, in colours of its own, is among the files, not shown beside it
+    expect(page.locator(".quicklook-thumb")).to_have_count(0)
     first = page.locator(".map image.overview").get_attribute("href")
     page.select_option("#overview-choice", label="MOD10A2 Maximum_Snow_Extent 2022-02-02")
     expect(page.locator(".overview-legend")).to_contain_text("200 snow")
@@ -177,9 +183,9 @@ def test_submit_on_the_map_watch_it_finish_and_open_a_quicklook(page: Page, stac
                          env=os.environ | {"BAGPIPE_API_KEY": stack.token}, capture_output=True, text=True, timeout=120)
     assert ran.returncode == 0, ran.stderr
     assert "Maximum_Snow_Extent" in ran.stdout and "time: 1" in ran.stdout, ran.stdout
-    loaded = page.locator(".quicklook-thumb").first.evaluate("img => img.complete && img.naturalWidth")
-    assert loaded > 0
-    png = httpx.get(page.locator(".quicklook-thumb").first.get_attribute("src") or "")
+    pngs = page.locator(".files a", has_text="snow_fraction.png")
+    expect(pngs).to_have_count(2)  # a reduction's per target tile
+    png = httpx.get(pngs.first.get_attribute("href") or "")
     assert png.status_code == 200 and png.content.startswith(b"\x89PNG")
     manifest = httpx.get(page.locator("#manifest-link").get_attribute("href") or "").json()
     assert manifest["job"] == job and manifest["state"] == "SUCCEEDED"

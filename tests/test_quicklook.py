@@ -54,6 +54,33 @@ def test_ndvi_is_on_a_vegetation_ramp_and_temperature_in_celsius() -> None:
     assert np.abs(rgba[0, 0, :3].astype(int) - dict(quicklook.TEMPERATURE_C)[30.0]).max() <= 2
 
 
+def test_a_continuous_layer_has_a_colour_bar_and_the_picture_its_corners() -> None:
+    """NDVI is continuous: its picture's legend is one bar of the ramp's colours from its low
+    end to its high one (not a swatch per stop), the portal's legend gives each stop's value;
+    the picture's corners are written above and below the image, across ±180° as the
+    longitudes they are."""
+    ndvi = CATALOG["MOD13A1"].layer("500m_16_days_NDVI")
+    style = quicklook.style_for(ndvi)
+    rgba = quicklook.colorize(np.full((130, 400), 5000, dtype="int16"), style, ndvi.nodata, ndvi.scale)
+    bounds = (177.5, -17.5, 181.5, -16.2)
+    drawn = decoded(quicklook.picture(rgba, style, "MOD13A1 NDVI", bounds))
+    band = quicklook.LEGEND_ROW
+    assert tuple(drawn[band + 60, 200]) == tuple(rgba[60, 200])  # the image below a line of coordinates
+    assert (drawn[:band, :100, :3] < 128).any() and (drawn[:band, -100:, :3] < 128).any()  # NW and NE written
+    below = band + 130
+    assert (drawn[below:below + band, :100, :3] < 128).any() and (drawn[below:below + band, -100:, :3] < 128).any()
+    bar = 2 * band + 130 + 3 + band + quicklook.BAR // 2
+    row = drawn[bar, 5:-5, :3]
+    assert len({tuple(p) for p in row}) > 100  # continuous, not seven swatches
+    for end, (_, colour) in ((row[0], quicklook.VEGETATION[0]), (row[-1], quicklook.VEGETATION[-1])):
+        assert np.abs(end.astype(int) - colour).max() <= 3  # its low end and its high one
+    assert quicklook.corners(bounds) == ("177.50°E 16.20°S", "178.50°W 16.20°S", "177.50°E 17.50°S",
+                                         "178.50°W 17.50°S")
+    legend = quicklook.legend_json(style)
+    assert [entry["value"] for entry in legend] == [value for value, _ in quicklook.VEGETATION]
+    assert legend[-1]["label"] == "1 NDVI"
+
+
 def tile_cog(west: float, values: np.ndarray, north: float = 35.0) -> bytes:
     profile = {"driver": "GTiff", "width": 100, "height": 100, "count": 1, "dtype": "uint8", "crs": "EPSG:4326",
                "transform": Affine(0.01, 0, west, 0, -0.01, north), "nodata": 255}

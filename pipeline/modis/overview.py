@@ -49,7 +49,7 @@ COPIES_AT_ONCE = 8  # cached overviews copied into a job at once
 Group = tuple[str, str, str, str]  # product, layer (or a reduction's file stem), first date, last date ("": a tile)
 # how an overview is drawn, in its cache key: a change to the drawing (colours, legend,
 # canvas, resampling) takes a new one, so no cached overview outlives the code that drew it
-DRAWING = 2
+DRAWING = 3
 
 
 def groups_of(clients: Clients, entries: list[dict[str, Any]]) -> dict[Group, list[tuple[dict[str, Any], str]]]:
@@ -204,7 +204,8 @@ def draw(clients: Clients, job: str, key: Group,
     valid = canvas[~(np.isnan(canvas) if np.isnan(nodata) else canvas == nodata)]
     style = quicklook.style_for(layer, valid.astype("float64") * scale + offset, name)
     rgba = quicklook.colorize(canvas, style, nodata, scale, offset)
-    images = {"picture": quicklook.picture(rgba, style, f"{product} {name} {_span(key)}"), "map": quicklook.png(rgba)}
+    images = {"picture": quicklook.picture(rgba, style, f"{product} {name} {_span(key)}", bounds),
+              "map": quicklook.png(rgba)}
     west, south, east, north = bounds
     drawn = {"bounds": [west, south, east - 360.0 if east > 180.0 else east, north], "unit": style.unit,
              "legend": quicklook.legend_json(style), "tiles": len(members)}

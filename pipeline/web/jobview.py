@@ -14,6 +14,7 @@ from typing import Any
 
 from pipeline.lifecycle import jobs, policy, results, rollups, runtimes, snapshots
 from pipeline.lifecycle.status import ENDED_WELL, JobState, TaskStatus
+from pipeline.modis import layout
 from pipeline.modis.targets import lonlat_bounds
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
@@ -110,7 +111,9 @@ def view(clients: Clients, job: str) -> dict[str, Any]:
 def quicklooks(clients: Clients, job: str) -> list[dict[str, Any]]:
     """A finished job's pictures with links and where they go on the map: its overviews
     (``kind`` "overview": the region per layer and date, with legend) and the PNG outputs of
-    its tasks (``kind`` "output")."""
+    its tasks (``kind`` "output") whose rasters have no overview: a program's own picture of
+    what an overview shows would colour one quantity twice, each its own way (its PNG is
+    still among the job's files)."""
     found = results.manifest(clients, job)
     if found is None:
         return []
@@ -120,7 +123,10 @@ def quicklooks(clients: Clients, job: str) -> list[dict[str, Any]]:
               "name": f"{o['product']} {o['layer']} {o['date']}{'…' + o['last'] if o['last'] else ''}",
               "url": results.sas_url(clients, container, o["map"]),
               "picture": results.sas_url(clients, container, o["picture"])} for o in found.get("overviews", [])]
+    drawn = {(o["product"], o["date"], o["last"]) for o in found.get("overviews", [])}
     for task in found["tasks"]:
+        if layout.waits(task) and (layout.folder(task), *(d.isoformat() for d in layout.dates(task))) in drawn:
+            continue
         for output in task["outputs"]:
             if output.endswith(".png"):
                 shown.append({"kind": "output", "tile": task["tile"], "task": task["task"],
