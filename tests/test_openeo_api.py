@@ -24,7 +24,7 @@ from pipeline.storage import names
 from pipeline.storage.clients import Clients
 from pipeline.web import identity
 from pipeline.web.api import create_app
-from pipeline.web.openeo import graph, store
+from pipeline.web.openeo import graph, routes, store
 from tests.conftest import make_user
 from tests.test_identity import CLIENT_ID, Issuer
 
@@ -99,7 +99,8 @@ def test_discovery_is_open_and_names_every_endpoint(api: TestClient) -> None:
     joined = api.get(f"{BASE}//collections//MOD13A1?x=1", follow_redirects=False)  # a slash too many
     assert joined.status_code == 308 and joined.headers["location"].endswith(f"{BASE}/collections/MOD13A1?x=1")
     assert api.get(f"{BASE}//collections").json()["collections"]
-    assert api.get(f"{BASE}/file_formats").json()["output"]["GTiff"]["gis_data_types"] == ["raster"]
+    formats = api.get(f"{BASE}/file_formats").json()["output"]
+    assert set(formats) == {"GTiff", "netCDF", "Zarr"} and formats["netCDF"]["gis_data_types"] == ["raster"]
     assert api.get(f"{BASE}/service_types").json() == {}
     oidc = api.get(f"{BASE}/credentials/oidc")  # no Entra on the local stack: not there, nor in the list
     assert oidc.status_code == 404 and oidc.json()["code"] == "NotFound" and "/credentials/oidc" not in paths
@@ -245,9 +246,9 @@ REFUSED = [
     ("a reference to no node", with_node(monthly_max(), "x", {
         "process_id": "apply", "arguments": {"data": {"from_node": "nothing"}}}, "x"),
      400, "ProcessGraphInvalid", ["nothing"]),
-    ("netCDF", {"process_graph": {**monthly_max()["process_graph"], "save": {
-        "process_id": "save_result", "arguments": {"data": {"from_node": "agg"}, "format": "netCDF"},
-        "result": True}}}, 400, "FormatUnsuitable", ["netCDF"]),
+    ("JSON", {"process_graph": {**monthly_max()["process_graph"], "save": {
+        "process_id": "save_result", "arguments": {"data": {"from_node": "agg"}, "format": "JSON"},
+        "result": True}}}, 400, "FormatUnsuitable", ["JSON", "netCDF"]),
     ("a week's grouping", {"process_graph": {**monthly_max()["process_graph"], "agg": {
         "process_id": "aggregate_temporal_period", "arguments": {"data": {"from_node": "load"}, "period": "week",
                                                                   "reducer": MAX}}}}, 400,
@@ -397,3 +398,27 @@ def test_a_polygon_is_kept_once_and_its_job_plans_only_the_tiles_it_touches(
     assert again.job != run.job and application.load_vector(clients, kept.kept.ref)["kind"] == "region"
     region = JobRequest.model_validate_json(again.request).region
     assert region is not None and region.kept is not None and region.kept.ref == kept.kept.ref
+
+
+def test_a_cubes_results_are_the_cube_gathers_of_its_layers_or_its_reduction() -> None:
+    """With netCDF or Zarr the results are the cubes of the graph's result: its layers' (by
+    product and layer) or its reduction's, never the tiles' COGs nor another layer's cube."""
+    def compiled(fmt: str, reduction: str = "") -> graph.Compiled:
+        request = graph.compile_graph(monthly_max()).request
+        return graph.Compiled(request, {} if reduction else {"MOD13A1": ["500m_16_days_NDVI"]}, reduction, fmt)
+
+    ndvi = {"stage": "cube", "product": "MOD13A1", "layer": "500m_16_days_NDVI", "name": "500m_16_days_NDVI"}
+    other = ndvi | {"layer": "500m_16_days_EVI", "name": "500m_16_days_EVI"}
+    reduced = {"stage": "cube", "product": "MOD13A1", "layer": "", "name": "max"}
+    tile = {"stage": "modis", "product": "MOD13A1"}
+    aggregate = {"stage": "aggregate", "product": "MOD13A1"}
+    for fmt in ("netCDF", "Zarr"):
+        assert routes._is_result(ndvi, compiled(fmt), "x/500m_16_days_NDVI.nc")
+        assert not routes._is_result(other, compiled(fmt), "x/500m_16_days_EVI.nc")
+        assert not routes._is_result(reduced, compiled(fmt), "x/max.nc")
+        assert not routes._is_result(tile, compiled(fmt), "x/MOD13A1.500m_16_days_NDVI.2022-01-01.x-0108y+0035.tif")
+        assert routes._is_result(reduced, compiled(fmt, "max"), "x/max.nc")
+        assert not routes._is_result(ndvi, compiled(fmt, "max"), "x/500m_16_days_NDVI.nc")
+        assert not routes._is_result(aggregate, compiled(fmt, "max"), "x/max.MOD13A1.2022-01.x-0108y+0035.tif")
+    assert routes._is_result(aggregate, compiled("GTiff", "max"), "x/max.MOD13A1.2022-01.x-0108y+0035.tif")
+    assert not routes._is_result(reduced, compiled("GTiff", "max"), "x/max.nc")

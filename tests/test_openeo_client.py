@@ -17,6 +17,8 @@ import numpy as np
 import openeo
 import pytest
 import rasterio
+import xarray
+from rasterio.io import MemoryFile
 
 from bagpipe.azurite import Azurite
 from bagpipe.client import Api
@@ -139,3 +141,50 @@ def test_a_job_failing_in_part_offers_what_it_made_and_a_restart_runs_only_the_r
     counts = jobs.status(clients_for(stack.settings), record.latest)["counts"]
     assert counts["CACHED"] == 3 and counts["SUCCEEDED"] == 1, counts
     assert len(job.get_results().get_metadata()["assets"]) == 4
+
+
+def decoded(data: bytes) -> tuple[np.ndarray, Any]:
+    """A COG's first band in physical units (no data as NaN), and its transform."""
+    with MemoryFile(data) as memory, memory.open() as src:
+        values = src.read(1).astype("float64")
+        values[src.read_masks(1) == 0] = np.nan
+        return values * src.scales[0] + src.offsets[0], src.transform
+
+
+@pytest.mark.timeout(2400)
+def test_a_netcdf_cube_of_the_monthly_maximum_opens_with_xarray_equal_to_the_native_apis_tiles(
+        stack: LocalStack, tmp_path: Path) -> None:
+    connection = connected(stack)
+    cube = connection.load_collection("MOD13A1", spatial_extent=BOX, temporal_extent=SPAN,
+                                      bands=["500m_16_days_NDVI"])
+    job = cube.aggregate_temporal_period("month", "max").save_result(format="netCDF").create_job(title="NDVI cube")
+    job.start_and_wait(max_poll_interval=2, print=lambda *_: None)
+    assert job.status() == "finished"
+    got = job.get_results()
+    assets = got.get_metadata()["assets"]
+    assert list(assets) == ["max.nc"] and assets["max.nc"]["type"] == "application/netcdf", assets  # the cube alone
+    got.download_files(tmp_path / "openeo")
+    api = Api(stack.api_url, stack.token)
+    native = api.submit(NATIVE)["job"]  # the same request's GeoTIFFs (made already: from the cache)
+    wait_for(lambda: api.status(native)["state"] in ("SUCCEEDED", "FAILED"), 300, "the native job")
+    clients = clients_for(stack.settings)
+    manifest = results.with_links(clients, native, results.manifest(clients, native) or {})
+    tiles = {task["group"]: httpx.get(link).content for task in manifest["tasks"] if task["stage"] == "aggregate"
+             for link in task["links"].values()}
+    assert len(tiles) == 12
+    with xarray.open_dataset(tmp_path / "openeo" / "max.nc", engine="h5netcdf") as opened:
+        (name,) = [v for v in opened.data_vars if v != "spatial_ref"]
+        variable = opened[name]
+        assert variable.dims == ("time", "y", "x") and opened["spatial_ref"].attrs["grid_mapping_name"] == (
+            "latitude_longitude")
+        assert [str(t)[:7] for t in opened["time"].values] == sorted(tiles)  # a month each, 2022-01 to 2022-12
+        for group, data in tiles.items():
+            values, transform = decoded(data)
+            x, y = opened["x"].values, opened["y"].values
+            col = int(np.argmin(np.abs(x - (transform.c + transform.a / 2))))
+            top = int(np.argmin(np.abs(y - (transform.f + transform.e / 2))))
+            part = variable.sel(time=np.datetime64(f"{group}-01")).values[
+                top:top + values.shape[0], col:col + values.shape[1]]
+            assert np.array_equal(np.isnan(part), np.isnan(values)), group
+            assert np.allclose(part[np.isfinite(part)], values[np.isfinite(values)], rtol=0, atol=1e-6), group
+            assert np.isfinite(values).any(), group

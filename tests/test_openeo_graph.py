@@ -268,3 +268,17 @@ def test_polygons_that_cannot_be_a_region_are_refused_naming_the_process() -> No
     huge = {"type": "Polygon", "coordinates": [[[-107.9 + i * 1e-7, 35.3] for i in range(100_001)]]}
     many = refused(graph(("clip", "filter_spatial", {"geometries": huge})))
     assert many.process == "filter_spatial" and "100,000 vertices" in many.message
+
+
+@pytest.mark.parametrize(("given", "output"), [("netCDF", "netcdf"), ("NetCDF", "netcdf"), ("ZARR", "zarr"),
+                                               ("GTiff", None)])
+def test_save_result_as_netcdf_or_zarr_is_the_requests_cube_output(given: str, output: str | None) -> None:
+    process = graph(("t", "aggregate_temporal_period", {"period": "month", "reducer": reducer("max")}))
+    process["process_graph"]["save"]["arguments"]["format"] = given
+    compiled = compile_graph(process)
+    found = compiled.request.output
+    assert (found.format if found is not None else None) == output
+    assert compiled.format == {"netcdf": "netCDF", "zarr": "Zarr", None: "GTiff"}[output]
+    assert compiled.reduction == "max"
+    process["process_graph"]["save"]["arguments"]["format"] = "JSON"
+    assert refused(process).code == "FormatUnsuitable" and "netCDF" in refused(process).message

@@ -13,7 +13,9 @@ tile, a group of dates), so a graph is taken apart into those:
   (``reduce``: by span, month, season or year, with a built-in reducer), and an ``apply``
   after it an expression over the reduced inputs;
 - ``merge_cubes`` of two products is a reduction's several inputs (the bands of both);
-- ``save_result`` picks the output format (GeoTIFF).
+- ``save_result`` picks the output format: GeoTIFF (a COG per tile and date or group), or a
+  cube — netCDF or Zarr, the request's ``output.format``: one per layer and per reduction,
+  written by the job's cube gathers over every tile.
 
 The graph is parsed and checked by ``openeo-pg-parser-networkx`` (its data model: nodes,
 references, arguments), then walked from its result node. Anything bagpipe cannot run per
@@ -53,7 +55,10 @@ REDUCERS = {"min": "min", "max": "max", "mean": "mean", "median": "median", "sum
 PROCESSES = (*CUBE_PROCESSES, *pixels.PROCESSES, *REDUCERS)
 _OPENEO = {bagpipe: openeo for openeo, bagpipe in REDUCERS.items()}
 PERIODS = {"month": "month", "season": "season", "year": "year"}
-FORMATS = {"gtiff": "GTiff", "geotiff": "GTiff", "tiff": "GTiff"}
+# save_result's formats (openEO's names, any case), and the request's output.format each is
+FORMATS = {"gtiff": "GTiff", "geotiff": "GTiff", "tiff": "GTiff", "netcdf": "netCDF", "nc": "netCDF", "zarr": "Zarr"}
+OUTPUTS = {"GTiff": "cog", "netCDF": "netcdf", "Zarr": "zarr"}
+CUBES = ("netCDF", "Zarr")  # a cube per layer or reduction (the gathers'), not a file per tile
 # why a known openEO process cannot run per tile here
 NOT_PER_TILE = {
     "aggregate_spatial": "statistics over polygons across tiles need a gather task (not yet here)",
@@ -436,8 +441,8 @@ class _Walker:
         cube = self.cube(a.get("data"), process)
         given = str(a.get("format") or "")
         if given.lower() not in FORMATS:
-            raise CompileError("FormatUnsuitable", f"save_result: format {given!r}: bagpipe writes GTiff "
-                               "(GET /file_formats)", process)
+            raise CompileError("FormatUnsuitable", f"save_result: format {given!r}: bagpipe writes a raster cube as "
+                               f"{', '.join(OUTPUTS)} (GET /file_formats)", process)
         if a.get("options"):
             raise CompileError("ProcessParameterUnsupported", "save_result: no options are supported", process)
         self.format = FORMATS[given.lower()]
@@ -626,6 +631,8 @@ def compile_graph(process: dict[str, Any], *, label: str = "") -> Compiled:
     named = {p: names for p, names in layers.items() if names}
     if named:
         body["layers"] = named
+    if walker.format in CUBES:
+        body["output"] = {"format": OUTPUTS[walker.format]}
     if derive:
         body["derive"] = derive
     reduction = ""

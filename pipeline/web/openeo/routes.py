@@ -31,9 +31,10 @@ from pipeline import failures
 from pipeline.lifecycle import costs, jobs, results, rollups, snapshots, tasks
 from pipeline.lifecycle.jobs import JobRow
 from pipeline.lifecycle.status import JobState, TaskStatus
-from pipeline.modis import layout
+from pipeline.modis import layout, stacitems
 from pipeline.modis.products import CATALOG
 from pipeline.planning import RequestError
+from pipeline.reduction import CUBE_GATHER
 from pipeline.requests import application, vectors
 from pipeline.requests.request import JobRequest
 from pipeline.storage import names
@@ -59,6 +60,18 @@ ENDPOINTS = [
     ("/jobs/{job_id}/logs", ["GET"]),
 ]
 CONFORMANCE = ["https://api.openeo.org/1.2.0", "https://api.stacspec.org/v1.0.0/collections"]
+# what save_result writes (graph.FORMATS), as GET /file_formats lists it
+FILE_FORMATS = {
+    "GTiff": {"title": "GeoTIFF (Cloud-Optimized)", "gis_data_types": ["raster"], "parameters": {},
+              "description": "A Cloud-Optimized GeoTIFF per product, tile and date (or group of dates), with its "
+                             "layer's scale, offset, no-data and unit."},
+    "netCDF": {"title": "netCDF-4 (CF)", "gis_data_types": ["raster"], "parameters": {},
+               "description": "One CF-1.8 netCDF-4 file per layer over the region and dates, or per reduction over "
+                              "its groups: time, y, x, the grid's CRS as a grid mapping, the layer's stored type "
+                              "with its fill value, scale, offset and unit, a chunk per tile and date."},
+    "Zarr": {"title": "Zarr (format 2, zipped)", "gis_data_types": ["raster"], "parameters": {},
+             "description": "The same cube as netCDF's, as a Zarr store (format 2) in a zip file."},
+}
 
 
 def _iso(when: datetime | None) -> str | None:
@@ -206,12 +219,36 @@ def _entries(clients: Clients, row: JobRow) -> list[dict[str, Any]]:
 
 
 def _is_result(entry: dict[str, Any], compiled: graph.Compiled, output: str) -> bool:
-    """Whether a task's output is a product of the graph's result node."""
+    """Whether a task's output is a product of the graph's result node: a tile's layer or a
+    reduction's output as GeoTIFF, or as a cube the cube gather's of that layer or reduction."""
+    if compiled.format in graph.CUBES:
+        if entry["stage"] != CUBE_GATHER:
+            return False
+        if compiled.reduction:
+            return entry["name"] == compiled.reduction and not entry.get("layer")
+        return entry.get("layer", "") in compiled.layers.get(entry["product"], [])
     if compiled.reduction:
         return layout.is_reduction(entry)
     if entry["stage"] != "modis":
         return False
     return layout.output_name(entry, output.rsplit("/", 1)[-1]) in compiled.layers.get(entry["product"], [])
+
+
+def _asset(clients: Clients, entry: dict[str, Any], output: str) -> tuple[str, dict[str, Any]]:
+    """A result's asset, by the file name a client saves it as (word characters, dots and
+    dashes only, as openEO's Python client takes them: a tile's + sign is dropped; a layer's
+    cube is named after its product too, as two products may have a layer of one name)."""
+    file = output.rsplit("/", 1)[-1]
+    first, last = layout.dates(entry)
+    found: dict[str, Any] = {"href": results.sas_url(clients, *results.locate(clients, output)), "roles": ["data"],
+                             "start_datetime": f"{first}T00:00:00Z", "end_datetime": f"{last}T23:59:59Z"}
+    if layout.is_gather(entry):
+        key = f"{entry['product']}.{file}" if entry.get("layer") else file
+        suffix = ".zip" if file.endswith(".zip") else file[file.rfind("."):]
+        return key, found | {"type": stacitems.TABLES.get(suffix, "application/octet-stream"),
+                             "title": f"{layout.folder(entry)} {key} {first} to {last}"}
+    return file.replace("+", ""), found | {"type": COG, "title": f"{layout.folder(entry)} {entry['tile']} "
+                                                                f"{layout.span(entry)}"}
 
 
 def _results(clients: Clients, base: str, record: store.OpenEOJob, run: Run) -> dict[str, Any]:
@@ -224,15 +261,9 @@ def _results(clients: Clients, base: str, record: store.OpenEOJob, run: Run) -> 
     assets: dict[str, Any] = {}
     for entry in _entries(clients, row):
         for output in entry["outputs"]:
-            if not _is_result(entry, compiled, output):
-                continue
-            # a file name (product, layer, dates, tile), which clients save an asset as if it is made of
-            # word characters, dots and dashes only (openEO's Python client): a tile's + sign is dropped
-            key = output.rsplit("/", 1)[-1].replace("+", "")
-            first, last = layout.dates(entry)
-            assets[key] = {"href": results.sas_url(clients, *results.locate(clients, output)), "type": COG,
-                           "roles": ["data"], "title": f"{layout.folder(entry)} {entry['tile']} {layout.span(entry)}",
-                           "start_datetime": f"{first}T00:00:00Z", "end_datetime": f"{last}T23:59:59Z"}
+            if _is_result(entry, compiled, output):
+                key, asset = _asset(clients, entry, output)
+                assets[key] = asset
     bbox = list(_box_of(request) or (-180.0, -90.0, 180.0, 90.0))
     return {
         "stac_version": collections.STAC_VERSION, "stac_extensions": [], "type": "Collection", "id": record.id,
@@ -348,10 +379,7 @@ def add_routes(app: FastAPI, clients: Clients) -> None:
     @router.get("/file_formats")
     def file_formats() -> dict[str, Any]:
         """What save_result writes."""
-        return {"input": {}, "output": {"GTiff": {
-            "title": "GeoTIFF (Cloud-Optimized)", "gis_data_types": ["raster"], "parameters": {},
-            "description": "A Cloud-Optimized GeoTIFF per product, tile and date (or group of dates), with its "
-                           "layer's scale, offset, no-data and unit."}}}
+        return {"input": {}, "output": FILE_FORMATS}
 
     @router.get("/udf_runtimes")
     def udf_runtimes() -> dict[str, Any]:
