@@ -1,7 +1,7 @@
 """The storage calls bagpipe makes, as the scale model's table (``bench.simcore.Call`` rows).
 
 ``TODAY`` is the code as it stands (worker/runner.py, inbox.py, delivery.py, readahead.py,
-handout.py, lease.py, commits.py; pipeline/claims.py, transitions.py, dispatch.py, planner.py,
+handout.py, lease.py, commits.py; pipeline/lifecycle/ends.py, transitions.py, dispatch.py, planner.py,
 completion.py, sweep.py, tasks.py, runtimes.py): cut a call there, cut its row here, and
 ``make bench NAME=scale`` predicts the difference. ``PLANNED`` is the planned layout as a
 what-if (partitions per job, counters and rollups read at constant cost, claims and commits
@@ -67,7 +67,7 @@ def _per_message(q: Q) -> float:
 
 def _together(q: Q) -> float:
     """The attempts one claim transaction moves, while attempts are short: those of a
-    message that go to free slots at once (claims.claim_many); and so the commits that
+    message that go to free slots at once (transitions.claim_many); and so the commits that
     end together (worker.commits). Else one."""
     return min(q["slots"], _per_message(q)) if _received_ahead(q) else 1.0
 
@@ -98,7 +98,7 @@ TODAY: tuple[Call, ...] = (
     Call("release: send message", "send", QUEUE, RELEASE, lambda q: 1 / _per_message(q), 1, lanes=8),
     # a worker's receive (up to 32 messages)
     Call("receive messages", "receive", QUEUE, FETCH, 1, 32),
-    # a slot's attempt (Worker.handle, claims.claim or claim_many / commit, Delivery.settle)
+    # a slot's attempt (Worker.handle, transitions.claim or claim_many / ends.end, Delivery.settle)
     Call("runtime history read", "get", RUNTIMES, CLAIM, _per_book),
     Call("claim: read task row", "get", TASK, CLAIM, lambda q: 0.0 if _received_ahead(q) else 1.0),
     # a receive of a slot's worth: their rows in one key-range query (a shard holds every shards-th task)

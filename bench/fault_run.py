@@ -108,8 +108,8 @@ class Run:
         if component in self.workers:
             self.workers.pop(component).kill()
         if component == "control":  # module-level state of the control process starts anew
-            monitor._counter = tasks.TerminalCounter(f"monitor-{secrets.token_hex(6)}")
-            sweep._counter = tasks.TerminalCounter(f"sweep-{secrets.token_hex(6)}")
+            monitor._writer = tasks.RollupWriter(f"monitor-{secrets.token_hex(6)}")
+            sweep._writer = tasks.RollupWriter(f"sweep-{secrets.token_hex(6)}")
 
     def _clients_of(self, component: str) -> Clients:
         if component not in self.clients:

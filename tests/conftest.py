@@ -5,6 +5,7 @@ workers against them."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import secrets
 import tempfile
@@ -20,7 +21,12 @@ from bagpipe.azurite import Azurite
 from bagpipe.earthdata import Earthdata
 from bagpipe.mailserver import MailServer
 from bagpipe.planetary import Planetary
-from pipeline.lifecycle import jobs
+from pipeline.failures import FailureClass
+from pipeline.lifecycle import ends, jobs
+from pipeline.lifecycle.policy import Outcome
+from pipeline.lifecycle.status import TaskStatus
+from pipeline.lifecycle.tasks import RollupWriter
+from pipeline.lifecycle.transitions import Claim
 from pipeline.requests.request import JobRequest
 from pipeline.settings import Settings
 from pipeline.storage.clients import Clients
@@ -141,6 +147,27 @@ def small_request(**changes: object) -> JobRequest:
 def in_an_hour(*_: object) -> datetime:
     """A kill time far away, for a claim made by hand (``tasks.claim``)."""
     return datetime.now(UTC) + timedelta(hours=1)
+
+
+def end(clients: Clients, writer: RollupWriter, held: Claim, outcome: Outcome) -> ends.Ended:
+    """End the attempt ``held`` through the one door (``ends.end``), its job's progress not
+    followed: the tests of a move alone (workers and the monitor follow it)."""
+    return ends.end(clients, writer, held, outcome, follow=lambda job: None)
+
+
+def commit(clients: Clients, writer: RollupWriter, held: Claim, status: TaskStatus = TaskStatus.SUCCEEDED,
+           outputs: list[str] | None = None) -> bool:
+    """End ``held`` as committed (:func:`end`); whether it held the task."""
+    return end(clients, writer, held, Outcome.committed(status, outputs or [])).applied
+
+
+def fail(clients: Clients, writer: RollupWriter, held: Claim, failure: FailureClass, error: str,
+         again: bool = False) -> TaskStatus | None:
+    """End ``held`` as failed (:func:`end`; ``again``: its previous attempt failed so too);
+    where it left its task (None: the attempt no longer held it)."""
+    if again:
+        held = dataclasses.replace(held, last_failure=failure.value)
+    return end(clients, writer, held, Outcome.failed(failure, error)).status
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 60, what: str = "condition") -> object:

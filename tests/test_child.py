@@ -26,7 +26,7 @@ def run(process: StageProcess, **params: str) -> Outcome:
 
 def test_a_slot_keeps_its_stage_process_and_replaces_it_when_it_failed_or_is_spent(settings: Settings) -> None:
     settings = settings.with_(stage_modules="tests.stages_for_tests")
-    slot = Slot(counter=None)  # type: ignore[arg-type]
+    slot = Slot(writer=None)  # type: ignore[arg-type]
     first = slot.stage_process(settings)
     pids = [run(slot.stage_process(settings)).outputs for _ in range(3)]
     assert pids[0] == pids[1] == pids[2] and pids[0] != [str(os.getpid())], "one warm process, not the worker"

@@ -10,12 +10,12 @@ from collections.abc import Iterator
 import pytest
 
 from pipeline import planning
-from pipeline.lifecycle import claims, jobs, planner, progress, sweep, tasks, transitions
+from pipeline.lifecycle import jobs, planner, progress, sweep, tasks, transitions
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.planning import Finished, TaskPlan
 from pipeline.settings import Settings
 from pipeline.storage.clients import Clients
-from tests.conftest import in_an_hour
+from tests.conftest import commit, in_an_hour
 
 BUCKETS = 3
 
@@ -58,9 +58,9 @@ def end(clients: Clients, row: jobs.JobRow, seq: int, follow: bool = True) -> No
     (task,) = tasks.list_tasks(clients.tasks, row.parts, seq, 1)
     if task.status is TaskStatus.PENDING:
         transitions.queue(clients, [task])
-    held = claims.claim(clients, task.ref, "w", in_an_hour)
+    held = transitions.claim(clients, task.ref, "w", in_an_hour)
     assert held is not None
-    assert transitions.commit(clients, tasks.TerminalCounter("w"), held, TaskStatus.SUCCEEDED, [])
+    assert commit(clients, tasks.RollupWriter("w"), held, TaskStatus.SUCCEEDED, [])
     if follow:
         progress.task_ended(clients, row.job)
 

@@ -14,7 +14,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from pipeline.lifecycle import attempts, claims, health, jobs, runtimes, sweep, tasks
+from pipeline.lifecycle import attempts, health, jobs, runtimes, sweep, tasks, transitions
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.reduction import sandbox
 from pipeline.requests import application
@@ -93,7 +93,6 @@ def test_a_worker_whose_machine_barely_runs_it_is_marked_before_its_attempts_sho
 PROBE = """
 import sys, threading, time
 from worker.pace import Pace
-from worker.runner import Worker
 pace, stop = Pace(2.0), threading.Event()
 threading.Thread(target=pace.probe, args=(stop,), daemon=True).start()
 print("ready", flush=True)
@@ -199,7 +198,7 @@ def test_the_monitor_takes_a_slow_workers_attempts_from_it_at_once(clients: Clie
     # the next attempt's message was sent: a healthy worker claims it
     ref = _backup_message(clients)
     assert ref == tasks.TaskRef(job, taken.task, 2)
-    assert claims.claim(clients, ref, "w9", in_an_hour) is not None
+    assert transitions.claim(clients, ref, "w9", in_an_hour) is not None
     assert backup.ref.task == held[0].ref.task
     assert sweep.sweep(clients)["revoked"] == 0  # taken once
 

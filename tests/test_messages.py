@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from azure.core.exceptions import ServiceResponseError
 
-from pipeline.lifecycle import claims, dispatch, jobs, sweep, tasks, transitions
+from pipeline.lifecycle import dispatch, jobs, sweep, tasks, transitions
+from pipeline.lifecycle.policy import Act, Move
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.lifecycle.tasks import MESSAGE_TASKS, TaskRef
 from pipeline.requests import application
@@ -24,7 +25,16 @@ from pipeline.settings import Settings
 from pipeline.storage import clients as clients_module
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
-from tests.conftest import in_an_hour, parts, running_control, running_workers, small_request, wait_for, with_stage
+from tests.conftest import (
+    commit,
+    in_an_hour,
+    parts,
+    running_control,
+    running_workers,
+    small_request,
+    wait_for,
+    with_stage,
+)
 from worker import commits
 from worker.delivery import Delivery
 from worker.runner import Worker
@@ -115,9 +125,9 @@ def test_a_message_of_several_is_claimed_in_one_transaction_and_deleted_once(
     job = planned(clients)  # 8 tasks over 4 shards: a message of two in each
     assert sorted(len(refs) for _, refs in sent(clients)) == [2, 2, 2, 2]
     claims_alone, together, deletes = Counter[str](), [], []
-    real_claim, real_many = claims.claim, claims.claim_many
-    monkeypatch.setattr(claims, "claim", lambda *a, **k: claims_alone.update([a[1].task]) or real_claim(*a, **k))
-    monkeypatch.setattr(claims, "claim_many",
+    real_claim, real_many = transitions.claim, transitions.claim_many
+    monkeypatch.setattr(transitions, "claim", lambda *a, **k: claims_alone.update([a[1].task]) or real_claim(*a, **k))
+    monkeypatch.setattr(transitions, "claim_many",
                         lambda clients, wanted, *a, **k: together.append(len(wanted)) or real_many(clients, wanted, *a,
                                                                                                    **k))
 
@@ -148,13 +158,13 @@ def test_a_claim_together_refused_claims_nothing_and_one_unanswered_is_read_back
     job = planned(clients, end="2022-03-31")
     rows = [r for r in tasks.list_tasks(clients.tasks, parts(clients, job)) if r.status is TaskStatus.QUEUED]
     wanted = [(TaskRef.of(r.part, r.task, r.attempt), r) for r in rows[:3]]
-    counter = tasks.TerminalCounter("w1~9")
+    counter = tasks.RollupWriter("w1~9")
     moved = rows[1]  # changed since it was read (the reconciler moved its dispatch entry)
     clients.tasks.update_entity(moved.stored_changes(last_write="moved"), **tasks.if_match(moved.etag))
-    assert claims.claim_many(clients, wanted, "w1", in_an_hour, counter) is None
+    assert transitions.claim_many(clients, wanted, "w1", in_an_hour, counter) is None
     assert {tasks.get_task(clients.tasks, r.part, r.task).status for r in rows[:3]} == {TaskStatus.QUEUED}
     for ref, _ in wanted:  # each then alone, on its row as it is
-        assert claims.claim(clients, ref, "w1", in_an_hour, counter) is not None
+        assert transitions.claim(clients, ref, "w1", in_an_hour, counter) is not None
 
     later = [(TaskRef.of(r.part, r.task, r.attempt), r) for r in rows[3:7]]
     real = counter.write
@@ -167,16 +177,16 @@ def test_a_claim_together_refused_claims_nothing_and_one_unanswered_is_read_back
         raise ServiceResponseError("connection reset by peer")
 
     monkeypatch.setattr(counter, "write", applied_then_lost)
-    got = claims.claim_many(clients, later, "w1", in_an_hour, counter)
+    got = transitions.claim_many(clients, later, "w1", in_an_hour, counter)
     monkeypatch.undo()
     assert got is not None and got[3] is None  # the cancelled one is not held
     assert [c.ref.task for c in got if c] == [r.task for r in rows[3:6]]
     for held in got[:3]:  # each holds, fenced on the ETag read back
-        assert held is not None and transitions.commit(clients, counter, held, TaskStatus.SUCCEEDED, [])
+        assert held is not None and commit(clients, counter, held, TaskStatus.SUCCEEDED, [])
     fresh = [(TaskRef.of(r.part, r.task, r.attempt), r) for r in tasks.list_tasks(clients.tasks, parts(clients, job))
              if r.status is TaskStatus.QUEUED][:4]
-    got = claims.claim_many(clients, fresh, "w1", in_an_hour, counter)
-    assert got is not None and all(c and transitions.commit(clients, counter, c, TaskStatus.SUCCEEDED, [])
+    got = transitions.claim_many(clients, fresh, "w1", in_an_hour, counter)
+    assert got is not None and all(c and commit(clients, counter, c, TaskStatus.SUCCEEDED, [])
                                       for c in got)
     counts = tasks.state_counts(clients.tasks, parts(clients, job))  # (the cancel was by hand: uncounted)
     assert (counts["RUNNING"], counts["SUCCEEDED"], counts["QUEUED"]) == (4, 7, 24 - 11)
@@ -227,10 +237,15 @@ def test_a_job_runs_to_its_end_on_messages_of_several_with_a_retry_and_waits_giv
     assert not [m for q in poisoned for m in q.peek_messages(max_messages=1)]
 
 
-def _claimed(clients: Clients, job: str, count: int) -> list[claims.Claim]:
+def committed(*outputs: str) -> Move:
+    """The move that commits an attempt with ``outputs``."""
+    return Move(Act.COMMIT, TaskStatus.SUCCEEDED, TaskStatus.SUCCEEDED.value, outputs=outputs)
+
+
+def _claimed(clients: Clients, job: str, count: int) -> list[transitions.Claim]:
     rows = [r for r in tasks.list_tasks(clients.tasks, parts(clients, job)) if r.status is TaskStatus.QUEUED][:count]
-    got = claims.claim_many(clients, [(TaskRef.of(r.part, r.task, r.attempt), r) for r in rows], "w1",
-                                    in_an_hour, tasks.TerminalCounter("claimer"))
+    got = transitions.claim_many(clients, [(TaskRef.of(r.part, r.task, r.attempt), r) for r in rows], "w1",
+                                    in_an_hour, tasks.RollupWriter("claimer"))
     assert got is not None and None not in got
     return [c for c in got if c]
 
@@ -239,23 +254,23 @@ def test_commits_together_fence_each_row_and_one_revoked_is_refused_alone(
         settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     clients = several(settings)
     job = planned(clients, end="2022-03-31")
-    counter = tasks.TerminalCounter("w1~9")
+    counter = tasks.RollupWriter("w1~9")
     first, revoked, third = _claimed(clients, job, 3)
     row = tasks.get_task(clients.tasks, revoked.ref.partition, revoked.ref.task)  # the monitor moved it on
     clients.tasks.update_entity(row.stored_changes(last_write="revoked"), **tasks.if_match(row.etag))
-    ended = [(held, TaskStatus.SUCCEEDED, [f"out-{held.ref.task}"]) for held in (first, revoked, third)]
-    real_commit = transitions.commit
+    ended = [(held, committed(f"out-{held.ref.task}")) for held in (first, revoked, third)]
+    real_apply = transitions.apply
     lost = ConnectionError("storage gone for this one")
 
-    def third_lost(clients: Clients, counter: tasks.TerminalCounter, held: claims.Claim, *rest: Any) -> bool:
+    def third_lost(clients: Clients, counter: tasks.RollupWriter, held: transitions.Claim, move: Move) -> bool:
         if held is third:
             raise lost
-        return real_commit(clients, counter, held, *rest)
+        return real_apply(clients, counter, held, move)
 
-    monkeypatch.setattr(transitions, "commit", third_lost)
-    assert transitions.commit_many(clients, counter, ended) == [True, False, lost]  # each its own answer
+    monkeypatch.setattr(transitions, "apply", third_lost)
+    assert transitions.apply_together(clients, counter, ended) == [True, False, lost]  # each its own answer
     monkeypatch.undo()
-    assert transitions.commit(clients, counter, third, TaskStatus.SUCCEEDED, [f"out-{third.ref.task}"])
+    assert commit(clients, counter, third, TaskStatus.SUCCEEDED, [f"out-{third.ref.task}"])
     rows = {r.task: r for r in tasks.list_tasks(clients.tasks, parts(clients, job))}
     assert rows[first.ref.task].outputs == json.dumps([f"out-{first.ref.task}"])
     assert rows[revoked.ref.task].status is TaskStatus.RUNNING and rows[revoked.ref.task].outputs == ""
@@ -270,7 +285,7 @@ def test_commits_together_fence_each_row_and_one_revoked_is_refused_alone(
 
     group = _claimed(clients, job, 4)
     monkeypatch.setattr(counter, "write", applied_then_lost)
-    assert transitions.commit_many(clients, counter, [(h, TaskStatus.SUCCEEDED, []) for h in group]) == [True] * 4
+    assert transitions.apply_together(clients, counter, [(h, committed()) for h in group]) == [True] * 4
     monkeypatch.undo()
     counts = tasks.state_counts(clients.tasks, parts(clients, job))  # each counted once
     assert (counts["SUCCEEDED"], counts["RUNNING"]) == (6, 1)
@@ -286,16 +301,16 @@ def test_a_workers_commits_that_come_together_share_a_transaction_and_one_alone_
     job = planned(clients, end="2022-03-31")
     monkeypatch.setattr(commits, "LINGER_S", 5.0)  # a group that waited for nothing would show
     group: list[int] = []
-    real = transitions.commit_many
-    monkeypatch.setattr(transitions, "commit_many", lambda c, k, ended: group.append(len(ended)) or real(c, k, ended))
-    together = commits.Commits(clients, tasks.TerminalCounter("w1~2"))
+    real = transitions.apply_together
+    monkeypatch.setattr(transitions, "apply_together",
+                        lambda c, k, ended: group.append(len(ended)) or real(c, k, ended))
+    together = commits.Commits(clients, tasks.RollupWriter("w1~2"))
     held = _claimed(clients, job, 3)
     results: list[bool] = []
 
-    def end(one: claims.Claim) -> None:
+    def end(one: transitions.Claim) -> None:
         with together.running(one.ref.partition):
-            results.append(together.commit(tasks.TerminalCounter(f"w1~{one.ref.task}"), one, TaskStatus.SUCCEEDED,
-                                           []))
+            results.append(together.commit(tasks.RollupWriter(f"w1~{one.ref.task}"), one, committed()))
 
     with together.running(held[0].ref.partition):  # three slots of one partition at once ...
         threads = [threading.Thread(target=end, args=(one,)) for one in held]
@@ -308,7 +323,7 @@ def test_a_workers_commits_that_come_together_share_a_transaction_and_one_alone_
     (alone,) = _claimed(clients, job, 1)
     started = time.monotonic()
     with together.running(alone.ref.partition):
-        assert together.commit(tasks.TerminalCounter("w1~0"), alone, TaskStatus.SUCCEEDED, [])  # by itself ...
+        assert together.commit(tasks.RollupWriter("w1~0"), alone, committed())  # by itself ...
     assert time.monotonic() - started < commits.LINGER_S / 2  # ... at once: nothing else of its partition runs
     assert group == [3]
     assert tasks.state_counts(clients.tasks, parts(clients, job))["SUCCEEDED"] == 4

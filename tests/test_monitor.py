@@ -22,8 +22,7 @@ from azure.data.tables import TableClient, UpdateMode
 
 from bagpipe.azurite import Azurite
 from bagpipe.serving import free_port
-from pipeline.failures import FailureClass
-from pipeline.lifecycle import attempts, claims, jobs, policy, runtimes, sweep, tasks, transitions
+from pipeline.lifecycle import attempts, jobs, policy, runtimes, sweep, tasks, transitions
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.requests import application
 from pipeline.requests.expansion import expand
@@ -32,6 +31,7 @@ from pipeline.storage import names
 from pipeline.storage.clients import Clients
 from tests.conftest import (
     PIDS,
+    commit,
     in_an_hour,
     parts,
     running_control,
@@ -135,9 +135,7 @@ def test_kill_rule_ceiling_then_factor_times_mean_with_a_floor(settings: Setting
     tuned = settings.with_(stage_limits=json.dumps({"digest": {"factor": 3, "max_attempts": 7}}), min_samples=1)
     assert policy.kill_after(policy.limits_for(tuned, "digest"), runtimes.Runtime(5, 30.0, 0.0)) == 90.0
     assert policy.limits_for(tuned, "digest").max_attempts == 7
-    # a lost worker or a kill is the platform's doing: it spends the larger budget
-    assert policy.limits_for(tuned, "digest").budget(FailureClass.USER_CODE) == 7
-    assert policy.limits_for(tuned, "digest").budget(FailureClass.HEARTBEAT_LOST) == settings.max_transient_attempts
+    assert policy.limits_for(tuned, "digest").max_transient_attempts == settings.max_transient_attempts
     assert policy.limits_for(tuned, "other").factor == settings.kill_factor
     with pytest.raises(ValueError, match="unknown limit"):
         policy.limits_for(settings.with_(stage_limits='{"digest": {"factr": 3}}'), "digest")
@@ -327,14 +325,14 @@ def test_sweep_activity_revokes_an_overdue_attempt(clients: Clients, settings: S
     queue = clients.shard_queues[0]
     message = next(iter(queue.receive_messages(max_messages=1, visibility_timeout=60)))
     due_at_once = lambda *_: tasks.now()  # noqa: E731
-    held = claims.claim(clients, tasks.TaskRef.decode(message.content), "w-gone", due_at_once)
+    held = transitions.claim(clients, tasks.TaskRef.decode(message.content), "w-gone", due_at_once)
     assert held is not None
     report = sweep.sweep(clients)
     assert report["revoked"] == 1
     row = tasks.get_task(clients.tasks, held.ref.partition, held.ref.task)
     assert row.status == "QUEUED" and row.attempt == 2 and row.last_failure == "execution_timeout"
     assert row.timeouts == 1  # its next attempt may run backoff × longer
-    assert not claims.still_held(clients, held), "the old attempt's heartbeat is refused"
+    assert not transitions.still_held(clients, held), "the old attempt's heartbeat is refused"
     assert index_rows(clients, job, held.ref.task) == []
     assert sweep.sweep(clients)["revoked"] == 0
 
@@ -348,23 +346,23 @@ def test_the_index_moves_with_the_task_row_in_one_write(clients: Clients) -> Non
         clients.tasks.update_entity({"PartitionKey": job, "RowKey": ref.task, "Worker": "other"}, mode=UpdateMode.MERGE)
         return in_an_hour()
 
-    assert claims.claim(clients, ref, "loser", overtaken) is None
+    assert transitions.claim(clients, ref, "loser", overtaken) is None
     assert index_rows(clients, job, ref.task) == [] and attempt_rows(clients, job, ref.task) == []
-    held = claims.claim(clients, ref, "winner", in_an_hour)
+    held = transitions.claim(clients, ref, "winner", in_an_hour)
     assert held is not None
     assert index_rows(clients, job, ref.task) == [held.index]
     (attempt,) = attempt_rows(clients, job, ref.task)
     assert attempt.worker == "winner" and attempt.outcome == "RUNNING"
-    assert transitions.commit(clients, tasks.TerminalCounter("t"), held, TaskStatus.SUCCEEDED, [])
+    assert commit(clients, tasks.RollupWriter("t"), held, TaskStatus.SUCCEEDED, [])
     assert index_rows(clients, job, ref.task) == []
     (attempt,) = attempt_rows(clients, job, ref.task)
     assert attempt.outcome == "SUCCEEDED" and attempt.runtime_s >= 0
     # a commit whose index entry had already gone still commits, and leaves none
     second = tasks.list_tasks(clients.tasks, parts(clients, job))[1].ref
-    held = claims.claim(clients, second, "w", in_an_hour)
+    held = transitions.claim(clients, second, "w", in_an_hour)
     assert held is not None
     attempts.unindex(clients, job, held.index)
-    assert transitions.commit(clients, tasks.TerminalCounter("t"), held, TaskStatus.SUCCEEDED, [])
+    assert commit(clients, tasks.RollupWriter("t"), held, TaskStatus.SUCCEEDED, [])
     assert clients.tasks.get_entity(second.partition, second.task)["Status"] == "SUCCEEDED"
     assert sum(tasks.terminal_counts(clients.tasks, parts(clients, job)).values()) == 2
 
@@ -376,7 +374,7 @@ def test_a_heartbeat_written_but_answered_with_an_error_leaves_no_row_to_revoke_
     queue = clients.shard_queues[0]
     message = next(iter(queue.receive_messages(max_messages=1, visibility_timeout=60)))
     ref = tasks.TaskRef.decode(message.content)
-    held = claims.claim(clients, ref, "w1", lambda *_: tasks.now() + timedelta(minutes=5))
+    held = transitions.claim(clients, ref, "w1", lambda *_: tasks.now() + timedelta(minutes=5))
     assert held is not None
     first = held.index
     real = attempts.move
@@ -393,5 +391,5 @@ def test_a_heartbeat_written_but_answered_with_an_error_leaves_no_row_to_revoke_
         wait_for(lambda: lost and len(rows := index_rows(clients, job, ref.task)) == 1
                  and rows[0] not in (first, lost[0]), 30, "one index row, written after the failed beat")
         assert not lease.revoked.is_set()
-    assert transitions.commit(clients, tasks.TerminalCounter("t"), held, TaskStatus.SUCCEEDED, [])
+    assert commit(clients, tasks.RollupWriter("t"), held, TaskStatus.SUCCEEDED, [])
     assert index_rows(clients, job, ref.task) == []

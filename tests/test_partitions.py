@@ -12,13 +12,22 @@ import pytest
 
 from bench.status_scale import counting_reads
 from pipeline.failures import FailureClass
-from pipeline.lifecycle import attempts, claims, jobs, partitions, planner, rollups, sweep, tasks, transitions
+from pipeline.lifecycle import attempts, jobs, partitions, planner, rollups, sweep, tasks, transitions
 from pipeline.lifecycle.status import JobState, TaskStatus
 from pipeline.requests import application
 from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
-from tests.conftest import in_an_hour, running_control, running_workers, small_request, wait_for, with_stage
+from tests.conftest import (
+    commit,
+    fail,
+    in_an_hour,
+    running_control,
+    running_workers,
+    small_request,
+    wait_for,
+    with_stage,
+)
 
 BUCKETS = 3
 
@@ -101,11 +110,11 @@ def test_a_reduction_is_counted_off_and_released_in_its_own_partition(settings: 
     planner.plan(clients, job)
     rows = {r.seq: r for r in tasks.list_tasks(clients.tasks, jobs.get(clients, job).parts)}
     assert rows[6].part == names.partition(job, 6 % BUCKETS) and rows[7].part == names.partition(job, 7 % BUCKETS)
-    counter = tasks.TerminalCounter("test")
+    counter = tasks.RollupWriter("test")
     for seq in range(6):
-        held = claims.claim(clients, rows[seq].ref, f"w{seq}", in_an_hour)
+        held = transitions.claim(clients, rows[seq].ref, f"w{seq}", in_an_hour)
         assert held is not None and held.ref.partition == rows[seq].part
-        assert transitions.commit(clients, counter, held, TaskStatus.SUCCEEDED, [])
+        assert commit(clients, counter, held, TaskStatus.SUCCEEDED, [])
     for seq in (6, 7):
         reduction = tasks.get_task(clients.tasks, rows[seq].part, rows[seq].task)
         assert reduction.status is TaskStatus.QUEUED and reduction.deps == 0
@@ -121,11 +130,11 @@ def test_the_monitor_and_the_reconciler_look_in_every_partition(settings: Settin
     row = jobs.get(clients, job)
     by_part = rows_by_part(clients, job)
     last = by_part[row.parts[-1]][0]
-    held = claims.claim(clients, last.ref, "w-gone", lambda *_: tasks.now())  # overdue at once
+    held = transitions.claim(clients, last.ref, "w-gone", lambda *_: tasks.now())  # overdue at once
     assert held is not None
-    held = claims.claim(clients, by_part[row.parts[1]][0].ref, "w-fails", in_an_hour)
+    held = transitions.claim(clients, by_part[row.parts[1]][0].ref, "w-fails", in_an_hour)
     assert held is not None
-    retried = transitions.fail(clients, tasks.TerminalCounter("w"), held, FailureClass.CONNECTION, "reset", 3)
+    retried = fail(clients, tasks.RollupWriter("w"), held, FailureClass.CONNECTION, "reset")
     assert retried is TaskStatus.QUEUED
     for queue in clients.shard_queues:  # every message lost
         queue.clear_messages()

@@ -10,7 +10,7 @@ import pytest
 
 from pipeline import stages
 from pipeline.failures import FailureClass
-from pipeline.lifecycle import claims, dispatch, jobs, partitions, planner, sweep, tasks, transitions
+from pipeline.lifecycle import dispatch, jobs, partitions, planner, sweep, tasks, transitions
 from pipeline.lifecycle.status import JobState, TaskStatus
 from pipeline.requests import application
 from pipeline.requests.expansion import expand, plan_of
@@ -19,6 +19,8 @@ from pipeline.storage import names
 from pipeline.storage.clients import Clients
 from tests.conftest import (
     WorkerThreads,
+    commit,
+    fail,
     in_an_hour,
     job_write_answer_lost,
     parts,
@@ -42,10 +44,10 @@ def window_job(clients: Clients) -> tuple[str, list[tasks.TaskRow]]:
 
 def end(clients: Clients, rows: list[tasks.TaskRow], seqs: range) -> None:
     """Tasks ``seqs`` claimed and committed: their places in the window free."""
-    counter = tasks.TerminalCounter("test")
+    counter = tasks.RollupWriter("test")
     for seq in seqs:
-        held = claims.claim(clients, rows[seq].ref, "w", in_an_hour)
-        assert held is not None and transitions.commit(clients, counter, held, TaskStatus.SUCCEEDED, [])
+        held = transitions.claim(clients, rows[seq].ref, "w", in_an_hour)
+        assert held is not None and commit(clients, counter, held, TaskStatus.SUCCEEDED, [])
 
 
 def test_plan_message_twice_makes_no_duplicate(clients: Clients) -> None:
@@ -239,28 +241,28 @@ def test_a_reduction_counts_its_tile_tasks_off_and_is_released_once_at_zero(clie
     assert jobs.get(clients, job).released == 6  # the cursor stops before the reductions
     assert reductions[0].parameters()["deps"] == "0,3" and reductions[0].deps == 3
 
-    def claimed(seq: int) -> claims.Claim:
-        held = claims.claim(clients, rows[seq].ref, f"w{seq}", in_an_hour)
+    def claimed(seq: int) -> transitions.Claim:
+        held = transitions.claim(clients, rows[seq].ref, f"w{seq}", in_an_hour)
         assert held is not None
         return held
 
     def reduction(seq: int) -> tasks.TaskRow:
         return tasks.get_task(clients.tasks, rows[seq].part, names.task_key(seq))
 
-    counter = tasks.TerminalCounter("test")
-    assert transitions.commit(clients, counter, claimed(0), TaskStatus.SUCCEEDED, [])
-    assert transitions.commit(clients, counter, claimed(1), TaskStatus.NO_DATA, [])
+    counter = tasks.RollupWriter("test")
+    assert commit(clients, counter, claimed(0), TaskStatus.SUCCEEDED, [])
+    assert commit(clients, counter, claimed(1), TaskStatus.NO_DATA, [])
     assert reduction(6).status == "PENDING" and reduction(6).deps == 1  # one of its tiles still runs
     before = queue_depth(clients)
-    assert transitions.fail(clients, counter, claimed(2), FailureClass.USER_CODE, "no", budget=1) is TaskStatus.DEAD
+    assert fail(clients, counter, claimed(2), FailureClass.USER_CODE, "no", again=True) is TaskStatus.DEAD
     row = reduction(6)
     assert row.status == "QUEUED" and row.deps == 0 and row.dispatch.startswith(names.DISPATCH_PREFIX)
     assert clients.tasks.get_entity(row.part, row.dispatch)["Task"] == row.task, "its dispatch entry"
     assert queue_depth(clients) == before + 1
     # the last three end together: their writes race on the reduction's row, each counts once
     held = [claimed(seq) for seq in (3, 4, 5)]
-    ends = [threading.Thread(target=transitions.commit, args=(clients, tasks.TerminalCounter(f"t{h.ref.task}"), h,
-                                                              TaskStatus.SUCCEEDED, [])) for h in held]
+    ends = [threading.Thread(target=commit, args=(clients, tasks.RollupWriter(f"t{h.ref.task}"), h))
+            for h in held]
     for end in ends:
         end.start()
     for end in ends:

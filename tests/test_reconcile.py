@@ -16,7 +16,7 @@ from azure.core.exceptions import ServiceRequestError
 
 from bagpipe.mailserver import MailServer
 from pipeline.failures import FailureClass
-from pipeline.lifecycle import claims, dispatch, jobs, sweep, tasks
+from pipeline.lifecycle import dispatch, jobs, sweep, tasks, transitions
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.modis.products import CATALOG
 from pipeline.reduction import reducers
@@ -115,7 +115,7 @@ def test_a_revocation_whose_message_is_lost_is_sent_again(settings: Settings, ma
     settings, clients = fast(settings)
     job = planned_job(clients)
     queue, message = receive_one(clients)
-    held = claims.claim(clients, tasks.TaskRef.decode(message.content), "w-gone", lambda *_: tasks.now())
+    held = transitions.claim(clients, tasks.TaskRef.decode(message.content), "w-gone", lambda *_: tasks.now())
     assert held is not None
     queue.delete_message(message)
     monkeypatch.setattr(dispatch, "send", lambda *a, **k: 0)  # the requeue's message never goes out
@@ -212,7 +212,7 @@ def test_one_broken_job_does_not_stop_the_sweep_for_the_others(settings: Setting
     clients.jobs.update_entity({"PartitionKey": broken, "RowKey": names.JOB_ROW, "State": "BOGUS"})
     job = planned_job(clients)
     ref = tasks.TaskRef(job, names.task_key(0), 1)
-    assert claims.claim(clients, ref, "w-gone", lambda *_: tasks.now()) is not None  # overdue at once
+    assert transitions.claim(clients, ref, "w-gone", lambda *_: tasks.now()) is not None  # overdue at once
     report = sweep.sweep(clients)
     assert report["errors"] == 1 and report["revoked"] == 1
     assert clients.tasks.get_entity(ref.partition, ref.task)["Attempt"] == 2

@@ -18,14 +18,14 @@ from azure.data.tables import UpdateMode
 
 from bagpipe.mailserver import MailServer
 from bench.status_scale import response_hook
-from pipeline.lifecycle import claims, completion, jobs, rollups, snapshots, sweep, tasks, transitions
+from pipeline.lifecycle import completion, jobs, rollups, snapshots, sweep, tasks, transitions
 from pipeline.lifecycle.notify import mailer_for
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
 from pipeline.web import jobview
-from tests.conftest import in_an_hour, parts, with_stage
+from tests.conftest import commit, in_an_hour, parts, with_stage
 from tests.test_finisher import ended_job
 from tests.test_status import job_of
 
@@ -72,9 +72,9 @@ def but_when(shown: dict[str, Any]) -> dict[str, Any]:
 def commit_one(clients: Clients, job: str) -> None:
     """Claim and commit one QUEUED task of the job, by the slot of a worker ``w``."""
     queued = next(r for r in tasks.list_tasks(clients.tasks, parts(clients, job)) if r.status is TaskStatus.QUEUED)
-    held = claims.claim(clients, queued.ref, "w", in_an_hour)
+    held = transitions.claim(clients, queued.ref, "w", in_an_hour)
     assert held is not None
-    assert transitions.commit(clients, tasks.TerminalCounter(f"w{names.SLOT_MARK}0"), held, TaskStatus.SUCCEEDED, [])
+    assert commit(clients, tasks.RollupWriter(f"w{names.SLOT_MARK}0"), held, TaskStatus.SUCCEEDED, [])
 
 
 def stale(clients: Clients, job: str) -> None:

@@ -17,7 +17,8 @@ import pytest
 from azure.core.exceptions import ServiceResponseError
 
 from pipeline.failures import FailureClass
-from pipeline.lifecycle import attempts, claims, jobs, rollups, runtimes, speculation, sweep, tasks, transitions
+from pipeline.lifecycle import attempts, ends, jobs, rollups, runtimes, sweep, tasks, transitions
+from pipeline.lifecycle.policy import Act, Ending, Outcome
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.requests import application
 from pipeline.requests.expansion import expand
@@ -26,6 +27,8 @@ from pipeline.storage import names
 from pipeline.storage.clients import Clients
 from tests.conftest import (
     PIDS,
+    commit,
+    end,
     in_an_hour,
     parts,
     running_control,
@@ -49,19 +52,19 @@ def _in(seconds: float) -> Callable[..., datetime]:
 
 
 def _claim_all(clients: Clients, job: str, slow: int = 1, leave: int = 0,
-               first_kill: Callable[..., datetime] = in_an_hour) -> list[claims.Claim]:
+               first_kill: Callable[..., datetime] = in_an_hour) -> list[transitions.Claim]:
     """Claim the job's tasks (all but ``leave`` of them, which stay QUEUED), each by a worker
     of its own; the first ``slow`` ones due for a backup at once, the first one to be
     revoked at ``first_kill``."""
     total = jobs.get(clients, job).total
-    held: list[claims.Claim] = []
+    held: list[transitions.Claim] = []
     while len(held) < total - leave:
         queue, message = receive_one(clients)
         queue.delete_message(message)
         ref = tasks.TaskRef.decode(message.content)
         if ref.job != job:  # another job's backup
             continue
-        claim = claims.claim(clients, ref, f"w{len(held)}", in_an_hour if held else first_kill,
+        claim = transitions.claim(clients, ref, f"w{len(held)}", in_an_hour if held else first_kill,
                                   speculate_time=_at_once if len(held) < slow else None)
         assert claim is not None
         held.append(claim)
@@ -80,14 +83,14 @@ def _messages(clients: Clients) -> int:
 
 
 def _backed_up(clients: Clients, first_kill: Callable[..., datetime] = in_an_hour,
-               backup_kill: Callable[..., datetime] = in_an_hour) -> tuple[str, list[claims.Claim],
-                                                                         claims.Claim]:
+               backup_kill: Callable[..., datetime] = in_an_hour) -> tuple[str, list[transitions.Claim],
+                                                                         transitions.Claim]:
     """A planned job whose tasks are all claimed, the first one's backup asked for by the
     monitor and taken by worker "spare": the job, the attempts and the backup."""
     job = planned_job(clients)
     held = _claim_all(clients, job, first_kill=first_kill)
     assert sweep.sweep(clients)["backups"] == 1
-    backup = speculation.claim_backup(clients, _backup_message(clients), "spare", backup_kill)
+    backup = transitions.claim_backup(clients, _backup_message(clients), "spare", backup_kill)
     assert backup is not None
     return job, held, backup
 
@@ -101,20 +104,20 @@ def test_a_backup_asked_for_once_commits_first_and_its_attempt_is_thrown_away(se
     ref = _backup_message(clients)
     assert ref == tasks.TaskRef(job, first.ref.task, 1, backup=True)
     assert tasks.TaskRef.decode(ref.encode()) == ref
-    with pytest.raises(speculation.NotHere):  # not on the machine of the attempt it copies
-        speculation.claim_backup(clients, ref, first.worker, in_an_hour)
-    backup = speculation.claim_backup(clients, ref, "spare", in_an_hour)
+    with pytest.raises(transitions.NotHere):  # not on the machine of the attempt it copies
+        transitions.claim_backup(clients, ref, first.worker, in_an_hour)
+    backup = transitions.claim_backup(clients, ref, "spare", in_an_hour)
     assert backup is not None and backup.etag == first.etag  # one fence for both
-    assert speculation.claim_backup(clients, ref, "another", in_an_hour) is None  # taken once
+    assert transitions.claim_backup(clients, ref, "another", in_an_hour) is None  # taken once
     again = sweep.sweep(clients)
     assert (again["backups"], again["errors"]) == (0, 0)  # asked for once
     assert jobs.status(clients, job)["speculative_attempts"] == 1
 
-    counter = tasks.TerminalCounter("test")
+    counter = tasks.RollupWriter("test")
     made = [names.output_prefix(job, ref.task, 1, backup=True) + "summary.json"]
-    assert transitions.commit(clients, counter, backup, TaskStatus.SUCCEEDED, made)
-    assert not claims.still_held(clients, first)
-    assert not transitions.commit(clients, counter, first, TaskStatus.SUCCEEDED, ["its own"])
+    assert commit(clients, counter, backup, TaskStatus.SUCCEEDED, made)
+    assert not transitions.still_held(clients, first)
+    assert not commit(clients, counter, first, TaskStatus.SUCCEEDED, ["its own"])
     row = tasks.get_task(clients.tasks, ref.partition, ref.task)
     assert row.status is TaskStatus.SUCCEEDED and row.worker == "spare" and json.loads(row.outputs) == made
     primary, copy = attempt_rows(clients, job, ref.task)
@@ -126,13 +129,13 @@ def test_a_backup_asked_for_once_commits_first_and_its_attempt_is_thrown_away(se
 
 def test_the_attempt_commits_first_and_its_backup_is_refused(clients: Clients) -> None:
     job, (first, *_), backup = _backed_up(clients)
-    assert claims.still_held(clients, backup)
-    counter = tasks.TerminalCounter("test")
-    assert transitions.commit(clients, counter, first, TaskStatus.SUCCEEDED, ["first"])
-    assert not claims.still_held(clients, backup)
-    claims.discard(clients, backup)  # what its worker does once its lease sees the fence gone
+    assert transitions.still_held(clients, backup)
+    counter = tasks.RollupWriter("test")
+    assert commit(clients, counter, first, TaskStatus.SUCCEEDED, ["first"])
+    assert not transitions.still_held(clients, backup)
+    end(clients, counter, backup, Outcome.of(Ending.REVOKED))  # what its worker does once its lease sees the fence gone
     assert not attempts.is_running(clients, job, first.ref.task, 1, backup=True)  # nothing waits on it
-    assert not transitions.commit(clients, counter, backup, TaskStatus.SUCCEEDED, ["copy"])  # had it ended first
+    assert not commit(clients, counter, backup, TaskStatus.SUCCEEDED, ["copy"])  # had it ended first
     row = tasks.get_task(clients.tasks, first.ref.partition, first.ref.task)
     assert json.loads(row.outputs) == ["first"] and row.worker == first.worker
     assert [a.outcome for a in attempt_rows(clients, job, first.ref.task)] == ["SUCCEEDED", "DISCARDED"]
@@ -144,22 +147,25 @@ def test_a_backup_whose_attempt_ends_before_anyone_takes_it_is_recorded_as_not_r
     first, *_ = _claim_all(clients, job)
     assert sweep.sweep(clients)["backups"] == 1
     ref = _backup_message(clients)
-    with pytest.raises(speculation.NotHere):  # its attempt's own worker hands it back
-        speculation.claim_backup(clients, ref, first.worker, in_an_hour)
-    assert transitions.commit(clients, tasks.TerminalCounter("test"), first, TaskStatus.SUCCEEDED, ["first"])
-    assert speculation.claim_backup(clients, ref, "spare", in_an_hour) is None  # no longer wanted
+    with pytest.raises(transitions.NotHere):  # its attempt's own worker hands it back
+        transitions.claim_backup(clients, ref, first.worker, in_an_hour)
+    assert commit(clients, tasks.RollupWriter("test"), first, TaskStatus.SUCCEEDED, ["first"])
+    assert transitions.claim_backup(clients, ref, "spare", in_an_hour) is None  # no longer wanted
     primary, copy = attempt_rows(clients, job, first.ref.task)
-    assert primary.outcome == "SUCCEEDED" and copy.outcome == speculation.NOT_RUN and copy.ended_at is not None
+    assert primary.outcome == "SUCCEEDED" and copy.outcome == transitions.NOT_RUN and copy.ended_at is not None
     assert index_rows(clients, job, first.ref.task) == []
 
 
-def test_a_backup_that_committed_is_not_given_up_by_a_monitor_that_read_it_running(clients: Clients) -> None:
+def test_a_backup_that_committed_is_not_given_up_by_a_monitor_that_read_it_running(
+        clients: Clients, monkeypatch: pytest.MonkeyPatch) -> None:
     job, (first, *_), backup = _backed_up(clients)
     (entry,) = [e for e in attempts.overdue(clients, parts(clients, job), tasks.now() + timedelta(days=1)) if e.backup]
     etag = attempts.running_etag(clients, job, first.ref.task, 1, backup=True)  # the monitor reads it RUNNING ...
     assert etag is not None
-    assert transitions.commit(clients, tasks.TerminalCounter("test"), backup, TaskStatus.SUCCEEDED, ["copy"])
-    speculation.lapse(clients, entry, FailureClass.HEARTBEAT_LOST, etag)  # ... and gives it up after it committed
+    assert commit(clients, tasks.RollupWriter("test"), backup, TaskStatus.SUCCEEDED, ["copy"])
+    monkeypatch.setattr(attempts, "running_etag", lambda *_, **__: etag)  # ... every time, then gives it up
+    ended = ends.end(clients, tasks.RollupWriter("monitor"), entry, Outcome.of(Ending.SILENT))
+    assert ended.move.act is Act.LAPSE  # made, fenced on the row it read: refused, the entry alone removed
     copy = attempt_rows(clients, job, first.ref.task)[1]
     assert (copy.outcome, copy.failure_class, copy.revoked_by) == ("SUCCEEDED", "", "")
     assert index_rows(clients, job, first.ref.task) == [first.index]  # the attempt's, until its worker discards
@@ -168,12 +174,13 @@ def test_a_backup_that_committed_is_not_given_up_by_a_monitor_that_read_it_runni
 def test_a_failed_backup_leaves_the_task_to_its_attempt(clients: Clients) -> None:
     job, (first, *_), backup = _backed_up(clients)
     before = tasks.get_task(clients.tasks, first.ref.partition, first.ref.task)
-    speculation.abandon(clients, backup, FailureClass.USER_CODE, "it crashed there")
+    dropped = end(clients, tasks.RollupWriter("spare"), backup, Outcome.failed(FailureClass.USER_CODE, "it crashed"))
+    assert dropped.move.act is Act.ABANDON and dropped.status is None
     after = tasks.get_task(clients.tasks, first.ref.partition, first.ref.task)
     assert after.etag == before.etag and after.status is TaskStatus.RUNNING  # the task row untouched
-    assert claims.still_held(clients, first) and not claims.still_held(clients, backup)
+    assert transitions.still_held(clients, first) and not transitions.still_held(clients, backup)
     assert index_rows(clients, job, first.ref.task) == [first.index]
-    assert transitions.commit(clients, tasks.TerminalCounter("test"), first, TaskStatus.SUCCEEDED, ["first"])
+    assert commit(clients, tasks.RollupWriter("test"), first, TaskStatus.SUCCEEDED, ["first"])
     copy = attempt_rows(clients, job, first.ref.task)[1]
     assert (copy.outcome, copy.failure_class) == ("FAILED", FailureClass.USER_CODE.value)
 
@@ -185,13 +192,13 @@ def test_backups_only_at_the_tail_and_within_the_share(settings: Settings) -> No
     held = _claim_all(clients, job, slow=3, leave=1)
     assert sweep.sweep(clients)["backups"] == 0  # a task still waits for a slot: none is idle
     queue, message = receive_one(clients)
-    last = claims.claim(clients, tasks.TaskRef.decode(message.content), "w-last", in_an_hour)
+    last = transitions.claim(clients, tasks.TaskRef.decode(message.content), "w-last", in_an_hour)
     assert last is not None
     queue.delete_message(message)
     assert sweep.sweep(clients)["backups"] == 1
     assert sweep.sweep(clients)["backups"] == 0  # the share is spent
     asked = [a for a in attempts.list_attempts(clients.tasks, parts(clients, job)) if a.backup]
-    assert [(a.task, a.outcome) for a in asked] == [(held[0].ref.task, speculation.REQUESTED)]
+    assert [(a.task, a.outcome) for a in asked] == [(held[0].ref.task, transitions.REQUESTED)]
     off = Clients(settings.with_(speculate_share=0.0))
     other = planned_job(off)
     _claim_all(off, other, slow=8)
@@ -202,10 +209,10 @@ def test_an_overdue_attempt_waits_for_its_running_backup_and_is_revoked_once_it_
     job, (first, *_), backup = _backed_up(clients, first_kill=_in(2), backup_kill=_in(3.5))  # revoked in 2 s
     time.sleep(2.2)
     assert sweep.sweep(clients)["revoked"] == 0  # its backup runs: the first to commit ends the task
-    assert claims.still_held(clients, first)
+    assert transitions.still_held(clients, first)
     time.sleep(1.5)
     assert sweep.sweep(clients)["revoked"] == 0  # the backup lapses first (it sorts after its attempt)
-    assert not claims.still_held(clients, backup)  # its worker kills it
+    assert not transitions.still_held(clients, backup)  # its worker kills it
     assert sweep.sweep(clients)["revoked"] == 1
     row = tasks.get_task(clients.tasks, first.ref.partition, first.ref.task)
     assert row.status is TaskStatus.QUEUED and row.attempt == 2
@@ -238,13 +245,13 @@ def test_real_workers_a_stragglers_backup_wins_and_the_straggler_is_killed(setti
 
 def test_a_slow_workers_attempt_gives_way_to_its_backup_and_is_requeued_if_the_backup_fails(
         clients: Clients) -> None:
-    job, (first, second, *_), backup = _backed_up(clients, first_kill=_in(1))  # revoked in 1 s
-    assert not speculation.give_way(clients, second, FailureClass.WORKER_SLOW, "slow")  # it has no backup
-    assert speculation.give_way(clients, first, FailureClass.WORKER_SLOW, "found slow")
-    assert claims.still_held(clients, backup)  # the backup keeps the fence
+    job, (first, *_), backup = _backed_up(clients, first_kill=_in(1))  # revoked in 1 s
+    gave = end(clients, tasks.RollupWriter("slow"), first, Outcome.failed(FailureClass.WORKER_SLOW, "found slow"))
+    assert gave.move.act is Act.GIVE_WAY and gave.status is None  # the task row and its entry untouched
+    assert transitions.still_held(clients, backup)  # the backup keeps the fence
     time.sleep(1.2)
     assert sweep.sweep(clients)["revoked"] == 0
-    speculation.abandon(clients, backup, FailureClass.USER_CODE, "it crashed there")
+    end(clients, tasks.RollupWriter("spare"), backup, Outcome.failed(FailureClass.USER_CODE, "it crashed there"))
     assert sweep.sweep(clients)["revoked"] == 1  # the task is not left RUNNING with nobody on it
     row = tasks.get_task(clients.tasks, first.ref.partition, first.ref.task)
     assert row.status is TaskStatus.QUEUED and row.attempt == 2
@@ -283,7 +290,7 @@ def test_lost_answers_on_the_backup_path_leave_nothing_stuck(settings: Settings,
         assert sweep.sweep(monitor)["errors"] == 1 and lost  # the ask applied, its answer lost ...
     assert sweep.sweep(monitor)["backups"] == 0  # ... and not asked again; the attempt goes on alone
     (asked,) = [a for a in attempts.list_attempts(clients.tasks, parts(clients, job)) if a.backup]
-    assert asked.outcome == speculation.REQUESTED
+    assert asked.outcome == transitions.REQUESTED
     assert _messages(clients) == 0  # its message never sent ...
     later = Clients(settings.with_(lease_seconds=1))  # ... until a lease has passed with nobody taking it
     time.sleep(1.1)
@@ -295,13 +302,13 @@ def test_lost_answers_on_the_backup_path_leave_nothing_stuck(settings: Settings,
     with monkeypatch.context() as patch:
         _answer_lost_once(patch, worker)
         with pytest.raises(ServiceResponseError):  # the backup's claim applied, its answer lost
-            speculation.claim_backup(worker, ref, "spare", in_an_hour)
-    assert speculation.claim_backup(worker, ref, "spare", in_an_hour) is None  # taken once
+            transitions.claim_backup(worker, ref, "spare", in_an_hour)
+    assert transitions.claim_backup(worker, ref, "spare", in_an_hour) is None  # taken once
     # nobody runs it: its heartbeat lapses and the monitor gives it up
     wait_for(lambda: sweep.sweep(monitor)["stale"] and not attempts.is_running(clients, job, first.ref.task, 1,
                                                                               backup=True), 10, "the backup to lapse")
-    assert sweep.sweep(monitor)["revoked"] == 0 and claims.still_held(clients, first)
-    assert transitions.commit(clients, tasks.TerminalCounter("test"), first, TaskStatus.SUCCEEDED, ["first"])
+    assert sweep.sweep(monitor)["revoked"] == 0 and transitions.still_held(clients, first)
+    assert commit(clients, tasks.RollupWriter("test"), first, TaskStatus.SUCCEEDED, ["first"])
     assert index_rows(clients, job, first.ref.task) == []
 
 
@@ -339,9 +346,9 @@ def test_a_backup_that_reaches_the_worker_of_its_attempt_goes_back_and_is_not_ru
         wait_for(lambda: jobs.get(clients, job).state.finished, 120, "the job to finish")
         task = marked_task(clients, job)
         # its message, handed back, comes to the worker once more: the backup was never run
-        wait_for(lambda: attempt_rows(clients, job, task.task)[1].outcome != speculation.REQUESTED, 10,
+        wait_for(lambda: attempt_rows(clients, job, task.task)[1].outcome != transitions.REQUESTED, 10,
                  "the backup's message to come back")
     primary, copy = attempt_rows(clients, job, task.task)
-    assert primary.outcome == "SUCCEEDED" and copy.backup and copy.outcome == speculation.NOT_RUN
+    assert primary.outcome == "SUCCEEDED" and copy.backup and copy.outcome == transitions.NOT_RUN
     assert copy.started_at is None and copy.worker == ""
     assert jobs.status(clients, job)["speculative_attempts"] >= 1

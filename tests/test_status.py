@@ -10,35 +10,34 @@ from typing import Any
 
 from bench.status_scale import counting_reads
 from pipeline.failures import FailureClass
-from pipeline.lifecycle import claims, jobs, planner, rollups, tasks, transitions
+from pipeline.lifecycle import jobs, planner, rollups, tasks, transitions
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.requests import application
 from pipeline.settings import Settings
 from pipeline.storage.clients import Clients
 from pipeline.web import jobview
-from tests.conftest import in_an_hour, parts, small_request, with_stage
+from tests.conftest import commit, fail, in_an_hour, parts, small_request, with_stage
 
 
 def run_some(clients: Clients, job: str, commits: int) -> None:
     """Claim and commit ``commits`` of the job's queued tasks (by three writers), fail one
     attempt for good and one to be retried, leave one running."""
     queued = [r for r in tasks.list_tasks(clients.tasks, parts(clients, job)) if r.status is TaskStatus.QUEUED]
-    counters = [tasks.TerminalCounter(f"slot-{i}") for i in range(3)]
+    counters = [tasks.RollupWriter(f"slot-{i}") for i in range(3)]
 
-    def claim(row: dict) -> claims.Claim:
-        held = claims.claim(clients, row.ref, "w", in_an_hour,
+    def claim(row: dict) -> transitions.Claim:
+        held = transitions.claim(clients, row.ref, "w", in_an_hour,
                                  counters[row.seq % 3])
         assert held is not None
         return held
 
     for row in queued[:commits]:
         status = TaskStatus.CACHED if row.seq % 5 == 0 else TaskStatus.SUCCEEDED
-        assert transitions.commit(clients, counters[row.seq % 3], claim(row), status, [])
+        assert commit(clients, counters[row.seq % 3], claim(row), status, [])
     counter = counters[0]
-    assert transitions.fail(clients, counter, claim(queued[commits]), FailureClass.USER_CODE, "bad", 1) \
+    assert fail(clients, counter, claim(queued[commits]), FailureClass.USER_CODE, "bad", again=True) \
         is TaskStatus.DEAD
-    assert transitions.fail(clients, counter, claim(queued[commits + 1]), FailureClass.CONNECTION, "cut", 3) \
-        is TaskStatus.QUEUED
+    assert fail(clients, counter, claim(queued[commits + 1]), FailureClass.CONNECTION, "cut") is TaskStatus.QUEUED
     claim(queued[commits + 2])
 
 

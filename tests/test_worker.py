@@ -16,8 +16,9 @@ import pytest
 from azure.storage.queue import QueueClient, QueueMessage
 
 from bagpipe.mailserver import MailServer
-from pipeline.lifecycle import attempts, claims, completion, jobs, planner, sweep, tasks, transitions
+from pipeline.lifecycle import attempts, completion, jobs, planner, sweep, tasks, transitions
 from pipeline.lifecycle.notify import mailer_for
+from pipeline.lifecycle.policy import Act, Move
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.requests import application
 from pipeline.settings import Settings
@@ -25,6 +26,7 @@ from pipeline.storage import names
 from pipeline.storage.clients import Clients
 from tests.conftest import (
     WorkerThreads,
+    commit,
     in_an_hour,
     parts,
     running_control,
@@ -53,7 +55,7 @@ def test_stale_message_is_deleted_without_running(clients: Clients, workers: Wor
     job = planned_job(clients)
     queue, message = receive_one(clients)
     ref = tasks.TaskRef.decode(message.content)
-    held = claims.claim(clients, ref, "someone-else", in_an_hour)
+    held = transitions.claim(clients, ref, "someone-else", in_an_hour)
     assert held is not None
     queue.delete_message(message)
     # a late duplicate of the same attempt, and one from an attempt long gone
@@ -86,11 +88,11 @@ def test_a_claim_applied_with_its_answer_lost_holds(clients: Clients, monkeypatc
         return real(operations, **kwargs)
 
     monkeypatch.setattr(clients.tasks, "submit_transaction", applied_then_retried)
-    held = claims.claim(clients, ref, "w1", in_an_hour, hint=hint)
+    held = transitions.claim(clients, ref, "w1", in_an_hour, hint=hint)
     assert held is not None and len(calls) == 1
     row = tasks.get_task(clients.tasks, ref.partition, ref.task)
     assert row.status is TaskStatus.RUNNING and row.worker == "w1" and row.etag == held.etag
-    assert transitions.commit(clients, tasks.TerminalCounter("test"), held, TaskStatus.SUCCEEDED, ["out"])
+    assert commit(clients, tasks.RollupWriter("test"), held, TaskStatus.SUCCEEDED, ["out"])
     counts = jobs.status(clients, job)["counts"]
     assert counts.get("SUCCEEDED") == 1 and not counts.get("RUNNING")  # moved once
     ran = attempts.list_attempts(clients.tasks, parts(clients, job))
@@ -148,21 +150,21 @@ def test_transient_failure_succeeds_on_retry_and_only_that_attempt_is_published(
 def test_commit_is_fenced_on_the_attempt(clients: Clients) -> None:
     job = planned_job(clients)
     _queue, message = receive_one(clients)
-    held = claims.claim(clients, tasks.TaskRef.decode(message.content), "w1", in_an_hour)
+    held = transitions.claim(clients, tasks.TaskRef.decode(message.content), "w1", in_an_hour)
     assert held is not None
     # the attempt is revoked (the monitor's move): the row names attempt 2 now
     row = tasks.get_task(clients.tasks, held.ref.partition, held.ref.task)
     clients.tasks.update_entity(row.stored_changes(status=TaskStatus.QUEUED, attempt=2), **tasks.if_match(row.etag))
-    counter = tasks.TerminalCounter("w1-0")
-    assert not transitions.commit(clients, counter, held, TaskStatus.SUCCEEDED, ["stale/output"])
-    assert not claims.still_held(clients, held)
+    counter = tasks.RollupWriter("w1-0")
+    assert not commit(clients, counter, held, TaskStatus.SUCCEEDED, ["stale/output"])
+    assert not transitions.still_held(clients, held)
     stored = clients.tasks.get_entity(held.ref.partition, held.ref.task)
     assert stored["Status"] == "QUEUED" and "Outputs" not in stored  # as stored: nothing named
     assert sum(tasks.terminal_counts(clients.tasks, parts(clients, job)).values()) == 0
     # the next attempt runs from the same old message and commits
-    again = claims.claim(clients, held.ref, "w2", in_an_hour)
+    again = transitions.claim(clients, held.ref, "w2", in_an_hour)
     assert again is not None and again.ref.attempt == 2
-    assert transitions.commit(clients, counter, again, TaskStatus.SUCCEEDED, ["good/output"])
+    assert commit(clients, counter, again, TaskStatus.SUCCEEDED, ["good/output"])
     assert json.loads(clients.tasks.get_entity(held.ref.partition, held.ref.task)["Outputs"]) == ["good/output"]
 
 
@@ -171,17 +173,17 @@ def test_a_worker_lost_while_committing_leaves_its_attempt_to_the_monitor(
     """A worker that is lost after its stage ended but before its commit reached the task
     row (killed while storage was slow) leaves the attempt in the monitor's index: the
     monitor revokes it when its heartbeat runs out and a retry completes the job."""
-    real_commit = transitions.commit
+    real_apply = transitions.apply
     lost: list[tasks.TaskRef] = []
 
-    def lost_on_first_commit(*args: Any, **kwargs: Any) -> bool:
-        held: claims.Claim = args[2]
-        if not lost:
+    def lost_on_first_commit(clients: Clients, writer: tasks.RollupWriter, held: transitions.Claim,
+                             move: Move) -> bool:
+        if not lost and move.act is Act.COMMIT:
             lost.append(held.ref)
             raise ConnectionError("the worker is gone before its commit was written")
-        return real_commit(*args, **kwargs)
+        return real_apply(clients, writer, held, move)
 
-    monkeypatch.setattr(transitions, "commit", lost_on_first_commit)
+    monkeypatch.setattr(transitions, "apply", lost_on_first_commit)
     with running_control(settings), running_workers(settings, slots=1):  # one slot: each commit alone
         job = planned_job(clients)
         wait_for(lambda: jobs.get(clients, job).state.finished, 90, "the job to finish")
@@ -196,11 +198,11 @@ def test_a_worker_lost_while_committing_leaves_its_attempt_to_the_monitor(
 def test_completion_happens_exactly_once_under_a_race(clients: Clients, settings: Settings,
                                                       mail: MailServer) -> None:
     job = planned_job(clients)
-    counter = tasks.TerminalCounter("solo")
+    counter = tasks.RollupWriter("solo")
     while sum(tasks.terminal_counts(clients.tasks, parts(clients, job)).values()) < 8:
         queue, message = receive_one(clients)
-        held = claims.claim(clients, tasks.TaskRef.decode(message.content), "solo", in_an_hour)
-        assert held and transitions.commit(clients, counter, held, TaskStatus.SUCCEEDED, [])
+        held = transitions.claim(clients, tasks.TaskRef.decode(message.content), "solo", in_an_hour)
+        assert held and commit(clients, counter, held, TaskStatus.SUCCEEDED, [])
         queue.delete_message(message)
         planner.release(clients, job)
     mailer = mailer_for(settings)
@@ -322,16 +324,16 @@ def test_rows_read_ahead_spare_the_claims_their_reads_and_decide_nothing(
     # another claimed by someone else meanwhile
     row = tasks.get_task(clients.tasks, changed.partition, changed.task)
     clients.tasks.update_entity(row.stored_changes(last_write="moved"), **tasks.if_match(row.etag))
-    assert claims.claim(clients, taken, "someone-else", in_an_hour) is not None
+    assert transitions.claim(clients, taken, "someone-else", in_an_hour) is not None
     seen.clear()
-    assert claims.claim(clients, first, "w1", in_an_hour, hint=ahead.take(first)) is not None
+    assert transitions.claim(clients, first, "w1", in_an_hour, hint=ahead.take(first)) is not None
     assert seen == []  # claimed on its hint alone
-    assert claims.claim(clients, changed, "w1", in_an_hour, hint=ahead.take(changed)) is not None
+    assert transitions.claim(clients, changed, "w1", in_an_hour, hint=ahead.take(changed)) is not None
     # the stale hint refused, the row read (and the claimer's rollup row, after a refusal), claimed
     assert [url for kind, url in seen if kind == "point" and f"RowKey='{changed.task}'" in url]
-    assert claims.claim(clients, taken, "w1", in_an_hour, hint=ahead.take(taken)) is None
+    assert transitions.claim(clients, taken, "w1", in_an_hour, hint=ahead.take(taken)) is None
     assert tasks.get_task(clients.tasks, taken.partition, taken.task).worker == "someone-else"
     for ref in rest:
-        assert claims.claim(clients, ref, "w1", in_an_hour, hint=ahead.take(ref)) is not None
+        assert transitions.claim(clients, ref, "w1", in_an_hour, hint=ahead.take(ref)) is not None
     assert ahead.take(first) is None  # each hint is taken once
     assert {r.status for r in tasks.list_tasks(clients.tasks, parts(clients, job))} == {TaskStatus.RUNNING}

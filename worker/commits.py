@@ -3,9 +3,11 @@
 The attempts of one partition that a worker claimed together mostly end together too. A
 slot's commit waits up to ``LINGER_S`` for the worker's other slots that run attempts of the
 same partition to reach theirs, and one transaction commits them all, each row fenced on
-its own claim (``transitions.commit_many``). A commit that cannot join — a backup's, a tile
-task's that counts itself off its reduction — goes its own way (``transitions.commit``), as
-does one whose worker runs nothing else of its partition: that one does not wait at all.
+its own claim (``transitions.apply_together``). A commit that cannot join — a backup's, a
+tile task's that counts itself off its reduction (``transitions.joins_others``) — goes its
+own way (``transitions.apply``), as does one whose worker runs nothing else of its
+partition: that one does not wait at all. Each commit comes here from its attempt's end
+(``pipeline.lifecycle.ends``), which decided it.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from pipeline.lifecycle import claims, dependencies, transitions
-from pipeline.lifecycle.status import TaskStatus
-from pipeline.lifecycle.tasks import TerminalCounter
+from pipeline.lifecycle import transitions
+from pipeline.lifecycle.policy import Move
+from pipeline.lifecycle.tasks import RollupWriter
+from pipeline.lifecycle.transitions import Claim
 from pipeline.storage.clients import Clients
 
 LINGER_S = 0.02  # the longest a commit waits for others of its partition
@@ -27,17 +30,16 @@ LINGER_S = 0.02  # the longest a commit waits for others of its partition
 
 @dataclass
 class _Waiting:
-    held: claims.Claim
-    status: TaskStatus
-    outputs: list[str]
+    held: Claim
+    move: Move
     result: bool | Exception | None = None
 
 
 class Commits:
-    """The commits of one worker's slots, grouped per partition under ``counter``'s rollup."""
+    """The commits of one worker's slots, grouped per partition under ``writer``'s rollup."""
 
-    def __init__(self, clients: Clients, counter: TerminalCounter) -> None:
-        self.clients, self.counter = clients, counter
+    def __init__(self, clients: Clients, writer: RollupWriter) -> None:
+        self.clients, self.writer = clients, writer
         self._changed = threading.Condition()
         self._running: Counter[str] = Counter()  # attempts of each partition in the worker's slots
         self._waiting: dict[str, list[_Waiting]] = {}
@@ -55,14 +57,14 @@ class Commits:
                 self._running[part] -= 1
                 self._changed.notify_all()
 
-    def commit(self, counter: TerminalCounter, held: claims.Claim, status: TaskStatus,
-               outputs: list[str]) -> bool:
-        """``transitions.commit`` of the attempt, with those of the worker's other slots in its
-        partition that come within the linger; ``counter`` (the slot's) for one made alone."""
+    def commit(self, writer: RollupWriter, held: Claim, move: Move) -> bool:
+        """The commit ``move`` of the attempt ``held``, with those of the worker's other
+        slots in its partition that come within the linger; ``writer`` (the slot's) for one
+        made alone. Whether it applied."""
         part = held.ref.partition
-        if held.ref.backup or dependencies.waiting(held.params, status):
-            return transitions.commit(self.clients, counter, held, status, outputs)
-        mine = _Waiting(held, status, outputs)
+        if not transitions.joins_others(held, move):
+            return transitions.apply(self.clients, writer, held, move)
+        mine = _Waiting(held, move)
         with self._changed:
             group = self._waiting.setdefault(part, [])
             if len(group) >= transitions.GROUP_COMMITS:
@@ -79,11 +81,10 @@ class Commits:
                     self._changed.wait(until - time.monotonic())
                 del self._waiting[part]
         if len(group) <= 1:
-            return transitions.commit(self.clients, counter, held, status, outputs)
+            return transitions.apply(self.clients, writer, held, move)
         results: list[bool | Exception]
         try:
-            results = transitions.commit_many(self.clients, self.counter, [(w.held, w.status, w.outputs)
-                                                                             for w in group])
+            results = transitions.apply_together(self.clients, self.writer, [(w.held, w.move) for w in group])
         except Exception as exc:  # unsettled (the read back failed): each raises it, as its own commit would
             results = [exc] * len(group)
         with self._changed:

@@ -1,7 +1,7 @@
 """Attempts going from a worker's inbox to its slots, and what their claims are given.
 
 Those of one partition whose rows were read ahead (``worker.readahead``) and are QUEUED for
-them are claimed in one transaction (``claims.claim_many``, ``tasks.MESSAGE_TASKS`` at
+them are claimed in one transaction (``transitions.claim_many``, ``tasks.MESSAGE_TASKS`` at
 a time); the others — a backup, a row not read ahead or moved since, a task named twice —
 are claimed each in its slot. Every claim is given its attempt's kill time and the time
 from which a backup copy would help, from its stage's runtime history
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from pipeline import planning
-from pipeline.lifecycle import claims, policy, runtimes, tasks
+from pipeline.lifecycle import policy, runtimes, tasks, transitions
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.storage.clients import Clients
 from worker.delivery import Delivery
@@ -32,17 +32,17 @@ class Handed:
     delivery: Delivery
     ref: tasks.TaskRef
     hint: tasks.TaskRow | None = None
-    held: claims.Claim | None = None
+    held: transitions.Claim | None = None
 
 
 class Handout:
     """The claims of worker ``worker``: its runtime ``history``, the rows it read ahead
-    (``rows``), and the rollup writer of the moves it makes several at a time (``counter``)."""
+    (``rows``), and the rollup writer of the moves it makes several at a time (``writer``)."""
 
     def __init__(self, clients: Clients, worker: str, history: runtimes.RuntimeBook, rows: RowsAhead,
-                 counter: tasks.TerminalCounter) -> None:
+                 writer: tasks.RollupWriter) -> None:
         self.clients, self.settings, self.worker = clients, clients.settings, worker
-        self.history, self.rows, self.counter = history, rows, counter
+        self.history, self.rows, self.writer = history, rows, writer
 
     def kill_time(self, current: tasks.TaskRef, stage: str, params: dict[str, str], timeouts: int) -> datetime:
         history = self.history.read(stage, planning.history_of(params))
@@ -77,10 +77,10 @@ class Handout:
         wanted = [(i.ref, i.hint) for i in items if i.hint is not None]
         if len(wanted) < 2:
             return
-        got: list[claims.Claim | None] | None = None
+        got: list[transitions.Claim | None] | None = None
         try:
-            got = claims.claim_many(self.clients, wanted, self.worker, self.kill_time, self.counter,
-                                            self.speculate_time)
+            got = transitions.claim_many(self.clients, wanted, self.worker, self.kill_time, self.writer,
+                                         self.speculate_time)
         except Exception as exc:
             log.info("attempts of %s not claimed together: %s", items[0].ref.partition, exc)
         for n, item in enumerate(items):

@@ -7,7 +7,8 @@ from __future__ import annotations
 import logging
 import threading
 
-from pipeline.lifecycle import attempts, claims
+from pipeline.lifecycle import attempts, transitions
+from pipeline.lifecycle.transitions import Claim
 from pipeline.storage.clients import Clients
 from worker.delivery import Delivery
 
@@ -17,7 +18,7 @@ log = logging.getLogger(__name__)
 class Lease:
     """Keeps an attempt's message invisible and the attempt alive while its stage runs."""
 
-    def __init__(self, clients: Clients, delivery: Delivery, held: claims.Claim) -> None:
+    def __init__(self, clients: Clients, delivery: Delivery, held: Claim) -> None:
         self.clients, self.delivery, self.held = clients, delivery, held
         self.seconds = clients.settings.lease_seconds
         self.revoked = threading.Event()
@@ -43,11 +44,11 @@ class Lease:
             except Exception as exc:  # the message comes back for others; the row keeps them off
                 log.warning("message of %s not renewed: %s", self.held.ref, exc)
             try:
-                if not claims.still_held(self.clients, self.held):
+                if not transitions.still_held(self.clients, self.held):
                     log.warning("attempt %s revoked", self.held.ref)
                     self.revoked.set()
                     return
-                claims.heartbeat(self.clients, self.held)
+                transitions.heartbeat(self.clients, self.held)
                 if failed:
                     ref = self.held.ref
                     attempts.clear_others(self.clients, ref.partition, ref.task, ref.attempt, self.held.worker,

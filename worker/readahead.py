@@ -3,7 +3,7 @@
 A claim reads its task row before its transaction: a point read per task. A worker that
 receives several attempts at once (in one message or several) reads the rows of those of
 one job in a single key-range query instead (a shard holds every ``shards``-th task of a
-job, so their keys lie close together) and keeps each as a *hint* for its claim (``claims.claim``): the claim tries
+job, so their keys lie close together) and keeps each as a *hint* for its claim (``transitions.claim``): the claim tries
 its transaction on the hint's ETag, and reads the row as before wherever the hint does not
 let it claim (not QUEUED, or changed since). A hint only spares a read; it decides nothing.
 """

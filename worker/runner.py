@@ -24,7 +24,6 @@ a fresh one to replace it.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import signal
@@ -35,22 +34,22 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 from pipeline import planning, telemetry
-from pipeline.failures import FailureClass
-from pipeline.lifecycle import claims, health, policy, progress, runtimes, speculation, tasks, transitions
+from pipeline.lifecycle import ends, health, progress, runtimes, tasks, transitions
+from pipeline.lifecycle.policy import Act, Ending, Outcome, Verdict
 from pipeline.lifecycle.status import TaskStatus
+from pipeline.lifecycle.transitions import Claim
 from pipeline.redact import redact
 from pipeline.reduction import sandbox
 from pipeline.settings import Settings
 from pipeline.storage.clients import Clients, clients_for
 from worker import private
-from worker.child import Outcome
 from worker.commits import Commits
 from worker.delivery import Delivery
 from worker.handout import Handed, Handout
 from worker.inbox import Inbox
 from worker.lease import Lease
 from worker.pace import Pace
-from worker.slot import BOUND_PAST_KILL_TIME, PAST_KILL_TIME, Slot
+from worker.slot import Slot
 
 log = logging.getLogger(__name__)
 
@@ -77,13 +76,13 @@ class Worker:
         self.history = runtimes.RuntimeBook(self.clients.runtimes)
         self.progress = progress.Watch(self.clients)  # what follows for a job when a task ends here
         self._free = threading.Semaphore(slots)
-        self._slots = [Slot(tasks.TerminalCounter(health.slot_writer(self.id, i))) for i in range(slots)]
+        self._slots = [Slot(tasks.RollupWriter(health.slot_writer(self.id, i))) for i in range(slots)]
         self._slot_pool: list[Slot] = list(self._slots)
         self._pool_lock = threading.Lock()
         self.inbox = Inbox(self.clients, self.id, AHEAD_HOLD_S)  # attempts received, not yet in a slot
         # the moves made several at a time go under the first slot's rollup row (its lock keeps its
         # writes in order): a look at a job reads a row per writer, and this adds none
-        together = self._slots[0].counter
+        together = self._slots[0].writer
         self.handout = Handout(self.clients, self.id, self.history, self.inbox.rows, together)
         self.commits = Commits(self.clients, together)  # a group commit per partition
         self._recent_s: float | None = None  # moving mean of this worker's attempt times
@@ -226,7 +225,7 @@ class Worker:
             self.draining.set()
             self.stopping.set()
 
-    def _expected_s(self, held: claims.Claim) -> float | None:
+    def _expected_s(self, held: Claim) -> float | None:
         """The attempt's expected seconds from its history (None while it is not trusted)."""
         history = self.history.read(held.stage, planning.history_of(held.params))
         if history.count < self.settings.min_samples:
@@ -260,13 +259,13 @@ class Worker:
         elif ref.backup:
             count = delivery.message.dequeue_count
             try:
-                held = speculation.claim_backup(self.clients, ref, self.id, self.handout.kill_time,
+                held = transitions.claim_backup(self.clients, ref, self.id, self.handout.kill_time,
                                                 count is None or count >= BACKUP_PASSES)
-            except speculation.NotHere:  # a copy on the machine of the attempt it backs up helps nobody
+            except transitions.NotHere:  # a copy on the machine of the attempt it backs up helps nobody
                 delivery.hand_back(visibility=1)
                 return
         else:
-            held = claims.claim(self.clients, ref, self.id, self.handout.kill_time, slot.counter,
+            held = transitions.claim(self.clients, ref, self.id, self.handout.kill_time, slot.writer,
                                      self.handout.speculate_time, item.hint)
         if held is None:  # stale or duplicate: the row does not want this message to run
             delivery.settle()
@@ -276,11 +275,13 @@ class Worker:
                 self.commits.running(held.ref.partition):
             self._attempt(delivery, slot, held)
 
-    def _attempt(self, delivery: Delivery, slot: Slot, held: claims.Claim) -> None:
-        """Run a claimed attempt under its lease; commit, fail or give it up. The attempt
-        leaves the monitor's index in the same write that moves its task row on: a worker
-        that dies while it commits (storage slow or restarting) leaves its entry behind for
-        the monitor, never a task RUNNING with nothing to revoke it."""
+    def _attempt(self, delivery: Delivery, slot: Slot, held: Claim) -> None:
+        """Run a claimed attempt under its lease, then end it through the one door
+        (``ends.end``: committed, failed, given up to its backup, revoked) and settle its
+        message as the end says. The attempt leaves the monitor's index in the same write
+        that moves its task row on: a worker that dies while it ends it (storage slow or
+        restarting) leaves its entry behind for the monitor, never a task RUNNING with
+        nothing to revoke it."""
         expected = self._expected_s(held)
         self.pace.started(held.ref, expected)
         try:
@@ -288,84 +289,26 @@ class Worker:
                 outcome = slot.run(self.clients, held, lease, self.draining, self.id)
         finally:
             self.pace.stopped(held.ref)
-        if lease.revoked.is_set():
+        seconds = (tasks.now() - held.started).total_seconds()
+        if lease.revoked.is_set():  # the task went on without it: nothing it made is published
+            outcome = Outcome.of(Ending.REVOKED)
             self.pace.report_soon()  # the monitor may have found this worker slow: hear it before taking more
-            # (one revoked before its kill time — cancelled, beaten by its copy — says nothing
-            # of the machine)
-            if tasks.now() >= held.kill_at:
-                self.pace.too_slow((tasks.now() - held.started).total_seconds(), expected)
-            # The task went on without this attempt (a new message names the next one):
-            # nothing it made is published. Its message may stand in for the next attempt.
-            claims.discard(self.clients, held)
-            if held.ref.backup:
-                delivery.settle()  # a backup is asked for once
-            else:
-                delivery.hand_back()
-            log.info("%s revoked: stage killed, output discarded", held.ref)
-            return
-        if outcome.outputs is not None and len(json.dumps(outcome.outputs)) > transitions.OUTPUTS_CHARS:
-            outcome = Outcome(failure=FailureClass.USER_CODE, error=(
-                f"{len(outcome.outputs)} outputs whose names take more than the {transitions.OUTPUTS_CHARS} "
-                "characters a task row can name"))
-        if outcome.outputs is not None:
-            status = (TaskStatus.NO_DATA if outcome.no_data else TaskStatus.CACHED if outcome.cached
-                      else TaskStatus.SUCCEEDED)
-            committed = self.commits.commit(slot.counter, held, status, outcome.outputs)
-            log.info("%s %s", held.ref, "committed" if committed else "revoked: output discarded")
-            delivery.settle()
-            seconds = (tasks.now() - held.started).total_seconds()
-            telemetry.attempt_ended(held.stage, status.value if committed else "DISCARDED", seconds)
-            if committed:
-                if status is TaskStatus.SUCCEEDED:  # computed: a cache hit or no data measures nothing
-                    self.history.add(held.stage, planning.history_of(held.params),
-                                     seconds / planning.work_of(held.params))
-                    self.pace.ran(seconds, expected)
-                self.progress.task_ended(held.ref.job)
-            return
-        failure = outcome.failure or FailureClass.UNKNOWN
-        if held.ref.backup:  # the attempt it copies goes on
-            speculation.abandon(self.clients, held, failure, outcome.error)
-            delivery.settle()
-            log.info("backup %s failed (%s): dropped", held.ref, failure.value)
-            return
-        if failure is FailureClass.EXECUTION_TIMEOUT and outcome.error in (PAST_KILL_TIME, BOUND_PAST_KILL_TIME):
-            self._revoke_self(delivery, slot, held, expected, outcome.error)
-            return
-        if failure is FailureClass.WORKER_SLOW and speculation.give_way(self.clients, held, failure, outcome.error):
-            delivery.settle()  # its backup runs on a healthy worker; the monitor requeues if that fails
-            log.info("%s given up to its backup", held.ref)
-            return
-        retry = policy.retry(self.settings, held.stage, failure, held.ref.attempt, held.last_failure)
-        after = transitions.fail(self.clients, slot.counter, held, failure, outcome.error, retry.budget, retry.delay_s)
-        log.info("%s failed (%s): %s -> %s", held.ref, failure.value, redact(outcome.error[:200]), after)
-        telemetry.attempt_ended(held.stage, failure.value, (tasks.now() - held.started).total_seconds())
-        if after is TaskStatus.QUEUED:
-            # Its message (its own, if the message names others) now names the next attempt, visible after the backoff
-            # (lost, it is resent by the reconciler: the requeue wrote its dispatch entry).
-            following = dataclasses.replace(held.ref, attempt=held.ref.attempt + 1)
-            delivery.hand_back(following, visibility=retry.delay_s)
+        if outcome.ending is Ending.OVERRAN or (outcome.ending is Ending.REVOKED and tasks.now() >= held.kill_at):
+            self.pace.too_slow(seconds, expected)  # (one revoked before its kill time says nothing of the machine)
+        ended = ends.end(self.clients, slot.writer, held, outcome, self.progress.task_ended,
+                         lambda claim, move: self.commits.commit(slot.writer, claim, move))
+        move = ended.move
+        if ended.verdict is Verdict.NEXT:  # its message (its own, if it names others) names the next attempt
+            delivery.hand_back(dataclasses.replace(held.ref, attempt=held.ref.attempt + 1), visibility=move.delay_s)
+        elif ended.verdict is Verdict.BACK:  # it may stand in for the next attempt
+            delivery.hand_back()
         else:
             delivery.settle()
-            if after is TaskStatus.DEAD:
-                self.progress.task_ended(held.ref.job)
-
-    def _revoke_self(self, delivery: Delivery, slot: Slot, held: claims.Claim, expected: float | None,
-                     why: str) -> None:
-        """The monitor's revocation of an attempt past its kill time, made by its own worker
-        as soon as the time comes (the monitor would make it at its next pass, and the
-        worker see it at its next lease check), or sooner when its pace says it will come
-        (``why``): the same fenced move, the next attempt queued or the task DEAD."""
-        ref = held.ref
-        row = tasks.get_task(self.clients.tasks, ref.partition, ref.task)
-        budget = policy.limits_for(self.settings, held.stage).budget(FailureClass.EXECUTION_TIMEOUT)
-        after = transitions.revoke(self.clients, slot.counter, row, ref, held.index, FailureClass.EXECUTION_TIMEOUT,
-                                   budget, self.id, by="worker")
-        if after is None:  # the monitor, a cancel or a backup moved the task first
-            claims.discard(self.clients, held)
-        delivery.settle()  # the move sent the next attempt's message
-        self.pace.too_slow((tasks.now() - held.started).total_seconds(), expected)
-        telemetry.attempt_ended(held.stage, FailureClass.EXECUTION_TIMEOUT.value,
-                                (tasks.now() - held.started).total_seconds())
-        log.info("%s %s: revoked by its worker, task now %s", ref, why, after)
-        if after is TaskStatus.DEAD:
-            self.progress.task_ended(ref.job)
+        committed = move.act is Act.COMMIT and ended.applied
+        telemetry.attempt_ended(held.stage, ended.status.value if committed and ended.status else
+                                move.failure.value if move.failure else "DISCARDED", seconds)
+        if committed and ended.status is TaskStatus.SUCCEEDED:  # computed: a cache hit or no data measures nothing
+            self.history.add(held.stage, planning.history_of(held.params), seconds / planning.work_of(held.params))
+            self.pace.ran(seconds, expected)
+        log.info("%s %s (%s): %s%s", held.ref, outcome.ending.value, redact(outcome.error[:200]), move.act.value,
+                 f", task now {ended.status}" if ended.status else "" if ended.applied else ", refused: discarded")

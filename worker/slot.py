@@ -14,11 +14,15 @@ import threading
 from dataclasses import dataclass
 
 from pipeline.failures import FailureClass
-from pipeline.lifecycle import attempts, claims, tasks
+from pipeline.lifecycle import attempts, tasks
+from pipeline.lifecycle.policy import Ending, Outcome
+from pipeline.lifecycle.status import TaskStatus
+from pipeline.lifecycle.transitions import Claim
 from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
-from worker.child import Outcome, StageProcess
+from worker import child
+from worker.child import StageProcess
 from worker.lease import Lease
 from worker.pace import bound_to_overrun
 
@@ -29,10 +33,10 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Slot:
-    """What one of a worker's slots keeps from task to task: its terminal counter and its
-    warm stage process."""
+    """What one of a worker's slots keeps from task to task: its rollup writer and its warm
+    stage process."""
 
-    counter: tasks.TerminalCounter
+    writer: tasks.RollupWriter
     process: StageProcess | None = None
 
     def stage_process(self, settings: Settings) -> StageProcess:
@@ -47,10 +51,11 @@ class Slot:
             self.process.close()
             self.process = None
 
-    def run(self, clients: Clients, held: claims.Claim, lease: Lease, draining: threading.Event,
+    def run(self, clients: Clients, held: Claim, lease: Lease, draining: threading.Event,
             worker: str) -> Outcome:
         """Run the attempt ``held`` (of ``worker``, under ``lease``) in the slot's stage
-        process (its own process group), and watch it until it ends or is killed."""
+        process (its own process group), and watch it until it ends or is killed: how it
+        ended."""
         settings = clients.settings
         context = {
             "job": held.ref.job, "task": held.ref.task, "attempt": held.ref.attempt, "params": held.params,
@@ -62,27 +67,34 @@ class Slot:
         allowed = (held.kill_at - held.started).total_seconds()
         backed_up = False  # past its kill time with a backup running: left to the monitor
         while True:
-            outcome = process.poll(0.2)
-            if outcome is not None:
-                return outcome
+            ended = process.poll(0.2)
+            if ended is not None:
+                return _outcome(ended)
             if lease.revoked.is_set():
                 process.kill(settings.kill_grace_s)
-                return Outcome(failure=FailureClass.EXECUTION_TIMEOUT, error="revoked")
+                return Outcome.of(Ending.REVOKED)
             now = tasks.now()
             if not backed_up and (now >= held.kill_at or bound_to_overrun(
                     (now - held.started).total_seconds(), allowed, process.projected_s())):
                 runs = _backup_runs(clients, held)
                 if runs is False:
                     process.kill(settings.kill_grace_s)
-                    return Outcome(failure=FailureClass.EXECUTION_TIMEOUT,
-                                   error=PAST_KILL_TIME if now >= held.kill_at else BOUND_PAST_KILL_TIME)
+                    return Outcome.overran(PAST_KILL_TIME if now >= held.kill_at else BOUND_PAST_KILL_TIME)
                 backed_up = runs is True
             if draining.is_set():  # found slow: a healthy worker runs it sooner
                 process.kill(settings.kill_grace_s)
-                return Outcome(failure=FailureClass.WORKER_SLOW, error=f"worker {worker} found slow: given up")
+                return Outcome.failed(FailureClass.WORKER_SLOW, f"worker {worker} found slow: given up")
 
 
-def _backup_runs(clients: Clients, held: claims.Claim) -> bool | None:
+def _outcome(ended: child.Outcome) -> Outcome:
+    """How the attempt ended, from how its stage did."""
+    if ended.outputs is None:
+        return Outcome.failed(ended.failure or FailureClass.UNKNOWN, ended.error)
+    status = TaskStatus.NO_DATA if ended.no_data else TaskStatus.CACHED if ended.cached else TaskStatus.SUCCEEDED
+    return Outcome.committed(status, ended.outputs)
+
+
+def _backup_runs(clients: Clients, held: Claim) -> bool | None:
     """Whether a backup of the attempt runs (None if that could not be read)."""
     if held.ref.backup:
         return False

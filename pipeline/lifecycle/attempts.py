@@ -123,7 +123,7 @@ def is_running(clients: Clients, part: str, task: str, attempt: int, backup: boo
 
 def gave_way(clients: Clients, part: str, task: str, attempt: int) -> bool:
     """Whether the attempt's worker, found slow, gave it up to its backup
-    (``pipeline.lifecycle.speculation.give_way``): its row records that failure."""
+    (``policy.Act.GIVE_WAY``, written by ``transitions.apply``): its row records that failure."""
     try:
         found = clients.tasks.get_entity(part, names.attempt_key(task, attempt), select=["FailureClass"])
     except ResourceNotFoundError:

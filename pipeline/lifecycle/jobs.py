@@ -15,7 +15,6 @@ import dataclasses
 import json
 import logging
 import secrets
-import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, Protocol
@@ -30,9 +29,9 @@ from azure.core.exceptions import (
 )
 from azure.data.tables import UpdateMode
 
-from pipeline.lifecycle import costs, health, partitions, rollups, snapshots, storable, tasks, transitions
+from pipeline.lifecycle import costs, fenced, health, partitions, rollups, snapshots, storable, tasks, transitions
 from pipeline.lifecycle.status import JobState, TaskStatus, job_transition
-from pipeline.lifecycle.tasks import TerminalCounter, if_match, now
+from pipeline.lifecycle.tasks import RollupWriter, if_match, now
 from pipeline.planning import TaskPlan, gathers, releasable
 from pipeline.redact import redact
 from pipeline.storage import names
@@ -224,21 +223,23 @@ def update(clients: Clients, row: JobRow, **changes: Any) -> JobRow:
     raises HttpResponseError 412 if it changed meanwhile. A change of state is checked by
     the job state machine.
 
-    A write applied whose answer was lost, the client's retry then refused (the row had
-    changed: by this very write), is known by the row read again: its ``last_write`` is
-    this write's own random mark (as a task row's), and that row is returned. Taken for
-    another writer's, it had left a releaser giving up a lease it held and a finisher its
-    hold. (Its time would not do: two writers' clocks can agree to the microsecond.)"""
+    A fenced write (``pipeline.lifecycle.fenced``): refused or unanswered, it is settled on
+    the row read again, whose ``last_write`` is this write's own random mark when it applied
+    (the client's retry of an applied write is refused: the row changed, by that very
+    write), and that row is returned. Taken for another writer's, it had left a releaser
+    giving up a lease it held and a finisher its hold. (Its time would not do: two writers'
+    clocks can agree to the microsecond.)"""
     if "state" in changes:
         changes["state"] = job_transition(row.state, changes["state"])
-    changes |= {"updated_at": now(), "last_write": uuid.uuid4().hex}
-    try:
-        meta = clients.jobs.update_entity(row.stored_changes(**changes), mode=UpdateMode.MERGE, **if_match(row.etag))
-    except HttpResponseError as exc:
-        if not tasks.is_conflict(exc) or (again := get(clients, row.job)).last_write != changes["last_write"]:
-            raise
-        return again
-    return dataclasses.replace(row, **changes, etag=meta["etag"])
+    changes |= {"updated_at": now(), "last_write": fenced.mark()}
+    written = fenced.write(
+        lambda: clients.jobs.update_entity(row.stored_changes(**changes), mode=UpdateMode.MERGE, **if_match(row.etag)),
+        lambda: get(clients, row.job), changes["last_write"])
+    if not written.applied:
+        raise written.error or RuntimeError(f"job {row.job} neither written nor refused")
+    if written.answer is None:
+        return written.row
+    return dataclasses.replace(row, **changes, etag=written.answer["etag"])
 
 
 def active_jobs(clients: Clients) -> list[str]:
@@ -324,7 +325,7 @@ def cancel(clients: Clients, job: str, owner: str, why: str = "") -> JobRow:
                 raise
             row = get(clients, job)
     if row.state is JobState.CANCELLING:
-        transitions.cancel(clients, row.parts, TerminalCounter(owner))
+        transitions.cancel(clients, row.parts, RollupWriter(owner))
         announce_done(clients, job)
     return row
 

@@ -1,6 +1,7 @@
 """The monitor: revoke attempts that run past their kill threshold or stop heartbeating,
-and requeue their tasks, within the retry budget (the thresholds and budgets are
-``pipeline.lifecycle.policy``'s, which the worker reads too).
+and those of workers found slow. Each is an attempt's end like any other
+(``pipeline.lifecycle.ends``): requeued within its retry budget, or DEAD; a backup past its
+deadline given up; an attempt whose backup runs left to it.
 
 Running attempts are indexed by deadline in their task's partition (``pipeline.lifecycle.attempts``),
 so one pass is a key-range query for "before now" per partition of each active job: no scan. A worker's
@@ -18,18 +19,15 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from azure.core.exceptions import ResourceNotFoundError
-
-from pipeline.failures import FailureClass
-from pipeline.lifecycle import attempts, jobs, policy, progress, speculation, transitions
+from pipeline.lifecycle import attempts, ends, jobs, speculation
 from pipeline.lifecycle.attempts import Deadline
 from pipeline.lifecycle.jobs import JobRow
-from pipeline.lifecycle.status import TaskStatus
-from pipeline.lifecycle.tasks import TaskRef, TerminalCounter, get_task, now
+from pipeline.lifecycle.policy import Act, Ending, Outcome
+from pipeline.lifecycle.tasks import RollupWriter, now
 from pipeline.storage.clients import Clients
 
 log = logging.getLogger(__name__)
-_counter = TerminalCounter(f"monitor-{uuid.uuid4().hex[:12]}")
+_writer = RollupWriter(f"monitor-{uuid.uuid4().hex[:12]}")
 
 
 @dataclass
@@ -40,32 +38,17 @@ class SweepReport:
 
 
 def revoke_overdue(clients: Clients, row: JobRow, report: SweepReport) -> list[Deadline]:
-    """Revoke every attempt of the job (its ``row``) whose deadline has passed (one
-    key-range query per partition) and give up the backups among them. Returns the entries
-    of the running attempts that fell due only for a backup (``speculation.consider``
-    decides)."""
+    """End every attempt of the job (its ``row``) whose deadline has passed (one key-range
+    query per partition): revoked, or left to its running backup; a backup given up.
+    Returns the entries of the running attempts that fell due only for a backup
+    (``speculation.consider`` decides)."""
     at = now()
     due: list[Deadline] = []
     for entry in attempts.overdue(clients, row.parts, at):
         if at < entry.kill_at and at < entry.heartbeat_until:
             due.append(entry)  # due only for a backup
             continue
-        why = FailureClass.EXECUTION_TIMEOUT if at >= entry.kill_at else FailureClass.HEARTBEAT_LOST
-        if entry.backup:
-            etag = attempts.running_etag(clients, entry.part, entry.task, entry.attempt, backup=True)
-            if etag is not None:
-                speculation.lapse(clients, entry, why, etag)
-            else:
-                attempts.unindex(clients, entry.part, entry.key)
-            report.stale += 1
-            continue
-        if _backup_runs(clients, entry):
-            continue  # the first of the two to commit ends the task
-        gave_way = clients.settings.speculate_share > 0 and attempts.gave_way(clients, entry.part, entry.task,
-                                                                              entry.attempt)
-        if gave_way:
-            why = FailureClass.WORKER_SLOW  # its backup ended without committing: not the task's time
-        _revoke(clients, entry, why, report, gave_way)
+        _end(clients, entry, Ending.OVERDUE if at >= entry.kill_at else Ending.SILENT, report)
     return due
 
 
@@ -84,41 +67,22 @@ def revoke_slow(clients: Clients, workers: list[str], report: SweepReport) -> No
         except jobs.JobNotFound:
             continue
         for entry in attempts.held_by(clients, parts, workers):
-            if entry.backup or _backup_runs(clients, entry):
-                continue
-            _revoke(clients, entry, FailureClass.WORKER_SLOW, report)
+            _end(clients, entry, Ending.SLOW, report)
 
 
-def _backup_runs(clients: Clients, entry: Deadline) -> bool:
-    """Whether a backup of the attempt whose deadline ``entry`` this is runs (with
-    speculation on): the first of the two to commit ends the task."""
-    return clients.settings.speculate_share > 0 and attempts.is_running(clients, entry.part, entry.task, entry.attempt,
-                                                                        backup=True)
-
-
-def _revoke(clients: Clients, entry: Deadline, why: FailureClass, report: SweepReport, gave_way: bool = False) -> None:
-    """Take the task from the attempt whose deadline ``entry`` the monitor read (the move is
-    ``transitions.revoke``'s, fenced on the task row read here)."""
-    ref = TaskRef.of(entry.part, entry.task, entry.attempt)
-    try:
-        task = get_task(clients.tasks, entry.part, ref.task)
-    except ResourceNotFoundError:  # its job was deleted
-        attempts.unindex(clients, entry.part, entry.key)
+def _end(clients: Clients, entry: Deadline, ending: Ending, report: SweepReport) -> None:
+    """End the attempt whose deadline ``entry`` the monitor read, and report it."""
+    ended = ends.end(clients, _writer, entry, Outcome.of(ending))
+    move = ended.move
+    if move.act is Act.FAIL and ended.applied:
+        report.revoked.append({"job": entry.job, "task": entry.task, "attempt": entry.attempt,
+                               "why": move.failure.value if move.failure else "", "then": str(ended.status)})
+        log.warning("revoked %s/%s attempt %s (%s): task now %s", entry.job, entry.task, entry.attempt,
+                    move.failure, ended.status)
+    elif move.act in (Act.FAIL, Act.LAPSE, Act.DROP):
         report.stale += 1
-        return
-    budget = policy.limits_for(clients.settings, task.stage).budget(why)
-    outcome = transitions.revoke(clients, _counter, task, ref, entry.key, why, budget, entry.worker,
-                                 gave_way=gave_way)
-    if outcome is None:
-        report.stale += 1
-        return
-    report.revoked.append({"job": ref.job, "task": ref.task, "attempt": ref.attempt,
-                           "why": why.value, "then": outcome.value})
-    log.warning("revoked %s (%s): task now %s", ref, why.value, outcome.value)
-    if outcome is TaskStatus.DEAD:
-        progress.task_ended(clients, ref.job)
 
 
 def speculate(clients: Clients, row: JobRow, due: list[Deadline], report: SweepReport) -> None:
     """Ask for backups of the attempts of the job (its ``row``) that fell due for one."""
-    report.backups += speculation.consider(clients, _counter, row, due)
+    report.backups += speculation.consider(clients, _writer, row, due)

@@ -22,7 +22,7 @@ from azure.core.exceptions import AzureError
 from pipeline import planning, stages
 from pipeline.lifecycle import completion, dispatch, jobs, partitions, rollups, tasks, transitions
 from pipeline.lifecycle.status import JobState, TaskStatus
-from pipeline.lifecycle.tasks import TerminalCounter
+from pipeline.lifecycle.tasks import RollupWriter
 from pipeline.planning import RequestError
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
@@ -96,7 +96,7 @@ def plan(clients: Clients, job: str) -> None:
         log.info("job %s planned: %d tasks", job, len(specs))
         _start(clients, row)
     else:  # cancelled while it was being planned: nothing it planned may run
-        transitions.cancel(clients, row.parts, TerminalCounter(f"planner-{job}"))
+        transitions.cancel(clients, row.parts, RollupWriter(f"planner-{job}"))
         jobs.announce_done(clients, job)
 
 

@@ -1,8 +1,9 @@
-"""A task ended: what follows for its job. One module for whoever sees it end — the worker
-that committed or failed it, the monitor that revoked it for good, the sweep's periodic pass.
+"""A task ended: what follows for its job. One module for whoever sees it end — an
+attempt's end (``pipeline.lifecycle.ends``, for its worker or the monitor), the sweep's
+periodic pass.
 
 The transition that ended the task has already counted it off its job (its terminal
-counter) and released a reduction waiting on it (its dependency counter). What is left is
+rollup) and released a reduction waiting on it (its dependency counter). What is left is
 the job's: top up its window of released tasks, release its gathers once every other task
 has ended (``planner.release_gathers``), and, once every task is terminal, announce the
 completion (one ``done`` message; the finisher it wakes sends the one email, under its
@@ -57,17 +58,17 @@ def _follow(clients: Clients, job: str, row: JobRow | None, counts: Counter[str]
     return False, row.released + count >= row.tiles, row.total - done
 
 
-def follow_up(clients: Clients, counter: tasks.TerminalCounter, job: str, row: JobRow) -> bool:
+def follow_up(clients: Clients, writer: tasks.RollupWriter, job: str, row: JobRow) -> bool:
     """The sweep's pass over one unfinished, planned job: top up the window of a running job,
     go on with a cancellation, and announce a completion nobody made (a worker that died
-    between its commit and its announcement, a finisher that died). ``counter`` counts the
+    between its commit and its announcement, a finisher that died). ``writer`` counts the
     tasks a cancellation ends. Returns whether it announced."""
     if row.state is JobState.RUNNING:
         planner.release(clients, job)
         if row.gathers:  # released by the last task's ender, unless it died first
             planner.release_gathers(clients, row, sum(tasks.terminal_counts(clients.tasks, row.parts).values()))
     elif row.state is JobState.CANCELLING:
-        transitions.cancel(clients, row.parts, counter)
+        transitions.cancel(clients, row.parts, writer)
     if completion.due(clients, jobs.get(clients, job)):
         jobs.announce_done(clients, job)
         return True

@@ -268,7 +268,7 @@ def fold(tasks: TableClient, part: str, found: list[TableEntity] | None = None) 
     lately, not per writer that ever was. One transaction: the folded row moved by their
     sums, and each row deleted, each fenced on the ETag it was read with; a writer that
     wrote meanwhile fails it whole (the next pass folds again), and a writer whose row was
-    folded writes its next moves into a new one (``tasks.TerminalCounter``). Returns how
+    folded writes its next moves into a new one (``tasks.RollupWriter``). Returns how
     many rows it folded. ``found``: the partition's rollup rows, if the caller has just read
     them (``rows``, every property)."""
     quiet_since = datetime.now(UTC) - timedelta(seconds=FOLD_IDLE_S)

@@ -29,12 +29,12 @@ from azure.core.exceptions import ResourceNotFoundError
 from pipeline.lifecycle import completion, dispatch, health, jobs, monitor, planner, progress, rollups, snapshots, tasks
 from pipeline.lifecycle.notify import Mailer
 from pipeline.lifecycle.status import JobState
-from pipeline.lifecycle.tasks import TerminalCounter, message_bytes
+from pipeline.lifecycle.tasks import RollupWriter, message_bytes
 from pipeline.storage import cache
 from pipeline.storage.clients import Clients
 
 log = logging.getLogger(__name__)
-_counter = TerminalCounter(f"sweep-{uuid.uuid4().hex[:12]}")
+_writer = RollupWriter(f"sweep-{uuid.uuid4().hex[:12]}")
 Sum = tuple[str, datetime, rollups.Rollup]  # a job, when its rollups were read, their sum
 ORPHAN_AGE = timedelta(minutes=5)  # an active-index entry this old whose job row does not exist is dropped
 
@@ -107,7 +107,7 @@ def _sweep_job(clients: Clients, job: str, report: monitor.SweepReport, done: Co
     if state is JobState.ACCEPTED:
         done["replanned"] += jobs.replan_stale(clients, row)
         return []
-    done["announced"] += progress.follow_up(clients, _counter, job, row)
+    done["announced"] += progress.follow_up(clients, _writer, job, row)
     monitor.speculate(clients, row, due, report)
     began = tasks.now()  # last: nothing waits on these; the rows read once for the fold and the sum
     found = {part: list(rollups.rows(clients.tasks, [part])) for part in row.parts}

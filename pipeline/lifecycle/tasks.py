@@ -1,12 +1,12 @@
 """Task rows and their messages: the queue message that names an attempt, the rows'
-creation, reading, and the terminal counters.
+creation and reading, and the rollup writers.
 
 The tasks table is the source of truth (PK = the job's partition the task is in, RK =
-zero-padded sequence: ``pipeline.lifecycle.partitions``). Every
-change of a task's state is a conditional update on its ETag, made by one of the named
-operations of ``pipeline.lifecycle.transitions``; every move into a terminal state is written in one
-entity-group transaction with the writer's own counter row (:class:`TerminalCounter`), so
-"how many tasks are terminal" is exact and cheap.
+zero-padded sequence: ``pipeline.lifecycle.partitions``). Every change of a task's state is
+a conditional update on its ETag, made by one of the named operations of
+``pipeline.lifecycle.transitions``, and every move is written in one entity-group
+transaction with its writer's own rollup row (:class:`RollupWriter`), so "how many tasks
+are in each state" is exact and cheap.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import base64
 import binascii
 import json
 import threading
-import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -23,12 +22,7 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from azure.core import MatchConditions
-from azure.core.exceptions import (
-    ResourceExistsError,
-    ResourceNotFoundError,
-    ServiceRequestError,
-    ServiceResponseError,
-)
+from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 from azure.data.tables import TableClient, TableEntity, TableTransactionError, UpdateMode
 
 from pipeline.failures import error_code
@@ -260,15 +254,15 @@ def create_batch(tasks: TableClient, entities: list[dict[str, Any]]) -> int:
     return created
 
 
-# --- terminal counters and rollups ---------------------------------------------------------
-class TerminalCounter:
+# --- rollup writers ------------------------------------------------------------------------
+class RollupWriter:
     """One writer's rollup row per partition of a job: the tasks it moved into and out of
     each state (per tile and stage too), the runtimes it committed, the failures it recorded
     (``pipeline.lifecycle.rollups``).
 
-    Each writer (a worker slot, a releaser, a canceller) owns its own row, so the rows never
-    contend; their sum over the job's partitions is the job's. The row is updated in the
-    same transaction as the task rows it counts.
+    Each writer (a worker slot, a releaser, the monitor, a canceller) owns its own row, so
+    the rows never contend; their sum over the job's partitions is the job's. The row is
+    updated in the same transaction as every move it counts.
     """
 
     def __init__(self, owner: str) -> None:
@@ -292,7 +286,7 @@ class TerminalCounter:
     def write(self, tasks: TableClient, part: str, changes: list[tuple[str, dict[str, Any], dict[str, Any]]],
               added: dict[str, int] | rollups.Moves) -> list[dict[str, Any]]:
         """Submit task-row ``changes`` (all in partition ``part``) with this writer's row of
-        that partition moved by ``added`` (terminal counts, or a transition's moves), in one
+        that partition moved by ``added`` (counts per state, or a move's moves), in one
         transaction. Raises TableTransactionError if any task row changed meanwhile. A
         transaction refused because the sweep folded this writer's row meanwhile
         (``rollups.fold`` deletes it; a row quiet for that long is not one this write just
@@ -329,7 +323,7 @@ class TerminalCounter:
 
 
 # the rollup row of this process's moves made without a writer of their own (releases, settles)
-MOVER = TerminalCounter(f"mover-{uuid.uuid4().hex[:12]}")
+MOVER = RollupWriter(f"mover-{uuid.uuid4().hex[:12]}")
 
 
 def state_counts(tasks: TableClient, parts: list[str]) -> Counter[str]:
@@ -362,17 +356,6 @@ def in_flight(counts: Counter[str]) -> int:
 def get_task(tasks: TableClient, part: str, task: str) -> TaskRow:
     """The row of task ``task`` in partition ``part``; ResourceNotFoundError if there is none."""
     return TaskRow.from_entity(tasks.get_entity(part, task))
-
-
-def read_back(tasks: TableClient, part: str, task: str) -> TaskRow:
-    """The task row after a write whose answer was lost, read again (with a growing wait)
-    while storage does not answer: what the write did is settled on it, never guessed."""
-    for attempt in range(10):
-        try:
-            return get_task(tasks, part, task)
-        except (ServiceRequestError, ServiceResponseError):
-            time.sleep(min(2**attempt, 10))
-    return get_task(tasks, part, task)
 
 
 def list_tasks(tasks: TableClient, parts: list[str], first: int = 0, count: int | None = None) -> list[TaskRow]:

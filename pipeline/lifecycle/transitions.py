@@ -1,55 +1,84 @@
 """Every change of a task's state, each a named operation and a conditional write.
 
-Whoever moves a task — the planner releasing it, a worker committing or failing it, the
-monitor revoking it, a canceller — calls one of these, or, to claim it, one of
-``pipeline.lifecycle.claims``; no other module writes a task row's state. Each is one
-entity-group transaction in the task's partition (``pipeline.lifecycle.partitions``), fenced
-on the row's ETag, holding everything that must
-change with it: the attempt's row, its entry in the monitor's deadline index
-(``pipeline.lifecycle.attempts``), its entry in the dispatch index while it is QUEUED
-(``pipeline.lifecycle.dispatch``), a failed attempt's entry in the failure index, the
-writer's rollup row (``pipeline.lifecycle.rollups``: what the move changes in the job's
-counts per state, tile and stage, its runtimes and failures), and a tile task's end counted
-off the reduction waiting on it (``pipeline.lifecycle.dependencies``). The state machine
-(``pipeline.lifecycle.status``) checks each move.
+Whoever moves a task — the planner queueing or settling it, a worker claiming it, the end of
+an attempt (``pipeline.lifecycle.ends``, for its worker, the monitor and backups alike), a
+canceller — calls one of these; no other module writes a task row's state. Each is one
+entity-group transaction in the task's partition (``pipeline.lifecycle.partitions``),
+fenced on the row's ETag, holding everything that must change with it: the attempt's row,
+its entry in the monitor's deadline index (``pipeline.lifecycle.attempts``), its entry in
+the dispatch index while it is QUEUED (``pipeline.lifecycle.dispatch``), a failed attempt's
+entry in the failure index, the writer's rollup row (``pipeline.lifecycle.rollups``: what
+the move changes in the job's counts per state, tile and stage, its runtimes and
+failures), and, for a task ending, the count of each task waiting on it (a reduction): its
+dependencies are a counter on its row, taken down in that very transaction and, at zero,
+the waiting task QUEUED with its dispatch entry (nothing lists the tasks it waits for). The
+state machine (``pipeline.lifecycle.status``) checks each move.
 
-A write whose answer was lost (a connection cut, storage restarting) is settled by reading
-the row back — never by guessing, and never by retrying blindly into a 412 that would make
-an applied write look like a lost race.
+A backup copy of a running attempt (``pipeline.lifecycle.speculation`` says when one is
+asked for) never writes the task row: it holds the same fence as the attempt it copies —
+the row's ETag since the claim — so the first of the two to commit moves the row on. Its
+own attempt row (REQUESTED, RUNNING, then how it ended) and deadline entry are written
+together.
+
+A write whose answer was lost, or which was refused, is settled by reading the row back
+(``pipeline.lifecycle.fenced``): never by guessing, and never by retrying blindly.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import logging
 import random
 import time
-import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
-from azure.core.exceptions import (
-    HttpResponseError,
-    ResourceModifiedError,
-    ServiceRequestError,
-    ServiceResponseError,
-)
-from azure.data.tables import TableTransactionError
+from azure.core.exceptions import ResourceModifiedError, ResourceNotFoundError
+from azure.data.tables import TableTransactionError, UpdateMode
 
-from pipeline.failures import FailureClass
-from pipeline.lifecycle import attempts, dependencies, dispatch, partitions, rollups, tasks
-from pipeline.lifecycle.attempts import Op
-from pipeline.lifecycle.claims import Claim
+from pipeline import planning
+from pipeline.failures import error_code
+from pipeline.lifecycle import attempts, dispatch, fenced, partitions, rollups, tasks
+from pipeline.lifecycle.attempts import AttemptRow, Deadline, Op
+from pipeline.lifecycle.policy import Act, Move
 from pipeline.lifecycle.rollups import Moves
-from pipeline.lifecycle.status import TaskStatus, after_failure, transition
-from pipeline.lifecycle.tasks import TaskRef, TaskRow, TerminalCounter, now, tile_of, update_op
+from pipeline.lifecycle.status import TaskStatus, transition
+from pipeline.lifecycle.tasks import RollupWriter, TaskRef, TaskRow, if_match, is_conflict, now, tile_of, update_op
 from pipeline.redact import redact
+from pipeline.storage import names
 from pipeline.storage.clients import Clients
 
+log = logging.getLogger(__name__)
 ERROR_CHARS = 2000  # an error message kept on a row is cut to this
-# the most characters of output names a task row holds (a string property is 64 KiB of UTF-16)
-OUTPUTS_CHARS = 30_000
 GROUP_COMMITS = (tasks.BATCH - 1) // 3  # commits one transaction holds: a task row, its attempt, its entry
+CONFLICTS = 50  # writes retried because another task a waiting one waits for ended at once
+REQUESTED = "REQUESTED"  # a backup's outcome until a worker takes it
+NOT_RUN = "NOT_RUN"  # a backup nobody ran: its attempt ended first, or only that attempt's worker took it
+KillTime = Callable[[TaskRef, str, dict[str, str], int], datetime]
+SpeculateTime = Callable[[str, dict[str, str], datetime], datetime | None]
+
+
+@dataclass
+class Claim:
+    """A hold on one attempt of a task: a worker's, or (``held_at``) the one the monitor
+    finds behind a deadline entry."""
+
+    ref: TaskRef
+    etag: str  # the task row's ETag right after the claim: the fence of the attempt's end
+    stage: str
+    params: dict[str, str]
+    started: datetime
+    last_failure: str  # the failure class of the previous attempt, "" if none
+    worker: str  # who holds it
+    kill_at: datetime  # when the monitor revokes it
+    index: str  # the row key of its entry in the monitor's deadline index (moved by heartbeats)
+    speculate_at: datetime | None = None  # from when a backup copy would help (``pipeline.lifecycle.speculation``)
+    timeouts: int = 0  # its task's earlier attempts revoked for time
+    shard: int = 0  # the queue its task's messages go to
 
 
 def _read_again(clients: Clients, part: str, rows: list[TaskRow]) -> list[TaskRow]:
@@ -111,14 +140,14 @@ def settle(clients: Clients, rows: list[TaskRow], outputs: dict[str, list[str]],
             waiting: dict[str, int] = {}
             for row in live:
                 ops.append(update_op(part, row.task, row.etag, ended_at=ended, settled_at=ended,
-                                   status=transition(row.status, TaskStatus.CACHED),
-                                   outputs=json.dumps(outputs[row.task])))
+                                     status=transition(row.status, TaskStatus.CACHED),
+                                     outputs=json.dumps(outputs[row.task])))
                 moves.move(row.stage, tile_of(row.params), TaskStatus.PENDING, TaskStatus.CACHED)
-                for key in dependencies.waiting(row.parameters(), TaskStatus.CACHED):
+                for key in _waiting(row.parameters(), TaskStatus.CACHED):
                     waiting[key] = waiting.get(key, 0) + 1
             messages: list[tuple[int, TaskRef]] = []
             for key, count in waiting.items():
-                counted, more, sent, _ = dependencies.counted_off(clients, part, [key], count)
+                counted, more, sent, _ = _counted_off(clients, part, [key], count)
                 ops, moves, messages = ops + counted, moves.merged(more), messages + sent
             try:
                 if ops:
@@ -132,186 +161,462 @@ def settle(clients: Clients, rows: list[TaskRow], outputs: dict[str, list[str]],
     return settled
 
 
-# --- RUNNING -> terminal, or back to QUEUED: fenced on the attempt ----------------------------
-def _fenced(clients: Clients, part: str, task: str, etag: str, change: dict[str, Any], ops: list[Op],
-            index: str, counter: TerminalCounter, moves: Moves, waiting: tuple[str, ...] = (),
-            tries: int = 5) -> bool:
-    """Apply ``change`` to the task row if its ETag is still ``etag``, with ``ops`` and the
-    removal of the deadline entry ``index`` in the same transaction, the writer's rollup
-    (``counter``) moved by ``moves``, and (a task ending) the count of each task ``waiting``
-    for it taken down by one — released at zero. True if applied, False if the
-    row had moved on. A write whose answer was lost is settled by reading the row back. The
-    deadline entry goes either way."""
-    change = change | {"last_write": uuid.uuid4().hex}  # to recognise this write when read back
-    with_index, attempt, conflicts = True, 0, 0
-    while attempt < tries:
-        counted, more, sent, version = dependencies.counted_off(clients, part, waiting)
-        batch = [update_op(part, task, etag, **change), *ops, *counted,
-                 *([attempts.unindex_op(part, index)] if with_index else [])]
+# --- QUEUED -> RUNNING: the claim ----------------------------------------------------------
+def claim(clients: Clients, ref: TaskRef, worker: str, kill_time: KillTime, writer: RollupWriter | None = None,
+          speculate_time: SpeculateTime | None = None, hint: TaskRow | None = None) -> Claim | None:
+    """Move the task to RUNNING for the attempt its row names, if the message may still run
+    it: the row is QUEUED and the message is not from a later attempt. None otherwise (the
+    message is stale or a duplicate, and is deleted). ``kill_time`` says when the monitor is
+    to revoke the attempt, from its stage, parameters and how many earlier attempts were
+    revoked for time; ``speculate_time`` from when a backup copy of it would help (its
+    start given). One transaction (:func:`_claim_ops`) makes the move, and moves the rollup
+    of ``writer`` (the claiming slot's; this process's own if None). ``hint``: the row read
+    a moment ago (``worker.readahead``), tried in place of a read while it is claimable;
+    should its ETag be stale, the row is read and the claim made again. A claim refused
+    because its own first try had applied (the storage client retried it after losing the
+    answer) is recognised on the row read back by its mark, and holds."""
+    part = ref.partition
+    row = hint if hint is not None and hint.status is TaskStatus.QUEUED and ref.attempt <= hint.attempt else None
+    if row is None:
         try:
-            counter.write(clients.tasks, part, batch, moves.merged(more))
-            applied: bool | None = True
-        except (TableTransactionError, ResourceModifiedError):
-            applied = None  # the task row, the counter or the deadline entry had moved on: see which
-        except (ServiceRequestError, ServiceResponseError):
-            applied = None  # no answer: it may or may not have been applied
-            time.sleep(min(2**attempt, 10))
-        except HttpResponseError as exc:
-            if (exc.status_code or 0) < 500:
-                raise
-            applied = None
-            time.sleep(min(2**attempt, 10))
-        if applied is None:
-            row = tasks.read_back(clients.tasks, part, task)
-            if row.etag == etag:
-                again = version and conflicts < dependencies.CONFLICTS
-                if again and dependencies.counted_off(clients, part, waiting)[3] != version:
-                    conflicts += 1  # another task a waiting one waits for ended meanwhile: count off again
-                    time.sleep(random.uniform(0, 0.05))
-                    continue
-                with_index, attempt = False, attempt + 1
-                continue  # untouched: write again, the deadline entry (may be what failed) on its own
-            applied = row.last_write == change["last_write"]  # applied, or moved on meanwhile
-        if applied and sent:
-            dispatch.send(clients, sent)  # lost, it is resent by the reconciler (its dispatch entry)
-        if not applied or not with_index:
-            attempts.unindex(clients, part, index)
-        return bool(applied)
-    raise RuntimeError(f"task {part}/{task} could not be written after {tries} tries")
+            row = tasks.get_task(clients.tasks, part, ref.task)
+        except ResourceNotFoundError:
+            return None
+        if row.status is not TaskStatus.QUEUED or ref.attempt > row.attempt:
+            return None
+    mark, moves, writer = fenced.mark(), Moves(), writer or tasks.MOVER
+    ops, held = _claim_ops(clients, ref, row, worker, kill_time, speculate_time, moves, mark)
+    while True:
+        written = fenced.write(functools.partial(writer.write, clients.tasks, part, ops, moves),
+                               functools.partial(tasks.get_task, clients.tasks, part, ref.task), mark)
+        if written.applied:
+            answer = written.answer
+            return dataclasses.replace(held, etag=answer[0]["etag"] if answer is not None else written.row.etag)
+        if written.row.etag != row.etag:  # the row moved since it was read
+            return claim(clients, ref, worker, kill_time, writer, speculate_time) if row is hint else None
+        if len(ops) == 4 and isinstance(written.error, TableTransactionError) and attempts.is_missing(written.error):
+            ops = ops[:3]  # its dispatch entry older than the rules: claim without it
+            continue
+        raise written.error or RuntimeError(f"claim of {ref} neither applied nor refused")
 
 
-def commit(clients: Clients, counter: TerminalCounter, held: Claim, status: TaskStatus,
-           outputs: list[str]) -> bool:
-    """Publish the attempt's outputs on the task row, fenced on the claim's ETag: True if
-    this attempt committed, False if it had been revoked (its outputs are then never named).
-    An attempt and its backup hold the same fence: the first of them to commit wins."""
-    moves = Moves()
-    change, ended_as = _commit_ops(held, status, outputs, moves)
+def claim_many(clients: Clients, wanted: list[tuple[TaskRef, TaskRow]], worker: str, kill_time: KillTime,
+               writer: RollupWriter, speculate_time: SpeculateTime | None = None) -> list[Claim | None] | None:
+    """:func:`claim` of several attempts of one partition at once, each ``ref`` with its row
+    read a moment ago (``worker.readahead``) and QUEUED for it (``tasks.MESSAGE_TASKS`` at
+    most): one transaction moves them all, with ``writer``'s rollup. Returns their claims,
+    in order; None if the transaction did not apply — a row moved since it was read, or an
+    entry older than the rules — so that nothing was claimed and each is claimed on its own.
+    A transaction refused or unanswered is settled on its first row read back: all of it
+    applied, or none. Applied with its answer lost, each row is read back, and a claim holds
+    only on a row still RUNNING under the group's mark (None for one cancelled meanwhile)."""
+    part, moves, mark = wanted[0][0].partition, Moves(), fenced.mark()
+    built = [_claim_ops(clients, ref, row, worker, kill_time, speculate_time, moves, mark) for ref, row in wanted]
+    ops = [op for each in built for op in each[0]]
+    written = fenced.write(lambda: writer.write(clients.tasks, part, ops, moves),
+                           lambda: tasks.get_task(clients.tasks, part, wanted[0][0].task), mark)
+    if not written.applied:
+        return None
+    if written.answer is None:
+        back = [written.row, *(tasks.get_task(clients.tasks, part, held.ref.task) for _, held in built[1:])]
+        return [dataclasses.replace(held, etag=row.etag)
+                if row.last_write == mark and row.status is TaskStatus.RUNNING else None
+                for row, (_, held) in zip(back, built, strict=True)]
+    claimed: list[Claim | None] = []
+    at = 0
+    for each_ops, held in built:  # each claim's first write is its task row's
+        claimed.append(dataclasses.replace(held, etag=written.answer[at]["etag"]))
+        at += len(each_ops)
+    return claimed
+
+
+def _claim_ops(clients: Clients, ref: TaskRef, row: TaskRow, worker: str, kill_time: KillTime,
+               speculate_time: SpeculateTime | None, moves: Moves, mark: str) -> tuple[list[Op], Claim]:
+    """What a claim of ``ref`` on its QUEUED ``row`` writes (its moves added to ``moves``,
+    ``mark`` on the row) and the claim it makes (its ETag still to come). One transaction
+    writes the task row, the attempt's row and its deadline entry, and removes its dispatch
+    entry: no attempt is ever RUNNING without a deadline, none QUEUED without a dispatch
+    entry."""
+    part = ref.partition
+    # An older message may stand in for the current attempt: the row is the truth.
+    current = dataclasses.replace(ref, attempt=row.attempt)
+    params = row.parameters()
+    kill_at = kill_time(current, row.stage, params, row.timeouts)
+    started = now()
+    speculate_at = speculate_time(row.stage, params, started) if speculate_time else None
+    index, index_write = attempts.index_op(clients, part, ref.task, current.attempt, kill_at, worker, started,
+                                           speculate_at)
+    ops = [update_op(part, ref.task, row.etag, worker=worker, started_at=started, dispatch="", last_write=mark,
+                     status=transition(row.status, TaskStatus.RUNNING)),
+           attempts.attempt_op(part, ref.task, current.attempt, worker=worker, started_at=started,
+                               heartbeat=started, outcome=TaskStatus.RUNNING.value),
+           index_write]
+    if row.dispatch:
+        ops.append(dispatch.remove_op(part, row.dispatch))
+    moves.move(row.stage, params.get("tile", ""), TaskStatus.QUEUED, TaskStatus.RUNNING)
+    held = Claim(current, "", row.stage, params, started, row.last_failure, worker, kill_at, index, speculate_at,
+                 row.timeouts, row.shard)
+    return ops, held
+
+
+def still_held(clients: Clients, held: Claim) -> bool:
+    """True while the task row still names this attempt as running (nobody revoked or
+    cancelled it, nor did its backup or the attempt it backs up commit) and, for a backup,
+    while the monitor has not given it up."""
     part, task = held.ref.partition, held.ref.task
-    if _fenced(clients, part, task, held.etag, change, [ended_as], held.index, counter, moves,
-               dependencies.waiting(held.params, status)):
-        return True
-    attempts.record(clients, part, task, held.ref.attempt, held.ref.backup, ended_at=change["ended_at"],
-                    outcome="DISCARDED")
-    return False
+    return tasks.get_task(clients.tasks, part, task).etag == held.etag and (
+        not held.ref.backup or attempts.is_running(clients, part, task, held.ref.attempt, backup=True))
 
 
-def commit_many(clients: Clients, counter: TerminalCounter,
-                ended: list[tuple[Claim, TaskStatus, list[str]]]) -> list[bool | Exception]:
-    """:func:`commit` of several attempts of one partition at once (none a backup, none a
-    tile task counted off a reduction; at most ``GROUP_COMMITS``): one transaction, each row
-    fenced on its claim's ETag, with ``counter``'s rollup. A transaction refused (a row moved:
-    revoked, cancelled) or unanswered is settled on the first row read back — all of it
-    applied, or none — and if none, each is committed on its own, which tells which hold:
-    each one's answer, or the error its own commit raised."""
-    part, mark, moves, ops = ended[0][0].ref.partition, uuid.uuid4().hex, Moves(), list[Op]()
-    for held, status, outputs in ended:
-        change, ended_as = _commit_ops(held, status, outputs, moves)
+def heartbeat(clients: Clients, held: Claim) -> None:
+    """Move the attempt's deadline entry on (its heartbeat is now)."""
+    held.index = attempts.move(clients, held.ref.partition, held.ref.task, held.ref.attempt, held.kill_at, held.worker,
+                               previous=held.index, speculate_at=held.speculate_at, backup=held.ref.backup)
+
+
+def held_at(clients: Clients, entry: Deadline) -> tuple[Claim, bool]:
+    """The attempt whose deadline ``entry`` fell due, as its claim would say (from its task
+    row, read now), and whether the row still names it running on the entry's worker (a
+    row gone with its job names nothing)."""
+    ref = TaskRef.of(entry.part, entry.task, entry.attempt, entry.backup)
+    try:
+        row = tasks.get_task(clients.tasks, entry.part, entry.task)
+    except ResourceNotFoundError:
+        return Claim(ref, "", "", {}, entry.kill_at, "", entry.worker, entry.kill_at, entry.key), False
+    held = Claim(ref, row.etag, row.stage, row.parameters(), row.started_at or entry.kill_at, row.last_failure,
+                 entry.worker, entry.kill_at, entry.key, entry.speculate_at, row.timeouts, row.shard)
+    running = row.status is TaskStatus.RUNNING and row.attempt == entry.attempt and (
+        entry.backup or row.worker == entry.worker)  # else another worker claimed it after the indexed one died
+    return held, running
+
+
+# --- backups: asked for, claimed ---------------------------------------------------------
+class NotHere(Exception):
+    """The attempt a backup would copy runs on the worker that received the backup."""
+
+
+def ask_backup(clients: Clients, writer: RollupWriter, entry: Deadline) -> bool:
+    """Ask for a backup of ``entry``'s attempt, if it still runs and has none: its attempt
+    row (REQUESTED) created with ``writer``'s rollup moved, then its message sent. A message
+    lost leaves the backup REQUESTED and the attempt as it was: nothing waits on a backup,
+    and one not taken within a lease is asked for again (:func:`ask_backup_again`). True
+    if it asked."""
+    try:
+        row = tasks.get_task(clients.tasks, entry.part, entry.task)
+    except ResourceNotFoundError:
+        return False
+    if row.status is not TaskStatus.RUNNING or row.attempt != entry.attempt or row.worker != entry.worker:
+        return False
+    asked = AttemptRow(part=entry.part, key=names.attempt_key(entry.task, entry.attempt, True), task=entry.task,
+                       attempt=entry.attempt, backup=True, stage=row.stage, outcome=REQUESTED)
+    try:
+        writer.write(clients.tasks, entry.part, [("create", asked.to_entity(), {})], Moves().backed_up())
+    except TableTransactionError as exc:
+        if exc.status_code == 409 or error_code(exc) == "EntityAlreadyExists":
+            ask_backup_again(clients, entry)
+            return False  # asked for already
+        raise
+    dispatch.send(clients, [(row.shard, TaskRef.of(entry.part, entry.task, entry.attempt, backup=True))])
+    log.info("backup of %s/%s attempt %s asked for", entry.job, entry.task, entry.attempt)
+    return True
+
+
+def ask_backup_again(clients: Clients, entry: Deadline) -> None:
+    """If a backup of ``entry``'s attempt was asked for and is still not taken a lease
+    later, its message may be lost (the ask's answer was, and its message never sent): send
+    it again, its row written (fenced) so that the next look waits another lease; one no
+    longer wanted ends NOT_RUN. A second message is harmless: the backup's claim is fenced
+    on its row, and one worker takes it."""
+    try:
+        _resend_if_untaken(clients, entry)
+    except Exception as exc:  # the next pass looks again; the asks of this one stand
+        log.warning("backup of %s/%s attempt %s not looked at again: %s", entry.job, entry.task, entry.attempt,
+                    redact(str(exc)))
+
+
+def _resend_if_untaken(clients: Clients, entry: Deadline) -> None:
+    """``ask_backup_again``'s look and resend; a storage error is the caller's."""
+    key = names.attempt_key(entry.task, entry.attempt, True)
+    try:
+        found = clients.tasks.get_entity(entry.part, key, select=["Outcome", "Timestamp"])
+        written = found.metadata.get("timestamp")
+        if found.get("Outcome") != REQUESTED or written is None or now() - written < timedelta(
+                seconds=clients.settings.lease_seconds):
+            return
+        row = tasks.get_task(clients.tasks, entry.part, entry.task)
+        wanted = row.status is TaskStatus.RUNNING and row.attempt == entry.attempt and row.worker == entry.worker
+        fields = {"outcome": REQUESTED} if wanted else {"outcome": NOT_RUN, "ended_at": now()}
+        clients.tasks.update_entity(attempts.attempt_row(entry.part, entry.task, entry.attempt, True, **fields),
+                                    mode=UpdateMode.MERGE, **if_match(str(found.metadata["etag"])))
+    except (ResourceModifiedError, ResourceNotFoundError):
+        return  # taken meanwhile, or its job deleted
+    if not wanted:
+        return
+    dispatch.send(clients, [(row.shard, TaskRef.of(entry.part, entry.task, entry.attempt, backup=True))])
+    log.info("backup of %s/%s attempt %s asked for again", entry.job, entry.task, entry.attempt)
+
+
+def claim_backup(clients: Clients, ref: TaskRef, worker: str, kill_time: KillTime,
+                 last_pass: bool = False) -> Claim | None:
+    """Take the backup ``ref`` names, if its attempt still runs and nobody took it: its
+    attempt row moves REQUESTED → RUNNING (fenced on its ETag) with its deadline entry, in
+    one transaction; the task row is not written, and its ETag is the fence the backup
+    shares with the attempt it copies. None if the backup is no longer wanted (its row then
+    says NOT_RUN, as it does when ``last_pass`` brings it to the attempt's own worker once
+    more); NotHere if that attempt runs on ``worker``."""
+    try:
+        row = tasks.get_task(clients.tasks, ref.partition, ref.task)
+        key = names.attempt_key(ref.task, ref.attempt, True)
+        asked = AttemptRow.from_entity(clients.tasks.get_entity(ref.partition, key))
+    except ResourceNotFoundError:
+        return None
+    if asked.outcome != REQUESTED:
+        return None  # taken already, or ended
+    wanted = row.status is TaskStatus.RUNNING and row.attempt == ref.attempt
+    if wanted and row.worker == worker and not last_pass:
+        raise NotHere(f"{ref.job}/{ref.task} attempt {ref.attempt} runs here")
+    if not wanted or row.worker == worker:
+        _not_run(clients, asked)
+        return None
+    params = row.parameters()
+    kill_at = kill_time(ref, row.stage, params, row.timeouts)
+    started = now()
+    index, write = attempts.index_op(clients, ref.partition, ref.task, ref.attempt, kill_at, worker, started,
+                                     backup=True)
+    taken = attempts.attempt_row(ref.partition, ref.task, ref.attempt, True, worker=worker, started_at=started,
+                                 heartbeat=started, outcome=TaskStatus.RUNNING.value)
+    try:
+        clients.tasks.submit_transaction([("update", taken, {"mode": UpdateMode.MERGE, **if_match(asked.etag)}),
+                                          write])
+    except TableTransactionError as exc:
+        if is_conflict(exc):
+            return None  # another worker took it first
+        raise
+    return Claim(ref, row.etag, row.stage, params, started, row.last_failure, worker, kill_at, index,
+                 timeouts=row.timeouts, shard=row.shard)
+
+
+def _not_run(clients: Clients, asked: AttemptRow) -> None:
+    """Record that the backup ``asked`` for (its row read REQUESTED) will not run."""
+    try:
+        clients.tasks.update_entity(asked.stored_changes(outcome=NOT_RUN, ended_at=now()),
+                                    mode=UpdateMode.MERGE, **if_match(asked.etag))
+    except (ResourceModifiedError, ResourceNotFoundError):
+        pass  # taken or ended meanwhile
+
+
+# --- an attempt's end: the moves ``pipeline.lifecycle.ends`` decides ----------------------
+def apply(clients: Clients, writer: RollupWriter, held: Claim, move: Move) -> bool:
+    """Make ``move``, the end of the attempt ``held``, moving ``writer``'s rollup: a commit
+    or a failure in one transaction fenced on the claim (refused when the attempt no longer
+    holds the task: then recorded DISCARDED by its worker), or the one record a move without
+    a task write needs. Returns whether it applied."""
+    ref, act = held.ref, move.act
+    part, task = ref.partition, ref.task
+    if act is Act.COMMIT or act is Act.FAIL:
+        return _ended(clients, writer, held, move)
+    if act is Act.GIVE_WAY:  # the row and the deadline entry stay: the copy keeps the fence, the entry lapses
+        attempts.record(clients, part, task, ref.attempt, ended_at=now(), outcome=move.ended_as,
+                        failure_class=_failure(move), error=_error(move))
+    elif act is Act.ABANDON:
+        _end_backup(clients, part, task, ref.attempt, held.index, outcome=move.ended_as, failure_class=_failure(move),
+                    error=_error(move))
+    elif act is Act.LAPSE:
+        etag = attempts.running_etag(clients, part, task, ref.attempt, backup=True)  # it may have committed since
+        if etag is None:
+            attempts.unindex(clients, part, held.index)
+        else:
+            _end_backup(clients, part, task, ref.attempt, held.index, etag, outcome=move.ended_as,
+                        failure_class=_failure(move), revoked_by=move.revoked_by)
+            log.warning("backup of %s given up: %s", ref, _failure(move))
+    elif act is Act.DISCARD:
+        attempts.record(clients, part, task, ref.attempt, ref.backup, discarded=True, discarded_at=now(),
+                        **({"outcome": "DISCARDED"} if ref.backup else {}))
+        attempts.unindex(clients, part, held.index)
+    elif act is Act.DROP:
+        attempts.unindex(clients, part, held.index)
+    return True
+
+
+def apply_together(clients: Clients, writer: RollupWriter, ended: list[tuple[Claim, Move]]) -> list[bool | Exception]:
+    """:func:`apply` of several commits of one partition at once (none a backup's, none a
+    task's counted off a waiting one; at most ``GROUP_COMMITS``): one transaction, each
+    row fenced on its claim's ETag, with ``writer``'s rollup. A transaction refused (a row
+    moved: revoked, cancelled) or unanswered is settled on its first row read back — all of
+    it applied, or none — and if none, each is applied on its own, which tells which hold:
+    each one's answer, or the error its own write raised."""
+    part, mark, moves, ops = ended[0][0].ref.partition, fenced.mark(), Moves(), list[Op]()
+    for held, move in ended:
+        change, ended_as = _commit_ops(held, move, moves)
         ops += [update_op(part, held.ref.task, held.etag, **change, last_write=mark), ended_as,
                 attempts.unindex_op(part, held.index)]
-    try:
-        counter.write(clients.tasks, part, ops, moves)
-    except Exception:
-        if tasks.read_back(clients.tasks, part, ended[0][0].ref.task).last_write != mark:
-            return [_alone(clients, counter, *each) for each in ended]
-    return [True] * len(ended)
+    written = fenced.write(lambda: writer.write(clients.tasks, part, ops, moves),
+                           lambda: tasks.get_task(clients.tasks, part, ended[0][0].ref.task), mark)
+    if written.applied:
+        return [True] * len(ended)
+    return [_alone(clients, writer, held, move) for held, move in ended]
 
 
-def _alone(clients: Clients, counter: TerminalCounter, held: Claim, status: TaskStatus,
-           outputs: list[str]) -> bool | Exception:
+def joins_others(held: Claim, move: Move) -> bool:
+    """Whether an attempt's end may share a transaction with others (``apply_together``):
+    a commit, not a backup's, not one that counts its task off a waiting reduction."""
+    return move.act is Act.COMMIT and not held.ref.backup and not _waiting(held.params, move.status)
+
+
+def _alone(clients: Clients, writer: RollupWriter, held: Claim, move: Move) -> bool | Exception:
     try:
-        return commit(clients, counter, held, status, outputs)
+        return apply(clients, writer, held, move)
     except Exception as exc:  # its own: the others of its group are settled all the same
         return exc
 
 
-def _commit_ops(held: Claim, status: TaskStatus, outputs: list[str], moves: Moves) -> tuple[dict[str, Any], Op]:
+def _status(move: Move) -> TaskStatus:
+    """Where a commit or a failure takes the task."""
+    if move.status is None:
+        raise ValueError(f"a {move.act.value} that names no status")
+    return move.status
+
+
+def _failure(move: Move) -> str:
+    return move.failure.value if move.failure else ""
+
+
+def _error(move: Move) -> str:
+    return redact(move.error)[:ERROR_CHARS]
+
+
+def _ended(clients: Clients, writer: RollupWriter, held: Claim, move: Move) -> bool:
+    """A commit or a failure: the task row moved on, fenced on the claim, with the
+    attempt's end, its deadline entry's removal, a failure's index entry, ``writer``'s
+    rollup and the waiting reduction counted off, in one transaction; a requeue's next
+    message sent when the move says so (the worker hands its own back otherwise). Refused,
+    the attempt is recorded DISCARDED by its own worker (the monitor's refused move only
+    removes its stale entry)."""
+    ref, moves = held.ref, Moves()
+    part, task = ref.partition, ref.task
+    if move.act is Act.COMMIT:
+        change, ended_as = _commit_ops(held, move, moves)
+        ops = [ended_as]
+    else:
+        change, ops = _fail_ops(clients, held, move, moves)
+    status = TaskStatus(change["status"])
+    if _fenced(clients, writer, part, task, held.etag, change, ops, held.index, moves, _waiting(held.params, status)):
+        if move.send:
+            dispatch.send(clients, [(held.shard, TaskRef.of(part, task, ref.attempt + 1))])
+        return True
+    if not move.send:
+        attempts.record(clients, part, task, ref.attempt, ref.backup, ended_at=change["ended_at"], outcome="DISCARDED",
+                        **({"failure_class": _failure(move)} if move.failure else {}))
+    return False
+
+
+def _commit_ops(held: Claim, move: Move, moves: Moves) -> tuple[dict[str, Any], Op]:
     """A commit's change of the task row and its write of the attempt's end; its moves added
     to ``moves``."""
-    ended = now()
+    ended, status = now(), _status(move)
     runtime = (ended - held.started).total_seconds()
     part, task, attempt, backup = held.ref.partition, held.ref.task, held.ref.attempt, held.ref.backup
     change = {"status": transition(TaskStatus.RUNNING, status), "ended_at": ended, "runtime_s": runtime,
-              "outputs": json.dumps(outputs), **({"worker": held.worker} if backup else {})}
+              "outputs": json.dumps(list(move.outputs)), **({"worker": held.worker} if backup else {})}
     ended_as = attempts.attempt_op(part, task, attempt, backup, ended_at=ended, outcome=status.value,
                                    runtime_s=runtime)
     moves.move(held.stage, tile_of(held.params), TaskStatus.RUNNING, status).ran(held.stage, runtime)
     return change, ended_as
 
 
-def _ended(clients: Clients, row_attempt: int, failed_as: TaskStatus, budget: int, failure: FailureClass,
-           error: str, delay_s: float, part: str, task: str) -> tuple[TaskStatus, dict[str, Any], list[Op]]:
-    """A failed attempt's end: where it leaves the task, the row's fields, and (if QUEUED
-    again) its dispatch entry's write."""
-    after = after_failure(TaskStatus.RUNNING, failed_as, row_attempt, budget)
-    change: dict[str, Any] = {"status": after, "last_failure": failure.value,
-                              "last_error": redact(error)[:ERROR_CHARS], "ended_at": now()}
+def _fail_ops(clients: Clients, held: Claim, move: Move, moves: Moves) -> tuple[dict[str, Any], list[Op]]:
+    """A failure's change of the task row (QUEUED with the next attempt number and its
+    dispatch entry, or DEAD), its write of the attempt's end and its failure index entry;
+    its moves added to ``moves``."""
+    ref, after, failure = held.ref, _status(move), _failure(move)
+    part, task = ref.partition, ref.task
+    ended, error = now(), _error(move)
+    change: dict[str, Any] = {"status": after, "last_failure": failure, "last_error": error, "ended_at": ended}
     ops: list[Op] = []
     if after is TaskStatus.QUEUED:
-        fields, write = dispatch.queued(clients, part, task, delay_s)
-        change |= fields | {"attempt": row_attempt + 1}
+        fields, write = dispatch.queued(clients, part, task, move.delay_s)
+        change |= fields | {"attempt": ref.attempt + 1}
         ops.append(write)
-    return after, change, ops
+    if move.revoked_by:
+        change["worker"] = ""
+    if move.timed_out:
+        change["timeouts"] = held.timeouts + 1
+    ended_as: dict[str, Any] = {"outcome": move.ended_as, "failure_class": failure}
+    if move.revoked_by:
+        ended_as["revoked_by"] = move.revoked_by
+    if not move.keep_end:  # (one given up to its backup keeps the end its worker recorded)
+        ended_as |= {"ended_at": ended, "error": error}
+    ops.append(attempts.attempt_op(part, task, ref.attempt, **ended_as))
+    ops.append(rollups.failure_op(part, task, ref.attempt, held.stage, failure, error, held.started, ended,
+                                  revoked_by=move.revoked_by))
+    moves.move(held.stage, tile_of(held.params), TaskStatus.RUNNING, after).failed(failure, move.kill)
+    return change, ops
 
 
-def fail(clients: Clients, counter: TerminalCounter, held: Claim, failure: FailureClass, error: str,
-         budget: int, delay_s: float = 0.0) -> TaskStatus | None:
-    """Record a failed attempt and move the task on: QUEUED with the next attempt number
-    (its message due after ``delay_s``: the caller sends it, by handing back its own) while
-    ``budget`` attempts are not spent, else DEAD. None if the attempt had been revoked."""
-    part, task, attempt = held.ref.partition, held.ref.task, held.ref.attempt
-    after, change, ops = _ended(clients, attempt, TaskStatus.FAILED, budget, failure, error, delay_s, part, task)
-    ended_as = attempts.attempt_op(part, task, attempt, ended_at=change["ended_at"], outcome=TaskStatus.FAILED.value,
-                                   failure_class=failure.value, error=change["last_error"])
-    indexed = rollups.failure_op(part, task, attempt, held.stage, failure.value, change["last_error"], held.started,
-                                 change["ended_at"])
-    moves = Moves().move(held.stage, tile_of(held.params), TaskStatus.RUNNING, after).failed(failure.value)
-    if _fenced(clients, part, task, held.etag, change, [ended_as, indexed, *ops], held.index, counter, moves,
-               dependencies.waiting(held.params, after)):
-        return after
-    attempts.record(clients, part, task, attempt, ended_at=change["ended_at"], outcome="DISCARDED",
-                    failure_class=failure.value)
-    return None
+def _fenced(clients: Clients, writer: RollupWriter, part: str, task: str, etag: str, change: dict[str, Any],
+            ops: list[Op], index: str, moves: Moves, waiting: tuple[str, ...] = (), tries: int = 5) -> bool:
+    """Apply ``change`` to the task row if its ETag is still ``etag``, with ``ops`` and the
+    removal of the deadline entry ``index`` in the same transaction, ``writer``'s rollup
+    moved by ``moves``, and (a task ending) the count of each task ``waiting`` for it taken
+    down by one — released at zero. True if applied, False if the row had moved
+    on. A write refused or unanswered is settled on the row read back (``fenced``): the row
+    untouched, the refusal was another row's (the reduction's count moved: counted off
+    again; the deadline entry gone: written without it) or the write never came, and it is
+    made again. The deadline entry goes either way."""
+    mark = fenced.mark()
+    change = change | {"last_write": mark}
+    with_index, attempt, conflicts = True, 0, 0
+    while attempt < tries:
+        counted, more, sent, version = _counted_off(clients, part, waiting)
+        batch = [update_op(part, task, etag, **change), *ops, *counted,
+                 *([attempts.unindex_op(part, index)] if with_index else [])]
+        written = fenced.write(functools.partial(writer.write, clients.tasks, part, batch, moves.merged(more)),
+                               functools.partial(tasks.get_task, clients.tasks, part, task), mark)
+        if not written.applied and written.row.etag == etag:  # untouched: see why, and write again
+            if written.unanswered:
+                time.sleep(min(2**attempt, 10))
+            again = version and conflicts < CONFLICTS
+            if again and _counted_off(clients, part, waiting)[3] != version:
+                conflicts += 1  # another task a waiting one waits for ended meanwhile: count off again
+                time.sleep(random.uniform(0, 0.05))
+                continue
+            with_index, attempt = False, attempt + 1
+            continue  # the deadline entry (may be what failed) on its own
+        if written.applied and sent:
+            dispatch.send(clients, sent)  # lost, it is resent by the reconciler (its dispatch entry)
+        if not written.applied or not with_index:
+            attempts.unindex(clients, part, index)
+        return written.applied
+    raise RuntimeError(f"task {part}/{task} could not be written after {tries} tries")
 
 
-def revoke(clients: Clients, counter: TerminalCounter, row: TaskRow, ref: TaskRef, index: str, why: FailureClass,
-           budget: int, worker: str = "", by: str = "monitor", gave_way: bool = False) -> TaskStatus | None:
-    """The monitor's move: take the task (its ``row``, just read) away from its running
-    attempt (``worker``'s, if given) whose deadline entry ``index`` fell due; next attempt
-    QUEUED (its message sent) or DEAD when ``budget`` is spent. None if that attempt is no
-    longer the running one (the entry is then only removed). A worker whose attempt runs
-    past its kill time makes the same move itself (``by`` "worker"), without waiting for
-    the monitor's next pass. An attempt taken from a worker found slow (``why`` WORKER_SLOW)
-    is recorded as the failure it was, not as a timeout: the task's later attempts keep
-    their limit, and the monitor killed nothing for time; one that its slow worker had
-    already given up to a backup that then ended without committing (``gave_way``) keeps the
-    end its worker recorded."""
-    if row.status is not TaskStatus.RUNNING or row.attempt != ref.attempt or (
-            worker and row.worker != worker):  # another worker claimed it after the indexed one died
-        attempts.unindex(clients, row.part, index)
-        return None
-    slow = why is FailureClass.WORKER_SLOW  # its machine's fault: it ran out of no time
-    failed_as = TaskStatus.FAILED if slow else TaskStatus.TIMED_OUT
-    after, change, ops = _ended(clients, ref.attempt, failed_as, budget, why,
-                                f"revoked by the {by}: {why.value}", 0.0, row.part, ref.task)
-    change["worker"] = ""
-    if why is FailureClass.EXECUTION_TIMEOUT:
-        change["timeouts"] = row.timeouts + 1
-    ended_as = attempts.attempt_op(row.part, ref.task, ref.attempt, outcome=failed_as.value, failure_class=why.value,
-                                   revoked_by=by, **({} if gave_way else {"ended_at": change["ended_at"]}))
-    indexed = rollups.failure_op(row.part, ref.task, ref.attempt, row.stage, why.value, change["last_error"],
-                                 row.started_at, change["ended_at"], revoked_by=by)
-    moves = Moves().move(row.stage, tile_of(row.params), TaskStatus.RUNNING, after).failed(why.value, not slow)
-    if not _fenced(clients, row.part, ref.task, row.etag, change, [ended_as, indexed, *ops], index,
-                   counter, moves, dependencies.waiting(row.parameters(), after)):
-        return None  # it committed or failed meanwhile
-    if after is TaskStatus.QUEUED:
-        dispatch.send(clients, [(row.shard, TaskRef.of(row.part, ref.task, ref.attempt + 1))])
-    return after
+def _end_backup(clients: Clients, part: str, task: str, attempt: int, index: str, etag: str = "",
+                **fields: str | datetime) -> None:
+    """End a backup: its attempt row's outcome (if its ETag is still ``etag``, when given)
+    and the removal of its deadline entry, in one transaction (the row alone if the entry
+    is gone already; the entry alone if the row has moved on: the backup committed or was
+    discarded meanwhile, and its row says so)."""
+    row = attempts.attempt_row(part, task, attempt, True, ended_at=now(), **fields)
+    ended = ("update", row, {"mode": UpdateMode.MERGE, **if_match(etag)}) if etag else (
+        "upsert", row, {"mode": UpdateMode.MERGE})
+    try:
+        clients.tasks.submit_transaction([ended, attempts.unindex_op(part, index)])
+        return
+    except TableTransactionError as exc:
+        if is_conflict(exc):  # the row moved on: the entry alone
+            attempts.unindex(clients, part, index)
+            return
+        if not attempts.is_missing(exc):
+            raise
+    try:  # the entry gone already: the row alone
+        clients.tasks.submit_transaction([ended])
+    except TableTransactionError as exc:
+        if not is_conflict(exc):
+            raise
 
 
 # --- anything unfinished -> CANCELLED ----------------------------------------------------
-def cancel(clients: Clients, parts: list[str], counter: TerminalCounter) -> None:
+def cancel(clients: Clients, parts: list[str], writer: RollupWriter) -> None:
     """Move every unfinished task of the job (in its partitions ``parts``) to CANCELLED (a
     queued one with its dispatch entry), in transactions of up to a hundred writes in each
     partition; a running attempt finds its fence gone and discards its work."""
@@ -319,7 +624,7 @@ def cancel(clients: Clients, parts: list[str], counter: TerminalCounter) -> None
         pending = [r for r in tasks.list_tasks(clients.tasks, parts) if not r.status.terminal]
         if not pending:
             return
-        for part, rows in _chunks(pending, (tasks.BATCH - 1) // 2):  # two writes each, the counter's makes 99
+        for part, rows in _chunks(pending, (tasks.BATCH - 1) // 2):  # two writes each, the rollup's makes 99
             chunk: list[Op] = []
             moves = Moves()
             for row in rows:
@@ -328,11 +633,45 @@ def cancel(clients: Clients, parts: list[str], counter: TerminalCounter) -> None
                 if row.dispatch:
                     chunk.append(dispatch.remove_op(part, row.dispatch))
                 moves.move(row.stage, tile_of(row.params), row.status, TaskStatus.CANCELLED)
-            _cancelled(clients, counter, part, chunk, moves)
+            try:
+                writer.write(clients.tasks, part, chunk, moves)
+            except TableTransactionError:
+                pass  # a row moved meanwhile; the next pass reads it again
 
 
-def _cancelled(clients: Clients, counter: TerminalCounter, part: str, ops: list[Op], moves: Moves) -> None:
-    try:
-        counter.write(clients.tasks, part, ops, moves)
-    except TableTransactionError:
-        pass  # a row moved meanwhile; the next pass reads it again
+# --- dependencies: a waiting task's count of unfinished tasks it waits for ----------------
+def _waiting(params: dict[str, str], status: TaskStatus | None) -> tuple[str, ...]:
+    """The row keys of the tasks a task moving into ``status`` is to be counted off (those
+    its plan says it feeds: ``planning.TaskPlan.feeds``); none unless the move ends it."""
+    if status is None or not status.terminal:
+        return ()
+    return tuple(names.task_key(seq) for seq in planning.feeds_of(params))
+
+
+def _counted_off(clients: Clients, part: str, keys: Sequence[str],
+                 ended: int = 1) -> tuple[list[Op], Moves, list[tuple[int, TaskRef]], str]:
+    """What counts ``ended`` tasks (of partition ``part``; the planner puts a waiting task
+    with those it waits for) off each PENDING task of ``keys`` that waits for them: the
+    update of its count of unfinished dependencies (fenced on the row's ETag, read now)
+    and, if those were the last, its move to QUEUED with its dispatch entry; the moves of
+    that for the rollup; the messages to send once written; and the ETags it read, as one
+    version ("" if nothing is to be counted: a waiting task cancelled, or gone)."""
+    ops: list[Op] = []
+    moves, messages, versions = Moves(), list[tuple[int, TaskRef]](), list[str]()
+    for key in keys:
+        try:
+            row = tasks.get_task(clients.tasks, part, key)
+        except ResourceNotFoundError:
+            continue
+        if row.status is not TaskStatus.PENDING or row.deps is None:
+            continue  # cancelled, settled, or planned before dependencies counted
+        fields: dict[str, Any] = {"deps": row.deps - ended}
+        if fields["deps"] <= 0:
+            queued, write = dispatch.queued(clients, part, key)
+            fields |= queued
+            ops.append(write)
+            moves.move(row.stage, tile_of(row.params), row.status, transition(row.status, TaskStatus.QUEUED))
+            messages.append((row.shard, row.ref))
+        ops.insert(0, update_op(part, key, row.etag, **fields))
+        versions.append(row.etag)
+    return ops, moves, messages, ",".join(versions)
