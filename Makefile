@@ -12,7 +12,7 @@ CC ?= cc
 # the example reducer written in C
 REDUCER_C := reducers/max_composite/max_composite
 
-.PHONY: demo-setup setup demo test lint bench up clean
+.PHONY: demo-setup setup demo test lint bench faults up clean
 
 # Toxiproxy, the fault-injection proxy of the transfer tests and benchmarks (go install)
 TOXIPROXY := .tools/toxiproxy/server
@@ -98,6 +98,12 @@ bench: setup
 	@if [ -n "$(NAME)" ]; then $(BIN)/python -m bench.$(NAME); \
 	else for f in $$(grep -l '^if __name__ == "__main__":' bench/*.py); do m=$$(basename $$f .py); echo "== bench.$$m"; \
 	$(BIN)/python -m bench.$$m || exit 1; done; fi
+
+# `make faults` runs the fault harness as a program (docs/faults.md): the first call of every
+# distinct operation of its scenario, each failed three ways, then the 2,000-task chaos run
+faults: setup
+	$(BIN)/python -m tests.harness.faults --distinct --jobs 2
+	$(BIN)/python -m tests.harness.chaos
 
 clean:
 	rm -rf $(VENV) node_modules .bagpipe out .pytest_cache .tools portal/vendor $(REDUCER_C)

@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # after the backend is chosen
 from matplotlib.figure import Figure
 
-from bench.simcore import Cost
+from bench.sim.core import Cost
 
 
 @dataclass

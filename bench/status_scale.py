@@ -29,9 +29,8 @@ import random
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -45,10 +44,10 @@ from pipeline.lifecycle.status import JobState, TaskStatus
 from pipeline.requests.expansion import expand, plan_of
 from pipeline.requests.request import JobRequest
 from pipeline.settings import Settings
-from pipeline.storage import clients as clients_module
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
 from pipeline.web import jobview
+from tests.harness.hooks import counting_reads
 
 WRITERS = 8  # worker slots that ran the job
 DIED = 5  # tasks that ended DEAD, with a failure each
@@ -114,37 +113,6 @@ def build(clients: Clients, size: int) -> str:
         clients.tasks.create_entity({"PartitionKey": job, "RowKey": names.counter_key(name),
                                      **rollups.apply({}, moves)})
     return job
-
-
-@contextmanager
-def counting_reads() -> Iterator[list[int]]:
-    """Entities the storage answers while the block runs, counted through the SDK's
-    per-request hooks: a point read is one (a miss none), a query as many as its pages hold."""
-    reads: list[int] = []
-
-    def hook(response: Any) -> None:
-        if response.http_request.method != "GET":
-            return
-        try:
-            body = json.loads(response.http_response.text())
-        except ValueError:
-            return
-        if isinstance(body, dict):
-            reads.append(len(body["value"]) if "value" in body else int("odata.error" not in body))
-
-    with response_hook(hook):
-        yield reads
-
-
-@contextmanager
-def response_hook(hook: Callable[[Any], None]) -> Iterator[None]:
-    """Every client built inside calls ``hook`` with each response (the SDK's
-    ``raw_response_hook``)."""
-    clients_module.HOOKS["raw_response_hook"] = hook
-    try:
-        yield
-    finally:
-        clients_module.HOOKS.pop("raw_response_hook", None)
 
 
 def measured(settings: Settings, call: Callable[[Clients], object], repeat: int) -> tuple[float, int]:

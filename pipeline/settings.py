@@ -141,13 +141,13 @@ class Settings:
     monitor_interval_s: float = setting("BAGPIPE_MONITOR_INTERVAL_S", 5.0, "How often the monitor sweeps.",
                                         minimum=0.1)
     stage_limits: str = setting(
-        "BAGPIPE_STAGE_LIMITS", "", "Per-stage overrides as JSON, e.g. `{\"digest\": {\"factor\": 3, "
+        "BAGPIPE_STAGE_LIMITS", "", "Per-stage overrides as JSON, e.g. `{\"modis\": {\"factor\": 3, "
         "\"floor\": 2, \"ceiling\": 60, \"max_attempts\": 5}}`.")
     stage_modules: str = setting("BAGPIPE_STAGE_MODULES", "",
                                  "Modules (comma-separated) whose import registers more stages.")
     tile_stage: str = setting(
-        "BAGPIPE_TILE_STAGE", "modis", "The stage a tile task runs: `modis` (collection, then reprojection) "
-        "or `digest`, a light stand-in with no rasters that lifecycle tests and benchmarks use.")
+        "BAGPIPE_TILE_STAGE", "modis", "The stage a tile task runs: `modis` (collection, then reprojection), "
+        "or one a module of `BAGPIPE_STAGE_MODULES` registers (the tests' light stand-ins, e.g. `digest`).")
     catalog: str = setting("BAGPIPE_CATALOG", "stac", "Where granules are searched: `stac` (a STAC API) or "
                            "`cmr` (NASA's Common Metadata Repository).", choices=("stac", "cmr"))
     stac_url: str = setting("BAGPIPE_STAC_URL", PLANETARY_COMPUTER_STAC, "The STAC API (Planetary Computer's).")

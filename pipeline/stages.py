@@ -7,15 +7,12 @@ task row carries. Scientists' programs are not stages: they are declared by mani
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import json
-import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 from azure.storage.blob import ContainerClient
 
 from pipeline.failures import FailureClass, StageFailure
@@ -114,47 +111,3 @@ def load(modules: str) -> None:
     """Import the modules named (comma-separated): the stages and checks they register."""
     for module in filter(None, (m.strip() for m in modules.split(","))):
         importlib.import_module(module)
-
-
-SOURCE_BYTES = 64 * 1024
-
-
-def source_blob(product: str, tile: str, day: str) -> str:
-    return f"{product}/{tile}/{day}.bin"
-
-
-@stage("noop")
-def noop(ctx: StageContext) -> None:
-    """Does nothing and writes nothing: what a task costs the framework alone (bench.throughput)."""
-
-
-@stage("digest")
-def digest(ctx: StageContext) -> None:
-    """A light stand-in for collection → reprojection that needs no catalog, no archive and no rasters
-    (the lifecycle tests and benchmarks run it): make sure a (product, tile, date) source
-    exists in ``sources`` (synthesised deterministically), read it back, write its summary."""
-    product, tile, day = ctx.params["product"], ctx.params["tile"], ctx.params["date"]
-    name = source_blob(product, tile, day)
-    client = ctx.sources.get_blob_client(name)
-    try:
-        data = client.download_blob().readall()
-    except ResourceNotFoundError:
-        data = random.Random(f"{product}/{tile}/{day}").randbytes(SOURCE_BYTES)
-        try:
-            client.upload_blob(data, overwrite=False)
-        except ResourceExistsError:
-            data = client.download_blob().readall()
-    histogram = [0] * 16
-    for byte in data:
-        histogram[byte >> 4] += 1
-    summary = {
-        "product": product,
-        "tile": tile,
-        "date": day,
-        "source": name,
-        "bytes": len(data),
-        "sha256": hashlib.sha256(data).hexdigest(),
-        "mean": sum(data) / len(data) if data else 0.0,
-        "histogram16": histogram,
-    }
-    ctx.write_output("summary.json", json.dumps(summary, indent=1).encode(), "application/json")

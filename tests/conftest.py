@@ -24,8 +24,8 @@ from bagpipe.planetary import Planetary
 from pipeline.failures import FailureClass
 from pipeline.lifecycle import ends, jobs
 from pipeline.lifecycle.policy import Outcome
+from pipeline.lifecycle.rollups import RollupWriter
 from pipeline.lifecycle.status import TaskStatus
-from pipeline.lifecycle.tasks import RollupWriter
 from pipeline.lifecycle.transitions import Claim
 from pipeline.requests.request import JobRequest
 from pipeline.settings import Settings
@@ -95,6 +95,7 @@ def settings(azurite: Azurite, mail: MailServer) -> Settings:
         max_attempts=3,
         max_tasks=2000,
         tile_stage="digest",  # the lifecycle needs no rasters; tests of the raster stages set "modis"
+        stage_modules="tests.stages_for_tests",
     )
 
 

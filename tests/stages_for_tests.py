@@ -1,16 +1,66 @@
-"""Stages that misbehave on purpose, registered when a test names this module in
-BAGPIPE_STAGE_MODULES (worker stage processes import it)."""
+"""Stages of the tests and the benchmarks, registered when they name this module in
+BAGPIPE_STAGE_MODULES (worker stage processes import it): light stand-ins for the MODIS
+stages (``noop``, ``digest``: the lifecycle needs no rasters) and stages that misbehave on
+purpose."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import random
 import signal
 import time
 from pathlib import Path
 
+from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
+
 from pipeline import stages
 from pipeline.failures import FailureClass, StageFailure
-from pipeline.stages import StageContext, digest
+from pipeline.stages import StageContext
+
+SOURCE_BYTES = 64 * 1024
+
+
+def source_blob(product: str, tile: str, day: str) -> str:
+    return f"{product}/{tile}/{day}.bin"
+
+
+@stages.stage("noop")
+def noop(ctx: StageContext) -> None:
+    """Does nothing and writes nothing: what a task costs the framework alone (``bench.throughput``)."""
+
+
+@stages.stage("digest")
+def digest(ctx: StageContext) -> None:
+    """A light stand-in for collection → reprojection that needs no catalog, no archive and no rasters
+    (the lifecycle tests and benchmarks run it): make sure a (product, tile, date) source
+    exists in ``sources`` (synthesised deterministically), read it back, write its summary."""
+    product, tile, day = ctx.params["product"], ctx.params["tile"], ctx.params["date"]
+    name = source_blob(product, tile, day)
+    client = ctx.sources.get_blob_client(name)
+    try:
+        data = client.download_blob().readall()
+    except ResourceNotFoundError:
+        data = random.Random(f"{product}/{tile}/{day}").randbytes(SOURCE_BYTES)
+        try:
+            client.upload_blob(data, overwrite=False)
+        except ResourceExistsError:
+            data = client.download_blob().readall()
+    histogram = [0] * 16
+    for byte in data:
+        histogram[byte >> 4] += 1
+    summary = {
+        "product": product,
+        "tile": tile,
+        "date": day,
+        "source": name,
+        "bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "mean": sum(data) / len(data) if data else 0.0,
+        "histogram16": histogram,
+    }
+    ctx.write_output("summary.json", json.dumps(summary, indent=1).encode(), "application/json")
 
 
 def _marked(ctx: StageContext) -> bool:

@@ -1,14 +1,14 @@
 """The chaos benchmark, short: a small job of real reprojection work while workers are
 SIGKILLed, storage is killed and restarted twice, and the proxy in front of storage spikes
 latency and resets connections. Checked from storage against a clean run of the same
-request (bench.chaos does the checking; ``make bench NAME=chaos`` runs the 2,000-task
+request (tests.harness.chaos does the checking; ``python -m tests.harness.chaos`` runs the 2,000-task
 version)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench import chaos
+from tests.harness import chaos
 
 
 @pytest.mark.timeout(900)

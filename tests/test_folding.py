@@ -86,7 +86,7 @@ def counts(clients: Clients) -> Counter[str]:
 
 
 def test_a_writer_whose_row_was_folded_writes_into_a_new_one(clients: Clients, eager: None) -> None:
-    writers = [tasks.RollupWriter(f"w{i}~0") for i in range(3)]
+    writers = [rollups.RollupWriter(f"w{i}~0") for i in range(3)]
     for writer in writers:
         writer.write(clients.tasks, PART, [], {"SUCCEEDED": 1})
     assert rollups.fold(clients.tasks, PART) == 3
@@ -100,7 +100,7 @@ def test_a_writer_whose_row_was_folded_writes_into_a_new_one(clients: Clients, e
 
 def test_a_fold_beaten_by_a_writer_changes_nothing_and_the_next_one_folds(
         clients: Clients, eager: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    writers = [tasks.RollupWriter(f"w{i}~0") for i in range(3)]
+    writers = [rollups.RollupWriter(f"w{i}~0") for i in range(3)]
     for writer in writers:
         writer.write(clients.tasks, PART, [], {"SUCCEEDED": 1})
     real = rollups.apply
@@ -129,7 +129,7 @@ def test_the_sweep_folds_the_quiet_writers_of_a_running_job(settings: Settings, 
     job = application.submit(clients, small_request(start="2022-01-01", end="2022-03-31")).job
     sweep.handle_plan(clients, f'{{"job": "{job}"}}'.encode())  # released: a mover's row in each partition
     parts = jobs.get(clients, job).parts
-    other = tasks.RollupWriter("other")
+    other = rollups.RollupWriter("other")
     for part in parts:
         other.write(clients.tasks, part, [], {"DEAD": 1})
     before = rollups.read(clients.tasks, parts, tiles=False).counts

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from pipeline import planning
-from pipeline.lifecycle import jobs, planner, progress, sweep, tasks, transitions
+from pipeline.lifecycle import jobs, planner, progress, rollups, sweep, tasks, transitions
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.planning import Finished, TaskPlan
 from pipeline.settings import Settings
@@ -60,7 +60,7 @@ def end(clients: Clients, row: jobs.JobRow, seq: int, follow: bool = True) -> No
         transitions.queue(clients, [task])
     held = transitions.claim(clients, task.ref, "w", in_an_hour)
     assert held is not None
-    assert commit(clients, tasks.RollupWriter("w"), held, TaskStatus.SUCCEEDED, [])
+    assert commit(clients, rollups.RollupWriter("w"), held, TaskStatus.SUCCEEDED, [])
     if follow:
         progress.task_ended(clients, row.job)
 

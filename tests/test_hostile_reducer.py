@@ -580,7 +580,7 @@ def real_worker(request: pytest.FixtureRequest, azurite: Any, tmp_path_factory: 
     (folder / "reducer.json").write_text(json.dumps({"name": "escape", "argv": ["{python}", "{here}/hostile.py",
                                                                                  "{task}"], "outputs": ["*.json"]}))
     settings = Settings(storage_connection=azurite.connection_string, namespace=f"escape{request.param[:2]}",
-                        lease_seconds=6, tile_stage="fault_tile", stage_modules="bench.fault_stage",
+                        lease_seconds=6, tile_stage="fault_tile", stage_modules="tests.harness.fault_stage",
                         bundle_cache=str(tmp / "cache"), sandbox=request.param)
     clients = Clients(settings)
     clients.ensure_resources()

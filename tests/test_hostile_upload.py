@@ -130,7 +130,7 @@ def run(azurite: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict
         "outputs": ["*.json"], "timeout_s": 900, "limits": {"processes": 64}}))
     seen: dict[str, Any] = {"mark": mark, "cache": tmp / "cache"}
     settings = Settings(storage_connection=azurite.connection_string, namespace="hostile", lease_seconds=6,
-                        tile_stage="fault_tile", stage_modules="bench.fault_stage", kill_grace_s=1.0,
+                        tile_stage="fault_tile", stage_modules="tests.harness.fault_stage", kill_grace_s=1.0,
                         bundle_cache=str(tmp / "cache"))
     clients = Clients(settings)
     clients.ensure_resources()

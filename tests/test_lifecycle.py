@@ -46,7 +46,8 @@ REQUEST = {
 
 def test_submit_run_complete_notify_download(azurite: Azurite, settings: Settings, tmp_path: Path) -> None:
     with LocalStack(tmp_path / "stack", workers=2, slots=2, connection=azurite.connection_string,
-                    namespace=settings.namespace, overrides={"window": 8, "tile_stage": "digest"}) as stack:
+                    namespace=settings.namespace,
+                    overrides={"window": 8, "tile_stage": "digest", "stage_modules": settings.stage_modules}) as stack:
         key = stack.token
         http = httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {key}"}, timeout=30)
         created = http.post("/api/jobs", json=REQUEST)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from azure.core.exceptions import ServiceResponseError
 
-from pipeline.lifecycle import dispatch, jobs, sweep, tasks, transitions
+from pipeline.lifecycle import dispatch, jobs, rollups, sweep, tasks, transitions
 from pipeline.lifecycle.policy import Act, Move
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.lifecycle.tasks import MESSAGE_TASKS, TaskRef
@@ -158,7 +158,7 @@ def test_a_claim_together_refused_claims_nothing_and_one_unanswered_is_read_back
     job = planned(clients, end="2022-03-31")
     rows = [r for r in tasks.list_tasks(clients.tasks, parts(clients, job)) if r.status is TaskStatus.QUEUED]
     wanted = [(TaskRef.of(r.part, r.task, r.attempt), r) for r in rows[:3]]
-    counter = tasks.RollupWriter("w1~9")
+    counter = rollups.RollupWriter("w1~9")
     moved = rows[1]  # changed since it was read (the reconciler moved its dispatch entry)
     clients.tasks.update_entity(moved.stored_changes(last_write="moved"), **tasks.if_match(moved.etag))
     assert transitions.claim_many(clients, wanted, "w1", in_an_hour, counter) is None
@@ -245,7 +245,7 @@ def committed(*outputs: str) -> Move:
 def _claimed(clients: Clients, job: str, count: int) -> list[transitions.Claim]:
     rows = [r for r in tasks.list_tasks(clients.tasks, parts(clients, job)) if r.status is TaskStatus.QUEUED][:count]
     got = transitions.claim_many(clients, [(TaskRef.of(r.part, r.task, r.attempt), r) for r in rows], "w1",
-                                    in_an_hour, tasks.RollupWriter("claimer"))
+                                    in_an_hour, rollups.RollupWriter("claimer"))
     assert got is not None and None not in got
     return [c for c in got if c]
 
@@ -254,7 +254,7 @@ def test_commits_together_fence_each_row_and_one_revoked_is_refused_alone(
         settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     clients = several(settings)
     job = planned(clients, end="2022-03-31")
-    counter = tasks.RollupWriter("w1~9")
+    counter = rollups.RollupWriter("w1~9")
     first, revoked, third = _claimed(clients, job, 3)
     row = tasks.get_task(clients.tasks, revoked.ref.partition, revoked.ref.task)  # the monitor moved it on
     clients.tasks.update_entity(row.stored_changes(last_write="revoked"), **tasks.if_match(row.etag))
@@ -262,7 +262,7 @@ def test_commits_together_fence_each_row_and_one_revoked_is_refused_alone(
     real_apply = transitions.apply
     lost = ConnectionError("storage gone for this one")
 
-    def third_lost(clients: Clients, counter: tasks.RollupWriter, held: transitions.Claim, move: Move) -> bool:
+    def third_lost(clients: Clients, counter: rollups.RollupWriter, held: transitions.Claim, move: Move) -> bool:
         if held is third:
             raise lost
         return real_apply(clients, counter, held, move)
@@ -304,13 +304,13 @@ def test_a_workers_commits_that_come_together_share_a_transaction_and_one_alone_
     real = transitions.apply_together
     monkeypatch.setattr(transitions, "apply_together",
                         lambda c, k, ended: group.append(len(ended)) or real(c, k, ended))
-    together = commits.Commits(clients, tasks.RollupWriter("w1~2"))
+    together = commits.Commits(clients, rollups.RollupWriter("w1~2"))
     held = _claimed(clients, job, 3)
     results: list[bool] = []
 
     def end(one: transitions.Claim) -> None:
         with together.running(one.ref.partition):
-            results.append(together.commit(tasks.RollupWriter(f"w1~{one.ref.task}"), one, committed()))
+            results.append(together.commit(rollups.RollupWriter(f"w1~{one.ref.task}"), one, committed()))
 
     with together.running(held[0].ref.partition):  # three slots of one partition at once ...
         threads = [threading.Thread(target=end, args=(one,)) for one in held]
@@ -323,7 +323,7 @@ def test_a_workers_commits_that_come_together_share_a_transaction_and_one_alone_
     (alone,) = _claimed(clients, job, 1)
     started = time.monotonic()
     with together.running(alone.ref.partition):
-        assert together.commit(tasks.RollupWriter("w1~0"), alone, committed())  # by itself ...
+        assert together.commit(rollups.RollupWriter("w1~0"), alone, committed())  # by itself ...
     assert time.monotonic() - started < commits.LINGER_S / 2  # ... at once: nothing else of its partition runs
     assert group == [3]
     assert tasks.state_counts(clients.tasks, parts(clients, job))["SUCCEEDED"] == 4

@@ -22,7 +22,7 @@ from azure.data.tables import TableClient, UpdateMode
 
 from bagpipe.azurite import Azurite
 from bagpipe.serving import free_port
-from pipeline.lifecycle import attempts, jobs, policy, runtimes, sweep, tasks, transitions
+from pipeline.lifecycle import attempts, jobs, policy, rollups, runtimes, sweep, tasks, transitions
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.requests import application
 from pipeline.requests.expansion import expand
@@ -353,7 +353,7 @@ def test_the_index_moves_with_the_task_row_in_one_write(clients: Clients) -> Non
     assert index_rows(clients, job, ref.task) == [held.index]
     (attempt,) = attempt_rows(clients, job, ref.task)
     assert attempt.worker == "winner" and attempt.outcome == "RUNNING"
-    assert commit(clients, tasks.RollupWriter("t"), held, TaskStatus.SUCCEEDED, [])
+    assert commit(clients, rollups.RollupWriter("t"), held, TaskStatus.SUCCEEDED, [])
     assert index_rows(clients, job, ref.task) == []
     (attempt,) = attempt_rows(clients, job, ref.task)
     assert attempt.outcome == "SUCCEEDED" and attempt.runtime_s >= 0
@@ -362,7 +362,7 @@ def test_the_index_moves_with_the_task_row_in_one_write(clients: Clients) -> Non
     held = transitions.claim(clients, second, "w", in_an_hour)
     assert held is not None
     attempts.unindex(clients, job, held.index)
-    assert commit(clients, tasks.RollupWriter("t"), held, TaskStatus.SUCCEEDED, [])
+    assert commit(clients, rollups.RollupWriter("t"), held, TaskStatus.SUCCEEDED, [])
     assert clients.tasks.get_entity(second.partition, second.task)["Status"] == "SUCCEEDED"
     assert sum(tasks.terminal_counts(clients.tasks, parts(clients, job)).values()) == 2
 
@@ -391,5 +391,5 @@ def test_a_heartbeat_written_but_answered_with_an_error_leaves_no_row_to_revoke_
         wait_for(lambda: lost and len(rows := index_rows(clients, job, ref.task)) == 1
                  and rows[0] not in (first, lost[0]), 30, "one index row, written after the failed beat")
         assert not lease.revoked.is_set()
-    assert commit(clients, tasks.RollupWriter("t"), held, TaskStatus.SUCCEEDED, [])
+    assert commit(clients, rollups.RollupWriter("t"), held, TaskStatus.SUCCEEDED, [])
     assert index_rows(clients, job, ref.task) == []

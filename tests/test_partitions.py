@@ -10,7 +10,6 @@ from collections import Counter
 
 import pytest
 
-from bench.status_scale import counting_reads
 from pipeline.failures import FailureClass
 from pipeline.lifecycle import attempts, jobs, partitions, planner, rollups, sweep, tasks, transitions
 from pipeline.lifecycle.status import JobState, TaskStatus
@@ -28,6 +27,7 @@ from tests.conftest import (
     wait_for,
     with_stage,
 )
+from tests.harness.hooks import counting_reads
 
 BUCKETS = 3
 
@@ -110,7 +110,7 @@ def test_a_reduction_is_counted_off_and_released_in_its_own_partition(settings: 
     planner.plan(clients, job)
     rows = {r.seq: r for r in tasks.list_tasks(clients.tasks, jobs.get(clients, job).parts)}
     assert rows[6].part == names.partition(job, 6 % BUCKETS) and rows[7].part == names.partition(job, 7 % BUCKETS)
-    counter = tasks.RollupWriter("test")
+    counter = rollups.RollupWriter("test")
     for seq in range(6):
         held = transitions.claim(clients, rows[seq].ref, f"w{seq}", in_an_hour)
         assert held is not None and held.ref.partition == rows[seq].part
@@ -134,7 +134,7 @@ def test_the_monitor_and_the_reconciler_look_in_every_partition(settings: Settin
     assert held is not None
     held = transitions.claim(clients, by_part[row.parts[1]][0].ref, "w-fails", in_an_hour)
     assert held is not None
-    retried = fail(clients, tasks.RollupWriter("w"), held, FailureClass.CONNECTION, "reset")
+    retried = fail(clients, rollups.RollupWriter("w"), held, FailureClass.CONNECTION, "reset")
     assert retried is TaskStatus.QUEUED
     for queue in clients.shard_queues:  # every message lost
         queue.clear_messages()

@@ -10,7 +10,7 @@ import pytest
 
 from pipeline import stages
 from pipeline.failures import FailureClass
-from pipeline.lifecycle import dispatch, jobs, partitions, planner, sweep, tasks, transitions
+from pipeline.lifecycle import dispatch, jobs, partitions, planner, rollups, sweep, tasks, transitions
 from pipeline.lifecycle.status import JobState, TaskStatus
 from pipeline.requests import application
 from pipeline.requests.expansion import expand, plan_of
@@ -44,7 +44,7 @@ def window_job(clients: Clients) -> tuple[str, list[tasks.TaskRow]]:
 
 def end(clients: Clients, rows: list[tasks.TaskRow], seqs: range) -> None:
     """Tasks ``seqs`` claimed and committed: their places in the window free."""
-    counter = tasks.RollupWriter("test")
+    counter = rollups.RollupWriter("test")
     for seq in seqs:
         held = transitions.claim(clients, rows[seq].ref, "w", in_an_hour)
         assert held is not None and commit(clients, counter, held, TaskStatus.SUCCEEDED, [])
@@ -249,7 +249,7 @@ def test_a_reduction_counts_its_tile_tasks_off_and_is_released_once_at_zero(clie
     def reduction(seq: int) -> tasks.TaskRow:
         return tasks.get_task(clients.tasks, rows[seq].part, names.task_key(seq))
 
-    counter = tasks.RollupWriter("test")
+    counter = rollups.RollupWriter("test")
     assert commit(clients, counter, claimed(0), TaskStatus.SUCCEEDED, [])
     assert commit(clients, counter, claimed(1), TaskStatus.NO_DATA, [])
     assert reduction(6).status == "PENDING" and reduction(6).deps == 1  # one of its tiles still runs
@@ -261,7 +261,7 @@ def test_a_reduction_counts_its_tile_tasks_off_and_is_released_once_at_zero(clie
     assert queue_depth(clients) == before + 1
     # the last three end together: their writes race on the reduction's row, each counts once
     held = [claimed(seq) for seq in (3, 4, 5)]
-    ends = [threading.Thread(target=commit, args=(clients, tasks.RollupWriter(f"t{h.ref.task}"), h))
+    ends = [threading.Thread(target=commit, args=(clients, rollups.RollupWriter(f"t{h.ref.task}"), h))
             for h in held]
     for end in ends:
         end.start()

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from pipeline.lifecycle import jobs, progress, sweep, tasks, transitions
+from pipeline.lifecycle import jobs, progress, rollups, sweep, tasks, transitions
 from pipeline.lifecycle.status import JobState, TaskStatus
 from pipeline.settings import Settings
 from pipeline.storage.clients import Clients
@@ -28,7 +28,7 @@ def narrow(settings: Settings) -> Clients:
     return found
 
 
-def _end_one(clients: Clients, counter: tasks.RollupWriter, job: str) -> None:
+def _end_one(clients: Clients, counter: rollups.RollupWriter, job: str) -> None:
     """Take one of the job's released tasks, run nothing, and commit it (as a worker would);
     messages of other jobs' cancelled tasks are settled on the way, as a worker settles them."""
     while True:
@@ -55,7 +55,7 @@ def test_each_end_tops_up_the_window_and_only_the_last_announces(narrow: Clients
     job = planned_job(narrow)
     total = jobs.get(narrow, job).total
     assert total == 8 and _released(narrow, job) == WINDOW
-    counter = tasks.RollupWriter("test")
+    counter = rollups.RollupWriter("test")
     for ended in range(1, total + 1):
         _end_one(narrow, counter, job)
         announced = progress.task_ended(narrow, job)
@@ -71,7 +71,7 @@ def test_a_worker_looks_at_a_releasing_job_now_and_then_and_at_its_last_task_at_
     monkeypatch.setattr(progress, "JOB_CHECK_S", 0.5)
     job = planned_job(narrow)
     watch = progress.Watch(narrow)
-    counter = tasks.RollupWriter("test")
+    counter = rollups.RollupWriter("test")
     _end_one(narrow, counter, job)
     watch.task_ended(job)  # the first look: one task ended, one more released
     assert _released(narrow, job) == 3
@@ -104,7 +104,7 @@ def test_a_released_job_is_looked_at_now_and_then_until_few_of_its_tasks_are_lef
     clients = Clients(settings)  # its window holds the job's 8 tasks: all released at planning
     clients.ensure_resources()
     job = planned_job(clients)
-    watch, counter = progress.Watch(clients), tasks.RollupWriter("test")
+    watch, counter = progress.Watch(clients), rollups.RollupWriter("test")
     looks: list[int] = []
     real = progress._follow
     monkeypatch.setattr(progress, "_follow", lambda *a, **k: looks.append(1) or real(*a, **k))
@@ -130,7 +130,7 @@ def test_the_sweep_goes_on_with_a_cancellation_and_announces_it(narrow: Clients)
     job = planned_job(narrow)
     row = jobs.get(narrow, job)
     row = jobs.update(narrow, row, state=JobState.CANCELLING)
-    swept = tasks.RollupWriter("sweep-test")
+    swept = rollups.RollupWriter("sweep-test")
     # the first pass cancels every task; the job, just changed, may still be someone's to finish
     assert not progress.follow_up(narrow, swept, job, row)
     statuses = {r.status for r in tasks.list_tasks(narrow.tasks, parts(narrow, job))}
@@ -140,7 +140,7 @@ def test_the_sweep_goes_on_with_a_cancellation_and_announces_it(narrow: Clients)
     assert _announced(narrow, job) == 1
     # a running job with room in its window is topped up, and not announced
     other = planned_job(narrow)
-    _end_one(narrow, tasks.RollupWriter("test"), other)
+    _end_one(narrow, rollups.RollupWriter("test"), other)
     assert not progress.follow_up(narrow, swept, other, jobs.get(narrow, other))
     assert _released(narrow, other) == WINDOW + 1 and _announced(narrow, other) == 0
 
@@ -154,7 +154,7 @@ def test_an_end_looked_at_too_soon_is_looked_at_later_and_may_announce(
     monkeypatch.setattr(progress, "JOB_CHECK_S", 2.0)
     job = planned_job(narrow)
     watch = progress.Watch(narrow)
-    counter = tasks.RollupWriter("test")
+    counter = rollups.RollupWriter("test")
     _end_one(narrow, counter, job)
     watch.task_ended(job)  # its look: 3 of 8 released
     for _ in range(6):  # the others' ends, each looked at by its own worker

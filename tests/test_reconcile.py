@@ -66,7 +66,7 @@ def test_a_reduction_whose_message_is_lost_is_sent_again(settings: Settings, mai
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """The reduction's release is one conditional write with its dispatch entry; its message
     lost after it (a send that failed, a releaser that died) is resent by the reconciler."""
-    settings, clients = fast(settings, stage_modules="bench.fault_stage", tile_stage="fault_tile")
+    settings, clients = fast(settings, stage_modules="tests.harness.fault_stage", tile_stage="fault_tile")
     real_send = dispatch.send
     dropped: list[str] = []
 

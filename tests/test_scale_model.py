@@ -1,4 +1,4 @@
-"""The scale model's core (bench.sim): a storage target caps the job at its documented rate,
+"""The scale model's core (bench.sim.model): a storage target caps the job at its documented rate,
 spreading over partitions and accounts lifts the cap, and a model given a system's own
 per-call costs reproduces that system's rate. Small runs (a second or two each); the
 large ones are the benchmark (``make bench NAME=scale``)."""
@@ -10,9 +10,7 @@ import math
 import pytest
 
 from bench.scale import spliced
-from bench.scale_calibrate import Measured, fit
-from bench.sim import simulate
-from bench.simcore import (
+from bench.sim.core import (
     CLAIM,
     END,
     FETCH,
@@ -25,6 +23,8 @@ from bench.simcore import (
     Scenario,
     TaskKind,
 )
+from bench.sim.model import simulate
+from bench.sim.scale_calibrate import Measured, fit
 
 SHORT = (TaskKind("short", 1.0, LogNormal(0.01)),)
 # a task's calls: one receive per batch of messages, a one-entity claim, a delete
@@ -71,7 +71,7 @@ def test_partitions_lift_the_cap_until_the_account_binds() -> None:
 
 
 def test_a_model_given_a_systems_own_costs_reproduces_its_rate() -> None:
-    """A system of known per-call costs — measured as bench.scale_calibrate measures them,
+    """A system of known per-call costs — measured as bench.sim.scale_calibrate measures them,
     at two sizes for a transaction — whose rate follows in closed form: one worker, one
     slot, one task at a time, so a task takes the sum of its calls and its stage."""
     truth = {"receive": Measured(100, wall=0.004, client=0.001, server=0.001),

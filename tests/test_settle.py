@@ -145,7 +145,7 @@ def test_a_tile_whose_read_fails_is_left_to_the_ordinary_way(first_run: tuple[Se
 
 def lost_settle(monkeypatch: pytest.MonkeyPatch, applied: bool) -> None:
     """The settle's write refused, or applied with its answer lost (a connection cut)."""
-    real: Callable[..., Any] = tasks.MOVER.write
+    real: Callable[..., Any] = rollups.MOVER.write
 
     def write(table: Any, job: str, changes: list[Any], moves: Any) -> Any:
         if any(op[1].get("SettledAt") for op in changes):
@@ -154,7 +154,7 @@ def lost_settle(monkeypatch: pytest.MonkeyPatch, applied: bool) -> None:
             raise ServiceResponseError("connection cut")
         return real(table, job, changes, moves)
 
-    monkeypatch.setattr(tasks.MOVER, "write", write)
+    monkeypatch.setattr(rollups.MOVER, "write", write)
 
 
 @pytest.mark.parametrize("applied", [False, True], ids=["refused", "answer-lost"])

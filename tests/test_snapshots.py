@@ -17,7 +17,6 @@ from azure.core.exceptions import ServiceResponseError
 from azure.data.tables import UpdateMode
 
 from bagpipe.mailserver import MailServer
-from bench.status_scale import response_hook
 from pipeline.lifecycle import completion, jobs, rollups, snapshots, sweep, tasks, transitions
 from pipeline.lifecycle.notify import mailer_for
 from pipeline.lifecycle.status import TaskStatus
@@ -26,6 +25,7 @@ from pipeline.storage import names
 from pipeline.storage.clients import Clients
 from pipeline.web import jobview
 from tests.conftest import commit, in_an_hour, parts, with_stage
+from tests.harness.hooks import response_hook
 from tests.test_finisher import ended_job
 from tests.test_status import job_of
 
@@ -74,7 +74,7 @@ def commit_one(clients: Clients, job: str) -> None:
     queued = next(r for r in tasks.list_tasks(clients.tasks, parts(clients, job)) if r.status is TaskStatus.QUEUED)
     held = transitions.claim(clients, queued.ref, "w", in_an_hour)
     assert held is not None
-    assert commit(clients, tasks.RollupWriter(f"w{names.SLOT_MARK}0"), held, TaskStatus.SUCCEEDED, [])
+    assert commit(clients, rollups.RollupWriter(f"w{names.SLOT_MARK}0"), held, TaskStatus.SUCCEEDED, [])
 
 
 def stale(clients: Clients, job: str) -> None:

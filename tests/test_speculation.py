@@ -113,7 +113,7 @@ def test_a_backup_asked_for_once_commits_first_and_its_attempt_is_thrown_away(se
     assert (again["backups"], again["errors"]) == (0, 0)  # asked for once
     assert jobs.status(clients, job)["speculative_attempts"] == 1
 
-    counter = tasks.RollupWriter("test")
+    counter = rollups.RollupWriter("test")
     made = [names.output_prefix(job, ref.task, 1, backup=True) + "summary.json"]
     assert commit(clients, counter, backup, TaskStatus.SUCCEEDED, made)
     assert not transitions.still_held(clients, first)
@@ -130,7 +130,7 @@ def test_a_backup_asked_for_once_commits_first_and_its_attempt_is_thrown_away(se
 def test_the_attempt_commits_first_and_its_backup_is_refused(clients: Clients) -> None:
     job, (first, *_), backup = _backed_up(clients)
     assert transitions.still_held(clients, backup)
-    counter = tasks.RollupWriter("test")
+    counter = rollups.RollupWriter("test")
     assert commit(clients, counter, first, TaskStatus.SUCCEEDED, ["first"])
     assert not transitions.still_held(clients, backup)
     end(clients, counter, backup, Outcome.of(Ending.REVOKED))  # what its worker does once its lease sees the fence gone
@@ -149,7 +149,7 @@ def test_a_backup_whose_attempt_ends_before_anyone_takes_it_is_recorded_as_not_r
     ref = _backup_message(clients)
     with pytest.raises(transitions.NotHere):  # its attempt's own worker hands it back
         transitions.claim_backup(clients, ref, first.worker, in_an_hour)
-    assert commit(clients, tasks.RollupWriter("test"), first, TaskStatus.SUCCEEDED, ["first"])
+    assert commit(clients, rollups.RollupWriter("test"), first, TaskStatus.SUCCEEDED, ["first"])
     assert transitions.claim_backup(clients, ref, "spare", in_an_hour) is None  # no longer wanted
     primary, copy = attempt_rows(clients, job, first.ref.task)
     assert primary.outcome == "SUCCEEDED" and copy.outcome == transitions.NOT_RUN and copy.ended_at is not None
@@ -162,9 +162,9 @@ def test_a_backup_that_committed_is_not_given_up_by_a_monitor_that_read_it_runni
     (entry,) = [e for e in attempts.overdue(clients, parts(clients, job), tasks.now() + timedelta(days=1)) if e.backup]
     etag = attempts.running_etag(clients, job, first.ref.task, 1, backup=True)  # the monitor reads it RUNNING ...
     assert etag is not None
-    assert commit(clients, tasks.RollupWriter("test"), backup, TaskStatus.SUCCEEDED, ["copy"])
+    assert commit(clients, rollups.RollupWriter("test"), backup, TaskStatus.SUCCEEDED, ["copy"])
     monkeypatch.setattr(attempts, "running_etag", lambda *_, **__: etag)  # ... every time, then gives it up
-    ended = ends.end(clients, tasks.RollupWriter("monitor"), entry, Outcome.of(Ending.SILENT))
+    ended = ends.end(clients, rollups.RollupWriter("monitor"), entry, Outcome.of(Ending.SILENT))
     assert ended.move.act is Act.LAPSE  # made, fenced on the row it read: refused, the entry alone removed
     copy = attempt_rows(clients, job, first.ref.task)[1]
     assert (copy.outcome, copy.failure_class, copy.revoked_by) == ("SUCCEEDED", "", "")
@@ -174,13 +174,13 @@ def test_a_backup_that_committed_is_not_given_up_by_a_monitor_that_read_it_runni
 def test_a_failed_backup_leaves_the_task_to_its_attempt(clients: Clients) -> None:
     job, (first, *_), backup = _backed_up(clients)
     before = tasks.get_task(clients.tasks, first.ref.partition, first.ref.task)
-    dropped = end(clients, tasks.RollupWriter("spare"), backup, Outcome.failed(FailureClass.USER_CODE, "it crashed"))
+    dropped = end(clients, rollups.RollupWriter("spare"), backup, Outcome.failed(FailureClass.USER_CODE, "it crashed"))
     assert dropped.move.act is Act.ABANDON and dropped.status is None
     after = tasks.get_task(clients.tasks, first.ref.partition, first.ref.task)
     assert after.etag == before.etag and after.status is TaskStatus.RUNNING  # the task row untouched
     assert transitions.still_held(clients, first) and not transitions.still_held(clients, backup)
     assert index_rows(clients, job, first.ref.task) == [first.index]
-    assert commit(clients, tasks.RollupWriter("test"), first, TaskStatus.SUCCEEDED, ["first"])
+    assert commit(clients, rollups.RollupWriter("test"), first, TaskStatus.SUCCEEDED, ["first"])
     copy = attempt_rows(clients, job, first.ref.task)[1]
     assert (copy.outcome, copy.failure_class) == ("FAILED", FailureClass.USER_CODE.value)
 
@@ -246,12 +246,12 @@ def test_real_workers_a_stragglers_backup_wins_and_the_straggler_is_killed(setti
 def test_a_slow_workers_attempt_gives_way_to_its_backup_and_is_requeued_if_the_backup_fails(
         clients: Clients) -> None:
     job, (first, *_), backup = _backed_up(clients, first_kill=_in(1))  # revoked in 1 s
-    gave = end(clients, tasks.RollupWriter("slow"), first, Outcome.failed(FailureClass.WORKER_SLOW, "found slow"))
+    gave = end(clients, rollups.RollupWriter("slow"), first, Outcome.failed(FailureClass.WORKER_SLOW, "found slow"))
     assert gave.move.act is Act.GIVE_WAY and gave.status is None  # the task row and its entry untouched
     assert transitions.still_held(clients, backup)  # the backup keeps the fence
     time.sleep(1.2)
     assert sweep.sweep(clients)["revoked"] == 0
-    end(clients, tasks.RollupWriter("spare"), backup, Outcome.failed(FailureClass.USER_CODE, "it crashed there"))
+    end(clients, rollups.RollupWriter("spare"), backup, Outcome.failed(FailureClass.USER_CODE, "it crashed there"))
     assert sweep.sweep(clients)["revoked"] == 1  # the task is not left RUNNING with nobody on it
     row = tasks.get_task(clients.tasks, first.ref.partition, first.ref.task)
     assert row.status is TaskStatus.QUEUED and row.attempt == 2
@@ -308,7 +308,7 @@ def test_lost_answers_on_the_backup_path_leave_nothing_stuck(settings: Settings,
     wait_for(lambda: sweep.sweep(monitor)["stale"] and not attempts.is_running(clients, job, first.ref.task, 1,
                                                                               backup=True), 10, "the backup to lapse")
     assert sweep.sweep(monitor)["revoked"] == 0 and transitions.still_held(clients, first)
-    assert commit(clients, tasks.RollupWriter("test"), first, TaskStatus.SUCCEEDED, ["first"])
+    assert commit(clients, rollups.RollupWriter("test"), first, TaskStatus.SUCCEEDED, ["first"])
     assert index_rows(clients, job, first.ref.task) == []
 
 

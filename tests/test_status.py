@@ -8,7 +8,6 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from bench.status_scale import counting_reads
 from pipeline.failures import FailureClass
 from pipeline.lifecycle import jobs, planner, rollups, tasks, transitions
 from pipeline.lifecycle.status import TaskStatus
@@ -17,13 +16,14 @@ from pipeline.settings import Settings
 from pipeline.storage.clients import Clients
 from pipeline.web import jobview
 from tests.conftest import commit, fail, in_an_hour, parts, small_request, with_stage
+from tests.harness.hooks import counting_reads
 
 
 def run_some(clients: Clients, job: str, commits: int) -> None:
     """Claim and commit ``commits`` of the job's queued tasks (by three writers), fail one
     attempt for good and one to be retried, leave one running."""
     queued = [r for r in tasks.list_tasks(clients.tasks, parts(clients, job)) if r.status is TaskStatus.QUEUED]
-    counters = [tasks.RollupWriter(f"slot-{i}") for i in range(3)]
+    counters = [rollups.RollupWriter(f"slot-{i}") for i in range(3)]
 
     def claim(row: dict) -> transitions.Claim:
         held = transitions.claim(clients, row.ref, "w", in_an_hour,

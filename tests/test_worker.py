@@ -16,7 +16,7 @@ import pytest
 from azure.storage.queue import QueueClient, QueueMessage
 
 from bagpipe.mailserver import MailServer
-from pipeline.lifecycle import attempts, completion, jobs, planner, sweep, tasks, transitions
+from pipeline.lifecycle import attempts, completion, jobs, planner, rollups, sweep, tasks, transitions
 from pipeline.lifecycle.notify import mailer_for
 from pipeline.lifecycle.policy import Act, Move
 from pipeline.lifecycle.status import TaskStatus
@@ -92,7 +92,7 @@ def test_a_claim_applied_with_its_answer_lost_holds(clients: Clients, monkeypatc
     assert held is not None and len(calls) == 1
     row = tasks.get_task(clients.tasks, ref.partition, ref.task)
     assert row.status is TaskStatus.RUNNING and row.worker == "w1" and row.etag == held.etag
-    assert commit(clients, tasks.RollupWriter("test"), held, TaskStatus.SUCCEEDED, ["out"])
+    assert commit(clients, rollups.RollupWriter("test"), held, TaskStatus.SUCCEEDED, ["out"])
     counts = jobs.status(clients, job)["counts"]
     assert counts.get("SUCCEEDED") == 1 and not counts.get("RUNNING")  # moved once
     ran = attempts.list_attempts(clients.tasks, parts(clients, job))
@@ -155,7 +155,7 @@ def test_commit_is_fenced_on_the_attempt(clients: Clients) -> None:
     # the attempt is revoked (the monitor's move): the row names attempt 2 now
     row = tasks.get_task(clients.tasks, held.ref.partition, held.ref.task)
     clients.tasks.update_entity(row.stored_changes(status=TaskStatus.QUEUED, attempt=2), **tasks.if_match(row.etag))
-    counter = tasks.RollupWriter("w1-0")
+    counter = rollups.RollupWriter("w1-0")
     assert not commit(clients, counter, held, TaskStatus.SUCCEEDED, ["stale/output"])
     assert not transitions.still_held(clients, held)
     stored = clients.tasks.get_entity(held.ref.partition, held.ref.task)
@@ -176,7 +176,7 @@ def test_a_worker_lost_while_committing_leaves_its_attempt_to_the_monitor(
     real_apply = transitions.apply
     lost: list[tasks.TaskRef] = []
 
-    def lost_on_first_commit(clients: Clients, writer: tasks.RollupWriter, held: transitions.Claim,
+    def lost_on_first_commit(clients: Clients, writer: rollups.RollupWriter, held: transitions.Claim,
                              move: Move) -> bool:
         if not lost and move.act is Act.COMMIT:
             lost.append(held.ref)
@@ -198,7 +198,7 @@ def test_a_worker_lost_while_committing_leaves_its_attempt_to_the_monitor(
 def test_completion_happens_exactly_once_under_a_race(clients: Clients, settings: Settings,
                                                       mail: MailServer) -> None:
     job = planned_job(clients)
-    counter = tasks.RollupWriter("solo")
+    counter = rollups.RollupWriter("solo")
     while sum(tasks.terminal_counts(clients.tasks, parts(clients, job)).values()) < 8:
         queue, message = receive_one(clients)
         held = transitions.claim(clients, tasks.TaskRef.decode(message.content), "solo", in_an_hour)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from pipeline.lifecycle import transitions
 from pipeline.lifecycle.policy import Move
-from pipeline.lifecycle.tasks import RollupWriter
+from pipeline.lifecycle.rollups import RollupWriter
 from pipeline.lifecycle.transitions import Claim
 from pipeline.storage.clients import Clients
 

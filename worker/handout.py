@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from pipeline import planning
-from pipeline.lifecycle import policy, runtimes, tasks, transitions
+from pipeline.lifecycle import policy, rollups, runtimes, tasks, transitions
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.storage.clients import Clients
 from worker.delivery import Delivery
@@ -40,7 +40,7 @@ class Handout:
     (``rows``), and the rollup writer of the moves it makes several at a time (``writer``)."""
 
     def __init__(self, clients: Clients, worker: str, history: runtimes.RuntimeBook, rows: RowsAhead,
-                 writer: tasks.RollupWriter) -> None:
+                 writer: rollups.RollupWriter) -> None:
         self.clients, self.settings, self.worker = clients, clients.settings, worker
         self.history, self.rows, self.writer = history, rows, writer
 

@@ -34,7 +34,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 from pipeline import planning, telemetry
-from pipeline.lifecycle import ends, health, progress, runtimes, tasks, transitions
+from pipeline.lifecycle import ends, health, progress, rollups, runtimes, tasks, transitions
 from pipeline.lifecycle.policy import Act, Ending, Outcome, Verdict
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.lifecycle.transitions import Claim
@@ -76,7 +76,7 @@ class Worker:
         self.history = runtimes.RuntimeBook(self.clients.runtimes)
         self.progress = progress.Watch(self.clients)  # what follows for a job when a task ends here
         self._free = threading.Semaphore(slots)
-        self._slots = [Slot(tasks.RollupWriter(health.slot_writer(self.id, i))) for i in range(slots)]
+        self._slots = [Slot(rollups.RollupWriter(health.slot_writer(self.id, i))) for i in range(slots)]
         self._slot_pool: list[Slot] = list(self._slots)
         self._pool_lock = threading.Lock()
         self.inbox = Inbox(self.clients, self.id, AHEAD_HOLD_S)  # attempts received, not yet in a slot

@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass
 
 from pipeline.failures import FailureClass
-from pipeline.lifecycle import attempts, tasks
+from pipeline.lifecycle import attempts, rollups, tasks
 from pipeline.lifecycle.policy import Ending, Outcome
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.lifecycle.transitions import Claim
@@ -36,7 +36,7 @@ class Slot:
     """What one of a worker's slots keeps from task to task: its rollup writer and its warm
     stage process."""
 
-    writer: tasks.RollupWriter
+    writer: rollups.RollupWriter
     process: StageProcess | None = None
 
     def stage_process(self, settings: Settings) -> StageProcess:

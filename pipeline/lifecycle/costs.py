@@ -5,9 +5,9 @@ for), and what keeping an intermediate costs against remaking it (the retention 
 
 Compute is a worker slot's share of its Container Apps execution (``REPLICA_VCPU`` vCPU and
 ``REPLICA_GIB`` GiB running ``SLOTS`` slots, active while it lives). Storage transactions are
-priced at ``STORAGE_CALLS_PER_TASK``, the scale model's figure for today's layout at 200
-workers (docs/scale.md), which the compute dwarfs. A tile already in the cache costs almost
-nothing, so an estimate is an upper bound.
+priced at ``STORAGE_CALLS_PER_TASK`` a task, a bound on what a tile task costs (the scale
+model, ``bench/sim``, sets its own figure against it in docs/scale.md), which the compute
+dwarfs. A tile already in the cache costs almost nothing, so an estimate is an upper bound.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ PRICES = {
 # The platform (infra/bicep): a worker execution has 2 vCPU, 4 GiB and 2 slots.
 REPLICA_VCPU, REPLICA_GIB, SLOTS = 2.0, 4.0, 2
 SLOT_USD_PER_S = (REPLICA_VCPU * PRICES["vcpu"].value + REPLICA_GIB * PRICES["memory"].value) / SLOTS
-STORAGE_CALLS_PER_TASK = 220  # docs/scale.md: storage requests per task, today's layout, 200 workers
+STORAGE_CALLS_PER_TASK = 220  # storage requests a task may cost on Azure (an upper bound: see above)
 STORAGE_USD_PER_CALL = PRICES["table"].value / 1e4
 DAYS_PER_MONTH = 30.44
 # A typical cached blob of each cache container: (bytes, slot-seconds to make it again), as

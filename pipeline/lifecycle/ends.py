@@ -21,8 +21,8 @@ from pipeline.failures import FailureClass
 from pipeline.lifecycle import attempts, policy, progress, transitions
 from pipeline.lifecycle.attempts import Deadline
 from pipeline.lifecycle.policy import Act, Ending, Facts, Move, Outcome, Verdict
+from pipeline.lifecycle.rollups import RollupWriter
 from pipeline.lifecycle.status import TaskStatus
-from pipeline.lifecycle.tasks import RollupWriter
 from pipeline.lifecycle.transitions import Claim
 from pipeline.storage.clients import Clients
 

@@ -30,8 +30,9 @@ from azure.core.exceptions import (
 from azure.data.tables import UpdateMode
 
 from pipeline.lifecycle import costs, fenced, health, partitions, rollups, snapshots, storable, tasks, transitions
+from pipeline.lifecycle.rollups import RollupWriter
 from pipeline.lifecycle.status import JobState, TaskStatus, job_transition
-from pipeline.lifecycle.tasks import RollupWriter, if_match, now
+from pipeline.lifecycle.tasks import if_match, now
 from pipeline.planning import TaskPlan, gathers, releasable
 from pipeline.redact import redact
 from pipeline.storage import names

@@ -23,7 +23,8 @@ from pipeline.lifecycle import attempts, ends, jobs, speculation
 from pipeline.lifecycle.attempts import Deadline
 from pipeline.lifecycle.jobs import JobRow
 from pipeline.lifecycle.policy import Act, Ending, Outcome
-from pipeline.lifecycle.tasks import RollupWriter, now
+from pipeline.lifecycle.rollups import RollupWriter
+from pipeline.lifecycle.tasks import now
 from pipeline.storage.clients import Clients
 
 log = logging.getLogger(__name__)

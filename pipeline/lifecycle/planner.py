@@ -21,8 +21,8 @@ from azure.core.exceptions import AzureError
 
 from pipeline import planning, stages
 from pipeline.lifecycle import completion, dispatch, jobs, partitions, rollups, tasks, transitions
+from pipeline.lifecycle.rollups import RollupWriter
 from pipeline.lifecycle.status import JobState, TaskStatus
-from pipeline.lifecycle.tasks import RollupWriter
 from pipeline.planning import RequestError
 from pipeline.storage import names
 from pipeline.storage.clients import Clients

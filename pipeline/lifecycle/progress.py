@@ -19,7 +19,7 @@ import threading
 import time
 from collections import Counter
 
-from pipeline.lifecycle import completion, jobs, planner, tasks, transitions
+from pipeline.lifecycle import completion, jobs, planner, rollups, tasks, transitions
 from pipeline.lifecycle.jobs import JobRow
 from pipeline.lifecycle.status import JobState
 from pipeline.storage.clients import Clients
@@ -58,7 +58,7 @@ def _follow(clients: Clients, job: str, row: JobRow | None, counts: Counter[str]
     return False, row.released + count >= row.tiles, row.total - done
 
 
-def follow_up(clients: Clients, writer: tasks.RollupWriter, job: str, row: JobRow) -> bool:
+def follow_up(clients: Clients, writer: rollups.RollupWriter, job: str, row: JobRow) -> bool:
     """The sweep's pass over one unfinished, planned job: top up the window of a running job,
     go on with a cancellation, and announce a completion nobody made (a worker that died
     between its commit and its announcement, a finisher that died). ``writer`` counts the

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import json
 import math
+import threading
+import uuid
 import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
@@ -260,6 +262,77 @@ def summed(found_rows: Iterable[Mapping[str, Any]]) -> Rollup:
     return found
 
 
+# --- the writers: a row each, moved in the transaction of every move ----------------------------
+class RollupWriter:
+    """One writer's rollup row per partition of a job: the tasks it moved into and out of
+    each state (per tile and stage too), the runtimes it committed, the failures it recorded.
+
+    Each writer (a worker slot, a releaser, the monitor, a canceller) owns its own row, so
+    the rows never contend; their sum over the job's partitions is the job's. The row is
+    updated in the same transaction as every move it counts.
+    """
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+        self._rows: dict[str, tuple[str | None, dict[str, Any]]] = {}
+        self._lock = threading.Lock()
+
+    def _load(self, tasks: TableClient, part: str) -> tuple[str | None, dict[str, Any]]:
+        try:
+            row = tasks.get_entity(part, names.counter_key(self.owner))
+        except ResourceNotFoundError:
+            return None, {}
+        return row.metadata["etag"], {k: v for k, v in row.items() if k not in ("PartitionKey", "RowKey")}
+
+    def _row(self, tasks: TableClient, part: str) -> tuple[str | None, dict[str, Any]]:
+        """This writer's row of ``part`` as last written (read if not known): ETag, properties."""
+        if part not in self._rows:
+            self._rows[part] = self._load(tasks, part)
+        return self._rows[part]
+
+    def write(self, tasks: TableClient, part: str, changes: list[tuple[str, dict[str, Any], dict[str, Any]]],
+              added: dict[str, int] | Moves) -> list[dict[str, Any]]:
+        """Submit task-row ``changes`` (all in partition ``part``) with this writer's row of
+        that partition moved by ``added`` (counts per state, or a move's moves), in one
+        transaction. Raises TableTransactionError if any task row changed meanwhile. A
+        transaction refused because the sweep folded this writer's row meanwhile
+        (``fold`` deletes it; a row quiet for that long is not one this write just
+        moved) is made again once, with a new row: nothing of the first applied."""
+        moves = added if isinstance(added, Moves) else Moves(counts=Counter(added))
+        with self._lock:
+            known = self._row(tasks, part)[0]
+            try:
+                return self._submit(tasks, part, changes, moves)
+            except TableTransactionError:
+                # read again: still there, a task row changed (or this writer's own last write
+                # applied with its answer lost, the client's retry refused): the caller's to settle
+                if known is None or self._row(tasks, part)[0] is not None:
+                    raise
+            return self._submit(tasks, part, changes, moves)  # folded meanwhile: gone, written anew
+
+    def _submit(self, tasks: TableClient, part: str, changes: list[tuple[str, dict[str, Any], dict[str, Any]]],
+                moves: Moves) -> list[dict[str, Any]]:
+        etag, props = self._row(tasks, part)
+        changed = apply(props, moves)
+        if not changed:
+            return [dict(answer) for answer in tasks.submit_transaction(changes)] if changes else []
+        key = {"PartitionKey": part, "RowKey": names.counter_key(self.owner)}
+        op = ("create", key | props | changed) if etag is None else (
+            "update", key | changed, {"mode": UpdateMode.MERGE, "etag": etag,
+                                      "match_condition": MatchConditions.IfNotModified})
+        try:
+            result = tasks.submit_transaction([*changes, op])
+        except Exception:
+            del self._rows[part]  # read again next time: the row may be what failed, or
+            raise  # the transaction may have been applied before the connection broke
+        self._rows[part] = (result[-1]["etag"], props | changed)
+        return [dict(answer) for answer in result[:-1]]
+
+
+# the rollup row of this process's moves made without a writer of their own (releases, settles)
+MOVER = RollupWriter(f"mover-{uuid.uuid4().hex[:12]}")
+
+
 # --- folding: the rows of quiet writers, one row per partition -------------------------------
 def fold(tasks: TableClient, part: str, found: list[TableEntity] | None = None) -> int:
     """Fold the rollup rows of partition ``part`` whose writers have written nothing for
@@ -268,7 +341,7 @@ def fold(tasks: TableClient, part: str, found: list[TableEntity] | None = None) 
     lately, not per writer that ever was. One transaction: the folded row moved by their
     sums, and each row deleted, each fenced on the ETag it was read with; a writer that
     wrote meanwhile fails it whole (the next pass folds again), and a writer whose row was
-    folded writes its next moves into a new one (``tasks.RollupWriter``). Returns how
+    folded writes its next moves into a new one (:class:`RollupWriter`). Returns how
     many rows it folded. ``found``: the partition's rollup rows, if the caller has just read
     them (``rows``, every property)."""
     quiet_since = datetime.now(UTC) - timedelta(seconds=FOLD_IDLE_S)

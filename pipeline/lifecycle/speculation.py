@@ -31,8 +31,9 @@ from __future__ import annotations
 from pipeline.lifecycle import rollups, transitions
 from pipeline.lifecycle.attempts import Deadline
 from pipeline.lifecycle.jobs import JobRow
+from pipeline.lifecycle.rollups import RollupWriter
 from pipeline.lifecycle.status import TaskStatus
-from pipeline.lifecycle.tasks import RollupWriter, now
+from pipeline.lifecycle.tasks import now
 from pipeline.storage.clients import Clients
 
 

@@ -28,8 +28,9 @@ from azure.core.exceptions import ResourceNotFoundError
 
 from pipeline.lifecycle import completion, dispatch, health, jobs, monitor, planner, progress, rollups, snapshots, tasks
 from pipeline.lifecycle.notify import Mailer
+from pipeline.lifecycle.rollups import RollupWriter
 from pipeline.lifecycle.status import JobState
-from pipeline.lifecycle.tasks import RollupWriter, message_bytes
+from pipeline.lifecycle.tasks import message_bytes
 from pipeline.storage import cache
 from pipeline.storage.clients import Clients
 

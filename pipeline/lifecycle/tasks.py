@@ -1,11 +1,11 @@
 """Task rows and their messages: the queue message that names an attempt, the rows'
-creation and reading, and the rollup writers.
+creation and reading, and the job's counts summed from its rollups.
 
 The tasks table is the source of truth (PK = the job's partition the task is in, RK =
 zero-padded sequence: ``pipeline.lifecycle.partitions``). Every change of a task's state is
 a conditional update on its ETag, made by one of the named operations of
 ``pipeline.lifecycle.transitions``, and every move is written in one entity-group
-transaction with its writer's own rollup row (:class:`RollupWriter`), so "how many tasks
+transaction with its writer's own rollup row (``rollups.RollupWriter``), so "how many tasks
 are in each state" is exact and cheap.
 """
 
@@ -14,15 +14,13 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import threading
-import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from azure.core import MatchConditions
-from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
+from azure.core.exceptions import ResourceExistsError
 from azure.data.tables import TableClient, TableEntity, TableTransactionError, UpdateMode
 
 from pipeline.failures import error_code
@@ -252,78 +250,6 @@ def create_batch(tasks: TableClient, entities: list[dict[str, Any]]) -> int:
         except ResourceExistsError:
             pass
     return created
-
-
-# --- rollup writers ------------------------------------------------------------------------
-class RollupWriter:
-    """One writer's rollup row per partition of a job: the tasks it moved into and out of
-    each state (per tile and stage too), the runtimes it committed, the failures it recorded
-    (``pipeline.lifecycle.rollups``).
-
-    Each writer (a worker slot, a releaser, the monitor, a canceller) owns its own row, so
-    the rows never contend; their sum over the job's partitions is the job's. The row is
-    updated in the same transaction as every move it counts.
-    """
-
-    def __init__(self, owner: str) -> None:
-        self.owner = owner
-        self._rows: dict[str, tuple[str | None, dict[str, Any]]] = {}
-        self._lock = threading.Lock()
-
-    def _load(self, tasks: TableClient, part: str) -> tuple[str | None, dict[str, Any]]:
-        try:
-            row = tasks.get_entity(part, names.counter_key(self.owner))
-        except ResourceNotFoundError:
-            return None, {}
-        return row.metadata["etag"], {k: v for k, v in row.items() if k not in ("PartitionKey", "RowKey")}
-
-    def _row(self, tasks: TableClient, part: str) -> tuple[str | None, dict[str, Any]]:
-        """This writer's row of ``part`` as last written (read if not known): ETag, properties."""
-        if part not in self._rows:
-            self._rows[part] = self._load(tasks, part)
-        return self._rows[part]
-
-    def write(self, tasks: TableClient, part: str, changes: list[tuple[str, dict[str, Any], dict[str, Any]]],
-              added: dict[str, int] | rollups.Moves) -> list[dict[str, Any]]:
-        """Submit task-row ``changes`` (all in partition ``part``) with this writer's row of
-        that partition moved by ``added`` (counts per state, or a move's moves), in one
-        transaction. Raises TableTransactionError if any task row changed meanwhile. A
-        transaction refused because the sweep folded this writer's row meanwhile
-        (``rollups.fold`` deletes it; a row quiet for that long is not one this write just
-        moved) is made again once, with a new row: nothing of the first applied."""
-        moves = added if isinstance(added, rollups.Moves) else rollups.Moves(counts=Counter(added))
-        with self._lock:
-            known = self._row(tasks, part)[0]
-            try:
-                return self._submit(tasks, part, changes, moves)
-            except TableTransactionError:
-                # read again: still there, a task row changed (or this writer's own last write
-                # applied with its answer lost, the client's retry refused): the caller's to settle
-                if known is None or self._row(tasks, part)[0] is not None:
-                    raise
-            return self._submit(tasks, part, changes, moves)  # folded meanwhile: gone, written anew
-
-    def _submit(self, tasks: TableClient, part: str, changes: list[tuple[str, dict[str, Any], dict[str, Any]]],
-                moves: rollups.Moves) -> list[dict[str, Any]]:
-        etag, props = self._row(tasks, part)
-        changed = rollups.apply(props, moves)
-        if not changed:
-            return [dict(answer) for answer in tasks.submit_transaction(changes)] if changes else []
-        key = {"PartitionKey": part, "RowKey": names.counter_key(self.owner)}
-        op = ("create", key | props | changed) if etag is None else (
-            "update", key | changed, {"mode": UpdateMode.MERGE, **if_match(etag)}
-        )
-        try:
-            result = tasks.submit_transaction([*changes, op])
-        except Exception:
-            del self._rows[part]  # read again next time: the row may be what failed, or
-            raise  # the transaction may have been applied before the connection broke
-        self._rows[part] = (result[-1]["etag"], props | changed)
-        return [dict(answer) for answer in result[:-1]]
-
-
-# the rollup row of this process's moves made without a writer of their own (releases, settles)
-MOVER = RollupWriter(f"mover-{uuid.uuid4().hex[:12]}")
 
 
 def state_counts(tasks: TableClient, parts: list[str]) -> Counter[str]:

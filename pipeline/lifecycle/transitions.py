@@ -45,9 +45,9 @@ from pipeline.failures import error_code
 from pipeline.lifecycle import attempts, dispatch, fenced, partitions, rollups, tasks
 from pipeline.lifecycle.attempts import AttemptRow, Deadline, Op
 from pipeline.lifecycle.policy import Act, Move
-from pipeline.lifecycle.rollups import Moves
+from pipeline.lifecycle.rollups import Moves, RollupWriter
 from pipeline.lifecycle.status import TaskStatus, transition
-from pipeline.lifecycle.tasks import RollupWriter, TaskRef, TaskRow, if_match, is_conflict, now, tile_of, update_op
+from pipeline.lifecycle.tasks import TaskRef, TaskRow, if_match, is_conflict, now, tile_of, update_op
 from pipeline.redact import redact
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
@@ -111,7 +111,7 @@ def queue(clients: Clients, rows: list[TaskRow]) -> list[TaskRow]:
                     moves.move(row.stage, tile_of(row.params), TaskStatus.PENDING, TaskStatus.QUEUED)
             try:
                 if ops:
-                    tasks.MOVER.write(clients.tasks, part, ops, moves)
+                    rollups.MOVER.write(clients.tasks, part, ops, moves)
             except TableTransactionError:  # a row moved meanwhile (cancelled, another releaser)
                 chunk = _read_again(clients, part, chunk)
                 continue
@@ -151,7 +151,7 @@ def settle(clients: Clients, rows: list[TaskRow], outputs: dict[str, list[str]],
                 ops, moves, messages = ops + counted, moves.merged(more), messages + sent
             try:
                 if ops:
-                    tasks.MOVER.write(clients.tasks, part, ops, moves)
+                    rollups.MOVER.write(clients.tasks, part, ops, moves)
             except TableTransactionError:  # a row moved meanwhile (queued, cancelled, another planner)
                 chunk = _read_again(clients, part, chunk)
                 continue
@@ -184,7 +184,7 @@ def claim(clients: Clients, ref: TaskRef, worker: str, kill_time: KillTime, writ
             return None
         if row.status is not TaskStatus.QUEUED or ref.attempt > row.attempt:
             return None
-    mark, moves, writer = fenced.mark(), Moves(), writer or tasks.MOVER
+    mark, moves, writer = fenced.mark(), Moves(), writer or rollups.MOVER
     ops, held = _claim_ops(clients, ref, row, worker, kill_time, speculate_time, moves, mark)
     while True:
         written = fenced.write(functools.partial(writer.write, clients.tasks, part, ops, moves),

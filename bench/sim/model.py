@@ -3,7 +3,7 @@ heartbeats, sweep and completion, their storage calls, and what bounds them — 
 Storage's scalability targets in the cloud, one machine's CPU on the local stack.
 
 What a task costs in storage is not written into the model's logic: it is the call table
-(``bench.calltable``; rows of ``bench.simcore.Call``). The model runs each phase's rows
+(``bench.sim.calltable``; rows of ``bench.sim.core.Call``). The model runs each phase's rows
 where the code runs them (a slot's claim and commit, a worker's look at its job, a
 releaser's chunk, the lease's heartbeats, the sweep's pass, the planner, the finisher), so
 that cutting or batching a row changes the prediction. Every storage target — a table
@@ -24,7 +24,7 @@ from collections.abc import Generator
 
 import simpy
 
-from bench.simcore import (
+from bench.sim.core import (
     ALL,
     BEAT,
     BLOB,
@@ -48,7 +48,7 @@ from bench.simcore import (
     amount,
     rounded,
 )
-from bench.simworker import Proc
+from bench.sim.worker import Proc
 from pipeline.lifecycle.progress import JOB_CHECK_S, NEAR_END
 from pipeline.lifecycle.rollups import FOLD_IDLE_S
 

@@ -1,4 +1,4 @@
-"""The tile stage of ``bench.faults``: a small real GeoTIFF made once through the tile cache
+"""The tile stage of ``tests.harness.faults``: a small real GeoTIFF made once through the tile cache
 (content-addressed, with its ``.making`` marker), so that reductions have inputs and the
 harness can check that no marker is left; a repeat of a job finds its tiles made at planning
 (:func:`made_already`) and is settled there. The first attempt of the tile named

@@ -12,7 +12,7 @@ Last line: one JSON object.
 Azurite is stopped with SIGTERM, as a service restarts: SIGKILL would lose the emulator's
 own unsaved metadata, which Azure Storage does not do to acknowledged writes.
 
-    python -m bench.chaos [--tasks 2000] [--workers 4] [--slots 2] [--kill-every 4]
+    python -m tests.harness.chaos [--tasks 2000] [--workers 4] [--slots 2] [--kill-every 4]
 """
 
 from __future__ import annotations

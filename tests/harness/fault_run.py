@@ -1,6 +1,7 @@
-"""One run of the fault-injection scenario (``bench.faults`` sweeps it over every storage call):
-the SDK's per-request hooks number the run's calls and fault one (``bench.fault_plan``), a
-driver runs the components one step at a time, and the verdict is read from storage alone."""
+"""One run of the fault-injection scenario (``tests.harness.faults`` sweeps it over every storage call):
+the SDK's per-request hooks name the run's calls and fault one or more of them
+(``tests.harness.fault_plan``), a driver runs the components one step at a time, and the
+verdict is read from storage alone."""
 
 from __future__ import annotations
 
@@ -19,9 +20,7 @@ from typing import Any
 from bagpipe import control
 from bagpipe.azurite import Azurite
 from bagpipe.mailserver import MailServer
-from bench import fault_stage
-from bench.fault_plan import Crash, Plan, hooked
-from pipeline.lifecycle import attempts, health, jobs, monitor, sweep, tasks
+from pipeline.lifecycle import attempts, health, jobs, monitor, rollups, sweep, tasks
 from pipeline.lifecycle.notify import mailer_for
 from pipeline.lifecycle.status import TERMINAL, JobState, TaskStatus
 from pipeline.requests import application
@@ -30,6 +29,8 @@ from pipeline.settings import Settings
 from pipeline.storage import clients as clients_module
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
+from tests.harness import fault_stage
+from tests.harness.fault_plan import Crash, Plan, hooked
 from worker.child import StageProcess
 from worker.runner import Worker
 
@@ -51,7 +52,7 @@ JOB_B = {"region": {"bbox": [-110.9, 35.1, -110.1, 35.9]}, "start": "2022-01-01"
          "label": "faults: cancelled"}
 
 
-# the scenario deployment's shard queues (``bench.faults --task-queues``): with 2, its jobs lie
+# the scenario deployment's shard queues (``tests.harness.faults --task-queues``): with 2, its jobs lie
 # in two table partitions and a message names one attempt; with 1, in one partition, and a
 # message names several, claimed together
 TASK_QUEUES = 2
@@ -67,7 +68,7 @@ class Run:
             storage_connection=azurite.connection_string, namespace=f"t{secrets.token_hex(5)}",
             lease_seconds=lease_seconds, window=4, partitions=min(2, TASK_QUEUES), shards=TASK_QUEUES,
             mail_mode="smtp", smtp_port=self.mail.port,
-            tile_stage="fault_tile", stage_modules="bench.fault_stage", max_tasks=100,
+            tile_stage="fault_tile", stage_modules="tests.harness.fault_stage", max_tasks=100,
             stage_limits=json.dumps({"fault_tile": {"max_transient_attempts": 20}}))
         with self.quiet():
             Clients(self.settings).ensure_resources()  # as Bicep does: before the run, not faulted
@@ -108,8 +109,8 @@ class Run:
         if component in self.workers:
             self.workers.pop(component).kill()
         if component == "control":  # module-level state of the control process starts anew
-            monitor._writer = tasks.RollupWriter(f"monitor-{secrets.token_hex(6)}")
-            sweep._writer = tasks.RollupWriter(f"sweep-{secrets.token_hex(6)}")
+            monitor._writer = rollups.RollupWriter(f"monitor-{secrets.token_hex(6)}")
+            sweep._writer = rollups.RollupWriter(f"sweep-{secrets.token_hex(6)}")
 
     def _clients_of(self, component: str) -> Clients:
         if component not in self.clients:
@@ -286,7 +287,9 @@ class Run:
             if row.state.finished and not ids:
                 found["missing_emails"] += 1
                 problems.append(f"{job}: no email")
-            found["extra_emails"] += max(0, len(ids) - 1)
+            if len(ids) > 1:
+                found["extra_emails"] += len(ids) - 1
+                problems.append(f"{job}: {len(ids)} different emails")
             found["resent_emails"] += max(0, sum(job in str(m["Subject"]) for m in mails) - len(ids))
             if job in jobs.active_jobs(clients) and row.state.finished:
                 problems.append(f"{job} finished but still active")
@@ -318,17 +321,17 @@ def _ignore_crashes(args: threading.ExceptHookArgs) -> None:
         threading.__excepthook__(args)
 
 
-def run_one(azurite: Azurite, workdir: Path, k: int, kind: str, operation: str = "") -> dict[str, Any]:
-    """One run with the fault at call ``k`` (0: a clean run), or at the first call of
-    ``operation`` (then ``k`` only names the run); its verdict and its calls."""
-    plan = Plan(k=0 if operation else k, kind=kind, operation=operation)
+def run_one(azurite: Azurite, workdir: Path, faults: dict[str, str], name: str = "") -> dict[str, Any]:
+    """One run with ``faults`` (point → kind; none: a clean run); its verdict, the points it
+    faulted and its calls. ``name`` names the run's mail folder."""
+    plan = Plan(faults=dict(faults))
     threading.excepthook = _ignore_crashes
     with hooked(plan):
-        run = Run(azurite, workdir / f"mail-{k}-{kind}", plan)
+        run = Run(azurite, workdir / f"mail-{name or secrets.token_hex(4)}", plan)
         try:
             run.drive()
         finally:
             run.close()
         verdict = run.check()
-    return {"k": plan.k or k, "kind": kind, "hit": plan.hit, "calls": plan.calls, "restarts": run.fresh,
+    return {"faults": faults, "hits": plan.hits, "calls": plan.calls, "restarts": run.fresh,
             "steps": run.steps} | verdict

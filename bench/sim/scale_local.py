@@ -1,5 +1,5 @@
 """``bench.scale``'s calibration part: the model configured with the costs measured on the
-local stack (``bench.scale_calibrate``) predicts bagpipe's no-op rate there, measured in the
+local stack (``bench.sim.scale_calibrate``) predicts bagpipe's no-op rate there, measured in the
 same benchmark run; ``sim_vs_local`` = predicted ÷ measured.
 
 This machine is shared (others' test runs come and go), so two things of the moment are
@@ -17,8 +17,11 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from bench.calltable import TODAY
-from bench.scale_calibrate import (
+from bench.scale_report import COST_HEADERS, Context, Part, cost_rows, plt, save, table
+from bench.sim.calltable import TODAY
+from bench.sim.core import Background, Cost, LogNormal, Scenario, TaskKind
+from bench.sim.model import simulate
+from bench.sim.scale_calibrate import (
     SPREAD,
     Measured,
     fit,
@@ -27,9 +30,6 @@ from bench.scale_calibrate import (
     stage_round_trip,
     worker_per_task,
 )
-from bench.scale_report import COST_HEADERS, Context, Part, cost_rows, plt, save, table
-from bench.sim import simulate
-from bench.simcore import Background, Cost, LogNormal, Scenario, TaskKind
 from bench.throughput import fresh_azurite
 
 

@@ -33,7 +33,7 @@ import httpx
 from azure.data.tables import UpdateMode
 
 from bagpipe.stack import LocalStack
-from bench.simcore import Cost, LogNormal
+from bench.sim.core import Cost, LogNormal
 from bench.throughput import fresh_azurite, kind_of, request_of, submit_and_wait
 from pipeline.lifecycle import planner
 from pipeline.requests import application
@@ -44,6 +44,7 @@ from pipeline.storage.clients import clients_for
 
 TICK = os.sysconf("SC_CLK_TCK")
 PART = "calibration"
+STAGES = "tests.stages_for_tests"  # the no-op stage
 SPREAD = 0.3  # the spread given to measured waits (lognormal sigma): the medians are what was measured
 
 
@@ -156,8 +157,8 @@ def measure(fn: Callable[[int], Any], n: int, server_pid: int, warm: int = 10) -
 
 
 def settings_for(connection: str, namespace: str, **more: Any) -> Settings:
-    return Settings(storage_connection=connection, namespace=namespace, tile_stage="noop", window=100_000,
-                    max_tasks=100_000, **more)
+    return Settings(storage_connection=connection, namespace=namespace, tile_stage="noop", stage_modules=STAGES,
+                    window=100_000, max_tasks=100_000, **more)
 
 
 def per_call(connection: str, server_pid: int, n: int = 200) -> dict[str, Measured]:
@@ -299,7 +300,7 @@ def local_run(tmp: Path, tasks: int, workers: int, slots: int, window: int) -> d
     body = request_of(tasks)
     with fresh_azurite(tmp / "run") as azurite, LocalStack(
             tmp / "run", workers=workers, slots=slots, connection=azurite.connection_string, namespace="scale",
-            overrides={"window": window, "tile_stage": "noop", "max_tasks": 100_000}) as stack:
+            overrides={"window": window, "tile_stage": "noop", "stage_modules": STAGES, "max_tasks": 100_000}) as stack:
         assert azurite.process is not None
         stack.wait_for_workers()
         http = httpx.Client(base_url=stack.api_url, timeout=60, headers=stack.headers)

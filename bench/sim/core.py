@@ -1,4 +1,4 @@
-"""The vocabulary of the scale model (``bench.sim``): durations, what a storage call costs,
+"""The vocabulary of the scale model (``bench.sim.model``): durations, what a storage call costs,
 the call table's rows, the workload, the platform, a scenario and its result, and the
 fixed-rate servers that stand for Azure Storage's scalability targets.
 
@@ -6,7 +6,7 @@ A call-table row (:class:`Call`) says where the code makes a storage call (its p
 task before or after the stage, per receive, per heartbeat, per released task, per look at
 the job, per sweep pass, per planned task, per task listed at completion), how many per
 unit of that phase, how many entities or messages each carries, what it costs (a cost kind
-measured on the local stack: ``bench.scale_calibrate``) and what it loads (the task's
+measured on the local stack: ``bench.sim.scale_calibrate``) and what it loads (the task's
 partition, every partition of the job, the job row, the runtimes partition, the task's
 queue, blob storage). Counts may be numbers or functions of the run's quantities
 (``writers``, ``reductions``, ``pending_reductions``, ``tiles_per_reduction``...).

@@ -10,13 +10,13 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from bench import azure
-from bench.azure import LIMITS, MODIS_JOB_TASKS, MODIS_KINDS, SCALE_OUT, TILES_PER_REDUCTION
-from bench.calltable import PLANNED, TODAY
-from bench.scale_local import local_costs
 from bench.scale_report import Context, Part, hours, plt, save, table
-from bench.sim import simulate
-from bench.simcore import ALL, TASK, Call, Cost, LogNormal, Result, Scenario, TaskKind
+from bench.sim import azure
+from bench.sim.azure import LIMITS, MODIS_JOB_TASKS, MODIS_KINDS, SCALE_OUT, TILES_PER_REDUCTION
+from bench.sim.calltable import PLANNED, TODAY
+from bench.sim.core import ALL, TASK, Call, Cost, LogNormal, Result, Scenario, TaskKind
+from bench.sim.model import simulate
+from bench.sim.scale_local import local_costs
 from pipeline.lifecycle import costs, partitions
 from pipeline.lifecycle.costs import SLOTS
 from pipeline.lifecycle.rollups import FOLD_IDLE_S
@@ -141,7 +141,7 @@ slot busy), and what loads the job's table partition(s), entities a task:
 {chr(10).join(verdict(r, s) for r, s in runs)}
 
 Sized for none to run above {HEADROOM:.0%} of its target with every slot busy, the planned layout
-(`PLANNED` in `bench/calltable.py`: counts from a bounded rollup, dependencies as counters,
+(`PLANNED` in `bench/sim/calltable.py`: counts from a bounded rollup, dependencies as counters,
 claims and commits grouped per worker; a what-if, not code) needs **{sizes['partitions']}
 partition(s), {sizes['shards']} queue shard(s) and {sizes['accounts']} storage account(s)** for
 the 1 M-task job on 2,000 workers, and then takes **{hours(final.seconds)}**. The code as it is
@@ -239,8 +239,9 @@ def costs_section(result: Result, kinds: dict[str, str], label: str) -> tuple[st
     md = f"""### What a million tasks cost ({label})
 
 USD for the 1 M-task job as simulated ({hours(result.seconds)}, {result.replica_seconds / 3600:,.0f}
-execution-hours of workers, {result.per_task():.1f} storage requests a task), at the prices below;
-a transaction billed per entity, or per request (see the sources):
+execution-hours of workers, {result.per_task():.1f} storage requests a task, where a job's estimate
+assumes at most {costs.STORAGE_CALLS_PER_TASK}: `pipeline.lifecycle.costs.STORAGE_CALLS_PER_TASK`), at the prices
+below; a transaction billed per entity, or per request (see the sources):
 
 {table(("item", "USD (transactions per entity)", "USD (per request)"), rows)}
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from bench.simcore import Cost, Limits, LogNormal, Result, ScaleOut, TaskKind
+from bench.sim.core import Cost, Limits, LogNormal, Result, ScaleOut, TaskKind
 from pipeline.lifecycle.costs import PRICES, REPLICA_GIB, REPLICA_VCPU, SLOTS, Figure
 
 TABLE_TARGETS = ("'Scalability and performance targets for Table storage', "

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 
 import simpy
 
-from bench.simcore import AHEAD_BELOW_S, CLAIM, END, FETCH, IDLE_SLEEP_S, QUEUE, TaskKind
+from bench.sim.core import AHEAD_BELOW_S, CLAIM, END, FETCH, IDLE_SLEEP_S, QUEUE, TaskKind
 
 if TYPE_CHECKING:
-    from bench.sim import Model
+    from bench.sim.model import Model
 
 
 class Proc:

@@ -1,4 +1,4 @@
-"""The storage calls bagpipe makes, as the scale model's table (``bench.simcore.Call`` rows).
+"""The storage calls bagpipe makes, as the scale model's table (``bench.sim.core.Call`` rows).
 
 ``TODAY`` is the code as it stands (worker/runner.py, inbox.py, delivery.py, readahead.py,
 handout.py, lease.py, commits.py; pipeline/lifecycle/ends.py, transitions.py, dispatch.py, planner.py,
@@ -7,7 +7,7 @@ completion.py, sweep.py, tasks.py, runtimes.py): cut a call there, cut its row h
 what-if (partitions per job, counters and rollups read at constant cost, claims and commits
 grouped, deletes batched): a prediction of what it buys, not a description of code.
 
-Cost kinds (measured on the local stack by ``bench.scale_calibrate``): ``get`` (a point
+Cost kinds (measured on the local stack by ``bench.sim.scale_calibrate``): ``get`` (a point
 read), ``query`` (a key-range read, per entity too), ``txn`` (an entity-group transaction,
 per entity too), ``update`` (a conditional update), ``send``, ``receive`` (per message
 too), ``delete`` (a message), ``renew`` (a message's visibility), ``blob`` (counted and
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from bench.simcore import (
+from bench.sim.core import (
     ALL,
     BEAT,
     BLOB,
