@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections import Counter
 
+import pytest
+from azure.data.tables import TableTransactionError
+
 from bagpipe.mailserver import MailServer
-from pipeline.lifecycle import attempts, jobs, tasks
+from pipeline.lifecycle import attempts, jobs, planner, sweep, tasks, transitions
+from pipeline.lifecycle.rollups import RollupWriter
+from pipeline.lifecycle.status import JobState, TaskStatus
 from pipeline.requests import application
 from pipeline.settings import Settings
 from pipeline.storage.clients import Clients
@@ -56,3 +62,29 @@ def test_cancel_before_planning_plans_nothing_runnable(
     assert status["counts"]["CANCELLED"] == status["total"] == row.total and status["progress"] == 1.0, status
     manifest = json.loads(clients.products.download_blob(row.manifest).readall())
     assert manifest["counts"] == {"CANCELLED": row.total}, manifest["counts"]
+
+
+def test_a_cancel_refused_again_and_again_gives_up_and_the_sweep_goes_on_with_it(
+        clients: Clients, monkeypatch: pytest.MonkeyPatch) -> None:
+    job = application.submit(clients, small_request()).job
+    planner.plan(clients, job)
+    writer = RollupWriter("test-cancel")
+    refused: list[int] = []
+
+    def always_refused(*_: object, **__: object) -> None:
+        refused.append(1)
+        raise TableTransactionError(message="UpdateConditionNotSatisfied")
+
+    monkeypatch.setattr(writer, "write", always_refused)
+    ended: list[bool] = []
+    cancelling = threading.Thread(target=lambda: ended.append(transitions.cancel(clients, parts(clients, job), writer)),
+                                  daemon=True)
+    cancelling.start()
+    cancelling.join(30)
+    assert not cancelling.is_alive(), "the cancel still loops on a refusal that keeps coming back"
+    assert ended == [False] and len(refused) <= transitions.CANCEL_TRIES * (len(parts(clients, job)) + 8)
+    monkeypatch.undo()
+    row = jobs.get(clients, job)
+    jobs.update(clients, row, state=JobState.CANCELLING)
+    sweep.sweep(clients)  # the sweep's pass goes on with the cancellation
+    assert {r.status for r in tasks.list_tasks(clients.tasks, parts(clients, job))} == {TaskStatus.CANCELLED}

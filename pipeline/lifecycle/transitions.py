@@ -58,6 +58,7 @@ GROUP_COMMITS = (tasks.BATCH - 1) // 3  # commits one transaction holds: a task 
 CONFLICTS = 50  # writes retried because another task a waiting one waits for ended at once
 REQUESTED = "REQUESTED"  # a backup's outcome until a worker takes it
 NOT_RUN = "NOT_RUN"  # a backup nobody ran: its attempt ended first, or only that attempt's worker took it
+CANCEL_TRIES = 5  # passes a cancel makes over a job's unfinished tasks before it leaves the rest to the sweep
 KillTime = Callable[[TaskRef, str, dict[str, str], int], datetime]
 SpeculateTime = Callable[[str, dict[str, str], datetime], datetime | None]
 
@@ -616,27 +617,47 @@ def _end_backup(clients: Clients, part: str, task: str, attempt: int, index: str
 
 
 # --- anything unfinished -> CANCELLED ----------------------------------------------------
-def cancel(clients: Clients, parts: list[str], writer: RollupWriter) -> None:
+def cancel(clients: Clients, parts: list[str], writer: RollupWriter, tries: int = CANCEL_TRIES) -> bool:
     """Move every unfinished task of the job (in its partitions ``parts``) to CANCELLED (a
     queued one with its dispatch entry), in transactions of up to a hundred writes in each
-    partition; a running attempt finds its fence gone and discards its work."""
-    while True:
+    partition; a running attempt finds its fence gone and discards its work. A transaction
+    refused (a row moved meanwhile: a claim, a commit) is made again row by row on the rows
+    read again, so that one row moving cancels the others all the same; a row refused
+    ``tries`` passes running (storage refusing, a row that moves again and again) is left
+    to the sweep's next pass, which goes on with the job's cancellation, rather than holding
+    the canceller (the API's call, the sweep's pass) for ever. Returns whether every task
+    has ended."""
+    for _ in range(tries):
         pending = [r for r in tasks.list_tasks(clients.tasks, parts) if not r.status.terminal]
         if not pending:
-            return
+            return True
         for part, rows in _chunks(pending, (tasks.BATCH - 1) // 2):  # two writes each, the rollup's makes 99
-            chunk: list[Op] = []
-            moves = Moves()
-            for row in rows:
-                chunk.append(update_op(part, row.task, row.etag, ended_at=now(), dispatch="",
-                                       status=transition(row.status, TaskStatus.CANCELLED)))
-                if row.dispatch:
-                    chunk.append(dispatch.remove_op(part, row.dispatch))
-                moves.move(row.stage, tile_of(row.params), row.status, TaskStatus.CANCELLED)
-            try:
-                writer.write(clients.tasks, part, chunk, moves)
-            except TableTransactionError:
-                pass  # a row moved meanwhile; the next pass reads it again
+            if not _cancelled(clients, writer, part, rows) and len(rows) > 1:
+                for row in _read_again(clients, part, rows):  # each alone: the ones that moved are refused
+                    if not row.status.terminal:
+                        _cancelled(clients, writer, part, [row])
+    if any(not r.status.terminal for r in tasks.list_tasks(clients.tasks, parts)):
+        log.warning("cancel of %s refused %d times: the sweep goes on with it", parts[0], tries)
+        return False
+    return True
+
+
+def _cancelled(clients: Clients, writer: RollupWriter, part: str, rows: list[TaskRow]) -> bool:
+    """Cancel ``rows`` (of partition ``part``, unfinished when read) in one transaction;
+    False if a row had moved meanwhile (nothing then applied)."""
+    ops: list[Op] = []
+    moves = Moves()
+    for row in rows:
+        ops.append(update_op(part, row.task, row.etag, ended_at=now(), dispatch="",
+                             status=transition(row.status, TaskStatus.CANCELLED)))
+        if row.dispatch:
+            ops.append(dispatch.remove_op(part, row.dispatch))
+        moves.move(row.stage, tile_of(row.params), row.status, TaskStatus.CANCELLED)
+    try:
+        writer.write(clients.tasks, part, ops, moves)
+    except TableTransactionError:
+        return False
+    return True
 
 
 # --- dependencies: a waiting task's count of unfinished tasks it waits for ----------------
