@@ -117,11 +117,13 @@ def test_a_backup_asked_for_once_commits_first_and_its_attempt_is_thrown_away(se
     made = [names.output_prefix(job, ref.task, 1, backup=True) + "summary.json"]
     assert commit(clients, counter, backup, TaskStatus.SUCCEEDED, made)
     assert not transitions.still_held(clients, first)
+    primary = attempt_rows(clients, job, ref.task)[0]  # closed by the backup's commit, whatever its worker does
+    assert (primary.backup, primary.outcome) == (False, transitions.LOST_TO_BACKUP) and primary.ended_at is not None
     assert not commit(clients, counter, first, TaskStatus.SUCCEEDED, ["its own"])
     row = tasks.get_task(clients.tasks, ref.partition, ref.task)
     assert row.status is TaskStatus.SUCCEEDED and row.worker == "spare" and json.loads(row.outputs) == made
     primary, copy = attempt_rows(clients, job, ref.task)
-    assert (primary.backup, primary.outcome) == (False, "DISCARDED")
+    assert (primary.outcome, primary.discarded) == (transitions.LOST_TO_BACKUP, True)  # its refused commit keeps it
     assert (copy.backup, copy.outcome, copy.worker) == (True, "SUCCEEDED", "spare")
     assert rollups.read(clients.tasks, parts(clients, job)).counts["SUCCEEDED"] == 1  # counted once
     assert index_rows(clients, job, ref.task) == []  # each left the index with its commit, applied or refused
@@ -236,7 +238,7 @@ def test_real_workers_a_stragglers_backup_wins_and_the_straggler_is_killed(setti
         names.output_prefix(job, task.task, 1, backup=True) + "summary.json"]
     primary, copy = attempt_rows(clients, job, task.task)
     assert copy.backup and copy.outcome == "SUCCEEDED" and copy.worker != primary.worker
-    assert primary.discarded
+    assert primary.discarded and primary.outcome == transitions.LOST_TO_BACKUP
     assert not alive(int((PIDS / f"{job}-{task.task}-1.pid").read_text()))  # killed with its attempt
     status = jobs.status(clients, job)
     assert status["speculative_attempts"] >= 1 and status["monitor_kills"] == 0
@@ -334,7 +336,7 @@ def test_real_workers_an_attempt_past_its_kill_time_is_left_to_its_running_backu
     task = marked_task(clients, job)
     assert task.attempt == 1 and task.timeouts == 0
     primary, copy = attempt_rows(clients, job, task.task)
-    assert copy.backup and copy.outcome == "SUCCEEDED" and primary.discarded
+    assert copy.backup and copy.outcome == "SUCCEEDED" and primary.outcome == transitions.LOST_TO_BACKUP
     assert jobs.status(clients, job)["monitor_kills"] == 0
 
 

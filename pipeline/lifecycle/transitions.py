@@ -58,6 +58,7 @@ GROUP_COMMITS = (tasks.BATCH - 1) // 3  # commits one transaction holds: a task 
 CONFLICTS = 50  # writes retried because another task a waiting one waits for ended at once
 REQUESTED = "REQUESTED"  # a backup's outcome until a worker takes it
 NOT_RUN = "NOT_RUN"  # a backup nobody ran: its attempt ended first, or only that attempt's worker took it
+LOST_TO_BACKUP = "LOST_TO_BACKUP"  # an attempt whose backup committed first
 CANCEL_TRIES = 5  # passes a cancel makes over a job's unfinished tasks before it leaves the rest to the sweep
 KillTime = Callable[[TaskRef, str, dict[str, str], int], datetime]
 SpeculateTime = Callable[[str, dict[str, str], datetime], datetime | None]
@@ -498,6 +499,9 @@ def _ended(clients: Clients, writer: RollupWriter, held: Claim, move: Move) -> b
     if move.act is Act.COMMIT:
         change, ended_as = _commit_ops(held, move, moves)
         ops = [ended_as]
+        if ref.backup:  # the attempt it copies lost: its row ends with this commit, whatever its worker does
+            ops.append(attempts.attempt_op(part, task, ref.attempt, ended_at=change["ended_at"],
+                                           outcome=LOST_TO_BACKUP))
     else:
         change, ops = _fail_ops(clients, held, move, moves)
     status = TaskStatus(change["status"])
@@ -506,9 +510,25 @@ def _ended(clients: Clients, writer: RollupWriter, held: Claim, move: Move) -> b
             dispatch.send(clients, [(held.shard, TaskRef.of(part, task, ref.attempt + 1))])
         return True
     if not move.send:
-        attempts.record(clients, part, task, ref.attempt, ref.backup, ended_at=change["ended_at"], outcome="DISCARDED",
-                        **({"failure_class": _failure(move)} if move.failure else {}))
+        _discarded(clients, held, change["ended_at"], _failure(move))
     return False
+
+
+def _discarded(clients: Clients, held: Claim, ended: datetime, failure: str) -> None:
+    """Record that a worker's end of its attempt was refused (revoked, cancelled, beaten by
+    its copy meanwhile): DISCARDED, unless its row says how it ended already (the monitor's
+    revocation, the backup that won), which then stays."""
+    ref = held.ref
+    part, task = ref.partition, ref.task
+    fields: dict[str, Any] = {"discarded": True, "discarded_at": ended}
+    try:
+        found = clients.tasks.get_entity(part, names.attempt_key(task, ref.attempt, ref.backup), select=["Outcome"])
+        running = found.get("Outcome") in (None, TaskStatus.RUNNING.value)
+    except ResourceNotFoundError:
+        running = True
+    if running:
+        fields |= {"outcome": "DISCARDED", "ended_at": ended, **({"failure_class": failure} if failure else {})}
+    attempts.record(clients, part, task, ref.attempt, ref.backup, **fields)
 
 
 def _commit_ops(held: Claim, move: Move, moves: Moves) -> tuple[dict[str, Any], Op]:
