@@ -136,3 +136,36 @@ def test_the_sweep_folds_the_quiet_writers_of_a_running_job(settings: Settings, 
     assert sweep.sweep(clients)["folded"] == 2 * BUCKETS
     after = rollups.read(clients.tasks, parts, tiles=False)
     assert after.counts == before and after.rows == BUCKETS
+
+
+def test_a_rollup_row_stays_within_an_entity_whatever_the_tiles_it_counts(clients: Clients, eager: None) -> None:
+    """A writer's counts per tile grow with the tiles it moved (a slot of a 50,000-task job
+    reached 22,000 of a property's 32,000 characters): its row goes on in a new one before
+    any property, or the row, outgrows what one entity holds, and so does the folded row."""
+    tiles = [f"h{n // 36:02d}v{n % 36:02d}-{n:05d}" for n in range(30_000)]
+    writers = [rollups.RollupWriter(f"w{i}~0") for i in range(2)]
+    for writer in writers:
+        for first in range(0, len(tiles), 1_000):
+            moves = rollups.Moves()
+            for tile in tiles[first:first + 1_000]:
+                moves.move("digest", tile, "RUNNING", "SUCCEEDED")
+            writer.write(clients.tasks, PART, [], moves)
+
+    def within() -> list[str]:
+        rows = list(rollups.rows(clients.tasks, [PART]))
+        for row in rows:
+            texts = [len(v) for k, v in row.items() if isinstance(v, str) and k not in ("PartitionKey", "RowKey")]
+            assert max(texts) <= rollups.PART_CHARS and sum(texts) <= rollups.ROW_CHARS, row["RowKey"]
+        return [row["RowKey"] for row in rows]
+
+    keys = within()
+    assert len(keys) > len(writers), "each writer went on in rows of its own"
+    found = rollups.read(clients.tasks, [PART])
+    assert found.tiles == {tile: Counter(RUNNING=-2, SUCCEEDED=2) for tile in tiles}  # every row summed
+    assert found.workers["w0"] == Counter(committed=30_000, failed=0, running=-30_000)
+    rollups.FOLD_AT = 1
+    while rollups.fold(clients.tasks, PART):
+        pass
+    assert all(names.spill_of(key)[0] == names.FOLDED_ROW for key in within())
+    folded = rollups.read(clients.tasks, [PART])
+    assert (folded.tiles, folded.workers, folded.counts) == (found.tiles, found.workers, found.counts)

@@ -4,8 +4,8 @@ Reading a job's status must cost the same at 100 tasks and at a million, so noth
 shows it reads task or attempt rows. Every transition (``pipeline.lifecycle.transitions``) writes,
 in the entity-group transaction that moves its task row, what the move changes in its
 writer's own *rollup row* of the task's partition (RK ``~count~{writer}``; one per worker
-slot, releaser, monitor or canceller, so they never contend): the number of tasks in each state the
-writer moved them into or out of (net), per target tile and per stage as well, the
+slot, releaser, monitor or canceller, so they never contend): the number of tasks in each
+state the writer moved them into or out of (net), per target tile and per stage as well, the
 runtimes of the attempts it committed as a histogram of logarithmic bins, and the
 failure classes of the attempts it failed or revoked. A failed or revoked attempt also
 gets an entry in the job's *failure index* (RK ``~failure~{inverted ms}-…``, newest
@@ -19,8 +19,12 @@ over writers is read with one key-range query per partition of the job, the fail
 with one bounded query per partition (``pipeline.lifecycle.partitions``). The sweep folds
 the rows of writers gone quiet into one row per partition (:func:`fold`), so a look reads
 a row per writer at work lately and the folded rows, whatever the job's size and however
-many workers it has had. A look at a job reads their sum as the sweep last wrote it, in
-one row (``pipeline.lifecycle.snapshots``), while that is fresh.
+many workers it has had. A row's counts per tile grow with the tiles its writer moved, so
+a row that would outgrow what one entity holds (:func:`fits`) goes on in a new row of the
+same writer (``~count~{writer}!{n}``; the folded row as ``~count~~folded!{n}``): every row
+is summed alike, and none is ever refused for its size, whatever the job's size. A look at
+a job reads their sum as the sweep last wrote it, in one row (``pipeline.lifecycle.snapshots``),
+while that is fresh.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ PER_DECADE = 10  # runtime bins: ten per factor of ten (each 26% wide)
 SHORTEST_S = 0.01  # bin 0 holds every runtime below this
 LAST_BIN = 100  # 0.01 s × 10^10: nothing runs longer
 PART_CHARS = 30_000  # a string property holds 64 KiB of UTF-16
+ROW_CHARS = 400_000  # an entity holds 1 MiB: a rollup row past this goes on in a new one (``fits``)
 PLAN_PARTS = 16  # the plan row's JSON, cut into parts: at most about 1 MiB in all
 FOLD_IDLE_S = 30.0  # a writer's rollup row untouched this long is folded (``fold``)
 FOLD_AT = 8  # quiet writers' rows in a partition before they are folded
@@ -205,9 +210,10 @@ def workers_of(row: Mapping[str, Any], moves: Moves) -> dict[str, Counter[str]]:
     table, per worker: attempts committed, failed, and its net claims still running. A
     folded row keeps them per worker; a worker slot's row is its worker's; any other
     writer's (a releaser, the monitor) says nothing of them."""
-    if row["RowKey"] == names.FOLDED_ROW:
+    first = names.spill_of(row["RowKey"])[0]
+    if first == names.FOLDED_ROW:
         return folded_workers(row)
-    worker = names.worker_of(row["RowKey"].removeprefix(names.COUNTER_PREFIX))
+    worker = names.worker_of(first.removeprefix(names.COUNTER_PREFIX))
     if worker is None:
         return {}
     committed = sum(moves.counts.get(status.value, 0) for status in ENDED_WELL)
@@ -274,18 +280,24 @@ class RollupWriter:
 
     def __init__(self, owner: str) -> None:
         self.owner = owner
-        self._rows: dict[str, tuple[str | None, dict[str, Any]]] = {}
+        self._rows: dict[str, tuple[str, str | None, dict[str, Any]]] = {}  # per partition: key, ETag, properties
         self._lock = threading.Lock()
 
-    def _load(self, tasks: TableClient, part: str) -> tuple[str | None, dict[str, Any]]:
-        try:
-            row = tasks.get_entity(part, names.counter_key(self.owner))
-        except ResourceNotFoundError:
-            return None, {}
-        return row.metadata["etag"], {k: v for k, v in row.items() if k not in ("PartitionKey", "RowKey")}
+    def _load(self, tasks: TableClient, part: str) -> tuple[str, str | None, dict[str, Any]]:
+        """This writer's latest row of ``part`` (one key-range query for the row it started
+        with and its continuations), or the key of a new one."""
+        first = names.counter_key(self.owner)
+        found = max(tasks.query_entities("PartitionKey eq @pk and RowKey ge @lo and RowKey lt @hi", parameters={
+            "pk": part, "lo": first, "hi": first + chr(ord(names.SPILL_MARK) + 1)}),
+            key=lambda row: names.spill_of(row["RowKey"])[1], default=None)
+        if found is None:
+            return first, None, {}
+        return found["RowKey"], found.metadata["etag"], {k: v for k, v in found.items()
+                                                          if k not in ("PartitionKey", "RowKey")}
 
-    def _row(self, tasks: TableClient, part: str) -> tuple[str | None, dict[str, Any]]:
-        """This writer's row of ``part`` as last written (read if not known): ETag, properties."""
+    def _row(self, tasks: TableClient, part: str) -> tuple[str, str | None, dict[str, Any]]:
+        """This writer's row of ``part`` as last written (read if not known): key, ETag,
+        properties."""
         if part not in self._rows:
             self._rows[part] = self._load(tasks, part)
         return self._rows[part]
@@ -300,33 +312,44 @@ class RollupWriter:
         moved) is made again once, with a new row: nothing of the first applied."""
         moves = added if isinstance(added, Moves) else Moves(counts=Counter(added))
         with self._lock:
-            known = self._row(tasks, part)[0]
+            known = self._row(tasks, part)[1]
             try:
                 return self._submit(tasks, part, changes, moves)
             except TableTransactionError:
                 # read again: still there, a task row changed (or this writer's own last write
                 # applied with its answer lost, the client's retry refused): the caller's to settle
-                if known is None or self._row(tasks, part)[0] is not None:
+                if known is None or self._row(tasks, part)[1] is not None:
                     raise
             return self._submit(tasks, part, changes, moves)  # folded meanwhile: gone, written anew
 
     def _submit(self, tasks: TableClient, part: str, changes: list[tuple[str, dict[str, Any], dict[str, Any]]],
                 moves: Moves) -> list[dict[str, Any]]:
-        etag, props = self._row(tasks, part)
+        key, etag, props = self._row(tasks, part)
         changed = apply(props, moves)
         if not changed:
             return [dict(answer) for answer in tasks.submit_transaction(changes)] if changes else []
-        key = {"PartitionKey": part, "RowKey": names.counter_key(self.owner)}
-        op = ("create", key | props | changed) if etag is None else (
-            "update", key | changed, {"mode": UpdateMode.MERGE, "etag": etag,
-                                      "match_condition": MatchConditions.IfNotModified})
+        if etag is not None and not fits(props | changed):  # full: its moves go on in a new row
+            first, n = names.spill_of(key)
+            key, etag, props = names.spilled(first, n + 1), None, {}
+            changed = apply(props, moves)
+        keys = {"PartitionKey": part, "RowKey": key}
+        op = ("create", keys | props | changed) if etag is None else (
+            "update", keys | changed, {"mode": UpdateMode.MERGE, "etag": etag,
+                                       "match_condition": MatchConditions.IfNotModified})
         try:
             result = tasks.submit_transaction([*changes, op])
         except Exception:
             del self._rows[part]  # read again next time: the row may be what failed, or
             raise  # the transaction may have been applied before the connection broke
-        self._rows[part] = (result[-1]["etag"], props | changed)
+        self._rows[part] = (key, result[-1]["etag"], props | changed)
         return [dict(answer) for answer in result[:-1]]
+
+
+def fits(props: Mapping[str, Any]) -> bool:
+    """Whether a rollup row of these properties is within what one entity holds: no string
+    property past :data:`PART_CHARS`, all of them within :data:`ROW_CHARS`."""
+    texts = [len(value) for value in props.values() if isinstance(value, str)]
+    return max(texts, default=0) <= PART_CHARS and sum(texts) <= ROW_CHARS
 
 
 # the rollup row of this process's moves made without a writer of their own (releases, settles)
@@ -336,9 +359,9 @@ MOVER = RollupWriter(f"mover-{uuid.uuid4().hex[:12]}")
 # --- folding: the rows of quiet writers, one row per partition -------------------------------
 def fold(tasks: TableClient, part: str, found: list[TableEntity] | None = None) -> int:
     """Fold the rollup rows of partition ``part`` whose writers have written nothing for
-    :data:`FOLD_IDLE_S` into its folded row (``names.FOLDED_ROW``), once there are
-    :data:`FOLD_AT` of them, so that a look at the job reads a row per writer at work
-    lately, not per writer that ever was. One transaction: the folded row moved by their
+    :data:`FOLD_IDLE_S` into its folded row (``names.FOLDED_ROW``; a new one of its own once
+    it is full: ``fits``), once there are :data:`FOLD_AT` of them, so that a look at the job
+    reads a row per writer at work lately, not per writer that ever was. One transaction: the folded row moved by their
     sums, and each row deleted, each fenced on the ETag it was read with; a writer that
     wrote meanwhile fails it whole (the next pass folds again), and a writer whose row was
     folded writes its next moves into a new one (:class:`RollupWriter`). Returns how
@@ -346,35 +369,57 @@ def fold(tasks: TableClient, part: str, found: list[TableEntity] | None = None) 
     them (``rows``, every property)."""
     quiet_since = datetime.now(UTC) - timedelta(seconds=FOLD_IDLE_S)
     found = list(rows(tasks, [part])) if found is None else found
-    into = next((row for row in found if row["RowKey"] == names.FOLDED_ROW), None)
-    quiet = [row for row in found if row["RowKey"] != names.FOLDED_ROW
+    folded = [row for row in found if names.spill_of(row["RowKey"])[0] == names.FOLDED_ROW]
+    into = max(folded, key=lambda row: names.spill_of(row["RowKey"])[1], default=None)
+    quiet = [row for row in found if names.spill_of(row["RowKey"])[0] != names.FOLDED_ROW
              and (row.metadata["timestamp"] or quiet_since) < quiet_since][:FOLD_MAX]
     if len(quiet) < FOLD_AT:
         return 0
     props: dict[str, Any] = {k: v for k, v in (into or {}).items() if k not in ("PartitionKey", "RowKey")}
-    moves, workers = Moves(), folded_workers(props)
-    for row in quiet:
-        its = moves_of(row)
-        moves = moves.merged(its)
-        for worker, figures in workers_of(row, its).items():
-            workers.setdefault(worker, Counter()).update(figures)
-    changed = apply(props, moves)
-    shards: dict[str, dict[str, list[int]]] = {f"Workers{shard}": {} for shard in range(WORKER_SHARDS)}
-    for worker, figures in workers.items():
-        shard = f"Workers{zlib.crc32(worker.encode()) % WORKER_SHARDS}"
-        shards[shard][worker] = [figures["committed"], figures["failed"], figures["running"]]
-    changed |= {name: _compact(found) for name, found in shards.items() if found or props.get(name)}
-    key = {"PartitionKey": part, "RowKey": names.FOLDED_ROW}
-    write = ("create", key | props | changed) if into is None else (
-        "update", key | changed, {"mode": UpdateMode.MERGE, "etag": into.metadata["etag"],
-                                  "match_condition": MatchConditions.IfNotModified})
+    key = into["RowKey"] if into is not None else names.FOLDED_ROW
+    moves, workers, folding, changed = Moves(), dict[str, Counter[str]](), list[TableEntity](), dict[str, Any]()
+    for row in quiet:  # as many as the folded row holds (``fits``); a full one goes on in a new row
+        its, theirs = moves_of(row), workers_of(row, moves_of(row))
+        trial = _folded(props, moves.merged(its), _added(workers, theirs))
+        if not fits(props | trial):
+            if folding:
+                break  # the next pass folds the rest
+            key, props, into = names.spilled(names.FOLDED_ROW, names.spill_of(key)[1] + 1), {}, None
+            trial = _folded(props, its, theirs)
+        moves, workers, changed = moves.merged(its), _added(workers, theirs), trial
+        folding.append(row)
+    keys = {"PartitionKey": part, "RowKey": key}
+    write = ("create", keys | props | changed) if into is None else (
+        "update", keys | changed, {"mode": UpdateMode.MERGE, "etag": into.metadata["etag"],
+                                   "match_condition": MatchConditions.IfNotModified})
     deletes = [("delete", {"PartitionKey": part, "RowKey": row["RowKey"]},
-                {"etag": row.metadata["etag"], "match_condition": MatchConditions.IfNotModified}) for row in quiet]
+                {"etag": row.metadata["etag"], "match_condition": MatchConditions.IfNotModified}) for row in folding]
     try:
         tasks.submit_transaction([write, *deletes])
     except TableTransactionError:
         return 0  # a writer wrote meanwhile, or another pass folded first: the next pass looks again
-    return len(quiet)
+    return len(folding)
+
+
+def _added(workers: dict[str, Counter[str]], more: dict[str, Counter[str]]) -> dict[str, Counter[str]]:
+    """The worker table's figures of ``workers`` and ``more`` together (neither changed; a
+    net count of running claims may be negative, which Counter's + would drop)."""
+    both = {worker: Counter(figures) for worker, figures in workers.items()}
+    for worker, figures in more.items():
+        both.setdefault(worker, Counter()).update(figures)
+    return both
+
+
+def _folded(props: dict[str, Any], moves: Moves, workers: dict[str, Counter[str]]) -> dict[str, Any]:
+    """The properties of a folded row (``props``) that folding ``moves`` and the figures of
+    ``workers`` into it change, with their new values."""
+    changed = apply(props, moves)
+    every = _added(folded_workers(props), workers)
+    shards: dict[str, dict[str, list[int]]] = {f"Workers{shard}": {} for shard in range(WORKER_SHARDS)}
+    for worker, figures in every.items():
+        shard = f"Workers{zlib.crc32(worker.encode()) % WORKER_SHARDS}"
+        shards[shard][worker] = [figures["committed"], figures["failed"], figures["running"]]
+    return changed | {name: _compact(found) for name, found in shards.items() if found or props.get(name)}
 
 
 # --- the plan: tiles and totals, written once ------------------------------------------------

@@ -67,6 +67,7 @@ ATTEMPT_PREFIX = "~attempt~"  # tasks: one row per attempt, in its job's partiti
 COUNTER_PREFIX = "~count~"  # tasks: per-writer rollups (counts per state and tile, runtimes, failures)
 FOLDED_ROW = f"{COUNTER_PREFIX}~folded"  # tasks: the rollups of writers gone quiet, one row per partition
 SLOT_MARK = "~"  # between a worker's name and its slot's number, in the writer name its slot's rollups go under
+SPILL_MARK = "!"  # ends a rollup row key that continues a full one of the same writer: ``{key}!{n}``
 FAILURE_PREFIX = "~failure~"  # tasks: failed and revoked attempts, newest first
 TILES_ROW = "~tiles"  # tasks: the job's target tiles and task totals, written at planning
 DEADLINE_PREFIX = "~deadline~"  # tasks: the monitor's index of running attempts by deadline
@@ -103,8 +104,20 @@ def task_key(seq: int) -> str:
 
 
 def counter_key(owner: str) -> str:
-    """Row key of the terminal-state counter kept by one writer (worker slot, canceller)."""
+    """Row key of the rollup row one writer (worker slot, releaser, monitor, canceller)
+    starts with; it goes on in ``spilled`` rows once that one is full."""
     return f"{COUNTER_PREFIX}{owner}"
+
+
+def spilled(key: str, n: int) -> str:
+    """The key of a rollup row's ``n``-th continuation (0: the row itself)."""
+    return f"{key}{SPILL_MARK}{n}" if n else key
+
+
+def spill_of(key: str) -> tuple[str, int]:
+    """A rollup row key as its first row's key and which continuation it is."""
+    first, mark, n = key.rpartition(SPILL_MARK)
+    return (first, int(n)) if mark and n.isdigit() else (key, 0)
 
 
 def worker_of(writer: str) -> str | None:
