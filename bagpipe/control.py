@@ -15,6 +15,7 @@ from pipeline.lifecycle import sweep
 from pipeline.lifecycle.notify import mailer_for
 from pipeline.settings import Settings
 from pipeline.storage.clients import Clients, clients_for
+from pipeline.storage.names import DONE_QUEUE, PLAN_QUEUE
 
 log = logging.getLogger(__name__)
 
@@ -22,17 +23,23 @@ MAX_DEQUEUES = 5  # as the Functions host's maxDequeueCount: then the message is
 
 
 def drain(queue: QueueClient, poison: QueueClient, handle: Callable[[str], None],
-          visibility: int = 60) -> int:
+          visibility: int = 60, poisoned: Callable[[str, str], None] | None = None) -> int:
     """Handle what is in one queue now; a failed message is retried (it reappears) and
-    after MAX_DEQUEUES goes to the poison queue, as the Functions host does (the sweep then
-    settles its job: plans it again, or announces its completion again). Returns how many
-    it handled."""
+    after MAX_DEQUEUES goes to the poison queue, as the Functions host does, and to
+    ``poisoned`` (with why), which ends its job saying so, as the host's poison-queue trigger
+    does. Returns how many it handled."""
     handled = 0
     for message in queue.receive_messages(messages_per_page=16, max_messages=16,
                                           visibility_timeout=visibility):
         if message.dequeue_count and message.dequeue_count > MAX_DEQUEUES:
-            poison.send_message(json.dumps({"content": message.content, "why": "too many dequeues"}).encode())
+            why = f"failed {MAX_DEQUEUES} times"
+            poison.send_message(json.dumps({"content": message.content, "why": why}).encode())
             queue.delete_message(message)
+            if poisoned is not None:
+                try:
+                    poisoned(message.content, why)
+                except Exception:
+                    log.exception("poisoned message on %s not settled: the sweep settles its job", queue.queue_name)
             continue
         try:
             handle(message.content)
@@ -64,9 +71,10 @@ def run(settings: Settings, stop: threading.Event, sweep_every: float | None = N
     while not stop.is_set():
         busy = 0
         try:
-            busy += drain(clients.plan_queue, plan_poison, lambda body: sweep.handle_plan(clients, body))
-            busy += drain(clients.done_queue, done_poison,
-                          lambda body: sweep.handle_done(clients, mailer, body))
+            busy += drain(clients.plan_queue, plan_poison, lambda body: sweep.handle_plan(clients, body),
+                          poisoned=lambda body, why: sweep.handle_poisoned(clients, mailer, PLAN_QUEUE, body, why))
+            busy += drain(clients.done_queue, done_poison, lambda body: sweep.handle_done(clients, mailer, body),
+                          poisoned=lambda body, why: sweep.handle_poisoned(clients, mailer, DONE_QUEUE, body, why))
         except Exception:
             log.exception("control loop pass failed; retrying")
             stop.wait(1.0)

@@ -68,9 +68,11 @@ class TaskPlan:
 
 @dataclass(frozen=True)
 class Finished:
-    """What a job's products add to its manifest (``manifest``: fields) and to its email
-    (``lines``: paragraphs, after the link to the manifest), and what its scientist must
-    know of them wherever the job is shown (``notes``: its status, portal and email)."""
+    """What a job's products add to its manifest (``manifest``: fields; ``missing``, if
+    given, names each optional piece it could not make with its error, which the job's
+    status and email say) and to its email (``lines``: paragraphs, after the link to the
+    manifest), and what its scientist must know of them wherever the job is shown
+    (``notes``: its status, portal and email)."""
 
     manifest: dict[str, Any] = field(default_factory=dict)
     lines: list[str] = field(default_factory=list)

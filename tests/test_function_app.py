@@ -38,15 +38,17 @@ def app_env(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any
 
 def test_functions_triggers_and_connections() -> None:
     _, functions = index_app()
-    assert set(functions) == {"api", "portal", "planner", "completion", "monitor", "monitor_sweep",
-                              "monitor_keeper", "monitor_restart"}
+    assert set(functions) == {"api", "portal", "planner", "completion", "planner_poisoned", "completion_poisoned",
+                              "monitor", "monitor_sweep", "monitor_keeper", "monitor_restart"}
     (page,) = [b for b in functions["portal"]["bindings"] if b["type"] == "httpTrigger"]
     assert page["route"] == "portal/{*path}" and page["authLevel"].lower() == "anonymous"
     (http,) = [b for b in functions["api"]["bindings"] if b["type"] == "httpTrigger"]
     # anonymous to the host: the app signs every request in itself (tokens, or Entra)
     assert http["route"] == "{*route}" and http["authLevel"].lower() == "anonymous"
     assert set(http["methods"]) == {"GET", "POST", "DELETE"}
-    for name, queue in (("planner", names.PLAN_QUEUE), ("completion", names.DONE_QUEUE)):
+    for name, queue in (("planner", names.PLAN_QUEUE), ("completion", names.DONE_QUEUE),
+                        ("planner_poisoned", names.PLAN_QUEUE + names.POISON_SUFFIX),
+                        ("completion_poisoned", names.DONE_QUEUE + names.POISON_SUFFIX)):
         (trigger,) = functions[name]["bindings"]
         assert trigger["type"] == "queueTrigger" and trigger["direction"].lower() == "in"
         assert trigger["queueName"] == queue

@@ -4,12 +4,24 @@ Exactly once, under any delay. The move to FINISHING is a conditional update onl
 process wins, and the winner holds the job by a lease on its row (``FinisherUntil``) that it
 renews while it works — packing a large job's outputs or waiting for the mail service takes
 as long as it takes. Only when a finisher stops renewing (it died) may another take over.
-Before it sends the email a finisher records the message's Message-ID on the row (a
-conditional write: a finisher that lost its lease cannot make it), and after it records
-that it sent it; one taking over from a finisher that died in between resends with the same
-Message-ID, so the mail system sees one message. The sweep never finishes a job itself: it
-announces one that nobody finished (a ``done`` message), so a long completion never holds
-up the monitor's revocations.
+The sweep never finishes a job itself: it announces one that nobody finished (a ``done``
+message), so a long completion never holds up the monitor's revocations.
+
+The email: just before sending it a finisher records the message's Message-ID and the time
+(``MailAt``: a conditional write, which a finisher that lost its hold cannot make), and once
+it is sent, that it was (``NotifiedAt``), that write made again and again while storage
+refuses it (up to ``MAIL_RECORD_LEASES`` leases), keeping the hold. So a refused record
+leads to no second email: nobody takes the job over while the sender is still recording,
+and a finisher that finds a send with no record waits that long before it believes the
+sender dead and sends again, with the same Message-ID.
+
+One bad job never wedges the loop. What its application adds to the manifest and the
+email (``planning.Application.finished``: overviews, provenance) and the packs of small
+outputs are optional: one that cannot be made is left out, the job ends as its tasks say, and its
+status, manifest and email say which piece is missing and why. Any other failure counts a
+try on the job row and holds the job off a lease; after ``FINISH_TRIES`` the next finisher
+ends it FAILED (or CANCELLED, as it was), saying why, making what it still can — as does
+one handling a ``done`` message that the queue gave up on (poisoned).
 """
 
 from __future__ import annotations
@@ -17,11 +29,13 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 import uuid
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable
+from datetime import timedelta
 from email.message import EmailMessage
 from email.utils import make_msgid
-from typing import Any
+from typing import Any, TypeVar
 
 from azure.core.exceptions import HttpResponseError
 
@@ -30,13 +44,17 @@ from pipeline.lifecycle import attempts, costs, jobs, results, rollups, snapshot
 from pipeline.lifecycle.jobs import JobRow
 from pipeline.lifecycle.notify import Mailer
 from pipeline.lifecycle.status import JobState, TaskStatus
+from pipeline.redact import redact
 from pipeline.storage import names, packing
 from pipeline.storage.clients import Clients
 
 log = logging.getLogger(__name__)
-RELEASED = datetime(1970, 1, 1, tzinfo=UTC)  # a finisher lease that has long expired
 LOOKS = 5  # times a finisher reads the job row again when it changed under its hold
 FAILURES_MAILED = 5  # the newest failed attempts an email names, with their errors
+FINISH_TRIES = 3  # finishers failed on a job before the next ends it, saying why
+ERROR_CHARS = 2000  # an error kept on the job row is cut to this
+T = TypeVar("T")
+MAIL_RECORD_LEASES = 10  # how long (in leases) a finisher goes on recording its sent email while storage refuses
 
 
 def all_terminal(clients: Clients, row: JobRow, done: int | None = None) -> bool:
@@ -61,10 +79,23 @@ def _lease(clients: Clients) -> timedelta:
 
 
 def _held_by_another(clients: Clients, row: JobRow) -> bool:
+    """Whether another finisher holds the job, or may still be recording the email it sent."""
     until = row.finisher_until
     if until is None:  # a row written before finishers held leases
         return bool(tasks.now() - row.updated_at <= _lease(clients))
-    return bool(until > tasks.now())
+    return bool(until > tasks.now()) or _recording(clients, row)
+
+
+def _mail_record_s(clients: Clients) -> float:
+    return MAIL_RECORD_LEASES * clients.settings.lease_seconds
+
+
+def _recording(clients: Clients, row: JobRow) -> bool:
+    """Whether the finisher that was about to send the job's email (``mail_at``) may still be
+    recording that it did: a send with no record is believed lost only once that finisher
+    would have given up recording."""
+    return row.mail_at is not None and row.notified_at is None and tasks.now() - row.mail_at < timedelta(
+        seconds=_mail_record_s(clients)) + _lease(clients)
 
 
 def due(clients: Clients, row: JobRow) -> bool:
@@ -118,13 +149,27 @@ class Finishing:
             return self.row
 
     def release(self) -> None:
-        """Give the lease up at once (this finisher failed: the next may start now)."""
+        """Give the lease up at once (this finisher was stopped: the next may start now)."""
+        self._give_up(finisher_until=jobs.NO_FINISHER)
+
+    def failed(self, exc: Exception) -> bool:
+        """This finisher failed: count the try on the job row, with its error, and hold the
+        job off a lease (the sweep announces it again then; after ``FINISH_TRIES`` tries the
+        next finisher ends it). Whether it was counted."""
+        log.warning("job %s: finisher failed (%d before): %s", self.row.job, self.row.finish_tries,
+                    redact(str(exc)))
+        return self._give_up(finisher_until=tasks.now() + _lease(self.clients), finish_tries=self.row.finish_tries + 1,
+                             finish_error=f"{type(exc).__name__}: {redact(str(exc))}"[:ERROR_CHARS])
+
+    def _give_up(self, **changes: Any) -> bool:
         try:
             with self._lock:
                 if not self.lost:
-                    self.row = jobs.update(self.clients, self.row, finisher_until=RELEASED)
+                    self.row = jobs.update(self.clients, self.row, **changes)
+                    return True
         except Exception as exc:
             log.info("lease of %s not given up (it runs out): %s", self.row.job, exc)
+        return False
 
     def _renew(self) -> None:
         while not self._stop.wait(self.clients.settings.lease_seconds / 3):
@@ -137,9 +182,10 @@ class Finishing:
                 log.warning("job %s: finisher lease not renewed: %s", self.row.job, exc)
 
 
-def complete(clients: Clients, mailer: Mailer, job: str) -> bool:
+def complete(clients: Clients, mailer: Mailer, job: str, give_up: str = "") -> bool:
     """Finish the job if it is complete and nobody else is finishing it; True if this call
-    finished it.
+    finished it. ``give_up``: why the job is to be ended now whatever its finishers meet
+    (its ``done`` message poisoned), as it is after ``FINISH_TRIES`` failed finishers.
 
     Its hold on the job is fenced on the row it read. A row changed meanwhile is read and
     looked at again (up to :data:`LOOKS` times): the change may be another finisher's, but
@@ -156,9 +202,17 @@ def complete(clients: Clients, mailer: Mailer, job: str) -> bool:
             return False
         if state is JobState.FINISHING and _held_by_another(clients, row):
             return False
+        why = give_up or (f"its completion failed {row.finish_tries} times: {row.finish_error}"
+                          if row.finish_tries >= FINISH_TRIES else "")
         changes: dict[str, Any] = {"finisher": uuid.uuid4().hex, "finisher_until": tasks.now() + _lease(clients)}
         if state is not JobState.FINISHING:
-            changes |= {"state": JobState.FINISHING, "outcome": _final_state(clients, row)}
+            changes |= {"state": JobState.FINISHING}
+        if why:  # what it still can, without what failed
+            cancelled = JobState.CANCELLED in (row.outcome, row.state) or row.state is JobState.CANCELLING
+            changes |= {"outcome": JobState.CANCELLED if cancelled else JobState.FAILED,
+                        "error": redact(why)[:ERROR_CHARS]}
+        elif state is not JobState.FINISHING:
+            changes |= {"outcome": _final_state(clients, row)}
         try:
             row = jobs.update(clients, row, **changes)
             break
@@ -169,9 +223,13 @@ def complete(clients: Clients, mailer: Mailer, job: str) -> bool:
         return False  # the row kept changing: the sweep announces the job again
     with Finishing(clients, row) as hold:
         try:
-            _finish(clients, mailer, hold)
+            _finish(clients, mailer, hold, lenient=bool(why))
         except LeaseLost:
             return False
+        except Exception as exc:
+            if not hold.failed(exc):
+                raise  # not even counted: its message comes back, or the sweep announces the job again
+            return False  # counted, and the job held off a lease: the sweep announces it again then
         except BaseException:
             hold.release()
             raise
@@ -180,29 +238,88 @@ def complete(clients: Clients, mailer: Mailer, job: str) -> bool:
     return True
 
 
-def _finish(clients: Clients, mailer: Mailer, hold: Finishing) -> None:
+def _finish(clients: Clients, mailer: Mailer, hold: Finishing, lenient: bool) -> None:
+    """Make the job's outputs, send its email, and end it. ``lenient``: the job is being
+    ended after its finishers failed: each piece is made if it can be, and one that cannot
+    is named in ``missing`` instead."""
     row = hold.row
     final = row.outcome
     if final is None:
         raise ValueError(f"job {row.job} is finishing with no outcome")
-    found, lines = write_manifest(clients, row, final)
+    missing: dict[str, str] = {}
+    found, lines = _piece(missing, "manifest", lambda: write_manifest(clients, row, final), optional=lenient) or (
+        summary(row, final), [])
     recipient = row.email
+    if missing:
+        found["missing"] = {**found.get("missing", {}), **missing}
     if recipient and not row.notified_at:
-        message_id = row.mail_id or hold.update(mail_id=make_msgid(idstring=row.job, domain="bagpipe")).mail_id
-        mailer.send(completion_email(clients, hold.row, final, found, lines, recipient, message_id))
-        hold.update(notified_at=tasks.now())
-    attempts.clear_indexes(clients, row.parts)
-    snapshots.final(clients, row.job, row.parts)  # its status from now on
-    hold.update(state=final, finished_at=tasks.now(), manifest=names.manifest_blob(row.job),
-                compute_s=found["cost"]["compute_s"], cost_usd=found["cost"]["usd"], warning=found["warning"] or "",
-                notes=json.dumps(found["notes"]) if found["notes"] else "")
+        _piece(missing, "email", lambda: _mail(clients, mailer, hold, lambda message_id: completion_email(
+            clients, hold.row, final, found, lines, recipient, message_id)), optional=lenient)
+    _piece(missing, "index", lambda: attempts.clear_indexes(clients, row.parts), optional=lenient)
+    _piece(missing, "status", lambda: snapshots.final(clients, row.job, row.parts), optional=lenient)  # from now on
+    gone = {**(found.get("missing") or {}), **missing}
+    hold.update(state=final, finished_at=tasks.now(), compute_s=found["cost"]["compute_s"],
+                cost_usd=found["cost"]["usd"], manifest="" if "manifest" in gone else names.manifest_blob(row.job),
+                warning=found.get("warning") or "", notes=json.dumps(found["notes"]) if found.get("notes") else "",
+                **({"missing": json.dumps(gone)} if gone else {}))
+
+
+def _piece(missing: dict[str, str], name: str, make: Callable[[], T], optional: bool) -> T | None:
+    """``make()``; if ``optional`` and it fails, None, its error kept in ``missing`` under
+    ``name``."""
+    if not optional:
+        return make()
+    try:
+        return make()
+    except LeaseLost:
+        raise  # another finisher holds the job: this one stops
+    except Exception as exc:
+        log.warning("%s not made: %s", name, redact(str(exc)))
+        missing[name] = f"{type(exc).__name__}: {redact(str(exc))}"[:ERROR_CHARS]
+        return None
+
+
+def _mail(clients: Clients, mailer: Mailer, hold: Finishing, message: Callable[[str], EmailMessage]) -> None:
+    """Send the job's email once: its Message-ID (the one recorded before, if a finisher got
+    that far) and the time recorded on the row, then the message, then its record — made
+    again while storage refuses it, for as long as a finisher taking over would wait
+    (``_recording``) — so that a refused record never leads to a second email."""
+    row = hold.row
+    message_id = row.mail_id or make_msgid(idstring=row.job, domain="bagpipe")
+    hold.update(mail_id=message_id, mail_at=tasks.now())
+    mailer.send(message(message_id))
+    give_up_at, wait = time.monotonic() + _mail_record_s(clients), 0.25
+    while True:
+        try:
+            hold.update(notified_at=tasks.now())
+            return
+        except LeaseLost:
+            raise
+        except Exception as exc:
+            if time.monotonic() + wait > give_up_at:
+                raise
+            log.warning("job %s: its email went out, its record was refused (recorded again in %.1f s): %s",
+                        row.job, wait, redact(str(exc)))
+            time.sleep(wait)
+            wait = min(2 * wait, clients.settings.lease_seconds / 3)
+
+
+def summary(row: JobRow, final: JobState) -> dict[str, Any]:
+    """What the email says of a job whose manifest could not be written: its state, counts
+    of nothing, no cost."""
+    return {"job": row.job, "state": final.value, "total": row.total, "counts": {},
+            "cost": {"compute_s": None, "usd": None, "attempts": 0}, "warning": None, "notes": []}
 
 
 def write_manifest(clients: Clients, row: JobRow, final: JobState) -> tuple[dict[str, Any], list[str]]:
     """The manifest blob: every task's state and the outputs its committed attempt made,
     where the small ones are packed, and what the job's application adds of its products
-    (``planning.Application.finished``); with the paragraphs that adds to the email."""
+    (``planning.Application.finished``); with the paragraphs that adds to the email. What
+    the application adds and the packs are optional: one that cannot be made is left out,
+    and named with its error under ``missing`` (as the application names a piece of its own
+    it left out: its overviews)."""
     job = row.job
+    missing: dict[str, str] = {}
     entries: list[dict[str, Any]] = []
     counts: dict[str, int] = {}
     for task in tasks.list_tasks(clients.tasks, row.parts):
@@ -221,7 +338,9 @@ def write_manifest(clients: Clients, row: JobRow, final: JobState) -> tuple[dict
         )
     if final is JobState.CANCELLED and row.total > len(entries):  # cancelled while it was being planned
         counts[TaskStatus.CANCELLED.value] = counts.get(TaskStatus.CANCELLED.value, 0) + row.total - len(entries)
-    added = planning.application().finished(clients, row, entries)
+    added = _piece(missing, "products", lambda: planning.application().finished(clients, row, entries),
+                   optional=True) or planning.Finished({}, [])
+    missing |= added.manifest.pop("missing", {})
     made = sum(len(entry["outputs"]) for entry in entries)
     found = {
         "job": job,
@@ -237,10 +356,12 @@ def write_manifest(clients: Clients, row: JobRow, final: JobState) -> tuple[dict
         **added.manifest,
         "cost": costs.measured(_attempt_seconds(clients, row.parts), len(entries)),
         "tasks": entries,
-        "packed": packing.as_manifest(packing.pack(clients, job, (
+        "packed": _piece(missing, "packs", lambda: packing.as_manifest(packing.pack(clients, job, (
             packing.Output(output, *results.locate(clients, output)) for entry in entries for output in entry["outputs"]
-        ))),
+        ))), optional=True) or {},  # without, each output is fetched where its task wrote it
     }
+    if missing:
+        found["missing"] = missing
     clients.transfers.upload(clients.products, names.manifest_blob(job), json.dumps(found, indent=1).encode(),
                              "application/json")
     return found, added.lines
@@ -278,12 +399,17 @@ def job_page(portal: str, job: str) -> str:
 
 def completion_email(clients: Clients, row: JobRow, final: JobState, found: dict[str, Any], lines: list[str],
                      recipient: str, message_id: str) -> EmailMessage:
+    """The job's one email: how it ended (and why, if it failed as a whole), its tasks, the
+    pieces its finisher could not make, its cost, the link to its manifest and what its
+    application adds (``lines``)."""
     job = row.job
     # the label is the submitter's text: kept out of the headers (a subject of their choosing would be
     # theirs to phish with), quoted in the body, to the addresses they may mail (pipeline.web.addresses)
     label = f"\nIts label: \"{one_line(row.label)}\"" if row.label else ""
     counts = ", ".join(f"{n} {s.lower()}" for s, n in sorted(found["counts"].items())) or "none"
-    link = results.sas_url(clients, clients.products.container_name, names.manifest_blob(job))
+    gone = found.get("missing") or {}
+    link = "" if "manifest" in gone else results.sas_url(clients, clients.products.container_name,
+                                                         names.manifest_blob(job))
     why = f"Why: {row.error}\n\n" if row.error else ""
     if found.get("warning"):
         why += f"Warning: {found['warning']}.\n\n"
@@ -294,6 +420,13 @@ def completion_email(clients: Clients, row: JobRow, final: JobState, found: dict
         why += "Failures, the newest:\n" + "".join(
             f"- task {int(a.task)} ({a.stage}) attempt {a.attempt}: {a.failure_class}: {one_line(a.error)[:400]}\n"
             for a in failed) + f"What a program wrote to stdout and stderr: bagpipe logs {job} TASK\n\n"
+    cost = found["cost"]
+    compute = "" if cost["compute_s"] is None else (
+        f"Compute: {cost['compute_s'] / 3600:.2f} slot-hours over {cost['attempts']} attempts, "
+        f"about {costs.dollars(cost['usd'])} at Azure's pay-as-you-go prices.\n\n")
+    manifest = (f"Manifest with every product (link valid for {clients.settings.sas_minutes} minutes):\n{link}\n\n"
+                if link else "")
+    not_made = "".join(f"Not made: {piece} ({error})\n" for piece, error in sorted(gone.items()))
     page = job_page(clients.settings.portal_url, job)
     seen = f"Its page, with its tiles on the map and its overviews: {page}\n\n" if page else ""
     message = EmailMessage()
@@ -304,11 +437,7 @@ def completion_email(clients: Clients, row: JobRow, final: JobState, found: dict
     message.set_content(
         f"Your bagpipe job {job} has finished: {final.value}.{label}\n\n{why}"
         f"Tasks: {found['total']} ({counts}).\n"
-        f"Compute: {found['cost']['compute_s'] / 3600:.2f} slot-hours over {found['cost']['attempts']} attempts, "
-        f"about {costs.dollars(found['cost']['usd'])} at Azure's pay-as-you-go prices.\n\n"
-        f"{seen}"
-        f"Manifest with every product (link valid for {clients.settings.sas_minutes} minutes):\n"
-        f"{link}\n\n"
+        f"{not_made}{compute}{seen}{manifest}"
         f"{''.join(lines)}"
         f"Fresh download links at any time: bagpipe results {job} --out DIR\n"
     )

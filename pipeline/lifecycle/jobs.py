@@ -16,7 +16,7 @@ import json
 import logging
 import secrets
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, Protocol
 
 from azure.core.exceptions import (
@@ -44,6 +44,7 @@ ACTIVE = "~active"
 LISTING = "~list"
 PLAN_TRIES = 5  # plan messages sent for a job before it is failed as unplannable
 _FAR_FUTURE_MS = 10**13
+NO_FINISHER = datetime(1970, 1, 1, tzinfo=UTC)  # a finisher's lease that has long run out
 
 
 class JobNotFound(LookupError):
@@ -81,7 +82,11 @@ class JobRow(Row):
     finisher: str = ""  # the finisher that holds the job, and its lease
     finisher_until: datetime | None = None
     mail_id: str = ""  # the completion email's Message-ID, fixed before it is sent
+    mail_at: datetime | None = None  # when a finisher was about to send it (its record, ``notified_at``, follows)
     notified_at: datetime | None = None
+    finish_tries: int = 0  # finishers that failed on the job (``completion``): past a few, the next ends it
+    finish_error: str = ""  # the last one's error
+    missing: str = ""  # the optional pieces its finisher could not make, and why (JSON: piece → error)
     finished_at: datetime | None = None
     manifest: str = ""
     compute_s: float | None = None  # measured at completion
@@ -286,7 +291,8 @@ def refuse(clients: Clients, row: JobRow, why: str) -> JobRow:
     """End an ACCEPTED job that cannot be planned (its request no longer fits this
     deployment: a reducer gone, a lower task limit): FAILED, saying why, through the one
     completion (a manifest, an email). Raises HttpResponseError 412 if it moved meanwhile."""
-    row = update(clients, row, state=JobState.FINISHING, outcome=JobState.FAILED, error=redact(why)[:2000])
+    row = update(clients, row, state=JobState.FINISHING, outcome=JobState.FAILED, error=redact(why)[:2000],
+                 finisher_until=NO_FINISHER)  # held by nobody: the first finisher takes it
     announce_done(clients, row.job)
     return row
 
@@ -377,6 +383,7 @@ def status(clients: Clients, job: str, rollup: rollups.Rollup | None = None,
         "error": row.error or None,
         "warning": row.warning or None,
         "notes": json.loads(row.notes) if row.notes else [],
+        "missing": json.loads(row.missing) if row.missing else {},  # pieces its finisher could not make, and why
         "total": total,
         "counts": counts,
         "failures": dict(rollup.failures),

@@ -31,7 +31,7 @@ from pipeline.lifecycle.notify import Mailer
 from pipeline.lifecycle.rollups import RollupWriter
 from pipeline.lifecycle.status import JobState
 from pipeline.lifecycle.tasks import message_bytes
-from pipeline.storage import cache
+from pipeline.storage import cache, names
 from pipeline.storage.clients import Clients
 
 log = logging.getLogger(__name__)
@@ -146,3 +146,24 @@ def handle_done(clients: Clients, mailer: Mailer, body: bytes | str) -> None:
         completion.complete(clients, mailer, job)
     except jobs.JobNotFound:
         log.warning("done message for unknown job %r dropped", job)
+
+
+def handle_poisoned(clients: Clients, mailer: Mailer, queue: str, body: bytes | str, why: str) -> None:
+    """A ``plan`` or ``done`` message the queue gave up on (handled and failed too often:
+    poisoned) ends its job, saying why, instead of leaving it for the sweep to announce
+    again and again: a job still ACCEPTED is refused, a complete one is finished as its
+    finishers could (``completion.complete``'s ``give_up``). ``queue``: the poisoned
+    message's queue, ``plan`` or ``done``."""
+    try:
+        job = job_of_message(body)
+        row = jobs.get(clients, job)
+    except (BadMessage, jobs.JobNotFound) as exc:
+        log.warning("poisoned %s message dropped: %s", queue, exc)
+        return
+    if queue == names.PLAN_QUEUE:
+        if row.state is JobState.ACCEPTED:
+            jobs.refuse(clients, row, f"its planning failed every time ({why}); the planner's log says why")
+    elif queue == names.DONE_QUEUE:
+        completion.complete(clients, mailer, job, give_up=f"its completion failed every time ({why})")
+    else:
+        raise ValueError(f"no poisoned message of queue {queue!r} is handled")

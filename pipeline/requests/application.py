@@ -46,11 +46,16 @@ class Requests:
 
     def finished(self, clients: Clients, row: JobRow, entries: list[dict[str, Any]]) -> Finished:
         name_installed_reducers(clients.settings, entries)
-        pictures = overview.build(clients, row.job, entries) if row.outcome is not JobState.CANCELLED else []
+        missing: dict[str, str] = {}
+        try:  # optional: the products stand without them, and the job says why they are missing
+            pictures = overview.build(clients, row.job, entries) if row.outcome is not JobState.CANCELLED else []
+        except Exception as exc:
+            pictures, missing = [], {"overviews": f"{type(exc).__name__}: {redact(str(exc))}"}
         notes = [SYNTHETIC_NOTE] if any(g.synthetic for e in entries if e.get("granules")
                                         for g in from_param(e["granules"])) else []
         asked = asked_line(JobRequest.model_validate_json(row.request))
-        return Finished({"catalog": catalog_of(clients.settings), "overviews": pictures},
+        return Finished({"catalog": catalog_of(clients.settings), "overviews": pictures,
+                         **({"missing": missing} if missing else {})},
                         [asked] + ([_overview_line(clients, pictures)] if pictures else []), notes)
 
 
