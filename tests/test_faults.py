@@ -1,8 +1,8 @@
 """Systematic fault injection, the fast subset: the storage calls where a lost answer or a
 killed process once left a task or a job stuck (``python -m tests.harness.faults`` sweeps every
 call of the run, ``make faults``). Each run is checked from storage alone: every task terminal,
-one committed attempt per task, every job finished with one manifest and one email, no
-index row and no cache marker left."""
+one committed attempt per task, every job finished with one manifest and exactly one email
+(sent once: not even twice under one Message-ID), no index row and no cache marker left."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ POINTS = [
     ("drop", "w1 POST $batch{attempt,deadline,dispatch,rollup,task} [RUNNING]#1"),  # a claim lands, its answer lost
     ("crash", "w1 POST $batch{attempt,deadline,rollup,task} [SUCCEEDED]#1"),  # a worker dies right after its commit
     ("crash", "control PUT products/pack?block#1"),  # a finisher dies while writing the job's outputs
+    ("refuse", "control PATCH jobs(FinisherUntil,NotifiedAt){job}#1"),  # the email sent, its record refused
 ]
 
 

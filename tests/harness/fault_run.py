@@ -290,7 +290,10 @@ class Run:
             if len(ids) > 1:
                 found["extra_emails"] += len(ids) - 1
                 problems.append(f"{job}: {len(ids)} different emails")
-            found["resent_emails"] += max(0, sum(job in str(m["Subject"]) for m in mails) - len(ids))
+            resent = sum(job in str(m["Subject"]) for m in mails) - len(ids)
+            if resent > 0:  # one Message-ID sent twice is still a second email in a scientist's mailbox
+                found["resent_emails"] += resent
+                problems.append(f"{job}: its email sent {resent + 1} times")
             if job in jobs.active_jobs(clients) and row.state.finished:
                 problems.append(f"{job} finished but still active")
                 found["leftovers"] += 1
