@@ -6,7 +6,7 @@ it asks the application for the job's :class:`TaskPlan` list (at submission, to 
 estimate it; at planning, with the catalog searched) and, once every task has ended, for
 what the job's products add to its manifest and email. It knows of a plan only what
 running it needs: each task's stage and parameters, which tasks wait for which (counters:
-``pipeline.lifecycle.dependencies``), which share a table partition, and how much work
+``pipeline.lifecycle.transitions``), which share a table partition, and how much work
 each is for the runtime history.
 
 A plan lists first the tasks nothing holds back (the release window walks them in order),

@@ -20,7 +20,6 @@ def completion(msg: func.QueueMessage) -> None:
     sweep.handle_done(host.clients(), host.mailer(), msg.get_body())
 
 
-
 POISONED = "poisoned by the Functions host after its retries"
 
 

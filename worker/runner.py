@@ -310,5 +310,9 @@ class Worker:
         if committed and ended.status is TaskStatus.SUCCEEDED:  # computed: a cache hit or no data measures nothing
             self.history.add(held.stage, planning.history_of(held.params), seconds / planning.work_of(held.params))
             self.pace.ran(seconds, expected)
-        log.info("%s %s (%s): %s%s", held.ref, outcome.ending.value, redact(outcome.error[:200]), move.act.value,
-                 f", task now {ended.status}" if ended.status else "" if ended.applied else ", refused: discarded")
+        if committed:
+            log.info("%s committed", held.ref)  # the line an operator (and the deployment's test) looks for
+        else:
+            why = f" ({redact(outcome.error[:200])})" if outcome.error else ""
+            log.info("%s %s%s: %s%s", held.ref, outcome.ending.value, why, move.act.value,
+                     f", task now {ended.status}" if ended.status else "" if ended.applied else ", refused: discarded")
