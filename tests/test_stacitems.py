@@ -31,7 +31,7 @@ from bagpipe.azurite import Azurite
 from bagpipe.client import Api, download_results
 from bagpipe.stack import LocalStack
 from pipeline.modis.products import CATALOG
-from pipeline.modis.quicklook import SNOW_CLASSES
+from pipeline.modis.quicklook import LEGEND_ROW, SNOW_CLASSES
 from pipeline.modis.stac import StacCatalog
 from pipeline.reduction import reducers
 from pipeline.reduction.bundles import digest_of
@@ -237,7 +237,8 @@ def test_the_overview_shows_the_region_in_the_class_colours_and_the_email_links_
     assert picture.status_code == 200 and picture.content == (finished.first / first["file"]).read_bytes()
     # the snow overview of 2 February, each of its pixels in the colour of the class at that place
     snow = shown[("Maximum_Snow_Extent", "2022-02-02", None)]
-    image = np.asarray(Image.open(finished.first / snow["file"]).convert("RGBA"))
+    picture = np.asarray(Image.open(finished.first / snow["file"]).convert("RGBA"))
+    image = picture[LEGEND_ROW:]  # below the line of its corners' coordinates
     west, south, east, north = snow["bounds"]
     colours = {value: (*colour, 255) for value, _, colour in SNOW_CLASSES}
     tiles = [finished.first / t["files"][0] for t in manifest["tasks"] if t["stage"] == "modis"
