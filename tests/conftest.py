@@ -29,7 +29,7 @@ from pipeline.lifecycle.status import TaskStatus
 from pipeline.lifecycle.transitions import Claim
 from pipeline.requests.request import JobRequest
 from pipeline.settings import Settings
-from pipeline.storage.clients import Clients
+from pipeline.storage.clients import Clients, close_shared
 from worker.runner import Worker
 
 # Where test stages leave their pid files. Set before any worker or fork server starts, as
@@ -100,10 +100,20 @@ def settings(azurite: Azurite, mail: MailServer) -> Settings:
 
 
 @pytest.fixture
-def clients(settings: Settings) -> Clients:
+def clients(settings: Settings) -> Iterator[Clients]:
     found = Clients(settings)
     found.ensure_resources()
-    return found
+    yield found
+    found.close()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_shared_clients() -> Iterator[None]:
+    """The clients the code under test shared for a module's deployments (workers, the
+    control loop, the API) are closed after it, their connections with them (after each
+    test, a module's fixture that keeps an app for its tests would lose its clients)."""
+    yield
+    close_shared()
 
 
 def parts(clients: Clients, job: str) -> list[str]:

@@ -46,6 +46,26 @@ def test_a_slot_keeps_its_stage_process_and_replaces_it_when_it_failed_or_is_spe
     spent.close()
 
 
+def test_a_worker_with_descriptors_past_1024_still_runs_and_reaps_its_stage_processes(settings: Settings) -> None:
+    """A long-lived worker may hold more than 1,024 descriptors (its connection pools); the
+    status pipe of a stage process it starts then lies past what select() takes."""
+    settings = settings.with_(stage_modules="tests.stages_for_tests")
+    held = []
+    while not held or held[-1] <= 1100:
+        held.append(os.open(os.devnull, os.O_RDONLY))
+    try:
+        process = StageProcess(settings, tasks=1)
+        assert process.usable()
+        (pid,) = run(process).outputs
+        assert int(pid) != os.getpid()
+        process.process.join(5)
+        assert process.process.exitcode == 0, "reaped and its code read"
+        process.close()
+    finally:
+        for fd in held:
+            os.close(fd)
+
+
 def test_a_killed_stage_process_takes_its_group_with_it(settings: Settings) -> None:
     settings = settings.with_(stage_modules="tests.stages_for_tests")
     process = StageProcess(settings)

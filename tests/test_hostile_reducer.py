@@ -639,3 +639,36 @@ def test_a_real_worker_holds_no_socket_a_program_could_reach(real_worker: dict[s
         pytest.skip("reading the descriptors of a worker's processes needs root")
     assert len(real_worker["stage_processes"]) >= 2, "its fork server and its slot's stage process"
     assert real_worker["targets"] == []
+
+
+def test_the_proxy_serves_and_relays_on_descriptors_past_1024() -> None:
+    """The proxy waits on its listener and relays a connection's two sides with selectors:
+    select() refuses a descriptor past 1,024, which a stage process holding many may give it."""
+    held = []
+    while not held or held[-1] <= 1100:
+        held.append(os.open(os.devnull, os.O_RDONLY))
+    try:
+        listener = socket.create_server(("127.0.0.1", 0))
+        assert listener.fileno() > 1024
+        relay = proxy.Proxy(listener, ["listed.example.org:443"]).start()
+        try:
+            with socket.create_connection(listener.getsockname(), timeout=10) as client:
+                client.sendall(b"CONNECT elsewhere.example.org:443 HTTP/1.1\r\n\r\n")
+                assert client.recv(4096).startswith(b"HTTP/1.1 403 ")
+        finally:
+            relay.close()
+        (a, near_a), (b, near_b) = socket.socketpair(), socket.socketpair()
+        copying = threading.Thread(target=proxy._relay, args=(a, b), daemon=True)
+        copying.start()
+        near_a.sendall(b"to b")
+        assert near_b.recv(16) == b"to b"
+        near_b.sendall(b"to a")
+        assert near_a.recv(16) == b"to a"
+        near_a.close()
+        copying.join(10)
+        assert not copying.is_alive(), "one side closed ends the relay"
+        for sock in (a, b, near_b):
+            sock.close()
+    finally:
+        for fd in held:
+            os.close(fd)

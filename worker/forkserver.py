@@ -103,7 +103,10 @@ class Child:
     def _ended(self, timeout: float | None) -> bool:
         if self._status is None:
             return True
-        if not select.select([self._status], [], [], timeout)[0]:
+        # poll, not select: a worker's descriptors may number past select's 1,024
+        waiting = select.poll()
+        waiting.register(self._status, select.POLLIN)
+        if not waiting.poll(None if timeout is None else timeout * 1000):
             return False
         said = os.read(self._status, 32)
         os.close(self._status)

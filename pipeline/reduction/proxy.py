@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import select
+import selectors
 import socket
 import threading
 from collections.abc import Iterable
+from typing import cast
 from urllib.parse import urlsplit
 
 log = logging.getLogger(__name__)
@@ -74,14 +75,18 @@ class Proxy:
                     pass
 
     def _accept(self) -> None:
-        while not self._stop.is_set():
-            if not select.select([self.listener], [], [], 0.2)[0]:
-                continue
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                continue
-            threading.Thread(target=self._serve, args=(client,), name="reduce-proxy-conn", daemon=True).start()
+        with selectors.DefaultSelector() as ready:  # not select(): descriptors may number past 1,024
+            ready.register(self.listener, selectors.EVENT_READ)
+            while not self._stop.is_set():
+                if ready.select(0.2):
+                    self._accept_one()
+
+    def _accept_one(self) -> None:
+        try:
+            client, _ = self.listener.accept()
+        except OSError:
+            return
+        threading.Thread(target=self._serve, args=(client,), name="reduce-proxy-conn", daemon=True).start()
 
     def _serve(self, client: socket.socket) -> None:
         upstream: socket.socket | None = None
@@ -172,12 +177,16 @@ def _read_head(client: socket.socket) -> tuple[bytes, bytes]:
 def _relay(a: socket.socket, b: socket.socket) -> None:
     """Copy both ways until one side closes."""
     peers = {a: b, b: a}
-    while True:
-        for sock in select.select(list(peers), [], [])[0]:
-            data = sock.recv(CHUNK)
-            if not data:
-                return
-            peers[sock].sendall(data)
+    with selectors.DefaultSelector() as ready:
+        for sock in peers:
+            ready.register(sock, selectors.EVENT_READ)
+        while True:
+            for key, _ in ready.select():
+                sock = cast(socket.socket, key.fileobj)
+                data = sock.recv(CHUNK)
+                if not data:
+                    return
+                peers[sock].sendall(data)
 
 
 def _answer(client: socket.socket, status: int, why: str) -> None:

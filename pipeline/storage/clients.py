@@ -238,3 +238,12 @@ def clients_for(settings: Settings) -> Clients:
         if found is None:
             found = _shared[settings] = Clients(settings)
         return found
+
+
+def close_shared() -> None:
+    """Close and forget every process-wide client (a process that serves one deployment
+    after another, as the tests do, would otherwise keep each one's connections open)."""
+    with _shared_lock:
+        for found in _shared.values():
+            found.close()
+        _shared.clear()
