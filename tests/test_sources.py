@@ -6,7 +6,6 @@ for; and a request at the task limit is validated and estimated in seconds."""
 from __future__ import annotations
 
 import random
-import time
 
 import numpy as np
 import pytest
@@ -100,18 +99,14 @@ def test_a_target_knows_its_sources_alone_or_with_others() -> None:
     assert native.sources() == [Tile(9, 5)]
 
 
-@pytest.mark.timeout(120)
 @pytest.mark.parametrize("crs,size", [("EPSG:4326", 1.25), ("EPSG:3413", 65_000.0)])
-def test_a_request_at_the_task_limit_is_expanded_in_seconds(crs: str, size: float) -> None:
+def test_a_request_at_the_task_limit_is_expanded_with_every_tasks_sources(crs: str, size: float) -> None:
     """About 40,000 target tiles × one period, each task's parameters made as the estimate
-    makes them: minutes when each target projected its 4,096 lattice points."""
+    makes them (how long it takes is bench.requests' to measure: minutes when each target
+    projected its 4,096 lattice points, seconds now)."""
     request = JobRequest.model_validate({
         "region": {"bbox": [-180, -90, 180, 90] if crs == "EPSG:4326" else [-180, 30, 180, 90]},
         "start": "2022-01-01", "end": "2022-01-01", "products": ["MOD10A2"],
         "grid": {"crs": crs, "tile_size": size, "resolution": size / 100}})
-    began = time.perf_counter()
-    specs = expand(request, 50_000)
-    params = [s.params() for s in specs]
-    took = time.perf_counter() - began
+    params = [s.params() for s in expand(request, 50_000)]
     assert len(params) > 10_000 and all(p["sources"] for p in params)
-    assert took < 30, f"{len(params)} tasks expanded in {took:.1f} s"
