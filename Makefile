@@ -9,6 +9,10 @@ RUNTIME := $(VENV)/.runtime
 # the test and lint tools on top
 STAMP := $(VENV)/.installed
 CC ?= cc
+# `make test` runs the suite in this many processes (its tests mostly wait on storage, workers
+# and servers, so more processes than cores shorten it), then the tests marked `alone` (those
+# that time workers, attempts or links) by themselves
+TEST_PROCESSES ?= 3
 # the example reducer written in C
 REDUCER_C := reducers/max_composite/max_composite
 
@@ -85,7 +89,8 @@ test: setup $(CHROMIUM)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_PROCESSES) --dist loadfile -m 'not alone'
+	$(BIN)/python -m pytest -q -m alone
 
 lint: setup
 	$(BIN)/ruff check .

@@ -14,6 +14,8 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
+
 from pipeline.lifecycle import attempts, health, jobs, runtimes, sweep, tasks, transitions
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.reduction import sandbox
@@ -25,6 +27,9 @@ from tests.conftest import in_an_hour, parts, running_control, running_workers, 
 from tests.test_speculation import _backed_up, _backup_message
 from worker.pace import Pace
 from worker.runner import Worker
+
+# it times workers, attempts or links: `make test` runs it alone, not beside other tests
+pytestmark = pytest.mark.alone
 
 
 def reported(clients: Clients, ratios: dict[str, list[float]], running: dict[str, list[float]] | None = None,

@@ -43,6 +43,9 @@ from tests.conftest import (
 from worker.delivery import Delivery
 from worker.lease import Lease
 
+# it times workers, attempts or links: `make test` runs it alone, not beside other tests
+pytestmark = pytest.mark.alone
+
 
 def runtimes_table(clients: Clients):
     return clients.runtimes

@@ -18,6 +18,9 @@ from pipeline.storage.clients import Clients
 from tests.conftest import commit, in_an_hour, parts, running_workers, wait_for
 from tests.test_worker import planned_job, receive_one
 
+# it times workers, attempts or links: `make test` runs it alone, not beside other tests
+pytestmark = pytest.mark.alone
+
 WINDOW = 2  # the job's 8 tasks go out two at a time
 
 

@@ -40,6 +40,9 @@ from tests.conftest import (
 from tests.test_monitor import alive, attempt_rows, index_rows, marked_task
 from tests.test_worker import planned_job, receive_one
 
+# it times workers, attempts or links: `make test` runs it alone, not beside other tests
+pytestmark = pytest.mark.alone
+
 
 def _at_once(stage: str, params: dict[str, str], started: datetime) -> datetime:
     """A speculation time: a backup would help from the start."""

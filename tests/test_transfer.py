@@ -15,6 +15,9 @@ from pipeline.storage import cache
 from pipeline.storage.clients import Clients
 from pipeline.storage.transfer import MiB, Plan, md5_of, plan_for
 
+# it times workers, attempts or links: `make test` runs it alone, not beside other tests
+pytestmark = pytest.mark.alone
+
 SINGLE = plan_for(1).block  # near the storage, objects up to this size go in one request
 BLOCK = plan_for(SINGLE + 1).block  # and larger ones in blocks of this size
 

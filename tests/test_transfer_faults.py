@@ -20,6 +20,9 @@ from pipeline.storage import names
 from pipeline.storage.clients import Clients
 from pipeline.storage.transfer import NEAR_S, WIDE_RATE, MiB, Transfers, md5_of
 
+# it times workers, attempts or links: `make test` runs it alone, not beside other tests
+pytestmark = pytest.mark.alone
+
 SIZE = 10 * MiB + 12345  # through a narrow WAN, 1 MiB blocks and ranges, all in flight
 
 

@@ -37,6 +37,9 @@ from tests.conftest import (
 )
 from worker import runner
 
+# it times workers, attempts or links: `make test` runs it alone, not beside other tests
+pytestmark = pytest.mark.alone
+
 
 def planned_job(clients: Clients, **request: object) -> str:
     job = application.submit(clients, small_request(**request)).job
