@@ -98,6 +98,7 @@ def test_a_year_by_month_with_max_makes_a_reduction_a_month_equal_to_numpy(
         assert (made != layer.nodata).any()  # the month is not all empty
 
 
+@pytest.mark.timeout(900)  # four years of two products' full-size granules, synthesized and collected, twice
 def test_an_expression_against_a_baseline_equals_numpy_and_a_second_job_reuses_its_climatology(
         settings: Settings, planetary: Planetary) -> None:
     body = {"region": REGION, "grid": GRID, "start": "2022-07-01", "end": "2022-07-31", "products": ["MOD13A1"],
