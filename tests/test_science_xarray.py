@@ -82,7 +82,7 @@ def test_vhi_against_a_baseline_equals_xarray_on_the_jobs_own_stac_items(results
     expected = expected.sel(latitude=made.latitude, longitude=made.longitude, method="nearest", tolerance=1e-6)
     assert made.shape == expected.shape == (100, 100)
     assert np.array_equal(np.isnan(made.values), np.isnan(expected.values))
-    assert np.isfinite(made.values).sum() >= 50  # pixels clear in some composite of every July (85 of this box), to compare
+    assert np.isfinite(made.values).sum() >= 50  # clear in a July of every year (85 of the box): to compare
     # bagpipe computes in float32, its output's type: a difference of LSTs near 300 K carries
     # float32's 3e-5 K, which a baseline spread of a tenth of a kelvin makes 3e-4 of the index
     # (a wrong year, group or sign is off by tens of points)
