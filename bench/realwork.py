@@ -194,7 +194,7 @@ def bagpipe_outputs(stack: LocalStack, job: str) -> tuple[dict[str, np.ndarray],
     dates: dict[str, np.ndarray] = {}
     maximum = np.full((height, width), fill, dtype="int16")
     for task in manifest["tasks"]:
-        west, _, _, north = (float(b) for b in task["bounds"].split(","))
+        west, _, _, north = layout.numbers(task["bounds"])
         row, col = round((BOX[3] - north) / RESOLUTION), round((west - BOX[0]) / RESOLUTION)
         for output in task["outputs"]:
             if not output.endswith(".tif"):

@@ -4,7 +4,8 @@ the application that says what a request becomes (``pipeline.requests``: MODIS r
 The lifecycle stores a job's request as its application wrote it and never reads inside;
 it asks the application for the job's :class:`TaskPlan` list (at submission, to count and
 estimate it; at planning, with the catalog searched) and, once every task has ended, for
-what the job's products add to its manifest and email. It knows of a plan only what
+each task's parameters as its manifest gives them and what the job's products add to its
+manifest and email. It knows of a plan only what
 running it needs: each task's stage and parameters, which tasks wait for which (counters:
 ``pipeline.lifecycle.transitions``), which share a table partition, and how much work
 each is for the runtime history.
@@ -88,6 +89,11 @@ class Application(Protocol):
         or estimate it, in milliseconds) or with each task's inputs found (at planning: the
         same tasks, in the same order). RequestError if it cannot run, or makes more than
         ``limit`` tasks."""
+        ...
+
+    def entry(self, params: dict[str, str]) -> dict[str, Any]:
+        """A task's parameters (text, as its row keeps them) as the manifest's entry of the
+        task gives them: typed, numbers as numbers and documents as objects."""
         ...
 
     def finished(self, clients: Clients, row: JobRow, entries: list[dict[str, Any]]) -> Finished:

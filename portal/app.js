@@ -364,7 +364,7 @@ function overviewPanel(overviews, show) {
 /** How to open the job's products as STAC: where it lives (the API's collection, with one line of
  * Python that loads it), and the catalog ``bagpipe results`` writes beside the files. */
 function stacPanel(id, results) {
-  const band = results.tasks.find((t) => t.stage !== "reduce" && t.layers)?.layers.split(",")[0];
+  const band = results.tasks.find((t) => t.stage !== "reduce" && t.layers?.length)?.layers[0]; // the manifest's list
   const bands = band ? `, bands=['${band}']` : "";
   const api = `${location.origin}/api/stac`;
   const tiles = "if i.properties['bagpipe:stage'] == 'modis'";

@@ -30,6 +30,9 @@ class Plans:
         return [*tiles, TaskPlan("noop", {"tile": "t0"}, waits_for=2, group=0),
                 TaskPlan("noop", {}, after_all=True), TaskPlan("noop", {}, after_all=True)]
 
+    def entry(self, params: dict[str, str]) -> dict[str, object]:
+        return dict(params)
+
     def finished(self, clients: Clients, row: jobs.JobRow, entries: list[dict[str, object]]) -> Finished:
         return Finished()
 

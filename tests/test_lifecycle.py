@@ -25,10 +25,15 @@ from bagpipe.client import Api, download_results
 from bagpipe.mailserver import MailServer
 from bagpipe.serving import Served, bound
 from bagpipe.stack import LocalStack, StackRunning
+from pipeline.modis import layout, stacitems
 from pipeline.modis.access import Access
 from pipeline.modis.cmr import CmrCatalog
+from pipeline.modis.granules import Granule, as_param
 from pipeline.modis.products import CATALOG
 from pipeline.modis.stac import StacCatalog
+from pipeline.modis.targets import lonlat_bounds
+from pipeline.requests.expansion import expand
+from pipeline.requests.request import JobRequest
 from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.clients import Clients, clients_for
@@ -156,11 +161,47 @@ def test_the_modis_pipeline_end_to_end_and_a_second_request_is_cached(
                 assert tile.crs.to_epsg() == 4326 and tile.res == (0.01, 0.01) and tile.shape == (100, 100)
                 assert tile.tags()["DATE"] == task["date"] and tile.tags()["TARGET_TILE"] == task["tile"]
                 assert tile.nodata == 255 and (tile.read(1) != 255).any()
+                # its parameters typed: numbers as numbers, lists as lists, documents as objects
+                assert task["res"] == 0.01 and task["layers"] == ["Maximum_Snow_Extent"]
+                assert tuple(task["bounds"]) == pytest.approx(tuple(tile.bounds))
+                assert all(isinstance(v, float) for v in task["bounds"]) and isinstance(task["work"], float)
+                assert [g["id"] for g in task["granules"].values()] == tile.tags()["SOURCES"].split(",")
 
         again = finished(api.submit(request | {"label": "snow again"})["job"])
         assert again["counts"]["CACHED"] == 6, again  # invariant 4: nothing computed twice
         sources = clients_for(stack.settings).sources
         assert len(list(sources.list_blobs())) == 2 * 2  # each granule's layer fetched once (2 tiles × 2 periods)
+
+
+def test_a_manifest_entry_is_typed_and_one_written_before_reads_alike() -> None:
+    """A task's parameters as its manifest entry gives them (text on the task row): numbers,
+    boxes, runs of tasks and names as lists, documents as objects; the entries of a manifest
+    written before, as text, read the same through every reader of an entry."""
+    request = JobRequest.model_validate({
+        "region": {"bbox": [-110.5, 34.2, -110.1, 34.8]}, "grid": {"resolution": 0.01}, "start": "2022-02-02",
+        "end": "2022-02-20", "products": ["MOD10A2"], "reduce": {"by": "month", "reducer": "max"}})
+    params = [spec.params() | {"work": "1.25"} for spec in expand(request, 100)]
+    params[0]["granules"] = as_param([Granule.named("MOD10A2.A2022033.h08v05.061.2022042050729", {}, True)])
+    typed = [layout.typed(p) for p in params]
+    assert typed[0] | {"granules": None} == {
+        "product": "MOD10A2", "tile": "x-0111y+0034", "date": "2022-02-02", "crs": "EPSG:4326", "res": 0.01,
+        "bounds": [-111.0, 34.0, -110.0, 35.0], "sources": ["h08v05"], "layers": ["Maximum_Snow_Extent"],
+        "work": 1.25, "granules": None}
+    assert typed[0]["granules"]["h08v05"]["id"] == "MOD10A2.A2022033.h08v05.061.2022042050729"
+    reduction = typed[3]
+    assert reduction["deps"] == [[0, 3]] and reduction["reduce"]["reducer"] == "max"
+    assert reduction["encodings"]["MOD10A2.Maximum_Snow_Extent"]["nodata"] == 255
+    for entries in ([p | {"task": names.task_key(i), "stage": s.stage} for i, (p, s) in enumerate(
+            zip(params, expand(request, 100), strict=True))], [t | {"task": names.task_key(i), "stage": s.stage}
+                                                             for i, (t, s) in enumerate(zip(typed, expand(request, 100),
+                                                                                            strict=True))]):
+        by_key = {e["task"]: e for e in entries}
+        assert [layout.span(e) for e in entries] == ["2022-02-02", "2022-02-10", "2022-02-18", "2022-02"]
+        assert layout.dates(entries[3]) == (date(2022, 2, 2), date(2022, 2, 20))
+        assert [e["task"] for e in layout.dependencies(entries[3], by_key)] == [names.task_key(i) for i in range(3)]
+        assert layout.folder(entries[3]) == "max" and stacitems.granule_ids(entries[0]) == [
+            "MOD10A2.A2022033.h08v05.061.2022042050729"]
+        assert lonlat_bounds(entries[0]["crs"], entries[0]["bounds"]) == (-111.0, 34.0, -110.0, 35.0)
 
 
 def test_a_granule_found_before_a_restart_of_the_stack_is_read_after_it(

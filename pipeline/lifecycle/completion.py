@@ -312,7 +312,8 @@ def summary(row: JobRow, final: JobState) -> dict[str, Any]:
 
 
 def write_manifest(clients: Clients, row: JobRow, final: JobState) -> tuple[dict[str, Any], list[str]]:
-    """The manifest blob: every task's state and the outputs its committed attempt made,
+    """The manifest blob: every task's state, its parameters as the application types them
+    (``planning.Application.entry``), the outputs its committed attempt made,
     where the small ones are packed, and what the job's application adds of its products
     (``planning.Application.finished``); with the paragraphs that adds to the email. What
     the application adds and the packs are optional: one that cannot be made is left out,
@@ -322,13 +323,14 @@ def write_manifest(clients: Clients, row: JobRow, final: JobState) -> tuple[dict
     missing: dict[str, str] = {}
     entries: list[dict[str, Any]] = []
     counts: dict[str, int] = {}
+    application = planning.application()
     for task in tasks.list_tasks(clients.tasks, row.parts):
         counts[task.status.value] = counts.get(task.status.value, 0) + 1
         entries.append(
             {
                 "task": task.task,
                 "stage": task.stage,
-                **task.parameters(),
+                **application.entry(task.parameters()),
                 "status": task.status.value,
                 "attempt": task.attempt,
                 "outputs": task.output_names()
@@ -338,7 +340,7 @@ def write_manifest(clients: Clients, row: JobRow, final: JobState) -> tuple[dict
         )
     if final is JobState.CANCELLED and row.total > len(entries):  # cancelled while it was being planned
         counts[TaskStatus.CANCELLED.value] = counts.get(TaskStatus.CANCELLED.value, 0) + row.total - len(entries)
-    added = _piece(missing, "products", lambda: planning.application().finished(clients, row, entries),
+    added = _piece(missing, "products", lambda: application.finished(clients, row, entries),
                    optional=True) or planning.Finished({}, [])
     missing |= added.manifest.pop("missing", {})
     made = sum(len(entry["outputs"]) for entry in entries)

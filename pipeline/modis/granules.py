@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
+from typing import Any
 
 NAME = re.compile(r"^(?P<product>M[OYC]D\w+)\.A(?P<year>\d{4})(?P<doy>\d{3})\.(?P<tile>h\d\dv\d\d)\."
                   r"(?P<collection>\d{3})\.(?P<made>\d{13})$")
@@ -80,10 +81,11 @@ def as_param(granules: Sequence[Granule]) -> str:
                        for g in granules}, sort_keys=True)
 
 
-def from_param(text: str) -> list[Granule]:
-    """The granules a task param names (see :func:`as_param`)."""
+def from_param(text: str | Mapping[str, Any]) -> list[Granule]:
+    """The granules a task param names (see :func:`as_param`; or its JSON decoded, as a
+    manifest's entry gives it)."""
     found = []
-    for tile, entry in sorted(json.loads(text).items()):
+    for tile, entry in sorted((json.loads(text) if isinstance(text, str) else text).items()):
         granule = Granule.named(entry["id"], entry["files"], bool(entry.get("synthetic")))
         if granule is None or granule.tile != tile:
             raise ValueError(f"the task names no granule of {tile} it can read: {entry['id']!r}")

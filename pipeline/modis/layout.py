@@ -12,11 +12,16 @@ overviews, the region mosaics and the STAC items.
   zones (CSV and GeoParquet or Parquet), or a cube (netCDF, Zarr), found under ``sites``,
   ``zones`` or ``cubes``; a point task's and a zonal task's Parquet parts are what their
   gather joined.
+
+An entry gives its task's parameters typed (:func:`typed`), where the task's row keeps them
+as text: ``"res": 0.005``, a box as four numbers, ``"granules"`` as the object it is. The
+readers here take an entry of text too (a manifest written before entries were typed).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from datetime import date
 from typing import Any
 
@@ -26,6 +31,62 @@ from pipeline.storage import names
 REDUCTIONS = ("reduce", "aggregate")
 CLIMATOLOGY = "climatology"
 GATHERS = {"sites": "sites", "zones": "zones", "cube": "cubes"}  # a gather's stage: its folder
+
+
+NUMBERS = frozenset({"res", "work", "window"})  # a number
+NUMBER_LISTS = frozenset({"bounds", "lonlat", "bbox", "percentiles", "feeds"})  # numbers, comma-separated
+NAME_LISTS = frozenset({"sources", "layers", "statistics"})  # names, comma-separated
+RUNS = frozenset({"deps", "over"})  # runs of sequence numbers: first,count;first,count
+DOCUMENTS = frozenset({"granules", "derived", "input", "encoding", "encodings", "reduce", "args", "windows"})  # JSON
+FLAGS = frozenset({"intermediate"})  # "1": true
+
+
+def typed(params: Mapping[str, str]) -> dict[str, Any]:
+    """A task's parameters (text, as its row keeps them) as its manifest entry gives them:
+    numbers as numbers, lists as lists (a box as its four numbers, runs as [first, count]
+    pairs), JSON documents as the objects they are, anything else as its text."""
+    found: dict[str, Any] = {}
+    for key, text in params.items():
+        if key in NUMBERS:
+            found[key] = _number(text)
+        elif key in NUMBER_LISTS:
+            found[key] = [_number(v) for v in text.split(",") if v]
+        elif key in NAME_LISTS:
+            found[key] = [v for v in text.split(",") if v]
+        elif key in RUNS:
+            found[key] = runs(text)
+        elif key in DOCUMENTS:
+            found[key] = json.loads(text)
+        elif key in FLAGS:
+            found[key] = text == "1"
+        else:
+            found[key] = text
+    return found
+
+
+def _number(text: str) -> int | float:
+    return int(text) if text.lstrip("-").isdigit() else float(text)
+
+
+def document(task: Mapping[str, Any], key: str) -> Any:
+    """A JSON parameter of an entry (None if it has none; a manifest written before entries
+    were typed holds its text)."""
+    value = task.get(key)
+    if value is None or value == "":
+        return None
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def numbers(value: str | Sequence[float]) -> list[float]:
+    """A list of numbers of an entry (a box: west, south, east, north), typed or as text."""
+    return [float(v) for v in (value.split(",") if isinstance(value, str) else value)]
+
+
+def runs(value: str | Sequence[Sequence[int]]) -> list[list[int]]:
+    """Runs of sequence numbers ([first, count] pairs), typed or as text (``first,count;…``)."""
+    if not isinstance(value, str):
+        return [[int(first), int(count)] for first, count in value]
+    return [[int(v) for v in run.split(",")] for run in value.split(";") if run]
 
 
 def is_gather(task: dict[str, Any]) -> bool:
@@ -44,7 +105,7 @@ def waits(task: dict[str, Any]) -> bool:
 
 
 def _reduction(task: dict[str, Any]) -> dict[str, Any]:
-    found: dict[str, Any] = json.loads(task["reduce"]) if task.get("reduce") else {}
+    found: dict[str, Any] = document(task, "reduce") or {}
     return found
 
 
@@ -63,7 +124,7 @@ def span(task: dict[str, Any]) -> str:
     if task.get("group"):
         return str(task["group"])
     if task["stage"] == CLIMATOLOGY:
-        windows = json.loads(task["windows"])
+        windows = document(task, "windows")
         return f"{windows[0][0]}_{windows[-1][1]}"
     return f"{task['date']}_{task['last']}" if task.get("last") else str(task["date"])
 
@@ -73,7 +134,7 @@ def dates(task: dict[str, Any]) -> tuple[date, date]:
     if task.get("start") and task.get("end"):
         return date.fromisoformat(task["start"]), date.fromisoformat(task["end"])
     if task["stage"] == CLIMATOLOGY:
-        windows = json.loads(task["windows"])
+        windows = document(task, "windows")
         return date.fromisoformat(windows[0][0]), date.fromisoformat(windows[-1][1])
     last = date.fromisoformat(task.get("last") or task["date"])
     return date.fromisoformat(task["date"]), last_day(CATALOG[task["product"]], last)
@@ -97,7 +158,6 @@ def dependencies(task: dict[str, Any], by_key: dict[str, dict[str, Any]]) -> lis
     if not waits(task) or not task.get("deps"):
         return []
     found = []
-    for part in task["deps"].split(";"):
-        first, count = (int(v) for v in part.split(","))
+    for first, count in runs(task["deps"]):
         found += [by_key[key] for seq in range(first, first + count) if (key := names.task_key(seq)) in by_key]
     return found

@@ -17,7 +17,6 @@ of its own job. Every href is relative: the folder opens as it is (QGIS's STAC p
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from datetime import UTC, date, datetime, time
 from importlib import metadata
@@ -58,7 +57,7 @@ def item_id(task: dict[str, Any]) -> str:
     mosaic), with the span's last period and the reducer for a program's reduction; a
     built-in's by its name, tile and group; a climatology by its layer, tile and days."""
     if task["stage"] == layout.CLIMATOLOGY:
-        _, product, layer = json.loads(task["input"])
+        _, product, layer = layout.document(task, "input")
         return f"{product}.{layer}.climatology.{task['tile']}.{layout.span(task)}"
     if task["stage"] == "mosaic":
         return f"{task['region']}.region" + (f".{task['reducer'].replace('@', '-v')}" if task.get("reducer") else "")
@@ -88,7 +87,7 @@ def _provenance(task: dict[str, Any], catalog: dict[str, Any], sources: Iterable
         name, _, version = task["reducer"].partition("@")
         found[f"{PREFIX}:reducer"] = {"name": name, "version": version or None, "installed": not task.get("bundle"),
                                       "digest": task.get("bundle") or task.get("digest") or None,
-                                      "args": json.loads(task.get("args") or "{}")}
+                                      "args": layout.document(task, "args") or {}}
     return found
 
 
@@ -171,7 +170,7 @@ def gather_item(task: dict[str, Any], files: Sequence[str | Path]) -> pystac.Ite
     dimensions and its variable)."""
     if not files or not task.get("bbox"):
         return None
-    west, south, east, north = (float(v) for v in task["bbox"].split(","))
+    west, south, east, north = layout.numbers(task["bbox"])
     first, last = date.fromisoformat(task["start"]), date.fromisoformat(task["end"])
     start, end = datetime.combine(first, time(), UTC), datetime.combine(last, time(23, 59, 59), UTC)
     boxes = [(west, south, east, north)] if west <= east else [(west, south, 180.0, north),
@@ -189,7 +188,7 @@ def gather_item(task: dict[str, Any], files: Sequence[str | Path]) -> pystac.Ite
                        pystac.Asset(str(file), title=_named(file).name, media_type=TABLES.get(suffix),
                                     roles=["data"]))
     if task["stage"] == "cube":
-        unit = json.loads(task.get("encoding") or "{}").get("unit", "")
+        unit = (layout.document(task, "encoding") or {}).get("unit", "")
         item.stac_extensions.append(DATACUBE_SCHEMA)
         item.properties["cube:dimensions"] = {
             "time": {"type": "temporal", "extent": [properties["start_datetime"], properties["end_datetime"]]},

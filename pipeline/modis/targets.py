@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from typing import Any
@@ -33,10 +33,14 @@ REACH_PIXELS = 4
 REACH_METRES = REACH_PIXELS * TILE_SIZE / 1200  # in the coarsest MODIS grid's pixels (926 m): any product's reach
 
 
+def lonlat_bounds(crs: str, bounds: str | Sequence[float]) -> tuple[float, float, float, float]:
+    """A target tile's bounds (``west,south,east,north`` in its CRS, as text or numbers) in degrees."""
+    west, south, east, north = (float(v) for v in (bounds.split(",") if isinstance(bounds, str) else bounds))
+    return _lonlat_bounds(crs, west, south, east, north)
+
+
 @lru_cache(maxsize=4096)
-def lonlat_bounds(crs: str, bounds: str) -> tuple[float, float, float, float]:
-    """A target tile's bounds (``west,south,east,north`` in its CRS) in degrees."""
-    west, south, east, north = (float(v) for v in bounds.split(","))
+def _lonlat_bounds(crs: str, west: float, south: float, east: float, north: float) -> tuple[float, float, float, float]:
     if crs.upper() in ("EPSG:4326", "OGC:CRS84"):
         return west, south, east, north
     source = SINUSOIDAL_PROJ4 if crs == NATIVE else crs  # a job asked as MODIS tiles: their own grid

@@ -15,7 +15,7 @@ from pipeline import planning
 from pipeline.lifecycle import jobs, results, storable
 from pipeline.lifecycle.jobs import JobRow
 from pipeline.lifecycle.status import JobState
-from pipeline.modis import POINT_STAGE, TILE_STAGE, cachedtiles, overview, points, tilestage
+from pipeline.modis import POINT_STAGE, TILE_STAGE, cachedtiles, layout, overview, points, tilestage
 from pipeline.modis.granules import from_param
 from pipeline.planning import Finished, TaskPlan
 from pipeline.redact import redact
@@ -43,6 +43,9 @@ class Requests:
         specs = expand(JobRequest.model_validate_json(request), limit, settings.tile_stage,
                        Program.from_json(resolved) if resolved else None)
         return plan_of(with_sources(resolve(settings, specs, TILE_STAGE, POINT_STAGE)) if search else specs)
+
+    def entry(self, params: dict[str, str]) -> dict[str, Any]:
+        return layout.typed(params)
 
     def finished(self, clients: Clients, row: JobRow, entries: list[dict[str, Any]]) -> Finished:
         name_installed_reducers(clients.settings, entries)

@@ -213,7 +213,7 @@ def _entries(clients: Clients, row: JobRow) -> list[dict[str, Any]]:
         if found is not None:
             entries: list[dict[str, Any]] = found["tasks"]
             return entries
-    return [{"task": t.task, "stage": t.stage, **t.parameters(), "status": t.status.value,
+    return [{"task": t.task, "stage": t.stage, **layout.typed(t.parameters()), "status": t.status.value,
              "outputs": t.output_names() if t.status in (TaskStatus.SUCCEEDED, TaskStatus.CACHED) else []}
             for t in tasks.list_tasks(clients.tasks, row.parts)]
 
