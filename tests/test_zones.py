@@ -16,8 +16,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import rasterio
+import shapely
+import shapely.geometry
 from affine import Affine
 from exactextract import exact_extract
+from rasterio.features import geometry_mask
 from rasterio.io import MemoryFile
 from rasterio.merge import merge
 
@@ -26,9 +30,10 @@ from pipeline.lifecycle import attempts, jobs, tasks
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.planning import RequestError
 from pipeline.reduction import ZONAL_STAGE, ZONES_GATHER
-from pipeline.reduction.zonal import Partial, _partials_table, joined, quantile
+from pipeline.reduction.zonal import Partial, _partials_table, joined
 from pipeline.requests import application, vectors
 from pipeline.requests.request import JobRequest
+from pipeline.science.builtins import weighted_quantile as quantile
 from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
@@ -168,6 +173,69 @@ def test_a_zone_across_the_antimeridian_is_one_row_per_date(settings: Settings, 
             sums = [sums[0] + float(one["sum"][0]), sums[1] + float(one["count"][0])]
         assert got["count"] == pytest.approx(sums[1]) and got["count"] > 0
         assert got["mean"] == pytest.approx(sums[0] / sums[1])
+
+
+def centred(found: list[bytes], zone: dict[str, object]) -> np.ndarray:
+    """The values (decoded, no data left out) of every tile file's pixels whose centre is in
+    the zone, by hand: GDAL's rasterizer over each whole tile, which agrees with shapely's
+    test of each pixel's centre wherever a centre is not on an edge (on one, a rounding
+    decides either way)."""
+    geometry = shapely.geometry.shape(zone["geometry"])  # type: ignore[arg-type]
+    values = []
+    for data in found:
+        with MemoryFile(data) as memory, memory.open() as src:
+            stored = src.read(1).astype(np.float64)
+            inside = geometry_mask([geometry], out_shape=stored.shape, transform=src.transform, invert=True)
+            rows, cols = np.indices(stored.shape)
+            xs, ys = rasterio.transform.xy(src.transform, rows.ravel(), cols.ravel())
+            centres = shapely.points(np.asarray(xs), np.asarray(ys)).reshape(stored.shape)
+            off_edges = shapely.distance(geometry.boundary, centres) > 1e-9
+            assert (inside == shapely.intersects(geometry, centres))[off_edges].all()
+            good = inside & (src.read_masks(1) > 0)
+            values.append(stored[good] * src.scales[0] + src.offsets[0])
+    return np.concatenate(values)
+
+
+def test_centre_weights_take_each_pixel_whose_centre_is_in_the_zone_whole(
+        settings: Settings, planetary: Planetary) -> None:
+    """weights centre (openEO's aggregate_spatial): the statistics of the pixels whose centre
+    is in the zone, unweighted — count the pixels with data, sd the sample deviation, the
+    median and percentiles numpy's (type 7) — across the tiles a zone spans."""
+    zones = {"type": "FeatureCollection", "features": [ACROSS, INSIDE]}
+    body = {"zones": {"features": zones, "statistics": ["mean", "count", "sd", "median", "min", "max", "sum"],
+                      "percentiles": [10, 90], "weights": "centre"},
+            "start": "2022-07-01", "end": "2022-07-20", "products": ["MOD13A1"], "grid": GRID}
+    clients, _, rows = run(on_stac(settings, planetary), body)
+    table = table_of(clients, rows)
+    files = tile_files(clients, rows)
+    assert len(table) == 2 * len(files) and files
+    for day, found in files.items():
+        for zone in (ACROSS, INSIDE):
+            (got,) = [r for r in table if r["zone"] == zone["id"] and r["key"] == day.isoformat()]
+            x = centred(found, zone)
+            assert got["count"] == len(x) > 10, zone["id"]
+            want = {"mean": x.mean(), "sd": x.std(ddof=1), "median": np.median(x), "min": x.min(), "max": x.max(),
+                    "sum": x.sum(), "p10": np.percentile(x, 10), "p90": np.percentile(x, 90)}
+            for name, value in want.items():
+                assert got[name] == pytest.approx(float(value), rel=1e-9, abs=1e-12), (zone["id"], name)
+            assert "std" not in got
+
+
+def test_sd_and_median_of_unit_weights_are_numpys() -> None:
+    rng = np.random.default_rng(11)
+    one = Partial("NDVI", date(2022, 7, 12), date(2022, 7, 27))
+    x = rng.normal(size=40)
+    one.add(x[:25], np.ones(25), keep=True)
+    other = Partial("NDVI", date(2022, 7, 28), date(2022, 8, 12))
+    other.add(x[25:], np.ones(15), keep=True)
+    one.join(other)
+    found = one.statistics(["sd", "median", "count"], [5, 37.5])
+    assert found["sd"] == pytest.approx(float(x.std(ddof=1))) and found["median"] == pytest.approx(float(np.median(x)))
+    assert found["p5"] == pytest.approx(float(np.percentile(x, 5)))
+    assert found["p37.5"] == pytest.approx(float(np.percentile(x, 37.5))) and found["count"] == 40
+    single = Partial("NDVI")
+    single.add(np.array([0.3]), np.ones(1), keep=True)
+    assert single.statistics(["sd", "median"], []) == {"sd": None, "median": 0.3}  # no deviation of one pixel
 
 
 def test_the_weighted_quantile_is_exactextracts() -> None:

@@ -3,11 +3,17 @@ statistics of an input's pixels on the target grid, each pixel weighted by the s
 area inside the zone, as ``exactextract`` computes them (its ``values`` and ``coverage``:
 the cells a polygon touches and the fraction of each inside it; its ``mean`` is
 Σ c·x / Σ c, its ``count`` Σ c, its ``sum`` Σ c·x, its ``stdev`` the weighted population
-deviation).
+deviation); or, with ``centre`` weights, each pixel whose centre is in the zone weighted 1
+and the others left out, as openEO's ``aggregate_spatial`` and ``filter_spatial`` take a
+pixel (GDAL's rasterizer's rule, by which a polygon region's tiles are clipped too): then
+``count`` is the number of pixels with data, ``sd`` the sample deviation and a percentile
+the unweighted one of Hyndman and Fan's type 7, as openEO's ``sd`` and ``quantiles`` have
+them.
 
 - A **zonal** task per (target tile, group) (``zonal``) waits for the target tile's tile
-  tasks of its inputs (as a reduction does, in their partition), runs ``exactextract`` over
-  each tile file for the zones that meet the tile, and keeps per (zone, input, date or
+  tasks of its inputs (as a reduction does, in their partition), runs ``exactextract`` (or,
+  with centre weights, GDAL's rasterizer) over each tile file for the zones that meet the
+  tile, and keeps per (zone, input, date or
   group) a *partial*: Σ c, Σ c·x, Σ c·x², the minimum and maximum of the cells with data,
   the count of those cells, and, when percentiles are asked, every (value, coverage) pair.
   One Parquet part in ``tiles``, content-addressed by its tiles and zones.
@@ -16,7 +22,8 @@ deviation).
   polygon does not depend on which tile holds it), minima and maxima fold, and a
   percentile is computed from the union of every tile's (value, coverage) pairs — the very
   cells, values and weights ``exactextract`` would see over a mosaic of the tiles — by its
-  own weighted-quantile rule (``quantile``), so that it equals ``exactextract`` over the
+  own weighted-quantile rule (``builtins.weighted_quantile``), so that it equals
+  ``exactextract`` over the
   mosaic, not an average of the tiles' percentiles, which would be wrong. A zone across
   two tiles, or across ±180° (its two parts in tiles on either side), is one row per date
   or group. The table is one CSV and one Parquet file. The join is a merge of the parts,
@@ -39,10 +46,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import rasterio
 import shapely
 from exactextract import exact_extract
 from pyproj import CRS, Transformer
-from shapely.geometry import mapping
+from rasterio.features import geometry_mask
+from rasterio.windows import Window
+from shapely.geometry import mapping, shape
 
 from pipeline import stages
 from pipeline.failures import FailureClass, StageFailure
@@ -50,6 +60,7 @@ from pipeline.reduction import ZONAL_STAGE, ZONES_GATHER, gather
 from pipeline.reduction.builtin import Fetched, _check_failed, encoding_from
 from pipeline.reduction.builtin import gather as gather_tiles
 from pipeline.science import tables, vectors
+from pipeline.science.builtins import weighted_quantile
 from pipeline.science.vectors import Zone
 from pipeline.stages import StageContext
 from pipeline.storage import cache, names
@@ -126,28 +137,16 @@ class Partial:
                 found[name] = self.high
             elif name == "std":
                 found[name] = math.sqrt(max(0.0, self.sum_wxx / self.sum_w - mean * mean))
+            elif name == "sd":  # Bessel's correction (frequency weights): none of a single pixel
+                found[name] = math.sqrt(max(0.0, (self.sum_wxx - self.sum_w * mean * mean) / (self.sum_w - 1))) \
+                    if self.sum_w > 1 else None
+            elif name == "median":
+                found[name] = weighted_quantile(np.concatenate(self.values), np.concatenate(self.weights), 0.5)
         for p in percentiles:
-            found[f"p{p:g}"] = None if empty else quantile(np.concatenate(self.values), np.concatenate(self.weights),
+            found[f"p{p:g}"] = None if empty else weighted_quantile(np.concatenate(self.values),
+                                                                     np.concatenate(self.weights),
                                                             p / 100)
         return found
-
-
-def quantile(x: np.ndarray, w: np.ndarray, q: float) -> float:
-    """The weighted quantile ``q`` of values ``x`` weighted ``w``, by exactextract's rule
-    (https://stats.stackexchange.com/a/13223: sorted by value, s_i = i·w_i + (n − 1)·Σ_{j<i} w_j,
-    interpolated where s reaches q·(n − 1)·Σ w)."""
-    order = np.argsort(x, kind="stable")
-    x, w = x[order], w[order]
-    n = len(x)
-    before = np.concatenate([[0.0], np.cumsum(w)[:-1]])
-    s = np.arange(n) * w + (n - 1) * before
-    s[0] = 0.0
-    target = q * float(np.sum(w)) * (n - 1)
-    right = int(np.searchsorted(s, target, side="right"))
-    left = right - 1
-    if right >= n:
-        return float(x[left])
-    return float(x[left] + (target - s[left]) * (x[right] - x[left]) / (s[right] - s[left]))
 
 
 def zones_meeting(zones: list[Zone], crs: str, bounds: tuple[float, float, float, float],
@@ -165,16 +164,48 @@ def zones_meeting(zones: list[Zone], crs: str, bounds: tuple[float, float, float
             for z in near if z.geometry.intersects(tile)]
 
 
-def extract(path: Path, features: list[tuple[str, dict[str, Any]]]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def extract(path: Path, features: list[tuple[str, dict[str, Any]]],
+            centre: bool = False) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Per zone, the values (decoded by the file's scale and offset, nodata left out) and
     coverage fractions of the tile's cells it touches: exactextract's ``values`` and
-    ``coverage``."""
+    ``coverage``; with ``centre``, those of the cells whose centre is in the zone, each
+    weighted 1 (:func:`centred`)."""
     if not features:
         return {}
+    if centre:
+        return centred(path, features)
     found = exact_extract(str(path), [f for _, f in features], ["values", "coverage"], output="pandas",
                           include_cols=["id"])
     return {str(row["id"]): (np.asarray(row["values"], np.float64), np.asarray(row["coverage"], np.float64))
             for _, row in found.iterrows()}
+
+
+def centred(path: Path, features: list[tuple[str, dict[str, Any]]]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per zone, the values (decoded, nodata left out) of the tile's pixels whose centre is
+    in the zone, each weighted 1: GDAL's rasterizer's rule (``geometry_mask``), which the
+    tiles of a polygon region are clipped by too (``tilestage.clipped``), over the window of
+    the zone's box. (exactextract's cells are not used: it leaves out a cell now and then
+    along a zone's edge whose centre is inside.)"""
+    made = {}
+    with rasterio.open(path) as src:
+        transform, scale, offset = src.transform, src.scales[0], src.offsets[0]
+        for ident, feature in features:
+            geometry = shape(feature["geometry"])
+            west, south, east, north = geometry.bounds
+            first_col = max(0, math.floor((west - transform.c) / transform.a))
+            last_col = min(src.width, math.ceil((east - transform.c) / transform.a))
+            first_row = max(0, math.floor((north - transform.f) / transform.e))
+            last_row = min(src.height, math.ceil((south - transform.f) / transform.e))
+            if first_col >= last_col or first_row >= last_row:
+                made[ident] = (np.empty(0), np.empty(0))
+                continue
+            window = Window(first_col, first_row, last_col - first_col, last_row - first_row)
+            inside = geometry_mask([geometry], out_shape=(window.height, window.width),
+                                   transform=src.window_transform(window), invert=True)
+            good = inside & (src.read_masks(1, window=window) > 0)
+            x = src.read(1, window=window)[good].astype(np.float64) * scale + offset
+            made[ident] = (x, np.ones(len(x)))
+    return made
 
 
 @stages.stage(ZONAL_STAGE)
@@ -191,8 +222,10 @@ def zonal(ctx: StageContext) -> None:
         return
     per_date = params["per"] == "date"
     keep = bool(params.get("percentiles"))
+    centre = params.get("weights") == "centre"
     key = hashlib.sha256(json.dumps([VERSION, params["zones"], per_date, keep, params["group"],
-                                     {a: [b for _, b in d] for a, d in found.tiles.items()}]).encode()).hexdigest()
+                                     {a: [b for _, b in d] for a, d in found.tiles.items()},
+                                     *(["centre"] if centre else [])]).encode()).hexdigest()
     blob = names.table_blob(key, f"zones.{params['group']}.{params['tile']}.parquet")
 
     def make() -> bytes:
@@ -207,7 +240,7 @@ def zonal(ctx: StageContext) -> None:
             for alias, dated in found.tiles.items():
                 for day, tile in dated:
                     where = day.isoformat() if per_date else params["group"]
-                    for zone, (x, w) in extract(fetched.paths[tile], features).items():
+                    for zone, (x, w) in extract(fetched.paths[tile], features, centre).items():
                         one = partials.setdefault((zone, alias, where), Partial(encodings[alias].unit))
                         one.start = min(d for d in (one.start, day) if d is not None)
                         one.end = max(d for d in (one.end, day) if d is not None)
@@ -301,7 +334,7 @@ def zones_table(ctx: StageContext) -> None:
         raise StageFailure(FailureClass.DEPENDENCY_FAILED, f"{len(failed)} zonal tasks failed (first: {failed[0]})")
     blobs = [o.removeprefix(names.TILE_OUTPUT_PREFIX) for r in rows if r.status in gather.GOOD
              for o in r.output_names()]
-    statistics = params["statistics"].split(",")
+    statistics = [name for name in params["statistics"].split(",") if name]
     percentiles = [float(p) for p in params.get("percentiles", "").split(",") if p]
     key = hashlib.sha256(json.dumps([VERSION, ZONES_GATHER, sorted(blobs), statistics, percentiles]).encode()
                          ).hexdigest()

@@ -352,7 +352,7 @@ def _gathers(request: JobRequest, listed: list[TaskSpec], derived: dict[str, dic
         kept = request.zones.kept
         assert kept is not None
         found.append(GatherSpec(ZONES_GATHER, _ranges(zonal), extra=(
-            ("zones", kept.ref), ("statistics", ",".join(request.zones.statistics)),
+            ("zones", kept.ref), ("statistics", ",".join(dict.fromkeys(request.zones.statistics))),
             ("percentiles", ",".join(map(repr, request.zones.percentiles))), ("per", request.zones.by), *span),
             work=len(zonal) * max(1, kept.count or 1) / 1e3))
     output = request.output
@@ -408,8 +408,12 @@ class _Plan:
         self.derived_layers = frozenset((p, name) for p, made in derived.items() for name in made)
         self.clip = clip_of(request)
         zones = request.zones
+        # a zonal task's: its zones, its grouping, whether it keeps every value (for percentiles, the
+        # median's included) and how it weights a pixel (its default, coverage, unnamed)
         self.zones: tuple[tuple[str, str], ...] = () if zones is None or zones.kept is None else (
-            ("zones", zones.kept.ref), ("per", zones.by), ("percentiles", ",".join(map(repr, zones.percentiles))))
+            ("zones", zones.kept.ref), ("per", zones.by), ("percentiles", ",".join(map(repr, sorted(
+                {*zones.percentiles, *([50.0] if "median" in zones.statistics else [])})))),
+            *((("weights", zones.weights),) if zones.weights != "coverage" else ()))
         self.tiles: list[TaskSpec] = []
         self.climatologies: list[TaskSpec] = []
         self.reductions: list[tuple[TaskSpec, list[int], list[int]]] = []  # (spec, tile seqs, climatology indexes)

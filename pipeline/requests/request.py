@@ -191,30 +191,36 @@ class Sites(BaseModel):
         return self
 
 
-Statistic = Literal["mean", "min", "max", "std", "count", "sum"]
-STATISTICS: tuple[Statistic, ...] = ("mean", "min", "max", "std", "count", "sum")
+Statistic = Literal["mean", "min", "max", "std", "count", "sum", "sd", "median"]
+STATISTICS: tuple[Statistic, ...] = ("mean", "min", "max", "std", "count", "sum")  # the default
 
 
 class Zones(BaseModel):
     """Zonal statistics: per zone (a polygon with an id) and date — or group of dates
     (``by``: a grouping of ``reduce``'s) — the statistics of each input's pixels on the
-    target grid, each pixel weighted by the share of its area inside the zone
-    (``pipeline.reduction.zonal``). ``features``: a GeoJSON FeatureCollection; kept at
-    submission as ``kept``."""
+    target grid (``pipeline.reduction.zonal``), each pixel weighted (``weights``) by the share
+    of its area inside the zone (``coverage``), or whole if its centre is in the zone and not
+    at all otherwise (``centre``: openEO's ``aggregate_spatial``). ``std`` is the weighted
+    population deviation, ``sd`` the sample deviation (Bessel's correction, as openEO's
+    ``sd``), ``median`` the 50th percentile. ``features``: a GeoJSON FeatureCollection; kept
+    at submission as ``kept``."""
 
     model_config = ConfigDict(extra="forbid")
     features: dict[str, Any] | None = None
     kept: Kept | None = None
-    statistics: Annotated[list[Statistic], Field(min_length=1, max_length=6)] = list(STATISTICS)
+    statistics: Annotated[list[Statistic], Field(max_length=8)] = list(STATISTICS)
     percentiles: Annotated[list[Annotated[float, BeforeValidator(_number), Field(ge=0, le=100)]],
                            Field(max_length=9)] = []
     by: Annotated[str, Field(max_length=32)] = "date"  # date, or span, month, season, year, days:N…
     inputs: Annotated[list[Ref], Field(min_length=1, max_length=16)] | None = None  # default: the layers made
+    weights: Literal["coverage", "centre"] = "coverage"
 
     @model_validator(mode="after")
     def _one_kind(self) -> Zones:
         if (self.features is None) == (self.kept is None):
             raise ValueError("give features (a GeoJSON FeatureCollection of polygons), or kept (a kept document's ref)")
+        if not self.statistics and not self.percentiles:
+            raise ValueError("ask for statistics or percentiles, one at least")
         return self
 
 

@@ -163,6 +163,26 @@ def _percentile(values: np.ndarray, p: float) -> np.ndarray:
     return result.reshape(values.shape[1:])
 
 
+def weighted_quantile(x: np.ndarray, w: np.ndarray, q: float) -> float:
+    """The weighted quantile ``q`` of values ``x`` weighted ``w`` (the zones' percentiles,
+    ``pipeline.reduction.zonal``), by exactextract's rule
+    (https://stats.stackexchange.com/a/13223: sorted by value, s_i = i·w_i + (n − 1)·Σ_{j<i} w_j,
+    interpolated where s reaches q·(n − 1)·Σ w); with every weight 1, s_i = n·i and the
+    quantile is at q·(n − 1): Hyndman and Fan's type 7 (numpy's default)."""
+    order = np.argsort(x, kind="stable")
+    x, w = x[order], w[order]
+    n = len(x)
+    before = np.concatenate([[0.0], np.cumsum(w)[:-1]])
+    s = np.arange(n) * w + (n - 1) * before
+    s[0] = 0.0
+    target = q * float(np.sum(w)) * (n - 1)
+    right = int(np.searchsorted(s, target, side="right"))
+    left = right - 1
+    if right >= n:
+        return float(x[left])
+    return float(x[left] + (target - s[left]) * (x[right] - x[left]) / (s[right] - s[left]))
+
+
 def reduce(reducer: Reducer, values: np.ndarray, dates: Sequence[date],
            baseline: Climatology | None = None) -> np.ndarray:
     """The reducer over a whole stack (time, y, x) of decoded values (NaN: no value) with
