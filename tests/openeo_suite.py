@@ -13,7 +13,8 @@ makes for it, ``.tools/openeo``), and the folder it reads its specifications fro
   its runner. It runs each individual process test in this process through bagpipe's
   implementations: the per-pixel processes as the compiler writes them into an expression
   (``pipeline.web.openeo.pixels``) evaluated by ``pipeline.science.expressions``, the
-  reducers over time by ``pipeline.science.builtins``. A test bagpipe's model cannot state —
+  reducers over time by ``pipeline.science.builtins``, ``quantiles`` by the zones'
+  percentiles' rule (``builtins.weighted_quantile``, every pixel weighted 1). A test bagpipe's model cannot state —
   strings, booleans or labeled arrays as data, data cubes given as JSON, infinities (a raster
   holds none: a non-finite value is no value), a reducer that keeps no-data — is skipped,
   saying why.
@@ -86,6 +87,8 @@ class BagpipeRunner:
         try:
             if id in REDUCERS:
                 return self._reduce(id, arguments)
+            if id == "quantiles":
+                return self._quantiles(arguments)
             if id in pixels.PROCESSES:
                 return self._pixel(id, arguments)
         except NotHere as why:
@@ -116,6 +119,25 @@ class BagpipeRunner:
         if math.isnan(value):
             return None
         return bool(value) if found.condition else value
+
+    def _quantiles(self, arguments: dict[str, Any]) -> Any:
+        """A zone's quantiles as its table's percentile columns compute them: the weighted
+        quantile of its pixels, each weighted 1 (aggregate_spatial counts a pixel whole)."""
+        data = arguments.get("data")
+        if not isinstance(data, list) or any(isinstance(v, (str, bool, list, dict)) for v in data):
+            raise NotHere("quantiles: bagpipe's zones take numbers")
+        if any(isinstance(v, float) and (math.isinf(v) or math.isnan(v)) for v in data):
+            raise NotHere("quantiles: a raster holds no infinity, and NaN as no data")
+        if arguments.get("ignore_nodata") is False:
+            raise NotHere("quantiles: a zone's statistics ignore no-data (the compiler refuses ignore_nodata false)")
+        probabilities, q = arguments.get("probabilities"), arguments.get("q")
+        if isinstance(probabilities, int):
+            probabilities, q = None, probabilities
+        if q is not None:
+            probabilities = [k / q for k in range(1, q)]
+        values = np.array([v for v in data if v is not None], dtype=np.float64)
+        return [builtins.weighted_quantile(values, np.ones(len(values)), p) if len(values) else None
+                for p in probabilities or []]
 
     def _reduce(self, process: str, arguments: dict[str, Any]) -> Any:
         data = arguments.get("data")

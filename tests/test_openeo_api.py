@@ -100,7 +100,8 @@ def test_discovery_is_open_and_names_every_endpoint(api: TestClient) -> None:
     assert joined.status_code == 308 and joined.headers["location"].endswith(f"{BASE}/collections/MOD13A1?x=1")
     assert api.get(f"{BASE}//collections").json()["collections"]
     formats = api.get(f"{BASE}/file_formats").json()["output"]
-    assert set(formats) == {"GTiff", "netCDF", "Zarr"} and formats["netCDF"]["gis_data_types"] == ["raster"]
+    assert set(formats) == {"GTiff", "netCDF", "Zarr", "CSV", "Parquet"}
+    assert formats["netCDF"]["gis_data_types"] == ["raster"] and formats["CSV"]["gis_data_types"] == ["table"]
     assert api.get(f"{BASE}/service_types").json() == {}
     oidc = api.get(f"{BASE}/credentials/oidc")  # no Entra on the local stack: not there, nor in the list
     assert oidc.status_code == 404 and oidc.json()["code"] == "NotFound" and "/credentials/oidc" not in paths
@@ -222,13 +223,23 @@ REFUSED = [
     ("an unknown process", with_node(monthly_max(), "x", {
         "process_id": "frobnicate", "arguments": {"data": {"from_node": "agg"}}}, "x"),
      400, "ProcessUnsupported", ["frobnicate"]),
-    ("statistics over polygons", with_node(monthly_max(), "x", {
-        "process_id": "aggregate_spatial", "arguments": {"data": {"from_node": "agg"}, "geometries": {},
-                                                          "reducer": MAX}}, "x"),
-     400, "ProcessUnsupported", ["aggregate_spatial", "per tile"]),
+    ("statistics at points", with_node(monthly_max(), "x", {
+        "process_id": "aggregate_spatial", "arguments": {"data": {"from_node": "load"}, "reducer": MAX, "geometries": {
+            "type": "Point", "coordinates": [-107.8, 35.4]}}}, "x"),
+     400, "ProcessParameterUnsupported", ["aggregate_spatial", "own grid"]),
+    ("a mean of monthly maxima over polygons", with_node(monthly_max(), "x", {
+        "process_id": "aggregate_spatial", "arguments": {"data": {"from_node": "agg"}, "reducer": {"process_graph": {
+            "m": {"process_id": "mean", "arguments": {"data": {"from_parameter": "data"}}, "result": True}}},
+            "geometries": {"type": "Polygon", "coordinates": [[[-107.9, 35.3], [-107.6, 35.3], [-107.7, 35.7],
+                                                               [-107.9, 35.3]]]}}}, "x"),
+     400, "ProcessUnsupported", ["aggregate_spatial", "pooled"]),
     ("resampling across tile edges", with_node(monthly_max(), "x", {
         "process_id": "resample_spatial", "arguments": {"data": {"from_node": "agg"}, "resolution": 0.1}}, "x"),
      400, "ProcessUnsupported", ["resample_spatial", "tile edges"]),
+    ("a Python UDF", with_node(monthly_max(), "x", {
+        "process_id": "run_udf", "arguments": {"data": {"from_node": "agg"}, "runtime": "Python",
+                                                "udf": "def apply_datacube(cube, context):\n    return cube\n"}}, "x"),
+     400, "ProcessUnsupported", ["run_udf", "UDF API", "reduce.program"]),
     ("model fitting", with_node(monthly_max(), "x", {
         "process_id": "fit_curve", "arguments": {"data": {"from_node": "agg"}}}, "x"),
      400, "ProcessUnsupported", ["fit_curve"]),
@@ -423,3 +434,48 @@ def test_a_cubes_results_are_the_cube_gathers_of_its_layers_or_its_reduction() -
         assert not routes._is_result(aggregate, compiled(fmt, "max"), "x/max.MOD13A1.2022-01.x-0108y+0035.tif")
     assert routes._is_result(aggregate, compiled("GTiff", "max"), "x/max.MOD13A1.2022-01.x-0108y+0035.tif")
     assert not routes._is_result(reduced, compiled("GTiff", "max"), "x/max.nc")
+
+
+FIELDS = {"type": "FeatureCollection", "features": [
+    {"type": "Feature", "id": "north", "properties": {}, "geometry": {"type": "Polygon", "coordinates": [
+        [[-107.9, 35.3], [-107.6, 35.3], [-107.7, 35.7], [-107.9, 35.3]]]}},
+    {"type": "Feature", "id": "south", "properties": {}, "geometry": {"type": "Polygon", "coordinates": [
+        [[-107.9, 35.2], [-107.7, 35.2], [-107.7, 35.25], [-107.9, 35.25], [-107.9, 35.2]]]}}]}
+
+
+def zonal_mean(fmt: str = "CSV") -> dict[str, Any]:
+    """A year of MOD13A1 NDVI over a box, its mean per date over two fields, as a table."""
+    process = monthly_max()
+    nodes = process["process_graph"]
+    nodes["agg"] = {"process_id": "aggregate_spatial", "arguments": {
+        "data": {"from_node": "load"}, "geometries": FIELDS, "reducer": {"process_graph": {"m": {
+            "process_id": "mean", "arguments": {"data": {"from_parameter": "data"}}, "result": True}}}}}
+    nodes["save"]["arguments"]["format"] = fmt
+    return process
+
+
+def test_aggregate_spatial_keeps_its_zones_and_plans_zonal_tasks_by_centre_and_a_gather(
+        api: TestClient, clients: Clients, token: str) -> None:
+    job = created(api, token, zonal_mean())
+    record = store.get(clients, "ana", job)
+    assert record is not None
+    zones = graph.Compiled.from_json(record.compiled).request.zones
+    assert zones is not None and zones.features is None and zones.kept is not None and zones.kept.count == 2
+    assert application.load_vector(clients, zones.kept.ref)["kind"] == "zones"
+    assert api.post(f"{BASE}/jobs/{job}/results", headers=bearer(token)).status_code == 202
+    run = jobs.get(clients, store.get(clients, "ana", job).latest)  # type: ignore[union-attr]
+    planned = application.plan(clients.settings, JobRequest.model_validate_json(run.request))
+    zonal = [p.params for p in planned if p.stage == "zonal"]
+    assert zonal and {p["weights"] for p in zonal} == {"centre"} and {p["per"] for p in zonal} == {"date"}
+    (gather,) = [p.params for p in planned if p.stage == "zones"]
+    assert gather["statistics"] == "mean" and not [p for p in planned if p.stage in ("aggregate", "cube")]
+
+
+def test_a_tables_results_are_the_zones_gathers_file_of_its_format() -> None:
+    request = graph.compile_graph(zonal_mean()).request
+    gather = {"stage": "zones"}
+    for fmt, mine, other in (("CSV", "x/zones.csv", "x/zones.parquet"), ("Parquet", "x/zones.parquet", "x/zones.csv")):
+        compiled = graph.Compiled(request, {}, "", fmt)
+        assert routes._is_result(gather, compiled, mine) and not routes._is_result(gather, compiled, other)
+        assert not routes._is_result({"stage": "modis", "product": "MOD13A1"}, compiled, "x/a.tif")
+        assert not routes._is_result({"stage": "zonal", "product": "MOD13A1"}, compiled, "x/zones.j.t.parquet")

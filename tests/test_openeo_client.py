@@ -4,10 +4,13 @@ basic authentication, list collections and processes, build a graph — MOD13A1 
 and a year, its maximum per month, saved as GeoTIFF —, create, start, poll, download, and find
 the same pixels as the native API's products for the same request. Then a job that fails in
 part offers what it made (partial results) and its failures (logs), and a restart runs only
-what did not succeed."""
+what did not succeed. The same maximum saved as netCDF is one cube xarray opens, equal to the
+native API's GeoTIFFs; a month's mean NDVI over two fields (aggregate_spatial), saved as CSV
+and as Parquet, is the native API's zones table for the same request."""
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,9 +18,12 @@ from typing import Any
 import httpx
 import numpy as np
 import openeo
+import pandas
 import pytest
 import rasterio
+import shapely.geometry
 import xarray
+from rasterio.features import geometry_mask
 from rasterio.io import MemoryFile
 
 from bagpipe.azurite import Azurite
@@ -188,3 +194,63 @@ def test_a_netcdf_cube_of_the_monthly_maximum_opens_with_xarray_equal_to_the_nat
             assert np.array_equal(np.isnan(part), np.isnan(values)), group
             assert np.allclose(part[np.isfinite(part)], values[np.isfinite(values)], rtol=0, atol=1e-6), group
             assert np.isfinite(values).any(), group
+
+
+FIELDS = {"type": "FeatureCollection", "features": [
+    {"type": "Feature", "id": "north", "properties": {}, "geometry": {"type": "Polygon", "coordinates": [
+        [[-107.9, 35.3], [-107.6, 35.3], [-107.7, 35.7], [-107.9, 35.3]]]}},
+    {"type": "Feature", "id": "south", "properties": {}, "geometry": {"type": "Polygon", "coordinates": [
+        [[-107.9, 35.2], [-107.7, 35.2], [-107.7, 35.25], [-107.9, 35.25], [-107.9, 35.2]]]}}]}
+NATIVE_ZONES = {"region": {"bbox": [-108.0, 35.2, -107.5, 35.8]}, "start": "2022-07-01", "end": "2022-07-31",
+                "products": ["MOD13A1"], "layers": {"MOD13A1": ["500m_16_days_NDVI"]},
+                "zones": {"features": FIELDS, "statistics": ["mean"], "weights": "centre"}}
+
+
+@pytest.mark.timeout(2400)
+def test_aggregate_spatial_saves_the_native_apis_zones_table_as_csv_and_parquet(
+        stack: LocalStack, tmp_path: Path) -> None:
+    """A month's NDVI, its mean over two fields per date, as openEO's aggregate_spatial: the
+    job's one asset is the zones' table, equal row for row to the native API's for the same
+    request, each mean that of the pixels whose centre is in the field on the date's tile."""
+    connection = connected(stack)
+    cube = connection.load_collection("MOD13A1", spatial_extent=BOX, temporal_extent=["2022-07-01", "2022-08-01"],
+                                      bands=["500m_16_days_NDVI"])
+    tables = {}
+    for fmt, name in (("CSV", "zones.csv"), ("Parquet", "zones.parquet")):
+        job = cube.aggregate_spatial(geometries=FIELDS, reducer="mean").save_result(format=fmt).create_job()
+        job.start_and_wait(max_poll_interval=2, print=lambda *_: None)
+        assert job.status() == "finished"
+        got = job.get_results()
+        assets = got.get_metadata()["assets"]
+        assert list(assets) == [name], assets
+        got.download_files(tmp_path / fmt)
+        path = tmp_path / fmt / name
+        tables[fmt] = pandas.read_csv(path, parse_dates=False) if fmt == "CSV" else pandas.read_parquet(path)
+    mine = tables["CSV"]
+    assert sorted(mine["zone"].unique()) == ["north", "south"] and list(mine.columns) == [
+        "zone", "input", "key", "start", "end", "unit", "mean"]
+    mine = mine.astype({"start": str, "end": str})
+    pandas.testing.assert_frame_equal(mine, tables["Parquet"].astype({"start": str, "end": str}), rtol=1e-9)
+
+    api = Api(stack.api_url, stack.token)
+    native = api.submit(NATIVE_ZONES)["job"]
+    wait_for(lambda: api.status(native)["state"] in ("SUCCEEDED", "FAILED"), 300, "the native job")
+    clients = clients_for(stack.settings)
+    manifest = results.with_links(clients, native, results.manifest(clients, native) or {})
+    (gather,) = [t for t in manifest["tasks"] if t["stage"] == "zones"]
+    (link,) = [link for blob, link in gather["links"].items() if blob.endswith(".parquet")]
+    theirs = pandas.read_parquet(io.BytesIO(httpx.get(link).content)).astype({"start": str, "end": str})
+    pandas.testing.assert_frame_equal(mine, theirs, rtol=1e-9)
+
+    tiles = {t["date"]: httpx.get(link).content for t in manifest["tasks"] if t["stage"] == "modis"
+             for link in t["links"].values()}
+    assert len(tiles) == len(mine) // 2 >= 2  # a row per field and date
+    for feature in FIELDS["features"]:
+        field = shapely.geometry.shape(feature["geometry"])
+        for day, data in tiles.items():
+            with MemoryFile(data) as memory, memory.open() as src:
+                inside = geometry_mask([field], out_shape=src.shape, transform=src.transform, invert=True)
+                good = inside & (src.read_masks(1) > 0)
+                values = src.read(1)[good].astype("float64") * src.scales[0] + src.offsets[0]
+            (row,) = mine[(mine["zone"] == feature["id"]) & (mine["key"] == day)].to_dict("records")
+            assert row["mean"] == pytest.approx(float(values.mean()), rel=1e-9), (feature["id"], day)

@@ -282,3 +282,93 @@ def test_save_result_as_netcdf_or_zarr_is_the_requests_cube_output(given: str, o
     assert compiled.reduction == "max"
     process["process_graph"]["save"]["arguments"]["format"] = "JSON"
     assert refused(process).code == "FormatUnsuitable" and "netCDF" in refused(process).message
+
+
+FIELDS = {"type": "FeatureCollection", "features": [
+    {"type": "Feature", "id": "north", "properties": {}, "geometry": INSIDE},
+    {"type": "Feature", "properties": {"name": "south"}, "geometry": {"type": "Polygon", "coordinates": ring(
+        -107.9, 35.2, -107.7, 35.25)}}]}
+
+
+def zonal(*before: tuple[str, str, dict[str, Any]], reducer_: dict[str, Any] | None = None,
+          geometries: dict[str, Any] | None = None, fmt: str = "CSV") -> dict[str, Any]:
+    """load → the nodes given → aggregate_spatial (a mean by default) → save_result as a table."""
+    process = graph(*before, ("zones", "aggregate_spatial", {"geometries": geometries or FIELDS,
+                                                             "reducer": reducer_ or reducer("mean")}))
+    process["process_graph"]["save"]["arguments"]["format"] = fmt
+    return process
+
+
+def test_aggregate_spatial_is_the_requests_zones_per_date_counting_pixels_by_their_centre() -> None:
+    compiled = compile_graph(zonal(("ndvi", "ndvi", {})))
+    zones = compiled.request.zones
+    assert zones is not None and zones.by == "date" and zones.weights == "centre"
+    assert zones.statistics == ["mean"] and zones.percentiles == [] and zones.inputs == ["MCD43A4.ndvi"]
+    assert [f["id"] for f in zones.features["features"]] == ["north", "south"]  # type: ignore[index]
+    assert compiled.request.reduce is None and compiled.request.region.bbox == (  # type: ignore[union-attr]
+        -108.0, 35.2, -107.5, 35.8)
+    assert compiled.format == "CSV" and compiled.layers == {} and compiled.reduction == ""
+    for process, statistics, percentiles in (("median", ["median"], []), ("sd", ["sd"], []),
+                                             ("count", ["count"], []), ("sum", ["sum"], [])):
+        found = compile_graph(zonal(reducer_=reducer(process))).request.zones
+        assert found is not None and (found.statistics, found.percentiles) == (statistics, percentiles), process
+    quantiles = compile_graph(zonal(reducer_=reducer("quantiles", probabilities=[0.1, 0.5, 0.9]), fmt="Parquet"))
+    assert quantiles.request.zones is not None and quantiles.format == "Parquet"
+    assert (quantiles.request.zones.statistics, quantiles.request.zones.percentiles) == ([], [10.0, 50.0, 90.0])
+    for quarters in (reducer("quantiles", q=4), reducer("quantiles", probabilities=4)):  # 1.x's q, 2.0's number
+        found = compile_graph(zonal(reducer_=quarters)).request.zones
+        assert found is not None and found.percentiles == [25.0, 50.0, 75.0]
+    descending = refused(zonal(reducer_=reducer("quantiles", probabilities=[0.9, 0.1])))
+    assert descending.code == "AscendingProbabilitiesRequired" and descending.process == "quantiles"
+    unsaved = zonal()
+    del unsaved["process_graph"]["save"]
+    unsaved["process_graph"]["zones"]["result"] = True
+    assert compile_graph(unsaved).format == "CSV"  # a table not saved is saved as CSV
+    one = compile_graph(zonal(geometries=INSIDE)).request.zones  # a polygon alone: one zone, 0
+    assert one is not None and [f["id"] for f in one.features["features"]] == ["0"]  # type: ignore[index]
+    unnamed = {"type": "FeatureCollection", "features": [{"type": "Feature", "properties": {}, "geometry": INSIDE},
+                                                          {"type": "Feature", "geometry": INSIDE}]}
+    two = compile_graph(zonal(geometries=unnamed)).request.zones  # labelled by their place, as openEO has it
+    assert two is not None and [f["id"] for f in two.features["features"]] == ["0", "1"]  # type: ignore[index]
+
+
+def test_aggregate_spatial_after_a_temporal_reduction_is_the_pooled_statistic_where_that_is_the_same() -> None:
+    for temporal, spatial, statistic in (("max", "max", "max"), ("min", "min", "min"), ("sum", "sum", "sum"),
+                                         ("count", "sum", "count")):
+        compiled = compile_graph(zonal(("ndvi", "ndvi", {}), ("t", "aggregate_temporal_period", {
+            "period": "month", "reducer": reducer(temporal)}), reducer_=reducer(spatial)))
+        zones = compiled.request.zones
+        assert zones is not None and zones.by == "month" and zones.statistics == [statistic], temporal
+        assert compiled.request.reduce is None  # the zones pool the group's dates: no reduction runs
+    for temporal, spatial in (("mean", "mean"), ("max", "mean"), ("median", "median"), ("sd", "sd")):
+        why = refused(zonal(("t", "reduce_dimension", {"dimension": "t", "reducer": reducer(temporal)}),
+                            reducer_=reducer(spatial)))
+        assert why.process == "aggregate_spatial" and why.code == "ProcessUnsupported", temporal
+        assert f"the {spatial} of per-pixel {temporal}s" in why.message and "pooled" in why.message
+
+
+def test_what_aggregate_spatial_cannot_do_is_refused_naming_the_process() -> None:
+    points = {"type": "FeatureCollection", "features": [
+        {"type": "Feature", "id": "a", "properties": {}, "geometry": {"type": "Point", "coordinates": [-107.8, 35.4]}}]}
+    why = refused(zonal(geometries=points))
+    assert why.process == "aggregate_spatial" and why.code == "ProcessParameterUnsupported"
+    assert "own grid" in why.message and "nearest pixel centre" in why.message
+    line = refused(zonal(geometries={"type": "LineString", "coordinates": [[-107.8, 35.4], [-107.7, 35.5]]}))
+    assert line.process == "aggregate_spatial" and "LineString" in line.message
+    twice = {"type": "FeatureCollection", "features": [FIELDS["features"][0], FIELDS["features"][0]]}
+    assert "given twice" in refused(zonal(geometries=twice)).message
+    first = refused(zonal(reducer_=reducer("first")))
+    assert first.process == "first" and "no order" in first.message
+    assert refused(zonal(reducer_=reducer("quantiles"))).code == "QuantilesParameterMissing"
+    assert refused(zonal(fmt="GTiff")).code == "FormatUnsuitable"  # a table is CSV or Parquet
+    raster = graph()
+    raster["process_graph"]["save"]["arguments"]["format"] = "CSV"
+    assert refused(raster).code == "FormatUnsuitable"  # a raster is not
+    after = zonal()
+    flat = after["process_graph"]
+    flat["again"] = {"process_id": "apply", "arguments": {"data": {"from_node": "zones"}, "process": reducer("sd")}}
+    flat["save"]["arguments"]["data"] = {"from_node": "again"}
+    assert "after aggregate_spatial" in refused(after).message
+    dimension = zonal()
+    dimension["process_graph"]["zones"]["arguments"]["target_dimension"] = "result"
+    assert refused(dimension).code == "ProcessParameterUnsupported"

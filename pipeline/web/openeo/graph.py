@@ -13,6 +13,10 @@ tile, a group of dates), so a graph is taken apart into those:
   (``reduce``: by span, month, season or year, with a built-in reducer), and an ``apply``
   after it an expression over the reduced inputs;
 - ``merge_cubes`` of two products is a reduction's several inputs (the bands of both);
+- ``aggregate_spatial`` over polygons is the request's ``zones`` (a pixel counted whole if its
+  centre is in a zone, as openEO defines it), per date, or per group of a temporal reduction
+  where the statistic pooled over the group's pixels and dates is the one of the per-pixel
+  reductions; its table is saved as CSV or Parquet, the zones gather's files;
 - ``save_result`` picks the output format: GeoTIFF (a COG per tile and date or group), or a
   cube — netCDF or Zarr, the request's ``output.format``: one per layer and per reduction,
   written by the job's cube gathers over every tile.
@@ -48,20 +52,28 @@ from pipeline.web.openeo.pixels import Bands, Expr
 
 # bagpipe's processes at the cube level (the child graphs' are pixels.PROCESSES)
 CUBE_PROCESSES = ("load_collection", "filter_bbox", "filter_spatial", "filter_temporal", "filter_bands", "ndvi",
-                  "reduce_dimension", "apply", "mask", "aggregate_temporal_period", "merge_cubes", "save_result")
+                  "reduce_dimension", "apply", "mask", "aggregate_temporal_period", "merge_cubes", "aggregate_spatial",
+                  "save_result")
 # a temporal reducer's process: the built-in it is (pipeline.science.builtins)
 REDUCERS = {"min": "min", "max": "max", "mean": "mean", "median": "median", "sum": "sum", "count": "count",
             "sd": "std", "first": "first", "last": "last"}
-PROCESSES = (*CUBE_PROCESSES, *pixels.PROCESSES, *REDUCERS)
+# aggregate_spatial's reducers: the zones' statistic each is (quantiles: their percentiles)
+SPATIAL = {"mean": "mean", "min": "min", "max": "max", "sd": "sd", "count": "count", "sum": "sum",
+           "median": "median"}
+# aggregate_spatial after a temporal reduction: the zones' statistic over a group's pixels and dates
+# pooled is the spatial reducer of the per-pixel temporal ones for these (temporal, spatial) alone
+POOLED = {("min", "min"): "min", ("max", "max"): "max", ("sum", "sum"): "sum", ("count", "sum"): "count"}
+PROCESSES = (*CUBE_PROCESSES, *pixels.PROCESSES, *REDUCERS, "quantiles")
 _OPENEO = {bagpipe: openeo for openeo, bagpipe in REDUCERS.items()}
 PERIODS = {"month": "month", "season": "season", "year": "year"}
 # save_result's formats (openEO's names, any case), and the request's output.format each is
 FORMATS = {"gtiff": "GTiff", "geotiff": "GTiff", "tiff": "GTiff", "netcdf": "netCDF", "nc": "netCDF", "zarr": "Zarr"}
+FORMATS |= {"csv": "CSV", "parquet": "Parquet"}
 OUTPUTS = {"GTiff": "cog", "netCDF": "netcdf", "Zarr": "zarr"}
 CUBES = ("netCDF", "Zarr")  # a cube per layer or reduction (the gathers'), not a file per tile
+TABLES = {"CSV": ".csv", "Parquet": ".parquet"}  # aggregate_spatial's table: the zones gather's file of each
 # why a known openEO process cannot run per tile here
 NOT_PER_TILE = {
-    "aggregate_spatial": "statistics over polygons across tiles need a gather task (not yet here)",
     "mask_polygon": "a mask that keeps the data's extent is not here: filter_spatial clips to the polygons",
     "resample_spatial": "resampling crosses tile edges; bagpipe's grid is the request's",
     "resample_cube_spatial": "resampling crosses tile edges; bagpipe's grid is the request's",
@@ -71,7 +83,10 @@ NOT_PER_TILE = {
     "fit_class_random_forest": "model fitting needs every pixel of the region at once",
     "fit_regr_random_forest": "model fitting needs every pixel of the region at once",
     "aggregate_temporal": "only aggregate_temporal_period's month, season and year groups are here",
-    "run_udf": "a scientist's program runs as a bagpipe reducer (the native API's reduce.program)",
+    "run_udf": "a UDF would run as a program in bagpipe's sandbox, but nothing yet gives it openEO's UDF API (an "
+               "XarrayDataCube of a chunk, its result's dimensions mapped back onto tiles; the workers' runtime has "
+               "no openeo package); upload the code as a reducer bundle and run it as the native API's "
+               "reduce.program",
 }
 _NAME = re.compile(r"[^a-z0-9_]")
 
@@ -112,6 +127,17 @@ class Cube:
     @property
     def products(self) -> list[str]:
         return sorted({b.product for b in self.bands})
+
+
+@dataclass(frozen=True)
+class Table:
+    """What ``aggregate_spatial`` makes: the zones' statistics of a cube's bands, a row per
+    zone, band and date (or the temporal reduction's group)."""
+
+    cube: Cube
+    zones: str  # a GeoJSON FeatureCollection of the zones, each with its id (JSON text)
+    statistics: tuple[str, ...]
+    percentiles: tuple[float, ...]
 
 
 @dataclass(frozen=True)
@@ -200,6 +226,9 @@ class _Walker:
             raise CompileError("ProcessParameterInvalid", f"{process}: argument {name} must be a data cube (the "
                                "result of another process)", process)
         found = self.node(str(value["from_node"]))
+        if isinstance(found, Table):
+            raise CompileError("ProcessUnsupported", f"{process}: after aggregate_spatial bagpipe saves its table "
+                               "(save_result as CSV or Parquet)", process)
         if not isinstance(found, Cube):
             raise CompileError("ProcessParameterInvalid", f"{process}: argument {name} is not a data cube", process)
         return found
@@ -437,16 +466,50 @@ class _Walker:
                                "reduction (bagpipe computes both on one grid and one grouping)", process)
         return replace(one, bands=(*one.bands, *two.bands), has_bands=True)
 
-    def _save_result(self, process: str, a: dict[str, Any]) -> Cube:
-        cube = self.cube(a.get("data"), process)
+    def _save_result(self, process: str, a: dict[str, Any]) -> Cube | Table:
+        data = a.get("data")
+        found = self.node(str(data["from_node"])) if isinstance(data, dict) and "from_node" in data else None
+        saved: Cube | Table = found if isinstance(found, Table) else self.cube(data, process)
         given = str(a.get("format") or "")
-        if given.lower() not in FORMATS:
-            raise CompileError("FormatUnsuitable", f"save_result: format {given!r}: bagpipe writes a raster cube as "
-                               f"{', '.join(OUTPUTS)} (GET /file_formats)", process)
+        fitting: dict[str, str] = TABLES if isinstance(saved, Table) else OUTPUTS
+        if FORMATS.get(given.lower()) not in fitting:
+            what = "aggregate_spatial's table" if isinstance(saved, Table) else "a raster cube"
+            raise CompileError("FormatUnsuitable", f"save_result: format {given!r}: bagpipe writes {what} as "
+                               f"{', '.join(fitting)} (GET /file_formats)", process)
         if a.get("options"):
             raise CompileError("ProcessParameterUnsupported", "save_result: no options are supported", process)
         self.format = FORMATS[given.lower()]
-        return cube
+        return saved
+
+    # --- statistics over polygons -------------------------------------------------------------------
+    def _aggregate_spatial(self, process: str, a: dict[str, Any]) -> Table:
+        """The zones' statistics of the cube's bands (the request's ``zones``, each pixel whose
+        centre is in a zone counted whole, as openEO defines it): per date, or per group of a
+        temporal reduction before it where the statistic of the pooled pixels and dates is
+        the statistic of the per-pixel reductions (:data:`POOLED`)."""
+        cube = self.cube(a.get("data"), process)
+        if a.get("target_dimension") is not None:
+            raise CompileError("ProcessParameterUnsupported", "aggregate_spatial: target_dimension (the counts of "
+                               "pixels beside each value) is not supported; count is a reducer of its own", process)
+        if a.get("context") is not None:
+            raise CompileError("ProcessParameterUnsupported", "aggregate_spatial: no context is supported", process)
+        zones = _zones(a.get("geometries"), process)
+        statistic, percentiles = _spatial_reducer(a.get("reducer"), process)
+        if cube.post:
+            raise CompileError("ProcessUnsupported", "aggregate_spatial: after an apply after a temporal reduction "
+                               "(aggregate first, per date)", process)
+        if cube.by:
+            temporal = _OPENEO.get(cube.reducer, cube.reducer)
+            pooled = POOLED.get((temporal, statistic)) if not percentiles else None
+            if pooled is None:
+                spatial = statistic or "quantiles"
+                raise CompileError("ProcessUnsupported", f"aggregate_spatial: the {spatial} of per-pixel {temporal}s "
+                                   "over time: bagpipe's zones compute a statistic of a group's pixels and dates "
+                                   "pooled, which is the spatial statistic of the temporal ones only for "
+                                   f"{', '.join(f'{s} of {t}' for t, s in POOLED)}; aggregate per date (before the "
+                                   "temporal reduction) instead", process)
+            statistic = pooled
+        return Table(cube, json.dumps(zones), (statistic,) if statistic else (), tuple(percentiles))
 
 
 def _refusal(exc: pixels.Unsupported | pixels.Invalid) -> CompileError:
@@ -580,6 +643,99 @@ def _restricted(cube: Cube, process: str, name: str, box: tuple[float, float, fl
     return replace(cube, bbox=clip.bounds, polygon=_text(clip))
 
 
+_POINTS = ("Point", "MultiPoint")
+
+
+def _zones(value: Any, process: str) -> dict[str, Any]:
+    """aggregate_spatial's geometries as the request's zones: a FeatureCollection of polygons,
+    each with its id (the feature's, else its property id or name, else its place in the
+    collection, as openEO labels them), or one Polygon, MultiPolygon or Feature (a zone of id
+    0); checked as the native API checks zones. Points are not zones: bagpipe samples a point
+    on each product's own grid (the MODIS pixel holding it: the native API's sites), not at
+    the nearest pixel centre of the cube's grid, which openEO defines."""
+    where = f"{process}: geometries"
+    if not isinstance(value, dict) or value.get("type") not in ("FeatureCollection", "Feature", "Polygon",
+                                                                "MultiPolygon", *_POINTS, *_NOT_POLYGONS):
+        raise CompileError("ProcessParameterInvalid", f"{where}: GeoJSON polygons (a FeatureCollection of them, "
+                           "each with an id, or one Polygon, MultiPolygon or Feature)", process)
+    crs = value.get("crs")
+    if crs is not None and crs not in _LONLAT:
+        raise CompileError("ProcessParameterUnsupported", f"{where}: GeoJSON in lon/lat (EPSG:4326, as RFC 7946 has "
+                           f"it), not {str(crs)[:60]!r}", process)
+    if value["type"] == "FeatureCollection":
+        features = value.get("features")
+        if not isinstance(features, list) or not features:
+            raise CompileError("ProcessParameterInvalid", f"{where}: the FeatureCollection has no feature", process)
+    else:
+        features = [value if value["type"] == "Feature" else {"type": "Feature", "properties": {}, "geometry": value}]
+    named: list[Any] = []
+    for number, feature in enumerate(features):
+        geometry = feature.get("geometry") if isinstance(feature, dict) else None
+        kind = geometry.get("type") if isinstance(geometry, dict) else None
+        if kind in _POINTS:
+            raise CompileError("ProcessParameterUnsupported", f"{where}: points: bagpipe samples a point on each "
+                               "product's own grid (the MODIS pixel holding it: the native API's sites), not at the "
+                               "nearest pixel centre of the cube's grid, as aggregate_spatial defines it", process)
+        if kind in _NOT_POLYGONS:
+            raise CompileError("ProcessParameterUnsupported", f"{where}: a {kind}: bagpipe's zones are polygons",
+                               process)
+        if not isinstance(feature, dict):
+            named.append(feature)  # zones_of names it
+            continue
+        given = feature.get("properties")
+        properties: dict[str, Any] = given if isinstance(given, dict) else {}
+        ident = next((i for i in (feature.get("id"), properties.get("id"), properties.get("name")) if i is not None),
+                     number)
+        named.append({**feature, "id": str(ident) if isinstance(ident, int | float | str) else ident})
+    collection = {"type": "FeatureCollection", "features": named}
+    try:
+        vectors.zones_of(collection, where)
+    except RequestError as exc:
+        raise CompileError("ProcessParameterInvalid", f"{exc.field}: {exc.message}", process) from None
+    return collection
+
+
+def _spatial_reducer(reducer: Any, process: str) -> tuple[str, list[float]]:
+    """aggregate_spatial's reducer: one of :data:`SPATIAL` over data (the statistic), or
+    ``quantiles`` of probabilities or of q equal parts (q, or probabilities given as a number
+    of intervals: the percentiles)."""
+    nodes = reducer.get("process_graph") if isinstance(reducer, dict) else None
+    if not isinstance(nodes, dict) or len(nodes) != 1:
+        raise CompileError("ProcessUnsupported", f"{process}: the reducer is one of {', '.join(SPATIAL)} or quantiles "
+                           "over data (the zones' statistics)", process)
+    (node,) = nodes.values()
+    name, arguments = str(node.get("process_id")), node.get("arguments") or {}
+    if (name not in SPATIAL and name != "quantiles") or arguments.get("data") != {"from_parameter": "data"}:
+        why = " (a polygon's pixels have no order)" if name in ("first", "last") else ""
+        raise CompileError("ProcessUnsupported", f"{process}: the reducer {name!r} over a zone's pixels is not one of "
+                           f"{', '.join(SPATIAL)} or quantiles applied to data{why}", name)
+    if arguments.get("ignore_nodata") is False or arguments.get("condition") is not None:
+        raise CompileError("ProcessParameterUnsupported", f"{name}: over a zone's pixels bagpipe ignores no-data "
+                           "(ignore_nodata true, no condition)", name)
+    if name != "quantiles":
+        return SPATIAL[name], []
+    probabilities, q = arguments.get("probabilities"), arguments.get("q")
+    if (probabilities is None) == (q is None):
+        raise CompileError("QuantilesParameterConflict" if q is not None else "QuantilesParameterMissing",
+                           "quantiles: give probabilities or q, one of them", name)
+    if isinstance(probabilities, int) and not isinstance(probabilities, bool):  # a number of intervals (2.0's)
+        probabilities, q = None, probabilities
+    if q is not None:
+        if isinstance(q, bool) or not isinstance(q, int) or q < 2:
+            raise CompileError("ProcessParameterInvalid", "quantiles: q is a whole number, 2 or more", name)
+        probabilities = [k / q for k in range(1, q)]
+    if not isinstance(probabilities, list) or not probabilities or not all(
+            isinstance(p, int | float) and not isinstance(p, bool) and 0 <= p <= 1 for p in probabilities):
+        raise CompileError("ProcessParameterInvalid", "quantiles: probabilities are numbers from 0 to 1", name)
+    if probabilities != sorted(set(probabilities)):
+        raise CompileError("AscendingProbabilitiesRequired", "quantiles: probabilities in ascending order, each once",
+                           name)
+    if len(probabilities) > 9:
+        raise CompileError("ProcessParameterUnsupported", "quantiles: at most 9 of them (a zone's table has a "
+                           "column each)", name)
+    return "", [round(100 * float(p), 10) for p in probabilities]
+
+
 def _day(text: Any, process: str, name: str) -> tuple[date, bool]:
     """A date or date-time's day, and whether it is midnight (an exclusive end's day before)."""
     if not isinstance(text, str):
@@ -613,7 +769,9 @@ def compile_graph(process: dict[str, Any], *, label: str = "") -> Compiled:
     flat = parse(process)
     walker = _Walker(flat)
     (result,) = [key for key, node in flat.items() if isinstance(node, dict) and node.get("result")]
-    cube = walker.node(result)
+    found = walker.node(result)
+    table = found if isinstance(found, Table) else None
+    cube = table.cube if table is not None else found
     if not isinstance(cube, Cube):
         raise CompileError("ProcessUnsupported", "the graph's result is not a data cube", "")
     derive: dict[str, dict[str, str]] = {}
@@ -636,7 +794,11 @@ def compile_graph(process: dict[str, Any], *, label: str = "") -> Compiled:
     if derive:
         body["derive"] = derive
     reduction = ""
-    if cube.by:
+    if table is not None:  # the zones' statistics per date, or per group pooled (no reduction runs)
+        body["zones"] = {"features": json.loads(table.zones), "statistics": list(table.statistics),
+                         "percentiles": list(table.percentiles), "by": cube.by or "date",
+                         "inputs": [f"{b.product}.{b.name}" for b in cube.bands], "weights": "centre"}
+    elif cube.by:
         refs = [f"{b.product}.{b.name}" for b in cube.bands]
         if cube.post:
             if len(refs) != 1:
@@ -657,6 +819,9 @@ def compile_graph(process: dict[str, Any], *, label: str = "") -> Compiled:
     except ValidationError as exc:
         first = exc.errors()[0]
         raise CompileError("ProcessGraphInvalid", f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
-    result_layers = {} if cube.by else {p: [b.name for b in cube.bands if b.product == p] for p in cube.products}
-    return Compiled(request, result_layers, reduction, walker.format)
+    result_layers = {} if cube.by or table is not None else {
+        p: [b.name for b in cube.bands if b.product == p] for p in cube.products}
+    # a table with no save_result is saved as CSV (a raster cube's default is GeoTIFF)
+    form = "CSV" if table is not None and walker.format not in TABLES else walker.format
+    return Compiled(request, result_layers, reduction, form)
 
