@@ -194,8 +194,8 @@ def test_a_token_endpoint_busy_past_its_tries_is_a_transient_failure_and_a_refus
     assert all(0 <= wait <= TOKEN_BACKOFF_S * 2 ** n for n, wait in enumerate(waits))
     # the task is retried as a busy blob's is: the platform's failure, ten attempts
     settings = Settings(storage_connection="UseDevelopmentStorage=true")
-    assert policy.retry(settings, "modis", FailureClass.SERVER_BUSY, 2, "server_busy").budget == \
-        settings.max_transient_attempts
+    assert policy.budget(FailureClass.SERVER_BUSY, policy.Facts(attempt=2, last_failure="server_busy"),
+                         policy.limits_for(settings, "modis")) == settings.max_transient_attempts
     waits.clear()
     respx.get(url).mock(side_effect=[httpx.Response(429, headers={"Retry-After": "3"}), httpx.Response(
         200, json={"msft:expiry": "2099-01-01T00:00:00Z", "token": "se=2099&sig=abc"})])

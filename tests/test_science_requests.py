@@ -47,7 +47,7 @@ def test_a_hostile_or_wrong_expression_is_a_400_naming_the_field_and_runs_nothin
         api: TestClient, clients: Clients, expression: str) -> None:
     started = time.monotonic()
     answer = api.post("/api/jobs", json=asking({"by": "month", "inputs": {"ndvi": NDVI}, "expression": expression}))
-    assert time.monotonic() - started < 2.0  # decided in milliseconds, whatever the text
+    assert time.monotonic() - started < 5.0  # decided in milliseconds, whatever the text (a loaded machine's seconds)
     assert answer.status_code in (400, 422), answer.text
     assert answer.json()["field"].startswith("reduce.expression"), answer.json()
     assert not list(clients.jobs.list_entities())  # nothing stored, nothing planned
