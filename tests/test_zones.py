@@ -314,3 +314,66 @@ def test_a_million_vertices_are_refused_in_milliseconds() -> None:
         vectors.parse_polygon(geometry, "region.geometry")
     assert refused.value.status == 413 and "vertices" in refused.value.message
     assert time.perf_counter() - started < 0.2
+
+
+def test_zones_over_a_reduction_are_the_statistics_of_its_outputs_per_group(
+        settings: Settings, planetary: Planetary) -> None:
+    """zones.over reduction: per zone and month the statistics of the pixels of the month's
+    mean (each pixel's mean of its dates with data), not of the month's pixels and dates
+    pooled; each zonal task waits for its group's reduction task on its tile."""
+    zones = {"type": "FeatureCollection", "features": [ACROSS, INSIDE]}
+    body = {"zones": {"features": zones, "statistics": ["mean", "count"], "weights": "centre", "over": "reduction"},
+            "start": "2022-07-01", "end": "2022-08-31", "products": ["MOD13A1"], "grid": GRID,
+            "reduce": {"by": "month", "reducer": "mean"}}
+    planned = application.plan(settings, vectors.kept(JobRequest.model_validate(body), vectors.digest_only,
+                                                      lambda ref: {}))
+    reductions = {seq for seq, p in enumerate(planned) if p.stage == "aggregate"}
+    for plan in planned:
+        if plan.stage == ZONAL_STAGE:
+            assert plan.waits_for == 1 and plan.params["per"] == "group"
+            (first, count), = (map(int, r.split(",")) for r in plan.params["deps"].split(";"))
+            assert count == 1 and first in reductions
+            assert planned[first].params["group"] == plan.params["group"]
+            assert planned[first].params["tile"] == plan.params["tile"]
+    clients, _, rows = run(on_stac(settings, planetary), body)
+    table = table_of(clients, rows)
+    reduced: dict[str, list[bytes]] = {}
+    for row in rows:
+        if row.stage == "aggregate" and row.status in (TaskStatus.SUCCEEDED, TaskStatus.CACHED):
+            (output,) = row.output_names()
+            reduced.setdefault(row.parameters()["group"], []).append(
+                clients.tiles.download_blob(output.removeprefix(names.TILE_OUTPUT_PREFIX)).readall())
+    assert sorted(reduced) == ["2022-07", "2022-08"] and all(len(found) == 2 for found in reduced.values())
+    assert sorted((r["zone"], r["key"]) for r in table) == sorted(
+        (z, g) for z in ("across", "inside") for g in reduced)
+    for group, found in reduced.items():
+        for zone in (ACROSS, INSIDE):
+            (got,) = [r for r in table if r["zone"] == zone["id"] and r["key"] == group]
+            x = centred(found, zone)
+            assert got["input"] == "mean.MOD13A1.500m_16_days_NDVI" and got["unit"] == "NDVI"
+            assert got["count"] == len(x) > 10 and got["mean"] == pytest.approx(float(x.mean()), rel=1e-9)
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"reduce": None}, "zones.over"),  # no reduction to read
+    ({"products": ["MOD10A2"], "reduce": {"by": "month", "program": {"name": "snow_fraction"}}},
+     "zones.over"),  # a program's files
+    ({"zones_by": "month"}, "zones.by"),  # the reduction's groups are the zones'
+    ({"zones_inputs": ["MOD13A1.500m_16_days_NDVI"]}, "zones.inputs"),  # its outputs are
+])
+def test_zones_over_a_reduction_need_a_built_in_or_an_expression_and_take_its_groups(
+        settings: Settings, change: dict[str, object], field: str) -> None:
+    zones: dict[str, object] = {"features": {"type": "FeatureCollection", "features": [INSIDE]}, "over": "reduction"}
+    body: dict[str, object] = {"zones": zones, "start": "2022-07-01", "end": "2022-08-31", "products": ["MOD13A1"],
+                               "grid": GRID, "reduce": {"by": "month", "reducer": "mean"}}
+    for key, value in change.items():
+        if key.startswith("zones_"):
+            zones[key.removeprefix("zones_")] = value
+        elif value is None:
+            del body[key]
+        else:
+            body[key] = value
+    request = vectors.kept(JobRequest.model_validate(body), vectors.digest_only, lambda ref: {})
+    with pytest.raises(RequestError) as refused:
+        application.plan(settings, request)
+    assert refused.value.field == field, refused.value.message

@@ -15,7 +15,9 @@ them.
   with centre weights, GDAL's rasterizer) over each tile file for the zones that meet the
   tile, and keeps per (zone, input, date or
   group) a *partial*: Σ c, Σ c·x, Σ c·x², the minimum and maximum of the cells with data,
-  the count of those cells, and, when percentiles are asked, every (value, coverage) pair.
+  the count of those cells, and, when percentiles are asked, every (value, coverage) pair;
+  zones over a reduction read instead the outputs of the reduction task of its group there
+  (a built-in's or an expression's, one raster per group: each pixel's monthly mean, say).
   One Parquet part in ``tiles``, content-addressed by its tiles and zones.
 - The **gather** (``zones``), after every other task, joins the partials across tiles: the
   weighted sums add exactly (a pixel belongs to one target tile, and its coverage by a
@@ -40,6 +42,7 @@ import math
 import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +59,10 @@ from shapely.geometry import mapping, shape
 
 from pipeline import stages
 from pipeline.failures import FailureClass, StageFailure
+from pipeline.lifecycle import tasks
+from pipeline.lifecycle.status import TaskStatus
 from pipeline.reduction import ZONAL_STAGE, ZONES_GATHER, gather
-from pipeline.reduction.builtin import Fetched, _check_failed, encoding_from
+from pipeline.reduction.builtin import GOOD, Fetched, Gathered, _check_failed, encoding_from
 from pipeline.reduction.builtin import gather as gather_tiles
 from pipeline.science import tables, vectors
 from pipeline.science.builtins import weighted_quantile
@@ -210,12 +215,14 @@ def centred(path: Path, features: list[tuple[str, dict[str, Any]]]) -> dict[str,
 
 @stages.stage(ZONAL_STAGE)
 def zonal(ctx: StageContext) -> None:
-    """A target tile's partial zonal statistics over its group's dates."""
+    """A target tile's partial zonal statistics over its group's dates (or over the outputs
+    of the reduction of its group, for zones over a reduction)."""
     params = ctx.params
     spec = json.loads(params["reduce"])
     inputs = [(alias, product, layer) for alias, product, layer in spec["inputs"]]
     encodings = {alias: encoding_from(e) for alias, e in json.loads(params["encodings"]).items()}
-    found = gather_tiles(ctx, inputs)
+    over = bool(spec.get("over"))
+    found = reduced(ctx, [alias for alias, _, _ in inputs]) if over else gather_tiles(ctx, inputs)
     _check_failed(ctx, found)
     if not any(found.tiles.values()):
         ctx.no_data = True
@@ -240,8 +247,9 @@ def zonal(ctx: StageContext) -> None:
             for alias, dated in found.tiles.items():
                 for day, tile in dated:
                     where = day.isoformat() if per_date else params["group"]
+                    unit = _unit(fetched.paths[tile]) if over else encodings[alias].unit  # a reduction's: its file's
                     for zone, (x, w) in extract(fetched.paths[tile], features, centre).items():
-                        one = partials.setdefault((zone, alias, where), Partial(encodings[alias].unit))
+                        one = partials.setdefault((zone, alias, where), Partial(unit))
                         one.start = min(d for d in (one.start, day) if d is not None)
                         one.end = max(d for d in (one.end, day) if d is not None)
                         one.add(x, w, keep)
@@ -253,6 +261,31 @@ def zonal(ctx: StageContext) -> None:
                         want_data=False, owner=f"{ctx.part}/{ctx.task}", tidy=ctx.attempt > 1)
     ctx.outputs.append(names.TILE_OUTPUT_PREFIX + blob)
     ctx.cached = not made.made
+
+
+def reduced(ctx: StageContext, aliases: list[str]) -> Gathered:
+    """What the reduction task a zonal task over a reduction waited for (its group's, on its
+    tile) made, by output name (a built-in's ``NAME.ALIAS``, an expression's ``NAME``: the
+    file's name less its group and tile), dated by the group's first day."""
+    found = Gathered({alias: [] for alias in aliases})
+    for row in tasks.list_ranges(ctx.clients.tasks, ctx.part, tasks.ranges_of(ctx.params["deps"])):
+        params = row.parameters()
+        if row.status is TaskStatus.NO_DATA:
+            found.missing.append(params["group"])
+        elif row.status not in GOOD:
+            found.failed.append(f"the reduction of {params['group']}")
+        for output in row.output_names() if row.status in GOOD else []:
+            blob = output.removeprefix(names.TILE_OUTPUT_PREFIX)
+            name = ".".join(blob.rsplit("/", 1)[-1].removesuffix(".tif").split(".")[:-2])
+            if name in found.tiles:
+                found.tiles[name].append((date.fromisoformat(params["start"]), blob))
+    return found
+
+
+def _unit(path: Path) -> str:
+    """A reduction output's unit, as its file says it."""
+    with rasterio.open(path) as src:
+        return str(src.units[0] or "")
 
 
 def _partials_table(partials: Iterable[tuple[tuple[str, str, str], Partial]]) -> pa.Table:

@@ -278,7 +278,7 @@ def expand(request: JobRequest, max_tasks: int, tile_stage: str = TILE_STAGE,
     check_where(request)
     derived = derived_of(request)
     reductions = reductions_of(request, program)
-    zonal = zonal_of(request, derived)
+    zonal = zonal_of(request, derived, reductions)
     # counted before anything is made: a world box of tiny tiles must not exhaust the memory
     count = count_tasks(request, reductions + ([zonal] if zonal else []))
     if count > max_tasks:
@@ -296,12 +296,24 @@ def expand(request: JobRequest, max_tasks: int, tile_stage: str = TILE_STAGE,
     return listed + _gathers(request, listed, derived)
 
 
-def zonal_of(request: JobRequest, derived: dict[str, dict[str, str]]) -> Reduction | None:
+def zonal_of(request: JobRequest, derived: dict[str, dict[str, str]],
+             reductions: list[Reduction]) -> Reduction | None:
     """The request's zonal statistics as a reduction of kind ``zonal`` (its grouping: the
-    span when they are per date), checked; None if it asks for none."""
+    span when they are per date; over a reduction, that reduction's, its inputs the
+    reduction's outputs), checked; None if it asks for none."""
     zones = request.zones
     if zones is None:
         return None
+    if zones.over == "reduction":
+        reduced = reductions[0] if request.reduce is not None and reductions else None
+        if reduced is None or reduced.kind not in ("builtin", "expression"):
+            raise RequestError(400, "zones.over", "zones over a reduction read a built-in's or an expression's "
+                               "outputs: give reduce with a reducer or an expression (a program's files are its own)")
+        for name, given in (("by", zones.by != "date"), ("inputs", zones.inputs is not None)):
+            if given:
+                raise RequestError(400, f"zones.{name}", "zones over a reduction take its groups (reduce.by) and "
+                                   "its outputs: give no zones.by or zones.inputs")
+        return Reduction(reduced.by, reduced.outputs(), "zonal", "zones", over=reduced.name)
     layers = layers_of(request)
     known = {f"{p}.{layer}": (p, layer) for p in request.products
              for layer in [*CATALOG[p].layer_names, *derived.get(p, {})]}
@@ -411,12 +423,14 @@ class _Plan:
         # a zonal task's: its zones, its grouping, whether it keeps every value (for percentiles, the
         # median's included) and how it weights a pixel (its default, coverage, unnamed)
         self.zones: tuple[tuple[str, str], ...] = () if zones is None or zones.kept is None else (
-            ("zones", zones.kept.ref), ("per", zones.by), ("percentiles", ",".join(map(repr, sorted(
+            ("zones", zones.kept.ref), ("per", "group" if zones.over == "reduction" else zones.by),
+            ("percentiles", ",".join(map(repr, sorted(
                 {*zones.percentiles, *([50.0] if "median" in zones.statistics else [])})))),
             *((("weights", zones.weights),) if zones.weights != "coverage" else ()))
         self.tiles: list[TaskSpec] = []
         self.climatologies: list[TaskSpec] = []
-        self.reductions: list[tuple[TaskSpec, list[int], list[int]]] = []  # (spec, tile seqs, climatology indexes)
+        # (spec, tile seqs, climatology indexes, indexes of the reductions it reads the outputs of)
+        self.reductions: list[tuple[TaskSpec, list[int], list[int], list[int]]] = []
 
     def _derived(self, product: str) -> tuple[tuple[str, str], ...]:
         return tuple(sorted(self.derived.get(product, {}).items()))
@@ -441,20 +455,26 @@ class _Plan:
             return seq_of[key]
 
         made: dict[tuple[Input, tuple[Window, ...], str], int] = {}  # climatologies, by what they are
-        planned: list[tuple[TaskSpec, list[int], list[int]]] = []
+        planned: list[tuple[TaskSpec, list[int], list[int], list[int]]] = []
+        at: dict[tuple[str, str], int] = {}  # (a reduction's name, a group's key): its task among planned
         for reduction in reductions:
             products = sorted({i.product for i in reduction.inputs})
             span_periods = [Period(d, CATALOG[p].period_days) for p in products for d in self.dates[p]]
             stage = {"program": REDUCE_STAGE, "zonal": ZONAL_STAGE}.get(reduction.kind, AGGREGATE_STAGE)
             for group, _ in assign(reduction.by, self.span, span_periods):
                 climates = self._climatologies(reduction, group, target, partition, tile, made)
+                # zones over a reduction read its task of the group (the same groups: its grouping)
+                after = [at[(reduction.over, group.key)]] if reduction.over else []
+                at[(reduction.name, group.key)] = len(planned)
                 planned.append((TaskSpec(stage, products[0], target, group.start, layers=self.layers[products[0]],
                                          reduction=reduction, group=group, partition=partition,
                                          derived_layers=self.derived_layers,
                                          extra=self.zones if reduction.kind == "zonal" else ()),
-                                [], climates))
-        for spec, deps, _ in planned:  # a reduction's tiles, group by group: its inputs' dates in its group
+                                [], climates, after))
+        for spec, deps, _, _ in planned:  # a reduction's tiles, group by group: its inputs' dates in its group
             assert spec.reduction is not None and spec.group is not None
+            if spec.reduction.over:
+                continue  # it reads a reduction's outputs, which read the tiles
             for product in sorted({i.product for i in spec.reduction.inputs}):
                 days = members(spec.reduction.by, spec.group, self.span,
                                [Period(d, CATALOG[product].period_days) for d in self.dates[product]])
@@ -462,7 +482,9 @@ class _Plan:
         for product in self.products:  # the span's other dates (of a product no reduction reads)
             for day in self.dates[product]:
                 tile(product, day, False)
-        self.reductions += planned
+        first = len(self.reductions)
+        self.reductions += [(spec, deps, climates, [first + r for r in after])
+                            for spec, deps, climates, after in planned]
 
     def _climatologies(self, reduction: Reduction, group: Group, target: TargetTile, partition: int | None,
                        tile: Callable[[str, date, bool], int],
@@ -498,8 +520,9 @@ class _Plan:
         """Every task in release order, each with the tasks it waits for and those it feeds."""
         first_climatology, first_reduction = len(self.tiles), len(self.tiles) + len(self.climatologies)
         waiting = list(self.climatologies) + [
-            replace(spec, deps=_ranges([*tiles, *(first_climatology + c for c in climates)]))
-            for spec, tiles, climates in self.reductions]
+            replace(spec, deps=_ranges([*tiles, *(first_climatology + c for c in climates),
+                                        *(first_reduction + r for r in reductions)]))
+            for spec, tiles, climates, reductions in self.reductions]
         feeds: dict[int, list[int]] = {}
         for seq, spec in enumerate(waiting, start=first_climatology):
             for first, count in spec.deps:

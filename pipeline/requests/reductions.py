@@ -79,18 +79,30 @@ class Reduction:
     baseline: Span | None = None
     on_failure: str = "fail"
     legacy: bool = False  # the request's old ``reducer``: one per product, its task.json as it was
+    over: str = ""  # a zonal reduction's: the reduction whose outputs it reads (its inputs name them)
 
     @property
     def uses_baseline(self) -> bool:
         return self.baseline is not None
 
     def describe(self) -> dict[str, Any]:
-        """What a reduction task's params say of it (JSON)."""
+        """What a reduction task's params say of it (JSON; ``over`` only where it is set, so
+        that every other reduction's, and its outputs' content addresses, are as they were)."""
         return {"kind": self.kind, "name": self.name, "by": str(self.by),
                 "inputs": [[i.alias, i.product, i.layer] for i in self.inputs],
                 "reducer": str(self.reducer) if self.reducer else "", "aggregate": str(self.aggregate),
                 "expression": self.expression, "unit": self.unit, "legacy": self.legacy,
-                "baseline": [self.baseline.start.isoformat(), self.baseline.end.isoformat()] if self.baseline else None}
+                "baseline": [self.baseline.start.isoformat(), self.baseline.end.isoformat()] if self.baseline else None,
+                **({"over": self.over} if self.over else {})}
+
+    def outputs(self) -> tuple[Input, ...]:
+        """A built-in's or an expression's outputs, by the names its tasks give them (a
+        built-in's one per input, ``NAME.ALIAS``; an expression's one, ``NAME``), each with
+        the product and layer it is made of (an expression's: its first input's)."""
+        if self.kind == "builtin":
+            return tuple(Input(f"{self.name}.{i.alias}", i.product, i.layer) for i in self.inputs)
+        first = self.inputs[0]
+        return (Input(self.name, first.product, first.layer),)
 
 
 def derived_encoding(unit: str = "") -> Encoding:

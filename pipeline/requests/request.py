@@ -202,7 +202,10 @@ class Zones(BaseModel):
     of its area inside the zone (``coverage``), or whole if its centre is in the zone and not
     at all otherwise (``centre``: openEO's ``aggregate_spatial``). ``std`` is the weighted
     population deviation, ``sd`` the sample deviation (Bessel's correction, as openEO's
-    ``sd``), ``median`` the 50th percentile. ``features``: a GeoJSON FeatureCollection; kept
+    ``sd``), ``median`` the 50th percentile. ``over``: the statistics of the layers' pixels
+    of each date (or of a group's dates pooled), or of the request's reduction's outputs
+    (``reduction``: a raster per group and tile, so a zone's mean of each pixel's monthly
+    mean; its groups are ``reduce.by``'s). ``features``: a GeoJSON FeatureCollection; kept
     at submission as ``kept``."""
 
     model_config = ConfigDict(extra="forbid")
@@ -214,6 +217,7 @@ class Zones(BaseModel):
     by: Annotated[str, Field(max_length=32)] = "date"  # date, or span, month, season, year, days:N…
     inputs: Annotated[list[Ref], Field(min_length=1, max_length=16)] | None = None  # default: the layers made
     weights: Literal["coverage", "centre"] = "coverage"
+    over: Literal["layers", "reduction"] = "layers"
 
     @model_validator(mode="after")
     def _one_kind(self) -> Zones:
