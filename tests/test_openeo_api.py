@@ -227,12 +227,6 @@ REFUSED = [
         "process_id": "aggregate_spatial", "arguments": {"data": {"from_node": "load"}, "reducer": MAX, "geometries": {
             "type": "Point", "coordinates": [-107.8, 35.4]}}}, "x"),
      400, "ProcessParameterUnsupported", ["aggregate_spatial", "own grid"]),
-    ("a mean of monthly maxima over polygons", with_node(monthly_max(), "x", {
-        "process_id": "aggregate_spatial", "arguments": {"data": {"from_node": "agg"}, "reducer": {"process_graph": {
-            "m": {"process_id": "mean", "arguments": {"data": {"from_parameter": "data"}}, "result": True}}},
-            "geometries": {"type": "Polygon", "coordinates": [[[-107.9, 35.3], [-107.6, 35.3], [-107.7, 35.7],
-                                                               [-107.9, 35.3]]]}}}, "x"),
-     400, "ProcessUnsupported", ["aggregate_spatial", "pooled"]),
     ("resampling across tile edges", with_node(monthly_max(), "x", {
         "process_id": "resample_spatial", "arguments": {"data": {"from_node": "agg"}, "resolution": 0.1}}, "x"),
      400, "ProcessUnsupported", ["resample_spatial", "tile edges"]),

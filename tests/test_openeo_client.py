@@ -6,7 +6,9 @@ the same pixels as the native API's products for the same request. Then a job th
 part offers what it made (partial results) and its failures (logs), and a restart runs only
 what did not succeed. The same maximum saved as netCDF is one cube xarray opens, equal to the
 native API's GeoTIFFs; a month's mean NDVI over two fields (aggregate_spatial), saved as CSV
-and as Parquet, is the native API's zones table for the same request."""
+and as Parquet, is the native API's zones table for the same request, and so is the fields'
+mean of each pixel's monthly mean, equal to the mean of the native API's monthly GeoTIFFs
+over each field's pixels."""
 
 from __future__ import annotations
 
@@ -254,3 +256,52 @@ def test_aggregate_spatial_saves_the_native_apis_zones_table_as_csv_and_parquet(
                 values = src.read(1)[good].astype("float64") * src.scales[0] + src.offsets[0]
             (row,) = mine[(mine["zone"] == feature["id"]) & (mine["key"] == day)].to_dict("records")
             assert row["mean"] == pytest.approx(float(values.mean()), rel=1e-9), (feature["id"], day)
+
+
+def centred_values(data: bytes, field: Any) -> np.ndarray:
+    """A COG's values (physical, no data left out) at the pixels whose centre is in the field."""
+    with MemoryFile(data) as memory, memory.open() as src:
+        inside = geometry_mask([field], out_shape=src.shape, transform=src.transform, invert=True)
+        good = inside & (src.read_masks(1) > 0)
+        return np.asarray(src.read(1)[good].astype("float64") * src.scales[0] + src.offsets[0])
+
+
+@pytest.mark.timeout(2400)
+def test_a_fields_mean_of_monthly_mean_ndvi_is_the_mean_of_the_native_apis_monthly_means(
+        stack: LocalStack, tmp_path: Path) -> None:
+    """aggregate_temporal_period then aggregate_spatial: per field and month the mean of each
+    pixel's monthly mean — the native API's zones over its reduction — equal to the mean of
+    the native API's monthly-mean GeoTIFF over the pixels whose centre is in the field."""
+    connection = connected(stack)
+    cube = connection.load_collection("MOD13A1", spatial_extent=BOX, temporal_extent=["2022-07-01", "2022-09-01"],
+                                      bands=["500m_16_days_NDVI"])
+    job = cube.aggregate_temporal_period("month", "mean").aggregate_spatial(
+        geometries=FIELDS, reducer="mean").save_result(format="CSV").create_job()
+    job.start_and_wait(max_poll_interval=2, print=lambda *_: None)
+    assert job.status() == "finished"
+    job.get_results().download_files(tmp_path / "openeo")
+    mine = pandas.read_csv(tmp_path / "openeo" / "zones.csv")
+    assert sorted(zip(mine["zone"], mine["key"], strict=True)) == [
+        (f, m) for f in ("north", "south") for m in ("2022-07", "2022-08")]
+    assert set(mine["input"]) == {"mean.MOD13A1.500m_16_days_NDVI"}
+
+    api = Api(stack.api_url, stack.token)
+    native = api.submit({**NATIVE_ZONES, "end": "2022-08-31", "reduce": {"by": "month", "reducer": "mean"},
+                         "zones": {**NATIVE_ZONES["zones"], "over": "reduction"}})["job"]  # type: ignore[dict-item]
+    wait_for(lambda: api.status(native)["state"] in ("SUCCEEDED", "FAILED"), 300, "the native job")
+    clients = clients_for(stack.settings)
+    manifest = results.with_links(clients, native, results.manifest(clients, native) or {})
+    (gather,) = [t for t in manifest["tasks"] if t["stage"] == "zones"]
+    (link,) = [link for blob, link in gather["links"].items() if blob.endswith(".parquet")]
+    theirs = pandas.read_parquet(io.BytesIO(httpx.get(link).content))
+    pandas.testing.assert_frame_equal(mine.astype({"start": str, "end": str}),
+                                      theirs.astype({"start": str, "end": str}), rtol=1e-9)
+    monthly = {t["group"]: httpx.get(link).content for t in manifest["tasks"] if t["stage"] == "aggregate"
+               for link in t["links"].values()}
+    assert sorted(monthly) == ["2022-07", "2022-08"]
+    for feature in FIELDS["features"]:
+        field = shapely.geometry.shape(feature["geometry"])
+        for month, data in monthly.items():
+            (row,) = mine[(mine["zone"] == feature["id"]) & (mine["key"] == month)].to_dict("records")
+            values = centred_values(data, field)
+            assert row["mean"] == pytest.approx(float(values.mean()), rel=1e-9), (feature["id"], month)

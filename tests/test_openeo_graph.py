@@ -332,19 +332,24 @@ def test_aggregate_spatial_is_the_requests_zones_per_date_counting_pixels_by_the
     assert two is not None and [f["id"] for f in two.features["features"]] == ["0", "1"]  # type: ignore[index]
 
 
-def test_aggregate_spatial_after_a_temporal_reduction_is_the_pooled_statistic_where_that_is_the_same() -> None:
-    for temporal, spatial, statistic in (("max", "max", "max"), ("min", "min", "min"), ("sum", "sum", "sum"),
-                                         ("count", "sum", "count")):
+def test_aggregate_spatial_after_a_temporal_reduction_is_over_its_outputs() -> None:
+    """After a temporal reduction the zones' statistics are of its outputs, a raster per group
+    (a zone's mean of each pixel's monthly mean), whatever the two reducers."""
+    for temporal, spatial in (("mean", "mean"), ("max", "mean"), ("median", "median"), ("sd", "sd"),
+                              ("count", "sum")):
         compiled = compile_graph(zonal(("ndvi", "ndvi", {}), ("t", "aggregate_temporal_period", {
             "period": "month", "reducer": reducer(temporal)}), reducer_=reducer(spatial)))
-        zones = compiled.request.zones
-        assert zones is not None and zones.by == "month" and zones.statistics == [statistic], temporal
-        assert compiled.request.reduce is None  # the zones pool the group's dates: no reduction runs
-    for temporal, spatial in (("mean", "mean"), ("max", "mean"), ("median", "median"), ("sd", "sd")):
-        why = refused(zonal(("t", "reduce_dimension", {"dimension": "t", "reducer": reducer(temporal)}),
-                            reducer_=reducer(spatial)))
-        assert why.process == "aggregate_spatial" and why.code == "ProcessUnsupported", temporal
-        assert f"the {spatial} of per-pixel {temporal}s" in why.message and "pooled" in why.message
+        zones, reduce = compiled.request.zones, compiled.request.reduce
+        assert zones is not None and zones.over == "reduction" and zones.statistics == [spatial], temporal
+        assert zones.inputs is None and zones.by == "date" and zones.weights == "centre"
+        assert reduce is not None and reduce.by == "month" and reduce.inputs == ["MCD43A4.ndvi"]
+        assert reduce.reducer == ("std" if temporal == "sd" else temporal) and compiled.format == "CSV"
+    double = {"process_graph": {"m": {"process_id": "multiply", "arguments": {"x": {"from_parameter": "x"}, "y": 2},
+                                      "result": True}}}
+    applied = compile_graph(zonal(("ndvi", "ndvi", {}), ("t", "reduce_dimension", {
+        "dimension": "t", "reducer": reducer("max")}), ("twice", "apply", {"process": double}))).request
+    assert applied.zones is not None and applied.zones.over == "reduction"
+    assert applied.reduce is not None and applied.reduce.expression == "(x * 2)"
 
 
 def test_what_aggregate_spatial_cannot_do_is_refused_naming_the_process() -> None:

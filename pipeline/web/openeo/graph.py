@@ -14,9 +14,9 @@ tile, a group of dates), so a graph is taken apart into those:
   after it an expression over the reduced inputs;
 - ``merge_cubes`` of two products is a reduction's several inputs (the bands of both);
 - ``aggregate_spatial`` over polygons is the request's ``zones`` (a pixel counted whole if its
-  centre is in a zone, as openEO defines it), per date, or per group of a temporal reduction
-  where the statistic pooled over the group's pixels and dates is the one of the per-pixel
-  reductions; its table is saved as CSV or Parquet, the zones gather's files;
+  centre is in a zone, as openEO defines it), per date, or after a temporal reduction over
+  its outputs per group (``zones.over``); its table is saved as CSV or Parquet, the zones
+  gather's files;
 - ``save_result`` picks the output format: GeoTIFF (a COG per tile and date or group), or a
   cube — netCDF or Zarr, the request's ``output.format``: one per layer and per reduction,
   written by the job's cube gathers over every tile.
@@ -60,9 +60,6 @@ REDUCERS = {"min": "min", "max": "max", "mean": "mean", "median": "median", "sum
 # aggregate_spatial's reducers: the zones' statistic each is (quantiles: their percentiles)
 SPATIAL = {"mean": "mean", "min": "min", "max": "max", "sd": "sd", "count": "count", "sum": "sum",
            "median": "median"}
-# aggregate_spatial after a temporal reduction: the zones' statistic over a group's pixels and dates
-# pooled is the spatial reducer of the per-pixel temporal ones for these (temporal, spatial) alone
-POOLED = {("min", "min"): "min", ("max", "max"): "max", ("sum", "sum"): "sum", ("count", "sum"): "count"}
 PROCESSES = (*CUBE_PROCESSES, *pixels.PROCESSES, *REDUCERS, "quantiles")
 _OPENEO = {bagpipe: openeo for openeo, bagpipe in REDUCERS.items()}
 PERIODS = {"month": "month", "season": "season", "year": "year"}
@@ -484,9 +481,8 @@ class _Walker:
     # --- statistics over polygons -------------------------------------------------------------------
     def _aggregate_spatial(self, process: str, a: dict[str, Any]) -> Table:
         """The zones' statistics of the cube's bands (the request's ``zones``, each pixel whose
-        centre is in a zone counted whole, as openEO defines it): per date, or per group of a
-        temporal reduction before it where the statistic of the pooled pixels and dates is
-        the statistic of the per-pixel reductions (:data:`POOLED`)."""
+        centre is in a zone counted whole, as openEO defines it): per date, or, after a
+        temporal reduction, of its outputs per group (``zones.over`` reduction)."""
         cube = self.cube(a.get("data"), process)
         if a.get("target_dimension") is not None:
             raise CompileError("ProcessParameterUnsupported", "aggregate_spatial: target_dimension (the counts of "
@@ -495,20 +491,6 @@ class _Walker:
             raise CompileError("ProcessParameterUnsupported", "aggregate_spatial: no context is supported", process)
         zones = _zones(a.get("geometries"), process)
         statistic, percentiles = _spatial_reducer(a.get("reducer"), process)
-        if cube.post:
-            raise CompileError("ProcessUnsupported", "aggregate_spatial: after an apply after a temporal reduction "
-                               "(aggregate first, per date)", process)
-        if cube.by:
-            temporal = _OPENEO.get(cube.reducer, cube.reducer)
-            pooled = POOLED.get((temporal, statistic)) if not percentiles else None
-            if pooled is None:
-                spatial = statistic or "quantiles"
-                raise CompileError("ProcessUnsupported", f"aggregate_spatial: the {spatial} of per-pixel {temporal}s "
-                                   "over time: bagpipe's zones compute a statistic of a group's pixels and dates "
-                                   "pooled, which is the spatial statistic of the temporal ones only for "
-                                   f"{', '.join(f'{s} of {t}' for t, s in POOLED)}; aggregate per date (before the "
-                                   "temporal reduction) instead", process)
-            statistic = pooled
         return Table(cube, json.dumps(zones), (statistic,) if statistic else (), tuple(percentiles))
 
 
@@ -794,11 +776,11 @@ def compile_graph(process: dict[str, Any], *, label: str = "") -> Compiled:
     if derive:
         body["derive"] = derive
     reduction = ""
-    if table is not None:  # the zones' statistics per date, or per group pooled (no reduction runs)
+    if table is not None:  # the zones' statistics per date, or of the temporal reduction's outputs per group
         body["zones"] = {"features": json.loads(table.zones), "statistics": list(table.statistics),
-                         "percentiles": list(table.percentiles), "by": cube.by or "date",
-                         "inputs": [f"{b.product}.{b.name}" for b in cube.bands], "weights": "centre"}
-    elif cube.by:
+                         "percentiles": list(table.percentiles), "weights": "centre"} | (
+            {"over": "reduction"} if cube.by else {"inputs": [f"{b.product}.{b.name}" for b in cube.bands]})
+    if cube.by:
         refs = [f"{b.product}.{b.name}" for b in cube.bands]
         if cube.post:
             if len(refs) != 1:
