@@ -257,6 +257,7 @@ def test_short_attempts_are_received_ahead_and_a_long_wait_hands_them_back(
     """A worker whose attempts are short receives more messages than it has free slots;
     one that waits longer than the hold goes back to the queue, and runs once all the same."""
     monkeypatch.setattr(runner, "AHEAD_HOLD_S", 0.05)  # shorter than one "slow" attempt (0.2 s)
+    monkeypatch.setattr(runner, "AHEAD_BELOW_S", 30.0)  # its attempts short however busy the machine
     settings = with_stage(settings, "slow")
     clients = Clients(settings)
     clients.ensure_resources()
@@ -276,6 +277,7 @@ def test_a_stopping_worker_hands_back_what_it_received_ahead(
     """Messages received ahead are visible again as soon as their worker stops, not a
     lease later; long attempts are not received ahead at all."""
     monkeypatch.setattr(runner, "AHEAD_HOLD_S", 60.0)
+    monkeypatch.setattr(runner, "AHEAD_BELOW_S", 30.0)  # its attempts short however busy the machine
     settings = with_stage(settings, "slow", lease_seconds=60)
     clients = Clients(settings)
     clients.ensure_resources()
