@@ -262,6 +262,20 @@ def running_workers(settings: Settings, count: int = 1, slots: int = 2) -> Itera
         pool.stop()
 
 
+@contextlib.contextmanager
+def descriptors_past_select() -> Iterator[None]:
+    """Hold this process's lowest free descriptors until the next one opened lies past 1,100,
+    beyond what select() takes (a long-lived worker's connection pools may get it there)."""
+    held: list[int] = []
+    while not held or held[-1] <= 1100:
+        held.append(os.open(os.devnull, os.O_RDONLY))
+    try:
+        yield
+    finally:
+        for fd in held:
+            os.close(fd)
+
+
 def queue_depth(clients: Clients) -> int:
     return sum(q.get_queue_properties().approximate_message_count for q in clients.shard_queues)
 

@@ -11,7 +11,7 @@ from pipeline.failures import FailureClass
 from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
-from tests.conftest import wait_for
+from tests.conftest import descriptors_past_select, wait_for
 from worker.child import Outcome, StageProcess
 from worker.slot import Slot
 
@@ -50,10 +50,7 @@ def test_a_worker_with_descriptors_past_1024_still_runs_and_reaps_its_stage_proc
     """A long-lived worker may hold more than 1,024 descriptors (its connection pools); the
     status pipe of a stage process it starts then lies past what select() takes."""
     settings = settings.with_(stage_modules="tests.stages_for_tests")
-    held = []
-    while not held or held[-1] <= 1100:
-        held.append(os.open(os.devnull, os.O_RDONLY))
-    try:
+    with descriptors_past_select():
         process = StageProcess(settings, tasks=1)
         assert process.usable()
         (pid,) = run(process).outputs
@@ -61,9 +58,6 @@ def test_a_worker_with_descriptors_past_1024_still_runs_and_reaps_its_stage_proc
         process.process.join(5)
         assert process.process.exitcode == 0, "reaped and its code read"
         process.close()
-    finally:
-        for fd in held:
-            os.close(fd)
 
 
 def test_a_killed_stage_process_takes_its_group_with_it(settings: Settings) -> None:

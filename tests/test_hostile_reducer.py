@@ -43,7 +43,7 @@ from pipeline.reduction.reducers import Limits
 from pipeline.settings import Settings
 from pipeline.storage.clients import Clients
 from pipeline.web.api import create_app
-from tests.conftest import make_user, parts, running_control, signed, wait_for
+from tests.conftest import descriptors_past_select, make_user, parts, running_control, signed, wait_for
 from tests.test_bundles import GZIP
 from tests.test_reduction import GRID, SPAN
 from worker.child import Outcome, StageProcess
@@ -644,10 +644,7 @@ def test_a_real_worker_holds_no_socket_a_program_could_reach(real_worker: dict[s
 def test_the_proxy_serves_and_relays_on_descriptors_past_1024() -> None:
     """The proxy waits on its listener and relays a connection's two sides with selectors:
     select() refuses a descriptor past 1,024, which a stage process holding many may give it."""
-    held = []
-    while not held or held[-1] <= 1100:
-        held.append(os.open(os.devnull, os.O_RDONLY))
-    try:
+    with descriptors_past_select():
         listener = socket.create_server(("127.0.0.1", 0))
         assert listener.fileno() > 1024
         relay = proxy.Proxy(listener, ["listed.example.org:443"]).start()
@@ -669,6 +666,3 @@ def test_the_proxy_serves_and_relays_on_descriptors_past_1024() -> None:
         assert not copying.is_alive(), "one side closed ends the relay"
         for sock in (a, b, near_b):
             sock.close()
-    finally:
-        for fd in held:
-            os.close(fd)
