@@ -1,9 +1,12 @@
 """Quick-looks: each layer's colour map and legend match its encoding, and a job's overview
-lays its tiles on one image of its region, with the classes' colours where they are."""
+lays its tiles on one image of its region, with the classes' colours where they are; a
+reduction's in the unit and on the colour ramp its reducer declared."""
 
 from __future__ import annotations
 
 import io
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +18,8 @@ from rasterio.io import MemoryFile
 
 from pipeline.modis import overview, quicklook
 from pipeline.modis.products import CATALOG
+from pipeline.reduction import reducers
+from pipeline.science import ramps, rasters
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
 
@@ -161,3 +166,55 @@ def test_an_overview_of_cached_tiles_is_drawn_once_and_copied_for_a_repeat(clien
     other = [e | {"outputs": [e["outputs"][0].replace("2022-02-10", "2022-02-18")]} for e in entries]
     with pytest.raises(ResourceNotFoundError):
         overview.build(clients, "j-other", other)
+
+
+def fraction_cog(unit: str, colormap: str) -> bytes:
+    """A program's raster as published: a fraction from 0 (west) to 1 (east), -1 nodata,
+    with the unit and colour ramp its reducer declared (``rasters.declare``)."""
+    profile = {"driver": "GTiff", "width": 100, "height": 100, "count": 1, "dtype": "float32", "crs": "EPSG:4326",
+               "transform": Affine(0.01, 0, -108.0, 0, -0.01, 36.0), "nodata": -1.0}
+    values = np.repeat(np.linspace(0.0, 1.0, 100, dtype="float32")[None, :], 100, axis=0)
+    values[:, :5] = -1.0
+    with MemoryFile() as memory:
+        with memory.open(**profile) as dst:
+            dst.write(values, 1)
+        path = Path(memory.name)
+        declared = rasters.declare(path, unit, colormap)
+        assert declared == bool(unit or colormap)
+        return memory.read()
+
+
+def test_a_reductions_overview_is_in_its_declared_unit_on_its_declared_ramp(clients: Clients) -> None:
+    """A reducer declaring its outputs' unit and colour ramp (reducer.json's output, here
+    "1" and Blues) gets an overview on that ramp, its colour bar and its legend (which the
+    job page draws) in that unit; without a declaration, viridis and no unit."""
+    blues = ramps.stops("Blues")
+    made = {}
+    for unit, colormap in (("1", "Blues"), ("", "")):
+        blob = f"products/j-ramp-{colormap or 'none'}/snow_fraction/h09v05/snow_fraction.tif"
+        clients.transfers.upload(clients.products, blob, fraction_cog(unit, colormap), "image/tiff")
+        entry = {"task": "000000003", "stage": "reduce", "product": "MOD10A2", "start": "2022-01-25",
+                 "end": "2022-02-17", "crs": "EPSG:4326", "bounds": "-108.0,35.0,-107.0,36.0",
+                 "reduce": {"name": "snow_fraction"}, "outputs": [blob]}
+        (made[colormap],) = overview.build(clients, f"j-ramp-{colormap or 'none'}", [entry])
+    declared, plain = made["Blues"], made[""]
+    assert declared["unit"] == "1" and plain["unit"] == ""
+    assert [e["colour"] for e in declared["legend"]] == ["#{:02x}{:02x}{:02x}".format(*c) for c in blues]
+    assert declared["legend"][-1]["label"].endswith(" 1") and not plain["legend"][-1]["label"].endswith(" 1")
+    assert plain["legend"][0]["colour"] == "#{:02x}{:02x}{:02x}".format(*quicklook.VIRIDIS[0][1])
+    bare = decoded(clients.transfers.download(clients.products, declared["map"])[0])
+    height, width = bare.shape[:2]
+    assert bare[height // 2, 2, 3] == 0  # nodata: transparent
+    for column, colour in ((int(width * 0.06), blues[0]), (width - 2, blues[-1])):  # its low end, its high one
+        assert np.abs(bare[height // 2, column, :3].astype(int) - colour).max() <= 12, column
+    picture = decoded(clients.transfers.download(clients.products, declared["picture"])[0])
+    bar = 2 * quicklook.LEGEND_ROW + height + 3 + quicklook.LEGEND_ROW + quicklook.BAR // 2
+    row = picture[bar, 5:-5, :3].astype(int)
+    assert np.abs(row[0] - blues[0]).max() <= 3 and np.abs(row[-1] - blues[-1]).max() <= 3  # the bar on Blues
+
+
+def test_a_reducer_names_a_colour_ramp_bagpipe_draws(tmp_path: Path) -> None:
+    manifest = {"name": "ramped", "argv": ["{python}", "{here}/x.py"], "output": {"unit": "mm", "colormap": "Blues_r"}}
+    assert reducers.parse(json.dumps(manifest).encode(), tmp_path, "reducer.json").colormap == "Blues_r"
+    with pytest.raises(ValueError, match=r"output\.colormap: .*'Bluez' is not a colour ramp"):
+        reducers.parse(json.dumps(manifest | {"output": {"colormap": "Bluez"}}).encode(), tmp_path, "reducer.json")

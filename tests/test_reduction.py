@@ -21,9 +21,11 @@ from bagpipe.azurite import Azurite
 from bagpipe.mailserver import MailServer
 from bagpipe.planetary import Planetary
 from pipeline.lifecycle import jobs, results, tasks
+from pipeline.modis import stacitems
 from pipeline.reduction import reducers
 from pipeline.requests import application
 from pipeline.requests.request import JobRequest
+from pipeline.science import ramps, rasters
 from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
@@ -86,6 +88,17 @@ def test_python_reduction_over_the_span(settings: Settings, planetary: Planetary
     cog = tmp_path / "snow_fraction.tif"
     cog.write_bytes(made["snow_fraction.tif"])
     assert cog_validate(str(cog), strict=True, quiet=True)[:2] == (True, [])
+    # carrying the unit and colour ramp its reducer.json declares: its STAC item's unit, its overview's ramp
+    with MemoryFile(made["snow_fraction.tif"]) as memory, memory.open() as result:
+        assert result.units == ("1",) and result.tags()[rasters.COLORMAP_TAG] == "Blues"
+    manifest = results.manifest(clients, job)
+    assert manifest is not None
+    (shown,) = [o for o in manifest["overviews"] if o["layer"] == "snow_fraction"]
+    blues = ["#{:02x}{:02x}{:02x}".format(*c) for c in ramps.stops("Blues")]
+    assert shown["unit"] == "1" and [e["colour"] for e in shown["legend"]] == blues
+    (entry,) = [t for t in manifest["tasks"] if t["stage"] == "reduce"]
+    item = stacitems.build_item(entry, [cog], manifest["catalog"])
+    assert item is not None and item.assets["snow_fraction"].extra_fields["raster:bands"][0]["unit"] == "1"
     stack = np.stack(tiles_of(clients, job))
     seen = ((stack == 200) | (stack == 25)).sum(axis=0)
     expected = np.where(seen > 0, (stack == 200).sum(axis=0) / np.maximum(seen, 1), -1)

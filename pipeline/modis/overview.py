@@ -2,7 +2,8 @@
 ``MAX_DATES`` of each layer) and per raster its reductions left, every tile of the job laid
 on one lon/lat image of its whole region (nearest neighbour, at most ``LONGEST`` pixels a
 side; a region across ±180° one image across it, its bounds' west above their east, as
-GeoJSON gives such a box), coloured for its layer (``pipeline.modis.quicklook``). Each is stored twice under
+GeoJSON gives such a box), coloured for its layer (``pipeline.modis.quicklook``; a reduction's
+raster in the unit and on the colour ramp its file declares). Each is stored twice under
 ``products/{job}/overview/``: the bare image the portal lays on its map (``*.map.png``),
 and the picture with its legend that the email links to (``*.png``).
 
@@ -39,6 +40,7 @@ from pipeline.lifecycle import results
 from pipeline.modis import layout, quicklook
 from pipeline.modis.products import CATALOG
 from pipeline.modis.targets import lonlat_bounds
+from pipeline.science import rasters
 from pipeline.storage import cache, names, packing
 from pipeline.storage.clients import Clients
 
@@ -178,7 +180,7 @@ def draw(clients: Clients, job: str, key: Group,
     bounds = region_box(list(boxes.values()))
     shape = quicklook.canvas_shape(bounds, LONGEST)
     canvas: np.ndarray | None = None
-    nodata, scale, offset = 0.0, 1.0, 0.0  # the first raster read sets them
+    nodata, scale, offset, unit, colormap = 0.0, 1.0, 0.0, "", ""  # the first raster read sets them
     for output, data in _rasters(clients, members):
         # the canvas in the raster's own longitudes: a turn west for one east of ±180° on a canvas past 180°
         shift = 360.0 * round(((bounds[0] + bounds[2]) / 2 - _middle(boxes[output])) / 360.0)
@@ -190,6 +192,7 @@ def draw(clients: Clients, job: str, key: Group,
                     nodata = float(src.nodata) if src.nodata is not None else fill
                     canvas = np.full(shape, nodata, dtype=src.dtypes[0])
                     scale, offset = src.scales[0], src.offsets[0]
+                    unit, colormap = src.units[0] or "", src.tags().get(rasters.COLORMAP_TAG, "")
                 part = np.full(shape, nodata, dtype=canvas.dtype)
                 reproject(rasterio.band(src, 1), part, src_nodata=src.nodata, dst_transform=transform,
                           dst_crs="EPSG:4326", dst_nodata=nodata, resampling=Resampling.nearest)
@@ -202,7 +205,7 @@ def draw(clients: Clients, job: str, key: Group,
         raise RasterioError(f"no raster of {product} {name} could be read")
     layer = _layer(product, name)
     valid = canvas[~(np.isnan(canvas) if np.isnan(nodata) else canvas == nodata)]
-    style = quicklook.style_for(layer, valid.astype("float64") * scale + offset, name)
+    style = quicklook.style_for(layer, valid.astype("float64") * scale + offset, name, unit, colormap)
     rgba = quicklook.colorize(canvas, style, nodata, scale, offset)
     images = {"picture": quicklook.picture(rgba, style, f"{product} {name} {_span(key)}", bounds),
               "map": quicklook.png(rgba)}

@@ -4,7 +4,8 @@ Class layers get their classes' colours (MOD10A2's snow classes from the MOD10 u
 table), NDVI and EVI a vegetation ramp, land surface temperature a ramp in °C (stored
 Kelvin × 0.02, shown less 273.15), other layers a grey ramp over their valid range in their
 unit; a raster with no known layer (a reduction's output) a ramp over its own 2nd–98th
-percentiles. Fill and nodata are transparent. A picture is the coloured image, its corners'
+percentiles in the unit its file gives, the ramp its maker declared (a reducer's
+``output.colormap``) or viridis. Fill and nodata are transparent. A picture is the coloured image, its corners'
 longitudes and latitudes above and below it, over a legend panel (PNG, drawn with Pillow): a
 swatch per class of a class layer, a continuous colour bar over its range, with its unit,
 for any other.
@@ -20,6 +21,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from pipeline.modis.products import Layer
+from pipeline.science import ramps
 
 RGB = tuple[int, int, int]
 LEGEND_ROW = 16  # pixels per legend line
@@ -71,14 +73,18 @@ VIRIDIS = ((0.0, (68, 1, 84)), (0.25, (59, 82, 139)), (0.5, (33, 145, 140)), (0.
            (1.0, (253, 231, 37)))
 
 
-def style_for(layer: Layer | None, values: np.ndarray | None = None, name: str = "") -> Style:
+def style_for(layer: Layer | None, values: np.ndarray | None = None, name: str = "", unit: str = "",
+              colormap: str = "") -> Style:
     """The colour map of a layer (``values``: a raster with no known layer, ramped over its
-    own range)."""
+    own range in its ``unit``, on the named ``colormap`` its maker declared, else viridis)."""
     if layer is None:
         found = values[np.isfinite(values)] if values is not None and values.size else np.array([0.0, 1.0])
         low, high = (np.percentile(found, [2, 98]) if found.size else (0.0, 1.0))
         high = high if high > low else low + 1.0
-        return Style(name, stops=tuple((float(low + f * (high - low)), c) for f, c in VIRIDIS))
+        colours = ramps.stops(colormap) if colormap and ramps.known(colormap) else tuple(c for _, c in VIRIDIS)
+        fractions = np.linspace(0.0, 1.0, len(colours))
+        return Style(name, unit, stops=tuple((float(low + f * (high - low)), c) for f, c in zip(fractions, colours,
+                                                                                               strict=True)))
     if layer.name == "Maximum_Snow_Extent":
         return Style(layer.name, classes=SNOW_CLASSES)
     if layer.unit in ("NDVI", "EVI"):

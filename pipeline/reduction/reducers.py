@@ -19,8 +19,11 @@ Compiler binary or a C program is just another argv[0]; ``"input_format": "ENVI"
 the inputs as raw ENVI files (NAME.bin + NAME.hdr) for programs that have no GDAL.
 ``accepts`` names the inputs the program makes sense of (``PRODUCT.LAYER``, ``*`` and ``?``
 as in file names; by default any): a request that gives it another is refused naming its
-field. ``output`` says the unit and the colour ramp (a matplotlib colormap name) of its
-rasters, for their STAC items and overviews.
+field. ``output`` says the unit and the colour ramp (a matplotlib colormap name, one of
+``pipeline.science.ramps``) of its rasters: each published raster carries them (its bands'
+unit where the program set none, the ramp in its ``BAGPIPE_COLORMAP`` tag), so that its
+STAC item gives the unit and its overview is drawn on that ramp with the unit on its colour
+bar.
 
 A program has no network. An installed reducer (never an uploaded one: ``bundles`` refuses
 the field) may list the hosts its program reaches, ``"network": {"hosts":
@@ -46,6 +49,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from pipeline.reduction.proxy import public
+from pipeline.science import ramps
 
 log = logging.getLogger(__name__)
 BUILTIN_DIR = Path(__file__).resolve().parents[2] / "reducers"
@@ -160,6 +164,14 @@ class _Output(BaseModel):
     model_config = ConfigDict(extra="forbid")
     unit: Annotated[str, Field(max_length=32)] = ""
     colormap: Annotated[str, Field(pattern=r"^[A-Za-z0-9_]{0,32}$")] = ""
+
+    @field_validator("colormap")
+    @classmethod
+    def _known_ramp(cls, colormap: str) -> str:
+        if colormap and not ramps.known(colormap):
+            raise ValueError(f"{colormap!r} is not a colour ramp bagpipe draws; it draws {', '.join(ramps.names())} "
+                             "(each reversed as NAME_r)")
+        return colormap
 
 
 class _Manifest(BaseModel):

@@ -126,7 +126,8 @@ def run_program(reducer: reducers.Reducer, tiles: list[tuple[str, Path]], root: 
     ``task.json`` (``task`` plus where things are: ``inputs``, the first input's files;
     ``layers``, the first product's files by layer; ``by_input``, every input's dates and
     files by ``PRODUCT.LAYER``; ``baseline_files``; ``progress_file``), run the program in
-    the sandbox and return the files it left in ``root/outputs`` that its manifest names.
+    the sandbox and return the files it left in ``root/outputs`` that its manifest names,
+    its GeoTIFFs carrying the manifest's declared unit and colour ramp, as COGs.
     What the program writes to its progress file (the share of its work done, a number from
     0 to 1, rewritten as it goes) is passed to ``on_progress`` while it runs: its worker then
     ends an attempt that its pace shows to be a straggler sooner (``StageContext.progress``).
@@ -188,8 +189,9 @@ def run_program(reducer: reducers.Reducer, tiles: list[tuple[str, Path]], root: 
             if p.is_file() and not p.is_symlink() and p.resolve().is_relative_to(outputs.resolve())
             and any(fnmatch.fnmatch(p.name, pattern) for pattern in reducer.outputs)]
     if result.exit_code == 0 and not result.why and len(made) <= MAX_OUTPUTS:
-        for path in made:  # published as every other raster product is: streamable by range reads
+        for path in made:  # published as every other raster product is: its unit, streamable by range reads
             if path.suffix.lower() in (".tif", ".tiff"):
+                rasters.declare(path, reducer.unit, reducer.colormap)
                 rasters.make_cog(path)
     return Run(result, made, root)
 

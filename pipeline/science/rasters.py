@@ -18,6 +18,8 @@ from rasterio.io import MemoryFile
 
 from pipeline.science.encoding import Encoding
 
+COLORMAP_TAG = "BAGPIPE_COLORMAP"  # the colour ramp a raster's maker declared (pipeline.science.ramps)
+
 
 @dataclass(frozen=True)
 class Grid:
@@ -69,6 +71,27 @@ def write_cog(bands: Sequence[np.ndarray], grid: Grid, encoding: Encoding, names
             rasterio.shutil.copy(src, cog.name, driver="COG", compress="DEFLATE", blocksize=512,
                                  overview_resampling="nearest" if categorical else "average")
             return bytes(cog.read())
+
+
+def declare(path: Path, unit: str, colormap: str) -> bool:
+    """Write a raster's declared ``unit`` on its bands that have none and its colour ramp
+    in its :data:`COLORMAP_TAG` tag (a reducer's ``output``), so that its STAC item and its
+    overview say them; a unit the file's maker set is kept. True if the file changed; a
+    file GDAL cannot read as a raster is left as it is. The file may no longer be a
+    Cloud-Optimized GeoTIFF afterwards (:func:`make_cog` rewrites it)."""
+    if not unit and not colormap:
+        return False
+    try:
+        with rasterio.open(path, "r+") as dst:
+            units = tuple(found or unit for found in dst.units)
+            changed = units != dst.units or bool(colormap and dst.tags().get(COLORMAP_TAG) != colormap)
+            if units != dst.units:
+                dst.units = units
+            if colormap and dst.tags().get(COLORMAP_TAG) != colormap:
+                dst.update_tags(**{COLORMAP_TAG: colormap})
+    except rasterio.errors.RasterioError:
+        return False
+    return changed
 
 
 def make_cog(path: Path) -> bool:
