@@ -192,6 +192,8 @@ def test_tasks_settled_ahead_of_the_cursor_take_no_place_in_the_window(
     assert sorted(ref.task for ref in queued_messages(clients)) == [names.task_key(0), names.task_key(1)]
     with running_control(narrow), running_workers(narrow, 1, slots=1):
         wait_for(lambda: jobs.get(clients, job).state == "SUCCEEDED", 60, "the job")
-    assert jobs.get(clients, job).released == 8
+    # The cursor passes the four settled tasks only if a top-up comes while one of the last two
+    # is in flight; a job whose every task has ended is left as it is (planner.release).
+    assert jobs.get(clients, job).released >= 4
     assert ended(jobs.status(clients, job)) == {"SUCCEEDED": 4, "CACHED": 4}
     wait_for(lambda: emails(mail, job) == 1, 30, "the email")
