@@ -100,7 +100,7 @@ def test_discovery_is_open_and_names_every_endpoint(api: TestClient) -> None:
     assert joined.status_code == 308 and joined.headers["location"].endswith(f"{BASE}/collections/MOD13A1?x=1")
     assert api.get(f"{BASE}//collections").json()["collections"]
     formats = api.get(f"{BASE}/file_formats").json()["output"]
-    assert set(formats) == {"GTiff", "netCDF", "Zarr", "CSV", "Parquet"}
+    assert set(formats) == {"GTiff", "netCDF", "Zarr", "CSV", "Parquet", "JSON"}
     assert formats["netCDF"]["gis_data_types"] == ["raster"] and formats["CSV"]["gis_data_types"] == ["table"]
     assert api.get(f"{BASE}/service_types").json() == {}
     oidc = api.get(f"{BASE}/credentials/oidc")  # no Entra on the local stack: not there, nor in the list
@@ -223,10 +223,10 @@ REFUSED = [
     ("an unknown process", with_node(monthly_max(), "x", {
         "process_id": "frobnicate", "arguments": {"data": {"from_node": "agg"}}}, "x"),
      400, "ProcessUnsupported", ["frobnicate"]),
-    ("statistics at points", with_node(monthly_max(), "x", {
+    ("a point outside the data", with_node(monthly_max(), "x", {
         "process_id": "aggregate_spatial", "arguments": {"data": {"from_node": "load"}, "reducer": MAX, "geometries": {
-            "type": "Point", "coordinates": [-107.8, 35.4]}}}, "x"),
-     400, "ProcessParameterUnsupported", ["aggregate_spatial", "own grid"]),
+            "type": "Point", "coordinates": [-100.0, 35.4]}}}, "x"),
+     400, "ProcessParameterInvalid", ["aggregate_spatial", "outside the data's spatial extent"]),
     ("resampling across tile edges", with_node(monthly_max(), "x", {
         "process_id": "resample_spatial", "arguments": {"data": {"from_node": "agg"}, "resolution": 0.1}}, "x"),
      400, "ProcessUnsupported", ["resample_spatial", "tile edges"]),

@@ -25,6 +25,7 @@ import pytest
 import rasterio
 import shapely.geometry
 import xarray
+from openeo.rest.conversions import timeseries_json_to_pandas
 from rasterio.features import geometry_mask
 from rasterio.io import MemoryFile
 
@@ -305,3 +306,60 @@ def test_a_fields_mean_of_monthly_mean_ndvi_is_the_mean_of_the_native_apis_month
             (row,) = mine[(mine["zone"] == feature["id"]) & (mine["key"] == month)].to_dict("records")
             values = centred_values(data, field)
             assert row["mean"] == pytest.approx(float(values.mean()), rel=1e-9), (feature["id"], month)
+
+
+TOWERS = {"type": "FeatureCollection", "features": [
+    {"type": "Feature", "id": "tower", "properties": {}, "geometry": {"type": "Point", "coordinates": [-107.8, 35.4]}},
+    {"type": "Feature", "id": "mesa", "properties": {}, "geometry": {"type": "Point", "coordinates": [-107.6, 35.7]}}]}
+BANDS = ["500m_16_days_NDVI", "500m_16_days_EVI"]
+
+
+@pytest.mark.timeout(2400)
+def test_aggregate_spatial_at_points_is_the_native_apis_sites_as_openeos_time_series(
+        stack: LocalStack, tmp_path: Path) -> None:
+    """Two sites' NDVI and EVI over a month, as openEO's aggregate_spatial at points: saved as
+    JSON, the job's one asset is openEO's time series, which the client reads into a frame
+    (timeseries_json_to_pandas) whose every value is the native API's sites table's for the
+    same request; saved as CSV, the job's one asset is that table."""
+    connection = connected(stack)
+    cube = connection.load_collection("MOD13A1", spatial_extent=BOX, temporal_extent=["2022-07-01", "2022-08-01"],
+                                      bands=BANDS)
+    job = cube.aggregate_spatial(geometries=TOWERS, reducer="mean").save_result(format="JSON").create_job()
+    job.start_and_wait(max_poll_interval=2, print=lambda *_: None)
+    assert job.status() == "finished"
+    assets = job.get_results().get_metadata()["assets"]
+    assert list(assets) == ["sites.json"] and assets["sites.json"]["type"] == "application/json", assets
+    timeseries = job.get_results().get_asset("sites.json").load_json()
+    frame = timeseries_json_to_pandas(timeseries)  # a row per date, (site, band) columns
+
+    api = Api(stack.api_url, stack.token)
+    native = api.submit({"sites": {"points": [{"id": f["id"], "lon": f["geometry"]["coordinates"][0],
+                                               "lat": f["geometry"]["coordinates"][1]} for f in TOWERS["features"]]},
+                         "start": "2022-07-01", "end": "2022-07-31", "products": ["MOD13A1"],
+                         "layers": {"MOD13A1": BANDS}})["job"]
+    wait_for(lambda: api.status(native)["state"] in ("SUCCEEDED", "FAILED"), 300, "the native job")
+    clients = clients_for(stack.settings)
+    manifest = results.with_links(clients, native, results.manifest(clients, native) or {})
+    (gather,) = [t for t in manifest["tasks"] if t["stage"] == "sites"]
+    (link,) = [link for blob, link in gather["links"].items() if blob.endswith(".parquet")]
+    theirs = pandas.read_parquet(io.BytesIO(httpx.get(link).content))
+    assert sorted(frame.index) == sorted(f"{d}T00:00:00Z" for d in theirs["date"].astype(str).unique())
+    assert len(frame) >= 2 and frame.shape[1] == 2 * 2  # two sites, two bands each
+    checked = 0
+    for row in theirs.to_dict("records"):
+        site = [f["id"] for f in TOWERS["features"]].index(row["site"])
+        mine = frame.loc[f"{row['date']}T00:00:00Z", (site, BANDS.index(row["layer"]))]
+        if row["value"] is None or np.isnan(row["value"]):
+            assert np.isnan(mine), row
+        else:
+            assert mine == pytest.approx(row["value"], rel=1e-12), row
+            checked += 1
+    assert checked >= 4
+
+    job = cube.aggregate_spatial(geometries=TOWERS, reducer="first").save_result(format="CSV").create_job()
+    job.start_and_wait(max_poll_interval=2, print=lambda *_: None)
+    assert list(job.get_results().get_metadata()["assets"]) == ["sites.csv"]
+    job.get_results().download_files(tmp_path / "csv")
+    table = pandas.read_csv(tmp_path / "csv" / "sites.csv")
+    pandas.testing.assert_frame_equal(table.drop(columns=["date"]), theirs.drop(columns=["date", "geometry"]),
+                                      check_dtype=False)

@@ -352,12 +352,60 @@ def test_aggregate_spatial_after_a_temporal_reduction_is_over_its_outputs() -> N
     assert applied.reduce is not None and applied.reduce.expression == "(x * 2)"
 
 
+def point(lon: float, lat: float, **feature: Any) -> dict[str, Any]:
+    return {"type": "Feature", "properties": {}, "geometry": {"type": "Point", "coordinates": [lon, lat]}, **feature}
+
+
+SITES = {"type": "FeatureCollection", "features": [point(-107.8, 35.4, id="US-Vcm"), point(-107.6, 35.7)]}
+
+
+def test_aggregate_spatial_at_points_is_the_requests_sites_saved_as_openeos_time_series() -> None:
+    """Points are the request's sites (no region: sampled where they are), in the
+    geometries' order, each named as a zone is; saved as JSON (the default), CSV or Parquet."""
+    compiled = compile_graph(zonal(("ndvi", "ndvi", {}), geometries=SITES, fmt="JSON"))
+    request = compiled.request
+    assert request.sites is not None and request.sites.points == [
+        {"id": "US-Vcm", "lon": -107.8, "lat": 35.4}, {"id": "1", "lon": -107.6, "lat": 35.7}]
+    assert request.region is None and request.zones is None and request.reduce is None
+    assert request.derive == {"MCD43A4": {"ndvi": compiled.request.derive["MCD43A4"]["ndvi"]}}  # type: ignore[index]
+    assert request.output is not None and request.output.format == "json" and compiled.format == "JSON"
+    for fmt in ("CSV", "Parquet"):
+        saved = compile_graph(zonal(geometries=SITES, reducer_=reducer("first"), fmt=fmt))
+        assert saved.format == fmt and saved.request.output is None and saved.request.sites is not None
+    unsaved = zonal(geometries={"type": "Point", "coordinates": [-107.8, 35.4]})
+    del unsaved["process_graph"]["save"]
+    unsaved["process_graph"]["zones"]["result"] = True
+    alone = compile_graph(unsaved)  # one Point: site 0; not saved: JSON
+    assert alone.format == "JSON" and alone.request.sites.points == [  # type: ignore[union-attr]
+        {"id": "0", "lon": -107.8, "lat": 35.4}]
+
+
+def test_what_aggregate_spatial_at_points_cannot_do_is_refused_naming_the_process() -> None:
+    outside = refused(zonal(geometries={"type": "FeatureCollection", "features": [point(-107.8, 35.4),
+                                                                                  point(-100.0, 35.4)]}))
+    assert outside.process == "aggregate_spatial" and "geometries[1]" in outside.message
+    assert "outside" in outside.message
+    clipped = refused(zonal(("clip", "filter_spatial", {"geometries": INSIDE}), geometries={
+        "type": "Point", "coordinates": [-107.55, 35.75]}))
+    assert "outside the data's spatial extent" in clipped.message  # in the box, not in the polygon
+    several = refused(zonal(geometries={"type": "MultiPoint", "coordinates": [[-107.8, 35.4], [-107.6, 35.7]]}))
+    assert several.code == "ProcessParameterUnsupported" and "MultiPoint" in several.message
+    mixed = refused(zonal(geometries={"type": "FeatureCollection", "features": [point(-107.8, 35.4),
+                                                                                FIELDS["features"][0]]}))
+    assert "points and polygons" in mixed.message
+    twice = refused(zonal(geometries={"type": "FeatureCollection", "features": [point(-107.8, 35.4, id="a"),
+                                                                                point(-107.6, 35.7, id="a")]}))
+    assert "given twice" in twice.message
+    for name in ("count", "sd"):
+        assert refused(zonal(geometries=SITES, reducer_=reducer(name))).process == name
+    monthly = refused(zonal(("t", "aggregate_temporal_period", {"period": "month", "reducer": reducer("max")}),
+                            geometries=SITES))
+    assert monthly.process == "aggregate_spatial" and "temporal reduction" in monthly.message
+    assert refused(zonal(geometries=SITES, fmt="GTiff")).code == "FormatUnsuitable"
+    assert refused(zonal(fmt="JSON")).code == "FormatUnsuitable"  # polygons' statistics: CSV or Parquet
+
+
 def test_what_aggregate_spatial_cannot_do_is_refused_naming_the_process() -> None:
-    points = {"type": "FeatureCollection", "features": [
-        {"type": "Feature", "id": "a", "properties": {}, "geometry": {"type": "Point", "coordinates": [-107.8, 35.4]}}]}
-    why = refused(zonal(geometries=points))
-    assert why.process == "aggregate_spatial" and why.code == "ProcessParameterUnsupported"
-    assert "own grid" in why.message and "nearest pixel centre" in why.message
     line = refused(zonal(geometries={"type": "LineString", "coordinates": [[-107.8, 35.4], [-107.7, 35.5]]}))
     assert line.process == "aggregate_spatial" and "LineString" in line.message
     twice = {"type": "FeatureCollection", "features": [FIELDS["features"][0], FIELDS["features"][0]]}

@@ -139,6 +139,31 @@ def test_a_sites_series_equals_the_pixels_of_the_products_own_files(settings: Se
     (second,) = [r for r in tasks.list_tasks(clients.tasks, parts(clients, again)) if r.stage == SITES_GATHER]
     assert second.status is TaskStatus.CACHED and second.output_names() == gather.output_names()
 
+    # asked as openEO's time series too: a value per layer (NDVI, then the derived one) per site in the
+    # order given, per date, none where the table has no value
+    derived = {"derive": {"MOD13A1": {"half": f"MOD13A1.{NDVI} / 2"}}, "layers": {"MOD13A1": [NDVI]}}
+    series = application.submit(clients, JobRequest.model_validate(body | derived | {"output": {"format": "json"}})).job
+    with running_control(mine), running_workers(mine, 1, slots=2):
+        wait_for(lambda: jobs.get(clients, series).state.finished, 300, "the job of a time series")
+    (third,) = [r for r in tasks.list_tasks(clients.tasks, parts(clients, series)) if r.stage == SITES_GATHER]
+    made = {o.rsplit("/", 1)[-1]: o.removeprefix(names.TILE_OUTPUT_PREFIX) for o in third.output_names()}
+    assert third.status is TaskStatus.SUCCEEDED and sorted(made) == ["sites.csv", "sites.json", "sites.parquet"]
+    assert third.parameters()["series"] == f"MOD13A1.{NDVI},MOD13A1.half"
+    timeseries = json.loads(clients.tiles.download_blob(made["sites.json"]).readall())
+    rows = pq.read_table(io.BytesIO(clients.tiles.download_blob(made["sites.parquet"]).readall())).to_pylist()
+    assert list(timeseries) == sorted({f"{r['date'].isoformat()}T00:00:00Z" for r in rows}) and len(timeseries) == 4
+    order = [s["id"] for s in [*SITES, ocean_site()]]
+    for when, per_site in timeseries.items():
+        assert len(per_site) == len(order)
+        for site, values in zip(order, per_site, strict=True):
+            expected = {r["layer"]: r["value"] for r in rows
+                        if r["site"] == site and r["date"].isoformat() == when[:10]}
+            assert values == [expected[NDVI], expected["half"]], (site, when)
+            if values[0] is not None:
+                assert values[1] == pytest.approx(values[0] / 2)
+    assert [v for per_site in timeseries.values() for v in per_site[order.index("buoy")]] == [None] * 8
+    assert any(v is not None for per_site in timeseries.values() for v in per_site[0])
+
 
 @pytest.mark.parametrize("points,field,words", [
     ("id,lon,lat\na,-107.5,35\nb,west,35\n", "sites.points line 3, column lon", "'west' is not a number"),
@@ -198,6 +223,8 @@ def test_the_api_keeps_sites_once_and_a_request_names_them_or_carries_them(api: 
     ({"sites": {"points": "id,lon,lat\na,abc,3\n"}}, 422, "sites.points line 2, column lon"),
     ({"sites": {"kept": {"ref": "0" * 64}}}, 400, "sites.kept.ref"),
     ({"sites": {"points": SITES}, "region": {"bbox": [0, 0, 1, 1]}}, 422, "region"),
+    ({"sites": {"points": SITES}, "output": {"format": "netcdf"}}, 422, "output.format"),
+    ({"region": {"bbox": [-108, 35, -107, 36]}, "output": {"format": "json"}}, 422, "output.format"),
     ({"region": {"geometry": {"type": "Polygon", "coordinates": [[[0, 0], [1, 1], [1, 0], [0, 1], [0, 0]]]}}},
      422, "region.geometry"),
     ({"region": {"geometry": "not GeoJSON"}}, 422, "region.geometry"),

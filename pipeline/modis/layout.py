@@ -35,7 +35,7 @@ GATHERS = {"sites": "sites", "zones": "zones", "cube": "cubes"}  # a gather's st
 
 NUMBERS = frozenset({"res", "work", "window"})  # a number
 NUMBER_LISTS = frozenset({"bounds", "lonlat", "bbox", "percentiles", "feeds"})  # numbers, comma-separated
-NAME_LISTS = frozenset({"sources", "layers", "statistics"})  # names, comma-separated
+NAME_LISTS = frozenset({"sources", "layers", "statistics", "series"})  # names, comma-separated
 RUNS = frozenset({"deps", "over"})  # runs of sequence numbers: first,count;first,count
 DOCUMENTS = frozenset({"granules", "derived", "input", "encoding", "encodings", "reduce", "args", "windows"})  # JSON
 FLAGS = frozenset({"intermediate"})  # "1": true

@@ -160,7 +160,7 @@ def _wrap(item: pystac.Item) -> None:
 
 
 TABLES = {".csv": "text/csv", ".parquet": "application/vnd.apache.parquet", ".nc": "application/netcdf",
-          ".zip": "application/zip"}
+          ".zip": "application/zip", ".json": "application/json"}
 DATACUBE_SCHEMA = "https://stac-extensions.github.io/datacube/v2.2.0/schema.json"
 
 

@@ -11,7 +11,8 @@ and ends the gather ``CACHED``.
 
 The sites' gather (``sites``) streams the point tasks' Parquet parts
 (``pipeline.modis.points``) into one CSV and one GeoParquet file, a point geometry per row,
-units in the columns' metadata.
+units in the columns' metadata, and, for a request asking ``output.format`` json, a third:
+the values as openEO's time series JSON (``Timeseries``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 from azure.core.exceptions import HttpResponseError
 
 from pipeline import stages
@@ -29,7 +32,7 @@ from pipeline.failures import FailureClass, StageFailure
 from pipeline.lifecycle import jobs, tasks
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.reduction import SITES_GATHER
-from pipeline.science import tables
+from pipeline.science import tables, vectors
 from pipeline.science.tables import SITES
 from pipeline.stages import StageContext
 from pipeline.storage import names
@@ -96,16 +99,61 @@ def upload_once(clients: Clients, path: Path, blob: str) -> None:
 
 @stages.stage(SITES_GATHER)
 def sites_table(ctx: StageContext) -> None:
-    """The job's sites' rows in one CSV and one GeoParquet file."""
+    """The job's sites' rows in one CSV and one GeoParquet file, and, asked for (``series``:
+    the layers in their order), the same values as openEO's time series JSON."""
     rows = gathered(ctx)
     blobs = parts_of(ctx, rows)
-    key = hashlib.sha256(json.dumps([VERSION, SITES_GATHER, sorted(blobs)]).encode()).hexdigest()
+    series = [r for r in ctx.params.get("series", "").split(",") if r]
+    key = hashlib.sha256(json.dumps([VERSION, SITES_GATHER, sorted(blobs)] + ([series] if series else []))
+                         .encode()).hexdigest()
+    outputs = {"sites.csv": "sites.csv", "sites.parquet": "sites.parquet"} | (
+        {"sites.json": "sites.json"} if series else {})
 
     def write(folder: Path) -> None:
+        timeseries = Timeseries([s.id for s in vectors.sites_from(stages.kept_document(ctx.clients, ctx.params[
+            "sites"]))], series) if series else None
         with tables.Writer(folder / "sites.csv", folder / "sites.parquet", SITES, points=("lon", "lat")) as out:
             for number, blob in enumerate(blobs):
                 part = tables.from_parquet(ctx.clients.transfers.download(ctx.clients.tiles, blob)[0])
                 out.write(part)
+                if timeseries is not None:
+                    timeseries.add(part)
                 ctx.progress((number + 1) / max(1, len(blobs)))
+        if timeseries is not None:
+            timeseries.write(folder / "sites.json")
 
-    publish(ctx, key, {"sites.csv": "sites.csv", "sites.parquet": "sites.parquet"}, write)
+    publish(ctx, key, outputs, write)
+
+
+class Timeseries:
+    """The sites' values as openEO's time series JSON, the shape ``aggregate_spatial`` at
+    points returns and the openEO clients read (the Python client's
+    ``timeseries_json_to_pandas``): ``{"2022-07-04T00:00:00Z": [[a value per layer] per site,
+    in the sites' order], …}``, the dates in order, a value none where the site has no data
+    (or a layer no row on that date, as a product's dates are not another's). Held as a
+    float array per date (sites × layers), 8 bytes a value."""
+
+    def __init__(self, sites: list[str], layers: list[str]) -> None:
+        self.sites = {site: number for number, site in enumerate(sites)}
+        self.layers = {layer: number for number, layer in enumerate(layers)}
+        self.dates: dict[str, np.ndarray] = {}
+
+    def add(self, part: pa.Table) -> None:
+        columns = part.select(["site", "product", "layer", "date", "value"]).to_pydict()
+        for site, product, layer, day, value in zip(*columns.values(), strict=True):
+            band = self.layers.get(f"{product}.{layer}")
+            if band is None:
+                continue
+            when = f"{day.isoformat()}T00:00:00Z"
+            if when not in self.dates:
+                self.dates[when] = np.full((len(self.sites), len(self.layers)), np.nan)
+            if value is not None:
+                self.dates[when][self.sites[site], band] = value
+
+    def write(self, path: Path) -> None:
+        with path.open("w") as out:
+            out.write("{")
+            for number, when in enumerate(sorted(self.dates)):
+                values = [[None if np.isnan(v) else float(v) for v in site] for site in self.dates[when].tolist()]
+                out.write(("," if number else "") + json.dumps(when) + ":" + json.dumps(values, allow_nan=False))
+            out.write("}")

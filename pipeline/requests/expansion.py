@@ -347,7 +347,12 @@ def _sites(request: JobRequest, derived: dict[str, dict[str, str]]) -> list[Spec
         raise RequestError(400, "sites", "no product has a date in the span")
     box = ",".join(map(repr, sites.kept.bbox or (-180.0, -90.0, 180.0, 90.0)))
     span = (("start", request.start.isoformat()), ("end", request.end.isoformat()))
-    specs.append(GatherSpec(SITES_GATHER, ((0, len(specs)),), extra=(("sites", sites.kept.ref), ("bbox", box), *span),
+    # openEO's time series JSON: a value per layer in this order (each product's layers, then its derived ones)
+    series = (("series", ",".join(f"{p}.{layer}" for p in request.products
+                                  for layer in [*layers[p], *derived.get(p, {})])),) if (
+        request.output is not None and request.output.format == "json") else ()
+    specs.append(GatherSpec(SITES_GATHER, ((0, len(specs)),), extra=(("sites", sites.kept.ref), ("bbox", box), *span,
+                                                                       *series),
                             work=max(1e-6, sites.kept.count or 1) * len(specs) / 1e6))
     return specs
 

@@ -231,10 +231,11 @@ class Zones(BaseModel):
 class Output(BaseModel):
     """What a job writes beside its tiles' COGs: ``netcdf`` (one CF netCDF) or ``zarr`` (one
     Zarr store) per product and layer over the region and dates, and per reduction output
-    over its groups (``pipeline.reduction.cubes``)."""
+    over its groups (``pipeline.reduction.cubes``); for a request of sites, ``json``: its
+    table also as openEO's time series JSON (``pipeline.reduction.gather``)."""
 
     model_config = ConfigDict(extra="forbid")
-    format: Literal["cog", "netcdf", "zarr"] = "cog"
+    format: Literal["cog", "netcdf", "zarr", "json"] = "cog"
 
 
 class JobRequest(BaseModel):
@@ -288,10 +289,14 @@ def check_where(request: JobRequest) -> None:
             if getattr(request, name) is not None:
                 raise RequestError(422, name, f"a request of sites takes products, layers, derive and a span, "
                                    f"not {name}")
-        if request.output is not None and request.output.format != "cog":
-            raise RequestError(422, "output.format", "a request of sites makes a table, not a cube")
+        if request.output is not None and request.output.format not in ("cog", "json"):
+            raise RequestError(422, "output.format", "a request of sites makes a table, not a cube (json: the table "
+                               "also as openEO's time series)")
     elif request.region is None and request.zones is None:
         raise RequestError(422, "region", "give a region (bbox, tiles or geometry), sites or zones")
+    elif request.output is not None and request.output.format == "json":
+        raise RequestError(422, "output.format", "json is a request of sites' time series: a region's results are "
+                           "cog, netcdf or zarr")
     if request.zones is not None and request.region is not None and request.region.tiles is not None:
         raise RequestError(422, "zones", "zonal statistics are made on a target grid: give region.bbox or "
                            "region.geometry, or no region (the zones' own box)")

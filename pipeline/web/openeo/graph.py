@@ -16,7 +16,9 @@ tile, a group of dates), so a graph is taken apart into those:
 - ``aggregate_spatial`` over polygons is the request's ``zones`` (a pixel counted whole if its
   centre is in a zone, as openEO defines it), per date, or after a temporal reduction over
   its outputs per group (``zones.over``); its table is saved as CSV or Parquet, the zones
-  gather's files;
+  gather's files; at points it is the request's ``sites`` (the value of the MODIS pixel
+  holding each point, per date), saved as openEO's time series JSON, CSV or Parquet, the
+  sites gather's files;
 - ``save_result`` picks the output format: GeoTIFF (a COG per tile and date or group), or a
   cube — netCDF or Zarr, the request's ``output.format``: one per layer and per reduction,
   written by the job's cube gathers over every tile.
@@ -65,10 +67,13 @@ _OPENEO = {bagpipe: openeo for openeo, bagpipe in REDUCERS.items()}
 PERIODS = {"month": "month", "season": "season", "year": "year"}
 # save_result's formats (openEO's names, any case), and the request's output.format each is
 FORMATS = {"gtiff": "GTiff", "geotiff": "GTiff", "tiff": "GTiff", "netcdf": "netCDF", "nc": "netCDF", "zarr": "Zarr"}
-FORMATS |= {"csv": "CSV", "parquet": "Parquet"}
+FORMATS |= {"csv": "CSV", "parquet": "Parquet", "json": "JSON"}
 OUTPUTS = {"GTiff": "cog", "netCDF": "netcdf", "Zarr": "zarr"}
 CUBES = ("netCDF", "Zarr")  # a cube per layer or reduction (the gathers'), not a file per tile
 TABLES = {"CSV": ".csv", "Parquet": ".parquet"}  # aggregate_spatial's table: the zones gather's file of each
+SERIES = {**TABLES, "JSON": ".json"}  # at points: the sites gather's, openEO's time series JSON too
+# aggregate_spatial's reducers whose value over one pixel is that pixel's: a point's
+AT_POINTS = ("mean", "min", "max", "median", "sum", "first", "last")
 # why a known openEO process cannot run per tile here
 NOT_PER_TILE = {
     "mask_polygon": "a mask that keeps the data's extent is not here: filter_spatial clips to the polygons",
@@ -129,12 +134,14 @@ class Cube:
 @dataclass(frozen=True)
 class Table:
     """What ``aggregate_spatial`` makes: the zones' statistics of a cube's bands, a row per
-    zone, band and date (or the temporal reduction's group)."""
+    zone, band and date (or the temporal reduction's group); or, at points, the request's
+    sites: a row per site, band and date."""
 
     cube: Cube
     zones: str  # a GeoJSON FeatureCollection of the zones, each with its id (JSON text)
     statistics: tuple[str, ...]
     percentiles: tuple[float, ...]
+    sites: str = ""  # at points: the sites, [{id, lon, lat}…] in the geometries' order (JSON text), and no zones
 
 
 @dataclass(frozen=True)
@@ -468,9 +475,10 @@ class _Walker:
         found = self.node(str(data["from_node"])) if isinstance(data, dict) and "from_node" in data else None
         saved: Cube | Table = found if isinstance(found, Table) else self.cube(data, process)
         given = str(a.get("format") or "")
-        fitting: dict[str, str] = TABLES if isinstance(saved, Table) else OUTPUTS
+        fitting: dict[str, str] = OUTPUTS if not isinstance(saved, Table) else SERIES if saved.sites else TABLES
         if FORMATS.get(given.lower()) not in fitting:
-            what = "aggregate_spatial's table" if isinstance(saved, Table) else "a raster cube"
+            what = "a raster cube" if not isinstance(saved, Table) else (
+                "aggregate_spatial's values at points" if saved.sites else "aggregate_spatial's table over polygons")
             raise CompileError("FormatUnsuitable", f"save_result: format {given!r}: bagpipe writes {what} as "
                                f"{', '.join(fitting)} (GET /file_formats)", process)
         if a.get("options"):
@@ -489,6 +497,14 @@ class _Walker:
                                "pixels beside each value) is not supported; count is a reducer of its own", process)
         if a.get("context") is not None:
             raise CompileError("ProcessParameterUnsupported", "aggregate_spatial: no context is supported", process)
+        sites = _sites(a.get("geometries"), process, cube)
+        if sites:
+            _point_reducer(a.get("reducer"), process)
+            if cube.by:
+                raise CompileError("ProcessUnsupported", "aggregate_spatial: at points after a temporal reduction: "
+                                   "bagpipe samples sites per date on each product's own grid (sample them, then "
+                                   "reduce the table)", process)
+            return Table(cube, "", (), (), sites=json.dumps(sites))
         zones = _zones(a.get("geometries"), process)
         statistic, percentiles = _spatial_reducer(a.get("reducer"), process)
         return Table(cube, json.dumps(zones), (statistic,) if statistic else (), tuple(percentiles))
@@ -625,19 +641,14 @@ def _restricted(cube: Cube, process: str, name: str, box: tuple[float, float, fl
     return replace(cube, bbox=clip.bounds, polygon=_text(clip))
 
 
-_POINTS = ("Point", "MultiPoint")
-
-
 def _zones(value: Any, process: str) -> dict[str, Any]:
     """aggregate_spatial's geometries as the request's zones: a FeatureCollection of polygons,
     each with its id (the feature's, else its property id or name, else its place in the
     collection, as openEO labels them), or one Polygon, MultiPolygon or Feature (a zone of id
-    0); checked as the native API checks zones. Points are not zones: bagpipe samples a point
-    on each product's own grid (the MODIS pixel holding it: the native API's sites), not at
-    the nearest pixel centre of the cube's grid, which openEO defines."""
+    0); checked as the native API checks zones (points are sites: :func:`_sites`)."""
     where = f"{process}: geometries"
     if not isinstance(value, dict) or value.get("type") not in ("FeatureCollection", "Feature", "Polygon",
-                                                                "MultiPolygon", *_POINTS, *_NOT_POLYGONS):
+                                                                "MultiPolygon", *_NOT_POLYGONS):
         raise CompileError("ProcessParameterInvalid", f"{where}: GeoJSON polygons (a FeatureCollection of them, "
                            "each with an id, or one Polygon, MultiPolygon or Feature)", process)
     crs = value.get("crs")
@@ -654,10 +665,6 @@ def _zones(value: Any, process: str) -> dict[str, Any]:
     for number, feature in enumerate(features):
         geometry = feature.get("geometry") if isinstance(feature, dict) else None
         kind = geometry.get("type") if isinstance(geometry, dict) else None
-        if kind in _POINTS:
-            raise CompileError("ProcessParameterUnsupported", f"{where}: points: bagpipe samples a point on each "
-                               "product's own grid (the MODIS pixel holding it: the native API's sites), not at the "
-                               "nearest pixel centre of the cube's grid, as aggregate_spatial defines it", process)
         if kind in _NOT_POLYGONS:
             raise CompileError("ProcessParameterUnsupported", f"{where}: a {kind}: bagpipe's zones are polygons",
                                process)
@@ -675,6 +682,67 @@ def _zones(value: Any, process: str) -> dict[str, Any]:
     except RequestError as exc:
         raise CompileError("ProcessParameterInvalid", f"{exc.field}: {exc.message}", process) from None
     return collection
+
+
+def _sites(value: Any, process: str, cube: Cube) -> list[dict[str, Any]]:
+    """aggregate_spatial's geometries as the request's sites if they are points (a Point, a
+    Feature of one, or a FeatureCollection of them; [] if they are not points): each named as
+    a zone is (its feature's id, else its property id or name, else its place), checked as
+    the native API checks sites, each within the data's extent (openEO has no value
+    outside it; bagpipe would sample it). A MultiPoint is one geometry whose points openEO
+    reduces together, which sites do not: refused, as are points beside polygons."""
+    where = f"{process}: geometries"
+    if not isinstance(value, dict):
+        return []
+    features = value.get("features") if value.get("type") == "FeatureCollection" else [
+        value if value.get("type") == "Feature" else {"type": "Feature", "properties": {}, "geometry": value}]
+    if not isinstance(features, list):
+        return []
+    kinds = [(f.get("geometry") or {}).get("type") if isinstance(f, dict) and isinstance(f.get("geometry"), dict)
+             else None for f in features]
+    if "MultiPoint" in kinds:
+        raise CompileError("ProcessParameterUnsupported", f"{where}: a MultiPoint is one geometry whose points' values "
+                           "aggregate_spatial reduces together; give a FeatureCollection of Points, a site each",
+                           process)
+    if "Point" not in kinds:
+        return []
+    if any(k != "Point" for k in kinds):
+        raise CompileError("ProcessParameterUnsupported", f"{where}: points and polygons together: bagpipe samples "
+                           "points as sites and polygons as zones, one kind a graph", process)
+    crs = value.get("crs")
+    if crs is not None and crs not in _LONLAT:
+        raise CompileError("ProcessParameterUnsupported", f"{where}: GeoJSON in lon/lat (EPSG:4326, as RFC 7946 has "
+                           f"it), not {str(crs)[:60]!r}", process)
+    points = []
+    for number, feature in enumerate(features):
+        properties = feature.get("properties") if isinstance(feature.get("properties"), dict) else {}
+        ident = next((i for i in (feature.get("id"), properties.get("id"), properties.get("name")) if i is not None),
+                     number)
+        coordinates = feature["geometry"].get("coordinates")
+        lon, lat = coordinates[:2] if isinstance(coordinates, list) and len(coordinates) >= 2 else (None, None)
+        points.append({"id": str(ident) if isinstance(ident, int | float | str) else ident, "lon": lon, "lat": lat})
+    try:
+        checked = vectors.sites_of(points, where)
+    except RequestError as exc:
+        raise CompileError("ProcessParameterInvalid", f"{exc.field}: {exc.message}", process) from None
+    extent = shape(json.loads(cube.polygon)) if cube.polygon else shapely.box(*cube.bbox)
+    for number, one in enumerate(checked):
+        if not extent.covers(shapely.Point(one.lon, one.lat)):
+            raise CompileError("ProcessParameterInvalid", f"{where}[{number}]: the point ({one.lon}, {one.lat}) is "
+                               "outside the data's spatial extent", process)
+    return [{"id": one.id, "lon": one.lon, "lat": one.lat} for one in checked]
+
+
+def _point_reducer(reducer: Any, process: str) -> None:
+    """aggregate_spatial's reducer at a point: one whose value over one pixel is that pixel's
+    (:data:`AT_POINTS`), as a site's value is its pixel's."""
+    nodes = reducer.get("process_graph") if isinstance(reducer, dict) else None
+    (node,) = nodes.values() if isinstance(nodes, dict) and len(nodes) == 1 else (None,)
+    name = str(node.get("process_id")) if isinstance(node, dict) else ""
+    arguments = (node.get("arguments") or {}) if isinstance(node, dict) else {}
+    if name not in AT_POINTS or arguments.get("data") != {"from_parameter": "data"}:
+        raise CompileError("ProcessUnsupported", f"{process}: at points the reducer is one of {', '.join(AT_POINTS)} "
+                           "over data: the value of the pixel holding each point", name or process)
 
 
 def _spatial_reducer(reducer: Any, process: str) -> tuple[str, list[float]]:
@@ -768,6 +836,10 @@ def compile_graph(process: dict[str, Any], *, label: str = "") -> Compiled:
         "start": cube.start.isoformat(), "end": cube.end.isoformat(),
         "products": cube.products, "label": label[:200],
     }
+    if table is not None and table.sites:  # sampled where they are, on each product's own grid: no region
+        body = {"sites": {"points": json.loads(table.sites)}} | {k: v for k, v in body.items() if k != "region"}
+        if walker.format not in TABLES:  # JSON, or no save_result
+            body["output"] = {"format": "json"}
     named = {p: names for p, names in layers.items() if names}
     if named:
         body["layers"] = named
@@ -776,7 +848,7 @@ def compile_graph(process: dict[str, Any], *, label: str = "") -> Compiled:
     if derive:
         body["derive"] = derive
     reduction = ""
-    if table is not None:  # the zones' statistics per date, or of the temporal reduction's outputs per group
+    if table is not None and not table.sites:  # the zones' statistics per date, or of the reduction's per group
         body["zones"] = {"features": json.loads(table.zones), "statistics": list(table.statistics),
                          "percentiles": list(table.percentiles), "weights": "centre"} | (
             {"over": "reduction"} if cube.by else {"inputs": [f"{b.product}.{b.name}" for b in cube.bands]})
@@ -803,7 +875,8 @@ def compile_graph(process: dict[str, Any], *, label: str = "") -> Compiled:
         raise CompileError("ProcessGraphInvalid", f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
     result_layers = {} if cube.by or table is not None else {
         p: [b.name for b in cube.bands if b.product == p] for p in cube.products}
-    # a table with no save_result is saved as CSV (a raster cube's default is GeoTIFF)
-    form = "CSV" if table is not None and walker.format not in TABLES else walker.format
+    # a table with no save_result is saved as CSV, points' as JSON (a raster cube's default is GeoTIFF)
+    form = walker.format if table is None or walker.format in (SERIES if table.sites else TABLES) else (
+        "JSON" if table.sites else "CSV")
     return Compiled(request, result_layers, reduction, form)
 

@@ -34,7 +34,7 @@ from pipeline.lifecycle.status import JobState, TaskStatus
 from pipeline.modis import layout, stacitems
 from pipeline.modis.products import CATALOG
 from pipeline.planning import RequestError
-from pipeline.reduction import CUBE_GATHER, ZONES_GATHER
+from pipeline.reduction import CUBE_GATHER, SITES_GATHER, ZONES_GATHER
 from pipeline.requests import application, vectors
 from pipeline.requests.request import JobRequest
 from pipeline.storage import names
@@ -71,11 +71,16 @@ FILE_FORMATS = {
                               "with its fill value, scale, offset and unit, a chunk per tile and date."},
     "Zarr": {"title": "Zarr (format 2, zipped)", "gis_data_types": ["raster"], "parameters": {},
              "description": "The same cube as netCDF's, as a Zarr store (format 2) in a zip file."},
-    "CSV": {"title": "CSV (the zones' table)", "gis_data_types": ["table"], "parameters": {},
-            "description": "aggregate_spatial's statistics: a row per zone, band and date (or group of dates) — "
-                           "zone, input, key, start, end, unit, then a column per statistic (p10… for quantiles)."},
-    "Parquet": {"title": "Parquet (the zones' table)", "gis_data_types": ["table"], "parameters": {},
-                "description": "The same table as CSV's, as Apache Parquet."},
+    "CSV": {"title": "CSV (aggregate_spatial's table)", "gis_data_types": ["table"], "parameters": {},
+            "description": "aggregate_spatial's statistics over polygons: a row per zone, band and date (or group "
+                           "of dates) — zone, input, key, start, end, unit, then a column per statistic (p10… for "
+                           "quantiles); at points, the sites' table: a row per site, band and date — site, lon, lat, "
+                           "product, layer, date, value, unit, quality, usable, status, tile, row, col, granule…"},
+    "Parquet": {"title": "Parquet (aggregate_spatial's table)", "gis_data_types": ["table"], "parameters": {},
+                "description": "The same table as CSV's, as Apache Parquet (at points, GeoParquet)."},
+    "JSON": {"title": "JSON (time series at points)", "gis_data_types": ["table"], "parameters": {},
+             "description": "aggregate_spatial at points as openEO's time series: {date: [[a value per band] per "
+                            "point, in the geometries' order]}, null where a point has no data."},
 }
 
 
@@ -226,9 +231,9 @@ def _entries(clients: Clients, row: JobRow) -> list[dict[str, Any]]:
 def _is_result(entry: dict[str, Any], compiled: graph.Compiled, output: str) -> bool:
     """Whether a task's output is a product of the graph's result node: a tile's layer or a
     reduction's output as GeoTIFF, as a cube the cube gather's of that layer or reduction, as
-    a table the zones' table in that format."""
-    if compiled.format in graph.TABLES:  # aggregate_spatial's: the zones' table in that format
-        return entry["stage"] == ZONES_GATHER and output.endswith(graph.TABLES[compiled.format])
+    a table the zones' (or, at points, the sites') table in that format."""
+    if compiled.format in graph.SERIES:  # aggregate_spatial's: the zones' or the sites' table in that format
+        return entry["stage"] in (ZONES_GATHER, SITES_GATHER) and output.endswith(graph.SERIES[compiled.format])
     if compiled.format in graph.CUBES:
         if entry["stage"] != CUBE_GATHER:
             return False
