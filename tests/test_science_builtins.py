@@ -19,14 +19,17 @@ from pipeline.science.builtins import (
     COUNT,
     DAY_OF_YEAR,
     NAMES,
+    STORED,
     Reducer,
     ReducerError,
     accumulator,
+    on_stored,
     reduce,
+    reduce_stored,
     reduce_stream,
 )
 from pipeline.science.climatology import STATISTICS, Climatology, climatology, from_geotiff, to_geotiff
-from pipeline.science.encoding import Encoding, decode, encode
+from pipeline.science.encoding import Encoding, decode, encode, exact
 
 pytestmark = pytest.mark.filterwarnings("error")  # a warning on the console is a failure
 
@@ -34,6 +37,7 @@ NDVI = Encoding("int16", -3000, 0.0001, 0.0, "NDVI", (-2000, 10000))
 LST = Encoding("uint16", 0, 0.02, 0.0, "Kelvin", (7500, 65535))
 ANGLE = Encoding("uint8", 255, 1.0, -65.0, "Degree", (0, 130))  # an offset
 SNOW = Encoding("uint8", 255, unit="", valid=(0, 254), categorical=True)
+DEPTH = Encoding("int16", -32768, -0.01, 5.0, "m", (-1000, 1000))  # a negative scale: order reversed
 PS = {"percentile": 90.0}
 
 
@@ -357,3 +361,58 @@ def test_dates_stacks_and_baselines_are_checked() -> None:
         accumulator(Reducer("median"), (2, 2))
     with pytest.raises(ValueError, match="increasing"):
         reduce_stream(Reducer("median"), lambda i, rows: values[i, rows], dates_of(3)[::-1], (2, 2))
+
+
+@pytest.mark.parametrize("encoding", [NDVI, LST, ANGLE, SNOW, DEPTH],
+                         ids=["int16-scaled", "uint16-scaled", "uint8-offset", "categorical", "negative-scale"])
+@pytest.mark.parametrize("count", [1, 2, 7])
+@pytest.mark.parametrize("name", STORED)
+def test_on_stored_values_as_on_decoded_ones(name: str, count: int, encoding: Encoding) -> None:
+    """Reduced on the stored values, the stored answer is the decoded answer encoded, to
+    the value, nodata where no date had a value; no float array is read."""
+    stored = stack(encoding, count, seed=count)
+    dates = dates_of(count)
+    assert exact(encoding) and on_stored(reducer(name), encoding)
+    reads: list[int] = []
+
+    def read(index: int) -> np.ndarray:
+        reads.append(index)
+        return stored[index].copy()
+
+    got = reduce_stored(reducer(name), read, dates, stored.shape[1:], encoding)
+    out = reducer(name).output_encoding(encoding)
+    expected = encode(reduce(reducer(name), decode(stored, encoding), dates), out)
+    assert got.dtype == np.dtype(out.dtype) and got.tolist() == expected.tolist()
+    assert reads == list(range(count))
+    if name != "count":
+        assert got[0, 0] == encoding.nodata
+
+
+def test_on_stored_values_without_nodata_or_valid_range() -> None:
+    """A layer whose every value is one (no fill, no range): the type's own extremes are
+    values, a pixel is nodata only where no date was read."""
+    flags = Encoding("uint8", None)
+    stored = np.array([[[0, 255, 7]], [[0, 3, 255]]], np.uint8)
+    for name in STORED:
+        out = Reducer(name).output_encoding(flags)
+        expected = encode(reduce(Reducer(name), decode(stored, flags), dates_of(2)), out)
+        got = reduce_stored(Reducer(name), lambda i: stored[i], dates_of(2), (1, 3), flags)
+        assert got.tolist() == expected.tolist()
+    assert reduce_stored(Reducer("max"), lambda i: stored[i], dates_of(2), (1, 3), flags).tolist() == [[0, 255, 255]]
+    assert reduce_stored(Reducer("min"), lambda i: stored[i], dates_of(2), (1, 3), flags).tolist() == [[0, 3, 7]]
+
+
+def test_what_runs_on_stored_values() -> None:
+    """Only the reducers answering with a stored value or a count, and only over integer
+    layers of up to 16 bits whose values decode one to one; the others are refused."""
+    lossy = Encoding("uint16", None, 1e-7, 1000.0)  # float32 cannot tell 1000.0000001 from 1000.0000002
+    assert not exact(lossy) and not exact(Encoding("float32", math.nan)) and not exact(Encoding("int32", -1))
+    assert not on_stored(Reducer("max"), lossy) and not on_stored(Reducer("mean"), NDVI)
+    with pytest.raises(ValueError, match="reduce_stream"):
+        reduce_stored(Reducer("max"), lambda i: np.zeros((1, 1), np.uint16), dates_of(1), (1, 1), lossy)
+    with pytest.raises(ValueError, match="reduce_stream"):
+        reduce_stored(Reducer("median"), lambda i: np.zeros((1, 1), np.int16), dates_of(1), (1, 1), NDVI)
+    with pytest.raises(ValueError, match="increasing"):
+        reduce_stored(Reducer("max"), lambda i: np.zeros((1, 1), np.int16), dates_of(2)[::-1], (1, 1), NDVI)
+    with pytest.raises(ValueError, match="shape"):
+        reduce_stored(Reducer("max"), lambda i: np.zeros((2, 1), np.int16), dates_of(1), (1, 1), NDVI)

@@ -133,6 +133,10 @@ class Fetched:
         """A stack's reader (``builtins.reduce_stream``'s): date i's decoded values, a block of rows."""
         return lambda index, rows: decode(rasters.read(self.paths[dated[index][1]], rows), encoding)
 
+    def stored(self, dated: list[tuple[date, str]], encoding: Encoding) -> builtins.ReadStored:
+        """A stack's reader of stored values (``builtins.reduce_stored``'s): date i's, whole."""
+        return lambda index: rasters.read(self.paths[dated[index][1]]).astype(encoding.dtype, copy=False)
+
     def climatology(self, blob: str) -> Climatology:
         return climatology.from_geotiff(self.paths[blob]).climatology
 
@@ -231,10 +235,14 @@ def _builtin(fetched: Fetched, reducer: builtins.Reducer, found: Gathered, alias
     baseline = fetched.climatology(found.climatologies[alias]) if reducer.needs_baseline else None
     if reducer.needs_baseline and baseline is None:
         raise StageFailure(FailureClass.DEPENDENCY_FAILED, f"no baseline for {alias}")
-    values = builtins.reduce_stream(reducer, fetched.reader(dated, encoding), [d for d, _ in dated], grid.shape,
-                                    baseline)
     out = reducer.output_encoding(encoding)
-    return rasters.write_cog([encode(values, out)], grid, out, [tags["NAME"]], tags | fetched.synthetic(),
+    dates = [d for d, _ in dated]
+    if builtins.on_stored(reducer, encoding):  # the same stored answer, with no float stack decoded
+        stored = builtins.reduce_stored(reducer, fetched.stored(dated, encoding), dates, grid.shape, encoding)
+    else:
+        stored = encode(builtins.reduce_stream(reducer, fetched.reader(dated, encoding), dates, grid.shape, baseline),
+                        out)
+    return rasters.write_cog([stored], grid, out, [tags["NAME"]], tags | fetched.synthetic(),
                              categorical=out.categorical)
 
 

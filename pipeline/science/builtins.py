@@ -31,6 +31,13 @@ observations; ``argmax_date`` and ``argmin_date`` int16 day of year, nodata -1 (
 own ``composite_day_of_the_year``). Of a categorical layer (class codes) only ``count``,
 ``first``, ``last``, ``min`` and ``max`` have a meaning; the others are refused.
 
+Those whose output is one of a pixel's stored values or its count (``min``, ``max``,
+``first``, ``last``, ``count``) run, on an integer layer whose values decode exactly
+(:func:`~pipeline.science.encoding.exact`: every layer of up to 16 bits in the catalog), on
+the stored values themselves (:func:`reduce_stored`), and give the stored output that
+encoding the decoded answer would: a byte a pixel where the decoded stack is 4 and the
+answer 8, and no decoding or encoding at all.
+
 Two forms give the same answers: :func:`reduce` on a whole stack in memory, and
 :func:`reduce_stream`, which reads the stack through a function a date or a block of rows at
 a time, so that memory is bounded (a year of daily 2400 × 2400 float32 values is 8 GB). An
@@ -53,13 +60,14 @@ from datetime import date
 import numpy as np
 
 from pipeline.science.climatology import Climatology, Moments, ratio
-from pipeline.science.encoding import Encoding, float32
+from pipeline.science.encoding import Encoding, exact, float32, usable
 
 NAMES = ("mean", "median", "min", "max", "sum", "count", "std", "percentile", "first", "last", "argmax_date",
          "argmin_date", "anomaly", "zscore", "vci", "tci")
 BASELINED = ("anomaly", "zscore", "vci", "tci")
 ORDER_STATISTICS = ("median", "percentile")
 CATEGORICAL = ("count", "first", "last", "min", "max")
+STORED = ("count", "first", "last", "min", "max")  # may run on an exact integer layer's stored values
 COUNT = Encoding("uint16", 65535, unit="observations", valid=(0, 65534))
 DAY_OF_YEAR = Encoding("int16", -1, unit="day of year", valid=(1, 366))
 VERSION = "builtins-1"  # change when a reducer's output of the same inputs would change (its outputs' cache keys)
@@ -366,3 +374,50 @@ def reduce_stream(reducer: Reducer, read: Read, dates: Sequence[date], shape: tu
             stack[index] = read(index, part)
         result[part] = reduce(reducer, stack, dates)
     return result
+
+
+ReadStored = Callable[[int], np.ndarray]  # (index of a date) -> its stored values, whole
+
+
+def on_stored(reducer: Reducer, encoding: Encoding) -> bool:
+    """Whether :func:`reduce_stored` computes ``reducer`` over a layer of ``encoding``."""
+    return reducer.name in STORED and exact(encoding)
+
+
+def reduce_stored(reducer: Reducer, read: ReadStored, dates: Sequence[date], shape: tuple[int, int],
+                  encoding: Encoding) -> np.ndarray:
+    """The reducer over the dates (increasing) of a stack of stored values read through
+    ``read(i)`` (date ``i``'s, whole), as its output encoding stores it (:meth:`Reducer.output_encoding`):
+    equal to ``encode(reduce_stream(...), output encoding)`` on the decoded values, computed
+    on the stored values a date at a time with a mask of the pixels seen. For
+    :func:`on_stored`'s reducers and encodings only."""
+    if not on_stored(reducer, encoding):
+        raise ValueError(f"{reducer} over {encoding.dtype} values that do not decode exactly: reduce_stream")
+    _check_dates(dates, len(dates))
+    if reducer.name == "count":
+        count = np.zeros(shape, np.int32)
+        for index in range(len(dates)):
+            count += usable(read(index), encoding)
+        low, high = COUNT.bounds()
+        return np.clip(count, low, high).astype(COUNT.dtype)
+    info = np.iinfo(encoding.dtype)
+    # a negative scale reverses the order of the values: the physical maximum is the stored minimum
+    highest = (reducer.name == "max") == (encoding.scale > 0)
+    worst = info.min if highest else info.max  # no value is worse: a pixel's unusable ones count as it
+    seen = np.zeros(shape, bool)
+    kept = np.full(shape, worst, encoding.dtype)
+    for index in range(len(dates)):
+        stored = read(index)
+        if stored.shape != shape:
+            raise ValueError(f"values of shape {stored.shape} for a reduction of {shape}")
+        good = usable(stored, encoding)
+        match reducer.name:
+            case "first":
+                np.copyto(kept, stored, where=good & ~seen)
+            case "last":
+                np.copyto(kept, stored, where=good)
+            case _:  # min, max: over every pixel at once (its unusable values as the worst), seen kept apart
+                (np.maximum if highest else np.minimum)(kept, np.where(good, stored, worst), out=kept)
+        seen |= good
+    kept[~seen] = encoding.fill
+    return kept

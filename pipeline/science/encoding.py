@@ -21,6 +21,7 @@ every mean that forgot to mask it).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -87,10 +88,17 @@ def float32(unit: str = "") -> Encoding:
 def usable(stored: np.ndarray, encoding: Encoding) -> np.ndarray:
     """Where the stored values are values: not the fill, within the valid range, finite."""
     good = np.isfinite(stored) if encoding.is_float else np.ones(stored.shape, bool)
+    # each comparison made only where it can be false for a value of the stored type
+    low, high = ((np.iinfo(stored.dtype).min, np.iinfo(stored.dtype).max) if stored.dtype.kind in "iu"
+                 else (-math.inf, math.inf))
     if encoding.valid is not None:
         with np.errstate(invalid="ignore"):
-            good &= (stored >= encoding.valid[0]) & (stored <= encoding.valid[1])
-    if encoding.nodata is not None and not math.isnan(encoding.nodata):
+            if encoding.valid[0] > low:
+                good &= stored >= encoding.valid[0]
+            if encoding.valid[1] < high:
+                good &= stored <= encoding.valid[1]
+        low, high = max(low, encoding.valid[0]), min(high, encoding.valid[1])
+    if encoding.nodata is not None and not math.isnan(encoding.nodata) and low <= encoding.nodata <= high:
         good &= stored != encoding.nodata
     return good
 
@@ -134,3 +142,19 @@ def encode(values: np.ndarray, encoding: Encoding) -> np.ndarray:
         stored = np.clip(stored, low, high)
         stored[missing] = encoding.fill
         return stored.astype(encoding.dtype)
+
+
+@functools.lru_cache(maxsize=256)
+def exact(encoding: Encoding) -> bool:
+    """Whether an integer layer's stored values can be reduced as they are stored: a type of
+    up to 16 bits (every value checked, at most 65,536) whose every usable value decodes and
+    encodes back to itself (:func:`decode`, then :func:`encode` in the same encoding). Then
+    decoding is one to one and keeps order (reverses it if the scale is negative), so that a
+    pixel's extreme, first or last value, or its count of values, found among the stored
+    values is the one found among the decoded ones — with no float array made."""
+    if encoding.is_float or np.dtype(encoding.dtype).itemsize > 2:
+        return False
+    low, high = encoding.bounds()
+    stored = np.arange(int(low), int(high) + 1).astype(encoding.dtype)
+    stored = stored[usable(stored, encoding)]
+    return bool(np.array_equal(encode(decode(stored, encoding), encoding), stored))
