@@ -406,6 +406,31 @@ def test_a_polygon_is_kept_once_and_its_job_plans_only_the_tiles_it_touches(
     assert region is not None and region.kept is not None and region.kept.ref == kept.kept.ref
 
 
+def test_mask_polygon_keeps_the_box_and_plans_all_its_tiles_each_clipped(
+        api: TestClient, clients: Clients, token: str) -> None:
+    """mask_polygon's polygons mask the box (region.bbox with the kept polygon): both target
+    tiles of the box planned, though the polygon touches one, each clipped to the polygon."""
+    polygon = {"type": "Polygon", "coordinates": [[[-107.9, 35.3], [-107.6, 35.3], [-107.7, 35.7], [-107.9, 35.3]]]}
+    wide = monthly_max(spatial_extent={"west": -108.6, "south": 35.2, "east": -107.5, "north": 35.8})  # two 1° tiles
+    process = with_node(wide, "mask", {"process_id": "mask_polygon", "arguments": {
+        "data": {"from_node": "load"}, "mask": polygon}}, "agg")
+    job = created(api, token, process)
+    record = store.get(clients, "ana", job)
+    assert record is not None
+    kept = graph.Compiled.from_json(record.compiled).request.region
+    assert kept is not None and kept.kept is not None and kept.bbox == (-108.6, 35.2, -107.5, 35.8)
+    assert api.post(f"{BASE}/jobs/{job}/results", headers=bearer(token)).status_code == 202
+    run = jobs.get(clients, store.get(clients, "ana", job).latest)  # type: ignore[union-attr]
+    assert run.total == 2 * (23 + 12)  # both 1° tiles: 23 dates, a reduction a month, each
+    planned = application.plan(clients.settings, JobRequest.model_validate_json(run.request))
+    tiles = [p.params for p in planned if p.stage == clients.settings.tile_stage]
+    assert {t["tile"] for t in tiles} == {"x-0108y+0035", "x-0109y+0035"}
+    assert {t["clip"] for t in tiles} == {kept.kept.ref}
+    results = api.get(f"{BASE}/jobs/{job}/results?partial=true", headers=bearer(token)).json()
+    assert results["extent"]["spatial"]["bbox"] == [[-108.6, 35.2, -107.5, 35.8]]  # the box's, not the polygon's
+    assert api.delete(f"{BASE}/jobs/{job}/results", headers=bearer(token)).status_code == 204
+
+
 def test_a_cubes_results_are_the_cube_gathers_of_its_layers_or_its_reduction() -> None:
     """With netCDF or Zarr the results are the cubes of the graph's result: its layers' (by
     product and layer) or its reduction's, never the tiles' COGs nor another layer's cube."""

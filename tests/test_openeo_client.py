@@ -363,3 +363,47 @@ def test_aggregate_spatial_at_points_is_the_native_apis_sites_as_openeos_time_se
     table = pandas.read_csv(tmp_path / "csv" / "sites.csv")
     pandas.testing.assert_frame_equal(table.drop(columns=["date"]), theirs.drop(columns=["date", "geometry"]),
                                       check_dtype=False)
+
+
+@pytest.mark.timeout(2400)
+def test_mask_polygon_keeps_the_extent_and_makes_the_pixels_outside_no_data(
+        stack: LocalStack, tmp_path: Path) -> None:
+    """A fortnight's NDVI masked by a field (mask_polygon): the same GeoTIFFs as the native
+    API's for the box (the extent kept), each pixel whose centre is in the field the native
+    tile's value and every other no data; with inside true, the other way round within the
+    box (what is kept is the box less the field)."""
+    connection = connected(stack)
+    cube = connection.load_collection("MOD13A1", spatial_extent=BOX, temporal_extent=["2022-07-01", "2022-07-20"],
+                                      bands=["500m_16_days_NDVI"])
+    field = FIELDS["features"][0]["geometry"]
+    made = {}
+    for inside in (False, True):
+        job = cube.mask_polygon(mask=field, inside=inside).save_result("GTiff").create_job()
+        job.start_and_wait(max_poll_interval=2, print=lambda *_: None)
+        assert job.status() == "finished"
+        job.get_results().download_files(tmp_path / str(inside))
+        made[inside] = {p.name: p.read_bytes() for p in (tmp_path / str(inside)).glob("*.tif")}
+
+    api = Api(stack.api_url, stack.token)
+    native = api.submit({"region": {"bbox": [BOX["west"], BOX["south"], BOX["east"], BOX["north"]]},
+                         "start": "2022-07-01", "end": "2022-07-19", "products": ["MOD13A1"],
+                         "layers": {"MOD13A1": ["500m_16_days_NDVI"]}})["job"]
+    wait_for(lambda: api.status(native)["state"] in ("SUCCEEDED", "FAILED"), 300, "the native job")
+    clients = clients_for(stack.settings)
+    manifest = results.with_links(clients, native, results.manifest(clients, native) or {})
+    tiles = {blob.rsplit("/", 1)[-1].replace("+", ""): httpx.get(link).content for t in manifest["tasks"]
+             if t["stage"] == "modis" for blob, link in t["links"].items()}
+    assert tiles and sorted(made[False]) == sorted(tiles) == sorted(made[True])  # the box's tiles: the extent kept
+    shaped = shapely.geometry.shape(field)
+    for name, data in tiles.items():
+        with MemoryFile(data) as memory, memory.open() as src:
+            theirs, valid = src.read(1), src.read_masks(1) > 0
+            inside = geometry_mask([shaped], out_shape=src.shape, transform=src.transform, invert=True)
+            box = geometry_mask([shapely.geometry.box(BOX["west"], BOX["south"], BOX["east"], BOX["north"])],
+                                out_shape=src.shape, transform=src.transform, invert=True)
+        for kept, keep in ((False, inside), (True, box & ~inside)):
+            with MemoryFile(made[kept][name]) as memory, memory.open() as src:
+                mine, ok = src.read(1), src.read_masks(1) > 0
+            assert not ok[~keep].any(), (name, kept)  # every pixel masked is no data
+            assert np.array_equal(ok[keep], valid[keep]) and np.array_equal(mine[keep & ok], theirs[keep & valid])
+            assert ok[keep].sum() > 100, (name, kept)

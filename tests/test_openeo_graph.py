@@ -270,6 +270,41 @@ def test_polygons_that_cannot_be_a_region_are_refused_naming_the_process() -> No
     assert many.process == "filter_spatial" and "100,000 vertices" in many.message
 
 
+def test_mask_polygon_masks_the_box_which_stays_the_extent() -> None:
+    """mask_polygon is the box and the polygons (every tile of the box clipped to them), not
+    the polygons alone as filter_spatial; inside true keeps the box less the polygons."""
+    region = compile_graph(graph(("m", "mask_polygon", {"mask": INSIDE}))).request.region
+    assert region is not None and region.bbox == (-108.0, 35.2, -107.5, 35.8) and region.geometry == INSIDE
+    assert region.masked
+    inverted = compile_graph(graph(("m", "mask_polygon", {"mask": INSIDE, "inside": True}))).request.region
+    assert inverted is not None and inverted.bbox == (-108.0, 35.2, -107.5, 35.8) and inverted.geometry is not None
+    kept = shape(inverted.geometry)
+    assert kept.union(shape(INSIDE)).equals(shape({"type": "Polygon", "coordinates": ring(-108.0, 35.2, -107.5,
+                                                                                          35.8)}))
+    assert kept.intersection(shape(INSIDE)).area < 1e-12
+    boxed = compile_graph(graph(("m", "mask_polygon", {"mask": INSIDE}), ("b", "filter_bbox", {
+        "extent": {"west": -108.0, "south": 35.5, "east": -107.0, "north": 36.0}}))).request.region
+    assert boxed is not None and boxed.bbox == (-108.0, 35.5, -107.5, 35.8)  # the box is still the extent
+    assert boxed.geometry is not None and np.array(boxed.geometry["coordinates"][0])[:, 1].min() == 35.5
+    clipped = compile_graph(graph(("m", "mask_polygon", {"mask": INSIDE}), ("c", "filter_spatial", {
+        "geometries": INSIDE}))).request.region
+    assert clipped is not None and clipped.bbox is None and clipped.geometry is not None  # filter_spatial's extent
+    assert shape(clipped.geometry).equals(shape(INSIDE))
+
+
+def test_what_mask_polygon_cannot_do_is_refused_naming_the_process() -> None:
+    replaced = refused(graph(("m", "mask_polygon", {"mask": INSIDE, "replacement": 0})))
+    assert replaced.process == "mask_polygon" and replaced.code == "ProcessParameterUnsupported"
+    after = refused(graph(("t", "reduce_dimension", {"dimension": "t", "reducer": reducer("max")}),
+                          ("m", "mask_polygon", {"mask": INSIDE})))
+    assert after.process == "mask_polygon" and "after a temporal reduction" in after.message
+    whole = refused(graph(("m", "mask_polygon", {"mask": {"type": "Polygon", "coordinates": ring(
+        -109.0, 35.0, -107.0, 36.0)}, "inside": True})))
+    assert whole.process == "mask_polygon" and "no pixel" in whole.message
+    point = refused(graph(("m", "mask_polygon", {"mask": {"type": "Point", "coordinates": [-107.8, 35.4]}})))
+    assert point.process == "mask_polygon" and "mask_polygon: mask" in point.message
+
+
 @pytest.mark.parametrize(("given", "output"), [("netCDF", "netcdf"), ("NetCDF", "netcdf"), ("ZARR", "zarr"),
                                                ("GTiff", None)])
 def test_save_result_as_netcdf_or_zarr_is_the_requests_cube_output(given: str, output: str | None) -> None:

@@ -201,7 +201,8 @@ def asked_line(request: JobRequest) -> str:
     if region is None:
         where = "the sites given"
     elif region.bbox is not None:
-        where = f"the box {', '.join(f'{v:g}' for v in region.bbox)} (west, south, east, north)"
+        where = f"the box {', '.join(f'{v:g}' for v in region.bbox)} (west, south, east, north)" + (
+            ", masked by the polygon given" if region.masked else "")
     elif region.tiles:
         where = f"the MODIS tiles {', '.join(region.tiles)}"
     else:

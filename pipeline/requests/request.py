@@ -56,7 +56,9 @@ class Kept(BaseModel):
 class Region(BaseModel):
     """A lon/lat box ``[west, south, east, north]`` (west > east: it crosses ±180°), a list
     of MODIS tiles, or a polygon: ``geometry``, a GeoJSON Polygon or MultiPolygon in lon/lat
-    (across ±180°, cut there as GeoJSON has it), kept at submission as ``kept``. One of them."""
+    (across ±180°, cut there as GeoJSON has it), kept at submission as ``kept``. One of them;
+    or a box with a polygon, a mask that keeps the box's extent: every target tile of the box,
+    each clipped to the polygon (a polygon alone plans only the tiles it touches)."""
 
     model_config = ConfigDict(extra="forbid")
     bbox: tuple[Lon, Lat, Lon, Lat] | None = None
@@ -75,7 +77,7 @@ class Region(BaseModel):
     @model_validator(mode="after")
     def _one_kind(self) -> Region:
         given = [k for k in ("bbox", "tiles", "geometry", "kept") if getattr(self, k) is not None]
-        if len(given) != 1:
+        if len(given) != 1 and given not in (["bbox", "geometry"], ["bbox", "kept"]):
             raise ValueError(f"give one of bbox [west, south, east, north], tiles or geometry, not "
                              f"{' and '.join(given)}" if given
                              else "give bbox [west, south, east, north], tiles or geometry (a polygon)")
@@ -84,6 +86,11 @@ class Region(BaseModel):
     @property
     def polygon(self) -> bool:
         return self.geometry is not None or self.kept is not None
+
+    @property
+    def masked(self) -> bool:
+        """A box with a polygon: the box's tiles, each clipped to the polygon."""
+        return self.bbox is not None and self.polygon
 
 
 class Grid(BaseModel):
@@ -323,12 +330,15 @@ def installed(name: str, reducers_path: str = "", field: str = "reducer.name") -
 
 def _placed(request: JobRequest) -> tuple[tuple[float, float, float, float] | None, list[Kept]]:
     """The lon/lat box a request's target tiles are cut from (None: it gives MODIS tiles),
-    and the kept polygons that keep only the tiles they touch (a region's, the zones')."""
+    and the kept polygons that keep only the tiles they touch (a region's, unless it masks a
+    box, and the zones')."""
     region, zones = request.region, request.zones
     polygons = [k for k in (region.kept if region else None, zones.kept if zones else None) if k is not None]
     for kept in polygons:
         if kept.bbox is None or kept.touched is None:
             raise RequestError(400, "region", "a polygon not kept: submit it through the API, which keeps it")
+    if region is not None and region.masked:
+        polygons = [k for k in polygons if k is not region.kept]
     if region is not None and region.bbox is not None:
         return region.bbox, polygons
     if region is not None and region.tiles is not None:

@@ -398,7 +398,8 @@ def kept(request: JobRequest, store: Store, load: Load) -> JobRequest:
             assert region.kept is not None
             geometry = science_vectors.polygon(_load(load, region.kept.ref, "region", "region.kept.ref")["geometry"])
             ref = region.kept.ref
-        changes["region"] = Region(kept=Kept(ref=ref, **summarize_polygons([geometry], grid, "region.geometry")))
+        changes["region"] = Region(kept=Kept(ref=ref, **summarize_polygons([geometry], grid, "region.geometry")),
+                                   bbox=region.bbox)
     if request.zones is not None:
         zones = request.zones
         if zones.features is not None:

@@ -6,6 +6,8 @@ tile, a group of dates), so a graph is taken apart into those:
 - ``load_collection`` and ``filter_bbox``, ``filter_spatial``, ``filter_temporal``,
   ``filter_bands`` are the request's region (a lon/lat box, or polygons: ``region.geometry``,
   which every tile is clipped to), span, products and layers: a dry run pushes them down;
+  ``mask_polygon`` is polygons that mask the box, which stays the extent (``region.bbox``
+  with ``region.geometry``: every tile of the box, each clipped to them);
 - per-date pixel work — ``ndvi``, ``reduce_dimension`` over ``bands`` (band math,
   ``normalized_difference``), ``apply``, ``mask`` by a cube of the same product — is the tile
   task's derived layers (``derive``: an expression per layer, ``pixels``);
@@ -53,7 +55,8 @@ from pipeline.web.openeo import pixels
 from pipeline.web.openeo.pixels import Bands, Expr
 
 # bagpipe's processes at the cube level (the child graphs' are pixels.PROCESSES)
-CUBE_PROCESSES = ("load_collection", "filter_bbox", "filter_spatial", "filter_temporal", "filter_bands", "ndvi",
+CUBE_PROCESSES = ("load_collection", "filter_bbox", "filter_spatial", "mask_polygon", "filter_temporal", "filter_bands",
+                  "ndvi",
                   "reduce_dimension", "apply", "mask", "aggregate_temporal_period", "merge_cubes", "aggregate_spatial",
                   "save_result")
 # a temporal reducer's process: the built-in it is (pipeline.science.builtins)
@@ -76,7 +79,6 @@ SERIES = {**TABLES, "JSON": ".json"}  # at points: the sites gather's, openEO's 
 AT_POINTS = ("mean", "min", "max", "median", "sum", "first", "last")
 # why a known openEO process cannot run per tile here
 NOT_PER_TILE = {
-    "mask_polygon": "a mask that keeps the data's extent is not here: filter_spatial clips to the polygons",
     "resample_spatial": "resampling crosses tile edges; bagpipe's grid is the request's",
     "resample_cube_spatial": "resampling crosses tile edges; bagpipe's grid is the request's",
     "apply_kernel": "a kernel reads across tile edges",
@@ -125,6 +127,7 @@ class Cube:
     post: str = ""  # an expression over the reduced input (``x``) an apply after the reduction made
     has_bands: bool = True  # the bands dimension is there (ndvi or a reducer over bands drops it)
     polygon: str = ""  # the polygons the region is clipped to (a GeoJSON geometry in lon/lat, as JSON text)
+    masked: bool = False  # the polygons mask the box, which stays the extent (mask_polygon), else they are it
 
     @property
     def products(self) -> list[str]:
@@ -295,7 +298,33 @@ class _Walker:
         if cube.by:
             raise CompileError("ProcessUnsupported", "filter_spatial: after a temporal reduction (bagpipe clips each "
                                "date's tiles to the polygons: filter before reducing)", process)
-        return _restricted(cube, process, "geometries", polygon=_geojson(a.get("geometries"), process, "geometries"))
+        return replace(_restricted(cube, process, "geometries", polygon=_geojson(a.get("geometries"), process,
+                                                                                  "geometries")), masked=False)
+
+    def _mask_polygon(self, process: str, a: dict[str, Any]) -> Cube:
+        """The pixels whose centre is in no polygon (with ``inside``, in one) made no data,
+        the extent kept: the request's region is the box and the polygons (``region.bbox``
+        with ``region.geometry``), each of the box's tiles clipped to them. So before a
+        temporal reduction only, as filter_spatial; and only to no data (a replacement value
+        would need a second layer per band)."""
+        cube = self.cube(a.get("data"), process)
+        if cube.by:
+            raise CompileError("ProcessUnsupported", "mask_polygon: after a temporal reduction (bagpipe clips each "
+                               "date's tiles to the polygons: mask before reducing)", process)
+        if a.get("replacement") is not None:
+            raise CompileError("ProcessParameterUnsupported", "mask_polygon: replacement: bagpipe masks to no data "
+                               "(replacement null)", process)
+        inside = a.get("inside", False)
+        if not isinstance(inside, bool):
+            raise CompileError("ProcessParameterInvalid", "mask_polygon: inside is true or false", process)
+        polygon = _geojson(a.get("mask"), process, "mask")
+        if inside:  # keep what is outside the polygons: the box less them
+            outside = _polygonal(shapely.box(*cube.bbox).difference(polygon))
+            if outside is None:
+                raise CompileError("ProcessParameterInvalid", "mask_polygon: mask: with inside true the polygons "
+                                   "cover the data's whole extent, leaving no pixel", process)
+            polygon = outside
+        return replace(_restricted(cube, process, "mask", polygon=polygon), bbox=cube.bbox, masked=True)
 
     def _filter_temporal(self, process: str, a: dict[str, Any]) -> Cube:
         cube = self._per_date(self.cube(a.get("data"), process), process)
@@ -464,8 +493,8 @@ class _Walker:
         if a.get("overlap_resolver") is not None or {b.name for b in one.bands} & {b.name for b in two.bands}:
             raise CompileError("ProcessUnsupported", "merge_cubes: of cubes with different bands (no overlap "
                                "resolver)", process)
-        if (one.bbox, one.polygon, one.start, one.end, one.by, one.reducer, one.post) != (
-                two.bbox, two.polygon, two.start, two.end, two.by, two.reducer, two.post):
+        if (one.bbox, one.polygon, one.masked, one.start, one.end, one.by, one.reducer, one.post) != (
+                two.bbox, two.polygon, two.masked, two.start, two.end, two.by, two.reducer, two.post):
             raise CompileError("ProcessUnsupported", "merge_cubes: of cubes of the same extent, span and temporal "
                                "reduction (bagpipe computes both on one grid and one grouping)", process)
         return replace(one, bands=(*one.bands, *two.bands), has_bands=True)
@@ -638,6 +667,8 @@ def _restricted(cube: Cube, process: str, name: str, box: tuple[float, float, fl
                            process)
     if clip is None:
         return replace(cube, bbox=(west, south, east, north))
+    if cube.masked and polygon is None:  # a box over masked data: the box is the extent, the polygons mask it
+        return replace(cube, bbox=(west, south, east, north), polygon=_text(clip))
     return replace(cube, bbox=clip.bounds, polygon=_text(clip))
 
 
@@ -832,7 +863,8 @@ def compile_graph(process: dict[str, Any], *, label: str = "") -> Compiled:
         else:
             derive.setdefault(band.product, {})[band.name] = band.expr
     body: dict[str, Any] = {
-        "region": {"geometry": json.loads(cube.polygon)} if cube.polygon else {"bbox": list(cube.bbox)},
+        "region": ({"bbox": list(cube.bbox)} if not cube.polygon or cube.masked else {}) | (
+            {"geometry": json.loads(cube.polygon)} if cube.polygon else {}),
         "start": cube.start.isoformat(), "end": cube.end.isoformat(),
         "products": cube.products, "label": label[:200],
     }
