@@ -92,6 +92,26 @@ async function submitPage() {
     reduceFields.expression.hidden = reduceFields.aggregate.hidden = kind.value !== "expression";
     reduceFields.days.hidden = by.value !== "days:N";
   }
+  // sites, zones or a polygon region from a file: kept first (POST /api/vectors), named by digest
+  const vector = { kind: "", ref: null };
+  const vectorKind = h("select", { id: "vector-kind", "aria-label": "What the file holds", onchange: () => keepFile() },
+    h("option", { value: "sites" }, "sites: a series at each point (CSV id,lon,lat; JSON; GeoJSON points)"),
+    h("option", { value: "zones" }, "zones: statistics over each polygon (GeoJSON, an id each)"),
+    h("option", { value: "region" }, "a region: only the pixels in its polygon (GeoJSON)"));
+  const vectorFile = input("vector-file", { type: "file", accept: ".csv,.json,.geojson,text/csv,application/json",
+    onchange: () => keepFile() });
+  const vectorStatus = h("p", { class: "hint", id: "vector-status", "aria-live": "polite" });
+  const windowSize = h("select", { id: "sites-window", onchange: changed },
+    ...[1, 3, 5].map((n) => h("option", { value: String(n) }, n === 1 ? "its pixel" : `its pixel and the mean of ${n} × ${n}`)));
+  const vectorField = h("div", { class: "field", "data-field": "vectors" },
+    h("label", { for: "vector-file" }, "Sites, zones or a polygon from a file (optional)"),
+    h("div", { class: "row" }, vectorKind, vectorFile), vectorStatus,
+    h("div", { id: "sites-options", hidden: true }, h("label", { for: "sites-window" }, "Each site's value: "), windowSize),
+    h("p", { class: "error", role: "alert" }));
+  const outputFormat = h("select", { id: "output-format", onchange: changed },
+    h("option", { value: "" }, "Cloud-Optimized GeoTIFF tiles and mosaics"),
+    h("option", { value: "netcdf" }, "also one netCDF cube per layer (and per reduction)"),
+    h("option", { value: "zarr" }, "also one Zarr cube per layer (and per reduction)"));
   const start = input("start", { type: "date", value: "2022-01-01", required: true, oninput: changed });
   const end = input("end", { type: "date", value: "2022-02-17", required: true, oninput: changed });
   const crs = input("crs", { type: "text", placeholder: "EPSG:4326", oninput: changed });
@@ -105,6 +125,7 @@ async function submitPage() {
     h("div", { class: "field", "data-field": "region" }, modes,
       h("div", { class: "bbox" }, ...bboxInputs), field("region.tiles", "MODIS tiles", tilesInput),
       h("p", { class: "error", role: "alert" })),
+    vectorField,
     h("div", { class: "row" }, field("start", "From", start), field("end", "To", end)),
     products,
     field("reduce", "Reduce over time", kind), reduceBlock,
@@ -114,6 +135,7 @@ async function submitPage() {
     h("details", { class: "grid" }, h("summary", {}, "Output grid (for a box)"),
       h("div", { class: "row" }, field("grid.crs", "CRS", crs), field("grid.tile_size", "Tile size", tileSize),
         field("grid.resolution", "Pixel size", resolution))),
+    field("output.format", "Output", outputFormat),
     h("div", { class: "row" }, field("email", "Email when done", email), field("label", "Label", label)),
     estimate, submit);
   const mapHost = h("section", { class: "map-panel", "aria-label": "Region map" });
@@ -169,6 +191,14 @@ async function submitPage() {
       }
       if (!Object.keys(body.layers).length) delete body.layers;
     }
+    if (vector.ref && vector.kind === "region") body.region = { kept: { ref: vector.ref } };
+    else if (vector.ref) {  // sampled where they are, or the zones' own box
+      delete body.region;
+      delete body.grid;
+      if (vector.kind === "sites") body.sites = { kept: { ref: vector.ref }, window: Number(windowSize.value) };
+      else body.zones = { kept: { ref: vector.ref } };
+    }
+    if (outputFormat.value) body.output = { format: outputFormat.value };
     if (email.value) body.email = email.value;
     if (label.value) body.label = label.value;
     return body;
@@ -224,6 +254,36 @@ async function submitPage() {
     }, 250);
   }
 
+  /** Keep the file chosen as the kind chosen, and show what it holds on the map; a file the
+   * API refuses is said beside the field, and the request goes on without it. */
+  async function keepFile() {
+    const file = vectorFile.files[0];
+    const slot = vectorField.querySelector(".error");
+    slot.textContent = "";
+    Object.assign(vector, { kind: vectorKind.value, ref: null });
+    document.getElementById("sites-options").hidden = vectorKind.value !== "sites";
+    mapView.showFeatures([]);
+    vectorStatus.textContent = "";
+    if (!file) return changed();
+    const text = await file.text();
+    let data = text;
+    if (!/\.csv$/i.test(file.name)) {
+      try { data = JSON.parse(text); } catch { slot.textContent = `${file.name} is not JSON (or name a CSV file .csv)`; return changed(); }
+    }
+    try {
+      const kept = await api("POST", "/api/vectors", { kind: vectorKind.value, data });
+      vector.ref = kept.ref;
+      const what = { sites: "sites", zones: "zones", region: "polygon" }[kept.kind];
+      vectorStatus.textContent = `${file.name}: ${kept.count.toLocaleString()} ${kept.count === 1 && what !== "polygon" ? what.slice(0, -1) : what} kept` +
+        (kept.kind === "region" ? "" : " (they replace the region above)");
+      const box = mapView.showFeatures(featuresOf(data));
+      if (box) mapView.fit(box, 0.5);
+    } catch (err) {
+      slot.textContent = err.body?.detail ? `${err.body.field ? err.body.field + ": " : ""}${err.body.detail}` : err.message;
+    }
+    changed();
+  }
+
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     clearErrors();
@@ -246,6 +306,110 @@ async function submitPage() {
   offerInputs();
   showReduce();
   changed();
+}
+
+/** What to draw of an uploaded file: its points and polygons with their ids, read as the API
+ * reads them (CSV with id, lon and lat columns; a list of {id, lon, lat}; GeoJSON). */
+function featuresOf(data) {
+  if (typeof data === "string") {
+    const [head, ...lines] = data.trim().split(/\r?\n/).map((line) => line.split(",").map((cell) => cell.trim().replace(/^"|"$/g, "")));
+    const at = (names) => head.findIndex((name) => names.includes(name.toLowerCase()));
+    const [id, lon, lat] = [at(["id", "site", "name"]), at(["lon", "longitude", "x"]), at(["lat", "latitude", "y"])];
+    return lines.filter((cells) => cells.length > Math.max(lon, lat)).map((cells, i) => ({
+      id: id >= 0 ? cells[id] : String(i), geometry: { type: "Point", coordinates: [Number(cells[lon]), Number(cells[lat])] } }))
+      .filter((f) => f.geometry.coordinates.every(Number.isFinite));
+  }
+  if (Array.isArray(data)) return data.map((p, i) => ({ id: p.id ?? String(i), geometry: { type: "Point", coordinates: [p.lon, p.lat] } }));
+  if (data?.type === "FeatureCollection") return (data.features || []).filter((f) => f?.geometry).map((f, i) =>
+    ({ id: f.id ?? f.properties?.id ?? f.properties?.name ?? String(i), geometry: f.geometry }));
+  if (data?.type === "Feature") return data.geometry ? [{ id: data.id ?? "0", geometry: data.geometry }] : [];
+  return data?.type ? [{ id: "0", geometry: data }] : [];
+}
+
+/** One site's or zone's series, a line per layer (or input) over time, a gap where it has no value. */
+function seriesSvg(series, id) {
+  const W = 480, H = 170, left = 44, right = 8, top = 10, bottom = 30;
+  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+  svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+  svg.setAttribute("role", "img");
+  svg.classList.add("series");
+  const points = series.flatMap((s) => s.points);
+  const times = points.map(([t]) => Date.parse(t));
+  const values = points.map(([, v]) => v).filter((v) => v !== null);
+  svg.setAttribute("aria-label", `${id}: ${series.map((s) => s.name).join(", ")} over time`);
+  if (!values.length) {
+    svg.innerHTML = `<text x="${W / 2}" y="${H / 2}" text-anchor="middle">${id}: no data</text>`;
+    return svg;
+  }
+  const [t0, t1, v0, v1] = [Math.min(...times), Math.max(...times), Math.min(...values), Math.max(...values)];
+  const X = (t) => left + (t1 > t0 ? (t - t0) / (t1 - t0) : 0.5) * (W - left - right);
+  const Y = (v) => top + (v1 > v0 ? (v1 - v) / (v1 - v0) : 0.5) * (H - top - bottom);
+  const unit = series[0].unit ? ` ${series[0].unit}` : "";
+  const number = (v) => Number(v.toPrecision(4)).toString();
+  const ns = "http://www.w3.org/2000/svg";
+  const add = (tag, attrs, text) => {
+    const node = document.createElementNS(ns, tag);
+    for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+    if (text !== undefined) node.textContent = text;
+    svg.appendChild(node);
+    return node;
+  };
+  add("line", { class: "axis", x1: left, x2: left, y1: top, y2: H - bottom });
+  add("line", { class: "axis", x1: left, x2: W - right, y1: H - bottom, y2: H - bottom });
+  add("text", { x: left - 4, y: top + 8, "text-anchor": "end", class: "y-high" }, number(v1));
+  add("text", { x: left - 4, y: H - bottom, "text-anchor": "end", class: "y-low" }, number(v0));
+  add("text", { x: left, y: H - bottom + 14, class: "x-first" }, new Date(t0).toISOString().slice(0, 10));
+  add("text", { x: W - right, y: H - bottom + 14, "text-anchor": "end", class: "x-last" }, new Date(t1).toISOString().slice(0, 10));
+  add("text", { x: left, y: H - 3, class: "names" }, series.map((s) => s.name).join(" · ") + unit);
+  series.forEach((s, i) => {
+    let d = "", gap = true;
+    for (const [t, v] of s.points) {
+      if (v === null) { gap = true; continue; }
+      d += `${gap ? "M" : "L"}${X(Date.parse(t)).toFixed(1)} ${Y(v).toFixed(1)}`;
+      gap = false;
+    }
+    add("path", { d, class: `line-${i % 4}`, "data-series": s.name });
+    for (const [t, v] of s.points) {
+      if (v === null) continue;
+      const dot = add("circle", { cx: X(Date.parse(t)).toFixed(1), cy: Y(v).toFixed(1), r: 2.2, class: `line-${i % 4}`,
+        "data-date": t, "data-value": v });
+      dot.appendChild(document.createElementNS(ns, "title")).textContent =
+        `${s.name} ${t}: ${number(v)}${s.unit ? " " + s.unit : ""}`;
+    }
+  });
+  return svg;
+}
+
+/** A table's cell as read: none as a dash, a number to six significant digits (0.2062, not a
+ * float's 0.20620000000000002). */
+function cellText(cell) {
+  if (cell === null) return "–";
+  return typeof cell === "number" && !Number.isInteger(cell) ? String(Number(cell.toPrecision(6))) : String(cell);
+}
+
+/** A finished job's table: its first rows, and a plot of one site's or zone's series (chosen). */
+async function tablePanel(id, kind) {
+  const noun = kind === "sites" ? "site" : "zone";
+  const choice = h("select", { id: "series-choice", "aria-label": `The ${noun} plotted` });
+  const plot = h("figure", { class: "series-plot" });
+  const rows = h("div", { class: "table-scroll" });
+  const caption = h("p", { class: "hint" });
+  const show = async (wanted) => {
+    const query = wanted === undefined ? "" : `&id=${encodeURIComponent(wanted)}`;
+    const found = await api("GET", `/api/jobs/${id}/tables/${kind}?rows=10${query}`);
+    if (!choice.options.length) choice.replaceChildren(...found.ids.map((one) => h("option", { value: one }, one)));
+    choice.value = found.id;
+    plot.replaceChildren(seriesSvg(found.series, found.id),
+      h("figcaption", {}, `${found.id}: ${found.series.map((s) => `${s.name}${s.unit ? " (" + s.unit + ")" : ""}`).join(", ")}`));
+    caption.textContent = `The first ${found.rows.length} of ${found.total.toLocaleString()} rows; the whole table is ` +
+      `${kind}/${kind}.csv and ${kind}/${kind}.parquet among the files below.`;
+    rows.replaceChildren(h("table", {}, h("thead", {}, h("tr", {}, ...found.columns.map((c) => h("th", {}, c)))),
+      h("tbody", {}, ...found.rows.map((row) => h("tr", {}, ...row.map((cell) => h("td", {}, cellText(cell))))))));
+  };
+  choice.addEventListener("change", () => show(choice.value));
+  await show();
+  return h("section", { class: "table-preview", id: "table-preview" }, h("h3", {}, `The ${kind} table`),
+    h("p", {}, h("label", { for: "series-choice" }, `Series of the ${noun} `), choice), plot, caption, rows);
 }
 
 class FieldError extends Error {
@@ -497,7 +661,9 @@ async function jobPage(id) {
     }
     const items = results.tasks.flatMap((t) => Object.entries(t.links || {}).map(([blob, url]) =>
       h("li", {}, h("a", { href: url }, `${t.product} ${t.tile} ${t.date}${t.last ? "…" + t.last : ""}: ${blob.split("/").pop()}`))));
-    products.replaceChildren(overview,
+    const kind = ["sites", "zones"].find((k) => results.tasks.some((t) => (t.outputs || []).some((o) => o.endsWith(`/${k}.parquet`))));
+    const table = kind ? await tablePanel(id, kind).catch((err) => h("p", { class: "error" }, err.message)) : "";
+    products.replaceChildren(overview, table,
       h("p", {}, h("a", { href: results.manifest_url, id: "manifest-link" }, "manifest.json"),
         ` · links valid for a limited time · or: bagpipe results ${id} --out DIR`),
       stacPanel(id, results),

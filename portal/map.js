@@ -114,6 +114,7 @@ export class WorldMap {
     this.grid = el("g", { class: "modis-grid" }, world);
     this.layers = el("g", { class: "layers" }, world);
     this.overlay = el("g", { class: "overlay" }, world);
+    this.features = el("g", { class: "features" }, world);
     this.selection = el("g", { class: "selection" }, world);
     // its copies a turn west and east, beneath it (the world itself over what runs past its edges)
     for (const turn of [-360, 360]) this.svg.insertBefore(el("use", { href: `#${world.id}`, x: turn, "aria-hidden": "true" }), world);
@@ -267,6 +268,30 @@ export class WorldMap {
       const r = el("rect", { x: x(w), y: y(n), width: e - w, height: n - s, class: `tile state-${t.state}`, "data-tile": t.tile }, this.layers);
       el("title", {}, r).textContent = `${t.tile}: ${t.state}`;
     }
+  }
+
+  /** Uploaded points and polygons (GeoJSON geometries in lon/lat), each titled by its id:
+   * [{id, geometry}]. Returns their [west, south, east, north], or null if there are none. */
+  showFeatures(features) {
+    for (const node of [...this.features.children]) node.remove();
+    let box = null;
+    const grow = ([lon, lat]) => {
+      box = box ? [Math.min(box[0], lon), Math.min(box[1], lat), Math.max(box[2], lon), Math.max(box[3], lat)] : [lon, lat, lon, lat];
+    };
+    for (const { id, geometry } of features) {
+      let node = null;
+      if (geometry.type === "Point") {
+        node = el("circle", { cx: x(geometry.coordinates[0]), cy: y(geometry.coordinates[1]), r: 0.3,
+          class: "site", "data-id": id }, this.features);
+        grow(geometry.coordinates);
+      } else if (geometry.type === "Polygon" || geometry.type === "MultiPolygon") {
+        const polygons = geometry.type === "Polygon" ? [geometry.coordinates] : geometry.coordinates;
+        node = el("path", { d: polygons.flat().map(ringPath).join(""), class: "zone", "data-id": id }, this.features);
+        polygons.flat(2).forEach(grow);
+      }
+      if (node) el("title", {}, node).textContent = String(id);
+    }
+    return box;
   }
 
   /** Images laid on their lon/lat bounds: [{url, bounds, name}] (``kind``: their class). */

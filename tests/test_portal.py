@@ -286,6 +286,72 @@ def test_a_monthly_maximum_asked_for_on_the_form_with_no_program(page: Page, sta
     expect(page.locator(".quicklook-thumb, .map image.overview").first).to_be_visible()
 
 
+def test_sites_uploaded_on_the_form_are_shown_on_the_map_and_their_table_and_series_on_the_job_page(
+        page: Page, stack: LocalStack, tmp_path: Path) -> None:
+    sites = tmp_path / "towers.csv"
+    sites.write_text("id,lon,lat\ntower-1,-107.6,35.5\ntower-2,-106.25,34.05\nbuoy,-150.0,2.0\n")
+    page.goto(stack.api_url + "/")
+    _enter_key(page, stack.token)
+    page.fill("#start", "2022-01-01")
+    page.fill("#end", "2022-01-31")
+    for checked in page.locator("input[name=products]:checked").all():
+        checked.uncheck()
+    page.check("input[name=products][value=MOD13A1]")
+    page.select_option("#vector-kind", "sites")
+    page.set_input_files("#vector-file", str(sites))
+    expect(page.locator("#vector-status")).to_contain_text("3 sites kept")
+    expect(page.locator(".features circle.site")).to_have_count(3)
+    expect(page.locator(".features circle.site[data-id=tower-2] title")).to_have_text("tower-2")
+    page.select_option("#sites-window", "3")
+    # a point task per (MODIS tile holding sites, date): the towers' h09v05 and the buoy's, × 2 composites;
+    # and the gather
+    expect(page.locator("#estimate")).to_have_text(re.compile(r"makes 5 tasks"))
+    page.click("#submit-form button[type=submit]")
+    expect(page).to_have_url(re.compile(r"#/jobs/[\w-]+$"))
+    job = page.url.rsplit("/", 1)[-1]
+    expect(page.locator("h1 .badge")).to_have_text("SUCCEEDED", timeout=150_000)
+    signed_in = {"Authorization": f"Bearer {stack.token}"}
+    taken = httpx.get(f"{stack.api_url}/api/jobs/{job}", headers=signed_in).json()
+    assert taken["request"]["sites"]["window"] == 3 and taken["request"].get("region") is None
+    expect(page.locator("#table-preview tbody tr")).to_have_count(6)  # 3 sites × 2 dates, fewer than 10
+    preview = httpx.get(f"{stack.api_url}/api/jobs/{job}/tables/sites", headers=signed_in,
+                        params={"id": "tower-2"}).json()
+    expect(page.locator("#series-choice option")).to_have_count(3)
+    page.select_option("#series-choice", "tower-2")
+    dots = page.locator("svg.series circle")
+    expect(dots).to_have_count(sum(1 for _, v in preview["series"][0]["points"] if v is not None))
+    assert [(d.get_attribute("data-date"), float(d.get_attribute("data-value") or "nan")) for d in dots.all()] == [
+        (t, v) for t, v in preview["series"][0]["points"] if v is not None]
+    expect(page.locator(".series-plot figcaption")).to_contain_text("tower-2: 500m_16_days_NDVI (NDVI)")
+    page.select_option("#series-choice", "buoy")  # over the ocean: no value on any date
+    expect(page.locator("svg.series")).to_contain_text("buoy: no data")
+    _shot(page, "sites-table")
+
+
+def test_zones_and_a_bad_file_on_the_form(page: Page, stack: LocalStack, tmp_path: Path) -> None:
+    """Zones uploaded are drawn on the map and replace the region in the estimate; a file the
+    API refuses is said beside the field, naming what is wrong, and nothing is kept."""
+    square = [[[-109.9, 34.3], [-109.7, 34.3], [-109.7, 34.5], [-109.9, 34.5], [-109.9, 34.3]]]
+    zones = tmp_path / "fields.geojson"
+    zones.write_text(json.dumps({"type": "FeatureCollection", "features": [
+        {"type": "Feature", "id": name, "properties": {}, "geometry": {"type": "Polygon", "coordinates": ring}}
+        for name, ring in (("north", square), ("south", [[[x, y - 0.3] for x, y in square[0]]]))]}))
+    page.goto(stack.api_url + "/")
+    _enter_key(page, stack.token)
+    page.select_option("#vector-kind", "zones")
+    page.set_input_files("#vector-file", str(zones))
+    expect(page.locator("#vector-status")).to_contain_text("2 zones kept")
+    expect(page.locator(".features path.zone")).to_have_count(2)
+    expect(page.locator("#estimate")).to_have_text(re.compile(r"makes \d+ tasks"))
+    bad = tmp_path / "bad.csv"
+    bad.write_text("id,lon,lat\na,west,35\n")
+    page.select_option("#vector-kind", "sites")
+    page.set_input_files("#vector-file", str(bad))
+    expect(page.locator("[data-field=vectors] .error")).to_contain_text("'west' is not a number")
+    expect(page.locator(".features *")).to_have_count(0)
+    expect(page.locator("#vector-status")).to_be_empty()
+
+
 def test_a_box_across_half_the_world_is_asked_about_before_it_is_submitted(page: Page, stack: LocalStack) -> None:
     """West and east swapped make a box across ±180° of 5,000 tasks: the form asks, naming
     the box meant, and submits nothing when told no."""

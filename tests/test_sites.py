@@ -36,7 +36,7 @@ from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
 from pipeline.web.api import create_app
-from tests.conftest import on_stac, parts, running_control, running_workers, signed, wait_for
+from tests.conftest import make_user, on_stac, parts, running_control, running_workers, signed, wait_for
 
 NDVI = "500m_16_days_NDVI"
 QA = "500m_16_days_pixel_reliability"
@@ -74,7 +74,8 @@ def window(path: bytes, row: int, col: int) -> np.ndarray:
         return np.asarray(src.read(1, window=((row - 1, row + 2), (col - 1, col + 2))))
 
 
-def test_a_sites_series_equals_the_pixels_of_the_products_own_files(settings: Settings, planetary: Planetary) -> None:
+def test_a_sites_series_equals_the_pixels_of_the_products_own_files(settings: Settings, planetary: Planetary,
+                                                                    admin_token: str) -> None:
     body = {"sites": {"points": [*SITES, ocean_site()], "window": 3}, "start": "2022-01-01", "end": "2022-02-28",
             "products": ["MOD13A1"]}
     mine = on_stac(settings, planetary)
@@ -132,6 +133,24 @@ def test_a_sites_series_equals_the_pixels_of_the_products_own_files(settings: Se
             assert found["window_count"] == int(good.sum())
             checked += 1
     assert checked == 3 * 4
+
+    # the job page's preview of the table: its first rows, its ids, a site's series as the table has it
+    with TestClient(create_app(mine), headers=signed(admin_token)) as api:
+        answer = api.get(f"/api/jobs/{job}/tables/sites", params={"rows": 5, "id": "tower-2"})
+        assert answer.status_code == 200, answer.text
+        seen = answer.json()
+        columns = [c for c in table[0] if c != "geometry"]  # a point's WKB: lon and lat are columns
+        plain = [[r[c].isoformat() if isinstance(r[c], date) else r[c] for c in columns] for r in table[:5]]
+        assert seen["total"] == 16 and seen["columns"] == columns and seen["rows"] == plain
+        assert seen["ids"] == list(dict.fromkeys(r["site"] for r in table)) and seen["id"] == "tower-2"
+        (series,) = seen["series"]
+        tower = sorted((r["date"].isoformat(), r["value"]) for r in table if r["site"] == "tower-2")
+        assert series["name"] == NDVI and series["unit"] == "NDVI" and [tuple(p) for p in series["points"]] == tower
+        assert api.get(f"/api/jobs/{job}/tables/sites").json()["id"] == table[0]["site"], "the first site's"
+        assert api.get(f"/api/jobs/{job}/tables/zones").status_code == 404, "a job of sites made no zones table"
+        assert api.get(f"/api/jobs/{job}/tables/sites", params={"rows": 0}).status_code == 422
+        other = make_user(clients, "other")
+        assert api.get(f"/api/jobs/{job}/tables/sites", headers=signed(other)).status_code == 404, "not theirs"
 
     again = application.submit(clients, JobRequest.model_validate(body)).job
     with running_control(mine), running_workers(mine, 1, slots=2):

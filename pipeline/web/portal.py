@@ -1,14 +1,14 @@
 """The web portal: its static page (``/``, ``/portal/…``) and the API routes only it needs
 (how to sign in, the catalog of products and reducers, a job's page data, its
-quick-looks), on the same app as the request API so it works wherever the API runs."""
+quick-looks, a preview of its table), on the same app as the request API so it works wherever the API runs."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from fastapi import Depends, FastAPI
+from fastapi import Depends, FastAPI, HTTPException, Query
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
@@ -18,7 +18,7 @@ from pipeline.requests.reductions import AGGREGATES
 from pipeline.science import builtins
 from pipeline.science.groups import CLIMATOLOGIES
 from pipeline.storage.clients import Clients
-from pipeline.web import auth, jobview, registry
+from pipeline.web import auth, jobview, registry, tablepreview
 from pipeline.web.identity import Caller
 
 STATIC = Path(__file__).resolve().parents[2] / "portal"
@@ -72,3 +72,18 @@ def add_portal(app: FastAPI, clients: Clients, signed_in: Callable[..., Caller])
         """The finished job's PNG quick-looks, with links and their lon/lat bounds."""
         jobs.get_for(clients, job_id, caller.user)
         return jobview.quicklooks(clients, job_id)
+
+    @app.get("/api/jobs/{job_id}/tables/{kind}")
+    def job_table(job_id: str, kind: Literal["sites", "zones"],
+                  rows: int = Query(20, ge=1, le=tablepreview.MAX_ROWS),
+                  id: str | None = Query(None, max_length=200, description="the site or zone whose series"),
+                  caller: Caller = Depends(signed_in)) -> dict[str, Any]:
+        """A finished job's sites or zones table: its first rows, how many it has, its ids and
+        one site's or zone's series per layer (``id``'s, else the first's)."""
+        row = jobs.get_for(clients, job_id, caller.user)
+        if not row.state.finished:
+            raise HTTPException(409, f"job {job_id} has not finished: {row.state.value}")
+        try:
+            return tablepreview.preview(clients, job_id, kind, rows, id)
+        except tablepreview.TableMissing as exc:
+            raise HTTPException(404, str(exc)) from exc
