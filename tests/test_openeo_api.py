@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import time
 from collections.abc import Iterator
 from importlib import resources
@@ -242,10 +243,10 @@ REFUSED = [
     ("no spatial extent", monthly_max(spatial_extent=None), 400, "ProcessParameterInvalid", ["spatial_extent"]),
     ("an empty polygon as the extent", monthly_max(spatial_extent={"type": "Polygon", "coordinates": []}), 400,
      "ProcessParameterInvalid", ["spatial_extent", "empty"]),
-    ("a polygon of 100,000 vertices", with_node(monthly_max(), "x", {
+    ("a graph of more than 4 MiB", with_node(monthly_max(), "x", {
         "process_id": "filter_spatial", "arguments": {"data": {"from_node": "load"}, "geometries": {
-            "type": "Polygon", "coordinates": [[[-107.9 + i * 1e-7, 35.3] for i in range(100_000)]]}}}, "agg"),
-     413, "PayloadTooLarge", ["body larger than"]),
+            "type": "Polygon", "coordinates": [[[-107.9 + i * 1e-7, 35.3] for i in range(200_000)]]}}}, "agg"),
+     413, "PayloadTooLarge", ["body larger than 4194304 bytes"]),
     ("an open temporal extent", monthly_max(temporal_extent=["2022-01-01", None]), 400, "ProcessParameterInvalid",
      ["temporal_extent"]),
     ("a reference to no node", with_node(monthly_max(), "x", {
@@ -404,6 +405,44 @@ def test_a_polygon_is_kept_once_and_its_job_plans_only_the_tiles_it_touches(
     assert again.job != run.job and application.load_vector(clients, kept.kept.ref)["kind"] == "region"
     region = JobRequest.model_validate_json(again.request).region
     assert region is not None and region.kept is not None and region.kept.ref == kept.kept.ref
+
+
+def circle(radius: float, vertices: int) -> dict[str, Any]:
+    """A polygon of ``vertices`` around the box's centre: a field's outline as drawn."""
+    ring = [[round(-107.75 + radius * math.cos(2 * math.pi * k / vertices), 7),
+             round(35.5 + radius * math.sin(2 * math.pi * k / vertices), 7)] for k in range(vertices)]
+    return {"type": "Polygon", "coordinates": [[*ring, ring[0]]]}
+
+
+def test_a_graph_longer_than_a_table_property_is_kept_in_a_blob_and_runs(
+        api: TestClient, clients: Clients, token: str) -> None:
+    """A process of more than 30,000 characters (a polygon of 2,000 vertices) is taken: kept
+    as a blob of the job's that the record names, read back whole by GET /jobs/{id}, replaced
+    by a PATCH (the old blob deleted), started, and its blob deleted with the job."""
+    def clipped(radius: float) -> dict[str, Any]:
+        return with_node(monthly_max(), "clip", {"process_id": "filter_spatial", "arguments": {
+            "data": {"from_node": "load"}, "geometries": circle(radius, 2000)}}, "agg")
+
+    long = clipped(0.2)
+    assert len(json.dumps(long)) > 40_000
+    assert api.post(f"{BASE}/validation", json=long, headers=bearer(token)).json() == {"errors": []}
+    job = created(api, token, long)
+    record = store.get(clients, "ana", job)
+    assert record is not None and record.process == "" and record.process_blob.startswith(f"openeo/{job}/")
+    assert clients.bundles.get_blob_client(record.process_blob).exists()
+    assert api.get(f"{BASE}/jobs/{job}", headers=bearer(token)).json()["process"] == long
+    longer = clipped(0.25)
+    assert api.patch(f"{BASE}/jobs/{job}", json={"process": longer}, headers=bearer(token)).status_code == 204
+    assert api.get(f"{BASE}/jobs/{job}", headers=bearer(token)).json()["process"] == longer
+    changed = store.get(clients, "ana", job)
+    assert changed is not None and changed.process_blob != record.process_blob
+    assert not clients.bundles.get_blob_client(record.process_blob).exists()  # the one it replaced: deleted
+    assert api.post(f"{BASE}/jobs/{job}/results", headers=bearer(token)).status_code == 202
+    run = jobs.get(clients, store.get(clients, "ana", job).latest)  # type: ignore[union-attr]
+    region = JobRequest.model_validate_json(run.request).region
+    assert region is not None and region.kept is not None and region.kept.count == 1
+    assert api.delete(f"{BASE}/jobs/{job}", headers=bearer(token)).status_code == 204
+    assert not clients.bundles.get_blob_client(changed.process_blob).exists()
 
 
 def test_mask_polygon_keeps_the_box_and_plans_all_its_tiles_each_clipped(

@@ -13,6 +13,7 @@ over each field's pixels."""
 from __future__ import annotations
 
 import io
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -407,3 +408,23 @@ def test_mask_polygon_keeps_the_extent_and_makes_the_pixels_outside_no_data(
             assert not ok[~keep].any(), (name, kept)  # every pixel masked is no data
             assert np.array_equal(ok[keep], valid[keep]) and np.array_equal(mine[keep & ok], theirs[keep & valid])
             assert ok[keep].sum() > 100, (name, kept)
+
+
+@pytest.mark.timeout(2400)
+def test_a_graph_of_more_than_30000_characters_runs(stack: LocalStack) -> None:
+    """A field outlined by 2,000 vertices (a graph of some 50,000 characters, past what a
+    table property holds) is taken, read back whole and run: the NDVI of the span's composites clipped to it."""
+    ring = [[round(-107.75 + 0.2 * np.cos(2 * np.pi * k / 2000), 7), round(35.5 + 0.2 * np.sin(2 * np.pi * k / 2000),
+                                                                              7)] for k in range(2000)]
+    field = {"type": "Polygon", "coordinates": [[*ring, ring[0]]]}
+    connection = connected(stack)
+    cube = connection.load_collection("MOD13A1", spatial_extent=BOX, temporal_extent=["2022-07-01", "2022-07-17"],
+                                      bands=["500m_16_days_NDVI"]).filter_spatial(field)
+    job = cube.save_result("GTiff").create_job(title="a long graph")
+    described = job.describe()
+    assert len(json.dumps(described["process"])) > 30_000
+    (clip,) = [n for n in described["process"]["process_graph"].values() if n["process_id"] == "filter_spatial"]
+    assert clip["arguments"]["geometries"]["coordinates"] == field["coordinates"]
+    job.start_and_wait(max_poll_interval=2, print=lambda *_: None)
+    assert job.status() == "finished"
+    assert len(job.get_results().get_metadata()["assets"]) == 2  # the tile of each composite the span meets

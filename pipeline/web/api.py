@@ -33,6 +33,7 @@ from pipeline.storage.clients import clients_for
 from pipeline.web import accounts, addresses, audit, auth, ratelimit, registry, stacapi, uploads
 from pipeline.web.identity import Caller, IdentityError
 from pipeline.web.openeo import routes as openeo
+from pipeline.web.openeo import store as openeo_store
 from pipeline.web.openeo.errors import OpenEOError
 from pipeline.web.portal import add_portal
 
@@ -42,6 +43,10 @@ MAX_VECTOR_BYTES = 32 * 1024 * 1024  # a request carrying its sites or zones, or
 # sites, zones or polygon inline (kept at submission as a document of their own, never in the job row)
 LARGE_BODIES = {("POST", uploads.UPLOAD_PATH): bundles.MAX_UPLOAD, ("POST", "/api/jobs"): MAX_VECTOR_BYTES,
                 ("POST", "/api/estimate"): MAX_VECTOR_BYTES, ("POST", "/api/vectors"): MAX_VECTOR_BYTES}
+# an openEO process graph, with its polygons: creating, changing (any job's path: PATH/*) and validating one
+LARGE_BODIES |= {("POST", f"{openeo.PREFIX}/jobs"): openeo_store.MAX_BYTES,
+                 ("PATCH", f"{openeo.PREFIX}/jobs/*"): openeo_store.MAX_BYTES,
+                 ("POST", f"{openeo.PREFIX}/validation"): openeo_store.MAX_BYTES}
 
 
 class VectorUpload(BaseModel):
@@ -81,8 +86,9 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 
 class BodyLimit:
     """Refuse request bodies over a size with 413, before anything reads them whole: the
-    ``limit`` for every route but those ``larger`` names (method, path), which have their own
-    (an openEO route's refusal is openEO's error object, as its others are)."""
+    ``limit`` for every route but those ``larger`` names (method, path; a path ending ``/*``
+    is any path of one more segment), which have their own (an openEO route's refusal is
+    openEO's error object, as its others are)."""
 
     def __init__(self, app: ASGIApp, limit: int, larger: dict[tuple[str, str], int] | None = None) -> None:
         self.app, self.limit, self.larger = app, limit, larger or {}
@@ -91,7 +97,8 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.larger.get((scope["method"], scope["path"]), self.limit)
+        method, path = scope["method"], scope["path"]
+        limit = self.larger.get((method, path), self.larger.get((method, path.rsplit("/", 1)[0] + "/*"), self.limit))
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
             await self._refuse(scope, send, limit)

@@ -150,7 +150,7 @@ class Run:
         return found or None
 
 
-def _summary(record: store.OpenEOJob, run: Run, full: bool = False) -> dict[str, Any]:
+def _summary(clients: Clients, record: store.OpenEOJob, run: Run, full: bool = False) -> dict[str, Any]:
     row = run.row
     found: dict[str, Any] = {
         "id": record.id, "title": record.title or None, "description": record.description or None,
@@ -162,7 +162,7 @@ def _summary(record: store.OpenEOJob, run: Run, full: bool = False) -> dict[str,
     if row is not None:  # openEO 1.3's timestamps of the latest start
         found |= {"queued": _iso(row.created_at), "started": _iso(row.started_at), "finished": _iso(row.finished_at)}
     if full:
-        found["process"] = json.loads(record.process)
+        found["process"] = json.loads(store.text_of(clients, record, "process"))
         found["usage"] = run.usage()
     return {k: v for k, v in found.items() if v is not None or k in ("title", "description", "costs", "budget")}
 
@@ -180,9 +180,6 @@ def _compile(body: dict[str, Any], clients: Clients) -> graph.Compiled:
     process = body.get("process")
     if not isinstance(process, dict):
         raise OpenEOError(400, "ProcessGraphMissing", "process: the job's process {process_graph: {...}} is missing")
-    if len(json.dumps(process)) > store.MAX_PROCESS:
-        raise OpenEOError(413, "PayloadTooLarge", f"process: a process graph of at most {store.MAX_PROCESS:,} "
-                          "characters")
     try:
         compiled = graph.compile_graph(process, label=str(body.get("title") or ""))
         application.plan(clients.settings, compiled.request, clients=clients)
@@ -202,15 +199,15 @@ def _kept(clients: Clients, compiled: graph.Compiled) -> graph.Compiled:
     return dataclasses.replace(compiled, request=request)
 
 
-def _runnable(record: store.OpenEOJob) -> JobRequest:
+def _runnable(clients: Clients, record: store.OpenEOJob) -> JobRequest:
     """The request a start submits: the record's, or, if it names kept polygons, zones or
     sites, compiled again from the process, which holds them (a kept document unused for the
     cache's retention may be gone; submitting keeps it again)."""
-    request = graph.Compiled.from_json(record.compiled).request
+    request = graph.Compiled.from_json(store.text_of(clients, record, "compiled")).request
     if not any(v is not None and v.kept is not None for v in (request.region, request.zones, request.sites)):
         return request
     try:
-        return graph.compile_graph(json.loads(record.process), label=record.title).request
+        return graph.compile_graph(json.loads(store.text_of(clients, record, "process")), label=record.title).request
     except graph.CompileError as exc:
         raise OpenEOError(400, exc.code, exc.message) from None
 
@@ -267,7 +264,7 @@ def _asset(clients: Clients, entry: dict[str, Any], output: str) -> tuple[str, d
 def _results(clients: Clients, base: str, record: store.OpenEOJob, run: Run) -> dict[str, Any]:
     """The results as a STAC collection (openEO 1.2): every product of the result node an
     asset with a signed link, the extent the request's."""
-    compiled = graph.Compiled.from_json(record.compiled)
+    compiled = graph.Compiled.from_json(store.text_of(clients, record, "compiled"))
     request = compiled.request
     row = run.row
     assert row is not None
@@ -470,12 +467,12 @@ def add_routes(app: FastAPI, clients: Clients) -> None:
         if not 1 <= limit <= 1000:
             raise OpenEOError(400, "ParameterInvalid", "limit: between 1 and 1,000")
         found = store.list_for(clients, caller.user.name)[:limit]
-        return {"jobs": [_summary(r, Run(clients, r)) for r in found], "links": []}
+        return {"jobs": [_summary(clients, r, Run(clients, r)) for r in found], "links": []}
 
     @router.get("/jobs/{job_id}")
     def get_job(job_id: str, caller: Caller = Depends(caller_of)) -> dict[str, Any]:
         record = _own(clients, caller, job_id)
-        return _summary(record, Run(clients, record), full=True)
+        return _summary(clients, record, Run(clients, record), full=True)
 
     @router.patch("/jobs/{job_id}", status_code=204)
     def patch_job(job_id: str, body: dict[str, Any] = Body(...), caller: Caller = Depends(spending)) -> Response:
@@ -517,7 +514,7 @@ def add_routes(app: FastAPI, clients: Clients) -> None:
         record = _own(clients, caller, job_id)
         if Run(clients, record).active:
             return Response(status_code=202)
-        request = _runnable(record)
+        request = _runnable(clients, record)
         budget = record.budget if record.budget is not None else (settings.default_budget_usd or None)
         if budget is not None:
             estimate = costs.estimate(clients.runtimes, application.plan(settings, request, clients=clients),
@@ -584,7 +581,7 @@ def add_routes(app: FastAPI, clients: Clients) -> None:
         """Its tasks' compute time from the runtime history, and their cost at Azure's prices
         (an upper bound: what the cache holds costs almost nothing)."""
         record = _own(clients, caller, job_id)
-        compiled = graph.Compiled.from_json(record.compiled)
+        compiled = graph.Compiled.from_json(store.text_of(clients, record, "compiled"))
         found = costs.estimate(clients.runtimes, application.plan(settings, compiled.request), settings.min_samples)
         slots = max(1, settings.window)
         return {"costs": found["usd"], "duration": _duration(found["compute_s"] / slots),
