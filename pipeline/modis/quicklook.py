@@ -26,6 +26,9 @@ from pipeline.science import ramps
 RGB = tuple[int, int, int]
 LEGEND_ROW = 16  # pixels per legend line
 TRANSPARENT = (0, 0, 0, 0)
+# zlib's fastest level: an 800 × 600 overview encodes in 0.06 s of CPU and 8% larger than
+# with PIL's optimize (0.88 s), which made most of a finisher's time after the last commit
+PNG_LEVEL = 1
 
 
 @dataclass(frozen=True)
@@ -164,7 +167,7 @@ def picture(rgba: np.ndarray, style: Style, caption: str = "", bounds: Sequence[
     if not lines:
         _colour_bar(draw, style, (4, top + 3 + LEGEND_ROW, canvas.width - 5), font)
     out = io.BytesIO()
-    canvas.save(out, format="PNG", optimize=True)
+    canvas.save(out, format="PNG", compress_level=PNG_LEVEL)
     return out.getvalue()
 
 
@@ -191,7 +194,7 @@ def _colour_bar(draw: ImageDraw.ImageDraw, style: Style, where: tuple[int, int, 
 def png(rgba: np.ndarray) -> bytes:
     """The bare image as a PNG (transparent where there is no data)."""
     out = io.BytesIO()
-    Image.fromarray(rgba, "RGBA").save(out, format="PNG", optimize=True)
+    Image.fromarray(rgba, "RGBA").save(out, format="PNG", compress_level=PNG_LEVEL)
     return out.getvalue()
 
 
