@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import shapely
+import shapely.affinity
 from rasterio import features
 from rasterio.transform import from_origin
 from shapely.geometry import Polygon, box
@@ -58,9 +59,42 @@ def polygons() -> tuple[list[Polygon], STRtree]:
     found = []
     for geometry in topo["objects"]["land"]["geometries"]:
         for rings in geometry["arcs"]:
-            polygon = Polygon(ring(rings[0]), [ring(r) for r in rings[1:]])
-            found.append(polygon if polygon.is_valid else shapely.make_valid(polygon))
+            found.extend(_on_the_plane([ring(r) for r in rings]))
     return found, STRtree(found)
+
+
+def _on_the_plane(rings: list[np.ndarray]) -> list[Polygon]:
+    """A spherical polygon (its outer ring, then its holes) as lon/lat polygons within ±180°.
+
+    The TopoJSON's rings are drawn on the sphere, as d3 reads them: a ring that crosses the
+    antimeridian steps from 180° to -180° (Afro-Eurasia at Chukotka, Wrangel Island, a Fiji
+    island), and Antarctica's goes once round the south pole. Taken as planar rings they
+    cross themselves, and mending them left most of Siberia and Chukotka sea. Each ring's
+    longitudes are made continuous (past ±180° where it crosses), a ring round a pole is
+    closed through it (the ring of a pole's own, world-atlas's round the south pole, is no
+    hole), and the polygon is cut at ±180° and each side turned back within ±180°."""
+    (outer, _), holes = _continuous(rings[0]), [_continuous(r) for r in rings[1:]]
+    polygon = shapely.make_valid(Polygon(outer, [hole for hole, polar in holes if not polar]))
+    pieces = []
+    for west, shift in ((-540.0, 360.0), (-180.0, 0.0), (180.0, -360.0)):
+        side = polygon.intersection(box(west, -90.0, west + 360.0, 90.0))
+        if not side.is_empty:
+            pieces.append(shapely.affinity.translate(side, shift))
+    return [p for piece in pieces for p in getattr(piece, "geoms", [piece])
+            if isinstance(p, Polygon) and p.area > 0]
+
+
+def _continuous(ring: np.ndarray) -> tuple[np.ndarray, bool]:
+    """A ring's points with no step of more than 180° in longitude (those past ±180° beyond
+    it), and whether it goes round a pole (its last point a turn east or west of its first):
+    such a ring is closed through that pole."""
+    steps = np.diff(ring[:, 0])
+    turns = np.concatenate([[0.0], np.cumsum(np.where(steps > 180, -360.0, np.where(steps < -180, 360.0, 0.0)))])
+    found = ring + np.column_stack([turns, np.zeros(len(ring))])
+    if abs(turns[-1]) < 180:
+        return found, False
+    pole = -90.0 if ring[:, 1].mean() < 0 else 90.0
+    return np.concatenate([found, [[found[-1, 0], pole], [found[0, 0], pole], found[0]]]), True
 
 
 def _sinusoidal(coords: np.ndarray) -> np.ndarray:

@@ -367,11 +367,13 @@ def igbp(green: np.ndarray, cold: np.ndarray, lat: np.ndarray, patches: np.ndarr
     """The IGBP land cover class (1-16) of land, from :meth:`Scene.igbp_inputs` (at pixels):
     ice sheets where the year is cold, barren land, shrubs, grass or savanna, then forests
     (evergreen broadleaf in the tropics, deciduous or mixed in the mid-latitudes, needleleaf
-    in the north) as the peak vegetation cover grows; fields, towns and wetlands here and there."""
+    in the north) as the peak vegetation cover grows; fields (not poleward of 60°, where the
+    summer is too short: woody savannas there, the taiga's sparse northern edge, as MCD12Q1
+    has it), towns and wetlands here and there."""
     forest = np.select([lat < 23, lat < 50, patches > 0.55], [2, np.where(patches > 0.5, 4, 5), 3], 1)
     found = np.select(
         [cold < 258, green < 0.06, green < 0.2, green < 0.38, green < 0.55],
-        [15, 16, 7, np.where(lat < 25, 9, 10), np.where(lat < 25, 8, np.where(patches > 0.55, 12, 14))],
+        [15, 16, 7, np.where(lat < 25, 9, 10), np.where((lat < 25) | (lat >= 60), 8, np.where(patches > 0.55, 12, 14))],
         forest)
     found = np.where((patches > 0.58) & (patches < 0.585), 13, found)  # towns
     return np.where((moisture > 0.85) & (patches < 0.3), 11, found).astype(np.uint8)

@@ -265,6 +265,43 @@ def test_land_cover_follows_the_vegetation_and_names_its_classes() -> None:
                                                                      != earth.WATER)])
 
 
+# land either side of ±180° and at the sinusoid's edge: Siberia, Chukotka (west and east of
+# ±180°), Wrangel Island (across it), Antarctica beside it
+FAR_EAST = [(100.0, 66.0), (170.0, 68.0), (175.0, 66.0), (179.0, 68.0), (-176.0, 66.0), (-173.0, 65.5), (-179.5, 71.2),
+            (179.5, 71.3), (179.5, -85.0)]
+ARCTIC = {1, 3, 5, 7, 8, 10, 11, 13, 15, 16}  # needleleaf and mixed forest, shrubs, grass, wetland, ice, barren
+
+
+def test_the_land_across_the_antimeridian_is_land_and_arctic() -> None:
+    """Natural Earth's rings that cross ±180° (Afro-Eurasia at Chukotka, Wrangel Island) or
+    go round the south pole are land on either side of it, as its polygons are on the
+    sphere (read as planar rings, Siberia and Chukotka were sea); the land cover there is
+    what the Arctic has (no fields, no tropical forest), and the pixels of an edge tile off
+    the globe are fill, as in the real granules."""
+    product, day = CATALOG["MCD12Q1"], date(2022, 1, 1)
+    names = dict(product.layer("LC_Type1").classes)
+    for lon, lat in FAR_EAST:
+        tile, row, col = pixel_of(lon, lat, product.pixels)
+        assert coastlines.land_mask(tile, product.pixels)[row, col], (lon, lat, tile)
+        assert coastlines.land_fraction()[int((90 - lat) / coastlines.GRID_DEGREES),
+                                          int((lon + 180) / coastlines.GRID_DEGREES)] == 1, (lon, lat)
+        assert tile in world.land_tiles() and world.exists(product, tile, day)
+        if lat > 0:
+            found = int(stored("MCD12Q1", "LC_Type1", tile, day)[row, col])
+            assert found in ARCTIC, (lon, lat, tile, found, names.get(found))
+            assert stored("MCD12Q1", "LW", tile, day)[row, col] == 2  # land
+    for tile in ("h24v02", "h25v02", "h10v02", "h11v02"):  # Chukotka's tiles, at the sinusoid's edge
+        classes = stored("MCD12Q1", "LC_Type1", tile, day)
+        size = TILE_SIZE / product.pixels
+        h, v = int(tile[1:3]), int(tile[4:6])
+        x = X_MIN + h * TILE_SIZE + (np.arange(product.pixels) + 0.5) * size
+        y = Y_MAX - v * TILE_SIZE - (np.arange(product.pixels) + 0.5) * size
+        off = np.abs(x)[None, :] > (math.pi * RADIUS * np.cos(y / RADIUS))[:, None]  # beyond ±180°
+        assert off.any() and (classes[off] == product.layer("LC_Type1").fill).all(), tile
+        land = ~off & (classes != earth.WATER)
+        assert land.mean() > 0.2 and set(np.unique(classes[land]).tolist()) <= ARCTIC, tile
+
+
 def test_granules_are_full_size_cogs_tiled_and_compressed_as_planetary_computers() -> None:
     for short, layer in (("MOD13Q1", "250m_16_days_NDVI"), ("MOD13A1", "500m_16_days_pixel_reliability"),
                          ("MOD11A2", "LST_Night_1km")):
