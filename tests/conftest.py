@@ -192,6 +192,19 @@ def wait_for(predicate: Callable[[], object], timeout: float = 60, what: str = "
         time.sleep(0.1)
 
 
+@contextlib.contextmanager
+def decided_within(cpu_s: float, wall_s: float = 15.0) -> Iterator[None]:
+    """Assert that the block spent under ``cpu_s`` seconds of this process's CPU — what
+    deciding costs, which a busy machine does not stretch (at load 20 on two cores a
+    process gets a tenth of a core, and milliseconds of work take a second of the wall
+    clock) — and under ``wall_s`` of the wall clock: it waited on nothing either."""
+    cpu, wall = time.process_time(), time.monotonic()
+    yield
+    spent, waited = time.process_time() - cpu, time.monotonic() - wall
+    assert spent < cpu_s, f"{spent:.3f} s of CPU, over {cpu_s} s"
+    assert waited < wall_s, f"{waited:.1f} s, over {wall_s} s"
+
+
 class WorkerThreads:
     """Real workers (the production Worker class) run in threads of the test process."""
 
