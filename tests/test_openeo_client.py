@@ -172,7 +172,10 @@ def test_a_netcdf_cube_of_the_monthly_maximum_opens_with_xarray_equal_to_the_nat
     assert job.status() == "finished"
     got = job.get_results()
     assets = got.get_metadata()["assets"]
-    assert list(assets) == ["max.nc"] and assets["max.nc"]["type"] == "application/netcdf", assets  # the cube alone
+    # every cube the job made: the monthly maximum's, and the NDVI's it reads, each netCDF, served as such
+    assert sorted(assets) == ["MOD13A1.500m_16_days_NDVI.nc", "max.nc"], assets
+    assert all(a["type"] == "application/netcdf" and httpx.get(a["href"]).headers["content-type"] == a["type"]
+               for a in assets.values()), assets
     got.download_files(tmp_path / "openeo")
     api = Api(stack.api_url, stack.token)
     native = api.submit(NATIVE)["job"]  # the same request's GeoTIFFs (made already: from the cache)

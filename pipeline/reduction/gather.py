@@ -44,7 +44,7 @@ GOOD = (TaskStatus.SUCCEEDED, TaskStatus.CACHED)
 # bytes of a file's blocks in flight as a gather uploads it: a transfer plan's for a large
 # object (up to 256 MiB) would be most of a worker's memory beside the gather's own
 IN_FLIGHT = 32 * MiB
-CONTENT_TYPES = {".csv": "text/csv", ".parquet": "application/vnd.apache.parquet", ".nc": "application/x-netcdf",
+CONTENT_TYPES = {".csv": "text/csv", ".parquet": "application/vnd.apache.parquet", ".nc": "application/netcdf",
                  ".json": "application/json", ".zip": "application/zip"}
 
 

@@ -226,17 +226,15 @@ def _entries(clients: Clients, row: JobRow) -> list[dict[str, Any]]:
 
 
 def _is_result(entry: dict[str, Any], compiled: graph.Compiled, output: str) -> bool:
-    """Whether a task's output is a product of the graph's result node: a tile's layer or a
-    reduction's output as GeoTIFF, as a cube the cube gather's of that layer or reduction, as
-    a table the zones' (or, at points, the sites') table in that format."""
+    """Whether a task's output is one of the job's results: a tile's layer or a reduction's
+    output of the graph's result node as GeoTIFF; as netCDF or Zarr every cube the job made
+    (the result's, and each layer's a reduction reads, or a layer the request makes beside
+    the result, each named after its layer or reducer); as a table the zones' (or, at points,
+    the sites') table in that format."""
     if compiled.format in graph.SERIES:  # aggregate_spatial's: the zones' or the sites' table in that format
         return entry["stage"] in (ZONES_GATHER, SITES_GATHER) and output.endswith(graph.SERIES[compiled.format])
     if compiled.format in graph.CUBES:
-        if entry["stage"] != CUBE_GATHER:
-            return False
-        if compiled.reduction:
-            return entry["name"] == compiled.reduction and not entry.get("layer")
-        return entry.get("layer", "") in compiled.layers.get(entry["product"], [])
+        return bool(entry["stage"] == CUBE_GATHER)
     if compiled.reduction:
         return layout.is_reduction(entry)
     if entry["stage"] != "modis":
