@@ -460,3 +460,23 @@ def test_what_aggregate_spatial_cannot_do_is_refused_naming_the_process() -> Non
     dimension = zonal()
     dimension["process_graph"]["zones"]["arguments"]["target_dimension"] = "result"
     assert refused(dimension).code == "ProcessParameterUnsupported"
+
+
+@pytest.mark.parametrize("named", [True, False])
+def test_geojson_names_its_crs_alike_for_a_region_zones_and_points(named: bool) -> None:
+    """GeoJSON's crs member (a named CRS object of its 2008 draft, or a name alone) is read
+    alike wherever GeoJSON is taken: lon/lat is taken, any other CRS refused naming it."""
+    def crs(name: str) -> object:
+        return {"type": "name", "properties": {"name": name}} if named else name
+
+    lonlat, utm = crs("urn:ogc:def:crs:OGC:1.3:CRS84"), crs("EPSG:32613")
+    clipped = compile_graph(graph(("clip", "filter_spatial", {"geometries": INSIDE | {"crs": lonlat}})))
+    assert clipped.request.region is not None and clipped.request.region.geometry is not None
+    assert compile_graph(zonal(geometries=FIELDS | {"crs": lonlat})).request.zones is not None
+    assert compile_graph(zonal(geometries=SITES | {"crs": lonlat})).request.sites is not None
+    for process, geojson in (("filter_spatial", graph(("clip", "filter_spatial", {"geometries": INSIDE | {
+            "crs": utm}}))), ("aggregate_spatial", zonal(geometries=FIELDS | {"crs": utm})),
+                             ("aggregate_spatial", zonal(geometries=SITES | {"crs": utm}))):
+        found = refused(geojson)
+        assert found.process == process and found.code == "ProcessParameterUnsupported", found.message
+        assert "EPSG:32613" in found.message

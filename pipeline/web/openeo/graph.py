@@ -187,6 +187,22 @@ def common_names(product: str) -> dict[str, str]:
     return {}
 
 
+def _crs_names(value: Any) -> Any:
+    """``value`` with each GeoJSON crs member given as a named CRS object (GeoJSON's 2008
+    draft: ``{"type": "name", "properties": {"name": …}}``) given as its name: the same CRS,
+    as the parser models a CRS (a name or a code; it fails on the object)."""
+    if isinstance(value, list):
+        return [_crs_names(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    found = {key: _crs_names(v) for key, v in value.items()}
+    crs = found.get("crs")
+    if "type" in found and isinstance(crs, dict) and isinstance(crs.get("properties"), dict) and isinstance(
+            crs["properties"].get("name"), str):
+        found["crs"] = crs["properties"]["name"]
+    return found
+
+
 def parse(process: dict[str, Any]) -> dict[str, Any]:
     """The flat graph of a process (``{"process_graph": {...}}``), checked as
     ``openeo-pg-parser-networkx`` models it (every node a process with arguments, every
@@ -198,6 +214,7 @@ def parse(process: dict[str, Any]) -> dict[str, Any]:
     flat = process.get("process_graph") if isinstance(process, dict) else None
     if not isinstance(flat, dict) or not flat:
         raise CompileError("ProcessGraphMissing", "process.process_graph: no process graph given")
+    flat = _crs_names(flat)
     try:
         for key, node in flat.items():  # each node (the nested model takes a referenced node that is not one as data)
             try:
@@ -597,6 +614,15 @@ _LONLAT = (4326, "EPSG:4326", "urn:ogc:def:crs:EPSG::4326", "urn:ogc:def:crs:OGC
 _NOT_POLYGONS = ("Point", "MultiPoint", "LineString", "MultiLineString", "GeometryCollection")
 
 
+def _in_lonlat(value: dict[str, Any], where: str, process: str) -> None:
+    """Refuse GeoJSON whose ``crs`` member (GeoJSON's 2008 draft; a named CRS object is its
+    name by now, ``_crs_names``) names anything but lon/lat, the only CRS RFC 7946 has."""
+    crs = value.get("crs")
+    if crs is not None and crs not in _LONLAT:
+        raise CompileError("ProcessParameterUnsupported", f"{where}: GeoJSON in lon/lat (EPSG:4326, as RFC 7946 has "
+                           f"it), not {str(crs)[:60]!r}", process)
+
+
 def _geojson(value: Any, process: str, name: str) -> Polygon | MultiPolygon:
     """GeoJSON polygons — a Polygon, a MultiPolygon, a Feature of one, or a FeatureCollection
     of them — as one geometry in lon/lat, their union (a pixel is kept if its centre is in
@@ -607,11 +633,7 @@ def _geojson(value: Any, process: str, name: str) -> Polygon | MultiPolygon:
     if not isinstance(value, dict) or "type" not in value:
         raise CompileError("ProcessParameterInvalid", f"{where}: GeoJSON polygons (a Polygon, MultiPolygon, Feature "
                            "or FeatureCollection)", process)
-    crs = value.get("crs")
-    named = crs.get("properties", {}).get("name") if isinstance(crs, dict) else crs
-    if crs is not None and named not in _LONLAT:
-        raise CompileError("ProcessParameterUnsupported", f"{where}: GeoJSON in lon/lat (EPSG:4326, as RFC 7946 has "
-                           f"it), not {str(named)[:60]!r}", process)
+    _in_lonlat(value, where, process)
     if value["type"] == "FeatureCollection":
         features = value.get("features")
         if not isinstance(features, list) or not features:
@@ -682,10 +704,7 @@ def _zones(value: Any, process: str) -> dict[str, Any]:
                                                                 "MultiPolygon", *_NOT_POLYGONS):
         raise CompileError("ProcessParameterInvalid", f"{where}: GeoJSON polygons (a FeatureCollection of them, "
                            "each with an id, or one Polygon, MultiPolygon or Feature)", process)
-    crs = value.get("crs")
-    if crs is not None and crs not in _LONLAT:
-        raise CompileError("ProcessParameterUnsupported", f"{where}: GeoJSON in lon/lat (EPSG:4326, as RFC 7946 has "
-                           f"it), not {str(crs)[:60]!r}", process)
+    _in_lonlat(value, where, process)
     if value["type"] == "FeatureCollection":
         features = value.get("features")
         if not isinstance(features, list) or not features:
@@ -740,10 +759,7 @@ def _sites(value: Any, process: str, cube: Cube) -> list[dict[str, Any]]:
     if any(k != "Point" for k in kinds):
         raise CompileError("ProcessParameterUnsupported", f"{where}: points and polygons together: bagpipe samples "
                            "points as sites and polygons as zones, one kind a graph", process)
-    crs = value.get("crs")
-    if crs is not None and crs not in _LONLAT:
-        raise CompileError("ProcessParameterUnsupported", f"{where}: GeoJSON in lon/lat (EPSG:4326, as RFC 7946 has "
-                           f"it), not {str(crs)[:60]!r}", process)
+    _in_lonlat(value, where, process)
     points = []
     for number, feature in enumerate(features):
         properties = feature.get("properties") if isinstance(feature.get("properties"), dict) else {}
