@@ -214,7 +214,7 @@ def parse(process: dict[str, Any]) -> dict[str, Any]:
     flat = process.get("process_graph") if isinstance(process, dict) else None
     if not isinstance(flat, dict) or not flat:
         raise CompileError("ProcessGraphMissing", "process.process_graph: no process graph given")
-    flat = _crs_names(flat)
+    flat = {key: _crs_names(node) for key, node in flat.items()}
     try:
         for key, node in flat.items():  # each node (the nested model takes a referenced node that is not one as data)
             try:
