@@ -73,6 +73,9 @@ def first_period(product: Product, day: date) -> date:
     return periods(product, day, day)[0]
 
 
+# synthesizing a tile's full-size granules is CPU-bound: a 250 m product's took over the
+# default 300 s from a cold cache at load 25 (a minute at load 20 from a warm one)
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("short", sorted(CATALOG))
 def test_the_sea_is_no_data_in_every_product(short: str) -> None:
     """Over the open Pacific, off California and in the Gulf of Guinea, a product's default
@@ -147,6 +150,7 @@ def test_ndvi_and_evi_differ_and_the_reflectances_give_the_ndvi() -> None:
 @pytest.mark.parametrize(("short", "layer"), [("MOD13A1", "500m_16_days_NDVI"), ("MOD11A1", "LST_Day_1km"),
                                               ("MOD09A1", "sur_refl_b02"), ("MOD15A2H", "Lai_500m"),
                                               ("MOD13Q1", "250m_16_days_EVI")])
+@pytest.mark.timeout(900)  # two tiles' full-size granules synthesized (as the sea's test)
 def test_neighbouring_tiles_agree_along_their_shared_edge(short: str, layer: str) -> None:
     """Across the edge between h18v04 and h19v04 (and between h18v03 and h18v04), decoded
     values step no more than between two neighbouring columns (rows) inside a tile: the field
