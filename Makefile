@@ -89,7 +89,7 @@ test: setup $(CHROMIUM)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q -n $(TEST_PROCESSES) --dist loadfile -m 'not alone'
+	$(BIN)/python -m pytest -q -n $(TEST_PROCESSES) --dist loadfile -m 'not alone' --durations=25
 	$(BIN)/python -m pytest -q -m alone
 
 lint: setup
