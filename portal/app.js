@@ -495,12 +495,13 @@ function histogramSvg(stage, info) {
 }
 
 /** A ramp's legend as one colour bar: its stops ({value, colour, label}) placed by value, its two
- * ends labelled (the high end with the unit). */
-function colourBar(stops) {
+ * ends labelled (the high end with the unit, once). */
+function colourBar(stops, unit) {
+  const bare = (label) => (unit && label.endsWith(` ${unit}`) ? label.slice(0, -unit.length - 1) : label);
   const low = stops[0].value, high = stops[stops.length - 1].value;
   const at = (value) => (high > low ? ((value - low) / (high - low)) * 100 : 0).toFixed(2);
   const gradient = stops.map((s) => `${s.colour} ${at(s.value)}%`).join(", ");
-  return h("li", { class: "colour-bar" }, h("span", { class: "low" }, stops[0].label),
+  return h("li", { class: "colour-bar" }, h("span", { class: "low" }, bare(stops[0].label)),
     h("span", { class: "bar", style: `background: linear-gradient(to right, ${gradient})` }),
     h("span", { class: "high" }, stops[stops.length - 1].label));
 }
@@ -516,7 +517,7 @@ function overviewPanel(overviews, show) {
     show(chosen);
     link.href = chosen.picture;
     const ramp = chosen.legend.length > 1 && chosen.legend.every((entry) => typeof entry.value === "number");
-    legend.replaceChildren(...(ramp ? [colourBar(chosen.legend)] : chosen.legend.map((entry) =>
+    legend.replaceChildren(...(ramp ? [colourBar(chosen.legend, chosen.unit)] : chosen.legend.map((entry) =>
       h("li", {}, h("span", { class: "swatch", style: `background:${entry.colour}` }), entry.label))));
   };
   choice.addEventListener("change", pick);

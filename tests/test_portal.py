@@ -154,8 +154,10 @@ def test_submit_on_the_map_watch_it_finish_and_open_a_quicklook(page: Page, stac
     # a fraction is continuous: one colour bar from its low end to its high one, not swatches
     expect(page.locator(".overview-legend .colour-bar .bar")).to_have_attribute("style", re.compile("linear-gradient"))
     expect(page.locator(".overview-legend .swatch")).to_have_count(0)
-    low, high = (float(page.locator(f".overview-legend .colour-bar .{end}").inner_text()) for end in ("low", "high"))
-    assert low < high
+    # the reducer declares its fraction's unit, "1": the high end says it, once
+    low = float(page.locator(".overview-legend .colour-bar .low").inner_text())
+    high, unit = page.locator(".overview-legend .colour-bar .high").inner_text().split()
+    assert low < float(high) and unit == "1"
     # the program's own picture of the fraction, in colours of its own, is among the files, not shown beside it
     expect(page.locator(".quicklook-thumb")).to_have_count(0)
     first = page.locator(".map image.overview").get_attribute("href")
