@@ -623,6 +623,17 @@ def _in_lonlat(value: dict[str, Any], where: str, process: str) -> None:
                            f"it), not {str(crs)[:60]!r}", process)
 
 
+def _features(value: dict[str, Any], where: str, process: str) -> list[Any]:
+    """GeoJSON's features: a FeatureCollection's (one at least), a Feature alone, or a bare
+    geometry as a Feature with no properties."""
+    if value["type"] == "FeatureCollection":
+        features = value.get("features")
+        if not isinstance(features, list) or not features:
+            raise CompileError("ProcessParameterInvalid", f"{where}: the FeatureCollection has no feature", process)
+        return features
+    return [value if value["type"] == "Feature" else {"type": "Feature", "properties": {}, "geometry": value}]
+
+
 def _geojson(value: Any, process: str, name: str) -> Polygon | MultiPolygon:
     """GeoJSON polygons — a Polygon, a MultiPolygon, a Feature of one, or a FeatureCollection
     of them — as one geometry in lon/lat, their union (a pixel is kept if its centre is in
@@ -634,13 +645,7 @@ def _geojson(value: Any, process: str, name: str) -> Polygon | MultiPolygon:
         raise CompileError("ProcessParameterInvalid", f"{where}: GeoJSON polygons (a Polygon, MultiPolygon, Feature "
                            "or FeatureCollection)", process)
     _in_lonlat(value, where, process)
-    if value["type"] == "FeatureCollection":
-        features = value.get("features")
-        if not isinstance(features, list) or not features:
-            raise CompileError("ProcessParameterInvalid", f"{where}: the FeatureCollection has no feature", process)
-        geometries = [f.get("geometry") if isinstance(f, dict) else None for f in features]
-    else:
-        geometries = [value.get("geometry") if value["type"] == "Feature" else value]
+    geometries = [f.get("geometry") if isinstance(f, dict) else None for f in _features(value, where, process)]
     for one in geometries:
         if isinstance(one, dict) and one.get("type") in _NOT_POLYGONS:
             raise CompileError("ProcessParameterUnsupported", f"{where}: a {one['type']} is not a region: bagpipe "
@@ -705,12 +710,7 @@ def _zones(value: Any, process: str) -> dict[str, Any]:
         raise CompileError("ProcessParameterInvalid", f"{where}: GeoJSON polygons (a FeatureCollection of them, "
                            "each with an id, or one Polygon, MultiPolygon or Feature)", process)
     _in_lonlat(value, where, process)
-    if value["type"] == "FeatureCollection":
-        features = value.get("features")
-        if not isinstance(features, list) or not features:
-            raise CompileError("ProcessParameterInvalid", f"{where}: the FeatureCollection has no feature", process)
-    else:
-        features = [value if value["type"] == "Feature" else {"type": "Feature", "properties": {}, "geometry": value}]
+    features = _features(value, where, process)
     named: list[Any] = []
     for number, feature in enumerate(features):
         geometry = feature.get("geometry") if isinstance(feature, dict) else None
