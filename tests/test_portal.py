@@ -76,6 +76,15 @@ def _shot(page: Page, name: str) -> None:
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 
+def _submitted_until_succeeded(page: Page) -> str:
+    """Submit the form, follow it to the job's page and wait there until the job has
+    succeeded: its id."""
+    page.click("#submit-form button[type=submit]")
+    expect(page).to_have_url(re.compile(r"#/jobs/[\w-]+$"))
+    expect(page.locator("h1 .badge")).to_have_text("SUCCEEDED", timeout=150_000)
+    return page.url.rsplit("/", 1)[-1]
+
+
 def _fill_small_request(page: Page) -> None:
     for side, value in zip(("west", "south", "east", "north"), ("-110.5", "34.2", "-109.6", "34.8"), strict=True):
         page.fill(f"#bbox-{side}", value)
@@ -139,11 +148,7 @@ def test_submit_on_the_map_watch_it_finish_and_open_a_quicklook(page: Page, stac
     # 2 target tiles x 1 period + 2 reductions, counted before submitting
     expect(page.locator("#estimate")).to_have_text(re.compile(r"makes 4 tasks.*\$\d+\.\d\d"))  # and their cost
     _shot(page, "submit")
-    page.click("#submit-form button[type=submit]")
-    expect(page).to_have_url(re.compile(r"#/jobs/[\w-]+$"))
-    job = page.url.rsplit("/", 1)[-1]
-
-    expect(page.locator("h1 .badge")).to_have_text("SUCCEEDED", timeout=150_000)
+    job = _submitted_until_succeeded(page)
     expect(page.locator(".map .tile.state-done")).to_have_count(2)
     expect(page.locator("progress")).to_have_attribute("value", "1")
     expect(page.locator(".histogram .threshold")).to_have_count(2)  # tile stage and reductions
@@ -273,11 +278,8 @@ def test_a_monthly_maximum_asked_for_on_the_form_with_no_program(page: Page, sta
     page.select_option("#reduce-by", "month")
     # 2 target tiles x 1 period + 2 reductions (one month a tile)
     expect(page.locator("#estimate")).to_have_text(re.compile(r"makes 4 tasks"))
-    page.click("#submit-form button[type=submit]")
-    expect(page).to_have_url(re.compile(r"#/jobs/[\w-]+$"))
-    job = page.url.rsplit("/", 1)[-1]
-    expect(page.locator("h1 .badge")).to_have_text("SUCCEEDED", timeout=150_000)
-    taken = httpx.get(f"{stack.api_url}/api/jobs/{job}", headers={"Authorization": f"Bearer {stack.token}"}).json()
+    job = _submitted_until_succeeded(page)
+    taken = httpx.get(f"{stack.api_url}/api/jobs/{job}", headers=stack.headers).json()
     assert taken["request"]["reduce"] == {**taken["request"]["reduce"], "by": "month", "reducer": "max",
                                           "inputs": ["MOD10A2.Maximum_Snow_Extent"]}
     assert "reducer" not in taken["request"] or taken["request"]["reducer"] is None
@@ -308,15 +310,11 @@ def test_sites_uploaded_on_the_form_are_shown_on_the_map_and_their_table_and_ser
     # a point task per (MODIS tile holding sites, date): the towers' h09v05 and the buoy's, × 2 composites;
     # and the gather
     expect(page.locator("#estimate")).to_have_text(re.compile(r"makes 5 tasks"))
-    page.click("#submit-form button[type=submit]")
-    expect(page).to_have_url(re.compile(r"#/jobs/[\w-]+$"))
-    job = page.url.rsplit("/", 1)[-1]
-    expect(page.locator("h1 .badge")).to_have_text("SUCCEEDED", timeout=150_000)
-    signed_in = {"Authorization": f"Bearer {stack.token}"}
-    taken = httpx.get(f"{stack.api_url}/api/jobs/{job}", headers=signed_in).json()
+    job = _submitted_until_succeeded(page)
+    taken = httpx.get(f"{stack.api_url}/api/jobs/{job}", headers=stack.headers).json()
     assert taken["request"]["sites"]["window"] == 3 and taken["request"].get("region") is None
     expect(page.locator("#table-preview tbody tr")).to_have_count(6)  # 3 sites × 2 dates, fewer than 10
-    preview = httpx.get(f"{stack.api_url}/api/jobs/{job}/tables/sites", headers=signed_in,
+    preview = httpx.get(f"{stack.api_url}/api/jobs/{job}/tables/sites", headers=stack.headers,
                         params={"id": "tower-2"}).json()
     expect(page.locator("#series-choice option")).to_have_count(3)
     page.select_option("#series-choice", "tower-2")
@@ -468,10 +466,7 @@ def test_a_scientist_signs_in_uploads_a_reducer_runs_a_job_with_it_and_sees_only
     page.select_option("#reducer", "mean")
     page.fill("#label", "with my reducer")
     expect(page.locator("#estimate")).to_have_text(re.compile(r"makes 4 tasks.*\$\d+\.\d\d"))  # and their cost
-    page.click("#submit-form button[type=submit]")
-    expect(page).to_have_url(re.compile(r"#/jobs/[\w-]+$"))
-    job = page.url.rsplit("/", 1)[-1]
-    expect(page.locator("h1 .badge")).to_have_text("SUCCEEDED", timeout=150_000)
+    job = _submitted_until_succeeded(page)
     expect(page.locator(".products")).to_contain_text("summary.json")
 
     page.goto(stack.api_url + "/#/jobs")
