@@ -370,26 +370,36 @@ def test_a_burst_of_jobs_past_the_users_rate_is_refused_with_openeos_error(
         assert api.post(f"{BASE}/jobs", json={"process": monthly_max()}, headers=bearer(other)).status_code == 201
 
 
+def polygon_job(api: TestClient, clients: Clients, token: str, process_id: str, argument: str) -> tuple[str, Any]:
+    """A monthly maximum over a box of two 1° tiles through ``process_id`` with a field in
+    one of them as its ``argument``, created: the job, and the region its record compiled."""
+    field = {"type": "Polygon", "coordinates": [[[-107.9, 35.3], [-107.6, 35.3], [-107.7, 35.7], [-107.9, 35.3]]]}
+    wide = monthly_max(spatial_extent={"west": -108.6, "south": 35.2, "east": -107.5, "north": 35.8})
+    job = created(api, token, with_node(wide, process_id, {"process_id": process_id, "arguments": {
+        "data": {"from_node": "load"}, argument: field}}, "agg"))
+    record = store.get(clients, "ana", job)
+    assert record is not None
+    return job, graph.Compiled.from_json(record.compiled).request.region
+
+
+def started(api: TestClient, clients: Clients, token: str, job: str) -> tuple[Any, list[dict[str, str]]]:
+    """The openEO job started: its run's job row, and the parameters of its planned tile tasks."""
+    assert api.post(f"{BASE}/jobs/{job}/results", headers=bearer(token)).status_code == 202
+    run = jobs.get(clients, store.get(clients, "ana", job).latest)  # type: ignore[union-attr]
+    planned = application.plan(clients.settings, JobRequest.model_validate_json(run.request))
+    return run, [p.params for p in planned if p.stage == clients.settings.tile_stage]
+
+
 def test_a_polygon_is_kept_once_and_its_job_plans_only_the_tiles_it_touches(
         api: TestClient, clients: Clients, token: str) -> None:
     """filter_spatial's polygons are the request's region.geometry: kept as a document under
     its digest when the job is created (its record names the digest), every tile task of a
     start clipped to it, and the target tile of the box it does not touch not planned."""
-    polygon = {"type": "Polygon", "coordinates": [[[-107.9, 35.3], [-107.6, 35.3], [-107.7, 35.7], [-107.9, 35.3]]]}
-    wide = monthly_max(spatial_extent={"west": -108.6, "south": 35.2, "east": -107.5, "north": 35.8})  # two 1° tiles
-    process = with_node(wide, "clip", {"process_id": "filter_spatial", "arguments": {
-        "data": {"from_node": "load"}, "geometries": polygon}}, "agg")
-    job = created(api, token, process)
-    record = store.get(clients, "ana", job)
-    assert record is not None
-    kept = graph.Compiled.from_json(record.compiled).request.region
+    job, kept = polygon_job(api, clients, token, "filter_spatial", "geometries")
     assert kept is not None and kept.geometry is None and kept.kept is not None  # the digest and its summary
     assert application.load_vector(clients, kept.kept.ref)["kind"] == "region"
-    assert api.post(f"{BASE}/jobs/{job}/results", headers=bearer(token)).status_code == 202
-    run = jobs.get(clients, store.get(clients, "ana", job).latest)  # type: ignore[union-attr]
+    run, tiles = started(api, clients, token, job)
     assert run.total == 23 + 12  # one 1° tile of the two: 23 dates, a reduction a month
-    planned = application.plan(clients.settings, JobRequest.model_validate_json(run.request))
-    tiles = [p.params for p in planned if p.stage == clients.settings.tile_stage]
     assert {t["tile"] for t in tiles} == {"x-0108y+0035"} and {t["clip"] for t in tiles} == {kept.kept.ref}
     results = api.get(f"{BASE}/jobs/{job}/results?partial=true", headers=bearer(token)).json()
     assert results["extent"]["spatial"]["bbox"] == [list(kept.kept.bbox)]  # type: ignore[arg-type]
@@ -444,20 +454,10 @@ def test_mask_polygon_keeps_the_box_and_plans_all_its_tiles_each_clipped(
         api: TestClient, clients: Clients, token: str) -> None:
     """mask_polygon's polygons mask the box (region.bbox with the kept polygon): both target
     tiles of the box planned, though the polygon touches one, each clipped to the polygon."""
-    polygon = {"type": "Polygon", "coordinates": [[[-107.9, 35.3], [-107.6, 35.3], [-107.7, 35.7], [-107.9, 35.3]]]}
-    wide = monthly_max(spatial_extent={"west": -108.6, "south": 35.2, "east": -107.5, "north": 35.8})  # two 1° tiles
-    process = with_node(wide, "mask", {"process_id": "mask_polygon", "arguments": {
-        "data": {"from_node": "load"}, "mask": polygon}}, "agg")
-    job = created(api, token, process)
-    record = store.get(clients, "ana", job)
-    assert record is not None
-    kept = graph.Compiled.from_json(record.compiled).request.region
+    job, kept = polygon_job(api, clients, token, "mask_polygon", "mask")
     assert kept is not None and kept.kept is not None and kept.bbox == (-108.6, 35.2, -107.5, 35.8)
-    assert api.post(f"{BASE}/jobs/{job}/results", headers=bearer(token)).status_code == 202
-    run = jobs.get(clients, store.get(clients, "ana", job).latest)  # type: ignore[union-attr]
+    run, tiles = started(api, clients, token, job)
     assert run.total == 2 * (23 + 12)  # both 1° tiles: 23 dates, a reduction a month, each
-    planned = application.plan(clients.settings, JobRequest.model_validate_json(run.request))
-    tiles = [p.params for p in planned if p.stage == clients.settings.tile_stage]
     assert {t["tile"] for t in tiles} == {"x-0108y+0035", "x-0109y+0035"}
     assert {t["clip"] for t in tiles} == {kept.kept.ref}
     results = api.get(f"{BASE}/jobs/{job}/results?partial=true", headers=bearer(token)).json()
