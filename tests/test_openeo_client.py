@@ -65,6 +65,22 @@ def monthly_max(connection: openeo.Connection) -> Any:
     return cube.aggregate_temporal_period("month", "max").save_result(format="GTiff")
 
 
+def native_job(stack: LocalStack, request: dict[str, Any]) -> dict[str, Any]:
+    """The manifest, with its links, of the native API's job of ``request``, run to its end."""
+    api = Api(stack.api_url, stack.token)
+    native = api.submit(request)["job"]
+    wait_for(lambda: api.status(native)["state"] in ("SUCCEEDED", "FAILED"), 300, "the native job")
+    clients = clients_for(stack.settings)
+    return results.with_links(clients, native, results.manifest(clients, native) or {})
+
+
+def native_table(manifest: dict[str, Any], stage: str) -> pandas.DataFrame:
+    """The table a native job's gather (``stage``) made, read from its Parquet file's link."""
+    (gather,) = [t for t in manifest["tasks"] if t["stage"] == stage]
+    (link,) = [link for blob, link in gather["links"].items() if blob.endswith(".parquet")]
+    return pandas.read_parquet(io.BytesIO(httpx.get(link).content))
+
+
 def pixels_by_month(folder: Path) -> dict[str, np.ndarray]:
     found = {}
     for path in sorted(folder.rglob("*.tif")):
@@ -94,11 +110,7 @@ def test_the_client_runs_a_monthly_maximum_and_finds_the_native_apis_pixels(
     made = pixels_by_month(tmp_path / "openeo")
     assert sorted(made) == sorted(assets)
 
-    api = Api(stack.api_url, stack.token)
-    native = api.submit(NATIVE)["job"]
-    wait_for(lambda: api.status(native)["state"] in ("SUCCEEDED", "FAILED"), 300, "the native job")
-    manifest = results.with_links(clients_for(stack.settings), native,
-                                  results.manifest(clients_for(stack.settings), native) or {})
+    manifest = native_job(stack, NATIVE)
     theirs = tmp_path / "native"
     theirs.mkdir()
     for task in manifest["tasks"]:
@@ -177,11 +189,7 @@ def test_a_netcdf_cube_of_the_monthly_maximum_opens_with_xarray_equal_to_the_nat
     assert all(a["type"] == "application/netcdf" and httpx.get(a["href"]).headers["content-type"] == a["type"]
                for a in assets.values()), assets
     got.download_files(tmp_path / "openeo")
-    api = Api(stack.api_url, stack.token)
-    native = api.submit(NATIVE)["job"]  # the same request's GeoTIFFs (made already: from the cache)
-    wait_for(lambda: api.status(native)["state"] in ("SUCCEEDED", "FAILED"), 300, "the native job")
-    clients = clients_for(stack.settings)
-    manifest = results.with_links(clients, native, results.manifest(clients, native) or {})
+    manifest = native_job(stack, NATIVE)  # the same request's GeoTIFFs (made already: from the cache)
     tiles = {task["group"]: httpx.get(link).content for task in manifest["tasks"] if task["stage"] == "aggregate"
              for link in task["links"].values()}
     assert len(tiles) == 12
@@ -239,14 +247,8 @@ def test_aggregate_spatial_saves_the_native_apis_zones_table_as_csv_and_parquet(
     mine = mine.astype({"start": str, "end": str})
     pandas.testing.assert_frame_equal(mine, tables["Parquet"].astype({"start": str, "end": str}), rtol=1e-9)
 
-    api = Api(stack.api_url, stack.token)
-    native = api.submit(NATIVE_ZONES)["job"]
-    wait_for(lambda: api.status(native)["state"] in ("SUCCEEDED", "FAILED"), 300, "the native job")
-    clients = clients_for(stack.settings)
-    manifest = results.with_links(clients, native, results.manifest(clients, native) or {})
-    (gather,) = [t for t in manifest["tasks"] if t["stage"] == "zones"]
-    (link,) = [link for blob, link in gather["links"].items() if blob.endswith(".parquet")]
-    theirs = pandas.read_parquet(io.BytesIO(httpx.get(link).content)).astype({"start": str, "end": str})
+    manifest = native_job(stack, NATIVE_ZONES)
+    theirs = native_table(manifest, "zones").astype({"start": str, "end": str})
     pandas.testing.assert_frame_equal(mine, theirs, rtol=1e-9)
 
     tiles = {t["date"]: httpx.get(link).content for t in manifest["tasks"] if t["stage"] == "modis"
@@ -290,15 +292,9 @@ def test_a_fields_mean_of_monthly_mean_ndvi_is_the_mean_of_the_native_apis_month
         (f, m) for f in ("north", "south") for m in ("2022-07", "2022-08")]
     assert set(mine["input"]) == {"mean.MOD13A1.500m_16_days_NDVI"}
 
-    api = Api(stack.api_url, stack.token)
-    native = api.submit({**NATIVE_ZONES, "end": "2022-08-31", "reduce": {"by": "month", "reducer": "mean"},
-                         "zones": {**NATIVE_ZONES["zones"], "over": "reduction"}})["job"]  # type: ignore[dict-item]
-    wait_for(lambda: api.status(native)["state"] in ("SUCCEEDED", "FAILED"), 300, "the native job")
-    clients = clients_for(stack.settings)
-    manifest = results.with_links(clients, native, results.manifest(clients, native) or {})
-    (gather,) = [t for t in manifest["tasks"] if t["stage"] == "zones"]
-    (link,) = [link for blob, link in gather["links"].items() if blob.endswith(".parquet")]
-    theirs = pandas.read_parquet(io.BytesIO(httpx.get(link).content))
+    manifest = native_job(stack, {**NATIVE_ZONES, "end": "2022-08-31", "reduce": {"by": "month", "reducer": "mean"},
+                                  "zones": {**NATIVE_ZONES["zones"], "over": "reduction"}})  # type: ignore[dict-item]
+    theirs = native_table(manifest, "zones")
     pandas.testing.assert_frame_equal(mine.astype({"start": str, "end": str}),
                                       theirs.astype({"start": str, "end": str}), rtol=1e-9)
     monthly = {t["group"]: httpx.get(link).content for t in manifest["tasks"] if t["stage"] == "aggregate"
@@ -336,17 +332,11 @@ def test_aggregate_spatial_at_points_is_the_native_apis_sites_as_openeos_time_se
     timeseries = job.get_results().get_asset("sites.json").load_json()
     frame = timeseries_json_to_pandas(timeseries)  # a row per date, (site, band) columns
 
-    api = Api(stack.api_url, stack.token)
-    native = api.submit({"sites": {"points": [{"id": f["id"], "lon": f["geometry"]["coordinates"][0],
-                                               "lat": f["geometry"]["coordinates"][1]} for f in TOWERS["features"]]},
-                         "start": "2022-07-01", "end": "2022-07-31", "products": ["MOD13A1"],
-                         "layers": {"MOD13A1": BANDS}})["job"]
-    wait_for(lambda: api.status(native)["state"] in ("SUCCEEDED", "FAILED"), 300, "the native job")
-    clients = clients_for(stack.settings)
-    manifest = results.with_links(clients, native, results.manifest(clients, native) or {})
-    (gather,) = [t for t in manifest["tasks"] if t["stage"] == "sites"]
-    (link,) = [link for blob, link in gather["links"].items() if blob.endswith(".parquet")]
-    theirs = pandas.read_parquet(io.BytesIO(httpx.get(link).content))
+    towers = [{"id": f["id"], "lon": f["geometry"]["coordinates"][0], "lat": f["geometry"]["coordinates"][1]}
+              for f in TOWERS["features"]]
+    manifest = native_job(stack, {"sites": {"points": towers}, "start": "2022-07-01", "end": "2022-07-31",
+                                  "products": ["MOD13A1"], "layers": {"MOD13A1": BANDS}})
+    theirs = native_table(manifest, "sites")
     assert sorted(frame.index) == sorted(f"{d}T00:00:00Z" for d in theirs["date"].astype(str).unique())
     assert len(frame) >= 2 and frame.shape[1] == 2 * 2  # two sites, two bands each
     checked = 0
@@ -388,13 +378,9 @@ def test_mask_polygon_keeps_the_extent_and_makes_the_pixels_outside_no_data(
         job.get_results().download_files(tmp_path / str(inside))
         made[inside] = {p.name: p.read_bytes() for p in (tmp_path / str(inside)).glob("*.tif")}
 
-    api = Api(stack.api_url, stack.token)
-    native = api.submit({"region": {"bbox": [BOX["west"], BOX["south"], BOX["east"], BOX["north"]]},
-                         "start": "2022-07-01", "end": "2022-07-19", "products": ["MOD13A1"],
-                         "layers": {"MOD13A1": ["500m_16_days_NDVI"]}})["job"]
-    wait_for(lambda: api.status(native)["state"] in ("SUCCEEDED", "FAILED"), 300, "the native job")
-    clients = clients_for(stack.settings)
-    manifest = results.with_links(clients, native, results.manifest(clients, native) or {})
+    manifest = native_job(stack, {"region": {"bbox": [BOX["west"], BOX["south"], BOX["east"], BOX["north"]]},
+                                  "start": "2022-07-01", "end": "2022-07-19", "products": ["MOD13A1"],
+                                  "layers": {"MOD13A1": ["500m_16_days_NDVI"]}})
     tiles = {blob.rsplit("/", 1)[-1].replace("+", ""): httpx.get(link).content for t in manifest["tasks"]
              if t["stage"] == "modis" for blob, link in t["links"].items()}
     assert tiles and sorted(made[False]) == sorted(tiles) == sorted(made[True])  # the box's tiles: the extent kept
