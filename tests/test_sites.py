@@ -74,6 +74,7 @@ def window(path: bytes, row: int, col: int) -> np.ndarray:
         return np.asarray(src.read(1, window=((row - 1, row + 2), (col - 1, col + 2))))
 
 
+@pytest.mark.timeout(900)  # three jobs of full-size granules (the first synthesizes and collects them), a preview
 def test_a_sites_series_equals_the_pixels_of_the_products_own_files(settings: Settings, planetary: Planetary,
                                                                     admin_token: str) -> None:
     body = {"sites": {"points": [*SITES, ocean_site()], "window": 3}, "start": "2022-01-01", "end": "2022-02-28",
