@@ -20,14 +20,16 @@ reads them. ``GET /collections/{id}`` answers the collections it holds (``collec
 may drop one), 404 for any other, as Planetary Computer does; the token endpoint can be made
 to answer its rate limit (``busy_tokens``: 429 with ``Retry-After``), and its storage to lack a
 file the catalog lists (``withheld``: a read of a blob whose name holds one of these words is
-404 BlobNotFound, a granule listed but not there); every request's headers are kept (``seen``).
+404 BlobNotFound, a granule listed but not there); every request's headers are kept (``seen``),
+and the bytes its storage answered each blob's reads with are counted (``bytes_read``, by
+``{container}/{blob}``: the tests see how much of a file a reader fetched).
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, date, datetime, timedelta
@@ -110,6 +112,7 @@ class Planetary:
         self.withheld: set[str] = set()  # words of blob names its storage does not have (404): tests set them
         self.seen: deque[tuple[str, dict[str, str]]] = deque(maxlen=1000)  # (path, headers) of the last requests
         self.files_made = 0  # files made on their first read (the tests watch laziness)
+        self.bytes_read: Counter[str] = Counter()  # bytes its storage answered reads of, by blob path
         self._making: dict[str, threading.Lock] = {}
         self._matching = lru_cache(maxsize=16)(self._match)
         self._lock = threading.Lock()
@@ -326,7 +329,7 @@ class Planetary:
 
         @app.api_route("/{path:path}", methods=["GET", "HEAD", "PUT", "POST", "DELETE", "OPTIONS"])
         async def blob(path: str, request: Request) -> Response:
-            if request.method == "GET" and any(word in path for word in self.withheld):
+            if request.method in ("GET", "HEAD") and any(word in path for word in self.withheld):
                 return Response(b"", status_code=404, headers={"x-ms-error-code": "BlobNotFound"})
             body = await request.body()
             status, headers, raw = await forward(request, body)
@@ -334,6 +337,9 @@ class Planetary:
             if status == 404 and request.method in ("GET", "HEAD") and len(segments) == 3 and segments[0] == account \
                     and await anyio.to_thread.run_sync(self.materialize, segments[1], segments[2]):
                 status, headers, raw = await forward(request, body)
+            if request.method == "GET" and status in (200, 206):
+                with self._lock:
+                    self.bytes_read[path.split("/", 1)[-1]] += len(raw)
             return Response(raw, status_code=status, headers=headers)
 
         return app

@@ -1,8 +1,10 @@
 """Sites, end to end on real workers with granules from the local Planetary Computer: each
-site's series equals the pixel values read from the product's own files (the granules the
-job cached), its quality decoded, its window's mean; a site over the ocean is a row that
+site's series equals the pixel values read from the product's own files (where the catalog
+found them), its quality decoded, its window's mean; a site over the ocean is a row that
 says no data; the table is one CSV and one GeoParquet file, and an identical request finds
-it made. And the sites a scientist gives, refused naming what is wrong."""
+it made. A point task reads the blocks holding its sites, a fraction of the granule's bytes,
+and a granule the catalog lists but storage has not fails it as a missing source. And the
+sites a scientist gives, refused naming what is wrong."""
 
 from __future__ import annotations
 
@@ -22,9 +24,11 @@ from pyproj import Transformer
 
 from bagpipe import modis_world
 from bagpipe.planetary import Planetary
+from pipeline.failures import FailureClass
 from pipeline.lifecycle import attempts, jobs, tasks
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.modis import POINT_STAGE, collection, grid
+from pipeline.modis.access import Access
 from pipeline.modis.granules import from_param
 from pipeline.modis.products import CATALOG
 from pipeline.modis.targets import SINUSOIDAL_PROJ4
@@ -102,6 +106,7 @@ def test_a_sites_series_equals_the_pixels_of_the_products_own_files(settings: Se
     csv = clients.tiles.download_blob(outputs["sites.csv"]).readall().decode()
     assert csv.splitlines()[0].startswith('"site","lon","lat"') and len(csv.splitlines()) == 17
     layer = CATALOG["MOD13A1"].layer(NDVI)
+    archive = Access(planetary.sas_url, "", "")  # the product's own files, where the catalog found them
     checked = 0
     for task in points:
         params = task.parameters()
@@ -113,8 +118,7 @@ def test_a_sites_series_equals_the_pixels_of_the_products_own_files(settings: Se
             assert mine_rows[0]["value"] is None
             continue
         (granule,) = granules
-        ndvi = clients.sources.download_blob(collection.source_blob(CATALOG["MOD13A1"], granule, NDVI)).readall()
-        qa = clients.sources.download_blob(collection.source_blob(CATALOG["MOD13A1"], granule, QA)).readall()
+        ndvi, qa = archive.fetch(granule.href(NDVI)).data, archive.fetch(granule.href(QA)).data
         for found in mine_rows:
             stored, r, c = pixel(ndvi, found["lon"], found["lat"])
             code, _, _ = pixel(qa, found["lon"], found["lat"])
@@ -183,6 +187,42 @@ def test_a_sites_series_equals_the_pixels_of_the_products_own_files(settings: Se
                 assert values[1] == pytest.approx(values[0] / 2)
     assert [v for per_site in timeseries.values() for v in per_site[order.index("buoy")]] == [None] * 8
     assert any(v is not None for per_site in timeseries.values() for v in per_site[0])
+
+
+@pytest.mark.timeout(600)  # two jobs of one granule, its two files synthesized (about 20 s each) by the first
+def test_a_point_task_reads_the_blocks_holding_its_sites_not_the_whole_granule(settings: Settings,
+                                                                              planetary: Planetary) -> None:
+    """Counted where the files are served (the imitation's storage), not timed: the two sites'
+    blocks of each of the granule's two files, their header, a fraction of the file; nothing
+    cached in ``sources``. The same granule withheld from storage (listed, not there): the
+    task fails, classified a missing source, not retried as if busy."""
+    body = {"sites": {"points": SITES[:2]}, "start": "2021-03-06", "end": "2021-03-21", "products": ["MOD13A1"]}
+    mine = on_stac(settings, planetary)
+    before = planetary.bytes_read.copy()
+    clients, job = run(mine, body)
+    assert jobs.get(clients, job).state.value == "SUCCEEDED", [
+        a.error for a in attempts.list_attempts(clients.tasks, parts(clients, job))]
+    (point,) = [r for r in tasks.list_tasks(clients.tasks, parts(clients, job)) if r.stage == POINT_STAGE]
+    (granule,) = from_param(point.parameters()["granules"])
+    for layer in (NDVI, QA):
+        path = granule.href(layer).split("/", 4)[-1]  # {container}/{blob} in the imitation's account
+        container, blob = path.split("/", 1)
+        size = planetary.blobs.get_blob_client(container, blob).get_blob_properties().size
+        read = planetary.bytes_read[path] - before[path]
+        assert 0 < read < size / 4, (layer, read, size)
+        assert not clients.sources.get_blob_client(
+            collection.source_blob(CATALOG["MOD13A1"], granule, layer)).exists(), "not fetched into the cache"
+
+    planetary.withheld.add(granule.id.split(".h")[0])  # MOD13A1.A2021065: listed, not in storage
+    try:
+        clients, job = run(mine, body | {"sites": {"points": SITES[:1]}})  # another task: not the cached part
+    finally:
+        planetary.withheld.clear()
+    assert jobs.get(clients, job).state.value == "FAILED"
+    (point,) = [r for r in tasks.list_tasks(clients.tasks, parts(clients, job)) if r.stage == POINT_STAGE]
+    found = [a for a in attempts.list_attempts(clients.tasks, parts(clients, job)) if a.task == point.task]
+    assert found and {a.failure_class for a in found} == {FailureClass.SOURCE_DOWNLOAD.value}, found
+    assert "the archive has no" in found[-1].error and "sig=" not in found[-1].error
 
 
 @pytest.mark.parametrize("points,field,words", [

@@ -25,6 +25,10 @@ ever seeing them.
   a redirect to any other host (a signed bucket URL) goes there without it.
 - Anything else: a plain GET.
 
+A Planetary Computer blob may also be read by byte ranges (:meth:`Access.ranged`: a
+:class:`BlobFile`, its size and MD5 asked of storage first), with the same token handling
+and the same failures as a whole fetch.
+
 No error text carries a token, a key or a signed URL: messages name the unsigned href.
 """
 
@@ -47,11 +51,12 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from functools import lru_cache
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import urljoin, urlsplit
 
 import httpx
 from azure.core.exceptions import AzureError, HttpResponseError, ResourceNotFoundError
-from azure.storage.blob import BlobClient
+from azure.storage.blob import BlobClient, StorageStreamDownloader
 
 from pipeline.failures import FailureClass, StageFailure, error_code
 from pipeline.redact import redact
@@ -75,6 +80,37 @@ class Fetched:
     data: bytes
     length: int | None = None  # what the host said the length is
     md5: bytes | None = None  # what the host said the MD5 is
+
+
+T = TypeVar("T")
+
+
+def _whole(downloader: StorageStreamDownloader[bytes]) -> tuple[StorageStreamDownloader[bytes], bytes]:
+    return downloader, downloader.readall()
+
+
+@dataclass(frozen=True)
+class BlobFile:
+    """A catalog's file in Azure Blob storage, read by byte ranges rather than whole (a point
+    task wants a few blocks of a COG): its size, and the MD5 storage keeps of it (else its
+    ETag) as its identity."""
+
+    url: str  # the unsigned href: safe to show
+    size: int
+    md5: bytes | None
+    etag: str
+    access: Access
+
+    @property
+    def identity(self) -> str:
+        """What names this content: its MD5 (as a whole fetch's cached copy is named), else
+        storage's ETag of it."""
+        return self.md5.hex() if self.md5 is not None else f"etag:{self.etag.strip(chr(34))}"
+
+    def read(self, offset: int, length: int) -> bytes:
+        """``length`` bytes from ``offset`` (fewer at the end), with the failures a whole
+        fetch has."""
+        return self.access._on_blob(self.url, lambda blob: blob.download_blob(offset=offset, length=length).readall())
 
 
 BUSY = frozenset({429, 500, 502, 503, 504})  # a host that may well answer a retry
@@ -331,11 +367,28 @@ class Access:
         return self._http(href, lambda url: httpx.get(url, timeout=TIMEOUT_S, follow_redirects=True))
 
     def _blob(self, href: str) -> Fetched:
+        downloader, data = self._on_blob(href, lambda blob: _whole(blob.download_blob()))
+        md5 = downloader.properties.content_settings.content_md5
+        return Fetched(href, data, downloader.properties.size, bytes(md5) if md5 else None)
+
+    def ranged(self, href: str) -> BlobFile | None:
+        """The blob ``href`` names, to be read by byte ranges (its size and identity asked of
+        storage now: a missing file fails here as a whole fetch would); None for an href that
+        is not a signed blob's (NASA's files are fetched whole)."""
+        if self.earthdata.allowed(href) or self.signer is None or blob_container(href) is None:
+            return None
+        properties = self._on_blob(href, lambda blob: blob.get_blob_properties())
+        md5 = properties.content_settings.content_md5
+        return BlobFile(href, properties.size, bytes(md5) if md5 else None, str(properties.etag), self)
+
+    def _on_blob(self, href: str, call: Callable[[BlobClient], T]) -> T:
+        """``call`` on the signed blob: a token storage refuses (expired or revoked) replaced
+        once; storage's refusals classified — a missing file, a busy or refusing service, a
+        connection lost (each after the SDK's own retries)."""
         assert self.signer is not None
         for attempt in (1, 2):
             try:
-                downloader = BlobClient.from_blob_url(self.signer.sign(href)).download_blob()
-                data = downloader.readall()
+                return call(BlobClient.from_blob_url(self.signer.sign(href)))
             except ResourceNotFoundError:
                 raise SourceMissing(href) from None
             except HttpResponseError as exc:
@@ -346,8 +399,6 @@ class Access:
                               f"({error_code(exc) or exc.reason})") from None
             except AzureError as exc:
                 raise StageFailure(FailureClass.CONNECTION, f"{redact(href)}: {type(exc).__name__}") from None
-            md5 = downloader.properties.content_settings.content_md5
-            return Fetched(href, data, downloader.properties.size, bytes(md5) if md5 else None)
         raise AssertionError("unreachable")
 
     def _http(self, href: str, get: Callable[[str], httpx.Response]) -> Fetched:

@@ -1,17 +1,22 @@
 """Sites sampled on a product's own grid: the point task and the gather of its tables.
 
 - A **point task** (``points``) per (MODIS tile holding sites, date, product) reads the
-  granule's files its layers need (each fetched once into the ``sources`` cache, as a tile
-  task fetches them) by windows — the pixel holding each of its sites and, if asked, the
-  3 × 3 or 5 × 5 window around it — with no reprojection. Each site gets a row per layer:
-  its value (physical: stored × scale + offset), its quality code and the code's fields as
-  the user guide names them, whether the product's masking rule calls it usable, and the
-  mean and count of the usable pixels of its window (a window at the tile's edge is cut
-  there). A pixel of fill or outside the valid range (the sea, a gap) is a row that says
+  granule's files its layers need by windows — the pixel holding each of its sites and, if
+  asked, the 3 × 3 or 5 × 5 window around it — with no reprojection. A COG in blob storage
+  (a STAC catalog's asset) is read where it lies, by byte ranges: its header and the blocks
+  its sites' windows fall in, fetched before they are read (``pipeline.modis.ranged``), not
+  the whole file, and nothing is cached in ``sources``; a missing file or a busy store fails
+  the task as a whole fetch would (``access.Access.ranged``). An HDF4 file (NASA's archive)
+  is fetched whole into the ``sources`` cache, as a tile task fetches it. Each site gets a
+  row per layer: its value (physical: stored × scale + offset), its quality code and the
+  code's fields as the user guide names them, whether the product's masking rule calls it
+  usable, and the mean and count of the usable pixels of its window (a window at the tile's
+  edge is cut there). A pixel of fill or outside the valid range (the sea, a gap) is a row that says
   ``no data``, as is every site of a (tile, date) the catalog has no granule of. A derived
   layer (``derive``) is its expression over the site's values. The rows are one Parquet
   part in ``tiles``, content-addressed by what they are made of (the code's version, the
-  sites' digest, the window, the layers and the source files' MD5s).
+  sites' digest, the window, the layers and the source files' MD5s: storage's Content-MD5
+  of a file read by ranges, else its ETag).
 
 The gather of the parts into the job's one table is ``pipeline.reduction.gather``'s.
 """
@@ -21,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +34,12 @@ import pyarrow as pa
 
 from pipeline import stages
 from pipeline.failures import FailureClass, StageFailure
-from pipeline.modis import POINT_STAGE, collection, quality, reprojection
-from pipeline.modis.granules import Granule, from_param
+from pipeline.modis import POINT_STAGE, collection, quality, ranged, reprojection
+from pipeline.modis.access import BlobFile, access_for
+from pipeline.modis.granules import HDF, Granule, from_param
 from pipeline.modis.grid import locate
 from pipeline.modis.products import CATALOG, Layer, Product
+from pipeline.modis.targets import is_modis_sinusoidal
 from pipeline.modis.tilestage import derived_of, files_for, layers_of
 from pipeline.science import tables, vectors
 from pipeline.science.tables import SITES
@@ -78,12 +84,29 @@ def _flags(layer: str, code: int) -> str:
     return "; ".join(found)
 
 
-def _windows(read: Any, placed: list[tuple[Site, int, int]], half: int, size: int) -> Iterator[np.ndarray]:
-    """Each site's window of stored values (cut at the tile's edge), its pixel in the middle
-    of what is read unless cut."""
+def _boxes(placed: list[tuple[Site, int, int]], half: int, size: int) -> list[ranged.Window]:
+    """Each site's window (row, col, rows, cols), cut at the tile's edge, its pixel in the
+    middle unless cut."""
+    found = []
     for _, row, col in placed:
         row0, col0 = max(0, row - half), max(0, col - half)
-        yield np.asarray(read(row0, col0, min(size, row + half + 1) - row0, min(size, col + half + 1) - col0))
+        found.append((row0, col0, min(size, row + half + 1) - row0, min(size, col + half + 1) - col0))
+    return found
+
+
+def _read(raster: Any, boxes: list[ranged.Window]) -> list[np.ndarray]:
+    """The stored values of each box, its blocks fetched first (all at once, where the file is
+    remote)."""
+    raster.prefetch(boxes)
+    return [np.asarray(raster.read(*box)) for box in boxes]
+
+
+def _check_grid(raster: Any, product: Product, granule: str) -> None:
+    """Refuse a file off the product's own grid, where the sites' pixels were placed."""
+    if (raster.height, raster.width) != (product.pixels, product.pixels) or \
+            not is_modis_sinusoidal(raster.crs.to_dict()):
+        raise reprojection.EncodingMismatch(f"{granule}: not on {product.name}'s grid of {product.pixels} pixels "
+                                            "in the MODIS sinusoidal projection")
 
 
 def _valid(layer: Layer, values: np.ndarray) -> np.ndarray:
@@ -104,11 +127,13 @@ def sample(source: reprojection.Source, product: Product, layers: list[str], der
         layer = product.layer(name)
         with reprojection.opened(source, name) as raster:
             reprojection.check_encoding(layer, raster.dtype, raster.scale, source.granule)
-            stored = list(_windows(raster.read, placed, half, raster.height))
+            _check_grid(raster, product, source.granule)
+            stored = _read(raster, _boxes(placed, half, raster.height))
         codes: list[np.ndarray | None] = [None] * len(placed)
         if layer.masked_by:
             with reprojection.opened(source, layer.masked_by) as qa:
-                codes = [*_windows(qa.read, placed, half, qa.height)]
+                _check_grid(qa, product, source.granule)
+                codes = [*_read(qa, _boxes(placed, half, qa.height))]
         ref = f"{product.name}.{name}"
         values[ref], means[ref] = [], []
         for (site, row, col), block, qa_block in zip(placed, stored, codes, strict=True):
@@ -190,6 +215,11 @@ def points(ctx: StageContext) -> None:
         return
     (granule,) = granules[:1]
     files = _files(granule, product, layers)
+    access = access_for(ctx.clients.settings)
+    remote = {key: access.ranged(granule.href(key)) if key != HDF else None for key in files}
+    if all(remote.values()):
+        _sampled_by_ranges(ctx, params, product, granule, {k: r for k, r in remote.items() if r}, placed, name, owner)
+        return
 
     def collect(key: str, want: bool) -> cache.Cached:
         return collection.collect(ctx.clients, product, granule, key, files[key], want, owner, retry=ctx.attempt > 1)
@@ -199,18 +229,41 @@ def points(ctx: StageContext) -> None:
 
     def make() -> bytes:
         with tempfile.TemporaryDirectory(prefix="bagpipe-points-") as folder:
-            local = {}
+            local: dict[str, Path | ranged.Remote] = {}
             for key in files:
                 got = found[key] if found[key].data is not None else collect(key, True)
                 path = Path(folder, f"{key}.bin")
                 path.write_bytes(got.data or b"")
                 local[key] = path
             ctx.progress(0.5)
-            source = reprojection.Source(granule.id, local)
-            return tables.to_parquet(sample(source, product, layers, derived, placed, window=int(params["window"]),
-                                            day=params["date"], tile=params["tile"]))
+            return _sampled(reprojection.Source(granule.id, local), params, product, placed)
 
     _made(ctx, blob, make, owner)
+
+
+def _sampled_by_ranges(ctx: StageContext, params: dict[str, str], product: Product, granule: Granule,
+                       remote: dict[str, BlobFile], placed: list[tuple[Site, int, int]], name: str,
+                       owner: str) -> None:
+    """A granule's COGs in blob storage, read where they lie by the blocks holding the sites
+    (not fetched whole into the ``sources`` cache: a task wants a few blocks of each, and the
+    peers read no more); its part named by the files' identities (the MD5s storage keeps)."""
+    blob = names.table_blob(content_key(params, [r.identity for r in remote.values()]), name)
+
+    def make() -> bytes:
+        files: dict[str, Path | ranged.Remote] = {key: ranged.Remote(r.url, r.size, r.read)
+                                                  for key, r in remote.items()}
+        try:
+            return _sampled(reprojection.Source(granule.id, files), params, product, placed)
+        except reprojection.EncodingMismatch as exc:
+            raise StageFailure(FailureClass.BAD_SOURCE, str(exc)) from None
+
+    _made(ctx, blob, make, owner)
+
+
+def _sampled(source: reprojection.Source, params: dict[str, str], product: Product,
+             placed: list[tuple[Site, int, int]]) -> bytes:
+    return tables.to_parquet(sample(source, product, layers_of(params), derived_of(params), placed,
+                                    window=int(params["window"]), day=params["date"], tile=params["tile"]))
 
 
 def _files(granule: Granule, product: Product, layers: list[str]) -> dict[str, list[str]]:

@@ -57,7 +57,7 @@ from rasterio.io import MemoryFile
 from rasterio.warp import reproject, transform_bounds
 from rasterio.windows import Window
 
-from pipeline.modis import hdf, quality
+from pipeline.modis import hdf, quality, ranged
 from pipeline.modis.granules import HDF
 from pipeline.modis.grid import RADIUS, X_MIN, Y_MAX
 from pipeline.modis.products import Layer, Product
@@ -94,11 +94,12 @@ class Target:
 
 @dataclass(frozen=True)
 class Source:
-    """One granule on local disk: its id and its files — a COG per layer (a STAC catalog's
-    assets) or one HDF4 file holding every layer (key :data:`HDF`)."""
+    """One granule: its id and its files — a COG per layer (a STAC catalog's assets) on
+    local disk or read by ranges where it lies (a point task's), or one HDF4 file on local
+    disk holding every layer (key :data:`HDF`)."""
 
     granule: str
-    files: dict[str, Path] = field(default_factory=dict)
+    files: dict[str, Path | ranged.Remote] = field(default_factory=dict)
 
 
 class EncodingMismatch(ValueError):
@@ -116,18 +117,25 @@ class _Raster:
     dtype: str
     scale: float | None
     read: Callable[[int, int, int, int], np.ndarray]  # (row, col, rows, cols) -> stored values
+    prefetch: Callable[[list[ranged.Window]], None] = lambda windows: None  # the windows about to be read
 
 
 @contextmanager
 def _opened(source: Source, layer: str) -> Iterator[_Raster]:
-    if layer in source.files:
-        with rasterio.open(source.files[layer]) as raster:
+    file = source.files.get(layer)
+    if file is not None:
+        remote = file if isinstance(file, ranged.Remote) else None
+        with ranged.opened(remote) if remote is not None else rasterio.open(file) as raster:
             def read(row: int, col: int, rows: int, cols: int) -> np.ndarray:
                 return np.asarray(raster.read(1, window=Window(col, row, cols, rows)))
+
+            def prefetch(windows: list[ranged.Window]) -> None:
+                if remote is not None:
+                    ranged.prefetch(remote, raster, windows)
             yield _Raster(raster.transform, raster.crs, raster.width, raster.height, raster.dtypes[0],
-                          raster.scales[0], read)
-    elif HDF in source.files:
-        with hdf.Granule(source.files[HDF]) as granule:
+                          raster.scales[0], read, prefetch)
+    elif isinstance(whole := source.files.get(HDF), Path):
+        with hdf.Granule(whole) as granule:
             grid = granule.grid_of(layer)
             yield _Raster(grid.transform, CRS.from_proj4(grid.crs), grid.width, grid.height,
                           str(granule.dtype(layer)), granule.scale(layer),
