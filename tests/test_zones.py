@@ -19,6 +19,7 @@ import rasterio
 import shapely
 import shapely.geometry
 from affine import Affine
+from azure.core.exceptions import ResourceNotFoundError
 from exactextract import exact_extract
 from rasterio.features import geometry_mask
 from rasterio.io import MemoryFile
@@ -28,11 +29,13 @@ from bagpipe.planetary import Planetary
 from pipeline.lifecycle import attempts, jobs, tasks
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.planning import RequestError
-from pipeline.reduction import ZONAL_STAGE, ZONES_GATHER
+from pipeline.reduction import ZONAL_STAGE, ZONES_GATHER, zonal
 from pipeline.reduction.zonal import Partial, _partials_table, joined
 from pipeline.requests import application, vectors
 from pipeline.requests.request import JobRequest
+from pipeline.science import vectors as science_vectors
 from pipeline.science.builtins import weighted_quantile as quantile
+from pipeline.science.vectors import Zone
 from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
@@ -284,6 +287,25 @@ def test_parts_are_joined_per_zone_in_order_whatever_their_number(tmp_path: Path
         assert one.cells == want.cells and one.sum_w == pytest.approx(want.sum_w)
         assert one.statistics(["mean", "std", "min", "max", "count", "sum"], [10, 90]) == pytest.approx(
             want.statistics(["mean", "std", "min", "max", "count", "sum"], [10, 90]))
+
+
+def test_a_stage_process_parses_a_zones_document_once_and_keeps_the_last_few(clients: Clients) -> None:
+    """Every zonal task of a job names the same zones: a stage process (kept warm, task after
+    task) reads and parses them once, and keeps the last ``KEPT_ZONES`` documents, not every
+    one it has seen. Seen by the kept blob's removal: a document kept is not read again, one
+    dropped is."""
+    digests = [application.store_vector(clients, science_vectors.zones_document(
+        [Zone(f"z{n}", shapely.box(n, 0, n + 1, 1)), Zone(f"y{n}", shapely.box(n, 5, n + 1, 6))]))
+        for n in range(zonal.KEPT_ZONES + 1)]
+    first = zonal.zone_index(clients, digests[0])
+    clients.tiles.delete_blob(names.vector_blob(digests[0]))
+    assert zonal.zone_index(clients, digests[0]) is first, "parsed once, not read again"
+    assert [z.id for z in first.meeting(shapely.box(0.5, 0.5, 0.6, 5.5))] == ["z0", "y0"], "in the document's order"
+    assert [z.id for z in first.meeting(shapely.box(0.5, 2, 0.6, 3))] == []
+    for digest in digests[1:]:
+        zonal.zone_index(clients, digest)
+    with pytest.raises(ResourceNotFoundError):  # dropped for the later ones: read again, and gone
+        zonal.zone_index(clients, digests[0])
 
 
 def polygon_of(points: int) -> dict[str, object]:

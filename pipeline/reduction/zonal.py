@@ -13,7 +13,10 @@ them.
 - A **zonal** task per (target tile, group) (``zonal``) waits for the target tile's tile
   tasks of its inputs (as a reduction does, in their partition), runs ``exactextract`` (or,
   with centre weights, GDAL's rasterizer) over each tile file for the zones that meet the
-  tile, and keeps per (zone, input, date or
+  tile (found by a spatial index of the zones, which a stage process parses once per
+  document, :func:`zone_index`; each file read once into memory, decoded as exactextract's
+  own rasterio source decodes it window by window, and the zones handed over as WKB), and
+  keeps per (zone, input, date or
   group) a *partial*: Σ c, Σ c·x, Σ c·x², the minimum and maximum of the cells with data,
   the count of those cells, and, when percentiles are asked, every (value, coverage) pair;
   zones over a reduction read instead the outputs of the reduction task of its group there
@@ -40,6 +43,7 @@ import heapq
 import json
 import math
 import tempfile
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import date
@@ -52,10 +56,11 @@ import pyarrow.parquet as pq
 import rasterio
 import shapely
 from exactextract import exact_extract
+from exactextract.feature import Feature, FeatureSource
+from exactextract.raster import NumPyRasterSource
 from pyproj import CRS, Transformer
 from rasterio.features import geometry_mask
 from rasterio.windows import Window
-from shapely.geometry import mapping, shape
 
 from pipeline import stages
 from pipeline.failures import FailureClass, StageFailure
@@ -69,8 +74,10 @@ from pipeline.science.builtins import weighted_quantile
 from pipeline.science.vectors import Zone
 from pipeline.stages import StageContext
 from pipeline.storage import cache, names
+from pipeline.storage.clients import Clients
 
 VERSION = "zonal-1"  # change when the partials of the same inputs would change
+KEPT_ZONES = 4  # zones' documents a stage process keeps parsed
 BATCH = 256  # rows of a part read, or of the table written, at a time
 FAN_IN = 64  # parts a join reads at once (more are merged first, as many at a time)
 PARTIAL = pa.schema([
@@ -154,38 +161,119 @@ class Partial:
         return found
 
 
-def zones_meeting(zones: list[Zone], crs: str, bounds: tuple[float, float, float, float],
-                  lonlat: tuple[float, float, float, float]) -> list[tuple[str, dict[str, Any]]]:
+class ZoneIndex:
+    """A zones' document parsed, with a spatial index of its polygons (lon/lat)."""
+
+    def __init__(self, zones: list[Zone]) -> None:
+        self.zones = zones
+        self.tree = shapely.STRtree([z.geometry for z in zones])
+
+    def meeting(self, box: shapely.Polygon) -> list[Zone]:
+        """The zones that meet ``box``, in the document's order."""
+        return [self.zones[i] for i in sorted(self.tree.query(box, predicate="intersects"))]
+
+
+_KEPT: OrderedDict[str, ZoneIndex] = OrderedDict()  # this process's parsed zones, by digest, latest last
+
+
+def zone_index(clients: Clients, digest: str) -> ZoneIndex:
+    """The zones of the document ``digest`` names, parsed once per stage process (kept warm,
+    it runs task after task of a job: the same zones for each) and kept for the last
+    :data:`KEPT_ZONES` documents; read and checked against its digest when first wanted."""
+    found = _KEPT.pop(digest, None)
+    if found is None:
+        found = ZoneIndex(vectors.zones_from(stages.kept_document(clients, digest)))
+    _KEPT[digest] = found
+    while len(_KEPT) > KEPT_ZONES:
+        _KEPT.popitem(last=False)
+    return found
+
+
+def zones_meeting(index: ZoneIndex, crs: str, bounds: tuple[float, float, float, float],
+                  lonlat: tuple[float, float, float, float]) -> list[Zone]:
     """The zones that meet a target tile (its ``bounds`` in its CRS, ``lonlat`` its lon/lat
-    box), as GeoJSON features in the tile's CRS for exactextract."""
-    box = shapely.box(*lonlat)
-    near = [z for z in zones if z.geometry.intersects(box)]
+    box), their geometries in the tile's CRS."""
+    near = index.meeting(shapely.box(*lonlat))
     if CRS.from_user_input(crs).to_epsg() != 4326:
         move = Transformer.from_crs("EPSG:4326", CRS.from_user_input(crs), always_xy=True)
         near = [Zone(z.id, shapely.transform(z.geometry, lambda xy: np.column_stack(move.transform(
             xy[:, 0], xy[:, 1])))) for z in near]
     tile = shapely.box(*bounds)
-    return [(z.id, {"type": "Feature", "id": z.id, "properties": {"id": z.id}, "geometry": mapping(z.geometry)})
-            for z in near if z.geometry.intersects(tile)]
+    return [z for z in near if z.geometry.intersects(tile)]
 
 
-def extract(path: Path, features: list[tuple[str, dict[str, Any]]],
-            centre: bool = False) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+class _Feature(Feature):  # type: ignore[misc]  # exactextract has no type information
+    """A zone as exactextract reads it: its id, its geometry as WKB (not GeoJSON text, which
+    it would parse for every zone)."""
+
+    def __init__(self, zone: Zone) -> None:
+        Feature.__init__(self)
+        self.ident = zone.id
+        self.wkb = shapely.to_wkb(zone.geometry)
+
+    def get(self, name: str) -> str:
+        return self.ident
+
+    def geometry(self) -> bytes:
+        return bytes(self.wkb)
+
+    def set_geometry_format(self) -> str:
+        return "wkb"
+
+    def fields(self) -> list[str]:
+        return ["id"]
+
+
+class Features(FeatureSource):  # type: ignore[misc]
+    """A tile's zones as exactextract reads them, made once for each of the task's files."""
+
+    def __init__(self, zones: list[Zone]) -> None:
+        super().__init__()
+        self.zones = zones
+        self.features = [_Feature(z) for z in zones]
+
+    def count(self) -> int:
+        return len(self.features)
+
+    def __iter__(self) -> Iterator[_Feature]:
+        return iter(self.features)
+
+    def srs_wkt(self) -> None:
+        return None
+
+
+def _decoded(path: Path) -> NumPyRasterSource:
+    """A tile file as exactextract's in-memory raster: read once, its nodata masked and its
+    values decoded by its scale and offset, as exactextract's rasterio source decodes each
+    window it reads (a read and a masked decode per zone)."""
+    with rasterio.open(path) as src:
+        values = src.read(1, masked=True)
+        if src.scales[0] != 1.0 or src.offsets[0] != 0.0:
+            if np.issubdtype(values.dtype, np.integer):
+                values = values.astype(np.float64)
+            values = values * src.scales[0] + src.offsets[0]
+        if src.transform.b or src.transform.d:
+            raise ValueError(f"{path.name}: a rotated raster")
+        west, south, east, north = src.bounds
+        return NumPyRasterSource(values, west, south, east, north, srs_wkt=src.crs.wkt if src.crs else None)
+
+
+def extract(path: Path, zones: Features, centre: bool = False) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Per zone, the values (decoded by the file's scale and offset, nodata left out) and
     coverage fractions of the tile's cells it touches: exactextract's ``values`` and
     ``coverage``; with ``centre``, those of the cells whose centre is in the zone, each
     weighted 1 (:func:`centred`)."""
-    if not features:
+    if not zones.zones:
         return {}
     if centre:
-        return centred(path, features)
-    found = exact_extract(str(path), [f for _, f in features], ["values", "coverage"], output="pandas",
-                          include_cols=["id"])
-    return {str(row["id"]): (np.asarray(row["values"], np.float64), np.asarray(row["coverage"], np.float64))
-            for _, row in found.iterrows()}
+        return centred(path, zones.zones)
+    found = exact_extract(_decoded(path), zones, ["values", "coverage"], include_cols=["id"],
+                          output="geojson")
+    return {str(f["id"]): (np.asarray(f["properties"]["values"], np.float64),
+                           np.asarray(f["properties"]["coverage"], np.float64)) for f in found}
 
 
-def centred(path: Path, features: list[tuple[str, dict[str, Any]]]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def centred(path: Path, zones: list[Zone]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Per zone, the values (decoded, nodata left out) of the tile's pixels whose centre is
     in the zone, each weighted 1: GDAL's rasterizer's rule (``geometry_mask``), which the
     tiles of a polygon region are clipped by too (``tilestage.clipped``), over the window of
@@ -194,8 +282,8 @@ def centred(path: Path, features: list[tuple[str, dict[str, Any]]]) -> dict[str,
     made = {}
     with rasterio.open(path) as src:
         transform, scale, offset = src.transform, src.scales[0], src.offsets[0]
-        for ident, feature in features:
-            geometry = shape(feature["geometry"])
+        for zone in zones:
+            ident, geometry = zone.id, zone.geometry
             west, south, east, north = geometry.bounds
             first_col = max(0, math.floor((west - transform.c) / transform.a))
             last_col = min(src.width, math.ceil((east - transform.c) / transform.a))
@@ -236,10 +324,10 @@ def zonal(ctx: StageContext) -> None:
     blob = names.table_blob(key, f"zones.{params['group']}.{params['tile']}.parquet")
 
     def make() -> bytes:
-        zones = vectors.zones_from(stages.kept_document(ctx.clients, params["zones"]))
         west, south, east, north = (float(b) for b in params["bounds"].split(","))
         lon0, lat0, lon1, lat1 = (float(b) for b in params["lonlat"].split(","))
-        features = zones_meeting(zones, params["crs"], (west, south, east, north), (lon0, lat0, lon1, lat1))
+        features = Features(zones_meeting(zone_index(ctx.clients, params["zones"]), params["crs"],
+                                          (west, south, east, north), (lon0, lat0, lon1, lat1)))
         partials: dict[tuple[str, str, str], Partial] = {}
         with tempfile.TemporaryDirectory(prefix="bagpipe-zonal-") as folder:
             fetched = Fetched(ctx, found.blobs(), Path(folder))
