@@ -230,10 +230,10 @@ REFUSED = [
     ("resampling across tile edges", with_node(monthly_max(), "x", {
         "process_id": "resample_spatial", "arguments": {"data": {"from_node": "agg"}, "resolution": 0.1}}, "x"),
      400, "ProcessUnsupported", ["resample_spatial", "tile edges"]),
-    ("a Python UDF", with_node(monthly_max(), "x", {
+    ("a Python UDF on a whole cube", with_node(monthly_max(), "x", {
         "process_id": "run_udf", "arguments": {"data": {"from_node": "agg"}, "runtime": "Python",
                                                 "udf": "def apply_datacube(cube, context):\n    return cube\n"}}, "x"),
-     400, "ProcessUnsupported", ["run_udf", "UDF API", "reduce.program"]),
+     400, "ProcessUnsupported", ["run_udf", "the reducer of reduce_dimension or aggregate_temporal_period over t"]),
     ("model fitting", with_node(monthly_max(), "x", {
         "process_id": "fit_curve", "arguments": {"data": {"from_node": "agg"}}}, "x"),
      400, "ProcessUnsupported", ["fit_curve"]),

@@ -4,6 +4,7 @@ the refusals, each naming its process."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -480,3 +481,70 @@ def test_geojson_names_its_crs_alike_for_a_region_zones_and_points(named: bool) 
         found = refused(geojson)
         assert found.process == process and found.code == "ProcessParameterUnsupported", found.message
         assert "EPSG:32613" in found.message
+
+
+UDF = """
+from openeo.udf import XarrayDataCube
+
+
+def apply_datacube(cube: XarrayDataCube, context: dict) -> XarrayDataCube:
+    return XarrayDataCube(cube.get_array().max(dim="t"))
+"""
+
+
+def run_udf(code: str = UDF, **arguments: Any) -> dict[str, Any]:
+    return reducer("run_udf", udf=code, runtime="Python", **arguments)
+
+
+def test_a_udf_over_t_is_a_reduction_whose_program_is_its_content_addressed_bundle() -> None:
+    compiled = compile_graph(graph(("t", "reduce_dimension", {"dimension": "t", "reducer": run_udf(
+        context={"from_parameter": "context"}), "context": {"k": 1}})))
+    reduce = compiled.request.reduce
+    assert reduce is not None and reduce.program is not None and reduce.program.name == "run_udf"
+    assert (reduce.by, reduce.inputs, reduce.name, compiled.reduction) == ("span", [RED, NIR], "udf", "udf")
+    bundle, program = compiled.bundle(), compiled.program()
+    assert bundle is not None and program is not None and program.digest == bundle.digest
+    assert sorted(bundle.files) == ["bagpipe_udf.py", "reducer.json", "udf.json", "udf.py"]
+    assert bundle.files["udf.py"][0].decode() == UDF
+    assert json.loads(bundle.files["udf.json"][0]) == {"context": {"k": 1}, "dimension": "t", "mode": "reduce"}
+    same = compile_graph(graph(("t", "reduce_dimension", {"dimension": "t", "reducer": run_udf(context={"k": 1})})))
+    other = compile_graph(graph(("t", "reduce_dimension", {"dimension": "t", "reducer": run_udf(context={"k": 2})})))
+    assert same.program() == program and other.program() != program  # the code and its context are its address
+    assert type(compiled).from_json(compiled.to_json()).program() == program
+    monthly = compile_graph(graph(("m", "aggregate_temporal_period", {"period": "month", "reducer": run_udf()})))
+    assert monthly.request.reduce is not None and monthly.request.reduce.by == "month"
+    applied = compile_graph(graph(("a", "apply_dimension", {"dimension": "t", "process": run_udf()})))
+    made = applied.bundle()
+    assert made is not None and json.loads(made.files["udf.json"][0])["mode"] == "apply"
+
+
+@pytest.mark.parametrize(("nodes", "code", "wanted"), [
+    ([("t", "reduce_dimension", {"dimension": "t", "reducer": run_udf("def f(:\n  pass\n")})],
+     "ProcessParameterInvalid", "run_udf: udf: a syntax error at line 1"),
+    ([("t", "reduce_dimension", {"dimension": "t", "reducer": run_udf(UDF.replace("cube: XarrayDataCube", "cube"))})],
+     "ProcessParameterInvalid", "apply_datacube's cube and its return must be annotated"),
+    ([("t", "reduce_dimension", {"dimension": "t", "reducer": reducer("run_udf", udf=UDF, runtime="R")})],
+     "InvalidRuntime", "run_udf: runtime 'R'"),
+    ([("t", "reduce_dimension", {"dimension": "t", "reducer": run_udf("udfs/max.py")})],
+     "FileNotFound", "run_udf: udf: 'udfs/max.py' is a path"),
+    ([("b", "reduce_dimension", {"dimension": "bands", "reducer": run_udf()})], "ProcessUnsupported", "run_udf"),
+    ([("a", "apply", {"process": run_udf()})], "ProcessUnsupported", "run_udf"),
+    ([("a", "apply_dimension", {"dimension": "bands", "process": run_udf()})], "ProcessParameterUnsupported",
+     "apply_dimension: dimension 'bands'"),
+    ([("t", "reduce_dimension", {"dimension": "t", "reducer": run_udf()}),
+      ("a", "apply", {"process": reducer("absolute", x={"from_parameter": "x"})})], "ProcessUnsupported",
+     "apply: after run_udf"),
+])
+def test_a_udf_bagpipe_cannot_run_is_refused_naming_run_udf_and_its_field(
+        nodes: list[tuple[str, str, dict[str, Any]]], code: str, wanted: str) -> None:
+    with pytest.raises(CompileError) as refused:
+        compile_graph(graph(*nodes))
+    assert refused.value.code == code and wanted in refused.value.message, refused.value.message
+
+
+def test_a_udf_s_results_are_geotiffs() -> None:
+    process = graph(("t", "reduce_dimension", {"dimension": "t", "reducer": run_udf()}))
+    process["process_graph"]["save"]["arguments"]["format"] = "netCDF"
+    with pytest.raises(CompileError) as refused:
+        compile_graph(process)
+    assert refused.value.code == "FormatUnsuitable" and "run_udf" in refused.value.message

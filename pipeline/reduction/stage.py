@@ -78,16 +78,20 @@ class Run:
 
 def program_task(*, job: str, task: str, product: str, layer: str, tile: str, crs: str, bounds: str,
                  missing_dates: list[str], failed_dates: list[str], args: dict[str, Any],
-                 group: dict[str, str] | None = None, aliases: dict[str, str] | None = None) -> dict[str, Any]:
+                 group: dict[str, str] | None = None, aliases: dict[str, str] | None = None,
+                 encodings: dict[str, Any] | None = None) -> dict[str, Any]:
     """What a program's ``task.json`` says of its task, before :func:`run_program` adds where
     its files are: the one builder of a worker's reduction and of ``bagpipe run-stage reduce``,
     so that a program debugged on a laptop reads what it will read on a worker. ``group``
     and ``aliases``: a reduction grouped in time's (a legacy reduction over the span has
-    neither)."""
+    neither); ``encodings``: each input's, by alias (data type, nodata, scale, offset, unit,
+    valid range), how its values decode (a worker's reductions give them)."""
     found = {"job": job, "task": task, "product": product, "layer": layer, "tile": tile, "crs": crs,
              "bounds": bounds, "missing_dates": missing_dates, "failed_dates": failed_dates, "args": args}
     if group is not None:
         found |= {"group": group, "aliases": aliases or {}}
+    if encodings is not None:
+        found["encodings"] = encodings
     return found
 
 
@@ -231,7 +235,8 @@ def reduce(ctx: StageContext) -> None:
             args=json.loads(params.get("args") or "{}"),
             group={"by": spec["by"], "key": params["group"], "start": params["start"], "end": params["end"]}
             if grouped else None,
-            aliases={f"{p}.{name}": alias for alias, p, name in inputs} if grouped else None)
+            aliases={f"{p}.{name}": alias for alias, p, name in inputs} if grouped else None,
+            encodings=json.loads(params["encodings"]) if params.get("encodings") else None)
         run = run_program(reducer, dated[inputs[0][0]], Path(top, "run"), task,
                           {f"{p}.{name}": dated[alias] for alias, p, name in inputs[1:]}, ctx.progress,
                           {f"{p}.{name}": fetched.paths[found.climatologies[alias]] for alias, p, name in inputs

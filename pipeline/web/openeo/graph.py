@@ -48,6 +48,8 @@ from shapely.geometry import MultiPolygon, Polygon, mapping, shape
 
 from pipeline.modis.products import CATALOG
 from pipeline.planning import RequestError
+from pipeline.reduction import bundles, udf
+from pipeline.reduction.reducers import Program
 from pipeline.requests import vectors
 from pipeline.requests.reductions import AGGREGATES
 from pipeline.requests.request import JobRequest
@@ -58,14 +60,15 @@ from pipeline.web.openeo.pixels import Bands, Expr
 CUBE_PROCESSES = ("load_collection", "filter_bbox", "filter_spatial", "mask_polygon", "filter_temporal", "filter_bands",
                   "ndvi",
                   "reduce_dimension", "apply", "mask", "aggregate_temporal_period", "merge_cubes", "aggregate_spatial",
-                  "save_result")
+                  "apply_dimension", "save_result")
 # a temporal reducer's process: the built-in it is (pipeline.science.builtins)
 REDUCERS = {"min": "min", "max": "max", "mean": "mean", "median": "median", "sum": "sum", "count": "count",
             "sd": "std", "first": "first", "last": "last"}
 # aggregate_spatial's reducers: the zones' statistic each is (quantiles: their percentiles)
 SPATIAL = {"mean": "mean", "min": "min", "max": "max", "sd": "sd", "count": "count", "sum": "sum",
            "median": "median"}
-PROCESSES = (*CUBE_PROCESSES, *pixels.PROCESSES, *REDUCERS, "quantiles")
+PROCESSES = (*CUBE_PROCESSES, *pixels.PROCESSES, *REDUCERS, "quantiles", "run_udf")
+UDF = "udf"  # the reduction a UDF is: its outputs' folder
 _OPENEO = {bagpipe: openeo for openeo, bagpipe in REDUCERS.items()}
 PERIODS = {"month": "month", "season": "season", "year": "year"}
 # save_result's formats (openEO's names, any case), and the request's output.format each is
@@ -87,10 +90,8 @@ NOT_PER_TILE = {
     "fit_class_random_forest": "model fitting needs every pixel of the region at once",
     "fit_regr_random_forest": "model fitting needs every pixel of the region at once",
     "aggregate_temporal": "only aggregate_temporal_period's month, season and year groups are here",
-    "run_udf": "a UDF would run as a program in bagpipe's sandbox, but nothing yet gives it openEO's UDF API (an "
-               "XarrayDataCube of a chunk, its result's dimensions mapped back onto tiles; the workers' runtime has "
-               "no openeo package); upload the code as a reducer bundle and run it as the native API's "
-               "reduce.program",
+    "run_udf": "a UDF runs over a target tile's dates: as the reducer of reduce_dimension or "
+               "aggregate_temporal_period over t, or the process of apply_dimension over t",
 }
 _NAME = re.compile(r"[^a-z0-9_]")
 
@@ -128,6 +129,7 @@ class Cube:
     has_bands: bool = True  # the bands dimension is there (ndvi or a reducer over bands drops it)
     polygon: str = ""  # the polygons the region is clipped to (a GeoJSON geometry in lon/lat, as JSON text)
     masked: bool = False  # the polygons mask the box, which stays the extent (mask_polygon), else they are it
+    udf: str = ""  # the temporal reduction is a UDF's: its code, context and mode (JSON text, :func:`_udf`)
 
     @property
     def products(self) -> list[str]:
@@ -156,15 +158,31 @@ class Compiled:
     layers: dict[str, list[str]] = field(default_factory=dict)  # the result's layers per product (no reduction)
     reduction: str = ""  # the reduction whose outputs are the result
     format: str = "GTiff"
+    udf: str = ""  # the reduction's UDF, if it is one: its code, context and mode (JSON text)
 
     def to_json(self) -> str:
         return json.dumps({"request": self.request.model_dump(mode="json", exclude_none=True), "layers": self.layers,
-                           "reduction": self.reduction, "format": self.format})
+                           "reduction": self.reduction, "format": self.format}
+                          | ({"udf": self.udf} if self.udf else {}))
 
     @classmethod
     def from_json(cls, text: str) -> Compiled:
         found = json.loads(text)
-        return cls(JobRequest.model_validate(found["request"]), found["layers"], found["reduction"], found["format"])
+        return cls(JobRequest.model_validate(found["request"]), found["layers"], found["reduction"], found["format"],
+                   found.get("udf", ""))
+
+    def bundle(self) -> bundles.Bundle | None:
+        """The reducer bundle of the reduction's UDF (None if it runs none): content-addressed,
+        the same code, context and runtime the same digest."""
+        if not self.udf:
+            return None
+        found = json.loads(self.udf)
+        return udf.bundle(found["code"], found["context"], found["mode"])
+
+    def program(self) -> Program | None:
+        """What the reduction's UDF runs as: its bundle, by digest (None if it runs none)."""
+        made = self.bundle()
+        return Program(udf.NAME, "openeo", 1, made.digest) if made is not None else None
 
 
 # MODIS bands 1-7 by their EO common names
@@ -410,7 +428,7 @@ class _Walker:
         if not isinstance(reducer, dict) or "process_graph" not in reducer:
             raise CompileError("ProcessParameterInvalid", f"{process}: reducer must be a child process graph", process)
         if dimension == "t":
-            return self._temporal(cube, process, reducer, "span")
+            return self._temporal(cube, process, reducer, "span", a.get("context"))
         if dimension != "bands":
             raise CompileError("DimensionNotAvailable", f"{process}: no dimension {dimension!r} (x, y, t, bands)",
                                process)
@@ -442,6 +460,8 @@ class _Walker:
         child = a.get("process")
         if not isinstance(child, dict) or "process_graph" not in child:
             raise CompileError("ProcessParameterInvalid", "apply: process must be a child process graph", process)
+        if cube.udf:
+            raise CompileError("ProcessUnsupported", "apply: after run_udf (compute it in the UDF)", process)
         try:
             if cube.by:  # after the reduction: an expression over each reduced input
                 found = pixels.expression(child, {"x": Expr(cube.post or "x")}, process, ["x"])
@@ -473,11 +493,13 @@ class _Walker:
         return replace(cube, bands=tuple(bands))
 
     # --- reductions in time ---------------------------------------------------------------------
-    def _temporal(self, cube: Cube, process: str, reducer: dict[str, Any], by: str) -> Cube:
+    def _temporal(self, cube: Cube, process: str, reducer: dict[str, Any], by: str, context: Any = None) -> Cube:
         if cube.by:
             raise CompileError("ProcessUnsupported", f"{process}: a second temporal reduction (bagpipe reduces "
                                "a group of dates once)", process)
         nodes = reducer.get("process_graph") or {}
+        if len(nodes) == 1 and next(iter(nodes.values())).get("process_id") == "run_udf":
+            return replace(cube, by=by, reducer=UDF, udf=_udf(next(iter(nodes.values())), "reduce", context))
         if len(nodes) != 1:
             raise CompileError("ProcessUnsupported", f"{process}: the reducer is one of {', '.join(REDUCERS)} over "
                                "data (bagpipe's built-in reducers)", process)
@@ -503,15 +525,35 @@ class _Walker:
         reducer = a.get("reducer")
         if not isinstance(reducer, dict):
             raise CompileError("ProcessParameterInvalid", f"{process}: reducer must be a child process graph", process)
-        return self._temporal(cube, process, reducer, PERIODS[str(period)])
+        return self._temporal(cube, process, reducer, PERIODS[str(period)], a.get("context"))
+
+    def _apply_dimension(self, process: str, a: dict[str, Any]) -> Cube:
+        """A UDF applied over t (its process a ``run_udf``): a reduction of the span whose
+        outputs keep t, a tile per date (or label) the UDF returns."""
+        cube = self.cube(a.get("data"), process)
+        if a.get("dimension") != "t":
+            raise CompileError("ProcessParameterUnsupported", f"apply_dimension: dimension {a.get('dimension')!r}: "
+                               "bagpipe applies a UDF over t", process)
+        if a.get("target_dimension") is not None:
+            raise CompileError("ProcessParameterUnsupported", "apply_dimension: target_dimension: the UDF's values "
+                               "stay on t", process)
+        child = a.get("process")
+        nodes = child.get("process_graph") if isinstance(child, dict) else None
+        if not isinstance(nodes, dict) or len(nodes) != 1 or next(iter(nodes.values())).get("process_id") != "run_udf":
+            raise CompileError("ProcessUnsupported", "apply_dimension: bagpipe applies a UDF over t (process: one "
+                               "run_udf node)", process)
+        if cube.by:
+            raise CompileError("ProcessUnsupported", f"{process}: after a temporal reduction (bagpipe reduces a "
+                               "group of dates once)", process)
+        return replace(cube, by="span", reducer=UDF, udf=_udf(next(iter(nodes.values())), "apply", a.get("context")))
 
     def _merge_cubes(self, process: str, a: dict[str, Any]) -> Cube:
         one, two = self.cube(a.get("cube1"), process, "cube1"), self.cube(a.get("cube2"), process, "cube2")
         if a.get("overlap_resolver") is not None or {b.name for b in one.bands} & {b.name for b in two.bands}:
             raise CompileError("ProcessUnsupported", "merge_cubes: of cubes with different bands (no overlap "
                                "resolver)", process)
-        if (one.bbox, one.polygon, one.masked, one.start, one.end, one.by, one.reducer, one.post) != (
-                two.bbox, two.polygon, two.masked, two.start, two.end, two.by, two.reducer, two.post):
+        if (one.bbox, one.polygon, one.masked, one.start, one.end, one.by, one.reducer, one.post, one.udf) != (
+                two.bbox, two.polygon, two.masked, two.start, two.end, two.by, two.reducer, two.post, two.udf):
             raise CompileError("ProcessUnsupported", "merge_cubes: of cubes of the same extent, span and temporal "
                                "reduction (bagpipe computes both on one grid and one grouping)", process)
         return replace(one, bands=(*one.bands, *two.bands), has_bands=True)
@@ -529,6 +571,9 @@ class _Walker:
                                f"{', '.join(fitting)} (GET /file_formats)", process)
         if a.get("options"):
             raise CompileError("ProcessParameterUnsupported", "save_result: no options are supported", process)
+        if isinstance(saved, Cube) and saved.udf and FORMATS[given.lower()] != "GTiff":
+            raise CompileError("FormatUnsuitable", f"save_result: format {given!r}: run_udf's results are GeoTIFFs, a "
+                               "file per band, target tile and group of dates", process)
         self.format = FORMATS[given.lower()]
         return saved
 
@@ -538,6 +583,9 @@ class _Walker:
         centre is in a zone counted whole, as openEO defines it): per date, or, after a
         temporal reduction, of its outputs per group (``zones.over`` reduction)."""
         cube = self.cube(a.get("data"), process)
+        if cube.udf:
+            raise CompileError("ProcessUnsupported", "aggregate_spatial: of run_udf's results (bagpipe's zones read "
+                               "its built-in reductions' tiles)", process)
         if a.get("target_dimension") is not None:
             raise CompileError("ProcessParameterUnsupported", "aggregate_spatial: target_dimension (the counts of "
                                "pixels beside each value) is not supported; count is a reducer of its own", process)
@@ -554,6 +602,44 @@ class _Walker:
         zones = _zones(a.get("geometries"), process)
         statistic, percentiles = _spatial_reducer(a.get("reducer"), process)
         return Table(cube, json.dumps(zones), (statistic,) if statistic else (), tuple(percentiles))
+
+
+def _udf(node: dict[str, Any], mode: str, context: Any) -> str:
+    """A ``run_udf`` node as bagpipe runs it (its code, context and ``mode``, JSON text): its
+    data the parent's (``data``), its runtime Python in the version ``GET /udf_runtimes``
+    names, its code given inline and checked without running it (its syntax, an entry
+    point); ``context`` the parent process's, which the UDF's may name (``from_parameter``)."""
+    process = "run_udf"
+    a = node.get("arguments") or {}
+    if a.get("data") != {"from_parameter": "data"}:
+        raise CompileError("ProcessParameterInvalid", "run_udf: data: the values the parent process gives "
+                           '({"from_parameter": "data"})', process)
+    runtime, version = a.get("runtime"), a.get("version")
+    if not isinstance(runtime, str) or runtime.lower() != udf.RUNTIME.lower():
+        raise CompileError("InvalidRuntime", f"run_udf: runtime {runtime!r}: bagpipe runs {udf.RUNTIME} UDFs "
+                           "(GET /udf_runtimes)", process)
+    if version is not None and version != udf.python_version():
+        raise CompileError("InvalidVersion", f"run_udf: version {version!r}: bagpipe's {udf.RUNTIME} runtime is "
+                           f"{udf.python_version()} (GET /udf_runtimes)", process)
+    code = a.get("udf")
+    if not isinstance(code, str) or not code.strip():
+        raise CompileError("ProcessParameterInvalid", "run_udf: udf: the UDF's source code, as text", process)
+    if re.match(r"^https?://", code.strip()):
+        raise CompileError("ProcessParameterUnsupported", "run_udf: udf: a URL: bagpipe runs the code the graph "
+                           "gives (fetch it and give its source)", process)
+    if "\n" not in code and "\r" not in code:
+        raise CompileError("FileNotFound", f"run_udf: udf: {code[:80]!r} is a path to a file of a workspace, and "
+                           "bagpipe keeps none: give the UDF's source code", process)
+    why = udf.problem(code)
+    if why:
+        raise CompileError("ProcessParameterInvalid", f"run_udf: udf: {why}", process)
+    given = a.get("context", {})
+    if isinstance(given, dict) and set(given) == {"from_parameter"}:
+        if given["from_parameter"] != "context":
+            raise CompileError("ProcessParameterInvalid", f"run_udf: context: no parameter "
+                               f"{given['from_parameter']!r} (the parent's is context)", process)
+        given = context if context is not None else {}
+    return json.dumps({"code": code, "context": given, "mode": mode})
 
 
 def _refusal(exc: pixels.Unsupported | pixels.Invalid) -> CompileError:
@@ -900,7 +986,11 @@ def compile_graph(process: dict[str, Any], *, label: str = "") -> Compiled:
         body["zones"] = {"features": json.loads(table.zones), "statistics": list(table.statistics),
                          "percentiles": list(table.percentiles), "weights": "centre"} | (
             {"over": "reduction"} if cube.by else {"inputs": [f"{b.product}.{b.name}" for b in cube.bands]})
-    if cube.by:
+    if cube.udf:
+        body["reduce"] = {"by": cube.by, "inputs": [f"{b.product}.{b.name}" for b in cube.bands],
+                          "program": {"name": udf.NAME}, "name": UDF}
+        reduction = UDF
+    elif cube.by:
         refs = [f"{b.product}.{b.name}" for b in cube.bands]
         if cube.post:
             if len(refs) != 1:
@@ -926,5 +1016,5 @@ def compile_graph(process: dict[str, Any], *, label: str = "") -> Compiled:
     # a table with no save_result is saved as CSV, points' as JSON (a raster cube's default is GeoTIFF)
     form = walker.format if table is None or walker.format in (SERIES if table.sites else TABLES) else (
         "JSON" if table.sites else "CSV")
-    return Compiled(request, result_layers, reduction, form)
+    return Compiled(request, result_layers, reduction, form, cube.udf)
 

@@ -22,7 +22,7 @@ import re
 from datetime import datetime, timedelta
 from typing import Any
 
-from azure.core.exceptions import HttpResponseError
+from azure.core.exceptions import HttpResponseError, ResourceExistsError
 from fastapi import APIRouter, Body, Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse, RedirectResponse
 from starlette.routing import Match
@@ -34,7 +34,7 @@ from pipeline.lifecycle.status import JobState, TaskStatus
 from pipeline.modis import layout, stacitems
 from pipeline.modis.products import CATALOG
 from pipeline.planning import RequestError
-from pipeline.reduction import CUBE_GATHER, SITES_GATHER, ZONES_GATHER
+from pipeline.reduction import CUBE_GATHER, REDUCE_STAGE, SITES_GATHER, ZONES_GATHER, udf
 from pipeline.requests import application, vectors
 from pipeline.requests.request import JobRequest
 from pipeline.storage import names
@@ -182,7 +182,7 @@ def _compile(body: dict[str, Any], clients: Clients) -> graph.Compiled:
         raise OpenEOError(400, "ProcessGraphMissing", "process: the job's process {process_graph: {...}} is missing")
     try:
         compiled = graph.compile_graph(process, label=str(body.get("title") or ""))
-        application.plan(clients.settings, compiled.request, clients=clients)
+        application.plan(clients.settings, compiled.request, compiled.program(), clients=clients)
     except graph.CompileError as exc:
         raise OpenEOError(404 if exc.code == "CollectionNotFound" else 400, exc.code, exc.message) from None
     except RequestError as exc:
@@ -196,7 +196,21 @@ def _kept(clients: Clients, compiled: graph.Compiled) -> graph.Compiled:
     (a table property holds 32 K characters; the polygons themselves are in its process)."""
     request = vectors.kept(compiled.request, lambda document: application.store_vector(clients, document),
                            lambda ref: application.load_vector(clients, ref))
+    _store_udf(clients, compiled)
     return dataclasses.replace(compiled, request=request)
+
+
+def _store_udf(clients: Clients, compiled: graph.Compiled) -> None:
+    """Keep the bundle of the graph's UDF (if it runs one) in ``bundles`` under its digest,
+    as an uploaded reducer's is: once, however many jobs run the same code and context."""
+    made = compiled.bundle()
+    if made is None:
+        return
+    try:
+        clients.transfers.upload(clients.bundles, names.bundle_blob(made.digest), made.archive(), "application/gzip",
+                                 overwrite=False)
+    except ResourceExistsError:
+        pass  # the same UDF, kept before: content-addressed
 
 
 def _runnable(clients: Clients, record: store.OpenEOJob) -> JobRequest:
@@ -255,6 +269,8 @@ def _asset(clients: Clients, entry: dict[str, Any], output: str) -> tuple[str, d
         suffix = ".zip" if file.endswith(".zip") else file[file.rfind("."):]
         return key, found | {"type": stacitems.TABLES.get(suffix, "application/octet-stream"),
                              "title": f"{layout.folder(entry)} {key} {first} to {last}"}
+    if entry["stage"] == REDUCE_STAGE:  # a program's files are named alike on every tile and group: say which
+        file = f"{file.removesuffix('.tif')}.{layout.span(entry)}.{entry['tile']}.tif"
     return file.replace("+", ""), found | {"type": COG, "title": f"{layout.folder(entry)} {entry['tile']} "
                                                                 f"{layout.span(entry)}"}
 
@@ -320,7 +336,7 @@ def _logs(clients: Clients, record: store.OpenEOJob, run: Run, level: str) -> li
                 "time": _iso(attempt.ended_at), "data": {"task": attempt.task, "attempt": attempt.attempt,
                                                           "stage": attempt.stage, "class": attempt.failure_class},
             }
-            if attempt.stage == "reduce":
+            if attempt.stage == REDUCE_STAGE:
                 entry["links"] = [{"rel": "related", "title": name, "type": "text/plain", "href": results.sas_url(
                     clients, clients.logs.container_name, names.log_prefix(job, attempt.task, attempt.attempt) + name)}
                     for name in LOG_FILES]
@@ -391,7 +407,8 @@ def add_routes(app: FastAPI, clients: Clients) -> None:
 
     @router.get("/udf_runtimes")
     def udf_runtimes() -> dict[str, Any]:
-        return {}
+        """The UDF runtime a run_udf runs in: Python, its version and the libraries it imports."""
+        return udf.runtimes()
 
     @router.get("/service_types")
     def service_types() -> dict[str, Any]:
@@ -513,14 +530,17 @@ def add_routes(app: FastAPI, clients: Clients) -> None:
         if Run(clients, record).active:
             return Response(status_code=202)
         request = _runnable(clients, record)
+        compiled = graph.Compiled.from_json(store.text_of(clients, record, "compiled"))
+        _store_udf(clients, compiled)  # kept again: a start long after the job was made runs it
+        program = compiled.program()
         budget = record.budget if record.budget is not None else (settings.default_budget_usd or None)
         if budget is not None:
-            estimate = costs.estimate(clients.runtimes, application.plan(settings, request, clients=clients),
+            estimate = costs.estimate(clients.runtimes, application.plan(settings, request, program, clients=clients),
                                       settings.min_samples)
             if estimate["usd"] > budget:
                 raise OpenEOError(402, "PaymentRequired", f"budget: the job is estimated at "
                                   f"{costs.dollars(estimate['usd'])}, above its budget of {costs.dollars(budget)}")
-        row = application.submit(clients, request, owner=caller.user.name, budget_usd=budget)
+        row = application.submit(clients, request, owner=caller.user.name, program=program, budget_usd=budget)
         try:
             store.update(clients, record, runs=",".join([*record.run_ids, row.job]))
         except HttpResponseError as exc:  # started at the same moment by another request: keep theirs
@@ -580,7 +600,8 @@ def add_routes(app: FastAPI, clients: Clients) -> None:
         (an upper bound: what the cache holds costs almost nothing)."""
         record = _own(clients, caller, job_id)
         compiled = graph.Compiled.from_json(store.text_of(clients, record, "compiled"))
-        found = costs.estimate(clients.runtimes, application.plan(settings, compiled.request), settings.min_samples)
+        found = costs.estimate(clients.runtimes, application.plan(settings, compiled.request, compiled.program()),
+                               settings.min_samples)
         slots = max(1, settings.window)
         return {"costs": found["usd"], "duration": _duration(found["compute_s"] / slots),
                 "downloads_included": None, "expires": _iso((tasks.now() + timedelta(hours=1)).replace(microsecond=0)),
