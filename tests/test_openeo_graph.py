@@ -9,8 +9,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+import xarray
+from openeo.udf import OpenEoUdfException, UdfData, XarrayDataCube
+from openeo.udf.run_code import run_udf_code
 from shapely.geometry import shape
 
+from pipeline.reduction import udf
 from pipeline.science import expressions
 from pipeline.web.openeo import pixels
 from pipeline.web.openeo.graph import CompileError, compile_graph
@@ -548,3 +552,24 @@ def test_a_udf_s_results_are_geotiffs() -> None:
     with pytest.raises(CompileError) as refused:
         compile_graph(process)
     assert refused.value.code == "FormatUnsuitable" and "run_udf" in refused.value.message
+
+
+def test_an_entry_point_is_one_openeos_dispatch_finds_and_runs() -> None:
+    """What the check takes, openEO's own dispatch (``run_udf_code``) calls; what it refuses
+    for its annotations, the dispatch finds no UDF in."""
+    array = xarray.DataArray(np.arange(8.0).reshape(2, 1, 2, 2), dims=("t", "bands", "y", "x"))
+    quoted = UDF.replace("cube: XarrayDataCube", 'cube: "openeo.udf.xarraydatacube.XarrayDataCube"').replace(
+        "-> XarrayDataCube", '-> "openeo.udf.xarraydatacube.XarrayDataCube"')
+    taken = [UDF, quoted, UDF.replace("XarrayDataCube", "DataCube").replace("from openeo.udf import DataCube", ""),
+             "import xarray\ndef apply_datacube(cube: xarray.DataArray, context: dict) -> xarray.DataArray:\n"
+             "    return cube.max(dim='t')\n"]
+    refused = ["from __future__ import annotations\n" + UDF, UDF.replace("-> XarrayDataCube", ""),
+               UDF.replace("cube: XarrayDataCube", 'cube: "XarrayDataCube"')]
+    for code in taken:
+        assert udf.problem(code) == "", code
+        found = run_udf_code(code, UdfData(datacube_list=[XarrayDataCube(array)], user_context={}))
+        assert found.get_datacube_list()[0].get_array().values.tolist() == [[[4.0, 5.0], [6.0, 7.0]]], code
+    for code in refused:
+        assert "no entry point" in udf.problem(code) or "__future__" in udf.problem(code), code
+        with pytest.raises(OpenEoUdfException):
+            run_udf_code(code, UdfData(datacube_list=[XarrayDataCube(array)], user_context={}))

@@ -35,6 +35,10 @@ MODES = ("reduce", "apply")  # over t: the dimension reduced away (reduce_dimens
 ENTRY_POINTS = {"apply_datacube": ("cube", ("XarrayDataCube", "DataCube", "DataArray")),
                 "apply_hypercube": ("cube", ("XarrayDataCube", "DataCube")),
                 "apply_timeseries": ("series", ("Series",))}
+# an annotation given as a string matches only by the class's full name (``run_code._get_annotation_str``)
+FULL_NAMES = {"XarrayDataCube": "openeo.udf.xarraydatacube.XarrayDataCube",
+              "DataCube": "openeo_udf.api.datacube.DataCube", "DataArray": "xarray.core.dataarray.DataArray",
+              "Series": "pandas.core.series.Series", "UdfData": "openeo.udf.udf_data.UdfData"}
 MANIFEST = {
     "name": NAME,
     "description": "An openEO Python UDF over a target tile's group of dates (bagpipe's UDF runtime)",
@@ -80,6 +84,10 @@ def problem(code: str) -> str:
         return f"a syntax error at line {exc.lineno}: {exc.msg}"
     except ValueError as exc:  # a NUL byte
         return f"not Python source: {exc}"
+    if any(isinstance(node, ast.ImportFrom) and node.module == "__future__" and
+           any(alias.name == "annotations" for alias in node.names) for node in tree.body):
+        return ("from __future__ import annotations makes the entry point's annotations strings, by which "
+                "openEO's dispatch does not find it: remove it")
     found = []
     for node in tree.body:
         if not isinstance(node, ast.FunctionDef):
@@ -107,12 +115,14 @@ def problem(code: str) -> str:
 
 
 def _named(annotation: ast.expr | None, kinds: tuple[str, ...]) -> bool:
-    """Whether an annotation names one of ``kinds`` (``xarray.DataArray``, ``"XarrayDataCube"``…)."""
+    """Whether an annotation names one of ``kinds`` as openEO's dispatch matches it: an
+    expression by the class it names (``xarray.DataArray``, ``XarrayDataCube``), a string by
+    the class's full name (``"pandas.core.series.Series"``)."""
     if annotation is None:
         return False
-    text = annotation.value if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str) \
-        else ast.unparse(annotation)
-    return text.rsplit(".", 1)[-1] in kinds
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+        return annotation.value in {FULL_NAMES[kind] for kind in kinds}
+    return ast.unparse(annotation).rsplit(".", 1)[-1] in kinds
 
 
 def bundle(code: str, context: Any, mode: str) -> bundles.Bundle:
