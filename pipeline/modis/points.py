@@ -96,9 +96,29 @@ def _boxes(placed: list[tuple[Site, int, int]], half: int, size: int) -> list[ra
 
 def _read(raster: Any, boxes: list[ranged.Window]) -> list[np.ndarray]:
     """The stored values of each box, its blocks fetched first (all at once, where the file is
-    remote)."""
+    remote). The boxes inside one block are cut from one read of the part of the block they
+    span (a read costs far more than its pixels: a thousand sites are a few dozen reads, not
+    a thousand); a box across a block's edge is read alone."""
     raster.prefetch(boxes)
-    return [np.asarray(raster.read(*box)) for box in boxes]
+    height, width = raster.block
+    inside: dict[tuple[int, int], list[int]] = {}
+    found: dict[int, np.ndarray] = {}
+    for number, (row, col, rows, cols) in enumerate(boxes):
+        block = (row // height, col // width)
+        if ((row + rows - 1) // height, (col + cols - 1) // width) == block:
+            inside.setdefault(block, []).append(number)
+        else:
+            found[number] = np.asarray(raster.read(row, col, rows, cols))
+    for numbers in inside.values():
+        row0 = min(boxes[n][0] for n in numbers)
+        col0 = min(boxes[n][1] for n in numbers)
+        row1 = max(boxes[n][0] + boxes[n][2] for n in numbers)
+        col1 = max(boxes[n][1] + boxes[n][3] for n in numbers)
+        values = np.asarray(raster.read(row0, col0, row1 - row0, col1 - col0))
+        for n in numbers:
+            row, col, rows, cols = boxes[n]
+            found[n] = values[row - row0:row - row0 + rows, col - col0:col - col0 + cols]
+    return [found[n] for n in range(len(boxes))]
 
 
 def _check_grid(raster: Any, product: Product, granule: str) -> None:

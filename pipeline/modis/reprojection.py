@@ -118,6 +118,7 @@ class _Raster:
     scale: float | None
     read: Callable[[int, int, int, int], np.ndarray]  # (row, col, rows, cols) -> stored values
     prefetch: Callable[[list[ranged.Window]], None] = lambda windows: None  # the windows about to be read
+    block: tuple[int, int] = (512, 512)  # the rows and columns of its blocks (an HDF4 file's: a fair guess)
 
 
 @contextmanager
@@ -133,7 +134,7 @@ def _opened(source: Source, layer: str) -> Iterator[_Raster]:
                 if remote is not None:
                     ranged.prefetch(remote, raster, windows)
             yield _Raster(raster.transform, raster.crs, raster.width, raster.height, raster.dtypes[0],
-                          raster.scales[0], read, prefetch)
+                          raster.scales[0], read, prefetch, raster.block_shapes[0])
     elif isinstance(whole := source.files.get(HDF), Path):
         with hdf.Granule(whole) as granule:
             grid = granule.grid_of(layer)
