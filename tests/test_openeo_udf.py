@@ -28,7 +28,7 @@ import rasterio
 
 from bagpipe.azurite import ACCOUNT_KEY, Azurite
 from bagpipe.stack import LocalStack
-from pipeline.lifecycle import results
+from pipeline.lifecycle import jobs, results, tasks
 from pipeline.modis.products import CATALOG
 from pipeline.science.encoding import decode
 from pipeline.storage.clients import clients_for
@@ -156,6 +156,15 @@ def tiles_of(stack: LocalStack, job: Any) -> dict[tuple[str, str], np.ndarray]:
     return found
 
 
+def reductions_of(stack: LocalStack, job: Any) -> list[str]:
+    """How the reduction tasks of the job's latest run ended."""
+    clients = clients_for(stack.settings)
+    record = store.get(clients, "admin", job.job_id)
+    assert record is not None
+    row = jobs.get(clients, record.latest)
+    return [t.status.value for t in tasks.list_tasks(clients.tasks, row.parts) if t.stage == "reduce"]
+
+
 def band_of(name: str) -> str:
     (band,) = [b for b in BANDS if b in name]
     return band
@@ -182,6 +191,13 @@ def test_a_udf_reducing_over_t_makes_the_built_in_maximum_pixel_for_pixel(stack:
             stacked = np.nanmax(np.stack([v for (layer, _), v in tiles.items() if layer == band]), axis=0)
         assert np.array_equal(values, stacked, equal_nan=True), band
         assert np.isfinite(values).mean() > 0.5, band
+    assert reductions_of(stack, job) == ["SUCCEEDED"]
+    # the same UDF over the same tiles again: found made (its bundle and the tiles are its address), run no more
+    again = loaded(connection).reduce_dimension(dimension="t", reducer=openeo.UDF(MAX)).save_result(
+        "GTiff").create_job()
+    repeated = finished(again)
+    assert reductions_of(stack, again) == ["CACHED"]
+    assert sorted(repeated) == sorted(made) and all(np.array_equal(repeated[n], made[n], equal_nan=True) for n in made)
 
 
 @pytest.mark.timeout(1800)

@@ -144,7 +144,7 @@ def output_name(task: dict[str, Any], name: str) -> str:
     """An output's name without its tile (and group): the same for every tile of the job, so
     that a mosaic or an overview gathers them."""
     stem = name.removesuffix(".tif")
-    if task["stage"] == "aggregate":
+    if task["stage"] == "aggregate" or (task["stage"] == "reduce" and task.get("group")):  # a UDF's, kept as these
         return stem.removesuffix(f".{task['group']}.{task['tile']}")
     if task["stage"] == CLIMATOLOGY:
         return stem.split(".climatology.", 1)[0].split(".", 1)[-1] + ".climatology"

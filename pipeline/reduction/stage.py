@@ -5,7 +5,9 @@ The program gets its inputs in a read-only folder, an empty output folder, a pri
 temporary folder and ``task.json`` (what it is run on, the request's arguments, where to
 write). Its exit code is the verdict; its stdout and stderr are kept as log blobs; only the
 regular files it leaves in its output folder that match its manifest's patterns are
-published (to ``products/{job}/``).
+published (to ``products/{job}/``). An openEO UDF's (``pipeline.reduction.udf``) are kept in
+``tiles`` instead, content-addressed as a built-in reduction's are: the same UDF over the
+same tiles is run once.
 """
 
 from __future__ import annotations
@@ -26,11 +28,11 @@ import rasterio.shutil
 
 from pipeline import stages
 from pipeline.failures import FailureClass, StageFailure
-from pipeline.reduction import REDUCE_STAGE, bundlecache, reducers, sandbox
-from pipeline.reduction.builtin import Fetched, gather
+from pipeline.reduction import REDUCE_STAGE, bundlecache, reducers, sandbox, udf
+from pipeline.reduction.builtin import Fetched, Gathered, content_key, gather
 from pipeline.science import rasters
 from pipeline.stages import StageContext
-from pipeline.storage import names
+from pipeline.storage import cache, names
 
 LOG_BYTES = 1024 * 1024  # the tail of stdout/stderr kept as a log blob
 MAX_OUTPUTS = 100  # files a reduction may publish (their names live on its task row)
@@ -221,6 +223,52 @@ def reduce(ctx: StageContext) -> None:
             raise StageFailure(FailureClass.DEPENDENCY_FAILED, "not one tile of the group was made")
         ctx.no_data = True  # the catalog has no data for any date of the group: nothing to reduce
         return
+    if params.get("bundle") and reducer.name == udf.NAME:
+        _udf_outputs(ctx, reducer, spec, found)
+        return
+    for name, data, kind in _program_outputs(ctx, reducer, spec, found):
+        ctx.write_output(name, data, kind)
+
+
+def _udf_outputs(ctx: StageContext, reducer: reducers.Reducer, spec: dict[str, Any], found: Gathered) -> None:
+    """A UDF's outputs, kept in ``tiles`` as a built-in reduction's are: content-addressed by
+    its bundle (code, context, runtime) and what it reads (the input tiles' own addresses,
+    the group), so the same UDF over the same tiles — a job again, a restart — finds them made
+    and runs nothing (CACHED). The list of its files is kept beside them, written once they
+    are (``cache.ensure``: made once, whoever asks); a list whose files have gone (expired
+    apart) is made again."""
+    params = ctx.params
+    group, tile = params["group"], params["tile"]
+    key = content_key(REDUCE_STAGE, params["bundle"], spec, group, params["start"], params["end"],
+                      {alias: [blob for _, blob in dated] for alias, dated in found.tiles.items()})
+    listing = names.reduced_blob(key, "outputs", group, tile).removesuffix(".tif") + ".json"
+    tiles = ctx.clients.tiles
+
+    def make() -> bytes:
+        made = []
+        for name, data, kind in _program_outputs(ctx, reducer, spec, found):
+            blob = names.reduced_blob(key, name.removesuffix(".tif"), group, tile)
+            ctx.clients.transfers.upload(tiles, blob, data, kind)
+            made.append(blob)
+        return json.dumps(made).encode()
+
+    for _ in range(2):
+        kept = cache.ensure(ctx.clients.transfers, tiles, listing, make, "application/json",
+                            owner=f"{ctx.part}/{ctx.task}", tidy=ctx.attempt > 1)
+        blobs: list[str] = json.loads(kept.data or b"[]")
+        if kept.made or all(tiles.get_blob_client(blob).exists() for blob in blobs):
+            break
+        tiles.delete_blob(listing)  # its files expired before it: made again
+    ctx.outputs.extend(names.TILE_OUTPUT_PREFIX + blob for blob in blobs)
+    ctx.cached = not kept.made
+
+
+def _program_outputs(ctx: StageContext, reducer: reducers.Reducer, spec: dict[str, Any],
+                     found: Gathered) -> list[tuple[str, bytes, str]]:
+    """Run the program over the group's tiles in the sandbox (its logs kept); its published
+    files as (path in its output folder, content, media type); StageFailure if it failed."""
+    params = ctx.params
+    inputs = [(alias, product, layer) for alias, product, layer in spec["inputs"]]
     _, product, layer = inputs[0]
     with tempfile.TemporaryDirectory(prefix="bagpipe-reduce-") as top:
         downloads = Path(top, "downloads")
@@ -246,6 +294,5 @@ def reduce(ctx: StageContext) -> None:
         if failure is not None:
             raise failure
         outputs = run.folder / "outputs"
-        for path in run.outputs:
-            kind = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-            ctx.write_output(path.relative_to(outputs).as_posix(), path.read_bytes(), kind)
+        return [(path.relative_to(outputs).as_posix(), path.read_bytes(),
+                 mimetypes.guess_type(path.name)[0] or "application/octet-stream") for path in run.outputs]

@@ -269,8 +269,6 @@ def _asset(clients: Clients, entry: dict[str, Any], output: str) -> tuple[str, d
         suffix = ".zip" if file.endswith(".zip") else file[file.rfind("."):]
         return key, found | {"type": stacitems.TABLES.get(suffix, "application/octet-stream"),
                              "title": f"{layout.folder(entry)} {key} {first} to {last}"}
-    if entry["stage"] == REDUCE_STAGE:  # a program's files are named alike on every tile and group: say which
-        file = f"{file.removesuffix('.tif')}.{layout.span(entry)}.{entry['tile']}.tif"
     return file.replace("+", ""), found | {"type": COG, "title": f"{layout.folder(entry)} {entry['tile']} "
                                                                 f"{layout.span(entry)}"}
 
