@@ -38,6 +38,7 @@ class Azurite:
     table_port: int = 0
     process: subprocess.Popen[bytes] | None = None
     hold: tuple[int, ...] = ()  # descriptors it inherits (the local stack's lock on its home: held while it runs)
+    access_log: bool = False  # every request it serves a line of its log (common log format), to count them
 
     @property
     def connection_string(self) -> str:
@@ -63,8 +64,8 @@ class Azurite:
                 "--blobHost", "127.0.0.1", "--blobPort", str(self.blob_port),
                 "--queueHost", "127.0.0.1", "--queuePort", str(self.queue_port),
                 "--tableHost", "127.0.0.1", "--tablePort", str(self.table_port),
-                "--skipApiVersionCheck", "--loose", "--disableProductStyleUrl", "--silent",
-                "--disableTelemetry",
+                "--skipApiVersionCheck", "--loose", "--disableProductStyleUrl", "--disableTelemetry",
+                *(() if self.access_log else ("--silent",)),
             ],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, pass_fds=self.hold,

@@ -10,11 +10,35 @@ vertices). Each is timed ``--repeat`` times (the median; CPU seconds of the proc
 machine is shared), after one untimed run (the parser's import, seconds of CPU once per
 process, is measured apart: ``first_compile_s``).
 
-    python -m bench.openeo [--repeat N]
+``e2e``: the same work as a whole job both ways on one local stack (its own Azurite, which
+logs every request it serves; ``--workers`` of ``--slots`` slots): ``--months`` of MOD13A1
+NDVI from January 2022, its maximum per month, over ``--tiles`` 1° target tiles, saved as
+GeoTIFF — the official ``openeo`` client's job (connect, basic authentication, the graph
+built, created, started, its status polled, its results listed: a STAC item of signed links)
+and the native API's (submitted, its status polled, its manifest with links). Both poll every
+``POLL_S`` seconds, as a script would that waits on either, so that the figure is the
+translation's and not two pollers' (the client's ``start_and_wait`` waits longer between polls
+as a job goes on). ``--rounds`` pairs, the openEO job first in one round and the native first
+in the next, each cold: the deployment's ``sources`` and ``tiles`` containers emptied before
+it, so that it downloads every granule, reprojects every tile and reduces every month (the
+two are the same work: either finds the other's outputs made). One untimed job of each first
+makes the imitated archive's granules and warms both paths (the graph parser's import in the
+API). Per job: the wall seconds from its first request (the client's connection; the native
+submission) to its results listed, and the storage requests Azurite served meanwhile, by
+kind (table, queue, blob; the imitated archive's reads of granules apart, as Planetary
+Computer is not the deployment's storage) — every component's, the API's, the control
+loop's, the workers' and their stage processes', idle polls included. The two jobs' products
+are then downloaded and compared pixel for pixel.
+
+    python -m bench.openeo [--parts translation e2e] [--repeat N] [--months 3] [--tiles 1]
+        [--rounds 2] [--workers 1] [--slots 2]
 
 Last line: JSON, per graph its tasks, ``native_s`` (validate, keep, plan), ``translate_s``
 (compile) and ``ratio`` (translate over native); ``worst_ratio`` over the graphs, and
-``first_compile_s``. The goal (issue 46): the translation costs under 5 % of the native work.
+``first_compile_s``; with ``e2e``, ``e2e`` (every job's figures, and the means of each side)
+with ``e2e_wall_ratio`` and ``e2e_calls_ratio`` (the openEO jobs' mean over the native jobs'
+mean) and ``e2e_same_pixels``. The goal (issue 46): the translation costs under 5 % of the
+native work.
 """
 
 from __future__ import annotations
@@ -22,14 +46,31 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
+import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
+from datetime import date
+from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
+import httpx
+import numpy as np
+import openeo
+from rasterio.io import MemoryFile
+
+from bagpipe.azurite import Azurite
+from bagpipe.client import Api
+from bagpipe.stack import LocalStack
+from pipeline.reduction import AGGREGATE_STAGE
 from pipeline.requests import application, vectors
 from pipeline.requests.request import JobRequest
 from pipeline.settings import Settings
+from pipeline.storage import names
+from pipeline.storage.clients import Clients, clients_for
 from pipeline.web.openeo import graph
 
 BOX = {"west": -108.0, "south": 35.2, "east": -107.5, "north": 35.8}
@@ -115,14 +156,163 @@ def measure(repeat: int) -> dict[str, Any]:
     return figures
 
 
+POLL_S = 0.5  # both sides' wait between two looks at their job's status
+NAMESPACE = "oeobench"  # the deployment's tables, queues and containers, told from the imitated archive's
+NDVI = "500m_16_days_NDVI"
+# a line of Azurite's access log: the method, the path past the account, the status
+ACCESS = re.compile(r'"([A-Z]+) /[^/ ]+/([^ ]*) HTTP/[\d.]+" (\d{3})')
+
+
+def e2e_work(months: int, tiles: int) -> tuple[dict[str, float], list[str], dict[str, Any]]:
+    """The job both ways: the box over ``tiles`` 1° target tiles, openEO's span of ``months``
+    from January 2022 (its end exclusive), and the native API's request for the same."""
+    box = {"west": -108.0, "south": 35.2, "east": -108.0 + tiles - 0.5, "north": 35.8}
+    end = date(2022 + months // 12, months % 12 + 1, 1)
+    span = ["2022-01-01", end.isoformat()]
+    last = date.fromordinal(end.toordinal() - 1)
+    native = {"region": {"bbox": [box["west"], box["south"], box["east"], box["north"]]}, "start": span[0],
+              "end": last.isoformat(), "products": ["MOD13A1"], "layers": {"MOD13A1": [NDVI]},
+              "reduce": {"by": "month", "reducer": "max"}}
+    return box, span, native
+
+
+def openeo_job(stack: LocalStack, box: dict[str, float], span: list[str], timeout: float = 3600) -> dict[str, str]:
+    """The openEO client's job, as a script runs it, to its results listed: their links by
+    file name."""
+    connection = openeo.connect(f"{stack.api_url}/openeo/1.2")
+    connection.authenticate_basic("admin", stack.token)
+    cube = connection.load_collection("MOD13A1", spatial_extent=box, temporal_extent=span, bands=[NDVI])
+    job = cube.aggregate_temporal_period("month", "max").save_result(format="GTiff").create_job(title="bench")
+    job.start_job()
+    began = time.monotonic()
+    while (state := job.status()) not in ("finished", "error", "canceled"):
+        if time.monotonic() - began > timeout:
+            raise TimeoutError(f"openEO job {job.job_id} still {state} after {timeout:.0f} s")
+        time.sleep(POLL_S)
+    if state != "finished":
+        raise RuntimeError(f"openEO job {job.job_id} ended {state}")
+    return {name: asset["href"] for name, asset in job.get_results().get_metadata()["assets"].items()}
+
+
+def native_job(stack: LocalStack, body: dict[str, Any], timeout: float = 3600) -> dict[str, str]:
+    """The native API's job to its manifest listed: its monthly GeoTIFFs' links by file name
+    (named as the openEO results name them)."""
+    api = Api(stack.api_url, stack.token)
+    job = api.submit(body)["job"]
+    began = time.monotonic()
+    while (state := api.status(job)["state"]) not in ("SUCCEEDED", "FAILED", "CANCELLED"):
+        if time.monotonic() - began > timeout:
+            raise TimeoutError(f"job {job} still {state} after {timeout:.0f} s")
+        time.sleep(POLL_S)
+    if state != "SUCCEEDED":
+        raise RuntimeError(f"job {job} ended {state}")
+    return {blob.rsplit("/", 1)[-1].replace("+", ""): link for task in api.results(job)["tasks"]
+            if task["stage"] == AGGREGATE_STAGE for blob, link in task["links"].items()}
+
+
+def storage_kind(path: str, namespace: str) -> str:
+    """What a request of Azurite's access log went to: the deployment's ``table``, ``queue``
+    or ``blob`` storage, or the imitated archive's granules (``archive``)."""
+    resource = unquote(path.split("?")[0].split("/")[0]).split("(")[0]
+    if resource.startswith(f"{namespace}-"):
+        return "blob" if resource.removeprefix(f"{namespace}-") in names.CONTAINERS else "queue"
+    if resource in ("Tables", "$batch") or resource.startswith(namespace):
+        return "table"
+    return "archive"
+
+
+def served(log: Path, since: int, until: int) -> Counter[str]:
+    """The requests Azurite served between two sizes of its log, by kind."""
+    with log.open("rb") as read:
+        read.seek(since)
+        text = read.read(until - since).decode(errors="replace")
+    return Counter(storage_kind(path, NAMESPACE) for _, path, _ in ACCESS.findall(text))
+
+
+def emptied(clients: Clients) -> None:
+    """The deployment's downloaded granules and made tiles deleted: the next job makes them all."""
+    for container in (clients.sources, clients.tiles):
+        for blob in container.list_blobs():
+            container.delete_blob(blob.name)
+
+
+def pixels(links: dict[str, str]) -> dict[str, np.ndarray]:
+    found = {}
+    for name, link in links.items():
+        with MemoryFile(httpx.get(link, timeout=300).content) as memory, memory.open() as src:
+            found[name] = src.read(1)
+    return found
+
+
+def same_pixels(ours: dict[str, np.ndarray], theirs: dict[str, np.ndarray]) -> bool:
+    return sorted(ours) == sorted(theirs) and all(np.array_equal(v, theirs[k]) for k, v in ours.items())
+
+
+def e2e(months: int, tiles: int, rounds: int, workers: int, slots: int) -> dict[str, Any]:
+    """The openEO client's job and the native API's, cold, in interleaved pairs on one stack."""
+    box, span, body = e2e_work(months, tiles)
+    sides: dict[str, Callable[[LocalStack], dict[str, str]]] = {
+        "openeo": lambda stack: openeo_job(stack, box, span), "native": lambda stack: native_job(stack, body)}
+    ran: list[dict[str, Any]] = []
+    same = []
+    with tempfile.TemporaryDirectory() as tmp:
+        azurite = Azurite(Path(tmp) / "azurite", access_log=True).start()
+        log = azurite.location / "azurite.log"
+        try:
+            with LocalStack(Path(tmp) / "stack", workers=workers, slots=slots, connection=azurite.connection_string,
+                            namespace=NAMESPACE) as stack:
+                stack.wait_for_workers()
+                clients = clients_for(stack.settings)
+                for side in ("openeo", "native"):  # untimed: the archive's granules made, both paths warm
+                    sides[side](stack)
+                for number in range(rounds):
+                    pair = {}
+                    for side in ("openeo", "native") if number % 2 == 0 else ("native", "openeo"):
+                        emptied(clients)
+                        since, began = log.stat().st_size, time.monotonic()
+                        pair[side] = sides[side](stack)
+                        wall, counted = time.monotonic() - began, served(log, since, log.stat().st_size)
+                        calls = sum(n for kind, n in counted.items() if kind != "archive")
+                        ran.append({"round": number, "side": side, "files": len(pair[side]), "wall_s": round(wall, 2),
+                                    "calls": calls, "by_kind": dict(sorted(counted.items()))})
+                        print(f"round {number} {side}: {wall:.1f} s, {calls} storage calls {ran[-1]['by_kind']}, "
+                              f"{len(pair[side])} files", flush=True)
+                    openeo_pixels, native_pixels = pixels(pair["openeo"]), pixels(pair["native"])
+                    same.append(same_pixels(openeo_pixels, native_pixels)
+                                and any((v != -3000).any() for v in openeo_pixels.values()))
+        finally:
+            azurite.stop()
+    means = {side: {"wall_s": round(statistics.mean(j["wall_s"] for j in ran if j["side"] == side), 2),
+                    "calls": round(statistics.mean(j["calls"] for j in ran if j["side"] == side), 1)}
+             for side in sides}
+    return {"e2e": {"months": months, "tiles": tiles, "workers": workers, "slots": slots, "poll_s": POLL_S,
+                    "jobs": ran, "means": means},
+            "e2e_wall_ratio": round(means["openeo"]["wall_s"] / means["native"]["wall_s"], 3),
+            "e2e_calls_ratio": round(means["openeo"]["calls"] / means["native"]["calls"], 3),
+            "e2e_same_pixels": all(same)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument("--parts", nargs="+", choices=("translation", "e2e"), default=["translation", "e2e"])
+    parser.add_argument("--repeat", type=int, default=15, help="translation: runs of each graph (the median)")
+    parser.add_argument("--months", type=int, default=3, help="e2e: months of 2022, from January")
+    parser.add_argument("--tiles", type=int, default=1, help="e2e: 1° target tiles")
+    parser.add_argument("--rounds", type=int, default=2, help="e2e: pairs of jobs, each side first in turn")
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--slots", type=int, default=2)
     args = parser.parse_args()
-    figures = measure(args.repeat)
-    for name, found in figures["graphs"].items():
-        print(f"{name}: {found['tasks']} tasks, native {found['native_s'] * 1000:.1f} ms, translation "
-              f"{found['translate_s'] * 1000:.1f} ms ({found['ratio']:.1%})")
+    figures: dict[str, Any] = {}
+    if "translation" in args.parts:
+        figures |= measure(args.repeat)
+        for name, found in figures["graphs"].items():
+            print(f"{name}: {found['tasks']} tasks, native {found['native_s'] * 1000:.1f} ms, translation "
+                  f"{found['translate_s'] * 1000:.1f} ms ({found['ratio']:.1%})", flush=True)
+    if "e2e" in args.parts:
+        figures |= e2e(args.months, args.tiles, args.rounds, args.workers, args.slots)
+        print(f"e2e: openEO {figures['e2e']['means']['openeo']}, native {figures['e2e']['means']['native']}: wall "
+              f"{figures['e2e_wall_ratio']}, calls {figures['e2e_calls_ratio']}, same pixels "
+              f"{figures['e2e_same_pixels']}", flush=True)
     print(json.dumps(figures))
 
 
