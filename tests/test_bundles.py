@@ -2,7 +2,8 @@
 and nothing stored, for every way an archive can reach outside itself or lie about itself;
 a valid one is stored content-addressed and versioned; a compiled C reducer and a Python one
 are uploaded and run end to end by real workers, which fetch each bundle once, check it and
-keep it in their cache; the job keeps the exact digest it ran."""
+keep it in their cache; the job keeps the exact digest it ran. One uploaded under the name of
+openEO's UDF bundles is run and published as any program, never taken for a UDF."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from bagpipe.manage import pack
 from bagpipe.planetary import Planetary
 from pipeline.failures import FailureClass, StageFailure
 from pipeline.lifecycle import jobs
-from pipeline.reduction import bundlecache, bundles
+from pipeline.reduction import bundlecache, bundles, udf
 from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
@@ -283,6 +284,36 @@ def test_a_c_and_a_python_reducer_uploaded_and_run_end_to_end(
     assert sorted(p.name for p in cache.iterdir() if p.is_dir()) == sorted(m["digest"] for m in made.values())
     program = cache / made["count"]["digest"] / "count"
     assert program.stat().st_mode & 0o777 == 0o555
+
+
+def test_a_reducer_uploaded_under_the_name_of_openeos_udf_runs_in_every_job_as_any_program(
+    settings: Settings, planetary: Planetary, tmp_path: Path
+) -> None:
+    """An openEO UDF's outputs are kept in tiles, content-addressed, and found made by the next
+    job; a reducer uploaded under the name the UDF's bundle has (``run_udf``) is a program as
+    any other: its files published to each job's products, run by each job, its arguments its
+    own."""
+    mine = on_stac(settings, planetary, bundle_cache=str(tmp_path / "cache"))
+    clients = Clients(mine)
+    clients.ensure_resources()
+    token = make_user(clients, "alice")
+    submitted = {}
+    with TestClient(create_app(mine)) as api:
+        pushed = api.post("/api/reducers", content=pack(python_reducer(tmp_path / "named", name=udf.NAME)),
+                          headers=signed(token) | GZIP)
+        assert pushed.status_code == 201, pushed.text
+        body = {"region": REGION, "grid": GRID, **SPAN, "products": ["MOD10A2"]}
+        with running_control(mine), running_workers(mine, 1, slots=2):
+            for note in ("first", "second"):  # one after the other: the second would find the first's, were it kept
+                answer = api.post("/api/jobs", json=body | {"reducer": {"name": udf.NAME, "args": {"note": note}}},
+                                  headers=signed(token))
+                assert answer.status_code == 202, answer.text
+                job = submitted[note] = answer.json()["job"]
+                wait_for(lambda job=job: jobs.get(clients, job).state in ("SUCCEEDED", "FAILED"), 240, "the job")
+    for note, job in submitted.items():
+        row = reduction_row(clients, job)
+        assert row.status == "SUCCEEDED" and "udf" not in row.parameters(), (note, row.status)  # ran, not CACHED
+        assert json.loads(outputs_of(clients, row)["summary.json"])["note"] == note  # in the job's products
 
 
 def test_the_cache_fetches_a_bundle_once_for_concurrent_slots_and_checks_it(

@@ -508,6 +508,9 @@ def test_a_udf_over_t_is_a_reduction_whose_program_is_its_content_addressed_bund
     assert (reduce.by, reduce.inputs, reduce.name, compiled.reduction) == ("span", [RED, NIR], "udf", "udf")
     bundle, program = compiled.bundle(), compiled.program()
     assert bundle is not None and program is not None and program.digest == bundle.digest
+    # the mark by which the reduce stage keeps a UDF's outputs (a name is any uploader's to choose),
+    # kept through the job's stored program
+    assert program.params()["udf"] and type(program).from_json(program.to_json()).params() == program.params()
     assert sorted(bundle.files) == ["bagpipe_udf.py", "reducer.json", "udf.json", "udf.py"]
     assert bundle.files["udf.py"][0].decode() == UDF
     assert json.loads(bundle.files["udf.json"][0]) == {"context": {"k": 1}, "dimension": "t", "mode": "reduce"}

@@ -101,6 +101,9 @@ class Program:
     version: int = 0
     digest: str = ""  # the SHA-256 of the bundle's canonical form
     accepts: tuple[str, ...] = ()  # the inputs its manifest says it takes (PRODUCT.LAYER patterns; none: any)
+    # an openEO UDF's bundle, made by the graph compiler (``pipeline.reduction.udf``): its outputs
+    # are kept content-addressed in tiles. Set only there — an upload's name is its owner's to choose
+    udf: bool = False
 
     @property
     def label(self) -> str:
@@ -110,7 +113,7 @@ class Program:
         """What a reduction task row carries (no "/": a runtime history key is made of it)."""
         if not self.digest:
             return {"reducer": self.name}
-        return {"reducer": f"{self.name}@{self.version}", "bundle": self.digest}
+        return {"reducer": f"{self.name}@{self.version}", "bundle": self.digest} | ({"udf": "1"} if self.udf else {})
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -28,7 +28,7 @@ import rasterio.shutil
 
 from pipeline import stages
 from pipeline.failures import FailureClass, StageFailure
-from pipeline.reduction import REDUCE_STAGE, bundlecache, reducers, sandbox, udf
+from pipeline.reduction import REDUCE_STAGE, bundlecache, reducers, sandbox
 from pipeline.reduction.builtin import Fetched, Gathered, content_key, gather
 from pipeline.science import rasters
 from pipeline.stages import StageContext
@@ -223,7 +223,7 @@ def reduce(ctx: StageContext) -> None:
             raise StageFailure(FailureClass.DEPENDENCY_FAILED, "not one tile of the group was made")
         ctx.no_data = True  # the catalog has no data for any date of the group: nothing to reduce
         return
-    if params.get("bundle") and reducer.name == udf.NAME:
+    if params.get("bundle") and params.get("udf"):  # set by the openEO compiler's program alone, never by a name
         _udf_outputs(ctx, reducer, spec, found)
         return
     for name, data, kind in _program_outputs(ctx, reducer, spec, found):

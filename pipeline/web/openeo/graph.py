@@ -182,7 +182,7 @@ class Compiled:
     def program(self) -> Program | None:
         """What the reduction's UDF runs as: its bundle, by digest (None if it runs none)."""
         made = self.bundle()
-        return Program(udf.NAME, "openeo", 1, made.digest) if made is not None else None
+        return Program(udf.NAME, "openeo", 1, made.digest, udf=True) if made is not None else None
 
 
 # MODIS bands 1-7 by their EO common names
