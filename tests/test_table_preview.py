@@ -15,6 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 from azure.storage.blob import BlobClient
 
+from pipeline.lifecycle import jobs, partitions, tasks
+from pipeline.planning import TaskPlan
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
 from pipeline.web import tablepreview
@@ -37,15 +39,27 @@ def zones_table() -> pa.Table:
     return pa.table(rows)
 
 
+def gathered(clients: Clients, table: str) -> jobs.JobRow:
+    """A job's rows as its planner writes them, of a tile task and, last, the gather of its
+    zones' table, whose committed output is ``table``; no manifest: the preview reads the
+    gather's row."""
+    plan = [TaskPlan("tile", {}), TaskPlan("zones_gather", {}, after_all=True)]
+    row = jobs.new_row(clients, "{}", plan)
+    for seq, spec in enumerate(plan):
+        entity = tasks.task_entity(names.partition(row.job, partitions.bucket_of(seq, spec, row.buckets)), seq, spec,
+                                   clients.settings.shards)
+        clients.tasks.create_entity(entity | ({"Outputs": json.dumps([table])} if spec.after_all else {}))
+    return row
+
+
 def test_a_large_tables_preview_reads_its_footer_one_column_and_the_row_groups_of_one_zone(
         clients: Clients, monkeypatch: pytest.MonkeyPatch) -> None:
-    job, blob = "job-preview", "ab/abcdef/zones.parquet"
+    blob = "ab/abcdef/zones.parquet"
     table = zones_table()
     written = io.BytesIO()
     pq.write_table(table, written, row_group_size=DATES)  # a row group per zone
     clients.tiles.upload_blob(blob, written.getvalue(), overwrite=True)
-    manifest = {"tasks": [{"stage": "zones_gather", "outputs": [names.TILE_OUTPUT_PREFIX + blob]}]}
-    clients.products.upload_blob(names.manifest_blob(job), json.dumps(manifest), overwrite=True)
+    job = gathered(clients, names.TILE_OUTPUT_PREFIX + blob)
     fetched: list[int] = []
     download = BlobClient.download_blob
 

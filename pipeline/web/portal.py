@@ -84,6 +84,6 @@ def add_portal(app: FastAPI, clients: Clients, signed_in: Callable[..., Caller])
         if not row.state.finished:
             raise HTTPException(409, f"job {job_id} has not finished: {row.state.value}")
         try:
-            return tablepreview.preview(clients, job_id, kind, rows, id)
+            return tablepreview.preview(clients, row, kind, rows, id)
         except tablepreview.TableMissing as exc:
             raise HTTPException(404, str(exc)) from exc

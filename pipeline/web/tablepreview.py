@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from azure.storage.blob import BlobClient
 
-from pipeline.lifecycle import results
+from pipeline.lifecycle import jobs, results, tasks
 from pipeline.storage.clients import Clients
 
 MAX_ROWS = 100  # rows a preview may ask for
@@ -42,7 +42,7 @@ SHAPES = {"sites": Shape("site", "layer", "date", "value"), "zones": Shape("zone
 
 
 class TableMissing(LookupError):
-    """The job made no table of that kind (or has no manifest yet)."""
+    """The job made no table of that kind."""
 
 
 class BlobFile(io.RawIOBase):
@@ -77,16 +77,18 @@ class BlobFile(io.RawIOBase):
         return len(data)
 
 
-def locate(clients: Clients, job: str, kind: str) -> BlobClient:
-    """The blob of the job's ``kind`` table (GeoParquet), as its manifest names it."""
-    manifest = results.manifest(clients, job)
+def locate(clients: Clients, job: jobs.JobRow, kind: str) -> BlobClient:
+    """The blob of the job's ``kind`` table (GeoParquet), as the gather that wrote it names
+    it: the job's gathers are its last tasks (``JobRow.gathers``), so their rows are one
+    key range, a few rows, where the manifest lists every task (megabytes for a large job)."""
     suffix = f"/{kind}.parquet"
-    for task in (manifest or {}).get("tasks", []):
-        for output in task.get("outputs", []):
+    gathers = tasks.list_tasks(clients.tasks, job.parts, job.first_gather, job.gathers) if job.gathers else []
+    for task in gathers:
+        for output in task.output_names():
             if output.endswith(suffix):
                 container, blob = results.locate(clients, output)
                 return clients.blob_service.get_blob_client(container, blob)
-    raise TableMissing(f"job {job} made no {kind} table")
+    raise TableMissing(f"job {job.job} made no {kind} table")
 
 
 def _plain(value: Any) -> Any:
@@ -146,7 +148,7 @@ def _series(table: pq.ParquetFile, shape: Shape, wanted: str) -> list[dict[str, 
     return list(series.values())
 
 
-def preview(clients: Clients, job: str, kind: str, rows: int, wanted: str | None) -> dict[str, Any]:
+def preview(clients: Clients, job: jobs.JobRow, kind: str, rows: int, wanted: str | None) -> dict[str, Any]:
     """The first ``rows`` rows of the job's ``kind`` table, its row count, its ids (the first
     MAX_IDS) and the series of ``wanted`` (else of its first id)."""
     shape = SHAPES[kind]
