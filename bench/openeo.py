@@ -15,10 +15,11 @@ logs every request it serves; ``--workers`` of ``--slots`` slots): ``--months`` 
 NDVI from January 2022, its maximum per month, over ``--tiles`` 1° target tiles, saved as
 GeoTIFF — the official ``openeo`` client's job (connect, basic authentication, the graph
 built, created, started, its status polled, its results listed: a STAC item of signed links)
-and the native API's (submitted, its status polled, its manifest with links). Both poll every
-``POLL_S`` seconds, as a script would that waits on either, so that the figure is the
-translation's and not two pollers' (the client's ``start_and_wait`` waits longer between polls
-as a job goes on). ``--rounds`` pairs, the openEO job first in one round and the native first
+and the native API's (submitted, its status polled, its manifest with links). Both look at
+their job every ``POLL_S`` seconds on one clock from its start (a look's own time not added to
+the wait: a quicker answer would otherwise mean more looks, each a few storage calls), so that
+the figure is the translation's and not two pollers' (the client's ``start_and_wait`` waits
+longer between polls as a job goes on). ``--rounds`` pairs, the openEO job first in one round and the native first
 in the next, each cold: the deployment's ``sources`` and ``tiles`` containers emptied before
 it, so that it downloads every granule, reprojects every tile and reduces every month (the
 two are the same work: either finds the other's outputs made). One untimed job of each first
@@ -156,7 +157,7 @@ def measure(repeat: int) -> dict[str, Any]:
     return figures
 
 
-POLL_S = 0.5  # both sides' wait between two looks at their job's status
+POLL_S = 0.5  # both sides look at their job's status on this clock
 NAMESPACE = "oeobench"  # the deployment's tables, queues and containers, told from the imitated archive's
 NDVI = "500m_16_days_NDVI"
 # a line of Azurite's access log: the method, the path past the account, the status
@@ -176,6 +177,11 @@ def e2e_work(months: int, tiles: int) -> tuple[dict[str, float], list[str], dict
     return box, span, native
 
 
+def next_look(began: float) -> None:
+    """Wait for the next ``POLL_S`` mark since ``began``."""
+    time.sleep(POLL_S - (time.monotonic() - began) % POLL_S)
+
+
 def openeo_job(stack: LocalStack, box: dict[str, float], span: list[str], timeout: float = 3600) -> dict[str, str]:
     """The openEO client's job, as a script runs it, to its results listed: their links by
     file name."""
@@ -188,7 +194,7 @@ def openeo_job(stack: LocalStack, box: dict[str, float], span: list[str], timeou
     while (state := job.status()) not in ("finished", "error", "canceled"):
         if time.monotonic() - began > timeout:
             raise TimeoutError(f"openEO job {job.job_id} still {state} after {timeout:.0f} s")
-        time.sleep(POLL_S)
+        next_look(began)
     if state != "finished":
         raise RuntimeError(f"openEO job {job.job_id} ended {state}")
     return {name: asset["href"] for name, asset in job.get_results().get_metadata()["assets"].items()}
@@ -203,7 +209,7 @@ def native_job(stack: LocalStack, body: dict[str, Any], timeout: float = 3600) -
     while (state := api.status(job)["state"]) not in ("SUCCEEDED", "FAILED", "CANCELLED"):
         if time.monotonic() - began > timeout:
             raise TimeoutError(f"job {job} still {state} after {timeout:.0f} s")
-        time.sleep(POLL_S)
+        next_look(began)
     if state != "SUCCEEDED":
         raise RuntimeError(f"job {job} ended {state}")
     return {blob.rsplit("/", 1)[-1].replace("+", ""): link for task in api.results(job)["tasks"]

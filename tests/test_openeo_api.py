@@ -11,6 +11,7 @@ import math
 from collections.abc import Iterator
 from importlib import resources
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 from fastapi.testclient import TestClient
@@ -20,6 +21,7 @@ from pipeline.modis.products import CATALOG
 from pipeline.requests import application
 from pipeline.requests.request import JobRequest
 from pipeline.settings import Settings
+from pipeline.storage import clients as clients_module
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
 from pipeline.web import identity
@@ -308,6 +310,27 @@ def test_a_start_submits_a_bagpipe_job_once_and_a_cancel_ends_it(
     assert api.delete(f"{BASE}/jobs/{job}/results", headers=bearer(token)).status_code == 204
     assert jobs.get(clients, record.latest).state.value in ("CANCELLING", "FINISHING", "CANCELLED")
     assert api.get(f"{BASE}/jobs/{job}", headers=bearer(token)).json()["status"] == "canceled"
+
+
+def test_a_look_at_a_job_reads_its_row_once(
+        settings: Settings, clients: Clients, token: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A script polls openEO's job as often as the native API's: each look, openEO's or the
+    native API's, reads the job's row once (the workers' health rows, which openEO's look
+    does not read: test_status)."""
+    seen: list[str] = []
+    monkeypatch.setitem(clients_module.HOOKS, "raw_request_hook", lambda request: seen.append(
+        unquote(request.http_request.url)))
+    with TestClient(create_app(settings)) as api:  # its clients built with the hook
+        job = created(api, token)
+        assert api.post(f"{BASE}/jobs/{job}/results", headers=bearer(token)).status_code == 202
+        record = store.get(clients, "ana", job)
+        assert record is not None
+        job_row = f"{settings.names.jobs}(PartitionKey='{record.latest}',RowKey='{names.JOB_ROW}')"
+        for path, headers in ((f"{BASE}/jobs/{job}", bearer(token)),
+                              (f"/api/jobs/{record.latest}", {names.TOKEN_HEADER: token})):
+            seen.clear()
+            assert api.get(path, headers=headers).status_code == 200
+            assert sum(job_row in url for url in seen) == 1, (path, seen)
 
 
 def test_the_estimate_prices_the_tasks_and_a_budget_below_it_is_not_started(

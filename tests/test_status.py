@@ -13,10 +13,11 @@ from pipeline.lifecycle import jobs, planner, rollups, tasks, transitions
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.requests import application
 from pipeline.settings import Settings
+from pipeline.storage import names
 from pipeline.storage.clients import Clients
 from pipeline.web import jobview
 from tests.conftest import commit, fail, in_an_hour, parts, small_request, with_stage
-from tests.harness.hooks import counting_reads
+from tests.harness.hooks import counting_reads, request_hook
 
 
 def run_some(clients: Clients, job: str, commits: int) -> None:
@@ -105,3 +106,29 @@ def test_the_rollups_of_a_move_add_up_and_drop_what_nets_to_zero() -> None:
     assert detail["failures"] == {"user_code_error": 1} and props[rollups.KILLS] == 1
     (bin_,) = detail["runtimes"]["noop"]
     assert 2.0 / 1.3 < rollups.bin_seconds(int(bin_)) < 2.0 * 1.3  # within a bin's width
+
+
+def test_a_status_without_its_workers_table_reads_no_health_row(settings: Settings) -> None:
+    """openEO's look at a job shows no workers (``workers=False``): it reads none of their
+    health rows, which the native status reads for its table of the job's workers."""
+    settings = with_stage(settings, "noop", window=300, partitions=1)
+    clients = Clients(settings)
+    clients.ensure_resources()
+    job = application.submit(clients, small_request()).job
+    planner.plan(clients, job)
+    queued = next(r for r in tasks.list_tasks(clients.tasks, parts(clients, job)) if r.status is TaskStatus.QUEUED)
+    writer = rollups.RollupWriter(f"w{names.SLOT_MARK}0")  # worker w's slot 0: the job has a worker
+    held = transitions.claim(clients, queued.ref, "w", in_an_hour, writer)
+    assert held is not None and commit(clients, writer, held)
+    health = f"/{settings.names.table(names.WORKERS_TABLE)}()"
+    shown, queried = {}, {}
+    for workers in (True, False):
+        seen: list[str] = []
+        with request_hook(lambda request: seen.append(request.http_request.url)):  # noqa: B023  # used at once
+            fresh = Clients(settings)  # built with the hook
+            shown[workers] = jobs.status(fresh, job, workers=workers)
+            fresh.close()
+        queried[workers] = any(health in url for url in seen)
+    assert queried == {True: True, False: False}
+    assert [w["worker"] for w in shown[True]["workers"]] == ["w"] and shown[False]["workers"] == []
+    assert shown[True]["counts"] == shown[False]["counts"] and shown[False]["counts"]["SUCCEEDED"] == 1

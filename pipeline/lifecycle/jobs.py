@@ -362,11 +362,13 @@ def over_budget(clients: Clients, row: JobRow, rollup: rollups.Rollup) -> bool:
 
 
 def status(clients: Clients, job: str, rollup: rollups.Rollup | None = None,
-           row: JobRow | None = None, as_of: datetime | None = None) -> dict[str, Any]:
+           row: JobRow | None = None, as_of: datetime | None = None, workers: bool = True) -> dict[str, Any]:
     """What ``GET /api/jobs/{id}`` shows: state, counts per task status and per failure
     class, progress and timestamps. From the job row and its rollups as the job's status
     row has them (``snapshots.look``; ``row``, ``rollup`` and when it was summed, ``as_of``,
-    if the caller has read them): two rows read by key, whatever the job's size."""
+    if the caller has read them): two rows read by key, whatever the job's size, and the
+    workers' health rows (one query) for its workers' table — left empty with ``workers``
+    False, by a caller that shows none (openEO's job, polled as often as the native one)."""
     row = row if row is not None else get(clients, job)
     if rollup is None:
         rollup, as_of = snapshots.look(clients, job, row.parts, row.state.finished, tiles=False)
@@ -389,7 +391,7 @@ def status(clients: Clients, job: str, rollup: rollups.Rollup | None = None,
         "failures": dict(rollup.failures),
         "monitor_kills": rollup.kills,
         "speculative_attempts": rollup.backups,  # backup copies of slow attempts at the job's tail
-        "workers": health.worker_table(clients, rollup.workers),
+        "workers": health.worker_table(clients, rollup.workers) if workers else [],
         "progress": done / total if total else 1.0,
         "created": row.created_at.isoformat(),
         "updated": row.updated_at.isoformat(),

@@ -251,8 +251,7 @@ def create_app(settings: Settings) -> FastAPI:
     @app.get("/api/jobs/{job_id}")
     def job_status(job_id: str, caller: Caller = Depends(signed_in)) -> dict[str, Any]:
         """State, task counts per status, failure classes, progress and timestamps."""
-        jobs.get_for(clients, job_id, caller.user)
-        return jobs.status(clients, job_id)
+        return jobs.status(clients, job_id, row=jobs.get_for(clients, job_id, caller.user))  # its row read once
 
     @app.post("/api/jobs/{job_id}/cancel", status_code=202)
     def cancel(job_id: str, caller: Caller = Depends(signed_in)) -> dict[str, Any]:

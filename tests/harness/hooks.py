@@ -40,3 +40,14 @@ def response_hook(hook: Callable[[Any], None]) -> Iterator[None]:
         yield
     finally:
         clients_module.HOOKS.pop("raw_response_hook", None)
+
+
+@contextmanager
+def request_hook(hook: Callable[[Any], None]) -> Iterator[None]:
+    """Every client built inside calls ``hook`` with each request before it is sent (the
+    SDK's ``raw_request_hook``)."""
+    clients_module.HOOKS["raw_request_hook"] = hook
+    try:
+        yield
+    finally:
+        clients_module.HOOKS.pop("raw_request_hook", None)

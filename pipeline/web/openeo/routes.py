@@ -116,7 +116,7 @@ class Run:
         except jobs.JobNotFound:
             return
         rollup, as_of = snapshots.look(clients, row.job, row.parts, row.state.finished, tiles=False)
-        status = jobs.status(clients, row.job, rollup, row, as_of)
+        status = jobs.status(clients, row.job, rollup, row, as_of, workers=False)  # openEO shows no workers
         self.row, self.counts = row, status["counts"]
         self.progress = 100.0 * status["progress"]
         self.spent = row.cost_usd if row.cost_usd is not None else jobs.spent(rollup)
