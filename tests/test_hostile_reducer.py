@@ -591,7 +591,8 @@ def real_worker(request: pytest.FixtureRequest, azurite: Any, tmp_path_factory: 
                                stdout=subprocess.DEVNULL, stderr=open(tmp / "worker.log", "wb"))
     seen: dict[str, Any] = {"marker": marker, "clients": clients, "worker": process}
     try:
-        wait_for(lambda: b"ready" in (tmp / "worker.log").read_bytes(), 60, "the worker to be ready")
+        # (a ceiling: a worker's start imports and preloads its stages, a minute past at load 30)
+        wait_for(lambda: b"ready" in (tmp / "worker.log").read_bytes(), 240, "the worker to be ready")
         seen["targets"] = unix_addresses([process.pid, *descendants(process.pid)])
         seen["stage_processes"] = sorted(descendants(process.pid))
         with TestClient(create_app(settings)) as api, running_control(settings):

@@ -227,7 +227,12 @@ def test_a_job_runs_to_its_end_on_messages_of_several_with_a_retry_and_waits_giv
     clients.ensure_resources()
     with running_control(settings), running_workers(settings, count=2, slots=1) as pool:
         job = application.submit(clients, small_request(end="2022-03-31")).job
-        wait_for(lambda: jobs.get(clients, job).state.finished, 120, "the job to finish")
+        wait_for(lambda: jobs.get(clients, job).state.finished, 240, "the job to finish")
+        # a message sent again while its first waited untaken (at load 30 a worker was found
+        # slow and drained, and the sweep resent what it held) finds its tasks ended after the
+        # job: the workers drop it, and nothing stays queued
+        wait_for(lambda: not any(q.get_queue_properties().approximate_message_count for q in clients.shard_queues),
+                 120, "the queues to empty")
     rows = tasks.list_tasks(clients.tasks, parts(clients, job))
     assert {r.status for r in rows} == {TaskStatus.SUCCEEDED} and len(rows) == 24
     assert sorted(r.attempt for r in rows) == [1] * 23 + [2]  # the flaky one ran again, once
