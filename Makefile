@@ -13,10 +13,12 @@ CC ?= cc
 # and servers, so more processes than cores shorten it), then the tests marked `alone` (those
 # that time workers, attempts or links) by themselves
 TEST_PROCESSES ?= 3
+# a module to a process at a time, the longest first (tests/schedule.py), the timed modules after
+PARALLEL := --dist loadfile --no-loadscope-reorder -m 'not alone'
 # the example reducer written in C
 REDUCER_C := reducers/max_composite/max_composite
 
-.PHONY: demo-setup setup demo test lint bench faults up clean
+.PHONY: demo-setup setup demo test durations lint bench faults up clean
 
 # Toxiproxy, the fault-injection proxy of the transfer tests and benchmarks (go install)
 TOXIPROXY := .tools/toxiproxy/server
@@ -89,8 +91,13 @@ test: setup $(CHROMIUM)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q -n $(TEST_PROCESSES) --dist loadfile -m 'not alone' --durations=25
+	$(BIN)/python -m pytest -q -n $(TEST_PROCESSES) $(PARALLEL) --durations=25
 	$(BIN)/python -m pytest -q -m alone
+
+# each module's seconds, for the order in which the test processes take them (tests/schedule.py)
+durations: setup $(CHROMIUM)
+	$(BIN)/python -m pytest -q -n $(TEST_PROCESSES) $(PARALLEL) --record-module-times
+	$(BIN)/python -m pytest -q -m alone --record-module-times
 
 lint: setup
 	$(BIN)/ruff check .

@@ -32,6 +32,8 @@ from pipeline.settings import Settings
 from pipeline.storage.clients import Clients, close_shared
 from worker.runner import Worker
 
+pytest_plugins = ["tests.schedule"]  # the longest modules first
+
 # Where test stages leave their pid files. Set before any worker or fork server starts, as
 # stage processes inherit the environment of the fork server, made once per process.
 PIDS = Path(tempfile.mkdtemp(prefix="bagpipe-pids-"))
