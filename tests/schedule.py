@@ -36,8 +36,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The items of the longest modules first, each module's in its own order."""
     known = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
-    first_seen = {module: index for index, module in reversed(list(enumerate(module_of(i.nodeid) for i in items)))}
-    items.sort(key=lambda item: (-known.get(module_of(item.nodeid), float("inf")), first_seen[module_of(item.nodeid)]))
+    collected = {module: index for index, module in enumerate(dict.fromkeys(module_of(i.nodeid) for i in items))}
+    items.sort(key=lambda item: (-known.get(module_of(item.nodeid), float("inf")), collected[module_of(item.nodeid)]))
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -242,13 +242,19 @@ def test_the_digest_is_the_content_s_and_pushing_makes_versions(
     assert registry.resolve(clients, alice, "alice/mean@2").version == 2
 
 
-def test_a_c_and_a_python_reducer_uploaded_and_run_end_to_end(
-    settings: Settings, planetary: Planetary, tmp_path: Path
-) -> None:
+def alices_stack(settings: Settings, planetary: Planetary, tmp_path: Path) -> tuple[Settings, Clients, str]:
+    """A deployment on the imitation's STAC API with its bundle cache in ``tmp_path``, its
+    storage made, and alice's token."""
     mine = on_stac(settings, planetary, bundle_cache=str(tmp_path / "cache"))
     clients = Clients(mine)
     clients.ensure_resources()
-    token = make_user(clients, "alice")
+    return mine, clients, make_user(clients, "alice")
+
+
+def test_a_c_and_a_python_reducer_uploaded_and_run_end_to_end(
+    settings: Settings, planetary: Planetary, tmp_path: Path
+) -> None:
+    mine, clients, token = alices_stack(settings, planetary, tmp_path)
     made = {}
     with TestClient(create_app(mine)) as api:
         for folder in (python_reducer(tmp_path / "mean"), c_reducer(tmp_path / "count")):
@@ -293,10 +299,7 @@ def test_a_reducer_uploaded_under_the_name_of_openeos_udf_runs_in_every_job_as_a
     job; a reducer uploaded under the name the UDF's bundle has (``run_udf``) is a program as
     any other: its files published to each job's products, run by each job, its arguments its
     own."""
-    mine = on_stac(settings, planetary, bundle_cache=str(tmp_path / "cache"))
-    clients = Clients(mine)
-    clients.ensure_resources()
-    token = make_user(clients, "alice")
+    mine, clients, token = alices_stack(settings, planetary, tmp_path)
     submitted = {}
     with TestClient(create_app(mine)) as api:
         pushed = api.post("/api/reducers", content=pack(python_reducer(tmp_path / "named", name=udf.NAME)),

@@ -34,6 +34,7 @@ from pipeline.science.encoding import decode
 from pipeline.storage.clients import clients_for
 from pipeline.web.openeo import store
 from tests.conftest import wait_for
+from tests.test_openeo_client import connected
 
 BOX = {"west": -108.0, "south": 35.2, "east": -107.5, "north": 35.8}  # one 1° target tile inside h09v05
 SPAN = ["2022-06-01", "2022-08-01"]  # five 16-day composites overlap it, from 25 May
@@ -110,12 +111,6 @@ def stack(azurite: Azurite, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     with LocalStack(tmp / "stack", workers=1, slots=2, connection=azurite.connection_string,
                     namespace=f"udf{tmp.name[-6:].replace('_', '')}") as running:
         yield running
-
-
-def connected(stack: LocalStack) -> openeo.Connection:
-    connection = openeo.connect(f"{stack.api_url}/openeo/1.2")
-    connection.authenticate_basic("admin", stack.token)
-    return connection
 
 
 def loaded(connection: openeo.Connection) -> Any:
