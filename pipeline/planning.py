@@ -16,11 +16,22 @@ the tasks that wait for the whole job (``after_all``: a gather, which joins what
 every partition made): the lifecycle releases them once every other task of the job has
 ended, as its counters say (``pipeline.lifecycle.progress``), so that they need no counter
 of their own in the partitions of what they wait for.
+
+A task may work on several places at once (a tile task warping a batch of target tiles):
+its ``tile`` names them, comma-separated, and its parameters of each place
+(:data:`PLACE_PARAMS`) hold one value per place, separated by :data:`PLACES`; the
+``granules`` it reads are those of every place, by MODIS tile, and each place reads those
+of the tiles its ``reads`` names. Each of its outputs is made for one place and named for
+it (its file name ends ``.PLACE.tif``, ``names.tile_blob``). :func:`places` gives such a
+task's parameters as a task of each place alone would have them, and :func:`outputs_of` a
+place's outputs: the counts per place, the manifest's entries and every task that reads
+its outputs see one place at a time, as if each had had a task of its own.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -31,6 +42,9 @@ if TYPE_CHECKING:
 
 APPLICATION = "pipeline.requests.application"  # the module that registers the deployment's application
 WORK, HISTORY, FEEDS = "work", "history", "feeds"  # the parameters the lifecycle reads (set from a TaskPlan)
+PLACES = ";"  # between the values of a task's places (its ``tile`` names them, comma-separated)
+PLACE_PARAMS = ("bounds", "sources")  # the parameters that hold a value per place
+READS = "reads"  # per place, the MODIS tiles (comma-separated) whose granules its work reads
 
 
 class RequestError(ValueError):
@@ -58,7 +72,7 @@ class TaskPlan:
 
     @property
     def tile(self) -> str:
-        """The place it works on, for the counts per place ("" for none)."""
+        """The places it works on, comma-separated, for the counts per place ("" for none)."""
         return self.params.get("tile", "")
 
     def stored_params(self) -> dict[str, str]:
@@ -115,6 +129,42 @@ def application() -> Application:
     if not _registered:
         importlib.import_module(APPLICATION)
     return _registered[0]
+
+
+def places_of(tile: str) -> list[str]:
+    """The places a task's ``tile`` parameter names (comma-separated; "" for none)."""
+    return tile.split(",") if "," in tile else [tile]
+
+
+def places(params: dict[str, str]) -> list[dict[str, str]]:
+    """A task's parameters as a task of each of its places alone would have them: its
+    ``tile``, its value of each of :data:`PLACE_PARAMS`, and of its ``granules`` those of
+    the MODIS tiles it reads (none: the catalog has none of the tiles it covers). A task of
+    one place: its own parameters."""
+    named = places_of(params.get("tile", ""))
+    if len(named) == 1:
+        return [params]
+    values = {key: params[key].split(PLACES) for key in PLACE_PARAMS if key in params}
+    reads = params.get(READS, "").split(PLACES)
+    granules = json.loads(params["granules"]) if "granules" in params else None
+    if any(len(v) != len(named) for v in [*values.values(), reads]):
+        raise ValueError(f"a task of {len(named)} places names {', '.join(f'{len(v)} {k}' for k, v in values.items())}"
+                         f" and {len(reads)} reads")
+    found = []
+    for index, place in enumerate(named):
+        own = {key: value for key, value in params.items() if key != READS}
+        own |= {"tile": place, **{key: value[index] for key, value in values.items()}}
+        if granules is not None:
+            wanted = set(reads[index].split(","))
+            own["granules"] = json.dumps({tile: g for tile, g in granules.items() if tile in wanted}, sort_keys=True)
+        found.append(own)
+    return found
+
+
+def outputs_of(outputs: list[str], tile: str, several: bool) -> list[str]:
+    """The outputs a task made for its place ``tile`` (``several``: the task works on
+    several places, and names each output for its own; else every one of them)."""
+    return [o for o in outputs if o.endswith(f".{tile}.tif")] if several else outputs
 
 
 def gathers(plan: list[TaskPlan]) -> int:

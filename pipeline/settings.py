@@ -148,6 +148,10 @@ class Settings:
     tile_stage: str = setting(
         "BAGPIPE_TILE_STAGE", "modis", "The stage a tile task runs: `modis` (collection, then reprojection), "
         "or one a module of `BAGPIPE_STAGE_MODULES` registers (the tests' light stand-ins, e.g. `digest`).")
+    tile_batch: int = setting(
+        "BAGPIPE_TILE_BATCH", 0, "The most target tiles one tile task warps, each into its own output (1: a task "
+        "per target tile); 0: 32 for the `modis` stage, 1 for any other (a stage given several takes each as "
+        "`planning.places` gives it).", minimum=0)
     catalog: str = setting("BAGPIPE_CATALOG", "stac", "Where granules are searched: `stac` (a STAC API) or "
                            "`cmr` (NASA's Common Metadata Repository).", choices=("stac", "cmr"))
     stac_url: str = setting("BAGPIPE_STAC_URL", PLANETARY_COMPUTER_STAC, "The STAC API (Planetary Computer's).")

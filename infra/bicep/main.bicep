@@ -141,6 +141,7 @@ var settings = {
   '${names.settings.stageLimits}': contains(tuning, 'stageLimits') ? tuning.stageLimits : ''
   '${names.settings.stageModules}': contains(tuning, 'stageModules') ? tuning.stageModules : ''
   '${names.settings.tileStage}': contains(tuning, 'tileStage') ? tuning.tileStage : ''
+  '${names.settings.tileBatch}': contains(tuning, 'tileBatch') ? tuning.tileBatch : ''
   '${names.settings.catalog}': catalog
   '${names.settings.stacUrl}': contains(tuning, 'stacUrl') ? tuning.stacUrl : ''
   '${names.settings.stacSasUrl}': contains(tuning, 'stacSasUrl') ? tuning.stacSasUrl : ''

@@ -313,7 +313,8 @@ def summary(row: JobRow, final: JobState) -> dict[str, Any]:
 
 def write_manifest(clients: Clients, row: JobRow, final: JobState) -> tuple[dict[str, Any], list[str]]:
     """The manifest blob: every task's state, its parameters as the application types them
-    (``planning.Application.entry``), the outputs its committed attempt made,
+    (``planning.Application.entry``), the outputs its committed attempt made (a task of
+    several places: an entry per place, as ``TaskRow.places`` gives it),
     where the small ones are packed, and what the job's application adds of its products
     (``planning.Application.finished``); with the paragraphs that adds to the email. What
     the application adds and the packs are optional: one that cannot be made is left out,
@@ -324,22 +325,24 @@ def write_manifest(clients: Clients, row: JobRow, final: JobState) -> tuple[dict
     entries: list[dict[str, Any]] = []
     counts: dict[str, int] = {}
     application = planning.application()
+    listed = 0
     for task in tasks.list_tasks(clients.tasks, row.parts):
         counts[task.status.value] = counts.get(task.status.value, 0) + 1
-        entries.append(
+        listed += 1
+        entries += [  # a task of several places (a batch of target tiles): an entry per place
             {
                 "task": task.task,
                 "stage": task.stage,
-                **application.entry(task.parameters()),
-                "status": task.status.value,
+                **application.entry(params),
+                "status": status.value,
                 "attempt": task.attempt,
-                "outputs": task.output_names()
-                if task.status in (TaskStatus.SUCCEEDED, TaskStatus.CACHED) else [],
+                "outputs": outputs,
                 "failure": task.last_failure or None,
             }
-        )
-    if final is JobState.CANCELLED and row.total > len(entries):  # cancelled while it was being planned
-        counts[TaskStatus.CANCELLED.value] = counts.get(TaskStatus.CANCELLED.value, 0) + row.total - len(entries)
+            for params, status, outputs in task.places()
+        ]
+    if final is JobState.CANCELLED and row.total > listed:  # cancelled while it was being planned
+        counts[TaskStatus.CANCELLED.value] = counts.get(TaskStatus.CANCELLED.value, 0) + row.total - listed
     added = _piece(missing, "products", lambda: application.finished(clients, row, entries),
                    optional=True) or planning.Finished({}, [])
     missing |= added.manifest.pop("missing", {})
@@ -356,7 +359,7 @@ def write_manifest(clients: Clients, row: JobRow, final: JobState) -> tuple[dict
         "total": row.total,
         "counts": counts,
         **added.manifest,
-        "cost": costs.measured(_attempt_seconds(clients, row.parts), len(entries)),
+        "cost": costs.measured(_attempt_seconds(clients, row.parts), listed),
         "tasks": entries,
         "packed": _piece(missing, "packs", lambda: packing.as_manifest(packing.pack(clients, job, (
             packing.Output(output, *results.locate(clients, output)) for entry in entries for output in entry["outputs"]

@@ -44,6 +44,7 @@ from azure.core import MatchConditions
 from azure.core.exceptions import ResourceNotFoundError
 from azure.data.tables import TableClient, TableEntity, TableTransactionError, UpdateMode
 
+from pipeline import planning
 from pipeline.lifecycle import partitions
 from pipeline.lifecycle.attempts import AttemptRow
 from pipeline.lifecycle.status import ENDED_WELL, TaskStatus
@@ -96,11 +97,13 @@ class Moves:
     backups: int = 0
 
     def move(self, stage: str, tile: str, old: TaskStatus | str, new: TaskStatus | str) -> Moves:
-        """One task of ``stage`` on ``tile`` went from ``old`` to ``new``."""
+        """One task of ``stage`` on ``tile`` (a task of several places names them all, and
+        counts in each: ``planning.places_of``) went from ``old`` to ``new``."""
         for status, delta in ((TaskStatus(old), -1), (TaskStatus(new), 1)):
             if status not in UNCOUNTED:
                 self.counts[status.value] += delta
-                self.tiles.setdefault(tile, Counter())[status.value] += delta
+                for place in planning.places_of(tile):
+                    self.tiles.setdefault(place, Counter())[status.value] += delta
                 self.stages.setdefault(stage, Counter())[status.value] += delta
         return self
 
@@ -435,14 +438,17 @@ class Plan:
 
 def plan_row(job: str, plan: list[TaskPlan]) -> dict[str, Any]:
     """The ``~tiles`` row of a job planned as ``plan``: its places (a task's ``tile``, with
-    the ``crs`` and ``bounds`` its parameters give). A job of more tiles than the row holds
-    keeps their totals only (no bounds: the map leaves them out)."""
+    the ``crs`` and ``bounds`` its parameters give; a task of several places counts in
+    each). A job of more tiles than the row holds keeps their totals only (no bounds: the
+    map leaves them out)."""
     tiles: dict[str, list[Any]] = {}
     stages: dict[str, list[Any]] = {}
     for task in plan:
-        if task.tile not in tiles:
-            tiles[task.tile] = [task.params.get("crs", ""), task.params.get("bounds", ""), 0]
-        tiles[task.tile][2] += 1
+        for place in planning.places(task.params) if "," in task.tile else [task.params]:
+            tile = place.get("tile", "")
+            if tile not in tiles:
+                tiles[tile] = [place.get("crs", ""), place.get("bounds", ""), 0]
+            tiles[tile][2] += 1
         if task.stage not in stages:  # a job's tasks of one stage share its grid: one size of work
             stages[task.stage] = [0, task.history, task.work]
         stages[task.stage][0] += 1

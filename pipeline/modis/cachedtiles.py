@@ -2,7 +2,8 @@
 
 A tile task names its inputs (the granule ids and files in its params), so its outputs'
 content addresses can be computed before it runs: the MD5s of its cached source files give
-the key of each reprojected layer (``tilestage.tile_name``, the stage's own). The planner
+the key of each reprojected layer of each of its target tiles (``tilestage.tile_name``, the
+stage's own, of each place: ``planning.places``). The planner
 asks here which of a job's PENDING tile tasks have every output in ``tiles`` already, and
 settles those without a message or a worker. The looks are batched — each distinct source
 and tile read once, a bounded number at a time (``cache.Looks``) — and anything
@@ -12,7 +13,7 @@ to the ordinary way, where the stage finds out for itself.
 
 from __future__ import annotations
 
-from pipeline import stages
+from pipeline import planning, stages
 from pipeline.failures import StageFailure
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.lifecycle.tasks import TaskRow
@@ -45,8 +46,12 @@ def made_already(clients: Clients, rows: list[TaskRow]) -> dict[str, list[str]]:
         for task, (params, sources) in wanted.items():
             if all(blob in digests for blob in sources.values()):
                 hexes = {item: digests[blob].hex() for item, blob in sources.items()}
-                layers = {layer: tilestage.tile_name(params, layer, hexes) for layer in tilestage.layers_of(params)}
-                made[task] = [*layers.values(), *tilestage.derived_names(params, layers).values()]
+                made[task] = []
+                for place in planning.places(params):  # each target tile of a batch, by its own granules
+                    if place.get("granules", "{}") != "{}":
+                        layers = {layer: tilestage.tile_name(place, layer, hexes)
+                                  for layer in tilestage.layers_of(place)}
+                        made[task] += [*layers.values(), *tilestage.derived_names(place, layers).values()]
         tiles = looks.present(clients.tiles.container_name, (blob for blobs in made.values() for blob in blobs))
     return {task: [names.TILE_OUTPUT_PREFIX + blob for blob in blobs]
             for task, blobs in made.items() if all(blob in tiles for blob in blobs)}

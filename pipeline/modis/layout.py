@@ -153,11 +153,22 @@ def output_name(task: dict[str, Any], name: str) -> str:
     return stem.split(".")[1]  # a tile: PRODUCT.LAYER.DATE.TILE
 
 
-def dependencies(task: dict[str, Any], by_key: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """The entries of the tasks the entry's task waited for, in order."""
+def by_task(entries: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """A manifest's entries by their task (a task of several places has one per place)."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for entry in entries:
+        found.setdefault(entry["task"], []).append(entry)
+    return found
+
+
+def dependencies(task: dict[str, Any], by_key: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The entries of the tasks the entry's task waited for, in order (of a task of several
+    places, the entry of the entry's own place: a reduction reads its target tile's)."""
     if not waits(task) or not task.get("deps"):
         return []
     found = []
     for first, count in runs(task["deps"]):
-        found += [by_key[key] for seq in range(first, first + count) if (key := names.task_key(seq)) in by_key]
+        for seq in range(first, first + count):
+            entries = by_key.get(names.task_key(seq), [])
+            found += [e for e in entries if e.get("tile") == task.get("tile")] if len(entries) > 1 else entries
     return found

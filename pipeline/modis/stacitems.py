@@ -251,9 +251,9 @@ def write_catalog(out: Path, manifest: dict[str, Any]) -> Path:
     manifest ``stac``. Returns the collection's path."""
     out = out.resolve()  # pystac takes a relative path for one relative to its item: each file named from here
     catalog = manifest.get("catalog") or {}
-    by_key = {task["task"]: task for task in manifest["tasks"]}
+    by_key = layout.by_task(manifest["tasks"])
     items: list[pystac.Item] = []
-    made: dict[str, pystac.Item] = {}
+    made: dict[tuple[str, str], pystac.Item] = {}  # by task and tile (a task of several places has an item per place)
     paths: dict[str, Path] = {}
     for task in sorted(manifest["tasks"], key=layout.waits):  # tiles first
         files = [out / name for name in task.get("files", [])]
@@ -266,9 +266,10 @@ def write_catalog(out: Path, manifest: dict[str, Any]) -> Path:
         if item is None:
             continue
         for dep in deps:
-            if dep["task"] in made:
-                item.add_link(pystac.Link("derived_from", made[dep["task"]], media_type=pystac.MediaType.GEOJSON))
-        made[task["task"]] = item
+            if (dep["task"], str(dep.get("tile"))) in made:
+                item.add_link(pystac.Link("derived_from", made[(dep["task"], str(dep.get("tile")))],
+                                          media_type=pystac.MediaType.GEOJSON))
+        made[(task["task"], str(task.get("tile")))] = item
         paths[item.id] = folder / f"{item.id}.json"
         task["item"] = paths[item.id].relative_to(out).as_posix()
         items.append(item)
@@ -284,20 +285,24 @@ def write_catalog(out: Path, manifest: dict[str, Any]) -> Path:
     return out / COLLECTION_FILE
 
 
-def region_items(out: Path, manifest: dict[str, Any], made: dict[str, pystac.Item], catalog: dict[str, Any],
-                 paths: dict[str, Path]) -> list[pystac.Item]:
+def region_items(out: Path, manifest: dict[str, Any], made: dict[tuple[str, str], pystac.Item],
+                 catalog: dict[str, Any], paths: dict[str, Path]) -> list[pystac.Item]:
     """An item per region mosaic of a product and period (tile ``region``, stage ``mosaic``),
-    ``derived_from`` the items it mosaics, naming all their granules."""
-    by_key = {task["task"]: task for task in manifest["tasks"]}
+    ``derived_from`` the items it mosaics (each tile's of the tasks it names), naming all
+    their granules."""
+    by_key = layout.by_task(manifest["tasks"])
+    items_of: dict[str, list[pystac.Item]] = {}
+    for (of_task, _), one in made.items():
+        items_of.setdefault(of_task, []).append(one)
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for entry in manifest.get("regions", []):
         groups.setdefault((entry["folder"], entry["span"], entry["product"]), []).append(entry)
     found = []
     for (name, span, product), mosaics in sorted(groups.items()):
-        tasks = [made[t] for entry in mosaics for t in entry["tasks"] if t in made]
-        reduced = [by_key[t] for entry in mosaics for t in entry["tasks"] if by_key[t].get("reducer")]
-        program = {key: reduced[0][key] for key in ("reducer", "bundle", "digest", "args") if key in reduced[0]} \
-            if reduced else {}
+        tasks = [one for entry in mosaics for t in dict.fromkeys(entry["tasks"]) for one in items_of.get(t, [])]
+        reduced = [by_key[t][0] for entry in mosaics for t in entry["tasks"] if by_key[t][0].get("reducer")]
+        program: dict[str, Any] = {key: reduced[0][key] for key in ("reducer", "bundle", "digest", "args")
+                                   if key in reduced[0]} if reduced else {}
         first = mosaics[0]
         task = {"stage": "mosaic", "product": product, "tile": "region", "date": first["start"],
                 "start": first["start"], "end": first["end"], "region": f"{name}.{span}", **program}

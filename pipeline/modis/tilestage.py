@@ -1,15 +1,21 @@
-"""The tile task's stage ("modis"): collection then reprojection of one (target tile, date,
-product), each step's output cached on its own, one output per requested layer.
+"""The tile task's stage ("modis"): collection then reprojection of one (batch of target
+tiles, date, product), each step's output cached on its own, one output per target tile and
+requested layer.
 
 The planner has already found the granules (``granules`` param: by MODIS tile, the granule
-id and its files' hrefs). A task whose (tiles, date) the catalog does not have ends NO_DATA:
-missing data is data. The others collect their files in parallel (each fetched once from
-its archive, or read from the ``sources`` cache) — a COG per layer and per quality layer
-where the catalog has them, else the granule's HDF4 file — and warp each layer into a
-content-addressed blob in ``tiles``, so a tile some earlier request already made ends the
-task ``CACHED`` without touching a raster. A request whose region is a polygon has its
-tiles clipped to it: a pixel whose centre is outside is nodata, in the tile and in all
-made from it, and the polygon's digest is part of the tile's content address.
+id and its files' hrefs) and, for a task of several target tiles (``pipeline.modis.batches``),
+which of them each one reads (``planning.places``: each target tile as a task of it alone
+would have it). A task whose (tiles, date) the catalog does not have ends NO_DATA: missing
+data is data; a target tile of a batch with none makes nothing. The others collect their
+files in parallel, each fetched once for the whole batch (from its archive, or read from
+the ``sources`` cache) — a COG per layer and per quality layer where the catalog has them,
+else the granule's HDF4 file — and warp each layer of each target tile, from that tile's own
+granules, into a content-addressed blob in ``tiles``: the same pixels and the same name
+whatever batch it was warped in, so a tile some earlier request already made is not warped
+again, and a task whose every tile was made ends ``CACHED`` without touching a raster. A
+request whose region is a polygon has its tiles clipped to it: a pixel whose centre is
+outside is nodata, in the tile and in all made from it, and the polygon's digest is part of
+the tile's content address.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -29,7 +36,7 @@ from pyproj import Transformer
 from rasterio.features import geometry_mask
 from rasterio.io import MemoryFile
 
-from pipeline import stages
+from pipeline import planning, stages
 from pipeline.failures import FailureClass, StageFailure
 from pipeline.modis import TILE_STAGE, collection, reprojection, synthetic
 from pipeline.modis.granules import HDF, Granule, from_param
@@ -125,13 +132,17 @@ def source_blobs(params: dict[str, str]) -> dict[tuple[str, str], str]:
             for layer in layers_of(params) for gid, key in inputs_of(list(granules.values()), product, layer)}
 
 
+PLACES_AT_ONCE = 4  # target tiles of a batch warped and stored at once (GDAL and uploads release the GIL)
+
+
 @stages.stage(TILE_STAGE)
 def modis(ctx: StageContext) -> None:
     params = ctx.params
     product = CATALOG[params["product"]]
     if "granules" not in params:
         raise StageFailure(FailureClass.USER_CODE, "the task was planned without a catalog search")
-    granules = from_param(params["granules"])
+    places = [(place, own) for place in planning.places(params) if (own := from_param(place["granules"]))]
+    granules = list({g.id: g for _, own in places for g in own}.values())
     if not granules:
         ctx.no_data = True  # the catalog has none of its (tile, date)s: ocean, or an outage
         return
@@ -159,42 +170,53 @@ def modis(ctx: StageContext) -> None:
 
     with tempfile.TemporaryDirectory(prefix="bagpipe-") as tmp:
         local: dict[tuple[str, str], Path] = {}
+        fetching = threading.Lock()
 
-        def sources(layer: str) -> list[reprojection.Source]:
-            """The layer's sources on local disk (fetched once per task, in parallel)."""
-            items = [(g.id, key) for g in granules for key in needs[(g.id, layer)] if (g.id, key) not in local]
-            with ThreadPoolExecutor(max(1, len(items))) as pool:  # those just fetched are in hand already
-                got = list(pool.map(lambda item: found[item] if found[item].data is not None else
-                                    collect(item, True), items))
-            for item, source in zip(items, got, strict=True):
-                path = Path(tmp, f"{len(local)}-{source.name.rsplit('/', 1)[-1]}")
-                path.write_bytes(source.data or b"")
-                local[item] = path
+        def sources(layer: str, reading: list[Granule]) -> list[reprojection.Source]:
+            """The layer's sources of ``reading`` on local disk (each fetched once per task, in parallel)."""
+            with fetching:
+                items = [(g.id, key) for g in reading for key in needs[(g.id, layer)] if (g.id, key) not in local]
+                with ThreadPoolExecutor(max(1, len(items))) as pool:  # those just fetched are in hand already
+                    got = list(pool.map(lambda item: found[item] if found[item].data is not None else
+                                        collect(item, True), items))
+                for item, source in zip(items, got, strict=True):
+                    path = Path(tmp, f"{len(local)}-{source.name.rsplit('/', 1)[-1]}")
+                    path.write_bytes(source.data or b"")
+                    local[item] = path
             return [reprojection.Source(g.id, {key: local[(g.id, key)] for key in needs[(g.id, layer)]})
-                    for g in granules]
+                    for g in reading]
 
-        cached = True
         digests = {item: found[item].md5.hex() for item in found}
-        made_as: dict[str, str] = {}
-        for layer in layers:
-            target = target_of(params, layer)
-            name = tile_name(params, layer, digests)
-            made = cache.ensure(
-                ctx.clients.transfers, ctx.clients.tiles, name,
-                lambda layer=layer, target=target: clip(reprojection.warp(  # type: ignore[misc]  # bound defaults
-                    sources(layer), product, layer, target,
-                    tags={"DATE": params["date"], "TARGET_TILE": params["tile"]} | synthetic_tag(granules))),
-                "image/tiff", want_data=False, owner=owner, tidy=ctx.attempt > 1)
-            cached = cached and not made.made
-            made_as[layer] = name
-            ctx.outputs.append(names.TILE_OUTPUT_PREFIX + name)
-        for name, blob in derived_names(params, made_as).items():
-            made = cache.ensure(ctx.clients.transfers, ctx.clients.tiles, blob,
-                                lambda name=name: derive(ctx, params, name, made_as),  # type: ignore[misc]
-                                "image/tiff", want_data=False, owner=owner, tidy=ctx.attempt > 1)
-            cached = cached and not made.made
-            ctx.outputs.append(names.TILE_OUTPUT_PREFIX + blob)
-        ctx.cached = cached
+
+        def place(view: dict[str, str], own: list[Granule]) -> tuple[list[str], bool]:
+            """One target tile's outputs, made from its own granules ``own``: their names, and
+            whether every one was made already."""
+            outputs, cached, made_as = [], True, {}
+            for layer in layers:
+                target = target_of(view, layer)
+                name = tile_name(view, layer, digests)
+                made = cache.ensure(
+                    ctx.clients.transfers, ctx.clients.tiles, name,
+                    lambda layer=layer, target=target: clip(reprojection.warp(  # type: ignore[misc]  # bound defaults
+                        sources(layer, own), product, layer, target,
+                        tags={"DATE": view["date"], "TARGET_TILE": view["tile"]} | synthetic_tag(own))),
+                    "image/tiff", want_data=False, owner=owner, tidy=ctx.attempt > 1)
+                cached = cached and not made.made
+                made_as[layer] = name
+                outputs.append(names.TILE_OUTPUT_PREFIX + name)
+            for name, blob in derived_names(view, made_as).items():
+                made = cache.ensure(ctx.clients.transfers, ctx.clients.tiles, blob,
+                                    lambda name=name: derive(ctx, view, name, made_as),  # type: ignore[misc]
+                                    "image/tiff", want_data=False, owner=owner, tidy=ctx.attempt > 1)
+                cached = cached and not made.made
+                outputs.append(names.TILE_OUTPUT_PREFIX + blob)
+            return outputs, cached
+
+        with ThreadPoolExecutor(min(PLACES_AT_ONCE, len(places)), thread_name_prefix="place") as pool:
+            ended = list(pool.map(lambda args: place(*args), places))
+        for outputs, _ in ended:
+            ctx.outputs += outputs
+        ctx.cached = all(cached for _, cached in ended)
 
 
 def synthetic_tag(granules: list[Granule]) -> dict[str, str]:

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import stages
+from pipeline import planning, stages
 from pipeline.failures import FailureClass, StageFailure
 from pipeline.lifecycle import tasks
 from pipeline.lifecycle.status import TaskStatus
@@ -83,18 +83,25 @@ class Gathered:
 
 def gather(ctx: StageContext, inputs: list[tuple[str, str, str]]) -> Gathered:
     """The outputs of the tasks ``ctx``'s task waited for, for its inputs ((alias, product,
-    layer) each)."""
+    layer) each), of its own target tile (a tile task of a batch made those of each of its
+    target tiles: ``planning.places``)."""
     found = Gathered({alias: [] for alias, _, _ in inputs})
     for row in tasks.list_ranges(ctx.clients.tasks, ctx.part, tasks.ranges_of(ctx.params["deps"])):
-        _take(row, inputs, found)
+        _take(row, inputs, found, ctx.params["tile"])
     for dated in found.tiles.values():
         dated.sort()
     return found
 
 
-def _take(row: TaskRow, inputs: list[tuple[str, str, str]], found: Gathered) -> None:
+def _take(row: TaskRow, inputs: list[tuple[str, str, str]], found: Gathered, tile: str) -> None:
     params = row.parameters()
     outputs = [o.removeprefix(names.TILE_OUTPUT_PREFIX) for o in row.output_names()] if row.status in GOOD else []
+    status = row.status
+    if row.stage != CLIMATOLOGY_STAGE and "," in params.get("tile", ""):  # a batch's: this tile's own
+        params = next(p for p in planning.places(params) if p["tile"] == tile)
+        outputs = planning.outputs_of(outputs, tile, True)
+        if status in GOOD and params.get("granules") == "{}":
+            status = TaskStatus.NO_DATA  # the catalog had none of the MODIS tiles this target covers
     if row.stage == CLIMATOLOGY_STAGE:
         alias = json.loads(params["input"])[0]
         if outputs:
@@ -103,7 +110,7 @@ def _take(row: TaskRow, inputs: list[tuple[str, str, str]], found: Gathered) -> 
             found.failed.append(f"baseline of {alias}")
         return
     day = params["date"]
-    if row.status is TaskStatus.NO_DATA:
+    if status is TaskStatus.NO_DATA:
         found.missing.append(day)
     elif not outputs:
         found.failed.append(day)

@@ -18,7 +18,7 @@ import numpy as np
 import rasterio
 from affine import Affine
 
-from pipeline import stages
+from pipeline import planning, stages
 from pipeline.failures import FailureClass, StageFailure
 from pipeline.reduction import CUBE_GATHER, gather
 from pipeline.science import cubes
@@ -54,11 +54,13 @@ def cube(ctx: StageContext) -> None:
             continue
         found = row.parameters()
         day = date.fromisoformat(found.get("start") or found["date"])
-        for output in row.output_names():
-            blob = output.removeprefix(names.TILE_OUTPUT_PREFIX)
-            name = _variable_of(blob, row.stage, params["layer"])
-            if name is not None:
-                placed.append((name, day, blob, found["tile"]))
+        several = "," in found.get("tile", "")
+        for place in planning.places_of(found.get("tile", "")):  # a batch's tile task: each target tile's own
+            for output in planning.outputs_of(row.output_names(), place, several):
+                blob = output.removeprefix(names.TILE_OUTPUT_PREFIX)
+                name = _variable_of(blob, row.stage, params["layer"])
+                if name is not None:
+                    placed.append((name, day, blob, place))
     if not placed:
         ctx.no_data = True
         return

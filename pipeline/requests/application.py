@@ -15,7 +15,7 @@ from pipeline import planning
 from pipeline.lifecycle import jobs, results, storable
 from pipeline.lifecycle.jobs import JobRow
 from pipeline.lifecycle.status import JobState
-from pipeline.modis import POINT_STAGE, TILE_STAGE, cachedtiles, layout, overview, points, tilestage
+from pipeline.modis import POINT_STAGE, TILE_STAGE, batches, cachedtiles, layout, overview, points, tilestage
 from pipeline.modis.granules import from_param
 from pipeline.planning import Finished, TaskPlan
 from pipeline.redact import redact
@@ -40,8 +40,9 @@ class Requests:
     """The application of ``planning.Application``: MODIS requests as tile tasks and reductions."""
 
     def plan(self, settings: Settings, request: str, resolved: str, *, search: bool, limit: int) -> list[TaskPlan]:
+        batch = settings.tile_batch or (batches.MAX_TARGETS if settings.tile_stage == TILE_STAGE else 1)
         specs = expand(JobRequest.model_validate_json(request), limit, settings.tile_stage,
-                       Program.from_json(resolved) if resolved else None)
+                       Program.from_json(resolved) if resolved else None, batch=batch)
         return plan_of(with_sources(resolve(settings, specs, TILE_STAGE, POINT_STAGE)) if search else specs)
 
     def entry(self, params: dict[str, str]) -> dict[str, Any]:

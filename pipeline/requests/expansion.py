@@ -1,8 +1,11 @@
 """What a request becomes: its tile tasks, the climatologies of its baseline, its reductions.
 
-- A **tile task** per (target tile, date, product) makes the product's layers the request
-  names (and those its reductions and derived layers read) on the target grid, and its
-  derived layers (per-date expressions).
+- A **tile task** per (batch of target tiles, date, product) makes, for each target tile of
+  its batch (``pipeline.modis.batches``), the product's layers the request names (and those
+  its reductions and derived layers read) on the target grid, and its derived layers
+  (per-date expressions): one output per target tile and layer, as a task per target tile
+  would make them, in a fraction of the tasks. A tile stage other than ``modis`` (the
+  tests' stand-ins) warps one target tile a task.
 - A **climatology** task per (target tile, input, baseline group) reduces each baseline
   year's days of the group and keeps the years' mean, standard deviation, minimum and
   maximum (``pipeline.science.climatology``): content-addressed by what it is made of, so a
@@ -19,11 +22,14 @@
   and layer and per reduction output.
 
 The tasks are listed in release order: every tile task first (the window releases them),
-each target tile's baseline dates, then its span's dates group by group, so that its first
+each batch's baseline dates, then its span's dates group by group, so that its first
 reductions can run early; then the climatologies; then the reductions; the gathers last. A
-task and those it waits for share a partition (the target tile's), so that each end counts
-itself off in its own transaction; a gather, which waits for tasks of every partition, is
-released by the lifecycle once all the others have ended.
+task and those it waits for share a partition (the batch's: a tile task feeds the
+reductions and climatologies of each target tile of its batch), so that each end counts
+itself off in its own transaction; a batch is kept small enough that a tile task feeds at
+most ``batches.MAX_FEEDS`` of them, within a transaction's 100 operations. A gather, which
+waits for tasks of every partition, is released by the lifecycle once all the others have
+ended.
 """
 
 from __future__ import annotations
@@ -35,7 +41,8 @@ from dataclasses import dataclass, field, replace
 from datetime import date
 from datetime import date as Day  # where a field named ``date`` hides the type
 
-from pipeline.modis import POINT_STAGE, TILE_STAGE
+from pipeline import planning
+from pipeline.modis import POINT_STAGE, TILE_STAGE, batches
 from pipeline.modis.granules import Granule, as_param
 from pipeline.modis.grid import Tile
 from pipeline.modis.products import CATALOG, period_count, periods
@@ -71,13 +78,13 @@ Window = tuple[date, date]
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """One task a request expands to: a tile task (a stage over one target tile, date and
-    product), a climatology or a reduction (over the tasks ``deps``, ranges of sequence
-    numbers: (first, count) each)."""
+    """One task a request expands to: a tile task (a stage over a batch of target tiles, a
+    date and a product), a climatology or a reduction (of one target tile, over the tasks
+    ``deps``, ranges of sequence numbers: (first, count) each)."""
 
     stage: str
     product: str
-    target: TargetTile
+    target: TargetTile  # a tile task's: its batch's first
     date: Day
     layers: tuple[str, ...] = ()  # a tile task's layers to make (first: a legacy reduction's input)
     derived: tuple[tuple[str, str], ...] = ()  # a tile task's derived layers: (name, expression)
@@ -95,10 +102,16 @@ class TaskSpec:
     clip: str = ""  # a tile task's: the digest of the polygon its pixels are clipped to
     extra: tuple[tuple[str, str], ...] = ()  # further parameters of its stage (a point task's sites, a zonal's zones)
     sites: int = 0  # a point task's count of sites
+    batch: tuple[TargetTile, ...] = ()  # a tile task's target tiles, if more than its target
 
     @property
     def tile(self) -> str:
-        return self.target.name
+        """Its target tile (a tile task's: its batch's, comma-separated)."""
+        return ",".join(t.name for t in self.targets)
+
+    @property
+    def targets(self) -> tuple[TargetTile, ...]:
+        return self.batch or (self.target,)
 
     @property
     def waits(self) -> int:
@@ -107,13 +120,16 @@ class TaskSpec:
     def params(self) -> dict[str, str]:
         """What the task row carries for its stage (strings, as a table row keeps them)."""
         grid = self.target.grid
-        found = {
+        found = {  # a batch's places: its tiles by ",", their bounds, sources and reads by ";" (``planning.places``)
             "product": self.product, "tile": self.tile, "date": self.date.isoformat(),
             "crs": grid.crs, "res": repr(grid.resolution),
-            "bounds": ",".join(map(repr, self.target.bounds())),
-            "sources": ",".join(t.name for t in self.target.sources()),
+            "bounds": planning.PLACES.join(",".join(map(repr, t.bounds())) for t in self.targets),
+            "sources": planning.PLACES.join(",".join(s.name for s in t.sources()) for t in self.targets),
             "layers": ",".join(self.layers),
         }
+        if self.batch:
+            found[planning.READS] = planning.PLACES.join(",".join(t.name for t in tiles)
+                                                         for tiles in self.place_reads())
         if self.derived:
             found["derived"] = json.dumps(dict(self.derived))
         if self.intermediate:
@@ -150,6 +166,16 @@ class TaskSpec:
                 found["last"] = self.last_period().isoformat()
         return found
 
+    def place_reads(self) -> list[list[Tile]]:
+        """Per target tile of its batch, the MODIS tiles whose granules its warp reads: those
+        within its reach (``TargetTile.reads``) the catalog has, if it has one of those the
+        target covers (none otherwise: that target has no data, as a task of it alone)."""
+        if self.granules is None:
+            return [t.reads() for t in self.targets]
+        have = {g.tile for g in self.granules}
+        return [[r for r in t.reads() if r.name in have] if any(s.name in have for s in t.sources()) else []
+                for t in self.targets]
+
     def last_period(self) -> Day:
         """A legacy reduction's last period's first day (its span's, as it was named)."""
         assert self.group is not None
@@ -168,14 +194,9 @@ class TaskSpec:
     def work(self) -> float:
         """Its work in megapixels (the unit of the runtime history): the target tile's pixels
         times the layers it makes, times the dates a waiting task reads (its inputs' size)."""
-        grid = self.target.grid
         if self.stage == POINT_STAGE:  # its sites' windows, and a granule's file read for each layer
             return max(self.sites * len(self.layers) / 1e3, 1e-6)
-        if grid.native:
-            pixels = float(CATALOG[self.product].pixels) ** 2
-        else:
-            west, south, east, north = self.target.bounds()
-            pixels = round(abs(east - west) / grid.resolution) * round(abs(north - south) / grid.resolution)
+        pixels = float(sum(batches.pixels_of(t, CATALOG[self.product].pixels) for t in self.targets))
         count = max(1, len(self.layers) + len(self.derived)) if self.reduction is None else max(1, self.waits)
         return max(pixels * count / 1e6, 1e-6)
 
@@ -263,10 +284,11 @@ def count_tasks(request: JobRequest, reductions: list[Reduction]) -> int:
 
 
 def expand(request: JobRequest, max_tasks: int, tile_stage: str = TILE_STAGE,
-           program: Program | None = None) -> list[Spec]:
+           program: Program | None = None, batch: int = 1) -> list[Spec]:
     """The tasks of a request, in release order (see the module's text); or a RequestError.
     ``program`` is what the request's program resolved to (``pipeline.web.registry.resolve``
-    checks the name first); without it the program is an installed one of that name."""
+    checks the name first); without it the program is an installed one of that name. ``batch``:
+    the most target tiles a tile task warps (``pipeline.modis.batches``; 1: a task each)."""
     unknown = [p for p in request.products if p not in CATALOG]
     if unknown:
         raise RequestError(400, "products", f"unknown product(s) {', '.join(map(repr, unknown))}; "
@@ -289,11 +311,17 @@ def expand(request: JobRequest, max_tasks: int, tile_stage: str = TILE_STAGE,
     targets = [t for t in with_sources(targets_of(request)) if t.sources()]
     if not targets:
         raise RequestError(400, "region", "the region covers no MODIS tile")
-    plan = _Plan(request, tile_stage, layers_needed(request, reductions + ([zonal] if zonal else [])), derived)
-    for index, target in enumerate(targets):
-        plan.target(index, target, reductions, zonal)
-    listed = plan.listed()
-    return listed + _gathers(request, listed, derived)
+    needed = layers_needed(request, reductions + ([zonal] if zonal else []))
+    native = max(CATALOG[p].pixels for p in request.products)
+    most = max(1, batch)
+    while True:
+        plan = _Plan(request, tile_stage, needed, derived)
+        for index, targets_of_one in enumerate(batches.batches(targets, native, most)):
+            plan.batch(index, targets_of_one, reductions, zonal)
+        listed = plan.listed()
+        if most == 1 or max((len(s.feeds) for s in listed if len(s.targets) > 1), default=0) <= batches.MAX_FEEDS:
+            return listed + _gathers(request, listed, derived)
+        most //= 2  # its tile tasks would feed more than a transaction can count off: smaller batches
 
 
 def zonal_of(request: JobRequest, derived: dict[str, dict[str, str]],
@@ -398,7 +426,7 @@ def _gathers(request: JobRequest, listed: list[TaskSpec], derived: dict[str, dic
 def _lonlat_box(listed: list[TaskSpec]) -> str:
     """The lon/lat box of the tasks' target tiles (what a table or cube covers): west > east
     across ±180°, as the tiles on either side say."""
-    boxes = {lonlat_bounds(s.target.grid.crs, ",".join(map(repr, s.target.bounds()))) for s in listed}
+    boxes = {lonlat_bounds(t.grid.crs, ",".join(map(repr, t.bounds()))) for s in listed for t in s.targets}
     west, south = min(b[0] for b in boxes), min(b[1] for b in boxes)
     east, north = max(b[2] for b in boxes), max(b[3] for b in boxes)
     if west <= -180.0 and east >= 180.0:  # tiles on both sides of ±180°: from the eastern ones' west to the others'
@@ -440,10 +468,10 @@ class _Plan:
     def _derived(self, product: str) -> tuple[tuple[str, str], ...]:
         return tuple(sorted(self.derived.get(product, {}).items()))
 
-    def target(self, index: int, target: TargetTile, reductions: list[Reduction],
-               zonal: Reduction | None = None) -> None:
-        """Plan one target tile: its tile tasks (baselines' first), climatologies, reductions
-        and zonal statistics."""
+    def batch(self, index: int, batch: tuple[TargetTile, ...], reductions: list[Reduction],
+              zonal: Reduction | None = None) -> None:
+        """Plan one batch of target tiles: its tile tasks (baselines' first), then for each
+        target tile its climatologies, reductions and zonal statistics."""
         seq_of: dict[tuple[str, date], int] = {}
         reductions = reductions + ([zonal] if zonal is not None else [])
         partition = index if reductions else None
@@ -452,13 +480,38 @@ class _Plan:
             key = (product, day)
             if key not in seq_of:
                 seq_of[key] = len(self.tiles)
-                self.tiles.append(TaskSpec(self.tile_stage, product, target, day, layers=self.layers[product],
+                self.tiles.append(TaskSpec(self.tile_stage, product, batch[0], day, layers=self.layers[product],
                                            derived=self._derived(product), intermediate=intermediate,
-                                           partition=partition, clip=self.clip))
+                                           partition=partition, clip=self.clip,
+                                           batch=batch if len(batch) > 1 else ()))
             elif not intermediate and self.tiles[seq_of[key]].intermediate:
                 self.tiles[seq_of[key]] = replace(self.tiles[seq_of[key]], intermediate=False)
             return seq_of[key]
 
+        planned: list[tuple[TaskSpec, list[int], list[int], list[int]]] = []
+        for target in batch:  # the reductions one reads the outputs of: indexes among its own, then among planned
+            planned += [(spec, deps, climates, [len(planned) + r for r in after])
+                        for spec, deps, climates, after in self._target(target, reductions, partition, tile)]
+        for spec, deps, _, _ in planned:  # a reduction's tiles, group by group: its inputs' dates in its group
+            assert spec.reduction is not None and spec.group is not None
+            if spec.reduction.over:
+                continue  # it reads a reduction's outputs, which read the tiles
+            for product in sorted({i.product for i in spec.reduction.inputs}):
+                days = members(spec.reduction.by, spec.group, self.span,
+                               [Period(d, CATALOG[product].period_days) for d in self.dates[product]])
+                deps += [tile(product, p.first, False) for p in days]
+        for product in self.products:  # the span's other dates (of a product no reduction reads)
+            for day in self.dates[product]:
+                tile(product, day, False)
+        first = len(self.reductions)
+        self.reductions += [(spec, deps, climates, [first + r for r in after])
+                            for spec, deps, climates, after in planned]
+
+    def _target(self, target: TargetTile, reductions: list[Reduction], partition: int | None,
+                tile: Callable[[str, date, bool], int]) -> list[tuple[TaskSpec, list[int], list[int], list[int]]]:
+        """One target tile's climatologies (planned) and reductions and zonal statistics
+        (each with the climatologies it reads and the reductions, among those returned,
+        it reads the outputs of)."""
         made: dict[tuple[Input, tuple[Window, ...], str], int] = {}  # climatologies, by what they are
         planned: list[tuple[TaskSpec, list[int], list[int], list[int]]] = []
         at: dict[tuple[str, str], int] = {}  # (a reduction's name, a group's key): its task among planned
@@ -476,20 +529,7 @@ class _Plan:
                                          derived_layers=self.derived_layers,
                                          extra=self.zones if reduction.kind == "zonal" else ()),
                                 [], climates, after))
-        for spec, deps, _, _ in planned:  # a reduction's tiles, group by group: its inputs' dates in its group
-            assert spec.reduction is not None and spec.group is not None
-            if spec.reduction.over:
-                continue  # it reads a reduction's outputs, which read the tiles
-            for product in sorted({i.product for i in spec.reduction.inputs}):
-                days = members(spec.reduction.by, spec.group, self.span,
-                               [Period(d, CATALOG[product].period_days) for d in self.dates[product]])
-                deps += [tile(product, p.first, False) for p in days]
-        for product in self.products:  # the span's other dates (of a product no reduction reads)
-            for day in self.dates[product]:
-                tile(product, day, False)
-        first = len(self.reductions)
-        self.reductions += [(spec, deps, climates, [first + r for r in after])
-                            for spec, deps, climates, after in planned]
+        return planned
 
     def _climatologies(self, reduction: Reduction, group: Group, target: TargetTile, partition: int | None,
                        tile: Callable[[str, date, bool], int],

@@ -21,7 +21,7 @@ from pipeline.modis.catalogs import CollectionMissing, catalog_for, footprint
 from pipeline.modis.granules import Granule, pick
 from pipeline.modis.grid import RADIUS
 from pipeline.modis.products import CATALOG, last_day
-from pipeline.modis.targets import REACH_METRES
+from pipeline.modis.targets import REACH_METRES, TargetTile
 from pipeline.planning import RequestError
 from pipeline.reduction import CLIMATOLOGY_STAGE
 from pipeline.requests.expansion import Spec, TaskSpec
@@ -43,7 +43,8 @@ def resolve(settings: Settings, specs: Sequence[Spec], *stages: str) -> list[Spe
     found: dict[tuple[str, str, date], Granule] = {}
     for name, tasks in wanted.items():
         product = CATALOG[name]
-        box = widened(footprint({t.target for t in tasks}), math.degrees(3 * REACH_METRES / RADIUS))
+        box = widened(footprint({target for t in tasks for target in t.targets}),
+                      math.degrees(3 * REACH_METRES / RADIUS))
         days = sorted({t.date for t in tasks})
         last = last_day(product, days[-1])  # a year's last composite ends with the year
         try:
@@ -54,12 +55,20 @@ def resolve(settings: Settings, specs: Sequence[Spec], *stages: str) -> list[Spe
     out: list[Spec] = []
     for spec in specs:
         if isinstance(spec, TaskSpec) and spec.stage in stages:
-            covered = any((spec.product, tile.name, spec.date) in found for tile in spec.target.sources())
-            spec = replace(spec, granules=tuple(found[key] for tile in spec.target.reads()
-                                                 if (key := (spec.product, tile.name, spec.date)) in found)
-                           if covered else ())
+            spec = replace(spec, granules=tuple(found[key] for tile in _reads(spec, found)
+                                                 if (key := (spec.product, tile, spec.date)) in found))
         out.append(spec)
     return out
+
+
+def _reads(spec: TaskSpec, found: dict[tuple[str, str, date], Granule]) -> list[str]:
+    """The MODIS tiles whose granules a tile task reads: of each target tile of its batch
+    that covers a tile the catalog has, the tiles within its reach (``TargetTile.reads``)."""
+    tiles: dict[str, None] = {}
+    for target in spec.targets:
+        if any((spec.product, tile.name, spec.date) in found for tile in target.sources()):
+            tiles |= dict.fromkeys(tile.name for tile in target.reads())
+    return list(tiles)
 
 
 def widened(box: tuple[float, float, float, float], degrees: float) -> tuple[float, float, float, float]:
@@ -85,7 +94,16 @@ def with_sources(specs: list[Spec]) -> list[Spec]:
         if isinstance(spec, TaskSpec) and spec.stage == CLIMATOLOGY_STAGE:
             dates = [d for first, count in spec.deps for seq in range(first, first + count)
                      if isinstance(d := specs[seq], TaskSpec)]
-            read = ((d.date.isoformat(), tuple(sorted(g.id for g in d.granules or ()))) for d in dates)
+            read = ((d.date.isoformat(), tuple(sorted(g.id for g in _of_target(d, spec.target)))) for d in dates)
             spec = replace(spec, sources=tuple(sorted(read)))
         out.append(spec)
     return out
+
+
+def _of_target(spec: TaskSpec, target: TargetTile) -> list[Granule]:
+    """The granules a tile task reads for one target tile of its batch (as a task of that
+    target alone would have them)."""
+    if not spec.batch:
+        return list(spec.granules or ())
+    reads = {tile.name for tile in spec.place_reads()[spec.targets.index(target)]}
+    return [g for g in spec.granules or () if g.tile in reads]

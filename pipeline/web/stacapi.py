@@ -94,7 +94,7 @@ def made(clients: Clients, job: str, manifest: dict[str, Any]) -> dict[str, Any]
 def make(clients: Clients, job: str, manifest: dict[str, Any]) -> dict[str, Any]:
     """Read each product's header through a link and describe the job as STAC."""
     catalog = manifest.get("catalog") or {}
-    by_key = {task["task"]: task for task in manifest["tasks"]}
+    by_key = layout.by_task(manifest["tasks"])
     sign = _signer(clients)
 
     def item_of(task: dict[str, Any]) -> dict[str, Any] | None:

@@ -68,7 +68,7 @@ class Run:
             storage_connection=azurite.connection_string, namespace=f"t{secrets.token_hex(5)}",
             lease_seconds=lease_seconds, window=4, partitions=min(2, TASK_QUEUES), shards=TASK_QUEUES,
             mail_mode="smtp", smtp_port=self.mail.port,
-            tile_stage="fault_tile", stage_modules="tests.harness.fault_stage", max_tasks=100,
+            tile_stage="fault_tile", tile_batch=32, stage_modules="tests.harness.fault_stage", max_tasks=100,
             stage_limits=json.dumps({"fault_tile": {"max_transient_attempts": 20}}))
         with self.quiet():
             Clients(self.settings).ensure_resources()  # as Bicep does: before the run, not faulted

@@ -234,9 +234,8 @@ def _entries(clients: Clients, row: JobRow) -> list[dict[str, Any]]:
         if found is not None:
             entries: list[dict[str, Any]] = found["tasks"]
             return entries
-    return [{"task": t.task, "stage": t.stage, **layout.typed(t.parameters()), "status": t.status.value,
-             "outputs": t.output_names() if t.status in (TaskStatus.SUCCEEDED, TaskStatus.CACHED) else []}
-            for t in tasks.list_tasks(clients.tasks, row.parts)]
+    return [{"task": t.task, "stage": t.stage, **layout.typed(params), "status": status.value, "outputs": outputs}
+            for t in tasks.list_tasks(clients.tasks, row.parts) for params, status, outputs in t.places()]
 
 
 def _is_result(entry: dict[str, Any], compiled: graph.Compiled, output: str) -> bool:
