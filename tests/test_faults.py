@@ -23,7 +23,7 @@ POINTS = [
     ("refuse", "control POST tasks-N/messages#1"),  # a task's message cannot be sent, the release goes on
     ("drop", "w1 POST $batch{attempt,deadline,dispatch,rollup,task} [RUNNING]#1"),  # a claim lands, its answer lost
     ("crash", "w1 POST $batch{attempt,deadline,rollup,task} [SUCCEEDED]#1"),  # a worker dies right after its commit
-    ("crash", "control PUT products/pack?block#1"),  # a finisher dies while writing the job's outputs
+    ("crash", "control PUT products/blob?block#1"),  # a finisher dies while writing the job's outputs (its pack)
     ("refuse", "control PATCH jobs(FinisherUntil,NotifiedAt){job}#1"),  # the email sent, its record refused
 ]
 

@@ -84,9 +84,9 @@ def tile_files(clients: Clients, rows: list[tasks.TaskRow]) -> dict[date, list[b
     found: dict[date, list[bytes]] = {}
     for row in rows:
         if row.stage == "modis" and row.status in (TaskStatus.SUCCEEDED, TaskStatus.CACHED):
-            (output,) = row.output_names()
-            found.setdefault(date.fromisoformat(row.parameters()["date"]), []).append(
-                clients.tiles.download_blob(output.removeprefix(names.TILE_OUTPUT_PREFIX)).readall())
+            for output in row.output_names():  # a batch's: each target tile's
+                found.setdefault(date.fromisoformat(row.parameters()["date"]), []).append(
+                    clients.tiles.download_blob(output.removeprefix(names.TILE_OUTPUT_PREFIX)).readall())
     return found
 
 

@@ -48,15 +48,18 @@ FINISHED = ("SUCCEEDED", "FAILED", "CANCELLED")
 COMMITTED = {TaskStatus.SUCCEEDED.value, TaskStatus.CACHED.value}
 
 
-def request_for(count: int) -> dict[str, Any]:
-    """MOD10A2 over 1° tiles inside MODIS tile h09v05, 8-day periods: about ``count`` tasks."""
-    tiles = 10 if count >= 200 else 2
-    periods = math.ceil(count / tiles)
+def request_for(count: int) -> tuple[dict[str, Any], int]:
+    """MOD10A2 over 1° tiles inside MODIS tile h09v05, 8-day periods: about ``count`` tasks,
+    and the most tiles a tile task warps. Below 200, a period's 2 tiles are one task (a
+    batch, killed and retried whole); from 200, 10 tiles a task each (as many periods in
+    batches would run past today)."""
+    tiles, batch = (10, 1) if count >= 200 else (2, 2)
+    periods = math.ceil(count * batch / tiles)
     start = date(2018, 1, 1)
     return {"region": {"bbox": [-110.0 + 0.01, 35.01, -110.0 + tiles / 2 - 0.01, 36.99]},
             "grid": {"crs": "EPSG:4326", "tile_size": 1, "resolution": 0.02},
             "products": ["MOD10A2"], "start": start.isoformat(),
-            "end": (start + timedelta(days=8 * periods - 1)).isoformat(), "email": "chaos@example.org"}
+            "end": (start + timedelta(days=8 * periods - 1)).isoformat(), "email": "chaos@example.org"}, batch
 
 
 @dataclass
@@ -196,7 +199,7 @@ def storage_view(clients: Clients, job: str) -> dict[str, Any]:
 
 def run(tasks_wanted: int, workers: int, slots: int, kill_every: float, seed: int = 7,
         timeout: float = 3600, restarts: int = 2) -> dict[str, Any]:
-    body = request_for(tasks_wanted)
+    body, batch = request_for(tasks_wanted)
     with tempfile.TemporaryDirectory(prefix="bagpipe-chaos-") as tmp:
         home = Path(tmp)
         azurite = Azurite(home / "azurite").start()
@@ -205,7 +208,7 @@ def run(tasks_wanted: int, workers: int, slots: int, kill_every: float, seed: in
             ports = {name: proxy.proxy(name, getattr(azurite, f"{name}_port")) for name in ("blob", "queue", "table")}
             proxied = (f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={ACCOUNT_KEY};"
                        + "".join(f"{n.capitalize()}Endpoint=http://127.0.0.1:{p}/{ACCOUNT};" for n, p in ports.items()))
-            overrides: dict[str, object] = {"tile_stage": "modis", "lease_seconds": 10}
+            overrides: dict[str, object] = {"tile_stage": "modis", "tile_batch": batch, "lease_seconds": 10}
 
             with LocalStack(home / "clean", workers, slots, connection=azurite.connection_string, namespace="clean",
                             overrides=overrides) as stack:
