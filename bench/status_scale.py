@@ -69,8 +69,8 @@ def build(clients: Clients, size: int) -> str:
     job = jobs.new_job_id(tasks.now())
     created = tasks.now() - timedelta(hours=1)
     clients.jobs.create_entity(jobs.JobRow(
-        job=job, request=request.model_dump_json(), state=JobState.RUNNING, total=size, tiles=size, planned=size,
-        released=size, created_at=created, updated_at=created, label=f"{size} no-op tasks", owner="bench",
+        job=job, request=request.model_dump_json(), state=JobState.RUNNING, total=size, tiles=size, places=size,
+        planned=size, released=size, created_at=created, updated_at=created, label=f"{size} no-op tasks", owner="bench",
     ).to_entity())
     clients.tasks.upsert_entity(rollups.plan_row(job, specs))
     dead = set(random.Random(size).sample(range(size), min(DIED, size)))

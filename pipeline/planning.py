@@ -136,6 +136,12 @@ def places_of(tile: str) -> list[str]:
     return tile.split(",") if "," in tile else [tile]
 
 
+def size(plan: list[TaskPlan]) -> int:
+    """How many places ``plan``'s tasks work on, each of a batch's counted: the tasks it would
+    be a place a task, whatever its batches (a scientist's measure of a request's size)."""
+    return sum(len(places_of(task.tile)) for task in plan)
+
+
 def places(params: dict[str, str]) -> list[dict[str, str]]:
     """A task's parameters as a task of each of its places alone would have them: its
     ``tile``, its value of each of :data:`PLACE_PARAMS`, and of its ``granules`` those of

@@ -90,6 +90,8 @@ def _submitted_until_succeeded(page: Page) -> str:
 
 
 def _fill_small_request(page: Page) -> None:
+    """Two target tiles on one date of MOD10A2, summarized by snow_fraction: 3 tasks, a tile
+    task warping both tiles and a reduction of each."""
     for side, value in zip(("west", "south", "east", "north"), ("-110.5", "34.2", "-109.6", "34.8"), strict=True):
         page.fill(f"#bbox-{side}", value)
     page.fill("#start", "2022-02-02")
@@ -150,7 +152,7 @@ def test_submit_on_the_map_watch_it_finish_and_open_a_quicklook(page: Page, stac
 
     _fill_small_request(page)
     # 2 target tiles x 1 period + 2 reductions, counted before submitting
-    expect(page.locator("#estimate")).to_have_text(re.compile(r"makes 4 tasks.*\$\d+\.\d\d"))  # and their cost
+    expect(page.locator("#estimate")).to_have_text(re.compile(r"makes 3 tasks.*\$\d+\.\d\d"))  # and their cost
     _shot(page, "submit")
     job = _submitted_until_succeeded(page)
     expect(page.locator(".map .tile.state-done")).to_have_count(2)
@@ -248,7 +250,7 @@ def test_an_invalid_request_shows_the_error_beside_its_field(page: Page, stack: 
     page.goto(stack.api_url + "/")
     _enter_key(page, stack.token)
     _fill_small_request(page)
-    expect(page.locator("#estimate")).to_have_text(re.compile(r"makes 4 tasks.*\$\d+\.\d\d"))  # and their cost
+    expect(page.locator("#estimate")).to_have_text(re.compile(r"makes 3 tasks.*\$\d+\.\d\d"))  # and their cost
     page.fill("#crs", "EPSG:999999")
     crs_error = page.locator("[data-field='grid.crs'] .error")
     expect(crs_error).to_contain_text("unknown CRS")
@@ -257,7 +259,7 @@ def test_an_invalid_request_shows_the_error_beside_its_field(page: Page, stack: 
     expect(crs_error).to_be_empty()
     page.fill("#bbox-west", "179.5")  # west of east no more: the box crosses ±180°, drawn as its two halves
     page.fill("#bbox-east", "-179.5")
-    expect(page.locator("#estimate")).to_have_text(re.compile(r"makes 4 tasks.*\$\d+\.\d\d"))  # and their cost
+    expect(page.locator("#estimate")).to_have_text(re.compile(r"makes 3 tasks.*\$\d+\.\d\d"))  # and their cost
     expect(page.locator(".map rect.bbox")).to_have_count(2)
     page.fill("#bbox-south", "35")  # south of north no more: an empty region
     expect(page.locator("[data-field=region] > .error")).to_contain_text("empty")
@@ -281,7 +283,7 @@ def test_a_monthly_maximum_asked_for_on_the_form_with_no_program(page: Page, sta
     page.select_option("#reduce-builtin", "max")
     page.select_option("#reduce-by", "month")
     # 2 target tiles x 1 period + 2 reductions (one month a tile)
-    expect(page.locator("#estimate")).to_have_text(re.compile(r"makes 4 tasks"))
+    expect(page.locator("#estimate")).to_have_text(re.compile(r"makes 3 tasks"))
     job = _submitted_until_succeeded(page)
     taken = http.get(f"{stack.api_url}/api/jobs/{job}", headers=stack.headers).json()
     assert taken["request"]["reduce"] == {**taken["request"]["reduce"], "by": "month", "reducer": "max",
@@ -365,7 +367,7 @@ def test_a_box_across_half_the_world_is_asked_about_before_it_is_submitted(page:
     before = http.get(stack.api_url + "/api/jobs", headers=stack.headers).json()
     page.fill("#bbox-west", "-109")
     page.fill("#bbox-east", "-110")
-    expect(page.locator("#estimate")).to_have_text(re.compile(r"makes (?!4 tasks)[\d,]+ tasks"),
+    expect(page.locator("#estimate")).to_have_text(re.compile(r"makes (?!3 tasks)[\d,]+ tasks"),
                                                   timeout=60_000)  # 359 target tiles counted
     asked: list[str] = []
 
@@ -386,7 +388,7 @@ def test_too_many_estimates_are_said_where_the_estimate_is(page: Page, stack: Lo
     page.goto(stack.api_url + "/")
     _enter_key(page, stack.token)
     _fill_small_request(page)
-    expect(page.locator("#estimate")).to_have_text(re.compile(r"makes 4 tasks"))
+    expect(page.locator("#estimate")).to_have_text(re.compile(r"makes 3 tasks"))
     refusal = {"detail": "too many submissions and estimates: at most 60 a minute; retry in 7 s", "retry_after": 7}
     page.route("**/api/estimate", lambda route: route.fulfill(status=429, json=refusal, headers={"Retry-After": "7"}))
     page.fill("#end", "2022-02-10")
@@ -394,7 +396,7 @@ def test_too_many_estimates_are_said_where_the_estimate_is(page: Page, stack: Lo
     expect(page.locator("[aria-invalid=true]")).to_have_count(0)
     page.unroute("**/api/estimate")
     page.fill("#end", "2022-02-09")
-    expect(page.locator("#estimate")).to_have_text(re.compile(r"makes 4 tasks"))
+    expect(page.locator("#estimate")).to_have_text(re.compile(r"makes 3 tasks"))
 
 
 def test_cancel_a_running_job(page: Page, stack: LocalStack) -> None:
@@ -469,7 +471,7 @@ def test_a_scientist_signs_in_uploads_a_reducer_runs_a_job_with_it_and_sees_only
     _fill_small_request(page)
     page.select_option("#reducer", "mean")
     page.fill("#label", "with my reducer")
-    expect(page.locator("#estimate")).to_have_text(re.compile(r"makes 4 tasks.*\$\d+\.\d\d"))  # and their cost
+    expect(page.locator("#estimate")).to_have_text(re.compile(r"makes 3 tasks.*\$\d+\.\d\d"))  # and their cost
     job = _submitted_until_succeeded(page)
     expect(page.locator(".products")).to_contain_text("summary.json")
 

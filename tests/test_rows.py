@@ -20,7 +20,7 @@ AT = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 
 
 def test_a_job_row_written_and_read_back_is_the_same_row(clients: Clients) -> None:
-    row = jobs.JobRow(job="j20260102-030405-abcdef", request="{}", state=JobState.RUNNING, total=9, tiles=8,
+    row = jobs.JobRow(job="j20260102-030405-abcdef", request="{}", state=JobState.RUNNING, total=9, tiles=8, places=40,
                       created_at=AT, updated_at=AT, planned=9, released=4, owner="alice", compute_s=1.5,
                       cost_usd=0.25, outcome=JobState.SUCCEEDED)
     clients.jobs.create_entity(row.to_entity())
@@ -51,12 +51,12 @@ def test_stored_names_are_the_names_stored_data_has_always_used() -> None:
 
 
 def test_rows_an_older_version_wrote_read_with_what_they_lack(clients: Clients) -> None:
-    # a job row from before Tiles was kept: its tile tasks are all its tasks
+    # a job row from before Tiles and Places were kept: its tile tasks are all its tasks, a place each
     clients.jobs.create_entity({"PartitionKey": "j20200101-000000-000000", "RowKey": names.JOB_ROW, "Request": "{}",
                                 "State": "RUNNING", "Total": 5, "Planned": 5, "Released": 5,
                                 "CreatedAt": AT, "UpdatedAt": AT})
     old = jobs.get(clients, "j20200101-000000-000000")
-    assert old.tiles == 5 and old.all_released and old.owner == "" and old.outcome is None
+    assert old.tiles == 5 and old.places == 5 and old.all_released and old.owner == "" and old.outcome is None
     # a task row as the planner writes it, then a merge of a few fields by name
     entity = tasks.TaskRow(part="j1", task=names.task_key(3), seq=3, shard=1, stage="modis",
                            params='{"tile": "h09v05"}').to_entity()
@@ -77,5 +77,5 @@ def test_an_unknown_field_is_refused() -> None:
     with pytest.raises(KeyError):
         tasks.TaskRow.as_stored(Status="QUEUED")  # a stored name is not a field name
     with pytest.raises(TypeError):
-        jobs.JobRow(job="j", request="{}", state=JobState.RUNNING, total=1, tiles=1, created_at=AT,
+        jobs.JobRow(job="j", request="{}", state=JobState.RUNNING, total=1, tiles=1, places=1, created_at=AT,
                     updated_at=AT, colour="red")  # type: ignore[call-arg]  # the refusal is the point

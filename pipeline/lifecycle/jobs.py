@@ -33,7 +33,7 @@ from pipeline.lifecycle import costs, fenced, health, partitions, rollups, snaps
 from pipeline.lifecycle.rollups import RollupWriter
 from pipeline.lifecycle.status import JobState, TaskStatus, job_transition
 from pipeline.lifecycle.tasks import if_match, now
-from pipeline.planning import TaskPlan, gathers, releasable
+from pipeline.planning import TaskPlan, gathers, releasable, size
 from pipeline.redact import redact
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
@@ -61,6 +61,7 @@ class JobRow(Row):
     state: JobState
     total: int  # every task, reductions included
     tiles: int  # the tile tasks: the release cursor's end (reductions wait for their tiles)
+    places: int  # the places its tasks work on, a batch's each: its size whatever its tasks' batches
     gathers: int = 0  # its last tasks, which wait for all the others (``planning.TaskPlan.after_all``)
     buckets: int = 1  # the table partitions its tasks are spread over (``pipeline.lifecycle.partitions``)
     created_at: datetime
@@ -100,8 +101,9 @@ class JobRow(Row):
 
     @classmethod
     def completed(cls, found: dict[str, Any]) -> dict[str, Any]:
-        """A row written before ``Tiles`` was kept counts all its tasks as tiles."""
-        return {"tiles": found["total"]} | found
+        """A row written before ``Tiles`` (``Places``) was kept counts all its tasks as tiles
+        (as places: it was planned a place a task)."""
+        return {"tiles": found["total"], "places": found["total"]} | found
 
     @property
     def cancelled(self) -> bool:
@@ -178,7 +180,7 @@ def new_row(clients: Clients, request: str, plan: list[TaskPlan], owner: str = "
     created = now()
     return JobRow(
         job=new_job_id(created), request=request, state=JobState.ACCEPTED, total=len(plan), tiles=releasable(plan),
-        gathers=gathers(plan), created_at=created, updated_at=created,
+        places=size(plan), gathers=gathers(plan), created_at=created, updated_at=created,
         buckets=partitions.buckets_for(clients.settings, len(plan)), label=label, email=email, owner=owner,
         program=resolved, budget_usd=budget_usd,
     )

@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pipeline.lifecycle import costs, jobs, results
-from pipeline.planning import RequestError
+from pipeline.planning import RequestError, size
 from pipeline.reduction import bundles
 from pipeline.requests import application, vectors
 from pipeline.requests.doubts import doubts
@@ -223,7 +223,7 @@ def create_app(settings: Settings) -> FastAPI:
         found = costs.estimate(clients.runtimes, plan, settings.min_samples)
         last = next(iter(jobs.list_jobs(clients, 1, owner=caller.user.name)), None)
         return found | {"limit": settings.max_tasks,
-                        "confirm": doubts(request, found["tasks"], (last.job, last.total) if last else None)}
+                        "confirm": doubts(request, size(plan), (last.job, last.places) if last else None)}
 
     @app.post("/api/vectors", status_code=201)
     def keep_vectors(upload: VectorUpload, caller: Caller = Depends(signed_in)) -> dict[str, Any]:
