@@ -384,10 +384,10 @@ def status(job: JobArg,
         for column in ("attempts", "committed", "runtime / history", "state", "sandbox"):
             workers.add_column(column, justify="left" if column in ("state", "sandbox") else "right")
         for worker in found["workers"]:
-            ratio = worker["recent_ratio"]
+            ratio, state = worker["recent_ratio"], worker["state"]
             workers.add_row(worker["worker"], str(worker["attempts"]), str(worker["committed"]),
                             "—" if ratio is None else f"{ratio:.2f}×",
-                            worker["state"] if worker["state"] == "healthy" else f"[red]{worker['state']}[/red]",
+                            state if state in ("healthy", "stopped") else f"[red]{state}[/red]",
                             _sandbox_cell(worker.get("sandbox")))
         console.print(workers)
 

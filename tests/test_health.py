@@ -79,6 +79,23 @@ def test_one_of_two_workers_may_be_slow(clients: Clients) -> None:
     assert health.find_slow(clients, 2.0) == ["vm"]
 
 
+def test_workers_that_stopped_are_not_the_fleet_a_new_worker_is_compared_with(settings: Settings) -> None:
+    """A worker that stops (idle, or told to) says it left: heard from within the last 30 s,
+    it stood for the machines a worker started after it was compared with, and a new worker
+    whose first attempts ran cold was drained for being slower than workers that were gone."""
+    clients = Clients(settings)
+    clients.ensure_resources()
+    with running_workers(settings, count=2) as pool:
+        gone = [worker.id for worker in pool.workers]
+        for worker in gone:  # what each said of its attempts while it ran
+            health.report(clients, worker, [1.0, 0.9, 1.1], [], 2, 3)
+    rows = {row["RowKey"]: row for row in clients.workers.query_entities(
+        "PartitionKey eq @p", parameters={"p": health.PARTITION})}
+    assert [rows[worker].get("Left") for worker in gone] == [health.STOPPED] * 2
+    reported(clients, {"new": [4.0, 4.2, 3.9]})  # cold caches: its first attempts run 4× their history
+    assert health.find_slow(clients, 2.0) == [], "compared with workers that had stopped"
+
+
 def test_a_worker_whose_machine_barely_runs_it_is_marked_before_its_attempts_show_it(clients: Clients) -> None:
     young = {f"w{i}": [1.0, 1.1] for i in range(3)} | {"vm": [1.0, 0.9]}  # no attempt slow yet
     for worker, ratios in young.items():
@@ -87,11 +104,11 @@ def test_a_worker_whose_machine_barely_runs_it_is_marked_before_its_attempts_sho
     for worker, ratios in young.items():  # every worker stalls (the machine overloaded): nobody
         health.report(clients, f"{worker}-b", ratios, [0.3, 0.4], 2, 2, stall=4.0)
     for worker in young:
-        health.left(clients, worker, "replaced")
+        health.left(clients, worker, health.REPLACED)
     assert health.find_slow(clients, 2.0) == []
     for worker, ratios in young.items():  # a stall below the floor counts for nothing
         health.report(clients, f"{worker}-c", ratios, [0.3, 0.4], 2, 2, stall=2.5 if worker == "vm" else 1.0)
-        health.left(clients, f"{worker}-b", "replaced")
+        health.left(clients, f"{worker}-b", health.REPLACED)
     assert health.find_slow(clients, 2.0) == []
 
 
@@ -172,7 +189,7 @@ def test_a_worker_not_heard_from_lately_is_not_compared(clients: Clients) -> Non
     reported(clients, {"w0": [1.0, 1.0], "vm": [4.0, 4.0]})
     later = tasks.now() + health.HEARD_WITHIN + timedelta(seconds=1)
     assert health.find_slow(clients, 2.0, at=later) == []
-    health.left(clients, "w0", "replaced")  # gone: not an "other" any more
+    health.left(clients, "w0", health.REPLACED)  # gone: not an "other" any more
     assert health.find_slow(clients, 2.0) == []
     assert sweep.sweep(clients)["slow_workers"] == 0
 
@@ -242,9 +259,10 @@ def test_a_slow_worker_drains_exits_to_be_replaced_and_its_tasks_finish_elsewher
     assert status["state"] == "SUCCEEDED" and status["counts"]["SUCCEEDED"] == 16
     by_worker = {w["worker"]: w for w in status["workers"]}
     (vm,) = [w for w in by_worker if f"-{slow.pid}-" in w]
-    assert by_worker[vm]["state"] == "replaced" and by_worker[vm]["recent_ratio"] >= 3.0
+    assert by_worker[vm]["state"] == health.REPLACED and by_worker[vm]["recent_ratio"] >= 3.0
     others = [w for name, w in by_worker.items() if name != vm]
-    assert others and all(w["state"] == health.HEALTHY and w["recent_ratio"] < by_worker[vm]["recent_ratio"] / 2
+    # the others stopped when their test's workers did: gone from the fleet the monitor compares
+    assert others and all(w["state"] == health.STOPPED and w["recent_ratio"] < by_worker[vm]["recent_ratio"] / 2
                           for w in others)
     assert status["failures"].get("worker_slow", 0) >= 1 and status["monitor_kills"] == 0
     ended = attempts.list_attempts(clients.tasks, parts(clients, job))

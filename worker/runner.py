@@ -142,8 +142,10 @@ class Worker:
                     self.stopping.wait(self.idle_sleep)
                     idle = 0
             self.inbox.give_back(0, alone=not self._extra())
+        # gone from the fleet the monitor compares (else, heard from within HEARD_WITHIN, it
+        # would stand for the machines a worker started now is compared with)
+        health.left(self.clients, self.id, health.REPLACED if self.draining.is_set() else health.STOPPED)
         if self.draining.is_set():
-            health.left(self.clients, self.id, "replaced")
             log.warning("worker %s found slow: drained, exiting to be replaced", self.id)
         self.close()
 

@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 
 PARTITION = "w"
 HEALTHY, SLOW = "healthy", "slow"
+STOPPED, REPLACED = "stopped", "replaced"  # how a worker left: stopped (idle, told to), or drained to be replaced
 REPORT_EVERY_S = 1.0  # a worker holding attempts reports this often
 RECENT = 6  # ratios of ended attempts a worker keeps
 HEARD_WITHIN = timedelta(seconds=30)  # a worker not heard from for this long is not compared
