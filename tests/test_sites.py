@@ -83,10 +83,7 @@ def test_a_sites_series_equals_the_pixels_of_the_products_own_files(settings: Se
                                                                     admin_token: str) -> None:
     body = {"sites": {"points": [*SITES, ocean_site()], "window": 3}, "start": "2022-01-01", "end": "2022-02-28",
             "products": ["MOD13A1"]}
-    # the workers' health rule off (tests/test_health.py tests it): the later jobs' lone worker was
-    # compared with the first job's workers, stopped but heard from within 30 s, found slow beside
-    # them on a cold start, and drained with no stack to replace it
-    mine = on_stac(settings, planetary).with_(slow_ratio=0.0)
+    mine = on_stac(settings, planetary)
     clients, job = run(mine, body)
     row = jobs.get(clients, job)
     rows = tasks.list_tasks(clients.tasks, parts(clients, job))
