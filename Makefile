@@ -26,6 +26,9 @@ TOXIPROXY := .tools/toxiproxy/server
 STAC_TOOLS := .tools/stac/.installed
 # the openEO test suite (openeo-test-suite), in a virtualenv of its own
 OPENEO_SUITE := .tools/openeo/.installed
+# openeo-processes-dask, which `bench.openeo --parts processes` times beside bagpipe's own
+# processes, in a virtualenv of its own (made for the benchmarks only: not a runtime dependency)
+OPENEO_PROCESSES := .tools/openeo-processes/.installed
 
 # the portal's map data, copied from npm packages (served by the API, no CDN)
 VENDOR := portal/vendor/.copied
@@ -61,6 +64,12 @@ $(OPENEO_SUITE): requirements-openeo.txt
 	test -x $(@D)/bin/python || $(PYTHON) -m venv $(@D)
 	$(@D)/bin/pip install --quiet --upgrade pip
 	$(@D)/bin/pip install --quiet -r requirements-openeo.txt
+	touch $@
+
+$(OPENEO_PROCESSES): requirements-processes.txt
+	test -x $(@D)/bin/python || $(PYTHON) -m venv $(@D)
+	$(@D)/bin/pip install --quiet --upgrade pip
+	$(@D)/bin/pip install --quiet -r requirements-processes.txt
 	touch $@
 
 $(REDUCER_C): $(REDUCER_C).c
@@ -106,7 +115,7 @@ lint: setup
 
 # `make bench` runs every benchmark in bench/ (the modules that run as a program; the others are
 # their parts); `make bench NAME=x` runs bench/x.py.
-bench: setup
+bench: setup $(OPENEO_PROCESSES)
 	@if [ -n "$(NAME)" ]; then $(BIN)/python -m bench.$(NAME); \
 	else for f in $$(grep -l '^if __name__ == "__main__":' bench/*.py); do m=$$(basename $$f .py); echo "== bench.$$m"; \
 	$(BIN)/python -m bench.$$m || exit 1; done; fi
