@@ -65,7 +65,7 @@ async function submitPage() {
   const reduceFields = {
     builtin: field("reduce.reducer", "Built-in", builtin), percentile: field("reduce.percentile", "Percentile", percentile),
     expression: field("reduce.expression", "Expression", expression,
-      "arithmetic, comparisons, where, clip, sqrt, log, min, max over the inputs by name; with a baseline, NAME.vci, NAME.tci, NAME.anomaly, NAME.zscore"),
+      "arithmetic, comparisons, where, isnodata, clip, sqrt, log, min, max over the inputs by name; with a baseline, NAME.vci, NAME.tci, NAME.anomaly, NAME.zscore"),
     aggregate: field("reduce.aggregate", "Each input over a group by", aggregate),
     days: field("reduce.days", "Days a group", days),
   };

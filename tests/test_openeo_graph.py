@@ -116,6 +116,16 @@ def test_a_mask_by_a_quality_band_of_the_same_product_replaces_masked_pixels() -
     ((_, text),) = compiled.request.derive["MCD43A4"].items()  # type: ignore[index]
     assert values(text, Nadir_Reflectance_Band1=0.2, BRDF_Albedo_Band_Mandatory_Quality_Band1=0) == pytest.approx(0.2)
     assert values(text, Nadir_Reflectance_Band1=0.2, BRDF_Albedo_Band_Mandatory_Quality_Band1=1) == -1
+    # a pixel the mask has no value for is kept (openEO replaces where the mask is non-zero or true)
+    kept = values(text, Nadir_Reflectance_Band1=0.2, BRDF_Albedo_Band_Mandatory_Quality_Band1=float("nan"))
+    assert kept == pytest.approx(0.2)
+    # a mask of truth values (the quality band's gt 1): true replaces, false and no value keep
+    flat["qa_bad"] = {"process_id": "apply", "arguments": {"data": {"from_node": "qa"}, "process": {"process_graph": {
+        "gt": {"process_id": "gt", "arguments": {"x": {"from_parameter": "x"}, "y": 1}, "result": True}}}}}
+    flat["masked"]["arguments"] |= {"mask": {"from_node": "qa_bad"}}
+    ((_, text),) = compile_graph({"process_graph": flat}).request.derive["MCD43A4"].items()  # type: ignore[index]
+    assert [values(text, Nadir_Reflectance_Band1=0.2, BRDF_Albedo_Band_Mandatory_Quality_Band1=qa)
+            for qa in (3.0, 1.0, float("nan"))] == pytest.approx([-1, 0.2, 0.2])
 
 
 @pytest.mark.parametrize(("how", "by"), [("reduce", "span"), ("month", "month"), ("season", "season"),

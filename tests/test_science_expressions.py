@@ -90,6 +90,7 @@ def value(text: str, **inputs: float) -> float:
     ("exp(1000)", np.nan), ("nodata", np.nan), ("nodata + 1", np.nan), ("max(1, nodata)", np.nan),
     ("(-8) ** 0.5", np.nan), ("0 ** -1", np.nan), ("2 ** 16", 65536), ("10 ** 16 * 10 ** 16 * 10 ** 16", np.nan),
     ("1 ** nodata", np.nan), ("nodata ** 0", np.nan), ("2 ** 0", 1),
+    ("isnodata(nodata)", 1), ("isnodata(1)", 0), ("isnodata(1 / 0)", 1), ("not isnodata(nodata + 1)", 0),
 ])
 def test_constant_values(text: str, expected: float) -> None:
     got = value(text)
@@ -109,6 +110,8 @@ def test_constant_values(text: str, expected: float) -> None:
     ("(x > 0) and (y > 0)", -1.0, np.nan, 0.0), ("(y > 0) and (x > 0)", -1.0, np.nan, 0.0),  # false settles and
     ("(x > 0) or (y > 0)", 1.0, np.nan, 1.0), ("(x > 0) or (y > 0)", -1.0, np.nan, np.nan),  # true settles or
     ("not ((x > 0) or (y > 0))", 1.0, np.nan, 0.0), ("(x > 0) or (y > 0)", np.nan, np.nan, np.nan),
+    ("isnodata(y)", 1.0, np.nan, 1.0), ("isnodata(x + y)", 1.0, 2.0, 0.0),  # never missing itself
+    ("where(isnodata(x), y, x)", np.nan, 2.0, 2.0), ("where(not isnodata(y) and y != 0, 0, x)", 3.0, np.nan, 3.0),
 ])
 def test_masks(text: str, x: float, y: float, expected: float) -> None:
     got = value(text, x=x, y=y)

@@ -11,6 +11,7 @@ or ``MCD43A4.Nadir_Reflectance_Band2``, or short aliases the caller binds (``ndv
     and  or  not             logic on conditions, elementwise
     nodata                   no value
     where(cond, a, b)        a where cond holds, else b
+    isnodata(x)              a condition: x has no value (itself never missing)
     clip(x, lo, hi)          x kept within [lo, hi]
     sqrt(x) log(x) exp(x) abs(x)
     min(a, b, ...) max(a, b, ...)   per pixel, of two or more
@@ -63,6 +64,7 @@ MAX_EXPONENT = 16  # a constant exponent's size
 NUMBER, CONDITION = "number", "condition"
 FUNCTIONS = {  # name: (least arguments, most, kinds of the arguments)
     "where": (3, 3, (CONDITION, NUMBER, NUMBER)),
+    "isnodata": (1, 1, (NUMBER,)),
     "clip": (3, 3, (NUMBER, NUMBER, NUMBER)),
     "sqrt": (1, 1, (NUMBER,)),
     "log": (1, 1, (NUMBER,)),
@@ -71,6 +73,7 @@ FUNCTIONS = {  # name: (least arguments, most, kinds of the arguments)
     "min": (2, MAX_NODES, (NUMBER,)),
     "max": (2, MAX_NODES, (NUMBER,)),
 }
+TESTS = ("isnodata",)  # the functions whose value is a condition
 KEYWORDS = ("and", "or", "not", "nodata")
 COMPARISONS = ("<", "<=", ">", ">=", "==", "!=")
 ARITHMETIC = ("+", "-", "*", "/", "**")
@@ -193,6 +196,9 @@ def _apply(op: str, args: list[Value], dtype: type[np.floating]) -> Value:
             settles = [~m & (t if op == "or" else ~t) for t, m in conditions]
             missing = missing & ~functools.reduce(np.logical_or, settles)
         return _UFUNCS[op](*(t & ~m for t, m in conditions)), missing
+    if op == "isnodata":  # the one test of a missing value: known true or false wherever it is asked
+        absent = np.isnan(np.asarray(args[0]))
+        return absent, np.zeros_like(absent)
     if op == "where":
         (truth, missing), chosen, other = args
         return np.where(missing, dtype(np.nan), np.where(truth, chosen, other)).astype(dtype)
@@ -327,7 +333,7 @@ class _Parser:
                                   token.column)
         for index, arg in enumerate(args):
             _want(arg, kinds[min(index, len(kinds) - 1)], f"{token.text}'s argument {index + 1}")
-        return self.node(token.text, token, tuple(args))
+        return self.node(token.text, token, tuple(args), CONDITION if token.text in TESTS else NUMBER)
 
 
 def _shown(token: _Token) -> str:

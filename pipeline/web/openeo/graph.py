@@ -489,7 +489,8 @@ class _Walker:
         for i, band in enumerate(cube.bands):
             m = mask.bands[0 if len(mask.bands) == 1 else i].expr
             bands.append(Band(band.product, self.band_name(f"{band.name}_masked"),
-                              f"where(({m}) != 0, {replacement}, {band.expr})", raw=False))
+                              # no value in the mask replaces nothing (openEO's mask: non-zero or true replaces)
+                              f"where(not isnodata({m}) and ({m}) != 0, {replacement}, {band.expr})", raw=False))
         return replace(cube, bands=tuple(bands))
 
     # --- reductions in time ---------------------------------------------------------------------
