@@ -108,17 +108,20 @@ def test_release_never_puts_more_than_the_window_in_the_queues(settings: Setting
 
     sampler = threading.Thread(target=sample)
     sampler.start()
+    workers, slots = 2, 2
     with running_control(settings):
         wait_for(lambda: jobs.get(clients, job).state == JobState.RUNNING.value, 30, "planning")
-        with running_workers(settings, 2, slots=2):
+        with running_workers(settings, workers, slots=slots):
             wait_for(lambda: jobs.get(clients, job).state == JobState.SUCCEEDED.value, 180, "the job")
     stop.set()
     sampler.join()
     # each resend of a message still waiting in a queue (the reconciler's, on a slow
-    # machine) adds one message beyond the window's, and nothing else may
+    # machine) adds one message beyond the window's; and a queue counts a message until it is
+    # deleted, which its worker does once its task has ended, and released the next: each slot
+    # may hold one such for a moment. Nothing else may add to the window.
     rows = task_rows(clients, job)
     resends = sum(r.resends for r in rows)
-    assert max(depths) <= settings.window + resends, (max(depths), resends)
+    assert max(depths) <= settings.window + resends + workers * slots, (max(depths), resends)
     assert max(depths) >= settings.window // 2, "the window was used"
     counts = Counter(r.status for r in rows)
     assert counts == {"SUCCEEDED": total}
