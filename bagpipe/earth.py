@@ -163,8 +163,9 @@ class Scene:
     """One tile on one day as the imitated planet has it, for a product of ``pixels`` a side.
 
     Its fields are worked out on the lattice of :data:`CELLS` cells a tile (whose edge nodes
-    neighbouring tiles share), when first asked for; :meth:`at_pixels` interpolates one at
-    every pixel of the product's grid."""
+    neighbouring tiles share), when first asked for; :meth:`down` and :meth:`across`
+    interpolate one at pixels of the product's grid (down its rows, then across its columns:
+    the two steps of :func:`interpolate`, which a block of pixels takes apart)."""
 
     def __init__(self, tile: str, pixels: int, day: date, platform: str) -> None:
         self.tile, self.pixels, self.day, self.platform = Tile.parse(tile), pixels, day, platform
@@ -175,9 +176,14 @@ class Scene:
         self.hemisphere = np.sign(self.lat).astype(F32)
         self._clouds: dict[tuple[float, str], np.ndarray] = {}
 
-    def at_pixels(self, field: np.ndarray) -> np.ndarray:
-        """A field of the lattice (or of its rows) at each pixel of the product's grid."""
-        return interpolate(np.broadcast_to(field, (CELLS + 1, CELLS + 1)), self.pixels)
+    def down(self, field: np.ndarray, rows: slice = slice(None)) -> np.ndarray:
+        """A field of the lattice (or of its rows) interpolated down the product's grid, at
+        its ``rows``: still at the lattice's columns (:meth:`across` takes it on)."""
+        return _weights(self.pixels, CELLS)[rows] @ np.broadcast_to(field, (CELLS + 1, CELLS + 1)).astype(F32)
+
+    def across(self, down: np.ndarray, cols: slice = slice(None)) -> np.ndarray:
+        """A field interpolated down the grid (:meth:`down`) at the pixels of its ``cols``."""
+        return np.asarray(down @ _weights(self.pixels, CELLS)[cols].T, dtype=F32)
 
     def noise(self, seed: int, cells: tuple[int, ...] = (6, 24, 96),
               amplitudes: tuple[float, ...] = (0.5, 0.3, 0.2)) -> np.ndarray:

@@ -15,8 +15,9 @@ the imitated planet's surface (:mod:`bagpipe.earth`: land from real coastlines, 
 vegetation, snow, clouds and fire as functions of place and date, so tiles join without a
 seam), deterministic from (product, tile, date), and written as NASA writes it (HDF4-EOS,
 SDS named as NASA names them, MOD13's divide-by ``scale_factor``) or as Planetary Computer
-does (a Cloud-Optimized GeoTIFF per layer, 512-pixel tiles, deflate, overviews). A
-synthesized file says so (:data:`pipeline.modis.synthetic.TAG`); a real one does not.
+does (a Cloud-Optimized GeoTIFF per layer, 512-pixel tiles, deflate, overviews). It is made
+a block of 512 × 512 pixels at a time, so that a window of a layer costs only the blocks it
+touches (:func:`values`). A synthesized file says so (:data:`pipeline.modis.synthetic.TAG`); a real one does not.
 Synthesized files are kept on disk (``BAGPIPE_WORLD_CACHE``, by default in the system's
 temporary folder), under a digest of the code that makes them.
 """
@@ -35,6 +36,7 @@ import numpy as np
 import rasterio.shutil
 from pyhdf.SD import SD, SDC
 from rasterio.io import MemoryFile
+from threadpoolctl import threadpool_limits
 
 from bagpipe import coastlines, earth
 from pipeline.modis.grid import RADIUS, TILES_H, TILES_V, Tile
@@ -54,6 +56,8 @@ OUTAGES = {"terra": [(date(2016, 2, 18), date(2016, 2, 28))], "aqua": []}
 LAG_DAYS = {"daily": 1, "8-day": 2, "16-day": 2, "monthly": 30, "yearly": 180}
 # the share of an ordinary place that a composite of each cadence leaves cloudy
 CLOUDY = {"daily": 0.4, "8-day": 0.12, "16-day": 0.08, "monthly": 0.03, "yearly": 0.0}
+BLOCK = 512  # a granule is made a block of pixels at a time (:func:`_made`), its COG's tiles
+Window = tuple[slice, slice]  # rows and columns of a tile's grid
 GRIDS = {"09A1": "MOD_Grid_500m_Surface_Reflectance", "10A2": "MOD_Grid_Snow_500m",
          "11A1": "MODIS_Grid_Daily_1km_LST", "11A2": "MODIS_Grid_8Day_1km_LST",
          "13Q1": "MODIS_Grid_16DAY_250m_500m_VI", "13A1": "MODIS_Grid_16DAY_500m_VI",
@@ -147,25 +151,55 @@ def _scene(tile: str, pixels: int, day: date, platform: str) -> earth.Scene:
 
 
 class _Granule:
-    """What a synthesized granule's layers are drawn from: its scene, and the fields and
-    masks several layers share, at each pixel (made when first asked for)."""
+    """What a synthesized granule's layers are drawn from: its scene, and the lattice fields
+    several layers share (made when first asked for; a few MB, whatever the resolution)."""
 
     def __init__(self, product: Product, tile: str, day: date) -> None:
         self.product, self.day = product, day
         self.scene = _scene(tile, product.pixels, day, product.platform)
         self.first = day.timetuple().tm_yday
         self.days = (last_day(product, day) - day).days + 1
+        self._lattice: dict[object, np.ndarray] = {}
+        self._band = slice(0)  # the rows of the blocks :attr:`_down` holds their fields down
+        self._down: dict[object, np.ndarray] = {}
+
+    def at_pixels(self, key: object, make: Callable[[], np.ndarray], rows: slice, cols: slice) -> np.ndarray:
+        """A lattice field (``make``, once per granule) at the pixels of ``rows`` and ``cols``
+        of the grid: interpolated down its rows once for a band of blocks (those of one row),
+        then across each block's columns."""
+        if key not in self._lattice:
+            self._lattice[key] = make()
+        if rows != self._band:
+            self._band, self._down = rows, {}
+        if key not in self._down:
+            self._down[key] = self.scene.down(self._lattice[key], rows)
+        return self.scene.across(self._down[key], cols)
+
+
+class _Block:
+    """A block of a granule's pixels (``rows`` and ``cols`` of its grid), which its layers
+    are made of: the fields and masks several layers share, at each of its pixels (made when
+    first asked for)."""
+
+    def __init__(self, granule: _Granule, rows: slice, cols: slice) -> None:
+        self.granule, self.rows, self.cols = granule, rows, cols
+        self.product, self.day, self.scene = granule.product, granule.day, granule.scene
+        self.first, self.days = granule.first, granule.days
         self._made: dict[object, np.ndarray] = {}
 
     def px(self, key: object, make: Callable[[], np.ndarray]) -> np.ndarray:
-        """A lattice field (``make``) at each pixel, once per granule."""
+        """A lattice field (``make``) at each pixel, once per block."""
         if key not in self._made:
-            self._made[key] = self.scene.at_pixels(make())
+            self._made[key] = self.granule.at_pixels(key, make, self.rows, self.cols)
         return self._made[key]
 
     @property
+    def on_globe(self) -> np.ndarray:
+        return self.scene.on_globe[self.rows, self.cols]
+
+    @property
     def water(self) -> np.ndarray:
-        return ~self.scene.land
+        return ~self.scene.land[self.rows, self.cols]
 
     def cloudy(self, name: str = "") -> np.ndarray:
         fraction = CLOUDY[self.product.cadence]
@@ -208,7 +242,7 @@ def _where(mask: np.ndarray, value: float | np.ndarray, otherwise: np.ndarray, l
     return np.where(mask, np.asarray(value).astype(layer.dtype), otherwise).astype(layer.dtype)
 
 
-def _vi(g: _Granule, layer: Layer) -> np.ndarray:
+def _vi(g: _Block, layer: Layer) -> np.ndarray:
     """MOD13: NDVI and EVI from the same reflectances (so they differ, EVI the lower), pixel
     reliability 3 where cloudy, 2 on snow, 1 (marginal) here and there."""
     key = layer.name.split("_16_days_")[1]
@@ -238,7 +272,7 @@ def _vi(g: _Granule, layer: Layer) -> np.ndarray:
     return _where(g.water, layer.fill, out, layer)
 
 
-def _lst(g: _Granule, layer: Layer) -> np.ndarray:
+def _lst(g: _Block, layer: Layer) -> np.ndarray:
     """MOD11: day warmer than night; not produced (QC 10, fill) under clouds, nor over water
     (QC 11); produced mostly with an error of at most 1 K, some of 2 K and a few of 3 K."""
     time = "Day" if "Day" in layer.name or "day" in layer.name else "Night"
@@ -268,7 +302,7 @@ def _lst(g: _Granule, layer: Layer) -> np.ndarray:
     return _where(produced, value, np.full(value.shape, layer.fill), layer)
 
 
-def _snow(g: _Granule, layer: Layer) -> np.ndarray:
+def _snow(g: _Block, layer: Layer) -> np.ndarray:
     """MOD10A2: ocean 39; on land night 11 (the polar night), cloud 50 (cloudy all 8 days),
     snow 200, else no snow 25; the eight days' bits where snow lay."""
     water, snow = g.water, g.snow
@@ -280,7 +314,7 @@ def _snow(g: _Granule, layer: Layer) -> np.ndarray:
     return np.select([water, night, g.cloudy(), snow], [39, 11, 50, 200], 25).astype(layer.dtype)
 
 
-def _reflectance(g: _Granule, layer: Layer) -> np.ndarray:
+def _reflectance(g: _Block, layer: Layer) -> np.ndarray:
     """MOD09A1: seven bands; clouds bright and flagged in the state bits (cloud state 01 and
     the internal cloud flag), snow flagged, water deep ocean and not processed."""
     cloudy, water, snow = g.cloudy(), g.water, g.snow
@@ -304,7 +338,7 @@ def _reflectance(g: _Granule, layer: Layer) -> np.ndarray:
     return _where(water, layer.fill, out, layer)
 
 
-def _nbar(g: _Granule, layer: Layer) -> np.ndarray:
+def _nbar(g: _Block, layer: Layer) -> np.ndarray:
     """MCD43A4: reflectance at nadir, no clouds (16 days of observations model them away);
     mandatory QA 1 (magnitude inversions) where clouds left too few."""
     if layer.name.startswith("BRDF_Albedo"):
@@ -313,14 +347,14 @@ def _nbar(g: _Granule, layer: Layer) -> np.ndarray:
     return _where(g.water, layer.fill, _stored(layer, g.reflectance(band, clouds=False)), layer)
 
 
-def _no_retrieval(g: _Granule, water: int, barren: int, snow: int) -> tuple[np.ndarray, np.ndarray]:
+def _no_retrieval(g: _Block, water: int, barren: int, snow: int) -> tuple[np.ndarray, np.ndarray]:
     """Where MOD15/MOD17 retrieve nothing and the code that says why (water, barren, snow)."""
     green = g.px("greenness", lambda: g.scene.greenness)
     code = np.select([g.water, g.snow, green < 0.03], [water, snow, barren], 0)
     return code > 0, code
 
 
-def _fpar_qc(g: _Granule) -> np.ndarray:
+def _fpar_qc(g: _Block) -> np.ndarray:
     """FparLai_QC (and MOD17's Psn_QC): the main algorithm under a clear sky (saturated where
     the canopy is dense), the empirical back-up under clouds; the sensor bit for Aqua."""
     cloudy = g.cloudy()
@@ -330,7 +364,7 @@ def _fpar_qc(g: _Granule) -> np.ndarray:
     return (np.where(cloudy, 1, 0) | sensor | np.where(cloudy, 1, 0) << 3 | scf << 5).astype(np.uint8)
 
 
-def _lai(g: _Granule, layer: Layer) -> np.ndarray:
+def _lai(g: _Block, layer: Layer) -> np.ndarray:
     """MOD15A2H: LAI and FPAR from NDVI; 254 water, 253 barren, 252 snow."""
     none, code = _no_retrieval(g, 254, 253, 252)
     name = layer.name
@@ -345,7 +379,7 @@ def _lai(g: _Granule, layer: Layer) -> np.ndarray:
     return _where(none, code, _stored(layer, value), layer)
 
 
-def _gpp(g: _Granule, layer: Layer) -> np.ndarray:
+def _gpp(g: _Block, layer: Layer) -> np.ndarray:
     """MOD17A2H: GPP over the 8 days from the absorbed light; net photosynthesis less the
     plants' respiration (below 0 in the cold); 32766 water, 32765 barren, 32764 snow."""
     if layer.name == "Psn_QC_500m":
@@ -356,17 +390,16 @@ def _gpp(g: _Granule, layer: Layer) -> np.ndarray:
     return _where(none, code, _stored(layer, value), layer)
 
 
-def _burned(g: _Granule, layer: Layer) -> np.ndarray:
+def _burned(g: _Block, layer: Layer) -> np.ndarray:
     """MCD64A1: the day of burning where fire burned (rare, in the dry season), 0 on unburned
     land, -2 over water, -1 (unmapped) where clouds left too little data; QA land and
     valid-data bits."""
-    margin, day = g.scene.burned(g.day, g.days)
-    burned = g.px("burned", lambda: margin) > 0
+    burned = g.px("burned", lambda: g.scene.burned(g.day, g.days)[0]) > 0
     water, unmapped = g.water, g.cloudy()
     if layer.name == "QA":
         return (np.where(water, 0, 1) | np.where(water | unmapped, 0, 1) << 1).astype(layer.dtype)
     if layer.name == "Burn_Date":
-        burn = np.where(burned, np.floor(g.px("burn day", lambda: day)), 0)
+        burn = np.where(burned, np.floor(g.px("burn day", lambda: g.scene.burned(g.day, g.days)[1])), 0)
         return np.select([water, unmapped], [-2, -1], burn).astype(layer.dtype)
     if layer.name == "Burn_Date_Uncertainty":
         return np.where(burned & ~water & ~unmapped, 1 + np.floor(9 * g.noise("uncertainty")), 0).astype(layer.dtype)
@@ -386,7 +419,7 @@ _FROM_IGBP = {
 }
 
 
-def _land_cover(g: _Granule, layer: Layer) -> np.ndarray:
+def _land_cover(g: _Block, layer: Layer) -> np.ndarray:
     """MCD12Q1: IGBP classes from the year's peak vegetation and the climate (17 over water),
     the other schemes' from them; QC 0 (classified land) or 2 (classified water); LW 1 water,
     2 land."""
@@ -404,22 +437,60 @@ def _land_cover(g: _Granule, layer: Layer) -> np.ndarray:
     return np.asarray(_FROM_IGBP[layer.name], dtype=layer.dtype)[igbp]
 
 
-FAMILIES: dict[str, Callable[[_Granule, Layer], np.ndarray]] = {
+FAMILIES: dict[str, Callable[[_Block, Layer], np.ndarray]] = {
     "09A1": _reflectance, "10A2": _snow, "11A1": _lst, "11A2": _lst, "13Q1": _vi, "13A1": _vi, "13A2": _vi,
     "15A2H": _lai, "17A2H": _gpp, "43A4": _nbar, "64A1": _burned, "12Q1": _land_cover,
 }
 
 
-@lru_cache(maxsize=1)  # its fields at every pixel: a 250 m granule's few take hundreds of MB
+@lru_cache(maxsize=4)
 def _granule(product: str, tile: str, day: date) -> _Granule:
     return _Granule(CATALOG[product], tile, day)
 
 
-def values(product: Product, layer: Layer, tile: str, day: date) -> np.ndarray:
-    """A synthesized layer, full size, in the layer's encoding; fill off the globe."""
+def values(product: Product, layer: Layer, tile: str, day: date, window: Window | None = None) -> np.ndarray:
+    """A synthesized layer in the layer's encoding, fill off the globe: the whole tile, or
+    ``window`` of it (its grid's rows and columns, ``np.s_[top:bottom, left:right]``), which
+    costs only the blocks it touches and is those pixels of the whole (see :func:`_made`)."""
+    return _made(product, [layer], tile, day, window)[layer.name]
+
+
+@cache
+def _blas_on_one_thread() -> None:
+    """The process's BLAS on one thread: the world's interpolation (:mod:`bagpipe.earth`) is
+    the project's only BLAS work, hundreds of small matrix products a granule, and a thread
+    pool wakes and waits for its threads at each (on a loaded machine, three times as long
+    as one thread takes, or more). The pixels are the same on any number of threads."""
+    threadpool_limits(limits=1, user_api="blas")
+
+
+def _made(product: Product, layers: list[Layer], tile: str, day: date, window: Window | None = None
+          ) -> dict[str, np.ndarray]:
+    """Layers of a granule (the whole tile, or a window of it), made a block of
+    :data:`BLOCK` pixels a side at a time (the tile's grid in blocks, as its COG's tiles): a
+    block's fields at each pixel are made once for all the layers asked for, then dropped, so
+    that a whole granule takes its layers' memory and not its fields' too (at 4800 pixels a
+    side, 92 MB each: MOD13Q1's HDF4 file took 1.9 GB made field by field over the whole
+    tile, 740 MB so). A pixel is made the same in every window that holds it: in the same
+    block, by the same computation."""
+    size = product.pixels
+    rows, cols = window or (slice(None), slice(None))
+    (top, bottom, step_down), (left, right, step_across) = rows.indices(size), cols.indices(size)
+    if step_down != 1 or step_across != 1:
+        raise ValueError("a window of a tile is its rows and columns from one to another, with no step")
+    height, width = max(bottom - top, 0), max(right - left, 0)
+    found = {layer.name: np.empty((height, width), dtype=layer.dtype) for layer in layers}
+    _blas_on_one_thread()
     granule = _granule(product.name, tile, day)
-    out = FAMILIES[product.name[3:]](granule, layer)
-    return np.where(granule.scene.on_globe, out, np.array(layer.fill).astype(layer.dtype)).astype(layer.dtype)
+    for r in range(top - top % BLOCK, bottom, BLOCK):
+        for c in range(left - left % BLOCK, right, BLOCK):
+            block = _Block(granule, slice(r, min(r + BLOCK, size)), slice(c, min(c + BLOCK, size)))
+            r0, r1, c0, c1 = max(r, top), min(r + BLOCK, bottom), max(c, left), min(c + BLOCK, right)
+            for layer in layers:
+                out = FAMILIES[product.name[3:]](block, layer)
+                out = np.where(block.on_globe, out, np.array(layer.fill).astype(layer.dtype)).astype(layer.dtype)
+                found[layer.name][r0 - top:r1 - top, c0 - left:c1 - left] = out[r0 - r:r1 - r, c0 - c:c1 - c]
+    return found
 
 
 # --- the files -------------------------------------------------------------------------------
@@ -509,6 +580,7 @@ def _make_hdf4(name: str) -> bytes:
         inventory = f"GROUP\t= INVENTORYMETADATA\n{core}END_GROUP\t= INVENTORYMETADATA\nEND\n"
         sd.attr("CoreMetadata.0").set(SDC.CHAR8, inventory)
         sd.attr(TAG).set(SDC.CHAR8, "true")
+        made = _made(product, list(product.layers), tile, day)
         for layer in product.layers:
             kind = kinds[layer.dtype]
             sds = sd.create(layer.sds, kind, (product.pixels, product.pixels))
@@ -522,7 +594,7 @@ def _make_hdf4(name: str) -> bytes:
                 divide = product.name[3:5] == "13"
                 sds.attr("scale_factor").set(SDC.FLOAT64, round(1 / layer.scale) if divide else layer.scale)
                 sds.attr("add_offset").set(SDC.FLOAT64, layer.offset)
-            sds[:] = values(product, layer, tile, day)
+            sds[:] = made.pop(layer.name)
             sds.endaccess()
         sd.end()
         return path.read_bytes()

@@ -318,6 +318,22 @@ def test_granules_are_full_size_cogs_tiled_and_compressed_as_planetary_computers
             assert raster.nodata == product.layer(layer).nodata
 
 
+def test_a_window_of_a_layer_is_those_pixels_of_the_whole_tile() -> None:
+    """A window of a layer is its whole tile's pixels there, to the bit, across and within
+    the blocks it is made of, on the globe and off it (h10v02, Alaska at the sinusoid's
+    edge); a window with a step is refused."""
+    product = CATALOG["MOD11A1"]
+    layer, day, last = product.layer("LST_Night_1km"), date(2022, 1, 12), product.pixels - 1
+    whole = world.values(product, layer, "h10v02", day)
+    assert (whole == layer.fill).any() and (whole != layer.fill).any()
+    for window in (np.s_[:, :], np.s_[:, :1], np.s_[last - 1:, :], np.s_[500:530, 1000:1100], np.s_[0:1, 0:1],
+                   np.s_[last:, last:], np.s_[700:701, 300:301], np.s_[9:9, :]):
+        part = world.values(product, layer, "h10v02", day, window)
+        assert part.dtype == whole.dtype and np.array_equal(part, whole[window]), window
+    with pytest.raises(ValueError, match="no step"):
+        world.values(product, layer, "h10v02", day, np.s_[::2, :])
+
+
 def test_every_synthesized_granule_says_so_and_no_real_one_does(planetary: Planetary, nasa: Earthdata) -> None:
     """A synthesized granule's STAC item, CMR entry, COG and HDF4 file are marked synthetic;
     the real ones (MOD10A2 h09v05, the MOD13A2 series) are not."""
