@@ -391,6 +391,10 @@ def _gathers(request: JobRequest, listed: list[TaskSpec], derived: dict[str, dic
     tasks of the product) and per output of each built-in or expression reduction (over its
     tasks)."""
     found: list[Spec] = []
+    output = request.output
+    cubes = output is not None and output.format != "cog"
+    if request.zones is None and not cubes:
+        return found  # (the box below is a reprojection of every target's bounds: 20 s at the task limit)
     span = (("start", request.start.isoformat()), ("end", request.end.isoformat()), ("bbox", _lonlat_box(listed)))
     if request.zones is not None:
         zonal = [seq for seq, spec in enumerate(listed) if spec.stage == ZONAL_STAGE]
@@ -400,8 +404,7 @@ def _gathers(request: JobRequest, listed: list[TaskSpec], derived: dict[str, dic
             ("zones", kept.ref), ("statistics", ",".join(dict.fromkeys(request.zones.statistics))),
             ("percentiles", ",".join(map(repr, request.zones.percentiles))), ("per", request.zones.by), *span),
             work=len(zonal) * max(1, kept.count or 1) / 1e3))
-    output = request.output
-    if output is None or output.format == "cog":
+    if output is None or not cubes:
         return found
     layers = layers_of(request)
     derived_layers = frozenset((p, name) for p, made in derived.items() for name in made)
