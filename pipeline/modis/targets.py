@@ -490,7 +490,7 @@ def _reads(target: TargetTile) -> tuple[Tile, ...]:
     point to a tile it does not cover is on its outline), each moved by twice the reach in
     the eight directions, name the tiles they land in."""
     west, south, east, north = target.bounds()
-    unit = 111_320.0 if CRS.from_user_input(target.grid.crs).is_geographic else 1.0
+    unit = 111_320.0 if _geographic(target.grid.crs) else 1.0
     side = max(east - west, north - south) * unit
     count = int(min(4096, max(EDGE_SAMPLES, math.ceil(8 * side / REACH_METRES))))  # 4× for the plane's shear
     line = np.linspace(0.0, 1.0, count)
@@ -499,17 +499,26 @@ def _reads(target: TargetTile) -> tuple[Tile, ...]:
     ys = np.concatenate([south * ones, south + (north - south) * line, north * ones, south + (north - south) * line])
     sx, sy = _to_sinusoidal(target.grid.crs).transform(xs, ys)
     ok = np.isfinite(sx) & np.isfinite(sy)
-    steps = np.array([-2 * REACH_METRES, 0.0, 2 * REACH_METRES])
-    dx, dy = (a.ravel() for a in np.meshgrid(steps, steps))
-    px = (sx[ok][:, None] + dx[None, :]).ravel()
-    py = (sy[ok][:, None] + dy[None, :]).ravel()
-    h = np.floor((px - X_MIN) / TILE_SIZE).astype(int)
-    v = np.floor((Y_MAX - py) / TILE_SIZE).astype(int)
+    px = (sx[ok][:, None] + _REACH_DX[None, :]).ravel()
+    py = (sy[ok][:, None] + _REACH_DY[None, :]).ravel()
+    h = np.floor((px - X_MIN) / TILE_SIZE)
+    v = np.floor((Y_MAX - py) / TILE_SIZE)
+    inside = (h >= 0) & (h < TILES_H) & (v >= 0) & (v < TILES_V)
+    hit = np.zeros(_CELLS, dtype=bool)  # per MODIS tile, as _land() (a set of a few: no sort)
+    hit[h[inside].astype(np.int64) * TILES_V + v[inside].astype(np.int64)] = True
+    tiles = _tiles()
     found = set(target.sources())  # found with the others (with_sources), or alone
-    for hh, vv in set(zip(h.tolist(), v.tolist(), strict=True)):
-        if 0 <= hh < TILES_H and 0 <= vv < TILES_V and Tile(hh, vv).has_land_pixels():
-            found.add(Tile(hh, vv))
+    found.update(tiles[cell] for cell in np.flatnonzero(hit & _land()).tolist())
     return tuple(sorted(found))
+
+
+# each point of a target's outline moved by twice the reach in the eight directions (and not)
+_REACH_DX, _REACH_DY = (a.ravel() for a in np.meshgrid(*[np.array([-2 * REACH_METRES, 0.0, 2 * REACH_METRES])] * 2))
+
+
+@lru_cache(maxsize=64)
+def _geographic(crs: str) -> bool:
+    return bool(CRS.from_user_input(crs).is_geographic)
 
 
 def native_transform(tile: Tile, pixels: int) -> Affine:
