@@ -9,13 +9,10 @@ attempt past the 95th percentile of its history).
   a few seconds after the job starts to its end, two of the six workers run 10× slower —
   their whole process trees duty-cycled with SIGSTOP/SIGCONT (run 1/10 of every half
   second), so that work advances only while the "VM" runs and the task cannot tell.
-- **from the first second**: the per-machine job on a fresh stack, no runtime history for
-  its stage, and the two machines 10× slow from before the job is submitted, stopped in
-  short stretches (run 10 ms of every 100 ms): nothing but a stall can find them.
 - **per task**: 2 workers × 4 slots, 644 tasks of 1.0–1.8 s, 16% of them 4–10× slower on
   their first attempt, wherever they run.
 
-    python -m bench.stragglers [--model machine|first|task|all]
+    python -m bench.stragglers [--model machine|task|both]
 
 Prints makespans, their ratios to the clean run, kills, drained attempts, backups and the
 work wasted (slot-seconds of attempts that did not commit, as a share of the clean run's busy
@@ -60,18 +57,12 @@ class Model:
     workers: int
     slots: int
     slow_workers: dict[int, float] = field(default_factory=dict)  # worker index -> slowdown
-    slow_after_s: float | None = None  # the slow stretch starts this long after the job is submitted (None: before)
-    period_s: float = DUTY_PERIOD_S  # a slowed worker runs 1/slowdown of every this many seconds
-    history: bool = True  # the policy's run starts with the clean run's history of the stage
+    slow_after_s: float = 0.0  # the slow stretch starts this long after the job is submitted
 
-
-MODELS = ("machine", "first", "task")
 
 MACHINE = Model("machine", {"region": {"tiles": TILES}, "start": "2022-01-01", "end": "2022-02-18",
                             "products": ["MOD10A2"]},
                 "bench_work", "bench_work", workers=6, slots=2, slow_workers={0: 10.0, 1: 10.0}, slow_after_s=4.0)
-FIRST = Model("first", MACHINE.request, "bench_work", "bench_work", workers=6, slots=2,
-              slow_workers={0: 10.0, 1: 10.0}, period_s=0.1, history=False)
 TASK = Model("task", {"region": {"tiles": TILES}, "start": "2021-01-01", "end": "2022-12-31", "products": ["MOD10A2"]},
              "bench_clean", "bench_straggle", workers=2, slots=4)
 
@@ -94,13 +85,13 @@ def process_tree(root: int) -> list[int]:
 
 class DutyCycle(threading.Thread):
     """Makes the process trees of some workers ``factor`` times slower: each runs 1/factor
-    of every ``period`` seconds and is stopped the rest, until :meth:`end`, which lets them
-    all run again. A process started later in a slowed session (a new stage process) is
+    of every DUTY_PERIOD_S and is stopped the rest, until :meth:`end`, which lets them all
+    run again. A process started later in a slowed session (a new stage process) is
     caught at the next period; a replaced worker is a new session, a healthy machine."""
 
-    def __init__(self, roots: dict[int, float], period: float = DUTY_PERIOD_S) -> None:
+    def __init__(self, roots: dict[int, float]) -> None:
         super().__init__(daemon=True, name="duty-cycle")
-        self.roots, self.period = roots, period
+        self.roots = roots
         self.ended = threading.Event()
 
     def _signal(self, root: int, sig: signal.Signals) -> None:
@@ -117,9 +108,9 @@ class DutyCycle(threading.Thread):
                     self._signal(root, signal.SIGCONT)
                 started = time.monotonic()
                 for root, factor in sorted(self.roots.items(), key=lambda item: -item[1]):
-                    self.ended.wait(max(0.0, self.period / factor - (time.monotonic() - started)))
+                    self.ended.wait(max(0.0, DUTY_PERIOD_S / factor - (time.monotonic() - started)))
                     self._signal(root, signal.SIGSTOP)
-                self.ended.wait(max(0.0, self.period - (time.monotonic() - started)))
+                self.ended.wait(max(0.0, DUTY_PERIOD_S - (time.monotonic() - started)))
         finally:
             for root in self.roots:
                 self._signal(root, signal.SIGCONT)
@@ -152,20 +143,15 @@ def run(azurite: Azurite, home: Path, namespace: str, model: Model, stage: str, 
         if history is not None:  # the history earlier requests left for this stage
             runtimes.merge(table, stage, "MOD10A2", history)
         http = httpx.Client(base_url=stack.api_url, timeout=60, headers=stack.headers)
-        slow = DutyCycle({stack.worker_processes[i].pid: f for i, f in model.slow_workers.items()},
-                         model.period_s) if slowed else None
-        if slow is not None and model.slow_after_s is None:  # slow before the job starts
-            slow.start()
-            time.sleep(2 * model.period_s)
         started = time.monotonic()
         job = http.post("/api/jobs", json=model.request).json()["job"]
+        slow = DutyCycle({stack.worker_processes[i].pid: f for i, f in model.slow_workers.items()}) if slowed else None
         shown = 0.0
         try:
             # The job row alone (one read): a full status reads every task row and would load
             # the storage the run is measured against.
             while not jobs.get(clients, job).state.finished:
-                if slow is not None and not slow.is_alive() and model.slow_after_s is not None \
-                        and time.monotonic() - started >= model.slow_after_s:
+                if slow is not None and not slow.is_alive() and time.monotonic() - started >= model.slow_after_s:
                     slow.start()
                 if time.monotonic() - shown > 15:
                     shown = time.monotonic()
@@ -192,7 +178,7 @@ def compare(azurite: Azurite, tmp: Path, model: Model) -> dict[str, Any]:
                 None, False)
     off = run(azurite, tmp / f"{model.name}-off", f"{model.name}off", model, model.slow_stage, NEVER, None, slowed)
     policy = run(azurite, tmp / f"{model.name}-policy", f"{model.name}policy", model, model.slow_stage, POLICY,
-                 clean["history"] if model.history else None, slowed)
+                 clean["history"], slowed)
     print(f"{model.name} model: {'run':<22} {'tasks':>6} {'makespan s':>11} {'ratio':>6} {'kills':>6}"
           f" {'drained':>8} {'backups':>8} {'wasted s':>9}")
     for name, r in (("clean", clean), ("stragglers, no monitor", off), ("stragglers, policy", policy)):
@@ -207,7 +193,7 @@ def compare(azurite: Azurite, tmp: Path, model: Model) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", choices=(*MODELS, "all"), default="all")
+    parser.add_argument("--model", choices=("machine", "task", "both"), default="both")
     args = parser.parse_args()
     # A stopped benchmark stops its stacks (workers run in sessions of their own).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -215,13 +201,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         azurite = Azurite(Path(tmp) / "azurite").start()
         try:
-            for model in (MACHINE, FIRST, TASK):
-                if args.model in (model.name, "all"):
+            for model in (MACHINE, TASK):
+                if args.model in (model.name, "both"):
                     found[model.name] = compare(azurite, Path(tmp), model)
         finally:
             azurite.stop()
     figures: dict[str, Any] = {}
-    for name in MODELS:
+    for name in ("machine", "task"):
         result = found.get(name)
         figures |= {f"{name}_ratio": result and result["ratio"],
                     f"{name}_no_monitor_ratio": result and result["no_monitor_ratio"],
@@ -231,7 +217,7 @@ def main() -> None:
             figures |= {f"{name}_kills": result["policy"]["kills"], f"{name}_drained": result["policy"]["drained"],
                         f"{name}_backups": result["policy"]["backups"],
                         f"{name}_states": [result[run]["state"] for run in ("clean", "off", "policy")]}
-    shares = [s for s in (figures[f"{name}_wasted_share"] for name in MODELS) if s is not None]
+    shares = [s for s in (figures["machine_wasted_share"], figures["task_wasted_share"]) if s is not None]
     figures["wasted_share"] = max(shares) if shares else None
     print(json.dumps(figures))
 

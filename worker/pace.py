@@ -18,10 +18,7 @@ from pipeline.lifecycle import health
 from pipeline.lifecycle.tasks import TaskRef
 from pipeline.storage.clients import Clients
 
-# the stall probe's nap: short enough that a machine stopping the worker in short, frequent
-# stretches shows (a 50 ms nap read a worker run 10 ms of every 100 ms as stalled 2×: about
-# one nap per stretch; 10 ms naps read it 5 to 10×), long enough to cost nothing (100 wakes a second)
-STALL_NAP_S = 0.01
+STALL_NAP_S = 0.05  # the stall probe's nap
 STALL_WINDOW_S = 1.0  # the stall is of the naps that ended in the last this many seconds
 PACE_AFTER = 0.2  # an attempt's pace is trusted once it has run this share of its allowed time
 PACE_MARGIN = 1.5  # ... and revoked when that pace takes it past this many times its allowed time
@@ -48,7 +45,6 @@ class Pace:
         self._reported = -health.REPORT_EVERY_S
         self._started = 0  # attempts run
         self._naps: deque[tuple[float, float]] = deque()  # the stall probe's: (ended at, seconds taken)
-        self._napped = 0.0  # the seconds its naps in _naps took, summed as they come and go
         self._stalled = False  # the stall is at the monitor's floor
         self._asked = False  # a report is wanted at once
 
@@ -90,9 +86,8 @@ class Pace:
             ended = time.monotonic()
             with self._lock:
                 self._naps.append((ended, ended - began))
-                self._napped += ended - began
                 while self._naps[0][0] < ended - STALL_WINDOW_S:
-                    self._napped -= self._naps.popleft()[1]
+                    self._naps.popleft()
             began = ended
             stalled = (self.stall() or 0.0) >= health.STALL_FLOOR
             if stalled and not self._stalled:
@@ -103,9 +98,10 @@ class Pace:
         """The wall time the probe's recent naps took over the time they asked for (1: the
         worker runs when it asks); None until they span half a window."""
         with self._lock:
-            if not self._naps or self._naps[-1][0] - (self._naps[0][0] - self._naps[0][1]) < STALL_WINDOW_S / 2:
-                return None
-            return self._napped / (len(self._naps) * STALL_NAP_S)
+            naps = list(self._naps)
+        if not naps or naps[-1][0] - (naps[0][0] - naps[0][1]) < STALL_WINDOW_S / 2:
+            return None
+        return sum(took for _, took in naps) / (len(naps) * STALL_NAP_S)
 
     def report_soon(self) -> None:
         """Have the next :meth:`report` made at once (its stall just reached the floor; an

@@ -123,24 +123,13 @@ def _ratio_of(row: Any) -> float | None:
     return max(ratio or 0.0, stall) if stall >= STALL_FLOOR else ratio
 
 
-def _stall_of(row: Any) -> float | None:
-    try:
-        return float(row["Stall"]) if row.get("Stall") is not None else None
-    except (ValueError, TypeError):
-        return None
-
-
 def find_slow(clients: Clients, slow_ratio: float, at: datetime | None = None) -> list[str]:
     """Mark slow every worker that runs far past its history while the others do not;
-    return the ones marked now. Also forgets rows of workers long gone. A worker with no
-    figure yet (no history for its attempts: a fresh deployment's first minutes) stands
-    among the others by its stall, so that a machine that barely runs its worker is found
-    from the first second, when only its stall can tell."""
+    return the ones marked now. Also forgets rows of workers long gone."""
     if slow_ratio <= 0:
         return []
     at = at or now()
-    heard: dict[str, float] = {}  # the figure each worker is judged on (``_ratio_of``)
-    level: dict[str, float] = {}  # what each says of its machine for the others' median: its figure, or its stall
+    heard: dict[str, float] = {}
     already = 0
     for row in clients.workers.query_entities("PartitionKey eq @p", parameters={"p": PARTITION}):
         seen = row.get("SeenAt")
@@ -155,18 +144,16 @@ def find_slow(clients: Clients, slow_ratio: float, at: datetime | None = None) -
         ratio = _ratio_of(row)
         if ratio is not None:
             heard[row["RowKey"]] = ratio
-        if (known := ratio if ratio is not None else _stall_of(row)) is not None:
-            level[row["RowKey"]] = known
-    room = max(1, int((len(level) + already) * MAX_SLOW_SHARE)) - already
+    room = max(1, int((len(heard) + already) * MAX_SLOW_SHARE)) - already
     marked = []
     for worker, ratio in sorted(heard.items(), key=lambda item: -item[1]):
-        others = [r for w, r in level.items() if w != worker and w not in marked]
+        others = [r for w, r in heard.items() if w != worker and w not in marked]
         if room <= 0 or not others or ratio < slow_ratio * max(1.0, statistics.median(others)):
             break
         clients.workers.upsert_entity({"PartitionKey": PARTITION, "RowKey": worker, "State": SLOW,
                                        "MarkedAt": at, "MarkedRatio": ratio}, mode=UpdateMode.MERGE)
-        log.warning("worker %s is slow: %.1f× (its attempts against their history, or its stall), the others' "
-                    "%.1f×", worker, ratio, statistics.median(others))
+        log.warning("worker %s is slow: its attempts run %.1f× their history, the others' %.1f×",
+                    worker, ratio, statistics.median(others))
         marked.append(worker)
         room -= 1
     return marked
