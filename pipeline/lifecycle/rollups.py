@@ -444,7 +444,7 @@ def plan_row(job: str, plan: list[TaskPlan]) -> dict[str, Any]:
     tiles: dict[str, list[Any]] = {}
     stages: dict[str, list[Any]] = {}
     for task in plan:
-        for place in planning.places(task.params) if "," in task.tile else [task.params]:
+        for place in planning.places(task.params):
             tile = place.get("tile", "")
             if tile not in tiles:
                 tiles[tile] = [place.get("crs", ""), place.get("bounds", ""), 0]

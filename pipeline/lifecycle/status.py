@@ -27,6 +27,8 @@ TERMINAL = frozenset(
 )
 # terminal states that are not failures: the job can still succeed
 ENDED_WELL = frozenset({TaskStatus.SUCCEEDED, TaskStatus.CACHED, TaskStatus.NO_DATA})
+# the states in which a task has outputs (made now, or found made)
+MADE = frozenset({TaskStatus.SUCCEEDED, TaskStatus.CACHED})
 
 _ALLOWED: dict[TaskStatus, frozenset[TaskStatus]] = {
     # PENDING -> CACHED: a tile task whose every output the cache holds is settled at

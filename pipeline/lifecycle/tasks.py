@@ -26,12 +26,10 @@ from azure.data.tables import TableClient, TableEntity, TableTransactionError, U
 from pipeline import planning
 from pipeline.failures import error_code
 from pipeline.lifecycle import partitions, rollups
-from pipeline.lifecycle.status import TERMINAL, TaskStatus
+from pipeline.lifecycle.status import MADE, TERMINAL, TaskStatus
 from pipeline.planning import TaskPlan
 from pipeline.storage import names
 from pipeline.storage.rows import Row, stored
-
-ENDED_WELL_MADE = (TaskStatus.SUCCEEDED, TaskStatus.CACHED)  # the statuses whose outputs a task's entry names
 
 BATCH = 100  # entities per entity-group transaction (the service's limit)
 MESSAGE_TASKS = 24  # the most attempts one task message names: their claims (4 writes each) fit a transaction
@@ -232,12 +230,12 @@ class TaskRow(Row):
         parameters, its status and the outputs it made there (none unless it ended well). A
         place of a task that ended well, whose catalog had none of the MODIS tiles it
         covers, ended NO_DATA there; a task of one place: itself."""
-        params, made = self.parameters(), self.output_names() if self.status in ENDED_WELL_MADE else []
+        params, made = self.parameters(), self.output_names() if self.status in MADE else []
         several = "," in params.get("tile", "")
         found = []
         for place in planning.places(params):
             status = self.status
-            if several and status in ENDED_WELL_MADE and place.get("granules") == "{}":
+            if several and status in MADE and place.get("granules") == "{}":
                 status = TaskStatus.NO_DATA
             found.append((place, status, planning.outputs_of(made, place.get("tile", ""), several)))
         return found

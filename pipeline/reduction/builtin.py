@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import planning, stages
+from pipeline import stages
 from pipeline.failures import FailureClass, StageFailure
 from pipeline.lifecycle import tasks
 from pipeline.lifecycle.status import TaskStatus
@@ -42,7 +42,6 @@ from pipeline.stages import StageContext
 from pipeline.storage import cache, names
 from pipeline.storage.clients import Clients
 
-GOOD = (TaskStatus.SUCCEEDED, TaskStatus.CACHED)
 SYNTHETIC_TAG = "BAGPIPE_SYNTHETIC"  # an input's file says it was made from the local imitation's synthetic data
 FETCHERS = 8  # input tiles fetched at once
 # what an expression may call an input's baseline figures (``ndvi.vci``), from its value and climatology
@@ -94,19 +93,14 @@ def gather(ctx: StageContext, inputs: list[tuple[str, str, str]]) -> Gathered:
 
 
 def _take(row: TaskRow, inputs: list[tuple[str, str, str]], found: Gathered, tile: str) -> None:
-    params = row.parameters()
-    outputs = [o.removeprefix(names.TILE_OUTPUT_PREFIX) for o in row.output_names()] if row.status in GOOD else []
-    status = row.status
-    if row.stage != CLIMATOLOGY_STAGE and "," in params.get("tile", ""):  # a batch's: this tile's own
-        params = next(p for p in planning.places(params) if p["tile"] == tile)
-        outputs = planning.outputs_of(outputs, tile, True)
-        if status in GOOD and params.get("granules") == "{}":
-            status = TaskStatus.NO_DATA  # the catalog had none of the MODIS tiles this target covers
+    places = row.places()  # a batch's: this tile's own (its NO_DATA where the catalog had none of its tiles)
+    params, status, made = places[0] if len(places) == 1 else next(p for p in places if p[0]["tile"] == tile)
+    outputs = [o.removeprefix(names.TILE_OUTPUT_PREFIX) for o in made]
     if row.stage == CLIMATOLOGY_STAGE:
         alias = json.loads(params["input"])[0]
         if outputs:
             found.climatologies[alias] = outputs[0]
-        elif row.status is not TaskStatus.NO_DATA:
+        elif status is not TaskStatus.NO_DATA:
             found.failed.append(f"baseline of {alias}")
         return
     day = params["date"]

@@ -20,6 +20,7 @@ from affine import Affine
 
 from pipeline import planning, stages
 from pipeline.failures import FailureClass, StageFailure
+from pipeline.lifecycle.status import ENDED_WELL, MADE
 from pipeline.reduction import CUBE_GATHER, gather
 from pipeline.science import cubes
 from pipeline.stages import StageContext
@@ -44,13 +45,13 @@ def cube(ctx: StageContext) -> None:
     """One cube of the job's tiles (a layer) or reductions (each output a variable)."""
     params = ctx.params
     rows = gather.gathered(ctx)
-    failed = [r.task for r in rows if r.status not in gather.GOOD and r.status.value != "NO_DATA"]
+    failed = [r.task for r in rows if r.status not in ENDED_WELL]
     if failed and params.get("on_failure", "fail") == "fail":
         raise StageFailure(FailureClass.DEPENDENCY_FAILED, f"{len(failed)} of its tiles' tasks failed "
                            f"(first: {failed[0]})")
     placed: list[tuple[str, date, str, str]] = []  # (variable, date, blob, target tile)
     for row in rows:
-        if row.status not in gather.GOOD:
+        if row.status not in MADE:
             continue
         found = row.parameters()
         day = date.fromisoformat(found.get("start") or found["date"])

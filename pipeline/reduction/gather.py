@@ -30,7 +30,7 @@ from azure.core.exceptions import HttpResponseError
 from pipeline import stages
 from pipeline.failures import FailureClass, StageFailure
 from pipeline.lifecycle import jobs, tasks
-from pipeline.lifecycle.status import TaskStatus
+from pipeline.lifecycle.status import MADE
 from pipeline.reduction import SITES_GATHER
 from pipeline.science import tables, vectors
 from pipeline.science.tables import SITES
@@ -40,7 +40,6 @@ from pipeline.storage.clients import Clients
 from pipeline.storage.transfer import MiB
 
 VERSION = "gather-1"  # change when the files of the same parts would change
-GOOD = (TaskStatus.SUCCEEDED, TaskStatus.CACHED)
 # bytes of a file's blocks in flight as a gather uploads it: a transfer plan's for a large
 # object (up to 256 MiB) would be most of a worker's memory beside the gather's own, and
 # the SDK holds each block more than once while it sends it (a cube's gather peaked 35 MB
@@ -61,7 +60,7 @@ def gathered(ctx: StageContext) -> list[tasks.TaskRow]:
 def parts_of(ctx: StageContext, rows: list[tasks.TaskRow]) -> list[str]:
     """The blobs in ``tiles`` of the gathered tasks' parts; a ``dependency_failed`` failure
     if one of them ended without its part (failed for good)."""
-    failed = [row.task for row in rows if row.status not in GOOD]
+    failed = [row.task for row in rows if row.status not in MADE]
     if failed:
         raise StageFailure(FailureClass.DEPENDENCY_FAILED, f"{len(failed)} of the tasks it joins failed "
                            f"(first: {failed[0]})")

@@ -65,9 +65,9 @@ from rasterio.windows import Window
 from pipeline import stages
 from pipeline.failures import FailureClass, StageFailure
 from pipeline.lifecycle import tasks
-from pipeline.lifecycle.status import TaskStatus
+from pipeline.lifecycle.status import ENDED_WELL, MADE, TaskStatus
 from pipeline.reduction import ZONAL_STAGE, ZONES_GATHER, gather
-from pipeline.reduction.builtin import GOOD, Fetched, Gathered, _check_failed, encoding_from
+from pipeline.reduction.builtin import Fetched, Gathered, _check_failed, encoding_from
 from pipeline.reduction.builtin import gather as gather_tiles
 from pipeline.science import tables, vectors
 from pipeline.science.builtins import weighted_quantile
@@ -360,9 +360,9 @@ def reduced(ctx: StageContext, aliases: list[str]) -> Gathered:
         params = row.parameters()
         if row.status is TaskStatus.NO_DATA:
             found.missing.append(params["group"])
-        elif row.status not in GOOD:
+        elif row.status not in MADE:
             found.failed.append(f"the reduction of {params['group']}")
-        for output in row.output_names() if row.status in GOOD else []:
+        for output in row.output_names() if row.status in MADE else []:
             blob = output.removeprefix(names.TILE_OUTPUT_PREFIX)
             name = ".".join(blob.rsplit("/", 1)[-1].removesuffix(".tif").split(".")[:-2])
             if name in found.tiles:
@@ -450,10 +450,10 @@ def zones_table(ctx: StageContext) -> None:
     """The zones' statistics joined across tiles: a row per zone, input and date or group."""
     params = ctx.params
     rows = gather.gathered(ctx)
-    failed = [r.task for r in rows if r.status not in gather.GOOD and r.status.value != "NO_DATA"]
+    failed = [r.task for r in rows if r.status not in ENDED_WELL]
     if failed:
         raise StageFailure(FailureClass.DEPENDENCY_FAILED, f"{len(failed)} zonal tasks failed (first: {failed[0]})")
-    blobs = [o.removeprefix(names.TILE_OUTPUT_PREFIX) for r in rows if r.status in gather.GOOD
+    blobs = [o.removeprefix(names.TILE_OUTPUT_PREFIX) for r in rows if r.status in MADE
              for o in r.output_names()]
     statistics = [name for name in params["statistics"].split(",") if name]
     percentiles = [float(p) for p in params.get("percentiles", "").split(",") if p]
