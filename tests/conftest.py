@@ -21,12 +21,14 @@ from bagpipe.azurite import Azurite
 from bagpipe.earthdata import Earthdata
 from bagpipe.mailserver import MailServer
 from bagpipe.planetary import Planetary
+from pipeline import planning
 from pipeline.failures import FailureClass
 from pipeline.lifecycle import ends, jobs
 from pipeline.lifecycle.policy import Outcome
 from pipeline.lifecycle.rollups import RollupWriter
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.lifecycle.transitions import Claim
+from pipeline.planning import Finished
 from pipeline.requests.request import JobRequest
 from pipeline.settings import Settings
 from pipeline.storage.clients import Clients, close_shared
@@ -265,6 +267,28 @@ def control_loop(settings: Settings) -> Iterator[threading.Event]:
 def with_stage(settings: Settings, stage: str, **changes: object) -> Settings:
     """The same deployment with tile tasks running one of tests/stages_for_tests.py."""
     return settings.with_(stage_modules="tests.stages_for_tests", tile_stage=stage, **changes)
+
+
+class PlanOnly:
+    """A stand-in application whose plan is a test's own: its manifest entries are its tasks'
+    parameters, and it adds nothing of its products."""
+
+    def entry(self, params: dict[str, str]) -> dict[str, object]:
+        return dict(params)
+
+    def finished(self, clients: Clients, row: jobs.JobRow, entries: list[dict[str, object]]) -> Finished:
+        return Finished()
+
+
+@contextlib.contextmanager
+def registered(application: planning.Application) -> Iterator[None]:
+    """``application`` the deployment's while the block runs, then the one before it again."""
+    before = planning.application()
+    planning.register(application)
+    try:
+        yield
+    finally:
+        planning.register(before)
 
 
 @contextlib.contextmanager

@@ -25,7 +25,7 @@ from pipeline.lifecycle import jobs, planner, rollups, tasks, transitions
 from pipeline.lifecycle.status import TaskStatus
 from pipeline.modis import batches, cachedtiles, reprojection
 from pipeline.modis.targets import GridSpec
-from pipeline.planning import Finished, TaskPlan
+from pipeline.planning import TaskPlan
 from pipeline.requests import search
 from pipeline.requests.expansion import TaskSpec, expand, plan_of
 from pipeline.requests.request import JobRequest
@@ -33,7 +33,7 @@ from pipeline.settings import Settings
 from pipeline.stages import StageContext
 from pipeline.storage import names
 from pipeline.storage.clients import Clients
-from tests.conftest import commit, fail, in_an_hour, on_stac
+from tests.conftest import PlanOnly, commit, fail, in_an_hour, on_stac, registered
 
 SEAM_BOX = [-112.0, 34.0, -108.0, 37.0]  # 12 target tiles of 1° over h08v05 | h09v05
 
@@ -188,26 +188,19 @@ def test_a_batch_whose_attempt_died_midway_is_made_whole_by_the_next(
 
 # --- the lifecycle ------------------------------------------------------------------------
 
-class Batched:
+class Batched(PlanOnly):
     """The application whose plan is the seam box's reduction, batched: four tile tasks
     (one per date, each of the 12 targets) feeding 12 reductions."""
 
     def plan(self, settings: Settings, request: str, resolved: str, *, search: bool, limit: int) -> list[TaskPlan]:
         return plan_of(expand(JobRequest.model_validate_json(request), limit, batch=batches.MAX_TARGETS))
 
-    def entry(self, params: dict[str, str]) -> dict[str, object]:
-        return dict(params)
-
-    def finished(self, clients: Clients, row: jobs.JobRow, entries: list[dict[str, object]]) -> Finished:
-        return Finished()
-
 
 @pytest.fixture
 def batched() -> Iterator[Batched]:
-    before = planning.application()
-    planning.register(Batched())
-    yield Batched()
-    planning.register(before)
+    application = Batched()
+    with registered(application):
+        yield application
 
 
 def planned(clients: Clients, application: Batched) -> jobs.JobRow:

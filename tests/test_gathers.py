@@ -12,15 +12,15 @@ import pytest
 from pipeline import planning
 from pipeline.lifecycle import jobs, planner, progress, rollups, sweep, tasks, transitions
 from pipeline.lifecycle.status import TaskStatus
-from pipeline.planning import Finished, TaskPlan
+from pipeline.planning import TaskPlan
 from pipeline.settings import Settings
 from pipeline.storage.clients import Clients
-from tests.conftest import commit, in_an_hour
+from tests.conftest import PlanOnly, commit, in_an_hour, registered
 
 BUCKETS = 3
 
 
-class Plans:
+class Plans(PlanOnly):
     """An application whose plan is given: six tasks spread over three partitions, a
     reduction-like task waiting for two of them, and two gathers."""
 
@@ -30,19 +30,12 @@ class Plans:
         return [*tiles, TaskPlan("noop", {"tile": "t0"}, waits_for=2, group=0),
                 TaskPlan("noop", {}, after_all=True), TaskPlan("noop", {}, after_all=True)]
 
-    def entry(self, params: dict[str, str]) -> dict[str, object]:
-        return dict(params)
-
-    def finished(self, clients: Clients, row: jobs.JobRow, entries: list[dict[str, object]]) -> Finished:
-        return Finished()
-
 
 @pytest.fixture
 def application() -> Iterator[Plans]:
-    before = planning.application()
-    planning.register(Plans())
-    yield Plans()
-    planning.register(before)
+    plans = Plans()
+    with registered(plans):
+        yield plans
 
 
 def spread(settings: Settings) -> Clients:
