@@ -93,7 +93,9 @@ async function submitPage() {
     reduceFields.days.hidden = by.value !== "days:N";
   }
   // sites, zones or a polygon region from a file: kept first (POST /api/vectors), named by digest
-  const vector = { kind: "", ref: null };
+  // (error: why the file chosen was refused, said beside the field until another file or kind
+  // is chosen; seq: the latest choice, so an answer to an earlier one is dropped)
+  const vector = { kind: "", ref: null, error: "", seq: 0 };
   const vectorKind = h("select", { id: "vector-kind", "aria-label": "What the file holds", onchange: () => keepFile() },
     h("option", { value: "sites" }, "sites: a series at each point (CSV id,lon,lat; JSON; GeoJSON points)"),
     h("option", { value: "zones" }, "zones: statistics over each polygon (GeoJSON, an id each)"),
@@ -207,6 +209,7 @@ async function submitPage() {
   function clearErrors() {
     for (const p of form.querySelectorAll(".error")) p.textContent = "";
     for (const i of form.querySelectorAll("[aria-invalid]")) i.removeAttribute("aria-invalid");
+    vectorField.querySelector(".error").textContent = vector.error;  // the file's own refusal stays
   }
 
   function showErrors(errors) {
@@ -229,13 +232,16 @@ async function submitPage() {
   }
 
   let timer = null;
+  let asked = 0;  // the latest estimate asked for: an answer to an earlier one arriving late is dropped
   function changed() {
     mapView.showSelection(region.mode === "box" ? region.bbox : null, region.mode === "tiles" ? region.tiles : []);
     clearTimeout(timer);
     timer = setTimeout(async () => {
+      const mine = ++asked;
       clearErrors();
       try {
         const found = await api("POST", "/api/estimate", request());
+        if (mine !== asked) return;
         estimate.textContent = `This request makes ${found.tasks.toLocaleString()} tasks` + (found.known
           ? `: about ${duration(found.compute_s)} of compute, ${dollars(found.usd)} at Azure's prices ` +
             "(at most: tiles already made cost almost nothing)."
@@ -243,6 +249,7 @@ async function submitPage() {
         estimate.dataset.tasks = found.tasks;
         estimate.title = found.prices;
       } catch (err) {
+        if (mine !== asked) return;
         delete estimate.dataset.tasks;
         if (err.status === 429) {  // too many estimates: no field is at fault; the next change asks again
           estimate.textContent = err.message;
@@ -257,21 +264,25 @@ async function submitPage() {
   /** Keep the file chosen as the kind chosen, and show what it holds on the map; a file the
    * API refuses is said beside the field, and the request goes on without it. */
   async function keepFile() {
+    const seq = ++vector.seq;
     const file = vectorFile.files[0];
     const slot = vectorField.querySelector(".error");
-    slot.textContent = "";
+    const refuse = (message) => { vector.error = slot.textContent = message; };
+    refuse("");
     Object.assign(vector, { kind: vectorKind.value, ref: null });
     document.getElementById("sites-options").hidden = vectorKind.value !== "sites";
     mapView.showFeatures([]);
     vectorStatus.textContent = "";
     if (!file) return changed();
     const text = await file.text();
+    if (seq !== vector.seq) return;  // another file or kind was chosen meanwhile
     let data = text;
     if (!/\.csv$/i.test(file.name)) {
-      try { data = JSON.parse(text); } catch { slot.textContent = `${file.name} is not JSON (or name a CSV file .csv)`; return changed(); }
+      try { data = JSON.parse(text); } catch { refuse(`${file.name} is not JSON (or name a CSV file .csv)`); return changed(); }
     }
     try {
       const kept = await api("POST", "/api/vectors", { kind: vectorKind.value, data });
+      if (seq !== vector.seq) return;
       vector.ref = kept.ref;
       const what = { sites: "sites", zones: "zones", region: "polygon" }[kept.kind];
       vectorStatus.textContent = `${file.name}: ${kept.count.toLocaleString()} ${kept.count === 1 && what !== "polygon" ? what.slice(0, -1) : what} kept` +
@@ -279,7 +290,8 @@ async function submitPage() {
       const box = mapView.showFeatures(featuresOf(data));
       if (box) mapView.fit(box, 0.5);
     } catch (err) {
-      slot.textContent = err.body?.detail ? `${err.body.field ? err.body.field + ": " : ""}${err.body.detail}` : err.message;
+      if (seq !== vector.seq) return;
+      refuse(err.body?.detail ? `${err.body.field ? err.body.field + ": " : ""}${err.body.detail}` : err.message);
     }
     changed();
   }
@@ -394,9 +406,12 @@ async function tablePanel(id, kind) {
   const plot = h("figure", { class: "series-plot" });
   const rows = h("div", { class: "table-scroll" });
   const caption = h("p", { class: "hint" });
+  let asked = 0;  // the latest series chosen: an answer for an earlier choice arriving late is dropped
   const show = async (wanted) => {
+    const mine = ++asked;
     const query = wanted === undefined ? "" : `&id=${encodeURIComponent(wanted)}`;
     const found = await api("GET", `/api/jobs/${id}/tables/${kind}?rows=10${query}`);
+    if (mine !== asked) return;
     if (!choice.options.length) choice.replaceChildren(...found.ids.map((one) => h("option", { value: one }, one)));
     choice.value = found.id;
     plot.replaceChildren(seriesSvg(found.series, found.id),
