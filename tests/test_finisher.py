@@ -26,7 +26,7 @@ from pipeline.lifecycle.status import JobState
 from pipeline.modis import overview
 from pipeline.requests import application
 from pipeline.settings import Settings
-from pipeline.storage import names
+from pipeline.storage import names, packing
 from pipeline.storage.clients import Clients
 from tests.conftest import job_write_answer_lost, parts, running_control, running_workers, small_request, wait_for
 from tests.test_reconcile import emails_for, fast
@@ -198,27 +198,30 @@ def test_a_refused_record_of_the_email_sends_no_second_email(
     assert len(emails_for(mail, job)) == 1
 
 
-def test_a_finisher_whose_overviews_fail_ends_the_job_without_them_saying_so(
-        settings: Settings, mail: MailServer, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("piece", ["overviews", "packs"])
+def test_a_finisher_whose_overviews_or_packs_fail_ends_the_job_without_them_saying_so(
+        settings: Settings, mail: MailServer, monkeypatch: pytest.MonkeyPatch, piece: str) -> None:
     """The overviews could not be drawn (a grid whose geotransform cannot be inverted, on
-    every try): the job ends as its tasks say, with its manifest and its one email, which
-    say which piece is missing and why — not FINISHING for ever, its done message coming
-    back and poisoned again and again."""
+    every try), or the small outputs not packed (made beside them, on a thread of their
+    own): the job ends as its tasks say, with its manifest and its one email, which say
+    which piece is missing and why — not FINISHING for ever, its done message coming back
+    and poisoned again and again."""
     settings, clients, job = ended_job(settings)
 
     def cannot(*_: Any) -> list[dict[str, Any]]:
         raise ValueError("Cannot invert geotransform")
 
-    monkeypatch.setattr(overview, "build", cannot)
+    monkeypatch.setattr(*((overview, "build") if piece == "overviews" else (packing, "pack")), cannot)
     with running_control(settings):
         wait_for(lambda: jobs.get(clients, job).state.finished, 60, "the job to finish")
     row = jobs.get(clients, job)
-    why = {"overviews": "ValueError: Cannot invert geotransform"}
+    why = {piece: "ValueError: Cannot invert geotransform"}
     assert row.state is JobState.SUCCEEDED and jobs.status(clients, job)["missing"] == why
     manifest = json.loads(clients.products.download_blob(row.manifest).readall())
-    assert manifest["missing"] == why and manifest["overviews"] == [] and len(manifest["tasks"]) == 8
+    assert manifest["missing"] == why and len(manifest["tasks"]) == 8
+    assert manifest["overviews"] == [] if piece == "overviews" else manifest["packed"] == {}
     (email,) = emails_for(mail, job)
-    assert "Not made: overviews (ValueError: Cannot invert geotransform)" in email.get_content()
+    assert f"Not made: {piece} (ValueError: Cannot invert geotransform)" in email.get_content()
     assert queued(clients, clients.done_queue) <= 1 and queued(clients, poison(clients, clients.done_queue)) == 0
 
 

@@ -18,6 +18,7 @@ from rasterio.io import MemoryFile
 
 from pipeline.modis import overview, quicklook
 from pipeline.modis.products import CATALOG
+from pipeline.modis.targets import SINUSOIDAL_PROJ4
 from pipeline.reduction import reducers
 from pipeline.science import ramps, rasters
 from pipeline.storage import names
@@ -241,3 +242,64 @@ def test_a_reducer_names_a_colour_ramp_bagpipe_draws(tmp_path: Path) -> None:
     assert reducers.parse(json.dumps(manifest).encode(), tmp_path, "reducer.json").colormap == "Blues_r"
     with pytest.raises(ValueError, match=r"output\.colormap: .*'Bluez' is not a colour ramp"):
         reducers.parse(json.dumps(manifest | {"output": {"colormap": "Bluez"}}).encode(), tmp_path, "reducer.json")
+
+
+def sinusoidal_cog(x: float, y: float, values: np.ndarray) -> bytes:
+    profile = {"driver": "GTiff", "width": 100, "height": 100, "count": 1, "dtype": "uint8",
+               "crs": SINUSOIDAL_PROJ4, "transform": Affine(1000.0, 0, x, 0, -1000.0, y), "nodata": 255}
+    with MemoryFile() as memory:
+        with memory.open(**profile) as dst:
+            dst.write(values, 1)
+        return memory.read()
+
+
+def test_a_tile_is_warped_into_its_window_of_the_overview_as_onto_the_whole_of_it(
+        clients: Clients, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each raster is warped into the part of the canvas its lon/lat box covers, not onto
+    the whole canvas: the same pixels, to the byte, as warping every raster onto the whole
+    canvas — for tiles on the sinusoidal grid at 58° N, whose edges are slanted and curved
+    in lon/lat, so that a window too tight would cut their corners off."""
+    classes = sorted(COLOURS)
+    rows, cols = np.mgrid[0:100, 0:100]
+    members = []
+    for i, x in enumerate((1_000_000.0, 1_100_000.0, 1_000_000.0)):
+        y = 6_500_000.0 if i < 2 else 6_400_000.0
+        values = np.asarray(classes, dtype="uint8")[(rows // 3 + cols // 7 + i) % len(classes)]
+        values[:4, :4] = 255
+        blob = names.tile_blob(f"{i + 20:02d}" * 32, "MOD10A2", "Maximum_Snow_Extent", "2022-02-02", f"s{i}")
+        clients.transfers.upload(clients.tiles, blob, sinusoidal_cog(x, y, values), "image/tiff")
+        members.append(({"crs": SINUSOIDAL_PROJ4, "bounds": f"{x},{y - 100_000},{x + 100_000},{y}"},
+                        names.TILE_OUTPUT_PREFIX + blob))
+    key = ("MOD10A2", "Maximum_Snow_Extent", "2022-02-02", "")
+    windowed = overview.draw(clients, "j-window", key, members)[1]
+    monkeypatch.setattr(overview, "_window", lambda box, transform, shape: (slice(0, shape[0]), slice(0, shape[1])))
+    whole = overview.draw(clients, "j-whole", key, members)[1]
+    bare = decoded(windowed["map"])
+    assert (bare[..., 3] == 255).sum() > 0.3 * bare[..., 3].size  # the tiles drawn, slanted, on a third of it
+    assert np.array_equal(bare, decoded(whole["map"]))
+    assert np.array_equal(decoded(windowed["picture"]), decoded(whole["picture"]))
+
+
+def test_overviews_drawn_at_once_are_those_drawn_one_after_another(
+        clients: Clients, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job's overviews are drawn on several threads: each the same image as drawn alone."""
+    entries = []
+    for d, day in enumerate(("2022-01-01", "2022-01-09", "2022-01-17", "2022-01-25", "2022-02-02", "2022-02-10")):
+        for i, west in enumerate((-110.0, -109.0)):
+            values = np.asarray(sorted(COLOURS), dtype="uint8")[(np.arange(10_000).reshape(100, 100) // (d + 2 + i))
+                                                                 % len(COLOURS)]
+            blob = names.tile_blob(f"{d}{i}" * 32, "MOD10A2", "Maximum_Snow_Extent", day, f"t{i}")
+            clients.transfers.upload(clients.tiles, blob, tile_cog(west, values), "image/tiff")
+            entries.append({"task": f"{d:08d}{i}", "stage": "modis", "product": "MOD10A2", "date": day,
+                            "crs": "EPSG:4326", "bounds": f"{west},34.0,{west + 1},35.0",
+                            "outputs": [names.TILE_OUTPUT_PREFIX + blob]})
+    monkeypatch.setattr(overview, "_cache", lambda *args: None)  # each job draws its own
+    at_once = overview.build(clients, "j-threads", entries)
+    monkeypatch.setattr(overview, "DRAWN_AT_ONCE", 1)
+    alone = overview.build(clients, "j-alone", entries)
+    assert len(at_once) == len(alone) == 6
+    for one, other in zip(at_once, alone, strict=True):
+        assert one["date"] == other["date"]
+        for kind in ("picture", "map"):
+            assert (clients.transfers.download(clients.products, one[kind])[0]
+                    == clients.transfers.download(clients.products, other[kind])[0])

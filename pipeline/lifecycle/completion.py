@@ -32,6 +32,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from email.message import EmailMessage
 from email.utils import make_msgid
@@ -343,9 +344,15 @@ def write_manifest(clients: Clients, row: JobRow, final: JobState) -> tuple[dict
         ]
     if final is JobState.CANCELLED and row.total > listed:  # cancelled while it was being planned
         counts[TaskStatus.CANCELLED.value] = counts.get(TaskStatus.CANCELLED.value, 0) + row.total - listed
-    added = _piece(missing, "products", lambda: application.finished(clients, row, entries),
-                   optional=True) or planning.Finished({}, [])
-    missing |= added.manifest.pop("missing", {})
+    unpacked: dict[str, str] = {}
+    with ThreadPoolExecutor(1, thread_name_prefix="pack") as pool:  # packed while the products are made
+        packing_done = pool.submit(_piece, unpacked, "packs", lambda: packing.as_manifest(packing.pack(
+            clients, job, (packing.Output(output, *results.locate(clients, output))
+                           for entry in entries for output in entry["outputs"]))), True)
+        added = _piece(missing, "products", lambda: application.finished(clients, row, entries),
+                       optional=True) or planning.Finished({}, [])
+        packed = packing_done.result() or {}  # without, each output is fetched where its task wrote it
+    missing |= added.manifest.pop("missing", {}) | unpacked
     made = sum(len(entry["outputs"]) for entry in entries)
     found = {
         "job": job,
@@ -361,9 +368,7 @@ def write_manifest(clients: Clients, row: JobRow, final: JobState) -> tuple[dict
         **added.manifest,
         "cost": costs.measured(_attempt_seconds(clients, row.parts), listed),
         "tasks": entries,
-        "packed": _piece(missing, "packs", lambda: packing.as_manifest(packing.pack(clients, job, (
-            packing.Output(output, *results.locate(clients, output)) for entry in entries for output in entry["outputs"]
-        ))), optional=True) or {},  # without, each output is fetched where its task wrote it
+        "packed": packed,
     }
     if missing:
         found["missing"] = missing

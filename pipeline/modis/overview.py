@@ -25,15 +25,16 @@ import base64
 import hashlib
 import json
 import logging
+import math
+import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
-import rasterio
 from azure.core.exceptions import AzureError, ResourceExistsError, ResourceNotFoundError
 from rasterio.errors import RasterioError
 from rasterio.io import MemoryFile
-from rasterio.transform import from_bounds
+from rasterio.transform import Affine, from_bounds
 from rasterio.warp import Resampling, reproject
 
 from pipeline.lifecycle import results
@@ -48,6 +49,8 @@ log = logging.getLogger(__name__)
 MAX_DATES = 12  # per layer: the latest dates get an overview (a decade of daily data would be thousands)
 LONGEST = 1024  # pixels on an overview's longer side
 COPIES_AT_ONCE = 8  # cached overviews copied into a job at once
+DRAWN_AT_ONCE = min(4, os.cpu_count() or 1)  # overviews drawn at once (the warps and PNG encoding free the GIL)
+MARGIN = 2  # canvas pixels a raster's window of an overview reaches past its lon/lat box
 Group = tuple[str, str, str, str]  # product, layer (or a reduction's file stem), first date, last date ("": a tile)
 # how an overview is drawn, in its cache key: a change to the drawing (colours, legend,
 # canvas, resampling) takes a new one, so no cached overview outlives the code that drew it
@@ -174,7 +177,10 @@ def render(clients: Clients, job: str, key: Group, members: list[tuple[dict[str,
 def draw(clients: Clients, job: str, key: Group,
          members: list[tuple[dict[str, Any], str]]) -> tuple[dict[str, Any], dict[str, bytes]]:
     """The group's overview drawn: its description (bounds, unit, legend, tiles) and its
-    two images (the picture with its legend, the bare map)."""
+    two images (the picture with its legend, the bare map). Each raster is warped into the
+    window of the canvas its lon/lat box covers (with a margin of ``MARGIN`` pixels), not
+    onto the whole canvas: a tile is a few hundredth of an overview, and the warp's cost is
+    its destination's."""
     product, name = key[:2]
     boxes = {output: lonlat_bounds(task["crs"], task["bounds"]) for task, output in members}
     bounds = region_box(list(boxes.values()))
@@ -185,22 +191,28 @@ def draw(clients: Clients, job: str, key: Group,
         # the canvas in the raster's own longitudes: a turn west for one east of ±180° on a canvas past 180°
         shift = 360.0 * round(((bounds[0] + bounds[2]) / 2 - _middle(boxes[output])) / 360.0)
         transform = from_bounds(bounds[0] - shift, bounds[1], bounds[2] - shift, bounds[3], shape[1], shape[0])
-        try:
-            with MemoryFile(data) as memory, memory.open() as src:
+        try:  # the raster read whole, then warped as an array: rasterio's warps from open datasets
+            with MemoryFile(data) as memory, memory.open() as src:  # now and then lost their geotransform
+                values, crs, source, src_nodata = src.read(1), src.crs, src.transform, src.nodata
                 if canvas is None:
                     fill = np.nan if src.dtypes[0][0] == "f" else 0.0
                     nodata = float(src.nodata) if src.nodata is not None else fill
                     canvas = np.full(shape, nodata, dtype=src.dtypes[0])
                     scale, offset = src.scales[0], src.offsets[0]
                     unit, colormap = src.units[0] or "", src.tags().get(rasters.COLORMAP_TAG, "")
-                part = np.full(shape, nodata, dtype=canvas.dtype)
-                reproject(rasterio.band(src, 1), part, src_nodata=src.nodata, dst_transform=transform,
-                          dst_crs="EPSG:4326", dst_nodata=nodata, resampling=Resampling.nearest)
+            rows, cols = _window(boxes[output], transform, shape)
+            if rows.start >= rows.stop or cols.start >= cols.stop:
+                continue  # outside the canvas (a box the region's does not hold: none)
+            part = np.full((rows.stop - rows.start, cols.stop - cols.start), nodata, dtype=canvas.dtype)
+            reproject(values, part, src_transform=source, src_crs=crs, src_nodata=src_nodata,
+                      dst_transform=transform * Affine.translation(cols.start, rows.start), dst_crs="EPSG:4326",
+                      dst_nodata=nodata, resampling=Resampling.nearest)
         except RasterioError as exc:
             log.warning("job %s: %s left out of its overview: %s", job, output, exc)
             continue
-        empty = np.isnan(canvas) if np.isnan(nodata) else canvas == nodata
-        canvas[empty] = part[empty]
+        window = canvas[rows, cols]
+        empty = np.isnan(window) if np.isnan(nodata) else window == nodata
+        window[empty] = part[empty]
     if canvas is None:
         raise RasterioError(f"no raster of {product} {name} could be read")
     layer = _layer(product, name)
@@ -213,6 +225,20 @@ def draw(clients: Clients, job: str, key: Group,
     drawn = {"bounds": [west, south, east - 360.0 if east > 180.0 else east, north], "unit": style.unit,
              "legend": quicklook.legend_json(style), "tiles": len(members)}
     return drawn, images
+
+
+def _window(box: tuple[float, float, float, float], transform: Affine, shape: tuple[int, int]) -> tuple[slice, slice]:
+    """The rows and columns of the canvas (``transform``, ``shape``) that a raster whose
+    lon/lat box is ``box`` can cover, ``MARGIN`` pixels wider each side (the box is its
+    outline's, densified: a curved edge may pass a little beyond it); every column for a
+    box across ±180°."""
+    west, south, east, north = box
+    left, top = ~transform * (west, north)
+    right, bottom = ~transform * (east, south)
+    rows = slice(max(0, math.floor(top) - MARGIN), min(shape[0], math.ceil(bottom) + MARGIN))
+    if east < west:
+        return rows, slice(0, shape[1])
+    return rows, slice(max(0, math.floor(left) - MARGIN), min(shape[1], math.ceil(right) + MARGIN))
 
 
 def _middle(box: tuple[float, float, float, float]) -> float:
@@ -244,17 +270,21 @@ def region_box(boxes: list[tuple[float, float, float, float]]) -> tuple[float, f
 def build(clients: Clients, job: str, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The job's overviews (reductions first: a span's summary is the best first look).
     Those drawn before are copied from the cache, :data:`COPIES_AT_ONCE` at a time (a
-    read, a touch and two writes each); the others are drawn one after another: drawn on
-    threads at once, rasterio's warps now and then took a raster for one without a
-    geotransform."""
+    read, a touch and two writes each); the others are drawn :data:`DRAWN_AT_ONCE` at a
+    time."""
     groups = sorted(groups_of(clients, entries).items(), key=lambda kv: (not kv[0][3], kv[0]))
     addresses = [cache_key(key, members) for key, members in groups]
     with ThreadPoolExecutor(COPIES_AT_ONCE, thread_name_prefix="overview-copy") as pool:
         found = list(pool.map(lambda group, address: copied(clients, job, group[0], address), groups, addresses))
-    made = []
-    for (key, members), address, done in zip(groups, addresses, found, strict=True):
+
+    def made(group: tuple[Group, list[tuple[dict[str, Any], str]]], address: str | None,
+             done: dict[str, Any] | None) -> dict[str, Any] | None:
+        key, members = group
         try:
-            made.append(done or render(clients, job, key, members, address))
+            return done or render(clients, job, key, members, address)
         except RasterioError as exc:
             log.warning("job %s: no overview of %s: %s", job, key, exc)
-    return made
+            return None
+
+    with ThreadPoolExecutor(DRAWN_AT_ONCE, thread_name_prefix="overview-draw") as pool:
+        return [one for one in pool.map(made, groups, addresses, found) if one is not None]
