@@ -37,23 +37,20 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field, replace
-from datetime import date, datetime, timedelta
+from datetime import date
 from typing import Any
 
 import shapely
 from pydantic import ValidationError
-from pyproj import CRS, Transformer
-from pyproj.exceptions import CRSError
-from shapely.geometry import MultiPolygon, Polygon, mapping, shape
+from shapely.geometry import MultiPolygon, Polygon, shape
 
 from pipeline.modis.products import CATALOG
-from pipeline.planning import RequestError
 from pipeline.reduction import bundles, udf
 from pipeline.reduction.reducers import Program
-from pipeline.requests import vectors
 from pipeline.requests.reductions import AGGREGATES
 from pipeline.requests.request import JobRequest
-from pipeline.web.openeo import pixels
+from pipeline.web.openeo import parameters, pixels
+from pipeline.web.openeo.parameters import CompileError
 from pipeline.web.openeo.pixels import Bands, Expr
 
 # bagpipe's processes at the cube level (the child graphs' are pixels.PROCESSES)
@@ -64,9 +61,6 @@ CUBE_PROCESSES = ("load_collection", "filter_bbox", "filter_spatial", "mask_poly
 # a temporal reducer's process: the built-in it is (pipeline.science.builtins)
 REDUCERS = {"min": "min", "max": "max", "mean": "mean", "median": "median", "sum": "sum", "count": "count",
             "sd": "std", "first": "first", "last": "last"}
-# aggregate_spatial's reducers: the zones' statistic each is (quantiles: their percentiles)
-SPATIAL = {"mean": "mean", "min": "min", "max": "max", "sd": "sd", "count": "count", "sum": "sum",
-           "median": "median"}
 PROCESSES = (*CUBE_PROCESSES, *pixels.PROCESSES, *REDUCERS, "quantiles", "run_udf")
 UDF = "udf"  # the reduction a UDF is: its outputs' folder
 _OPENEO = {bagpipe: openeo for openeo, bagpipe in REDUCERS.items()}
@@ -78,8 +72,6 @@ OUTPUTS = {"GTiff": "cog", "netCDF": "netcdf", "Zarr": "zarr"}
 CUBES = ("netCDF", "Zarr")  # a cube per layer or reduction (the gathers'), not a file per tile
 TABLES = {"CSV": ".csv", "Parquet": ".parquet"}  # aggregate_spatial's table: the zones gather's file of each
 SERIES = {**TABLES, "JSON": ".json"}  # at points: the sites gather's, openEO's time series JSON too
-# aggregate_spatial's reducers whose value over one pixel is that pixel's: a point's
-AT_POINTS = ("mean", "min", "max", "median", "sum", "first", "last")
 # why a known openEO process cannot run per tile here
 NOT_PER_TILE = {
     "resample_spatial": "resampling crosses tile edges; bagpipe's grid is the request's",
@@ -94,15 +86,6 @@ NOT_PER_TILE = {
                "aggregate_temporal_period over t, or the process of apply_dimension over t",
 }
 _NAME = re.compile(r"[^a-z0-9_]")
-
-
-class CompileError(Exception):
-    """A graph bagpipe refuses: ``code`` is openEO's (``ProcessGraphInvalid``,
-    ``ProcessUnsupported``, ``CollectionNotFound``, ``FormatUnsuitable``…)."""
-
-    def __init__(self, code: str, message: str, process: str = "") -> None:
-        super().__init__(message)
-        self.code, self.message, self.process = code, message, process
 
 
 @dataclass(frozen=True)
@@ -310,19 +293,19 @@ class _Walker:
             raise CompileError("ProcessParameterUnsupported", "load_collection: properties filters are not supported",
                                process)
         extent = a.get("spatial_extent")
-        polygon = _geojson(extent, process, "spatial_extent") if isinstance(extent, dict) and "type" in extent \
-            else None
-        bbox = polygon.bounds if polygon is not None else _bbox(extent, process, "spatial_extent")
-        start, end = _interval(a.get("temporal_extent"), process, "temporal_extent")
+        polygon = (parameters.geojson(extent, process, "spatial_extent")
+                   if isinstance(extent, dict) and "type" in extent else None)
+        bbox = polygon.bounds if polygon is not None else parameters.bbox(extent, process, "spatial_extent")
+        start, end = parameters.interval(a.get("temporal_extent"), process, "temporal_extent")
         layers = CATALOG[product].layer_names
         wanted = a.get("bands")
         chosen = layers if wanted is None else [_layer(product, str(b), process) for b in wanted]
         return Cube(tuple(Band(product, n, f"{product}.{n}") for n in chosen), bbox, start, end,
-                    polygon=_text(polygon) if polygon is not None else "")
+                    polygon=parameters.text(polygon) if polygon is not None else "")
 
     def _filter_bbox(self, process: str, a: dict[str, Any]) -> Cube:
         cube = self.cube(a.get("data"), process)
-        return _restricted(cube, process, "extent", box=_bbox(a.get("extent"), process, "extent"))
+        return _restricted(cube, process, "extent", box=parameters.bbox(a.get("extent"), process, "extent"))
 
     def _filter_spatial(self, process: str, a: dict[str, Any]) -> Cube:
         """The region clipped to polygons (a pixel whose centre is in none is no data): the
@@ -333,7 +316,7 @@ class _Walker:
         if cube.by:
             raise CompileError("ProcessUnsupported", "filter_spatial: after a temporal reduction (bagpipe clips each "
                                "date's tiles to the polygons: filter before reducing)", process)
-        return replace(_restricted(cube, process, "geometries", polygon=_geojson(a.get("geometries"), process,
+        return replace(_restricted(cube, process, "geometries", polygon=parameters.geojson(a.get("geometries"), process,
                                                                                   "geometries")), masked=False)
 
     def _mask_polygon(self, process: str, a: dict[str, Any]) -> Cube:
@@ -352,9 +335,9 @@ class _Walker:
         inside = a.get("inside", False)
         if not isinstance(inside, bool):
             raise CompileError("ProcessParameterInvalid", "mask_polygon: inside is true or false", process)
-        polygon = _geojson(a.get("mask"), process, "mask")
+        polygon = parameters.geojson(a.get("mask"), process, "mask")
         if inside:  # keep what is outside the polygons: the box less them
-            outside = _polygonal(shapely.box(*cube.bbox).difference(polygon))
+            outside = parameters.polygonal(shapely.box(*cube.bbox).difference(polygon))
             if outside is None:
                 raise CompileError("ProcessParameterInvalid", "mask_polygon: mask: with inside true the polygons "
                                    "cover the data's whole extent, leaving no pixel", process)
@@ -363,7 +346,7 @@ class _Walker:
 
     def _filter_temporal(self, process: str, a: dict[str, Any]) -> Cube:
         cube = self._per_date(self.cube(a.get("data"), process), process)
-        start, end = _interval(a.get("extent"), process, "extent")
+        start, end = parameters.interval(a.get("extent"), process, "extent")
         first, last = max(cube.start, start), min(cube.end, end)
         if first > last:
             raise CompileError("ProcessParameterInvalid", "filter_temporal: the extent does not overlap the data's",
@@ -592,16 +575,17 @@ class _Walker:
                                "pixels beside each value) is not supported; count is a reducer of its own", process)
         if a.get("context") is not None:
             raise CompileError("ProcessParameterUnsupported", "aggregate_spatial: no context is supported", process)
-        sites = _sites(a.get("geometries"), process, cube)
+        extent = shape(json.loads(cube.polygon)) if cube.polygon else shapely.box(*cube.bbox)
+        sites = parameters.sites(a.get("geometries"), process, extent)
         if sites:
-            _point_reducer(a.get("reducer"), process)
+            parameters.point_reducer(a.get("reducer"), process)
             if cube.by:
                 raise CompileError("ProcessUnsupported", "aggregate_spatial: at points after a temporal reduction: "
                                    "bagpipe samples sites per date on each product's own grid (sample them, then "
                                    "reduce the table)", process)
             return Table(cube, "", (), (), sites=json.dumps(sites))
-        zones = _zones(a.get("geometries"), process)
-        statistic, percentiles = _spatial_reducer(a.get("reducer"), process)
+        zones = parameters.zones(a.get("geometries"), process)
+        statistic, percentiles = parameters.spatial_reducer(a.get("reducer"), process)
         return Table(cube, json.dumps(zones), (statistic,) if statistic else (), tuple(percentiles))
 
 
@@ -667,98 +651,6 @@ def _layer(product: str, wanted: str, process: str) -> str:
                        f"{', '.join(layers)})", process)
 
 
-def _bbox(extent: Any, process: str, name: str) -> tuple[float, float, float, float]:
-    """A bounding box in lon/lat: ``{west, south, east, north[, crs]}`` (another CRS is
-    transformed, its corners' box)."""
-    if extent is None:
-        raise CompileError("ProcessParameterInvalid", f"{process}: {name} is required: a bounding box {{west, south, "
-                           "east, north}} (bagpipe does not process the whole world at once)", process)
-    if not isinstance(extent, dict) or "type" in extent:
-        raise CompileError("ProcessParameterInvalid", f"{process}: {name}: a bounding box {{west, south, east, "
-                           "north}}", process)
-    try:
-        west, south, east, north = (float(extent[k]) for k in ("west", "south", "east", "north"))
-    except (KeyError, TypeError, ValueError):
-        raise CompileError("ProcessParameterInvalid", f"{process}: {name} needs numbers west, south, east, north",
-                           process) from None
-    crs = extent.get("crs", 4326)
-    if crs not in (4326, "EPSG:4326", None):
-        try:
-            to_lonlat = Transformer.from_crs(CRS.from_user_input(crs), CRS.from_epsg(4326), always_xy=True)
-        except CRSError:
-            raise CompileError("ProcessParameterInvalid", f"{process}: {name}.crs {crs!r} is not a CRS",
-                               process) from None
-        xs, ys = to_lonlat.transform([west, east, west, east], [south, south, north, north])
-        west, south, east, north = min(xs), min(ys), max(xs), max(ys)
-    if not (-180 <= west < east <= 180 and -90 <= south < north <= 90):
-        raise CompileError("ProcessParameterInvalid", f"{process}: {name} is not a box within ±180°, ±90° with west < "
-                           "east and south < north", process)
-    return west, south, east, north
-
-
-# what a GeoJSON crs member may name: lon/lat, as RFC 7946 has every GeoJSON
-_LONLAT = (4326, "EPSG:4326", "urn:ogc:def:crs:EPSG::4326", "urn:ogc:def:crs:OGC:1.3:CRS84", "OGC:CRS84")
-_NOT_POLYGONS = ("Point", "MultiPoint", "LineString", "MultiLineString", "GeometryCollection")
-
-
-def _in_lonlat(value: dict[str, Any], where: str, process: str) -> None:
-    """Refuse GeoJSON whose ``crs`` member (GeoJSON's 2008 draft; a named CRS object is its
-    name by now, ``_crs_names``) names anything but lon/lat, the only CRS RFC 7946 has."""
-    crs = value.get("crs")
-    if crs is not None and crs not in _LONLAT:
-        raise CompileError("ProcessParameterUnsupported", f"{where}: GeoJSON in lon/lat (EPSG:4326, as RFC 7946 has "
-                           f"it), not {str(crs)[:60]!r}", process)
-
-
-def _features(value: dict[str, Any], where: str, process: str) -> list[Any]:
-    """GeoJSON's features: a FeatureCollection's (one at least), a Feature alone, or a bare
-    geometry as a Feature with no properties."""
-    if value["type"] == "FeatureCollection":
-        features = value.get("features")
-        if not isinstance(features, list) or not features:
-            raise CompileError("ProcessParameterInvalid", f"{where}: the FeatureCollection has no feature", process)
-        return features
-    return [value if value["type"] == "Feature" else {"type": "Feature", "properties": {}, "geometry": value}]
-
-
-def _geojson(value: Any, process: str, name: str) -> Polygon | MultiPolygon:
-    """GeoJSON polygons — a Polygon, a MultiPolygon, a Feature of one, or a FeatureCollection
-    of them — as one geometry in lon/lat, their union (a pixel is kept if its centre is in
-    any), checked as the native API checks a region's polygon (``vectors.parse_polygon``:
-    vertices counted first, invalid rings, positions off the globe, the area); points and
-    lines are not a region."""
-    where = f"{process}: {name}"
-    if not isinstance(value, dict) or "type" not in value:
-        raise CompileError("ProcessParameterInvalid", f"{where}: GeoJSON polygons (a Polygon, MultiPolygon, Feature "
-                           "or FeatureCollection)", process)
-    _in_lonlat(value, where, process)
-    geometries = [f.get("geometry") if isinstance(f, dict) else None for f in _features(value, where, process)]
-    for one in geometries:
-        if isinstance(one, dict) and one.get("type") in _NOT_POLYGONS:
-            raise CompileError("ProcessParameterUnsupported", f"{where}: a {one['type']} is not a region: bagpipe "
-                               "clips to polygons", process)
-    budget = [vectors.MAX_VERTICES]
-    try:
-        parts = [vectors.parse_polygon(one, where, budget) for one in geometries]
-    except RequestError as exc:
-        raise CompileError("ProcessParameterInvalid", f"{exc.field}: {exc.message}", process) from None
-    found = _polygonal(parts[0] if len(parts) == 1 else shapely.union_all(parts))
-    assert found is not None  # valid polygons with an area: their union has one
-    return found
-
-
-def _polygonal(geometry: Any) -> Polygon | MultiPolygon | None:
-    """The polygons of a geometry (an intersection's lines and points dropped), None if none."""
-    parts = [p for p in shapely.get_parts(shapely.get_parts(geometry)) if isinstance(p, Polygon) and not p.is_empty]
-    if not parts:
-        return None
-    return parts[0] if len(parts) == 1 else MultiPolygon(parts)
-
-
-def _text(polygon: Polygon | MultiPolygon) -> str:
-    return json.dumps(mapping(polygon))
-
-
 def _restricted(cube: Cube, process: str, name: str, box: tuple[float, float, float, float] | None = None,
                 polygon: Polygon | MultiPolygon | None = None) -> Cube:
     """The cube restricted to a box or to polygons: its box the overlap of its own and the
@@ -770,11 +662,11 @@ def _restricted(cube: Cube, process: str, name: str, box: tuple[float, float, fl
     clip: Polygon | MultiPolygon | None = polygon
     if cube.polygon:
         had = shape(json.loads(cube.polygon))
-        clip = had if clip is None else _polygonal(clip.intersection(had))
+        clip = had if clip is None else parameters.polygonal(clip.intersection(had))
     if overlap and clip is not None:
         area = shapely.box(west, south, east, north)
         if not area.contains(clip):
-            clip = _polygonal(clip.intersection(area))
+            clip = parameters.polygonal(clip.intersection(area))
         overlap = clip is not None
     if not overlap:
         raise CompileError("ProcessParameterInvalid", f"{process}: {name}: it does not overlap the data's extent",
@@ -782,168 +674,8 @@ def _restricted(cube: Cube, process: str, name: str, box: tuple[float, float, fl
     if clip is None:
         return replace(cube, bbox=(west, south, east, north))
     if cube.masked and polygon is None:  # a box over masked data: the box is the extent, the polygons mask it
-        return replace(cube, bbox=(west, south, east, north), polygon=_text(clip))
-    return replace(cube, bbox=clip.bounds, polygon=_text(clip))
-
-
-def _zones(value: Any, process: str) -> dict[str, Any]:
-    """aggregate_spatial's geometries as the request's zones: a FeatureCollection of polygons,
-    each with its id (the feature's, else its property id or name, else its place in the
-    collection, as openEO labels them), or one Polygon, MultiPolygon or Feature (a zone of id
-    0); checked as the native API checks zones (points are sites: :func:`_sites`)."""
-    where = f"{process}: geometries"
-    if not isinstance(value, dict) or value.get("type") not in ("FeatureCollection", "Feature", "Polygon",
-                                                                "MultiPolygon", *_NOT_POLYGONS):
-        raise CompileError("ProcessParameterInvalid", f"{where}: GeoJSON polygons (a FeatureCollection of them, "
-                           "each with an id, or one Polygon, MultiPolygon or Feature)", process)
-    _in_lonlat(value, where, process)
-    features = _features(value, where, process)
-    named: list[Any] = []
-    for number, feature in enumerate(features):
-        geometry = feature.get("geometry") if isinstance(feature, dict) else None
-        kind = geometry.get("type") if isinstance(geometry, dict) else None
-        if kind in _NOT_POLYGONS:
-            raise CompileError("ProcessParameterUnsupported", f"{where}: a {kind}: bagpipe's zones are polygons",
-                               process)
-        if not isinstance(feature, dict):
-            named.append(feature)  # zones_of names it
-            continue
-        given = feature.get("properties")
-        properties: dict[str, Any] = given if isinstance(given, dict) else {}
-        ident = next((i for i in (feature.get("id"), properties.get("id"), properties.get("name")) if i is not None),
-                     number)
-        named.append({**feature, "id": str(ident) if isinstance(ident, int | float | str) else ident})
-    collection = {"type": "FeatureCollection", "features": named}
-    try:
-        vectors.zones_of(collection, where)
-    except RequestError as exc:
-        raise CompileError("ProcessParameterInvalid", f"{exc.field}: {exc.message}", process) from None
-    return collection
-
-
-def _sites(value: Any, process: str, cube: Cube) -> list[dict[str, Any]]:
-    """aggregate_spatial's geometries as the request's sites if they are points (a Point, a
-    Feature of one, or a FeatureCollection of them; [] if they are not points): each named as
-    a zone is (its feature's id, else its property id or name, else its place), checked as
-    the native API checks sites, each within the data's extent (openEO has no value
-    outside it; bagpipe would sample it). A MultiPoint is one geometry whose points openEO
-    reduces together, which sites do not: refused, as are points beside polygons."""
-    where = f"{process}: geometries"
-    if not isinstance(value, dict):
-        return []
-    features = value.get("features") if value.get("type") == "FeatureCollection" else [
-        value if value.get("type") == "Feature" else {"type": "Feature", "properties": {}, "geometry": value}]
-    if not isinstance(features, list):
-        return []
-    kinds = [(f.get("geometry") or {}).get("type") if isinstance(f, dict) and isinstance(f.get("geometry"), dict)
-             else None for f in features]
-    if "MultiPoint" in kinds:
-        raise CompileError("ProcessParameterUnsupported", f"{where}: a MultiPoint is one geometry whose points' values "
-                           "aggregate_spatial reduces together; give a FeatureCollection of Points, a site each",
-                           process)
-    if "Point" not in kinds:
-        return []
-    if any(k != "Point" for k in kinds):
-        raise CompileError("ProcessParameterUnsupported", f"{where}: points and polygons together: bagpipe samples "
-                           "points as sites and polygons as zones, one kind a graph", process)
-    _in_lonlat(value, where, process)
-    points = []
-    for number, feature in enumerate(features):
-        properties = feature.get("properties") if isinstance(feature.get("properties"), dict) else {}
-        ident = next((i for i in (feature.get("id"), properties.get("id"), properties.get("name")) if i is not None),
-                     number)
-        coordinates = feature["geometry"].get("coordinates")
-        lon, lat = coordinates[:2] if isinstance(coordinates, list) and len(coordinates) >= 2 else (None, None)
-        points.append({"id": str(ident) if isinstance(ident, int | float | str) else ident, "lon": lon, "lat": lat})
-    try:
-        checked = vectors.sites_of(points, where)
-    except RequestError as exc:
-        raise CompileError("ProcessParameterInvalid", f"{exc.field}: {exc.message}", process) from None
-    extent = shape(json.loads(cube.polygon)) if cube.polygon else shapely.box(*cube.bbox)
-    for number, one in enumerate(checked):
-        if not extent.covers(shapely.Point(one.lon, one.lat)):
-            raise CompileError("ProcessParameterInvalid", f"{where}[{number}]: the point ({one.lon}, {one.lat}) is "
-                               "outside the data's spatial extent", process)
-    return [{"id": one.id, "lon": one.lon, "lat": one.lat} for one in checked]
-
-
-def _point_reducer(reducer: Any, process: str) -> None:
-    """aggregate_spatial's reducer at a point: one whose value over one pixel is that pixel's
-    (:data:`AT_POINTS`), as a site's value is its pixel's."""
-    nodes = reducer.get("process_graph") if isinstance(reducer, dict) else None
-    (node,) = nodes.values() if isinstance(nodes, dict) and len(nodes) == 1 else (None,)
-    name = str(node.get("process_id")) if isinstance(node, dict) else ""
-    arguments = (node.get("arguments") or {}) if isinstance(node, dict) else {}
-    if name not in AT_POINTS or arguments.get("data") != {"from_parameter": "data"}:
-        raise CompileError("ProcessUnsupported", f"{process}: at points the reducer is one of {', '.join(AT_POINTS)} "
-                           "over data: the value of the pixel holding each point", name or process)
-
-
-def _spatial_reducer(reducer: Any, process: str) -> tuple[str, list[float]]:
-    """aggregate_spatial's reducer: one of :data:`SPATIAL` over data (the statistic), or
-    ``quantiles`` of probabilities or of q equal parts (q, or probabilities given as a number
-    of intervals: the percentiles)."""
-    nodes = reducer.get("process_graph") if isinstance(reducer, dict) else None
-    if not isinstance(nodes, dict) or len(nodes) != 1:
-        raise CompileError("ProcessUnsupported", f"{process}: the reducer is one of {', '.join(SPATIAL)} or quantiles "
-                           "over data (the zones' statistics)", process)
-    (node,) = nodes.values()
-    name, arguments = str(node.get("process_id")), node.get("arguments") or {}
-    if (name not in SPATIAL and name != "quantiles") or arguments.get("data") != {"from_parameter": "data"}:
-        why = " (a polygon's pixels have no order)" if name in ("first", "last") else ""
-        raise CompileError("ProcessUnsupported", f"{process}: the reducer {name!r} over a zone's pixels is not one of "
-                           f"{', '.join(SPATIAL)} or quantiles applied to data{why}", name)
-    if arguments.get("ignore_nodata") is False or arguments.get("condition") is not None:
-        raise CompileError("ProcessParameterUnsupported", f"{name}: over a zone's pixels bagpipe ignores no-data "
-                           "(ignore_nodata true, no condition)", name)
-    if name != "quantiles":
-        return SPATIAL[name], []
-    probabilities, q = arguments.get("probabilities"), arguments.get("q")
-    if (probabilities is None) == (q is None):
-        raise CompileError("QuantilesParameterConflict" if q is not None else "QuantilesParameterMissing",
-                           "quantiles: give probabilities or q, one of them", name)
-    if isinstance(probabilities, int) and not isinstance(probabilities, bool):  # a number of intervals (2.0's)
-        probabilities, q = None, probabilities
-    if q is not None:
-        if isinstance(q, bool) or not isinstance(q, int) or q < 2:
-            raise CompileError("ProcessParameterInvalid", "quantiles: q is a whole number, 2 or more", name)
-        probabilities = [k / q for k in range(1, q)]
-    if not isinstance(probabilities, list) or not probabilities or not all(
-            isinstance(p, int | float) and not isinstance(p, bool) and 0 <= p <= 1 for p in probabilities):
-        raise CompileError("ProcessParameterInvalid", "quantiles: probabilities are numbers from 0 to 1", name)
-    if probabilities != sorted(set(probabilities)):
-        raise CompileError("AscendingProbabilitiesRequired", "quantiles: probabilities in ascending order, each once",
-                           name)
-    if len(probabilities) > 9:
-        raise CompileError("ProcessParameterUnsupported", "quantiles: at most 9 of them (a zone's table has a "
-                           "column each)", name)
-    return "", [round(100 * float(p), 10) for p in probabilities]
-
-
-def _day(text: Any, process: str, name: str) -> tuple[date, bool]:
-    """A date or date-time's day, and whether it is midnight (an exclusive end's day before)."""
-    if not isinstance(text, str):
-        raise CompileError("ProcessParameterInvalid", f"{process}: {name} holds a date or a date-time, not "
-                           f"{text!r}", process)
-    try:
-        when = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
-    except ValueError:
-        raise CompileError("ProcessParameterInvalid", f"{process}: {name}: {text!r} is not an RFC 3339 date or "
-                           "date-time", process) from None
-    return when.date(), (when.hour, when.minute, when.second, when.microsecond) == (0, 0, 0, 0)
-
-
-def _interval(extent: Any, process: str, name: str) -> tuple[date, date]:
-    """``[start, end)``, openEO's half-open interval, as its first and last day."""
-    if not isinstance(extent, list) or len(extent) != 2 or None in extent:
-        raise CompileError("ProcessParameterInvalid", f"{process}: {name} is [start, end], both given (bagpipe "
-                           "plans a finite span)", process)
-    (start, _), (end, midnight) = _day(extent[0], process, name), _day(extent[1], process, name)
-    last = end - timedelta(days=1) if midnight else end
-    if last < start:
-        raise CompileError("ProcessParameterInvalid", f"{process}: {name} is empty: its end is not after its start",
-                           process)
-    return start, last
+        return replace(cube, bbox=(west, south, east, north), polygon=parameters.text(clip))
+    return replace(cube, bbox=clip.bounds, polygon=parameters.text(clip))
 
 
 def compile_graph(process: dict[str, Any], *, label: str = "") -> Compiled:

@@ -41,7 +41,7 @@ from pipeline.storage import names
 from pipeline.storage.clients import Clients
 from pipeline.web import audit, ratelimit
 from pipeline.web.identity import Caller
-from pipeline.web.openeo import collections, graph, processes, signin, store
+from pipeline.web.openeo import collections, graph, parameters, processes, signin, store
 from pipeline.web.openeo.errors import RESPONSES, OpenEOError, OpenEORoute
 
 API_VERSION = "1.2.0"
@@ -183,7 +183,7 @@ def _compile(body: dict[str, Any], clients: Clients) -> graph.Compiled:
     try:
         compiled = graph.compile_graph(process, label=str(body.get("title") or ""))
         application.plan(clients.settings, compiled.request, compiled.program(), clients=clients)
-    except graph.CompileError as exc:
+    except parameters.CompileError as exc:
         raise OpenEOError(404 if exc.code == "CollectionNotFound" else 400, exc.code, exc.message) from None
     except RequestError as exc:
         raise OpenEOError(400, "ProcessGraphInvalid", f"the request it makes: {exc.field}: {exc.message}") from None
@@ -222,7 +222,7 @@ def _runnable(clients: Clients, record: store.OpenEOJob) -> JobRequest:
         return request
     try:
         return graph.compile_graph(json.loads(store.text_of(clients, record, "process")), label=record.title).request
-    except graph.CompileError as exc:
+    except parameters.CompileError as exc:
         raise OpenEOError(400, exc.code, exc.message) from None
 
 
