@@ -429,7 +429,8 @@ def _gathers(request: JobRequest, listed: list[TaskSpec], derived: dict[str, dic
 def _lonlat_box(listed: list[TaskSpec]) -> str:
     """The lon/lat box of the tasks' target tiles (what a table or cube covers): west > east
     across ±180°, as the tiles on either side say."""
-    boxes = {lonlat_bounds(t.grid.crs, ",".join(map(repr, t.bounds()))) for s in listed for t in s.targets}
+    targets = {(t.grid.crs, t.bounds()) for s in listed for t in s.targets}  # each once (a task a date each)
+    boxes = {lonlat_bounds(crs, bounds) for crs, bounds in targets}
     west, south = min(b[0] for b in boxes), min(b[1] for b in boxes)
     east, north = max(b[2] for b in boxes), max(b[3] for b in boxes)
     if west <= -180.0 and east >= 180.0:  # tiles on both sides of ±180°: from the eastern ones' west to the others'
