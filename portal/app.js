@@ -236,6 +236,9 @@ async function submitPage() {
   function changed() {
     mapView.showSelection(region.mode === "box" ? region.bbox : null, region.mode === "tiles" ? region.tiles : []);
     clearTimeout(timer);
+    // the figures shown were another request's: none is shown until this one's are in
+    estimate.textContent = "Estimating…";
+    delete estimate.dataset.tasks;
     timer = setTimeout(async () => {
       const mine = ++asked;
       clearErrors();

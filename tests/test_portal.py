@@ -259,7 +259,9 @@ def test_an_invalid_request_shows_the_error_beside_its_field(page: Page, stack: 
     expect(crs_error).to_be_empty()
     page.fill("#bbox-west", "179.5")  # west of east no more: the box crosses ±180°, drawn as its two halves
     page.fill("#bbox-east", "-179.5")
-    expect(page.locator("#estimate")).to_have_text(re.compile(r"makes 3 tasks.*\$\d+\.\d\d"))  # and their cost
+    # its two target tiles, either side of ±180°, read MODIS tiles at either end of the grid: a
+    # tile task each, and a reduction each
+    expect(page.locator("#estimate")).to_have_text(re.compile(r"makes 4 tasks.*\$\d+\.\d\d"))  # and their cost
     expect(page.locator(".map rect.bbox")).to_have_count(2)
     page.fill("#bbox-south", "35")  # south of north no more: an empty region
     expect(page.locator("[data-field=region] > .error")).to_contain_text("empty")
