@@ -342,3 +342,45 @@ def test_rows_read_ahead_spare_the_claims_their_reads_and_decide_nothing(
         assert transitions.claim(clients, ref, "w1", in_an_hour, hint=ahead.take(ref)) is not None
     assert ahead.take(first) is None  # each hint is taken once
     assert {r.status for r in tasks.list_tasks(clients.tasks, parts(clients, job))} == {TaskStatus.RUNNING}
+
+
+class Naps(threading.Event):
+    """A worker's stop event that records the waits its loop takes on it (the loop's thread's:
+    the stall probe waits on it too, on a thread of its own)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop: threading.Thread | None = None
+        self.taken: list[float] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if timeout is not None and threading.current_thread() is self.loop:
+            self.taken.append(timeout)
+        return super().wait(timeout)
+
+
+def test_an_idle_worker_looks_again_soon_after_work_and_ever_less_often_after(
+        settings: Settings, clients: Clients) -> None:
+    """Its queues found empty, a worker waits FIRST_IDLE_NAP_S, then twice as long each time
+    up to its idle_sleep (each look is a billed call; a worker idle for long looks rarely);
+    work received, started or ended starts them again at the shortest, so that what comes
+    after it (a reduction whose tile tasks ended) is found at once."""
+    clients.ensure_resources()
+    worker = runner.Worker(settings, slots=2, idle_sleep=0.8)
+    naps = worker.stopping = Naps()
+    thread = naps.loop = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: len(naps.taken) >= 6, 60, "six naps of an idle worker")
+        first = runner.FIRST_IDLE_NAP_S
+        assert naps.taken[:6] == [first, 2 * first, 4 * first, 8 * first, 0.8, 0.8]
+        before = len(naps.taken)
+        job = planned_job(clients)
+        wait_for(lambda: jobs.get(clients, job).state == "RUNNING" and sum(
+            tasks.terminal_counts(clients.tasks, parts(clients, job)).values()) == 8, 60, "every task")
+        wait_for(lambda: len(naps.taken) >= before + 3, 60, "naps after the job's tasks")
+    finally:
+        naps.set()
+        thread.join(60)
+    after = naps.taken[before:]
+    assert first in after and max(after) <= 0.8  # started again by the job's tasks

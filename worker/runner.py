@@ -57,6 +57,11 @@ AHEAD_BELOW_S = 1.0  # receive ahead of free slots while attempts take less than
 AHEAD_HOLD_S = 2.0  # an attempt received ahead that waits this long is given back
 CLAIM_LINGER_S = 0.005  # a pass waits this long for slots ending together, to claim their next attempts at once
 BACKUP_PASSES = 5  # a backup received by the worker that runs its attempt is handed back this often
+# the first wait of a worker whose queues were found empty: each wait after it twice the one
+# before, up to ``idle_sleep``. Work ending is when more comes (a reduction whose tile tasks
+# just ended, the next window of a job): a worker looks again soon after its last task, and
+# rarely once its queues have stayed empty (each look is a billed storage call)
+FIRST_IDLE_NAP_S = 0.05
 
 
 class Worker:
@@ -86,6 +91,7 @@ class Worker:
         self.handout = Handout(self.clients, self.id, self.history, self.inbox.rows, together)
         self.commits = Commits(self.clients, together)  # a group commit per partition
         self._recent_s: float | None = None  # moving mean of this worker's attempt times
+        self._ended = 0  # attempts ended in its slots (a count the loop's naps start again from)
         self._turn = 0  # the shard run_once receives from next
         self.handled = 0  # attempts this worker claimed
         self.pace = Pace(settings.slow_ratio)  # its attempts against their history, for its health
@@ -102,6 +108,8 @@ class Worker:
         queues = self.clients.shard_queues
         shard = 0
         idle = 0
+        naps = 0  # waits with every shard empty since work was last received, started or ended
+        ended = 0
         last_work = time.monotonic()
         with ThreadPoolExecutor(self.slots, thread_name_prefix="slot") as pool:
             while not self.stopping.is_set():
@@ -130,6 +138,8 @@ class Worker:
                 for _ in range(free - started):
                     self._free.release()
                 idle = 0 if received or started else idle + 1
+                if received or started or ended != self._ended:
+                    naps, ended = 0, self._ended
                 if started or self._busy():
                     last_work = time.monotonic()
                 if idle >= len(queues):  # every shard was empty: wait a little
@@ -139,7 +149,8 @@ class Worker:
                         log.info("worker %s: queues idle for %.0f s, exiting", self.id, self.exit_when_idle)
                         self.stopping.set()
                         break
-                    self.stopping.wait(self.idle_sleep)
+                    self.stopping.wait(min(self.idle_sleep, FIRST_IDLE_NAP_S * 2 ** naps))
+                    naps = min(naps + 1, 16)
                     idle = 0
             self.inbox.give_back(0, alone=not self._extra())
         # gone from the fleet the monitor compares (else, heard from within HEARD_WITHIN, it
@@ -251,6 +262,7 @@ class Worker:
             with self._pool_lock:
                 self._slot_pool.append(slot)
                 self._recent_s = took if self._recent_s is None else 0.8 * self._recent_s + 0.2 * took
+                self._ended += 1
             self._free.release()
 
     def handle(self, item: Handed, slot: Slot) -> None:
