@@ -179,8 +179,8 @@ def draw(clients: Clients, job: str, key: Group,
     """The group's overview drawn: its description (bounds, unit, legend, tiles) and its
     two images (the picture with its legend, the bare map). Each raster is warped into the
     window of the canvas its lon/lat box covers (with a margin of ``MARGIN`` pixels), not
-    onto the whole canvas: a tile is a few hundredth of an overview, and the warp's cost is
-    its destination's."""
+    onto the whole canvas: a tile is a few hundredths of an overview, and a warp onto the
+    whole canvas walks every pixel of it."""
     product, name = key[:2]
     boxes = {output: lonlat_bounds(task["crs"], task["bounds"]) for task, output in members}
     bounds = region_box(list(boxes.values()))
