@@ -108,8 +108,9 @@ class Worker:
         queues = self.clients.shard_queues
         shard = 0
         idle = 0
-        naps = 0  # waits with every shard empty since work was last received, started or ended
-        ended = 0
+        shortest = min(FIRST_IDLE_NAP_S, self.idle_sleep)
+        nap = shortest  # the next wait with every shard empty
+        ended = 0  # attempts ended in its slots when the loop last looked
         last_work = time.monotonic()
         with ThreadPoolExecutor(self.slots, thread_name_prefix="slot") as pool:
             while not self.stopping.is_set():
@@ -138,8 +139,8 @@ class Worker:
                 for _ in range(free - started):
                     self._free.release()
                 idle = 0 if received or started else idle + 1
-                if received or started or ended != self._ended:
-                    naps, ended = 0, self._ended
+                if received or started or ended != self._ended:  # work: the next wait the shortest again
+                    nap, ended = shortest, self._ended
                 if started or self._busy():
                     last_work = time.monotonic()
                 if idle >= len(queues):  # every shard was empty: wait a little
@@ -149,8 +150,8 @@ class Worker:
                         log.info("worker %s: queues idle for %.0f s, exiting", self.id, self.exit_when_idle)
                         self.stopping.set()
                         break
-                    self.stopping.wait(min(self.idle_sleep, FIRST_IDLE_NAP_S * 2 ** naps))
-                    naps = min(naps + 1, 16)
+                    self.stopping.wait(nap)
+                    nap = min(2 * nap, self.idle_sleep)
                     idle = 0
             self.inbox.give_back(0, alone=not self._extra())
         # gone from the fleet the monitor compares (else, heard from within HEARD_WITHIN, it
