@@ -5,7 +5,7 @@ import { accountPage } from "./account.js";
 import { WorldMap, lonSpan } from "./map.js";
 import { reducersPage } from "./reducers.js";
 import { api, signOut, whoami } from "./session.js";
-import { age, dollars, duration, h, stateBadge } from "./util.js";
+import { age, dollars, duration, h, latestOnly, stateBadge } from "./util.js";
 
 const main = document.getElementById("main");
 const FINISHED = new Set(["SUCCEEDED", "FAILED", "CANCELLED"]);
@@ -94,8 +94,9 @@ async function submitPage() {
   }
   // sites, zones or a polygon region from a file: kept first (POST /api/vectors), named by digest
   // (error: why the file chosen was refused, said beside the field until another file or kind
-  // is chosen; seq: the latest choice, so an answer to an earlier one is dropped)
-  const vector = { kind: "", ref: null, error: "", seq: 0 };
+  // is chosen; an answer to an earlier choice is dropped)
+  const vector = { kind: "", ref: null, error: "" };
+  const choosing = latestOnly();
   const vectorKind = h("select", { id: "vector-kind", "aria-label": "What the file holds", onchange: () => keepFile() },
     h("option", { value: "sites" }, "sites: a series at each point (CSV id,lon,lat; JSON; GeoJSON points)"),
     h("option", { value: "zones" }, "zones: statistics over each polygon (GeoJSON, an id each)"),
@@ -232,7 +233,7 @@ async function submitPage() {
   }
 
   let timer = null;
-  let asked = 0;  // the latest estimate asked for: an answer to an earlier one arriving late is dropped
+  const estimating = latestOnly();  // an answer to an earlier estimate arriving late is dropped
   function changed() {
     mapView.showSelection(region.mode === "box" ? region.bbox : null, region.mode === "tiles" ? region.tiles : []);
     clearTimeout(timer);
@@ -240,11 +241,11 @@ async function submitPage() {
     estimate.textContent = "Estimating…";
     delete estimate.dataset.tasks;
     timer = setTimeout(async () => {
-      const mine = ++asked;
+      const latest = estimating();
       clearErrors();
       try {
         const found = await api("POST", "/api/estimate", request());
-        if (mine !== asked) return;
+        if (!latest()) return;
         estimate.textContent = `This request makes ${found.tasks.toLocaleString()} tasks` + (found.known
           ? `: about ${duration(found.compute_s)} of compute, ${dollars(found.usd)} at Azure's prices ` +
             "(at most: tiles already made cost almost nothing)."
@@ -252,7 +253,7 @@ async function submitPage() {
         estimate.dataset.tasks = found.tasks;
         estimate.title = found.prices;
       } catch (err) {
-        if (mine !== asked) return;
+        if (!latest()) return;
         delete estimate.dataset.tasks;
         if (err.status === 429) {  // too many estimates: no field is at fault; the next change asks again
           estimate.textContent = err.message;
@@ -267,7 +268,7 @@ async function submitPage() {
   /** Keep the file chosen as the kind chosen, and show what it holds on the map; a file the
    * API refuses is said beside the field, and the request goes on without it. */
   async function keepFile() {
-    const seq = ++vector.seq;
+    const latest = choosing();
     const file = vectorFile.files[0];
     const slot = vectorField.querySelector(".error");
     const refuse = (message) => { vector.error = slot.textContent = message; };
@@ -278,14 +279,14 @@ async function submitPage() {
     vectorStatus.textContent = "";
     if (!file) return changed();
     const text = await file.text();
-    if (seq !== vector.seq) return;  // another file or kind was chosen meanwhile
+    if (!latest()) return;  // another file or kind was chosen meanwhile
     let data = text;
     if (!/\.csv$/i.test(file.name)) {
       try { data = JSON.parse(text); } catch { refuse(`${file.name} is not JSON (or name a CSV file .csv)`); return changed(); }
     }
     try {
       const kept = await api("POST", "/api/vectors", { kind: vectorKind.value, data });
-      if (seq !== vector.seq) return;
+      if (!latest()) return;
       vector.ref = kept.ref;
       const what = { sites: "sites", zones: "zones", region: "polygon" }[kept.kind];
       vectorStatus.textContent = `${file.name}: ${kept.count.toLocaleString()} ${kept.count === 1 && what !== "polygon" ? what.slice(0, -1) : what} kept` +
@@ -293,7 +294,7 @@ async function submitPage() {
       const box = mapView.showFeatures(featuresOf(data));
       if (box) mapView.fit(box, 0.5);
     } catch (err) {
-      if (seq !== vector.seq) return;
+      if (!latest()) return;
       refuse(err.body?.detail ? `${err.body.field ? err.body.field + ": " : ""}${err.body.detail}` : err.message);
     }
     changed();
@@ -409,12 +410,12 @@ async function tablePanel(id, kind) {
   const plot = h("figure", { class: "series-plot" });
   const rows = h("div", { class: "table-scroll" });
   const caption = h("p", { class: "hint" });
-  let asked = 0;  // the latest series chosen: an answer for an earlier choice arriving late is dropped
+  const choosing = latestOnly();  // an answer for an earlier series chosen arriving late is dropped
   const show = async (wanted) => {
-    const mine = ++asked;
+    const latest = choosing();
     const query = wanted === undefined ? "" : `&id=${encodeURIComponent(wanted)}`;
     const found = await api("GET", `/api/jobs/${id}/tables/${kind}?rows=10${query}`);
-    if (mine !== asked) return;
+    if (!latest()) return;
     if (!choice.options.length) choice.replaceChildren(...found.ids.map((one) => h("option", { value: one }, one)));
     choice.value = found.id;
     plot.replaceChildren(seriesSvg(found.series, found.id),
@@ -475,8 +476,11 @@ async function jobsPage() {
   table.append(body);
   main.replaceChildren(h("h1", {}, me.role === "admin" ? "Jobs" : "My jobs"),
     me.role === "admin" ? h("label", { class: "check" }, everyone, " everyone's (admin)") : "", table);
+  const asking = latestOnly();  // a poll's answer for the list before "everyone's" was changed is dropped
   const refresh = async () => {
+    const latest = asking();
     const jobs = await api("GET", `/api/jobs?limit=100${everyone.checked ? "&all=true" : ""}`);
+    if (!latest()) return undefined;
     body.replaceChildren(...jobs.map((j) => h("tr", {},
       h("td", {}, h("a", { href: `#/jobs/${j.job}` }, j.job)), h("td", {}, j.label), h("td", {}, j.owner),
       h("td", {}, stateBadge(j.state)), h("td", { class: "num" }, String(j.total)),

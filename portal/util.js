@@ -40,3 +40,13 @@ export function bytes(n) {
 export function stateBadge(state) {
   return h("span", { class: `badge state-${state.toLowerCase()}` }, state);
 }
+
+/** Requests of which only the latest's answer counts (a later change has replaced the
+ * others): each call marks a new one and returns whether it is still the latest. */
+export function latestOnly() {
+  let newest = 0;
+  return () => {
+    const mine = ++newest;
+    return () => mine === newest;
+  };
+}
