@@ -348,7 +348,7 @@ def write_manifest(clients: Clients, row: JobRow, final: JobState) -> tuple[dict
     with ThreadPoolExecutor(1, thread_name_prefix="pack") as pool:  # packed while the products are made
         packing_done = pool.submit(_piece, unpacked, "packs", lambda: packing.as_manifest(packing.pack(
             clients, job, (packing.Output(output, *results.locate(clients, output))
-                           for entry in entries for output in entry["outputs"]))), True)
+                           for entry in entries for output in entry["outputs"]))), optional=True)
         added = _piece(missing, "products", lambda: application.finished(clients, row, entries),
                        optional=True) or planning.Finished({}, [])
         packed = packing_done.result() or {}  # without, each output is fetched where its task wrote it
