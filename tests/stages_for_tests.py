@@ -214,8 +214,8 @@ def slow_tidy(ctx: StageContext) -> None:
     """Runs until it is stopped, then tidies up for 1.5 s — a call that keeps failing, retried
     after a sleep in its ``except`` — and notes in ``params["note"]`` that it finished."""
     note = Path(ctx.params["note"])
-    note.write_text("started")
     try:
+        note.write_text("started")
         time.sleep(60)
     finally:
         for _ in range(3):

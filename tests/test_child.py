@@ -101,7 +101,9 @@ def test_a_stopped_stage_finishes_tidying_up_however_long_its_finally_handles_er
     process = StageProcess(settings.with_(stage_modules="tests.stages_for_tests"))
     process.start("slow_tidy", {"job": "j", "part": "j", "task": "000000001", "attempt": 1,
                                 "params": {"note": str(note)}, "output_prefix": "j/tasks/000000001/a001/"})
-    wait_for(lambda: note.exists(), 30, "the stage to start")
+    # "started" is in the note once the stage is in its ``try``: the file exists, empty, a
+    # moment earlier, and a stop then would find no ``finally`` to run.
+    wait_for(lambda: note.exists() and note.read_text() == "started", 30, "the stage to start")
     process.kill(grace=10.0)
     assert process.process.exitcode == 0, "it unwound and ended on its own: not by a signal"
     assert note.read_text() == "tidied"
