@@ -289,9 +289,10 @@ def zones_both(folder: Path, count: int) -> dict[str, Any]:
         (first, *_) = sorted(jobs.list_jobs(clients, 2), key=lambda j: j.created_at)
         by_date: dict[str, list[bytes]] = {}
         for row in tasks.list_tasks(clients.tasks, first.parts):
-            if row.stage == TILE_STAGE and row.output_names():
-                by_date.setdefault(row.parameters()["date"], []).append(clients.tiles.download_blob(
-                    row.output_names()[0].removeprefix(names.TILE_OUTPUT_PREFIX)).readall())
+            if row.stage == TILE_STAGE:  # a task a date: each of its target tiles, one layer
+                by_date.setdefault(row.parameters()["date"], []).extend(
+                    clients.tiles.download_blob(output.removeprefix(names.TILE_OUTPUT_PREFIX)).readall()
+                    for output in row.output_names())
     finally:
         stack.close()
     theirs = mosaics = 0.0
