@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+import threading
 from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
 from functools import cache, lru_cache
@@ -152,7 +153,10 @@ def _scene(tile: str, pixels: int, day: date, platform: str) -> earth.Scene:
 
 class _Granule:
     """What a synthesized granule's layers are drawn from: its scene, and the lattice fields
-    several layers share (made when first asked for; a few MB, whatever the resolution)."""
+    several layers share (made when first asked for; a few MB, whatever the resolution).
+    Shared by the threads making its files at once (the imitation serves reads side by
+    side): the band of blocks a thread is making, and its fields down that band, are that
+    thread's own."""
 
     def __init__(self, product: Product, tile: str, day: date) -> None:
         self.product, self.day = product, day
@@ -160,20 +164,21 @@ class _Granule:
         self.first = day.timetuple().tm_yday
         self.days = (last_day(product, day) - day).days + 1
         self._lattice: dict[object, np.ndarray] = {}
-        self._band = slice(0)  # the rows of the blocks :attr:`_down` holds their fields down
-        self._down: dict[object, np.ndarray] = {}
+        self._making = threading.local()  # .band: the rows of the blocks .down holds their fields down
 
     def at_pixels(self, key: object, make: Callable[[], np.ndarray], rows: slice, cols: slice) -> np.ndarray:
-        """A lattice field (``make``, once per granule) at the pixels of ``rows`` and ``cols``
-        of the grid: interpolated down its rows once for a band of blocks (those of one row),
-        then across each block's columns."""
+        """A lattice field (``make``, once per granule, or the same made twice by threads at
+        once) at the pixels of ``rows`` and ``cols`` of the grid: interpolated down its rows
+        once for a band of blocks (those of one row), then across each block's columns."""
         if key not in self._lattice:
             self._lattice[key] = make()
-        if rows != self._band:
-            self._band, self._down = rows, {}
-        if key not in self._down:
-            self._down[key] = self.scene.down(self._lattice[key], rows)
-        return self.scene.across(self._down[key], cols)
+        making = self._making
+        if getattr(making, "band", None) != rows:
+            making.band, making.down = rows, {}
+        down: dict[object, np.ndarray] = making.down
+        if key not in down:
+            down[key] = self.scene.down(self._lattice[key], rows)
+        return self.scene.across(down[key], cols)
 
 
 class _Block:

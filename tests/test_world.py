@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from datetime import date, timedelta
 from functools import lru_cache
 from pathlib import Path
@@ -441,3 +442,21 @@ def test_a_planetary_computer_deployment_gets_mod13a2_from_nasa(
         ours = made.read(1)
         assert np.array_equal(ours, direct.read(1)) and (ours != -3000).mean() > 0.1
         assert made.tags()["QUALITY_MASK"] == "1_km_16_days_pixel_reliability"
+
+
+def test_threads_making_one_granule_at_once_make_what_one_thread_makes() -> None:
+    """The imitation serves several reads at once, and a tile task reads a granule's layers
+    side by side: threads making windows of one granule in different bands of blocks (each
+    band of the same height, so that a field of another band would fit) at the same time
+    make the very pixels one thread makes alone."""
+    product = CATALOG["MOD13A1"]
+    ndvi, reliability = product.layer("500m_16_days_NDVI"), product.layer("500m_16_days_pixel_reliability")
+    day, band = date(2021, 7, 28), world.BLOCK
+    windows = [np.s_[top:top + band, :] for top in range(0, 4 * band, band)]
+    alone = {layer.name: world.values(product, layer, "h11v05", day) for layer in (ndvi, reliability)}
+    world._granule.cache_clear()
+    asked = [(layer, window) for window in windows for layer in (ndvi, reliability)] * 2
+    with ThreadPoolExecutor(len(asked)) as pool:
+        made = list(pool.map(lambda one: world.values(product, one[0], "h11v05", day, one[1]), asked))
+    for (layer, window), found in zip(asked, made, strict=True):
+        assert np.array_equal(found, alone[layer.name][window]), (layer.name, window)
