@@ -27,7 +27,7 @@ from azure.storage.queue import BinaryBase64EncodePolicy, QueueClient, QueueServ
 from pipeline.settings import Settings
 from pipeline.storage import names
 from pipeline.storage.transactions import TransactionTable
-from pipeline.storage.transfer import Transfers, retry_policy
+from pipeline.storage.transfer import Transfers, pooled, retry_policy
 
 # Keyword arguments every SDK client of this process is built with, beside bagpipe's own:
 # none in production. The fault-injection harness (bagpipe.faults) puts the SDK's
@@ -82,23 +82,25 @@ class Clients:
     def blob_service(self) -> BlobServiceClient:
         if self.settings.storage_connection:
             return BlobServiceClient.from_connection_string(self.settings.storage_connection,
-                                                            retry_policy=retry_policy(), **sdk_options())
+                                                            retry_policy=retry_policy(), **pooled(sdk_options()))
         return BlobServiceClient(self._url("blob"), credential=self._credential(), retry_policy=retry_policy(),
-                                 **sdk_options())
+                                 **pooled(sdk_options()))
 
     @cached_property
     def queue_service(self) -> QueueServiceClient:
         if self.settings.storage_connection:
             return QueueServiceClient.from_connection_string(self.settings.storage_connection,
-                                                             retry_policy=retry_policy(), **sdk_options())
+                                                             retry_policy=retry_policy(), **pooled(sdk_options()))
         return QueueServiceClient(self._url("queue"), credential=self._credential(), retry_policy=retry_policy(),
-                                  **sdk_options())
+                                  **pooled(sdk_options()))
 
     @cached_property
     def table_service(self) -> TableServiceClient:
         if self.settings.storage_connection:
-            return TableServiceClient.from_connection_string(self.settings.storage_connection, **sdk_options())
-        return TableServiceClient(endpoint=self._url("table"), credential=self._credential(), **sdk_options())
+            return TableServiceClient.from_connection_string(self.settings.storage_connection,
+                                                             **pooled(sdk_options()))
+        return TableServiceClient(endpoint=self._url("table"), credential=self._credential(),
+                                  **pooled(sdk_options()))
 
     @asynccontextmanager
     async def async_blob_service(self) -> AsyncIterator[AsyncBlobServiceClient]:
@@ -132,8 +134,9 @@ class Clients:
         name = self.settings.names.tasks
         if self.settings.storage_connection:
             return TransactionTable.from_connection_string(self.settings.storage_connection, table_name=name,
-                                                           **sdk_options())
-        return TransactionTable(self._url("table"), table_name=name, credential=self._credential(), **sdk_options())
+                                                           **pooled(sdk_options()))
+        return TransactionTable(self._url("table"), table_name=name, credential=self._credential(),
+                                **pooled(sdk_options()))
 
     @cached_property
     def runtimes(self) -> TableClient:

@@ -29,6 +29,7 @@ from azure.core import MatchConditions
 from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceNotFoundError
 from azure.core.pipeline.transport import RequestsTransport
 from azure.storage.blob import BlobBlock, BlobServiceClient, ContainerClient, ContentSettings, ExponentialRetry
+from urllib3.util.retry import Retry
 
 from pipeline.failures import FailureClass, StageFailure, classify
 from pipeline.storage import names
@@ -108,6 +109,32 @@ def retry_policy(total: int = 5) -> ExponentialRetry:
     one, each block or range on its own; what outlasts it fails the attempt, classified."""
     return ExponentialRetry(  # its hints say int; it sleeps any number of seconds
         initial_backoff=0.5, increment_base=2, retry_total=total, random_jitter_range=0.5)  # type: ignore[arg-type]  # annotated int, takes seconds as a float
+
+
+class PooledTransport(RequestsTransport):  # type: ignore[misc]  # mypy sees azure-core's transports as Any
+    """The SDK's blocking transport, its pool keeping :data:`POOL` connections a host where
+    urllib3 keeps 10: a process makes more calls than that at once on one client (a read of
+    a whole job's partitions, 8 threads, several at once in the API; a finisher's overview
+    copies), and a connection that found the pool full was closed, with a warning in the
+    log, and a new one opened for a later call. Retries stay the SDK's own, off in urllib3."""
+
+    def _init_session(self, session: requests.Session) -> None:
+        super()._init_session(session)
+        adapter = requests.adapters.HTTPAdapter(
+            pool_maxsize=POOL, max_retries=Retry(total=False, redirect=False, raise_on_status=False))
+        for protocol in self._protocols:
+            session.mount(protocol, adapter)
+
+
+TRANSPORT_OPTIONS = ("use_env_settings", "connection_verify")  # an SDK client's options its transport takes
+
+
+def pooled(options: dict[str, Any]) -> dict[str, Any]:
+    """An SDK client's ``options`` (``clients.sdk_options``) with a :class:`PooledTransport`
+    built from those of them a transport takes."""
+    own = {name: options[name] for name in TRANSPORT_OPTIONS if name in options}
+    return {name: value for name, value in options.items() if name not in TRANSPORT_OPTIONS} | \
+        {"transport": PooledTransport(**own)}
 
 
 class Transfers:
