@@ -264,3 +264,35 @@ def test_verify_accepts_the_real_granule_and_rejects_broken_ones() -> None:
     with pytest.raises(StageFailure, match="sinusoidal") as caught:
         verify(Fetched("u", lonlat), MOD10A2, layers)
     assert caught.value.failure is FailureClass.BAD_SOURCE
+
+
+SAID = """
+import warnings
+from pathlib import Path
+
+import numpy as np
+import rasterio
+import rasterio.warp
+from rasterio.errors import NotGeoreferencedWarning
+
+import pipeline.modis  # noqa: F401
+
+# as rasterio's warp of arrays in threads lets it through now and then (its pixels the same)
+warnings.warn_explicit("Dataset has no geotransform, gcps, or rpcs. The identity matrix will be returned.",
+                       NotGeoreferencedWarning, rasterio.warp.__file__, 387, module="rasterio.warp")
+path = Path({folder!r}) / "plain.tif"  # a file with no transform, written and read: the warning is true
+with rasterio.open(path, "w", driver="GTiff", width=4, height=4, count=1, dtype="uint8") as out:
+    out.write(np.zeros((1, 4, 4), np.uint8))
+with rasterio.open(path) as raster:
+    raster.read(1)
+"""
+
+
+def test_only_a_true_no_geotransform_warning_is_said(tmp_path: Path) -> None:
+    """The warning rasterio's warps in threads raise now and then with both transforms given
+    is not said (a scientist would read it as misplaced pixels); the same warning on
+    opening a file that has no transform still is."""
+    ran = subprocess.run([sys.executable, "-W", "always", "-c", SAID.format(folder=str(tmp_path))],
+                         capture_output=True, text=True, timeout=120, check=True)
+    said = [line for line in ran.stderr.splitlines() if "NotGeoreferencedWarning" in line]
+    assert said and not [line for line in said if "rasterio/warp.py" in line], ran.stderr
