@@ -34,7 +34,7 @@ def in_a_stage_process(target: Callable[..., None], *args: Any) -> Any:
     try:
         mine, theirs = socket.socketpair()
         with theirs:
-            process = server.spawn(target, (*args,), theirs)
+            process = server.spawn(target, args, theirs)
         with Connection(mine.detach()) as conn:
             assert conn.poll(60), "the stage process said nothing"
             found = conn.recv()
